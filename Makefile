@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# Both create .venv and install what they need; torch is pinned through
+# constraints.txt to the local CPU build (never resolved from the registry).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+PIP     := $(BIN)/pip install --quiet --constraint constraints.txt
+
+.PHONY: demo test lint bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP) --upgrade pip
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/headrace demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q --timeout=300 tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy src/headrace
+
+bench: $(STAMP)
+	$(BIN)/headrace bench --out bench-out
+
+clean:
+	rm -rf $(VENV) bench-out demo-out

@@ -1,0 +1,126 @@
+"""Exceptions raised by headrace. Every error says where it happened and how to fix it."""
+
+from __future__ import annotations
+
+__all__ = [
+    "HeadraceError",
+    "PipelineError",
+    "StateDictError",
+    "StepError",
+    "WorkerDiedError",
+]
+
+
+class HeadraceError(Exception):
+    """Base class of every error headrace raises itself."""
+
+
+class PipelineError(HeadraceError, ValueError):
+    """A pipeline, step or source was declared in a way headrace cannot run."""
+
+
+class StateDictError(HeadraceError, ValueError):
+    """A state dict cannot be loaded into this loader (other dataset, other version, corrupt)."""
+
+
+class WorkerDiedError(HeadraceError, RuntimeError):
+    """A worker process died and the loader could not recover the samples it held."""
+
+
+class StepError(HeadraceError):
+    """A step failed on one sample.
+
+    Attributes:
+        index: the dataset index of the sample (what the sampler yielded).
+        step: the name of the step that raised (``"load"`` for ``Source.load`` / ``__getitem__``).
+        worker: the worker slot that ran it (``None`` in the main process).
+        cause_type: qualified name of the original exception type.
+        remote_traceback: the original traceback, formatted in the process that raised it.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        step: str,
+        cause_type: str,
+        message: str,
+        remote_traceback: str = "",
+        worker: int | None = None,
+    ) -> None:
+        self.index = index
+        self.step = step
+        self.worker = worker
+        self.cause_type = cause_type
+        self.cause_message = message
+        self.remote_traceback = remote_traceback
+        where = f"worker {worker}" if worker is not None else "the main process"
+        text = (
+            f"step {step!r} failed on sample index {index} in {where}: {cause_type}: {message}"
+        )
+        if remote_traceback:
+            text += f"\n\nOriginal traceback:\n{remote_traceback.rstrip()}"
+        text += (
+            "\n\nFix the step or the sample, or pass options=headrace.Options(on_error='skip') "
+            "to drop failing samples (they are counted in loader.stats())."
+        )
+        super().__init__(text)
+
+    def __reduce__(self):  # keep the structured fields across pickling
+        return (
+            _rebuild_step_error,
+            (
+                type(self).__mro__[1] if _is_combined(type(self)) else None,
+                self.index,
+                self.step,
+                self.cause_type,
+                self.cause_message,
+                self.remote_traceback,
+                self.worker,
+            ),
+        )
+
+
+_COMBINED: dict[type, type] = {}
+
+
+def _is_combined(cls: type) -> bool:
+    return getattr(cls, "_headrace_combined", False)
+
+
+def step_error_for(
+    original: type[BaseException] | None,
+    index: int,
+    step: str,
+    cause_type: str,
+    message: str,
+    remote_traceback: str = "",
+    worker: int | None = None,
+) -> StepError:
+    """Build a StepError that is also an instance of the original exception type when possible.
+
+    torch's DataLoader re-raises a worker's ``ValueError`` as a ``ValueError``; users' ``except``
+    clauses rely on that. We keep it: the returned error subclasses both :class:`StepError` and
+    ``original`` (falling back to a plain :class:`StepError` where that class cannot be built).
+    """
+    if original is not None and issubclass(original, Exception) and original is not StepError:
+        cls = _COMBINED.get(original)
+        if cls is None:
+            try:
+                cls = type(
+                    f"StepError[{original.__name__}]",
+                    (StepError, original),
+                    {"_headrace_combined": True, "__module__": __name__},
+                )
+            except TypeError:  # e.g. layout conflicts between builtin bases
+                cls = StepError
+            _COMBINED[original] = cls
+        if cls is not StepError:
+            try:
+                return cls(index, step, cause_type, message, remote_traceback, worker)
+            except Exception:  # an exotic __init__/__new__ on the original type
+                pass
+    return StepError(index, step, cause_type, message, remote_traceback, worker)
+
+
+def _rebuild_step_error(original, index, step, cause_type, message, tb, worker) -> StepError:
+    return step_error_for(original, index, step, cause_type, message, tb, worker)

@@ -1,0 +1,85 @@
+"""Sources: where raw samples come from, by index."""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import os
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from headrace.errors import PipelineError
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Raw samples by index. ``load`` must be deterministic and safe to call in any process."""
+
+    def __len__(self) -> int: ...
+
+    def load(self, index: int) -> Any: ...
+
+
+class Files:
+    """Raw bytes of the files under ``root`` matching ``pattern``, sorted by relative path.
+
+    ``load(i)`` returns ``bytes``. The listing is taken once, at construction.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], pattern: str = "*") -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise PipelineError(f"Files source: {self.root} is not a directory")
+        self.pattern = pattern
+        paths: list[str] = []
+        for dirpath, _dirs, names in os.walk(self.root):
+            for n in names:
+                if fnmatch.fnmatch(n, pattern):
+                    paths.append(os.path.relpath(os.path.join(dirpath, n), self.root))
+        paths.sort()
+        if not paths:
+            raise PipelineError(f"Files source: no file under {self.root} matches {pattern!r}")
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def load(self, index: int) -> bytes:
+        with open(self.root / self.paths[index], "rb") as f:
+            return f.read()
+
+    def fingerprint(self) -> str:
+        """Identity of the file set: names and sizes (content is not read)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for p in self.paths:
+            h.update(p.encode())
+            h.update(str((self.root / p).stat().st_size).encode())
+        return h.hexdigest()[:16]
+
+
+class DatasetSource:
+    """A map-style dataset seen as a source: ``load(i) = dataset[i]``.
+
+    ``strip_transform`` removes the dataset's ``transform`` attribute on a shallow copy, so its
+    Compose-like transform list can run as separate steps.
+    """
+
+    def __init__(self, dataset: Any, strip_transform: bool = False) -> None:
+        if strip_transform:
+            dataset = copy.copy(dataset)
+            dataset.transform = None
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def load(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def fingerprint(self) -> str:
+        fp = getattr(self.dataset, "fingerprint", None)
+        if callable(fp):
+            return str(fp())
+        return f"{type(self.dataset).__module__}.{type(self.dataset).__qualname__}:{len(self)}"

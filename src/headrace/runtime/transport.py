@@ -1,0 +1,81 @@
+"""How samples cross process boundaries without needless copies.
+
+Tensors travel through shared memory by torch's own reductions (the receiver maps the same
+pages). Large NumPy arrays and bytes are wrapped as tensors so they take the same path instead of
+being pickled through a pipe; small leaves are pickled inline, which is cheaper than a
+shared-memory segment. ``encode`` runs in the sender, ``decode`` in the receiver.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+INLINE_LIMIT = 64 * 1024
+"""Leaves smaller than this many bytes are pickled inline; larger ones go through shared memory."""
+
+
+class _Shm:
+    """A NumPy array or bytes object carried as a shared-memory tensor."""
+
+    __slots__ = ("kind", "tensor")
+
+    def __init__(self, kind: str, tensor: torch.Tensor) -> None:
+        self.kind = kind
+        self.tensor = tensor
+
+    def __reduce__(self):
+        return (_Shm, (self.kind, self.tensor))
+
+
+def encode(x: Any) -> Any:
+    """Replace large arrays/bytes in a (nested) sample by shared-memory carriers."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        if x.nbytes >= INLINE_LIMIT and x.dtype != object and x.dtype.kind in "biufc":
+            return _Shm("np", torch.from_numpy(np.ascontiguousarray(x)))
+        return x
+    if isinstance(x, (bytes, bytearray)):
+        if len(x) >= INLINE_LIMIT:
+            kind = "bytes" if isinstance(x, bytes) else "bytearray"
+            return _Shm(kind, torch.frombuffer(bytearray(x), dtype=torch.uint8))
+        return x
+    if isinstance(x, dict):
+        return type(x)((k, encode(v)) for k, v in x.items()) if type(x) is dict else _map_dict(x, encode)
+    if isinstance(x, tuple):
+        if hasattr(x, "_fields"):  # namedtuple
+            return type(x)(*(encode(v) for v in x))
+        return tuple(encode(v) for v in x)
+    if isinstance(x, list):
+        return [encode(v) for v in x]
+    return x
+
+
+def decode(x: Any) -> Any:
+    """Inverse of :func:`encode`, run in the receiving process (zero-copy for arrays)."""
+    if isinstance(x, _Shm):
+        if x.kind == "np":
+            return x.tensor.numpy()
+        data = x.tensor.numpy().tobytes()
+        return data if x.kind == "bytes" else bytearray(data)
+    if isinstance(x, (torch.Tensor, np.ndarray, bytes, str, int, float)) or x is None:
+        return x
+    if isinstance(x, dict):
+        return {k: decode(v) for k, v in x.items()} if type(x) is dict else _map_dict(x, decode)
+    if isinstance(x, tuple):
+        if hasattr(x, "_fields"):
+            return type(x)(*(decode(v) for v in x))
+        return tuple(decode(v) for v in x)
+    if isinstance(x, list):
+        return [decode(v) for v in x]
+    return x
+
+
+def _map_dict(d: Any, f: Any) -> Any:
+    try:
+        return type(d)({k: f(v) for k, v in d.items()})
+    except TypeError:
+        return {k: f(v) for k, v in d.items()}
