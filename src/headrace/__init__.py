@@ -3,17 +3,35 @@
 from headrace import sources
 from headrace.errors import HeadraceError, PipelineError, StateDictError, StepError, WorkerDiedError
 from headrace.pipeline import Pipeline, Step, step
+from headrace.planner.timeout import TimeoutConfig
+from headrace.planner.workers import AutoscaleConfig
+from headrace.runtime import DataLoader, Options
+from headrace.telemetry.stats import EpochStats, LoaderStats
 
 __version__ = "0.1.0"
 
+
+def get_worker_info():  # noqa: ANN201 - same object as torch returns
+    """Inside a headrace worker: torch's WorkerInfo (id, num_workers, seed, dataset); else None."""
+    from torch.utils.data import get_worker_info as _torch_get_worker_info
+
+    return _torch_get_worker_info()
+
 __all__ = [
+    "AutoscaleConfig",
+    "DataLoader",
+    "EpochStats",
     "HeadraceError",
+    "LoaderStats",
+    "Options",
     "Pipeline",
     "PipelineError",
     "StateDictError",
     "Step",
     "StepError",
+    "TimeoutConfig",
     "WorkerDiedError",
+    "get_worker_info",
     "sources",
     "step",
 ]

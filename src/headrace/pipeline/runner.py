@@ -13,12 +13,9 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from headrace.pipeline.seeding import sample_seed, seed_globals, step_rng
-
 
 if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline

@@ -1,0 +1,113 @@
+"""The learned hand-off timeout (MinatoLoader §4.2).
+
+During warm-up no sample is handed off and every per-sample preprocessing time is recorded.
+Then the timeout is the 75th percentile of those times: only the slowest quarter leaves the fast
+lane. When more samples than ``max_slow_fraction`` are classified slow (a skewed distribution or
+drift) the policy falls back to the 90th percentile for one window. It keeps adapting: the
+percentile is recomputed over a sliding window of recent samples every ``update_every`` samples.
+
+Pure: it is fed numbers and returns numbers; no clock, no processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeoutConfig:
+    """Settings of the hand-off timeout.
+
+    Attributes:
+        warmup_samples: samples profiled before the first timeout is set (no hand-off before).
+        percentile: percentile of per-sample time used as the timeout (paper: 75).
+        fallback_percentile: percentile used when too many samples go slow (paper: 90).
+        max_slow_fraction: share of recent samples classified slow above which the fallback
+            engages (0.35 = clearly more than the 25% the 75th percentile implies).
+        window: number of recent per-sample times the percentile is computed over.
+        update_every: samples between two recomputations.
+        fixed_s: a fixed timeout in seconds that disables learning (``None``: learn it).
+    """
+
+    warmup_samples: int = 64
+    percentile: float = 75.0
+    fallback_percentile: float = 90.0
+    max_slow_fraction: float = 0.35
+    window: int = 1024
+    update_every: int = 32
+    fixed_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.percentile < 100 or not 0 < self.fallback_percentile < 100:
+            raise ValueError("percentiles must be in (0, 100)")
+        if self.fallback_percentile < self.percentile:
+            raise ValueError("fallback_percentile must be >= percentile")
+        if self.warmup_samples < 1 or self.window < 8 or self.update_every < 1:
+            raise ValueError("warmup_samples >= 1, window >= 8, update_every >= 1 required")
+        if not 0 < self.max_slow_fraction <= 1:
+            raise ValueError("max_slow_fraction must be in (0, 1]")
+
+
+class TimeoutPolicy:
+    """Learns the per-sample hand-off timeout from observed preprocessing times."""
+
+    def __init__(self, config: TimeoutConfig | None = None) -> None:
+        self.config = config or TimeoutConfig()
+        c = self.config
+        self._times: deque[float] = deque(maxlen=c.window)
+        self._slow: deque[bool] = deque(maxlen=max(c.update_every * 4, 64))
+        self._seen = 0
+        self._since_update = 0
+        self._fallback_until = -1
+        self._timeout = c.fixed_s if c.fixed_s is not None else math.inf
+        self.history: list[tuple[int, float, float]] = []
+        """(samples seen, timeout in seconds, percentile used) at every change."""
+
+    @property
+    def timeout_s(self) -> float:
+        """Current timeout in seconds; ``inf`` during warm-up (no hand-off)."""
+        return self._timeout
+
+    @property
+    def warming_up(self) -> bool:
+        return self.config.fixed_s is None and self._seen < self.config.warmup_samples
+
+    @property
+    def using_fallback(self) -> bool:
+        return self._seen < self._fallback_until
+
+    @property
+    def slow_fraction(self) -> float:
+        """Share of recently classified samples that were handed off (0..1)."""
+        return sum(self._slow) / len(self._slow) if self._slow else 0.0
+
+    def observe(self, sample_s: float, handed_off: bool) -> None:
+        """Record one finished sample: its total step time (s) and whether it went slow."""
+        c = self.config
+        self._seen += 1
+        self._times.append(sample_s)
+        if not math.isinf(self._timeout):
+            self._slow.append(handed_off)
+        if c.fixed_s is not None:
+            return
+        self._since_update += 1
+        if self._seen == c.warmup_samples or (
+            self._seen > c.warmup_samples and self._since_update >= c.update_every
+        ):
+            self._recompute()
+
+    def _recompute(self) -> None:
+        c = self.config
+        self._since_update = 0
+        if len(self._slow) >= c.update_every and self.slow_fraction > c.max_slow_fraction:
+            self._fallback_until = self._seen + c.window
+            self._slow.clear()
+        pct = c.fallback_percentile if self.using_fallback else c.percentile
+        value = float(np.percentile(np.fromiter(self._times, float), pct))
+        if value != self._timeout:
+            self._timeout = value
+            self.history.append((self._seen, value, pct))

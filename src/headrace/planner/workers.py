@@ -1,0 +1,148 @@
+"""Adaptive CPU worker count (MinatoLoader §4.3, Formulas 1-2).
+
+    workers = min(max_workers, max(min_workers, workers' + Δ))                       (1)
+    Δ = clip(round(α·(1 − Q_size/Q_max) + β·(C_usage − θ_c)), −max_step, +max_step)  (2)
+
+Q_size is a moving average of the ready-batch queue, Q_max its capacity, C_usage the machine's CPU
+utilisation in [0, 1] and θ_c the CPU threshold. An empty queue or a busy CPU adds workers; a
+full queue with an idle CPU removes them. headrace also caps the count by a memory budget:
+``budget // rss_per_worker``. Pure: the runtime measures, this decides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+
+def available_cpus() -> int:
+    """CPU cores this process may run on (affinity-aware)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoscaleConfig:
+    """Settings of the worker scaler (used only with ``num_workers="auto"``).
+
+    Attributes:
+        initial: workers at start (``None``: the available cores).
+        min_workers / max_workers: bounds (``max_workers=None``: 2 × available cores, since
+            workers often wait on I/O).
+        alpha: sensitivity to an empty ready queue (workers per unit of emptiness).
+        beta: sensitivity to CPU utilisation above ``cpu_threshold``.
+        cpu_threshold: θ_c, utilisation (0..1) above which the CPU term turns positive.
+        max_step: the clip of Δ (paper: 2).
+        interval_s: seconds between two decisions.
+        ema: weight of the newest queue sample in the moving average (0..1].
+        memory_budget_bytes: total RSS the workers may use (``None``: half of the memory
+            available when the loader starts).
+    """
+
+    initial: int | None = None
+    min_workers: int = 1
+    max_workers: int | None = None
+    alpha: float = 2.0
+    beta: float = 2.0
+    cpu_threshold: float = 0.7
+    max_step: int = 2
+    interval_s: float = 1.0
+    ema: float = 0.3
+    memory_budget_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_workers < 1:
+            raise ValueError("min_workers must be >= 1")
+        if self.max_workers is not None and self.max_workers < self.min_workers:
+            raise ValueError("max_workers must be >= min_workers")
+        if self.max_step < 1 or not 0 < self.ema <= 1 or self.interval_s <= 0:
+            raise ValueError("max_step >= 1, 0 < ema <= 1 and interval_s > 0 required")
+
+    def bounds(self) -> tuple[int, int]:
+        hi = self.max_workers if self.max_workers is not None else 2 * available_cpus()
+        return self.min_workers, max(self.min_workers, hi)
+
+    def start_count(self) -> int:
+        lo, hi = self.bounds()
+        n = self.initial if self.initial is not None else available_cpus()
+        return min(hi, max(lo, n))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleDecision:
+    """One decision with the numbers behind it (for ``explain()`` and the stats timeline)."""
+
+    current: int
+    new: int
+    delta: float
+    queue_fill: float
+    cpu_usage: float
+    memory_cap: int | None
+
+    def describe(self) -> str:
+        verb = "kept" if self.new == self.current else ("added" if self.new > self.current else "removed")
+        n = abs(self.new - self.current)
+        what = f"{verb} {n} worker(s)" if n else f"kept {self.current} workers"
+        cap = f", memory allows {self.memory_cap}" if self.memory_cap is not None else ""
+        return (
+            f"{what}: ready-queue fill {self.queue_fill:.2f}, CPU {self.cpu_usage:.2f}, "
+            f"Δ={self.delta:+.2f}{cap}"
+        )
+
+
+def formula_delta(queue_fill: float, cpu_usage: float, cfg: AutoscaleConfig) -> float:
+    """Formula 2 before rounding and clipping."""
+    return cfg.alpha * (1.0 - queue_fill) + cfg.beta * (cpu_usage - cfg.cpu_threshold)
+
+
+def next_worker_count(
+    current: int,
+    queue_fill: float,
+    cpu_usage: float,
+    cfg: AutoscaleConfig,
+    memory_cap: int | None = None,
+) -> ScaleDecision:
+    """Formulas 1-2: the next worker count from queue fill (0..1) and CPU use (0..1)."""
+    queue_fill = min(1.0, max(0.0, queue_fill))
+    cpu_usage = min(1.0, max(0.0, cpu_usage))
+    raw = formula_delta(queue_fill, cpu_usage, cfg)
+    step = int(math.floor(raw + 0.5)) if raw >= 0 else -int(math.floor(-raw + 0.5))
+    step = max(-cfg.max_step, min(cfg.max_step, step))
+    lo, hi = cfg.bounds()
+    if memory_cap is not None:
+        hi = max(lo, min(hi, memory_cap))
+    new = min(hi, max(lo, current + step))
+    return ScaleDecision(current, new, raw, queue_fill, cpu_usage, memory_cap)
+
+
+class WorkerScaler:
+    """Keeps the moving average of the ready queue and decides every ``interval_s``."""
+
+    def __init__(self, cfg: AutoscaleConfig) -> None:
+        self.cfg = cfg
+        self.queue_avg: float | None = None
+        self.decisions: list[ScaleDecision] = []
+
+    def observe_queue(self, fill: float) -> None:
+        """Feed one sample of the ready-queue fill (Q_size / Q_max, 0..1)."""
+        a = self.cfg.ema
+        self.queue_avg = fill if self.queue_avg is None else a * fill + (1 - a) * self.queue_avg
+
+    def decide(
+        self,
+        current: int,
+        cpu_usage: float,
+        rss_per_worker: float | None = None,
+        memory_budget: float | None = None,
+    ) -> ScaleDecision:
+        """Next count; ``rss_per_worker`` and ``memory_budget`` in bytes cap it."""
+        cap = None
+        if rss_per_worker and memory_budget:
+            cap = max(1, int(memory_budget // rss_per_worker))
+        fill = self.queue_avg if self.queue_avg is not None else 0.0
+        d = next_worker_count(current, fill, cpu_usage, self.cfg, cap)
+        self.decisions.append(d)
+        return d

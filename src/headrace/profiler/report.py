@@ -1,0 +1,143 @@
+"""The profile report: per-step statistics of a pipeline, frozen and JSON round-trippable.
+
+Produced by ``stats.Profiler.report()``, read by the planner, kept by the profile store.
+Units: seconds per sample for times, bytes per sample for sizes (``sizes.payload_bytes``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PROFILE_SCHEMA", "TOTAL_GRID", "PipelineProfile", "StepStats"]
+
+PROFILE_SCHEMA = 1
+"""Version of :meth:`PipelineProfile.to_dict`'s layout; bump it when a field changes."""
+
+TOTAL_GRID = 101
+"""Number of per-sample time quantiles kept in a report: q = 0, 0.01, ..., 1."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStats:
+    """What one step costs and how it changes the data, over the samples that ran it.
+
+    Times are seconds per sample, sizes bytes per sample (``sizes.payload_bytes``).
+
+    Attributes:
+        name: step name (``"load"`` for ``Source.load``).
+        count: samples measured.
+        wall_mean, wall_p50, wall_p90: wall-clock time of the step.
+        cpu_mean: CPU time of the step (thread time; below wall when the step waits on I/O).
+        bytes_in_mean, bytes_out_mean: payload of the step's input and output (``load``'s
+            input is an index: 0).
+        inflation: ``bytes_out_mean / bytes_in_mean``, Pecan's inflation factor (< 1:
+            deflationary, > 1: inflationary); ``None`` without input bytes.
+        inflation_mean, inflation_std, inflation_p10, inflation_p90: the per-sample ratio
+            ``bytes_out / bytes_in`` across samples: its spread says whether ``inflation`` is a
+            property of the step (narrow) or of the data (wide, e.g. a fixed-size resize of
+            images of varying size).
+        type_changes: samples whose output type or rank differed from the input (any such
+            sample makes the step a barrier for AutoOrder).
+    """
+
+    name: str
+    count: int
+    wall_mean: float
+    wall_p50: float
+    wall_p90: float
+    cpu_mean: float
+    bytes_in_mean: float
+    bytes_out_mean: float
+    inflation: float | None
+    inflation_mean: float | None
+    inflation_std: float | None
+    inflation_p10: float | None
+    inflation_p90: float | None
+    type_changes: int = 0
+
+    @property
+    def changes_type(self) -> bool:
+        """True when some sample's output type or rank differed from its input."""
+        return self.type_changes > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineProfile:
+    """Per-step statistics and the per-sample time distribution of one pipeline.
+
+    Attributes:
+        steps: one entry per executed step, in execution order (``load`` first).
+        samples: samples observed.
+        total_mean, total_max: per-sample time, the sum of its steps' wall times (seconds;
+            queueing and transfer excluded).
+        total_quantiles: per-sample time at q = 0, 0.01, ..., 1 (``TOTAL_GRID`` values,
+            seconds); empty when no sample was observed.
+        schema_version: layout version of ``to_dict`` (``PROFILE_SCHEMA``).
+    """
+
+    steps: tuple[StepStats, ...]
+    samples: int
+    total_mean: float
+    total_max: float
+    total_quantiles: tuple[float, ...]
+    schema_version: int = PROFILE_SCHEMA
+
+    @property
+    def step_names(self) -> list[str]:
+        return [s.name for s in self.steps]
+
+    def step(self, name: str, occurrence: int = 0) -> StepStats:
+        """Statistics of the step called ``name`` (its ``occurrence``-th one when repeated)."""
+        seen = 0
+        for s in self.steps:
+            if s.name == name:
+                if seen == occurrence:
+                    return s
+                seen += 1
+        raise KeyError(f"no step {name!r} (occurrence {occurrence}) in profile {self.step_names}")
+
+    def total_quantile(self, q: float) -> float:
+        """Per-sample time (seconds) at quantile ``q``, interpolated on the kept grid."""
+        if not self.total_quantiles:
+            return math.nan
+        grid = np.linspace(0.0, 1.0, len(self.total_quantiles))
+        return float(np.interp(q, grid, self.total_quantiles))
+
+    @property
+    def total_p50(self) -> float:
+        return self.total_quantile(0.5)
+
+    @property
+    def total_p90(self) -> float:
+        return self.total_quantile(0.9)
+
+    @property
+    def total_p99(self) -> float:
+        return self.total_quantile(0.99)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-compatible dict (no NaN); inverse of :meth:`from_dict`."""
+        d = dataclasses.asdict(self)
+        d["total_quantiles"] = list(self.total_quantiles)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PipelineProfile:
+        """Rebuild a profile; ``ValueError`` when written by another schema version."""
+        version = d.get("schema_version")
+        if version != PROFILE_SCHEMA:
+            raise ValueError(f"profile schema {version!r}, this headrace reads {PROFILE_SCHEMA}")
+        names = {f.name for f in dataclasses.fields(StepStats)}
+        steps = tuple(StepStats(**{k: v for k, v in s.items() if k in names}) for s in d["steps"])
+        return cls(
+            steps=steps,
+            samples=int(d["samples"]),
+            total_mean=float(d["total_mean"]),
+            total_max=float(d["total_max"]),
+            total_quantiles=tuple(float(v) for v in d["total_quantiles"]),
+            schema_version=PROFILE_SCHEMA,
+        )

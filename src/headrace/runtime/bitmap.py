@@ -1,0 +1,42 @@
+"""One bit per epoch position: which samples of the epoch have been delivered."""
+
+from __future__ import annotations
+
+import base64
+import zlib
+
+
+class Bitmap:
+    """A growable bitmap (bytearray), the only per-sample state the loader keeps."""
+
+    __slots__ = ("_bits", "count")
+
+    def __init__(self, data: bytes = b"", count: int = 0) -> None:
+        self._bits = bytearray(data)
+        self.count = count
+        """Number of bits set."""
+
+    def set(self, i: int) -> bool:
+        """Set bit ``i``; returns False when it was already set."""
+        byte, bit = divmod(i, 8)
+        if byte >= len(self._bits):
+            self._bits.extend(b"\x00" * (byte + 1 - len(self._bits)))
+        m = 1 << bit
+        if self._bits[byte] & m:
+            return False
+        self._bits[byte] |= m
+        self.count += 1
+        return True
+
+    def __contains__(self, i: int) -> bool:
+        byte, bit = divmod(i, 8)
+        return byte < len(self._bits) and bool(self._bits[byte] & (1 << bit))
+
+    def to_str(self) -> str:
+        """Compact, JSON-friendly text (zlib + base64)."""
+        return base64.b64encode(zlib.compress(bytes(self._bits))).decode("ascii")
+
+    @classmethod
+    def from_str(cls, s: str) -> Bitmap:
+        data = zlib.decompress(base64.b64decode(s.encode("ascii")))
+        return cls(data, sum(bin(b).count("1") for b in data))

@@ -1,0 +1,163 @@
+"""The training loop's side of one epoch: take batches, measure stalls, mark delivery.
+
+``EpochIterator`` reads what the scheduler thread (``runtime/scheduler.py``) produces. It is the
+only writer of the delivered bitmap, so a ``state_dict()`` taken between two ``next()`` calls is
+exact. Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import Any
+
+from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.pool import WorkerPool
+from headrace.runtime.scheduler import EpochSpec, Scheduler
+from headrace.telemetry.stats import EpochStats
+
+GET_POLL_S = 0.5
+"""How often a waiting ``next()`` checks that the scheduler thread is alive (seconds)."""
+
+
+class EpochMeter:
+    """Wall time, stall and CPU of one epoch as the training loop sees it."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.t_start = time.perf_counter()
+        self.t_end: float | None = None
+        self.stall_s = 0.0
+        self.batches = 0
+        self.samples = 0
+        self.consumer_cpu_s = 0.0
+
+    def snapshot(
+        self, fast: int, slow: int, skipped: int, retried: int, scheduler_cpu_s: float
+    ) -> EpochStats:
+        end = self.t_end if self.t_end is not None else time.perf_counter()
+        wall = end - self.t_start
+        cpu = self.consumer_cpu_s + scheduler_cpu_s
+        return EpochStats(
+            epoch=self.epoch,
+            wall_s=wall,
+            stall_s=self.stall_s,
+            batches=self.batches,
+            samples=self.samples,
+            samples_per_s=self.samples / wall if wall > 0 else 0.0,
+            fast_samples=fast,
+            slow_samples=slow,
+            skipped_samples=skipped,
+            retried_samples=retried,
+            main_cpu_per_batch_ms=1000.0 * cpu / self.batches if self.batches else 0.0,
+            finished=self.t_end is not None,
+        )
+
+
+class EpochIterator:
+    """Iterator over the batches of one epoch with worker processes."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        owns_pool: bool,
+        spec: EpochSpec,
+        hooks: Any,
+        delivered: Bitmap,
+        timeout_s: float,
+    ) -> None:
+        self.pool = pool
+        self.owns_pool = owns_pool
+        self.spec = spec
+        self.delivered = delivered
+        self.timeout_s = timeout_s
+        self.meter = EpochMeter(spec.epoch)
+        self.hooks = hooks
+        self._out: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
+        self.scheduler = Scheduler(pool, spec, hooks, self._out)
+        self._closed = False
+        self.scheduler.start()
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        c0 = time.thread_time()
+        try:
+            kind, value, positions = self._out.get_nowait()
+        except queue.Empty:
+            t0 = time.perf_counter()
+            kind, value, positions = self._get_blocking()
+            self.meter.stall_s += time.perf_counter() - t0
+        if kind == "batch":
+            for p in positions:
+                self.delivered.set(p)
+            self.meter.batches += 1
+            self.meter.samples += len(positions)
+            self.scheduler.consumed += len(positions)
+            self.scheduler.wake()
+            self.meter.consumer_cpu_s += time.thread_time() - c0
+            return value
+        self.meter.t_end = time.perf_counter()
+        self.close()
+        if kind == "end":
+            raise StopIteration
+        raise value
+
+    def _get_blocking(self) -> tuple[str, Any, Any]:
+        deadline = time.monotonic() + self.timeout_s if self.timeout_s > 0 else None
+        while True:
+            wait = GET_POLL_S
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    self.close()
+                    raise RuntimeError(
+                        f"DataLoader timed out after {self.timeout_s} seconds waiting for a batch"
+                    )
+            try:
+                return self._out.get(timeout=wait)
+            except queue.Empty:
+                if not self.scheduler._thread.is_alive() and self._out.empty():
+                    self.close()
+                    raise RuntimeError("headrace scheduler thread stopped unexpectedly") from None
+
+    def stats(self) -> EpochStats:
+        c = self.scheduler.counters
+        return self.meter.snapshot(c.fast, c.slow, c.skipped, c.retried, c.scheduler_cpu_s)
+
+    @property
+    def finished(self) -> bool:
+        return self.meter.t_end is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stop the scheduler; stop the workers unless they persist (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.scheduler.stop()
+        self.hooks.on_epoch_closed(self.stats())
+        if self.owns_pool:
+            self.pool.shutdown()
+        else:
+            self._drop_assignments()
+
+    def _drop_assignments(self) -> None:
+        """Persistent workers outlive the epoch: forget samples still assigned to them.
+
+        Their results may still arrive; the next epoch's scheduler ignores tids it does not know.
+        """
+        for w in self.pool.workers.values():
+            w.assigned.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

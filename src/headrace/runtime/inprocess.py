@@ -1,0 +1,132 @@
+"""``num_workers=0``: samples loaded in the training process, in the sampler's order, as torch.
+
+The global random generators of the training process are saved and restored around each sample,
+so per-sample seeding does not disturb the training loop's own randomness.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from headrace.errors import StepError, step_error_for
+from headrace.pipeline import Pipeline
+from headrace.pipeline.runner import SampleRunner
+from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.epoch import EpochMeter
+from headrace.telemetry.stats import EpochStats
+
+
+class InProcessIterator:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        epoch: int,
+        base_seed: int,
+        groups: Iterator[Any],
+        auto_collation: bool,
+        collate: Callable[[Any], Any],
+        pin: Callable[[Any], Any] | None,
+        delivered: Bitmap,
+        on_error: str,
+        hooks: Any,
+    ) -> None:
+        self.runner = SampleRunner(pipeline)
+        self.epoch = epoch
+        self.base_seed = base_seed
+        self.groups = groups
+        self.auto_collation = auto_collation
+        self.collate = collate
+        self.pin = pin
+        self.delivered = delivered
+        self.on_error = on_error
+        self.hooks = hooks
+        self._closed = False
+        self.meter = EpochMeter(epoch)
+        self.skipped = 0
+        self._position = 0
+
+    def __iter__(self) -> InProcessIterator:
+        return self
+
+    def __next__(self) -> Any:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        while True:
+            try:
+                group = next(self.groups)
+            except StopIteration:
+                self.meter.t_end = time.perf_counter()
+                self.close()
+                raise
+            indices = list(group) if self.auto_collation else [group]
+            positions = range(self._position, self._position + len(indices))
+            self._position += len(indices)
+            todo = [(p, i) for p, i in zip(positions, indices) if p not in self.delivered]
+            samples, done = [], []
+            for p, i in todo:
+                ok, value = self._one(i)
+                if ok:
+                    samples.append(value)
+                    done.append(p)
+            if samples:
+                break
+        batch = self.collate(samples) if self.auto_collation else self.collate(samples[0])
+        if self.pin is not None:
+            batch = self.pin(batch)
+        for p in done:
+            self.delivered.set(p)
+        m = self.meter
+        m.batches += 1
+        m.samples += len(done)
+        m.stall_s += time.perf_counter() - t0  # every second in here is the loop waiting
+        m.consumer_cpu_s += time.thread_time() - c0
+        return batch
+
+    def _one(self, index: int) -> tuple[bool, Any]:
+        state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        try:
+            out = self.runner.run(index, 0, None, self.base_seed, self.epoch)
+        finally:
+            random.setstate(state[0])
+            np.random.set_state(state[1])
+            torch.set_rng_state(state[2])
+        if out.error is None:
+            self.hooks.on_sample(index, sum(t.wall for t in out.timings), False,
+                           [(t.step, t.wall, t.cpu) for t in out.timings])
+            return True, out.value
+        step, exc, tb = out.error
+        err: StepError = step_error_for(
+            type(exc), index, self.runner.names[step], type(exc).__qualname__, str(exc), tb
+        )
+        if self.on_error == "raise":
+            raise err from exc
+        self.skipped += 1
+        self.hooks.on_skip(index, err)
+        return False, None
+
+    def stats(self) -> EpochStats:
+        return self.meter.snapshot(self.meter.samples, 0, self.skipped, 0, 0.0)
+
+    @property
+    def finished(self) -> bool:
+        return self.meter.t_end is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.hooks.on_epoch_closed(self.stats())
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

@@ -1,0 +1,259 @@
+"""``headrace.DataLoader``: torch's DataLoader keywords, sample-level scheduling underneath.
+
+Every keyword of ``torch.utils.data.DataLoader`` (torch 2.13) is accepted with the same meaning.
+To get torch's validation and sampler construction exactly, the facade builds a real (idle)
+torch DataLoader from the same arguments and takes its resolved sampler, batch sampler and
+collate function; torch's loader never starts a worker here except for an ``IterableDataset``,
+which headrace iterates exactly as torch does.
+
+The one difference in defaults: ``in_order=False``. Batches are filled with whichever samples
+finish first (sample-aware batching, MinatoLoader), so one slow sample never holds up a batch.
+Every sample of the epoch is still delivered exactly once; ``in_order=True`` gives torch's
+order and batches exactly.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.utils.data as tud
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
+
+from headrace.pipeline import Pipeline
+from headrace.runtime.batcher import Batcher, Mode
+from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.epoch import EpochIterator
+from headrace.runtime.inprocess import InProcessIterator
+from headrace.runtime.monitor import Monitor
+from headrace.runtime.options import Options
+from headrace.runtime.pool import WorkerPool
+from headrace.runtime.scheduler import EpochSpec
+from headrace.telemetry.stats import EpochStats, LoaderStats
+
+
+class DataLoader:
+    """Drop-in replacement for ``torch.utils.data.DataLoader``.
+
+    ``dataset`` may be a :class:`headrace.Pipeline`, any map-style torch ``Dataset`` (a
+    ``transform`` with a ``transforms`` list is split into steps), or an ``IterableDataset``
+    (iterated exactly as torch does). ``num_workers`` is respected as given; ``"auto"`` starts
+    from the available cores and adapts (MinatoLoader Formulas 1-2). ``options`` holds headrace's
+    own settings (:class:`headrace.Options`).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int | str = 0,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = False,
+        options: Options | None = None,
+    ) -> None:
+        self.options = options or Options()
+        self.autoscale = num_workers == "auto"
+        if isinstance(num_workers, str) and not self.autoscale:
+            raise ValueError(f"num_workers must be an int or 'auto', got {num_workers!r}")
+        workers = self.options.autoscale.start_count() if self.autoscale else int(num_workers)
+        if generator is None and self.options.seed is not None:
+            generator = torch.Generator()
+            generator.manual_seed(self.options.seed)
+        self._torch = tud.DataLoader(
+            dataset, batch_size, shuffle, sampler, batch_sampler, workers, collate_fn,
+            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order,
+        )
+        t = self._torch
+        self.dataset = dataset
+        self.batch_size = t.batch_size
+        self.drop_last = t.drop_last
+        self.sampler = t.sampler
+        self.batch_sampler = t.batch_sampler
+        self.num_workers = workers
+        self.collate_fn = t.collate_fn
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = t.multiprocessing_context
+        self.generator = generator
+        self.prefetch_factor = t.prefetch_factor
+        self.persistent_workers = persistent_workers
+        self.in_order = in_order
+        self._iterable = isinstance(dataset, tud.IterableDataset)
+        self.pipeline: Pipeline | None = None
+        if not self._iterable:
+            self.pipeline = dataset if isinstance(dataset, Pipeline) else Pipeline.from_dataset(dataset)
+        self._user_batch_sampler = batch_sampler is not None
+        self.monitor = Monitor(self.options, self.autoscale)
+        self._epoch = 0
+        self._base_seed: int | None = None
+        self._pool: WorkerPool | None = None
+        self._iterator_ref: Callable[[], Any] = lambda: None
+        self._finalizer = weakref.finalize(self, _close_pool, [None])
+
+    # -- torch API -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._torch)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._iterable:
+            return iter(self._torch)
+        old = self._iterator_ref()
+        if old is not None:
+            old.close()  # a new epoch abandons the previous one, as torch does
+        it = self._start_epoch()
+        self._iterator_ref = weakref.ref(it)  # weak: `break` must let the epoch be collected
+        return it
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self._torch._auto_collation
+
+    # -- headrace API --------------------------------------------------------------------------
+    def stats(self) -> LoaderStats:
+        """Per-epoch wall, stall, throughput, lanes, timeout, workers, queues (see LoaderStats)."""
+        it = self._iterator_ref()
+        epochs: tuple[EpochStats, ...] = tuple(self.monitor.epochs)
+        if it is not None and not it.closed:
+            epochs += (it.stats(),)
+        pol = self.monitor.timeout
+        pct = pol.config.fallback_percentile if pol.using_fallback else pol.config.percentile
+        pool = self._pool if self._pool is not None else getattr(it, "pool", None)
+        return LoaderStats(
+            epochs=epochs,
+            timeout_s=pol.timeout_s,
+            timeout_percentile=pct,
+            workers=pool.size if pool is not None else 0,
+            workers_timeline=tuple(self.monitor.workers_timeline),
+            timeout_timeline=tuple(self.monitor.timeout_timeline),
+            queues=tuple(self.monitor.queues),
+            worker_restarts=pool.restarts if pool is not None else 0,
+        )
+
+    def close(self) -> None:
+        """Stop the running epoch and every worker (also done on ``del`` and at exit)."""
+        it = self._iterator_ref()
+        if it is not None:
+            it.close()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    # -- epochs --------------------------------------------------------------------------------
+    def _draw_epoch(self) -> tuple[int, Iterator[Any]]:
+        """Sampler stream and base seed, drawing random numbers in torch's own order."""
+        sampler_iter = iter(self._torch._index_sampler)
+        if self._base_seed is None or not self.persistent_workers:
+            self._base_seed = int(
+                torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
+            )
+        return self._base_seed, sampler_iter
+
+    def _batch_mode(self) -> Mode:
+        if self.in_order:
+            return "ordered"
+        if self._auto_collation and not self._user_batch_sampler:
+            return "regroup"
+        return "grouped"
+
+    def _pin(self) -> Callable[[Any], Any] | None:
+        if not self.pin_memory or not torch.accelerator.is_available():
+            return None
+        acc = torch.accelerator.current_accelerator()
+        device = acc.type if acc is not None else None
+        return lambda b: _pin_memory(b, device)
+
+    def _total_positions(self) -> int | None:
+        try:
+            if not self._auto_collation:
+                return len(self._torch._index_sampler)
+            if self._user_batch_sampler:
+                return None
+            n = len(self.sampler)
+            return n - n % self.batch_size if self.drop_last else n
+        except TypeError:
+            return None
+
+    def _start_epoch(self, delivered: Bitmap | None = None) -> Any:
+        assert self.pipeline is not None
+        epoch = self._epoch
+        self._epoch += 1
+        base_seed, groups = self._draw_epoch()
+        delivered = delivered if delivered is not None else Bitmap()
+        opts = self.options
+        if self.num_workers == 0:
+            return InProcessIterator(
+                self.pipeline, epoch, base_seed, groups, self._auto_collation, self.collate_fn,
+                self._pin(), delivered, opts.on_error, self.monitor,
+            )
+        pool, owns = self._get_pool(base_seed)
+        bs = self.batch_size or 1
+        hi = self.options.autoscale.bounds()[1] if self.autoscale else self.num_workers
+        max_in_flight = opts.max_in_flight or max(
+            2 * bs + hi, (self.prefetch_factor or 2) * hi * bs
+        )
+        spec = EpochSpec(
+            epoch=epoch,
+            base_seed=base_seed,
+            groups=groups,
+            auto_collation=self._auto_collation,
+            batcher=Batcher(self._batch_mode(), self.batch_size),
+            collate=self.collate_fn,
+            pin=self._pin(),
+            max_in_flight=max_in_flight,
+            handoff=opts.handoff and len(self.pipeline.step_names) > 1,
+            slow_lane_share=opts.slow_lane_share,
+            on_error=opts.on_error,
+            max_restarts=opts.max_worker_restarts,
+            delivered=delivered,
+            total_positions=self._total_positions(),
+        )
+        return EpochIterator(pool, owns, spec, self.monitor, delivered, self.timeout)
+
+    def _get_pool(self, base_seed: int) -> tuple[WorkerPool, bool]:
+        if self._pool is not None:
+            return self._pool, False
+        assert self.pipeline is not None
+        ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
+        hi = self.options.autoscale.bounds()[1] if self.autoscale else self.num_workers
+        pool = WorkerPool(self.pipeline, self.dataset, ctx, self.worker_init_fn, base_seed, hi)
+        pool.start(self.num_workers)
+        self.monitor.record_workers(pool.size)
+        if self.persistent_workers:
+            self._pool = pool
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _close_pool, [pool])
+            return pool, False
+        return pool, True
+
+    def __del__(self) -> None:
+        try:
+            it = self._iterator_ref()
+            if it is not None:
+                it.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _close_pool(holder: list[WorkerPool | None]) -> None:
+    for pool in holder:
+        if pool is not None:
+            pool.shutdown()

@@ -1,0 +1,130 @@
+"""The loader's live measurements and the policies they feed, across epochs.
+
+The scheduler calls these hooks from its thread; ``loader.stats()`` reads the results.
+Policies themselves are pure (``headrace.planner``); this module only measures and applies.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from headrace.planner.timeout import TimeoutPolicy
+from headrace.planner.workers import WorkerScaler
+from headrace.runtime.options import Options
+from headrace.telemetry.stats import EpochStats, QueueSample
+
+if TYPE_CHECKING:
+    from headrace.runtime.scheduler import Scheduler
+
+log = logging.getLogger("headrace")
+
+QUEUE_SAMPLE_S = 0.25
+"""Seconds between two queue-depth samples in the stats timeline."""
+QUEUE_HISTORY = 4096
+"""Queue-depth samples kept (older ones are dropped: memory stays bounded)."""
+SKIP_LOG_EVERY = 100
+"""A skipped sample is logged once, then once every this many."""
+
+
+class Monitor:
+    """Feeds the timeout policy and the worker scaler, and keeps the timelines."""
+
+    def __init__(self, options: Options, autoscale: bool) -> None:
+        self.options = options
+        self.t0 = time.perf_counter()
+        self.timeout = TimeoutPolicy(options.timeout)
+        self.scaler = WorkerScaler(options.autoscale) if autoscale else None
+        self.workers_timeline: list[tuple[float, int]] = []
+        self.timeout_timeline: list[tuple[float, float]] = []
+        self.queues: deque[QueueSample] = deque(maxlen=QUEUE_HISTORY)
+        self.skipped_total = 0
+        self.epochs: list[EpochStats] = []
+        """Stats of epochs that ended (ran out or were abandoned)."""
+        self.sample_listeners: list[Any] = []
+        """Callables ``f(index, step_s, slow, timings)`` (the profiler attaches here)."""
+        self._last_queue = 0.0
+        self._last_scale = time.perf_counter()
+        self._memory_budget: float | None = None
+        self._pushed_timeout = float("nan")
+        if autoscale:
+            psutil.cpu_percent(None)  # start the CPU-usage interval
+
+    def now(self) -> float:
+        """Seconds since the loader was created."""
+        return time.perf_counter() - self.t0
+
+    def record_workers(self, n: int) -> None:
+        if not self.workers_timeline or self.workers_timeline[-1][1] != n:
+            self.workers_timeline.append((self.now(), n))
+
+    def on_epoch_closed(self, stats: EpochStats) -> None:
+        self.epochs.append(stats)
+
+    # -- hooks called by the scheduler thread --------------------------------------------------
+    def on_sample(self, index: int, step_s: float, slow: bool, timings: list[Any]) -> None:
+        self.timeout.observe(step_s, slow)
+        for f in self.sample_listeners:
+            f(index, step_s, slow, timings)
+
+    def on_sample_partial(self, index: int, timings: list[Any]) -> None:
+        for f in self.sample_listeners:
+            f(index, None, True, timings)
+
+    def on_skip(self, index: int, err: BaseException) -> None:
+        self.skipped_total += 1
+        if self.skipped_total == 1 or self.skipped_total % SKIP_LOG_EVERY == 0:
+            log.warning("headrace skipped sample %d (%d skipped so far): %s",
+                        index, self.skipped_total, str(err).splitlines()[0])
+
+    def on_tick(self, sched: Scheduler) -> None:
+        pool = sched.pool
+        t = self.timeout.timeout_s if sched.spec.handoff else float("inf")
+        if t != self._pushed_timeout:
+            pool.timeout_value.value = t
+            self._pushed_timeout = t
+            self.timeout_timeline.append((self.now(), t))
+        now = time.perf_counter()
+        if now - self._last_queue >= QUEUE_SAMPLE_S:
+            self._last_queue = now
+            self.queues.append(
+                QueueSample(self.now(), sched.out.qsize(), sched.spec.batcher.ready_samples,
+                            sched.in_flight, sched.slow_backlog)
+            )
+            if self.scaler is not None:
+                cap = max(1, sched.spec.max_in_flight // max(1, sched.spec.batcher.batch_size))
+                self.scaler.observe_queue(sched.out.qsize() / cap)
+        if self.scaler is not None and now - self._last_scale >= self.scaler.cfg.interval_s:
+            self._last_scale = now
+            self._autoscale(sched)
+
+    # -- adaptive workers (num_workers="auto") -------------------------------------------------
+    def _autoscale(self, sched: Scheduler) -> None:
+        assert self.scaler is not None
+        pool = sched.pool
+        live = [w for w in pool.workers.values() if not w.retiring]
+        rss = []
+        for w in live:
+            try:
+                rss.append(psutil.Process(w.process.pid).memory_info().rss)
+            except (psutil.Error, ValueError):
+                pass
+        if self._memory_budget is None:
+            cfg_budget = self.scaler.cfg.memory_budget_bytes
+            self._memory_budget = float(
+                cfg_budget if cfg_budget is not None else psutil.virtual_memory().available / 2
+            )
+        per_worker = sum(rss) / len(rss) if rss else None
+        d = self.scaler.decide(len(live), psutil.cpu_percent(None) / 100.0, per_worker,
+                               self._memory_budget)
+        if d.new > d.current:
+            for _ in range(min(d.new - d.current, pool.max_slots - len(pool.workers))):
+                pool.add_worker(num_workers=d.new)
+        elif d.new < d.current:
+            for w in sorted(live, key=lambda w: len(w.assigned))[: d.current - d.new]:
+                pool.retire(w)
+        self.record_workers(pool.size)

@@ -1,0 +1,50 @@
+"""headrace's own options, grouped in one frozen object (torch's keywords stay keywords)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from headrace.planner.timeout import TimeoutConfig
+from headrace.planner.workers import AutoscaleConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What headrace adds to torch's DataLoader keywords.
+
+    Attributes:
+        seed: when set, headrace draws the epoch's shuffle order and base seed from its own
+            generator seeded with this value, so order and content do not depend on the global
+            torch RNG (and resume is exact across epochs whatever the training loop draws).
+            ``None`` keeps torch's semantics (the global RNG or the ``generator`` keyword).
+        on_error: ``"raise"`` re-raises a failing step in the training process with the sample
+            index and step name; ``"skip"`` drops that sample from the epoch and counts it.
+        max_in_flight: samples dispatched to workers but not yet yielded to the training loop
+            (default: ``prefetch_factor × workers × batch_size``, torch's own bound).
+        handoff: hand samples over the learned timeout to the slow lane (MinatoLoader).
+        slow_lane_share: share of workers that may run slow-lane samples at the same time while
+            fresh samples wait (0..1); the rest always serve the fast lane.
+        timeout: the learned hand-off timeout (see ``headrace.planner.timeout``).
+        autoscale: the worker scaler used with ``num_workers="auto"``.
+        max_worker_restarts: a sample whose worker died this many times is treated as failed.
+    """
+
+    seed: int | None = None
+    on_error: Literal["raise", "skip"] = "raise"
+    max_in_flight: int | None = None
+    handoff: bool = True
+    slow_lane_share: float = 0.25
+    timeout: TimeoutConfig = dataclasses.field(default_factory=TimeoutConfig)
+    autoscale: AutoscaleConfig = dataclasses.field(default_factory=AutoscaleConfig)
+    max_worker_restarts: int = 2
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        if not 0 <= self.slow_lane_share <= 1:
+            raise ValueError("slow_lane_share must be in [0, 1]")
+        if self.max_worker_restarts < 1:
+            raise ValueError("max_worker_restarts must be >= 1")

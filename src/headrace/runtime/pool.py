@@ -1,0 +1,194 @@
+"""Worker processes: start, replace, retire, and stop them.
+
+NOTE [headrace shutdown]
+------------------------
+Written once here; every loop that blocks points to it.
+
+* Every blocking call polls: workers wait on their task queue for at most ``worker.POLL_S`` and
+  exit when their parent is gone (the training process was SIGKILLed); the scheduler thread
+  waits on result pipes, process sentinels and its wake-up pipe for at most ``scheduler.POLL_S``
+  and exits when its stop event is set.
+* ``WorkerPool.shutdown()`` is idempotent. It sends ``None`` to every task queue, gives workers
+  ``grace_s`` to exit on their own, then terminates and finally kills the rest, joins them, and
+  closes every pipe and queue. Samples still in flight are discarded: they were never delivered,
+  so nothing is lost (resume re-runs them) and nothing is duplicated.
+* Who calls it: the epoch iterator when the epoch ends (unless ``persistent_workers``), when it
+  is garbage-collected (``break`` out of the loop, an exception in the training loop), the loader
+  when it is deleted, and an ``atexit`` hook holding weak references at interpreter exit.
+  Workers are daemonic, so even a missed call cannot outlive the interpreter.
+* Shared memory: tensors travel with torch's ``file_descriptor`` strategy; segments are unlinked
+  at creation and vanish with the last process holding them, so a killed process leaks none.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import math
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from headrace.pipeline import Pipeline
+from headrace.runtime.worker import Task, WorkerSetup, worker_main
+
+
+@dataclass(eq=False)
+class WorkerHandle:
+    """One worker process and what the main process has assigned to it."""
+
+    slot: int
+    process: Any
+    tasks: Any  # multiprocessing.Queue of Task | None
+    conn: Any  # multiprocessing.connection.Connection, read end of the result pipe
+    assigned: dict[int, Task] = field(default_factory=dict)
+    ready: bool = False
+    retiring: bool = False
+
+    @property
+    def sentinel(self) -> int:
+        return self.process.sentinel
+
+    def send(self, task: Task) -> None:
+        self.assigned[task.tid] = task
+        self.tasks.put(task)
+
+
+class WorkerPool:
+    """A set of worker processes over one pipeline, with per-worker task queues and pipes.
+
+    Per-worker queues (not one shared queue) so that a worker killed by the OS can hold no lock
+    another worker needs, and the main process knows exactly which samples it held.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        dataset: Any,
+        ctx: Any,
+        worker_init_fn: Any,
+        base_seed: int,
+        max_slots: int,
+    ) -> None:
+        self.pipeline = pipeline
+        self.dataset = dataset
+        self.ctx = ctx
+        self.worker_init_fn = worker_init_fn
+        self.base_seed = base_seed
+        self.max_slots = max_slots
+        self.timeout_value = ctx.RawValue("d", math.inf)
+        """Shared hand-off timeout in seconds, read by workers between steps."""
+        self.progress = ctx.RawArray("q", [-1] * max_slots)
+        """progress[slot]: tid the worker is running, −1 when idle."""
+        self.workers: dict[int, WorkerHandle] = {}
+        self.tids = itertools.count()
+        """Task ids, unique over the pool's life (persistent workers span epochs)."""
+        self.restarts = 0
+        self._closed = False
+        _live_pools.add(self)
+
+    @property
+    def size(self) -> int:
+        """Workers not being retired."""
+        return sum(not w.retiring for w in self.workers.values())
+
+    def start(self, n: int) -> None:
+        for _ in range(n):
+            self.add_worker(num_workers=n)
+
+    def add_worker(self, slot: int | None = None, num_workers: int | None = None) -> WorkerHandle:
+        """Start one worker in ``slot`` (default: the lowest free slot)."""
+        if slot is None:
+            slot = next(i for i in range(self.max_slots) if i not in self.workers)
+        reader, writer = self.ctx.Pipe(duplex=False)
+        tasks = self.ctx.Queue()
+        tasks.cancel_join_thread()  # never block interpreter exit on undelivered tasks
+        setup = WorkerSetup(
+            slot=slot,
+            num_workers=num_workers if num_workers is not None else max(self.size, slot + 1),
+            base_seed=self.base_seed,
+            pipeline=self.pipeline,
+            dataset=self.dataset,
+            worker_init_fn=self.worker_init_fn,
+            parent_pid=os.getpid(),
+        )
+        proc = self.ctx.Process(
+            target=worker_main,
+            args=(setup, tasks, writer, self.timeout_value, self.progress),
+            daemon=True,
+            name=f"headrace-worker-{slot}",
+        )
+        proc.start()
+        writer.close()  # only the worker writes; EOF on our end then means it died
+        self.progress[slot] = -1
+        h = WorkerHandle(slot, proc, tasks, reader)
+        self.workers[slot] = h
+        return h
+
+    def replace(self, dead: WorkerHandle) -> WorkerHandle:
+        """Discard a dead worker and start a fresh one in its slot."""
+        self._dispose(dead, grace_s=0.0)
+        self.restarts += 1
+        return self.add_worker(dead.slot)
+
+    def retire(self, h: WorkerHandle) -> None:
+        """Ask a worker to exit once its queued tasks are done."""
+        h.retiring = True
+        h.tasks.put(None)
+
+    def reap(self, h: WorkerHandle) -> None:
+        """Forget a retired worker that has exited."""
+        self._dispose(h, grace_s=1.0)
+
+    def shutdown(self, grace_s: float = 0.5) -> None:
+        """Stop every worker (idempotent). See NOTE [headrace shutdown]."""
+        if self._closed:
+            return
+        self._closed = True
+        handles = list(self.workers.values())
+        self.workers.clear()
+        for h in handles:
+            try:
+                h.tasks.put(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + grace_s
+        for h in handles:
+            self._dispose(h, max(0.0, deadline - time.monotonic()))
+        _live_pools.discard(self)
+
+    def _dispose(self, h: WorkerHandle, grace_s: float) -> None:
+        self.workers.pop(h.slot, None)
+        p = h.process
+        if grace_s > 0:
+            p.join(grace_s)
+        if p.is_alive():
+            p.terminate()
+            p.join(1.0)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        for close in (h.conn.close, h.tasks.close):
+            try:
+                close()
+            except (OSError, ValueError):
+                pass
+        try:
+            p.close()
+        except ValueError:
+            pass
+
+
+_live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+_exit_lock = threading.Lock()
+
+
+@atexit.register
+def _shutdown_all_pools() -> None:
+    """Interpreter exit: stop whatever pools are still alive (see NOTE [headrace shutdown])."""
+    with _exit_lock:
+        for pool in list(_live_pools):
+            pool.shutdown(grace_s=0.2)

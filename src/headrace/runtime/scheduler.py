@@ -1,0 +1,394 @@
+"""The sample-level scheduler: one thread in the training process per epoch.
+
+It owns the epoch's work: pulls sampler positions, sends samples (not batches) to workers,
+receives finished samples, hands slow ones to the slow lane, forms and collates batches, and puts
+them on the queue the training loop reads. MinatoLoader Algorithm 1, done with processes:
+
+* fast lane: fresh samples go to any worker with room (at most ``DEPTH`` assigned each, one near
+  the end of the epoch so no sample waits behind a slow one while another worker idles);
+* slow lane: a sample over the learned timeout comes back with its partial value and the index
+  of its next step; it waits in the slow backlog and is resumed at that step by a worker. At most
+  ``slow_lane_share`` of the workers run slow-lane samples while fresh samples are waiting, so
+  fast samples always have most of the pool; when no fresh sample may start, any worker takes
+  slow-lane work, so the pool stays work-conserving within the user's worker budget.
+* batcher: fast-lane samples first, then slow-lane ones (``runtime/batcher.py``).
+
+Exactly-once: every task has a tid; a result is accepted only for a tid still outstanding, a
+position is completed once, and the training loop marks positions delivered one batch at a time.
+Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any
+
+from headrace.errors import StepError, WorkerDiedError, step_error_for
+from headrace.runtime.batcher import Batcher
+from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.pool import WorkerHandle, WorkerPool
+from headrace.runtime.transport import decode
+from headrace.runtime.worker import Task
+
+log = logging.getLogger("headrace")
+
+POLL_S = 0.05
+"""Longest the scheduler blocks before re-checking its stop event (seconds)."""
+DEPTH = 2
+"""Samples assigned to one worker at once: one running, one queued to hide the round trip."""
+
+
+@dataclass
+class EpochSpec:
+    """What one epoch is: the sampler stream and how to turn samples into batches."""
+
+    epoch: int
+    base_seed: int
+    groups: Iterator[Any]  # the index sampler's output: lists of indices, or single indices
+    auto_collation: bool
+    batcher: Batcher
+    collate: Callable[[Any], Any]
+    pin: Callable[[Any], Any] | None
+    max_in_flight: int
+    handoff: bool
+    slow_lane_share: float
+    on_error: str
+    max_restarts: int
+    delivered: Bitmap  # positions delivered before (resume); read-only for the scheduler
+    total_positions: int | None  # samples in the epoch when the sampler knows, else None
+
+
+@dataclass
+class _Rec:
+    """A sample in flight."""
+
+    position: int
+    index: int
+    task: Task
+    slow: bool = False
+    attempts: int = 0
+    step_s: float = 0.0  # step time spent so far (s)
+    worker: int | None = None
+
+
+class Counters:
+    """Numbers the scheduler thread writes and ``loader.stats()`` reads (plain ints/floats)."""
+
+    def __init__(self) -> None:
+        self.fast = 0
+        self.slow = 0
+        self.skipped = 0
+        self.retried = 0
+        self.scheduler_cpu_s = 0.0
+
+
+class Scheduler:
+    """Runs one epoch in a background thread; the training loop reads ``out``."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        spec: EpochSpec,
+        hooks: Any,
+        out: queue.Queue[tuple[str, Any, Any]],
+    ) -> None:
+        self.pool = pool
+        self.spec = spec
+        self.hooks = hooks  # loader-side callbacks: on_sample, on_tick, worker_target
+        self.out = out
+        self.counters = Counters()
+        self.consumed = 0  # written by the training loop only: samples yielded
+        self._recs: dict[int, _Rec] = {}
+        self._retry: deque[_Rec] = deque()
+        self._backlog: deque[_Rec] = deque()
+        self._fresh: deque[tuple[int, int]] = deque()
+        self._positions = 0  # positions pulled from the sampler so far
+        self._pulled = 0  # positions pulled and not already delivered (counted in flight)
+        self._settled = 0  # positions completed or skipped
+        self._exhausted = False
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+        self._thread = threading.Thread(target=self._run, name="headrace-scheduler", daemon=True)
+
+    # -- control -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Called by the training loop after taking a batch: room for more work."""
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass  # already pending, or closed
+
+    def stop(self) -> None:
+        """Stop the thread (idempotent); the pool is the caller's to stop or keep."""
+        self._stop.set()
+        self.wake()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(5.0)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    @property
+    def in_flight(self) -> int:
+        """Samples pulled from the sampler and not yet yielded (or skipped)."""
+        return self._pulled - self.consumed - self.counters.skipped
+
+    @property
+    def slow_backlog(self) -> int:
+        return len(self._backlog)
+
+    # -- thread body ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        cpu0 = time.thread_time()
+        try:
+            while not self._stop.is_set():
+                self._dispatch()
+                if self._emit():
+                    self.out.put(("end", None, None))
+                    return
+                self.hooks.on_tick(self)
+                self._wait_and_handle()
+        except _Fatal as f:
+            self.out.put(("error", f.error, None))
+        except BaseException as e:  # noqa: BLE001 - a scheduler bug must reach the user
+            self.out.put(("error", e, None))
+        finally:
+            self.counters.scheduler_cpu_s += time.thread_time() - cpu0
+
+    def _wait_and_handle(self) -> None:
+        workers = list(self.pool.workers.values())
+        by_obj: dict[Any, WorkerHandle] = {}
+        for w in workers:
+            by_obj[w.conn] = w
+            by_obj[w.sentinel] = w
+        ready = wait([*by_obj, self._wake_r], timeout=POLL_S)
+        dead: list[WorkerHandle] = []
+        for obj in ready:
+            if obj == self._wake_r:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+                continue
+            w = by_obj[obj]
+            if obj is w.conn:
+                if not self._drain(w):
+                    dead.append(w)
+            elif not w.process.is_alive():
+                dead.append(w)
+        for w in dict.fromkeys(dead):
+            self._on_death(w)
+
+    def _drain(self, w: WorkerHandle) -> bool:
+        """Read every complete message from ``w``; False when its pipe broke (it died)."""
+        try:
+            while w.conn.poll():
+                self._handle(w, w.conn.recv())
+        except (EOFError, OSError):
+            return False
+        return True
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        workers = [w for w in self.pool.workers.values() if w.ready and not w.retiring]
+        if not workers:
+            return
+        slow_cap = max(1, int(self.spec.slow_lane_share * len(workers)))
+        for depth in range(1, DEPTH + 1):
+            for w in workers:
+                while len(w.assigned) < depth:
+                    rec = self._choose(w, depth, slow_cap)
+                    if rec is None:
+                        break
+                    rec.worker = w.slot
+                    w.send(rec.task)
+
+    def _slow_running(self) -> int:
+        return sum(
+            1 for w in self.pool.workers.values() for t in w.assigned.values() if t.start > 0
+        )
+
+    def _choose(self, w: WorkerHandle, depth: int, slow_cap: int) -> _Rec | None:
+        if self._retry:
+            return self._retry.popleft()
+        idle = not w.assigned
+        if self._backlog and idle and self._slow_running() < slow_cap:
+            return self._backlog.popleft()
+        if depth == 1 or not self._near_end():
+            rec = self._next_fresh()
+            if rec is not None:
+                return rec
+        if self._backlog and idle:
+            return self._backlog.popleft()  # nothing fresh may start: stay work-conserving
+        return None
+
+    def _near_end(self) -> bool:
+        """Few fresh samples left: queue none behind a running one (no tail behind a slow one)."""
+        total = self.spec.total_positions
+        if total is None:
+            return False
+        left = total - self._positions + len(self._fresh)
+        return left <= DEPTH * len(self.pool.workers)
+
+    def _next_fresh(self) -> _Rec | None:
+        if self.in_flight >= self.spec.max_in_flight:
+            return None
+        while not self._fresh:
+            if self._exhausted or not self._pull_group():
+                return None
+        position, index = self._fresh.popleft()
+        tid = next(self.pool.tids)
+        task = Task(tid, index, 0, None, self.spec.base_seed, self.spec.epoch, self.spec.handoff)
+        rec = _Rec(position, index, task)
+        self._recs[tid] = rec
+        return rec
+
+    def _pull_group(self) -> bool:
+        """Pull one sampler element (a batch of indices, or one index) into the fresh queue."""
+        try:
+            group = next(self.spec.groups)
+        except StopIteration:
+            self._exhausted = True
+            return False
+        indices = list(group) if self.spec.auto_collation else [group]
+        start = self._positions
+        self._positions += len(indices)
+        positions = list(range(start, start + len(indices)))
+        delivered = self.spec.delivered
+        todo = [(p, i) for p, i in zip(positions, indices) if p not in delivered]
+        if todo:
+            self.spec.batcher.add_group(start, [p for p, _ in todo])
+        self._fresh.extend(todo)
+        self._pulled += len(todo)
+        return True
+
+    # -- results -------------------------------------------------------------------------------
+    def _handle(self, w: WorkerHandle, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            w.ready = True
+            return
+        if kind == "init_error":
+            _, slot, cause, text, tb = msg
+            raise _Fatal(
+                WorkerDiedError(
+                    f"worker {slot} failed to start (worker_init_fn or dataset setup): "
+                    f"{cause}: {text}\n\nOriginal traceback:\n{tb}"
+                )
+            )
+        tid = msg[1]
+        task = w.assigned.pop(tid, None)
+        rec = self._recs.get(tid)
+        if task is None or rec is None:
+            return  # a stale result of a task already re-run elsewhere
+        if kind == "done":
+            _, _, payload, timings = msg
+            del self._recs[tid]
+            rec.step_s += sum(t[1] for t in timings)
+            self._settled += 1
+            if rec.slow:
+                self.counters.slow += 1
+            else:
+                self.counters.fast += 1
+            self.hooks.on_sample(rec.index, rec.step_s, rec.slow, timings)
+            self.spec.batcher.complete(rec.position, decode(payload), rec.slow)
+        elif kind == "partial":
+            _, _, next_step, payload, timings = msg
+            rec.step_s += sum(t[1] for t in timings)
+            rec.slow = True
+            self.hooks.on_sample_partial(rec.index, timings)
+            rec.task = rec.task._replace(start=next_step, payload=payload, may_hand_off=False)
+            self._backlog.append(rec)
+        elif kind == "error":
+            _, _, step, exc_cls, cause, text, tb = msg
+            names = self.pool.pipeline.step_names
+            step_name = names[step] if 0 <= step < len(names) else "transport"
+            err = step_error_for(exc_cls, rec.index, step_name, cause, text, tb, w.slot)
+            self._fail(rec, err)
+
+    def _fail(self, rec: _Rec, err: StepError | WorkerDiedError) -> None:
+        self._recs.pop(rec.task.tid, None)
+        if self.spec.on_error == "raise":
+            raise _Fatal(err)
+        self.counters.skipped += 1
+        self._settled += 1
+        self.spec.batcher.drop(rec.position)
+        self.hooks.on_skip(rec.index, err)
+
+    def _on_death(self, w: WorkerHandle) -> None:
+        """A worker died (OOM killer, SIGKILL, segfault): re-run what it held, replace it."""
+        if w.retiring:  # a worker the scaler retired has exited
+            self._retry.extend(self._recs[t] for t in w.assigned if t in self._recs)
+            w.assigned.clear()
+            self.pool.reap(w)
+            return
+        lost = [self._recs[t] for t in w.assigned if t in self._recs]
+        running = self.pool.progress[w.slot]
+        w.assigned.clear()
+        exitcode = w.process.exitcode
+        log.warning("headrace worker %d died (exit code %s); re-running %d sample(s)",
+                    w.slot, exitcode, len(lost))
+        for rec in lost:
+            if rec.task.tid == running or len(lost) == 1:
+                rec.attempts += 1  # only the sample it was running is suspect
+            if rec.attempts >= self.spec.max_restarts:
+                self._fail(rec, WorkerDiedError(
+                    f"sample index {rec.index} was being processed by a worker that died "
+                    f"{rec.attempts} times (last exit code {exitcode}); the sample likely "
+                    "crashes or exhausts memory in a step. Skip it with "
+                    "options=headrace.Options(on_error='skip') or fix the step."))
+            else:
+                self.counters.retried += 1
+                self._retry.append(rec)
+        self.pool.replace(w)
+
+    # -- output --------------------------------------------------------------------------------
+    def _emit(self) -> bool:
+        """Put every ready batch on the output queue; True when the epoch is complete."""
+        final = self._exhausted and not self._fresh and self._settled == self._pulled
+        while True:
+            items = self.spec.batcher.pop(final)
+            if items is None:
+                break
+            samples = [s for _, s in items]
+            positions = [p for p, _ in items]
+            try:
+                batch = self.spec.collate(samples) if self.spec.auto_collation else self.spec.collate(samples[0])
+                if self.spec.pin is not None:
+                    batch = self.spec.pin(batch)
+            except Exception as e:  # noqa: BLE001 - collate_fn is user code
+                raise _Fatal(_collate_error(e, positions)) from e
+            self.out.put(("batch", batch, positions))
+        return final and self.spec.batcher.ready_samples == 0
+
+
+class _Fatal(Exception):
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _collate_error(e: Exception, positions: list[int]) -> Exception:
+    import traceback
+
+    return step_error_for(
+        type(e), -1, "collate_fn", type(e).__qualname__,
+        f"{e} (batch of epoch positions {positions[:8]}{'...' if len(positions) > 8 else ''})",
+        traceback.format_exc(),
+    )

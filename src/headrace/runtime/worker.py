@@ -1,0 +1,159 @@
+"""The worker process: runs steps on samples it is sent, hands slow ones back.
+
+Messages (tuples, to keep pickling cheap):
+
+* main -> worker, on the worker's task queue: ``Task`` or ``None`` (exit).
+* worker -> main, on the worker's result pipe:
+  ``("ready", slot)`` once initialised, or ``("init_error", slot, cause_type, message, tb)``;
+  ``("done", tid, payload, timings)``; ``("partial", tid, next_step, payload, timings)`` when the
+  sample exceeded the hand-off timeout; ``("error", tid, step, exc_class, cause_type, message, tb)``.
+
+See NOTE [headrace shutdown] in ``runtime/pool.py`` for how a worker exits.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import traceback
+from typing import Any, NamedTuple
+
+import torch
+
+from headrace.pipeline import Pipeline
+from headrace.pipeline.runner import SampleRunner
+from headrace.runtime.transport import decode, encode
+
+POLL_S = 0.5
+"""How often a waiting worker checks that its parent is still alive (seconds)."""
+
+
+class Task(NamedTuple):
+    """One unit of work: run steps ``start..`` of sample ``index``."""
+
+    tid: int
+    index: int
+    start: int
+    payload: Any  # encoded partial value when start > 0
+    base_seed: int
+    epoch: int
+    may_hand_off: bool
+
+
+class WorkerSetup(NamedTuple):
+    """What a worker needs at start (pickled once per worker)."""
+
+    slot: int
+    num_workers: int
+    base_seed: int
+    pipeline: Pipeline
+    dataset: Any  # what get_worker_info().dataset returns
+    worker_init_fn: Any
+    parent_pid: int
+
+
+def worker_main(setup: WorkerSetup, tasks: Any, results: Any, timeout_value: Any, progress: Any) -> None:
+    """Entry point of a worker process.
+
+    ``timeout_value``: shared double, the hand-off timeout in seconds (read between steps).
+    ``progress``: shared int64 array, ``progress[slot]`` = tid being run (−1: idle), written so
+    the main process knows what a worker held if it dies.
+    """
+    slot = setup.slot
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
+    try:
+        torch.set_num_threads(1)
+        seed = setup.base_seed + slot
+        _seed_like_torch(setup.base_seed, slot, seed)
+        _set_worker_info(slot, setup.num_workers, seed, setup.dataset)
+        if setup.worker_init_fn is not None:
+            setup.worker_init_fn(slot)
+        runner = SampleRunner(setup.pipeline)
+    except Exception as e:  # noqa: BLE001 - reported to the main process
+        _send(results, ("init_error", slot, _qualname(type(e)), str(e), traceback.format_exc()))
+        return
+    _send(results, ("ready", slot))
+
+    def current_timeout() -> float:
+        return timeout_value.value
+
+    while True:
+        try:
+            task = tasks.get(timeout=POLL_S)
+        except queue.Empty:
+            if os.getppid() != setup.parent_pid:
+                return  # the training process is gone
+            continue
+        if task is None:
+            return
+        progress[slot] = task.tid
+        value = decode(task.payload) if task.start > 0 else None
+        out = runner.run(
+            task.index,
+            task.start,
+            value,
+            task.base_seed,
+            task.epoch,
+            timeout=current_timeout if task.may_hand_off else None,
+        )
+        timings = [(t.step, t.wall, t.cpu) for t in out.timings]
+        if out.error is not None:
+            step, exc, tb = out.error
+            msg: tuple[Any, ...] = (
+                "error", task.tid, step, _picklable_class(type(exc)), _qualname(type(exc)), str(exc), tb,
+            )
+        elif out.next_step is not None:
+            msg = ("partial", task.tid, out.next_step, encode(out.value), timings)
+        else:
+            msg = ("done", task.tid, encode(out.value), timings)
+        progress[slot] = -1
+        if not _send(results, msg):
+            return
+
+
+def _send(conn: Any, msg: Any) -> bool:
+    try:
+        conn.send(msg)
+        return True
+    except (BrokenPipeError, EOFError, OSError):
+        return False  # the main process closed our pipe: shutting down
+    except Exception as e:  # noqa: BLE001 - e.g. an unpicklable sample
+        if msg[0] in ("done", "partial"):
+            err = ("error", msg[1], -1, None, _qualname(type(e)),
+                   f"the sample could not be sent to the main process: {e}", traceback.format_exc())
+            return _send(conn, err)
+        raise
+
+
+def _qualname(cls: type) -> str:
+    mod = cls.__module__
+    return cls.__qualname__ if mod in ("builtins", "__main__") else f"{mod}.{cls.__qualname__}"
+
+
+def _picklable_class(cls: type) -> type | None:
+    try:
+        pickle.loads(pickle.dumps(cls))
+        return cls
+    except Exception:  # noqa: BLE001 - a local class: re-raised as plain StepError
+        return None
+
+
+def _seed_like_torch(base_seed: int, worker_id: int, seed: int) -> None:
+    """Seed the worker's global generators as torch's worker loop does (before worker_init_fn)."""
+    import random
+
+    import numpy as np
+    from torch.utils.data._utils.worker import _generate_state
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(_generate_state(base_seed, worker_id))
+
+
+def _set_worker_info(slot: int, num_workers: int, seed: int, dataset: Any) -> None:
+    """Make ``torch.utils.data.get_worker_info()`` answer inside headrace workers."""
+    from torch.utils.data._utils import worker as tw
+
+    tw._worker_info = tw.WorkerInfo(id=slot, num_workers=num_workers, seed=seed, dataset=dataset)

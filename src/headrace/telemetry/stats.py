@@ -1,0 +1,93 @@
+"""Statistics a loader reports through ``loader.stats()``.
+
+How to read them: ``stall_s`` is time the training loop spent waiting inside ``next()``; a stall
+fraction (stall ÷ wall) near 0 means the input pipeline keeps up, near 1 that the accelerator
+mostly waits for data. ``slow_samples`` were handed to the slow lane after exceeding the learned
+timeout. ``main_cpu_per_batch_ms`` is CPU time the training process spent in headrace (its
+scheduler thread and ``next()``), per batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochStats:
+    """One epoch (possibly still running).
+
+    Attributes:
+        epoch: epoch number (0-based, counted by the loader).
+        wall_s: seconds from ``iter(loader)`` to the last batch (or to now).
+        stall_s: seconds the training loop waited for a batch inside ``next()``.
+        batches / samples: yielded so far.
+        samples_per_s: samples ÷ wall_s.
+        fast_samples / slow_samples: finished in the fast lane / handed off to the slow lane.
+        skipped_samples: dropped by ``on_error="skip"``.
+        retried_samples: re-run after their worker died.
+        main_cpu_per_batch_ms: training-process CPU spent in headrace per batch (ms).
+        finished: the epoch ran to its end.
+    """
+
+    epoch: int
+    wall_s: float
+    stall_s: float
+    batches: int
+    samples: int
+    samples_per_s: float
+    fast_samples: int
+    slow_samples: int
+    skipped_samples: int
+    retried_samples: int
+    main_cpu_per_batch_ms: float
+    finished: bool
+
+    @property
+    def stall_fraction(self) -> float:
+        """stall_s ÷ wall_s (0: never waited for data)."""
+        return self.stall_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueSample:
+    """Queue depths at time ``t`` (seconds since the loader was created).
+
+    ``ready_batches``: collated batches waiting for the training loop (occupancy near 0: the
+    loop is starved); ``ready_samples``: finished samples not yet in a batch; ``in_flight``:
+    samples dispatched and not yet yielded; ``slow_backlog``: handed-off samples waiting.
+    """
+
+    t: float
+    ready_batches: int
+    ready_samples: int
+    in_flight: int
+    slow_backlog: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderStats:
+    """Everything ``loader.stats()`` returns.
+
+    Attributes:
+        epochs: one entry per epoch started, the last possibly running.
+        timeout_s: current hand-off timeout in seconds (``inf`` while warming up).
+        timeout_percentile: percentile behind it (75, or 90 after a fallback).
+        workers: current number of worker processes.
+        workers_timeline: (seconds since creation, workers) at every change.
+        timeout_timeline: (seconds since creation, timeout s) at every change.
+        queues: sampled queue depths (bounded history).
+        worker_restarts: worker processes replaced after dying.
+    """
+
+    epochs: tuple[EpochStats, ...]
+    timeout_s: float
+    timeout_percentile: float
+    workers: int
+    workers_timeline: tuple[tuple[float, int], ...]
+    timeout_timeline: tuple[tuple[float, float], ...]
+    queues: tuple[QueueSample, ...]
+    worker_restarts: int
+
+    @property
+    def last(self) -> EpochStats | None:
+        return self.epochs[-1] if self.epochs else None
