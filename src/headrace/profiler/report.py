@@ -120,24 +120,26 @@ class PipelineProfile:
         return self.total_quantile(0.99)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-compatible dict (no NaN); inverse of :meth:`from_dict`."""
+        """Plain JSON-compatible dict (lists, numbers, strings, None); see :meth:`from_dict`."""
         d = dataclasses.asdict(self)
+        d["steps"] = list(d["steps"])
         d["total_quantiles"] = list(self.total_quantiles)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PipelineProfile:
-        """Rebuild a profile; ``ValueError`` when written by another schema version."""
+        """Rebuild a profile; ``ValueError`` when written by another schema version or malformed."""
         version = d.get("schema_version")
         if version != PROFILE_SCHEMA:
             raise ValueError(f"profile schema {version!r}, this headrace reads {PROFILE_SCHEMA}")
-        names = {f.name for f in dataclasses.fields(StepStats)}
-        steps = tuple(StepStats(**{k: v for k, v in s.items() if k in names}) for s in d["steps"])
-        return cls(
-            steps=steps,
-            samples=int(d["samples"]),
-            total_mean=float(d["total_mean"]),
-            total_max=float(d["total_max"]),
-            total_quantiles=tuple(float(v) for v in d["total_quantiles"]),
-            schema_version=PROFILE_SCHEMA,
-        )
+        try:
+            return cls(
+                steps=tuple(StepStats(**s) for s in d["steps"]),
+                samples=int(d["samples"]),
+                total_mean=float(d["total_mean"]),
+                total_max=float(d["total_max"]),
+                total_quantiles=tuple(float(v) for v in d["total_quantiles"]),
+                schema_version=PROFILE_SCHEMA,
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"malformed profile dict: {e}") from e

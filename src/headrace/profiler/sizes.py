@@ -172,8 +172,9 @@ def type_signature(x: Any, depth: int = 0) -> Hashable:
     """Hashable (type, rank) summary of a sample; compare a step's input and output signatures.
 
     Tensors and arrays give ``(type, ndim)``, PIL images ``("PIL", 2 or 3)`` (3 with several
-    bands), tuples/lists/dicts of at most 8 items recurse two levels deep, anything else gives
-    its type. The dtype is deliberately left out: a cast is a numeric-to-numeric change that
+    bands); tuples (positionally) and dicts (by key) of at most 8 items recurse two levels deep,
+    lists give the set of their first 8 items' signatures (so length does not matter), anything
+    else gives ``(type,)``. The dtype is deliberately left out: a cast is a numeric-to-numeric change that
     AutoOrder may move (Pecan moves Cast+Normalize in RetinaNet).
     """
     t = type(x)
@@ -181,12 +182,16 @@ def type_signature(x: Any, depth: int = 0) -> Hashable:
         return (t, x.ndim)
     if _looks_like_pil(x):
         return ("PIL", 3 if len(x.getbands()) > 1 else 2)
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, tuple):  # a structure, e.g. (image, label): positional
         if depth >= 2 or len(x) > 8:
             return (t, "...")
         return (t, tuple(type_signature(v, depth + 1) for v in x))
+    if isinstance(x, list):  # a collection of any length: the kinds of its first items
+        if depth >= 2:
+            return (t, "...")
+        return (t, frozenset(type_signature(v, depth + 1) for v in x[:8]))
     if isinstance(x, dict):
         if depth >= 2 or len(x) > 8:
             return (t, "...")
         return (t, tuple((k, type_signature(v, depth + 1)) for k, v in x.items()))
-    return t
+    return (t,)

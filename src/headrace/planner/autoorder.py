@@ -1,0 +1,376 @@
+"""AutoOrder (Pecan §5.2, Algorithm 2): reorder steps by inflation factor, within barriers.
+
+A step's inflation factor is its output bytes over its input bytes per sample (from the
+profile: ``StepStats.inflation``). Moving deflationary steps (factor < 1) upstream and
+inflationary ones (factor > 1) downstream makes the other steps work on smaller samples.
+
+Rules, as in Pecan with headrace's traits:
+
+- Barriers split the pipeline into sections and never move, nor does anything cross them:
+  ``keep_position`` steps, ``kind="decode"`` steps, and steps the profiler saw change the
+  sample's type or rank (``changes_type``). Steps that are neither ``random`` nor ``commutes``
+  (``Step.movable`` is false) are fixed too: reordering them is not known to be safe, so they
+  bound sections like barriers (declare ``commutes=True`` to let AutoOrder move them).
+- Within a section, steps are stably partitioned: deflationary first, then neutral, then
+  inflationary; factors within the neutral band [0.95, 1.05] count as 1, as do unknown ones.
+- Deviation from Algorithm 2: Pecan *prepends* each deflationary step to the prefix, which
+  reverses the relative order of several deflationary steps; headrace keeps every class in its
+  declared order (stable), so two crops, say, are never swapped for no measured gain. Pecan's
+  exception for casts to bfloat16 (moved last) is not modelled.
+
+Cost model for the CPU estimate: a step's CPU time is proportional to its input bytes,
+``cpu_i * b / bytes_in_i``, where ``cpu_i`` and ``bytes_in_i`` are measured and ``b`` is the
+input size the step gets in the order considered: the pipeline's input size times the factors
+of the steps before it. Steps with a fixed cost (I/O, per-call overhead) make the estimate of
+the gain optimistic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+from headrace.pipeline.pipeline import LOAD_STEP
+
+if TYPE_CHECKING:
+    from headrace.pipeline.step import Step
+    from headrace.profiler.report import PipelineProfile, StepStats
+
+__all__ = [
+    "NEUTRAL_BAND",
+    "AutoOrderDecision",
+    "Revalidation",
+    "StepMove",
+    "autoorder",
+    "autoorder_from_profile",
+    "classify",
+    "expected_cpu",
+    "revalidate",
+]
+
+NEUTRAL_BAND = (0.95, 1.05)
+"""Inflation factors within this closed interval count as 1 (the step is neither moved up nor down)."""
+
+Role = Literal["deflationary", "neutral", "inflationary", "unknown", "barrier", "fixed"]
+_RANK = {"deflationary": 0, "neutral": 1, "unknown": 1, "inflationary": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMove:
+    """One step that AutoOrder moved, and why.
+
+    ``index`` is its position in the declared order; ``crossed`` are the steps it now runs
+    before (a deflationary step) or after (an inflationary one); ``inflation`` is its factor
+    (output bytes / input bytes).
+    """
+
+    step: str
+    index: int
+    role: Literal["deflationary", "inflationary"]
+    inflation: float
+    crossed: tuple[str, ...]
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoOrderDecision:
+    """The step order AutoOrder chose, with the numbers behind it.
+
+    Attributes:
+        original: the steps in the order given.
+        steps: the steps in the chosen order (``pipeline.with_steps(decision.steps)``).
+        order: ``steps[i] is original[order[i]]``.
+        roles: per original step, its role (``"barrier"``, ``"fixed"``, ``"deflationary"``,
+            ``"neutral"``, ``"inflationary"``, ``"unknown"``).
+        factors: per original step, its measured inflation factor (``None``: unknown).
+        sections: original positions of each reorderable section (runs of movable steps).
+        moves: the steps actively moved (a neutral step shifted by them is not listed).
+        notes: other observations worth reading (hints, data-dependent factors).
+        neutral: the neutral band used.
+        cpu_before, cpu_after: expected CPU seconds per sample of the given and the chosen
+            order under the cost model in the module docstring; ``None`` without costs.
+    """
+
+    original: tuple[Step, ...]
+    steps: tuple[Step, ...]
+    order: tuple[int, ...]
+    roles: tuple[Role, ...]
+    factors: tuple[float | None, ...]
+    sections: tuple[tuple[int, ...], ...]
+    moves: tuple[StepMove, ...]
+    notes: tuple[str, ...] = ()
+    neutral: tuple[float, float] = NEUTRAL_BAND
+    cpu_before: float | None = None
+    cpu_after: float | None = None
+
+    @property
+    def changed(self) -> bool:
+        """True when the chosen order differs from the given one."""
+        return self.order != tuple(range(len(self.order)))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Step names in the chosen order."""
+        return tuple(s.name for s in self.steps)
+
+    def explain(self) -> list[str]:
+        """Readable lines: the order, each move with its numbers, the CPU estimate, notes."""
+        if self.changed:
+            lines = [
+                f"AutoOrder: {' -> '.join(self.names)} "
+                f"(declared: {' -> '.join(s.name for s in self.original)})"
+            ]
+        else:
+            lines = ["AutoOrder: kept the declared order (no movable step gains from moving)"]
+        lines += [f"  {m.reason}" for m in self.moves]
+        if self.cpu_before is not None and self.cpu_after is not None and self.changed:
+            lines.append(
+                f"  expected per-sample CPU {_ms(self.cpu_before)} -> {_ms(self.cpu_after)} "
+                "(model: a step's CPU time is proportional to its input bytes)"
+            )
+        lines += [f"  note: {n}" for n in self.notes]
+        return lines
+
+
+@dataclasses.dataclass(frozen=True)
+class Revalidation:
+    """Whether a decision still holds under a newer profile (Pecan re-checks after epoch 1).
+
+    ``decision`` is AutoOrder recomputed from the new profile on the declared steps: apply it
+    when ``holds`` is false. ``changes`` lists the steps whose role changed, with the numbers.
+    """
+
+    holds: bool
+    decision: AutoOrderDecision
+    changes: tuple[str, ...]
+
+
+def classify(factor: float | None, neutral: tuple[float, float] = NEUTRAL_BAND) -> Role:
+    """Role of an inflation factor: below, within or above the neutral band; None: unknown."""
+    if factor is None or not math.isfinite(factor):
+        return "unknown"
+    if factor < neutral[0]:
+        return "deflationary"
+    if factor > neutral[1]:
+        return "inflationary"
+    return "neutral"
+
+
+def autoorder(
+    steps: Sequence[Step],
+    inflation: Sequence[float | None],
+    *,
+    changes_type: Sequence[bool] | None = None,
+    cpu: Sequence[float] | None = None,
+    bytes_in: Sequence[float] | None = None,
+    input_bytes: float | None = None,
+    neutral: tuple[float, float] = NEUTRAL_BAND,
+) -> AutoOrderDecision:
+    """Reorder ``steps`` by their inflation factors (pure; O(n log n) in the number of steps).
+
+    Args:
+        steps: the pipeline's steps (``load`` excluded), in their declared order.
+        inflation: per step, output bytes / input bytes per sample; ``None`` when unknown.
+        changes_type: per step, whether it changed the sample's type or rank (a barrier).
+        cpu: per step, CPU seconds per sample, for the estimate.
+        bytes_in: per step, the input bytes per sample it was measured with, for the estimate.
+        input_bytes: bytes per sample entering the first step (the source's output); default
+            ``bytes_in[0]``, right when ``steps`` were measured in this order.
+        neutral: the band of factors treated as 1.
+    """
+    n = len(steps)
+    _check_len("inflation", inflation, n)
+    _check_len("changes_type", changes_type, n)
+    _check_len("cpu", cpu, n)
+    _check_len("bytes_in", bytes_in, n)
+    roles: list[Role] = []
+    for i, s in enumerate(steps):
+        if s.barrier or (changes_type is not None and changes_type[i]):
+            roles.append("barrier")
+        elif not s.movable:
+            roles.append("fixed")
+        else:
+            roles.append(classify(inflation[i], neutral))
+    sections: list[tuple[int, ...]] = []
+    order: list[int] = []
+    run: list[int] = []
+    for i in [*range(n), None]:
+        if i is not None and roles[i] not in ("barrier", "fixed"):
+            run.append(i)
+            continue
+        if run:
+            sections.append(tuple(run))
+            order += sorted(run, key=lambda j: _RANK[roles[j]])  # stable: ties keep their order
+            run = []
+        if i is not None:
+            order.append(i)
+    pos = {j: k for k, j in enumerate(order)}
+    moves = []
+    for sec in sections:
+        for j in sec:
+            role = roles[j]
+            if role == "deflationary":
+                crossed = [k for k in sec if k < j and pos[k] > pos[j]]
+            elif role == "inflationary":
+                crossed = [k for k in sec if k > j and pos[k] < pos[j]]
+            else:
+                continue
+            if crossed:
+                factor = inflation[j]
+                assert factor is not None  # classified deflationary or inflationary
+                moves.append(_move(steps, j, role, factor, crossed, bytes_in, neutral))
+    notes = []
+    for i, s in enumerate(steps):
+        measured = classify(inflation[i], neutral)
+        if roles[i] == "fixed" and measured in ("deflationary", "inflationary"):
+            notes.append(
+                f"{s.name} is {measured} ({_f(inflation[i])}) but neither random nor commutes, "
+                "so it stays in place; declare it with commutes=True to let AutoOrder move it"
+            )
+        elif roles[i] == "barrier" and not s.barrier:
+            notes.append(f"{s.name} changes the sample's type or rank: kept in place as a barrier")
+        elif roles[i] == "unknown":
+            notes.append(f"no inflation factor measured for {s.name}: treated as neutral")
+    before = after = None
+    if cpu is not None and bytes_in is not None:
+        start = input_bytes if input_bytes is not None else (bytes_in[0] if n else 0.0)
+        before = expected_cpu(range(n), cpu, bytes_in, inflation, start)
+        after = expected_cpu(order, cpu, bytes_in, inflation, start)
+    return AutoOrderDecision(
+        original=tuple(steps),
+        steps=tuple(steps[j] for j in order),
+        order=tuple(order),
+        roles=tuple(roles),
+        factors=tuple(inflation),
+        sections=tuple(sections),
+        moves=tuple(moves),
+        notes=tuple(notes),
+        neutral=neutral,
+        cpu_before=before,
+        cpu_after=after,
+    )
+
+
+def autoorder_from_profile(
+    steps: Sequence[Step], profile: PipelineProfile, *, neutral: tuple[float, float] = NEUTRAL_BAND
+) -> AutoOrderDecision:
+    """AutoOrder with factors, type changes and costs read from ``profile``.
+
+    Steps are matched to the profile by name (the k-th step of a repeated name to the k-th
+    entry of that name), so the profile may come from any order of the same steps.
+    """
+    seen: dict[str, int] = {}
+    stats: list[StepStats | None] = []
+    for s in steps:
+        k = seen.get(s.name, 0)
+        seen[s.name] = k + 1
+        try:
+            stats.append(profile.step(s.name, k))
+        except KeyError:
+            stats.append(None)
+    load = profile.steps[0] if profile.steps and profile.steps[0].name == LOAD_STEP else None
+    decision = autoorder(
+        steps,
+        [st.inflation if st is not None else None for st in stats],
+        changes_type=[st is not None and st.changes_type for st in stats],
+        cpu=[st.cpu_mean if st is not None else 0.0 for st in stats],
+        bytes_in=[st.bytes_in_mean if st is not None else 0.0 for st in stats],
+        input_bytes=load.bytes_out_mean if load is not None and load.count else None,
+        neutral=neutral,
+    )
+    notes = [f"inflation factors from {profile.samples} samples"]
+    for m in decision.moves:
+        st = stats[m.index]
+        lo = st.inflation_p10 if st is not None else None
+        hi = st.inflation_p90 if st is not None else None
+        if lo is not None and hi is not None and classify(lo, neutral) != classify(hi, neutral):
+            notes.append(
+                f"{m.step}'s inflation varies across samples (p10 {lo:.2f}, p90 {hi:.2f}): "
+                "the order favours the mean volume"
+            )
+    return dataclasses.replace(decision, notes=(*notes, *decision.notes))
+
+
+def revalidate(decision: AutoOrderDecision, new_profile: PipelineProfile) -> Revalidation:
+    """Recompute AutoOrder on the declared steps with ``new_profile`` (e.g. after epoch 1).
+
+    The order holds when the recomputed order is the same; the new profile may have been
+    measured on the reordered pipeline (steps are matched by name).
+    """
+    fresh = autoorder_from_profile(decision.original, new_profile, neutral=decision.neutral)
+    changes = []
+    for i, s in enumerate(decision.original):
+        old, new = decision.roles[i], fresh.roles[i]
+        if old != new:
+            changes.append(
+                f"{s.name}: {old} ({_f(decision.factors[i])}) -> {new} ({_f(fresh.factors[i])})"
+            )
+    return Revalidation(fresh.order == decision.order, fresh, tuple(changes))
+
+
+def expected_cpu(
+    order: Sequence[int] | range,
+    cpu: Sequence[float],
+    bytes_in: Sequence[float],
+    inflation: Sequence[float | None],
+    input_bytes: float,
+) -> float:
+    """Expected CPU seconds per sample of running the steps in ``order`` (indices).
+
+    Step ``i`` costs ``cpu[i] * b / bytes_in[i]`` where ``b`` is its input bytes in this order:
+    ``input_bytes`` times the factors of the steps before it (unknown factors count as 1). A
+    step measured without input bytes costs ``cpu[i]`` whatever its input.
+    """
+    b, total = float(input_bytes), 0.0
+    for i in order:
+        total += cpu[i] * (b / bytes_in[i]) if bytes_in[i] > 0 and b > 0 else cpu[i]
+        f = inflation[i]
+        if f is not None and math.isfinite(f):
+            b *= f
+    return total
+
+
+def _move(
+    steps: Sequence[Step],
+    j: int,
+    role: Literal["deflationary", "inflationary"],
+    factor: float,
+    crossed: list[int],
+    bytes_in: Sequence[float] | None,
+    neutral: tuple[float, float],
+) -> StepMove:
+    names = tuple(steps[k].name for k in crossed)
+    size = ""
+    if bytes_in is not None and bytes_in[j] > 0:
+        size = f", {_bytes(bytes_in[j])} -> {_bytes(bytes_in[j] * factor)} per sample"
+    runs = "they run" if len(names) > 1 else "it runs"
+    if role == "deflationary":
+        head = f"moved {steps[j].name} before {', '.join(names)}"
+        why = f"below {neutral[0]:.2f}{size}), so {runs} on smaller samples"
+    else:
+        head = f"moved {steps[j].name} after {', '.join(names)}"
+        why = f"above {neutral[1]:.2f}{size}), so {runs} before the samples grow"
+    reason = f"{head}: inflation {factor:.2f} ({role}, {why}"
+    return StepMove(steps[j].name, j, role, factor, names, reason)
+
+
+def _check_len(what: str, seq: Sequence[object] | None, n: int) -> None:
+    if seq is not None and len(seq) != n:
+        raise ValueError(f"autoorder: {what} has {len(seq)} entries for {n} steps")
+
+
+def _f(x: float | None) -> str:
+    return "unknown" if x is None else f"{x:.2f}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} µs"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"

@@ -1,0 +1,260 @@
+"""Profile store: pipeline profiles kept in SQLite and reused by the next run of the same job.
+
+FastFlow §5.2 stores its profiled metrics and reloads them when the same input pipeline runs
+again, skipping the warm-up. headrace keys a profile by (pipeline fingerprint, dataset
+fingerprint, machine fingerprint): a change in any component is a miss, which is how profiles
+are invalidated; ``invalidate`` also removes entries explicitly.
+
+The file defaults to ``$HEADRACE_PROFILE_STORE``, else ``$XDG_CACHE_HOME/headrace/profiles.sqlite``,
+else ``~/.cache/headrace/profiles.sqlite``. Every call opens its own connection, so a store is
+picklable and fork-safe; writes run in ``BEGIN IMMEDIATE`` transactions (atomic, serialised
+between processes by SQLite's lock, waiting up to ``timeout`` seconds). A file written by an
+older store schema is discarded and recreated; one written by a newer headrace is left alone
+and reads as empty. A file that is not a database is replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import platform
+import sqlite3
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from headrace.profiler.report import PipelineProfile
+
+if TYPE_CHECKING:
+    from headrace.pipeline.pipeline import Pipeline
+
+__all__ = [
+    "ENV_VAR",
+    "STORE_SCHEMA",
+    "ProfileKey",
+    "ProfileStore",
+    "default_store_path",
+    "machine_fingerprint",
+]
+
+ENV_VAR = "HEADRACE_PROFILE_STORE"
+"""Environment variable naming the store file (overridden by an explicit ``path``)."""
+
+STORE_SCHEMA = 1
+"""Layout of the SQLite file (``PRAGMA user_version`` and a column of every row)."""
+
+_CREATE = """
+CREATE TABLE IF NOT EXISTS profiles (
+    pipeline TEXT NOT NULL,
+    dataset TEXT NOT NULL,
+    machine TEXT NOT NULL,
+    schema_version INTEGER NOT NULL,
+    created REAL NOT NULL,
+    samples INTEGER NOT NULL,
+    profile TEXT NOT NULL,
+    PRIMARY KEY (pipeline, dataset, machine)
+)
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileKey:
+    """Identity of a profile: what runs, on which data, on which machine (opaque strings)."""
+
+    pipeline: str
+    dataset: str
+    machine: str
+
+    @classmethod
+    def for_pipeline(cls, pipeline: Pipeline, machine: str | None = None) -> ProfileKey:
+        """Key of ``pipeline`` on this machine (``machine`` overrides the CPU fingerprint).
+
+        Use the pipeline as the user declared it, before any reordering, so the next run of
+        the same job finds the profile.
+        """
+        from headrace.pipeline.fingerprint import source_fingerprint
+
+        return cls(
+            pipeline=pipeline.fingerprint(),
+            dataset=source_fingerprint(pipeline.source),
+            machine=machine if machine is not None else machine_fingerprint(),
+        )
+
+
+@functools.lru_cache(maxsize=1)
+def machine_fingerprint() -> str:
+    """CPU model and logical core count, e.g. ``"AMD EPYC 7B13 x16"``.
+
+    The model comes from ``/proc/cpuinfo`` (``model name``, or ``Hardware`` / ``cpu model`` on
+    some ARM and MIPS kernels), else ``platform.processor()``, else the architecture name.
+    """
+    model = ""
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            fields: dict[str, str] = {}
+            for line in f:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() not in fields:
+                    fields[name.strip()] = value.strip()
+        model = fields.get("model name") or fields.get("Hardware") or fields.get("cpu model", "")
+    model = model or platform.processor() or platform.machine() or "unknown-cpu"
+    return f"{' '.join(model.split())} x{os.cpu_count() or 0}"
+
+
+def default_store_path() -> Path:
+    """``$HEADRACE_PROFILE_STORE``, else the user cache directory's ``headrace/profiles.sqlite``."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "headrace" / "profiles.sqlite"
+
+
+class ProfileStore:
+    """Profiles in one SQLite file, keyed by :class:`ProfileKey`. Safe across processes."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, timeout: float = 30.0) -> None:
+        """``path``: the SQLite file (created with its directory on first use); ``None``: the
+        default (see :func:`default_store_path`). ``timeout``: seconds a call waits for another
+        process's write lock before ``sqlite3.OperationalError``."""
+        self.path = Path(path).expanduser() if path is not None else default_store_path()
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"ProfileStore({str(self.path)!r})"
+
+    def get(self, key: ProfileKey) -> PipelineProfile | None:
+        """The stored profile of ``key``, or ``None`` (never stored, invalidated, or unreadable)."""
+        with self._connect() as conn:
+            if conn is None:
+                return None
+            row = conn.execute(
+                "SELECT profile FROM profiles WHERE pipeline=? AND dataset=? AND machine=?"
+                " AND schema_version=?",
+                (key.pipeline, key.dataset, key.machine, STORE_SCHEMA),
+            ).fetchone()
+        if row is None:
+            return None
+        try:
+            return PipelineProfile.from_dict(json.loads(row[0]))
+        except ValueError:  # written by another profile layout: a miss
+            return None
+
+    def put(self, key: ProfileKey, profile: PipelineProfile) -> None:
+        """Store (or replace) the profile of ``key``, atomically."""
+        text = json.dumps(profile.to_dict(), separators=(",", ":"))
+        with self._connect() as conn:
+            if conn is None:
+                return
+            with _transaction(conn):
+                conn.execute(
+                    "INSERT OR REPLACE INTO profiles VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        key.pipeline,
+                        key.dataset,
+                        key.machine,
+                        STORE_SCHEMA,
+                        time.time(),
+                        profile.samples,
+                        text,
+                    ),
+                )
+
+    def invalidate(
+        self,
+        key: ProfileKey | None = None,
+        *,
+        pipeline: str | None = None,
+        dataset: str | None = None,
+        machine: str | None = None,
+    ) -> int:
+        """Delete entries; returns how many.
+
+        ``key`` deletes that entry; the keyword components delete every entry matching all the
+        components given (e.g. ``machine=...`` forgets a machine); no argument deletes all.
+        """
+        if key is not None:
+            pipeline, dataset, machine = key.pipeline, key.dataset, key.machine
+        given = (("pipeline", pipeline), ("dataset", dataset), ("machine", machine))
+        where = [(c, v) for c, v in given if v is not None]
+        sql = "DELETE FROM profiles"
+        if where:
+            sql += " WHERE " + " AND ".join(f"{c}=?" for c, _ in where)
+        with self._connect() as conn:
+            if conn is None:
+                return 0
+            with _transaction(conn):
+                return conn.execute(sql, [v for _, v in where]).rowcount
+
+    def keys(self) -> list[ProfileKey]:
+        """Every stored key, most recent first."""
+        with self._connect() as conn:
+            if conn is None:
+                return []
+            rows = conn.execute(
+                "SELECT pipeline, dataset, machine FROM profiles ORDER BY created DESC"
+            ).fetchall()
+        return [ProfileKey(*r) for r in rows]
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection | None]:
+        """A connection with the current schema, or ``None`` for a newer headrace's file."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+        try:
+            try:
+                usable = _ensure_schema(conn)
+            except sqlite3.DatabaseError as e:
+                if isinstance(e, sqlite3.OperationalError):
+                    raise  # locked or unwritable: the caller should see it
+                conn.close()
+                warnings.warn(
+                    f"{self.path} is not a profile store ({e}); replacing it", stacklevel=3
+                )
+                self.path.unlink(missing_ok=True)
+                conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+                usable = _ensure_schema(conn)
+            yield conn if usable else None
+        finally:
+            conn.close()
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any error."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _ensure_schema(conn: sqlite3.Connection) -> bool:
+    """Create or migrate the file to ``STORE_SCHEMA``; False when a newer schema owns it."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version == STORE_SCHEMA:
+        return True
+    if version > STORE_SCHEMA:
+        return False
+    with _transaction(conn):  # re-read under the write lock: another process may have done it
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == STORE_SCHEMA:
+            return True
+        if version > STORE_SCHEMA:
+            return False
+        # an empty file or an older layout: its profiles are not readable here, discard them
+        tables = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+        ).fetchall()
+        for (name,) in tables:
+            conn.execute(f'DROP TABLE IF EXISTS "{name}"')
+        conn.execute(_CREATE)
+        conn.execute(f"PRAGMA user_version = {STORE_SCHEMA}")
+    return True

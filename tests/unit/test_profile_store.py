@@ -1,0 +1,198 @@
+"""SQLite profile store: keying, invalidation, schema handling, concurrent writers."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from headrace.pipeline import Pipeline, step
+from headrace.pipeline.runner import StepTiming
+from headrace.profiler.stats import PipelineProfile, Profiler
+from headrace.profiler.store import (
+    ENV_VAR,
+    STORE_SCHEMA,
+    ProfileKey,
+    ProfileStore,
+    default_store_path,
+    machine_fingerprint,
+)
+
+KEY = ProfileKey(pipeline="pipe-a", dataset="data-a", machine="cpu-a x8")
+
+
+def make_profile(scale: float = 1.0, n: int = 20) -> PipelineProfile:
+    prof = Profiler(["load", "decode", "crop"])
+    for i in range(n):
+        timings = [StepTiming(j, scale * (j + 1) * 1e-3 * (1 + i / n), 1e-4) for j in range(3)]
+        prof.observe(timings, [1000, 10_000, 2500])
+    return prof.report()
+
+
+class Numbers:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def load(self, index: int) -> int:
+        return index
+
+
+def double(x):
+    return 2 * x
+
+
+def triple(x):
+    return 3 * x
+
+
+def test_put_then_get_returns_the_same_profile(tmp_path):
+    store = ProfileStore(tmp_path / "p.sqlite")
+    assert store.get(KEY) is None
+    prof = make_profile()
+    store.put(KEY, prof)
+    assert store.get(KEY) == prof
+    store.put(KEY, make_profile(scale=2.0))  # replaces
+    assert store.get(KEY) == make_profile(scale=2.0)
+    assert store.keys() == [KEY]
+
+
+@pytest.mark.parametrize("component", ["pipeline", "dataset", "machine"])
+def test_a_changed_key_component_is_a_miss(tmp_path, component):
+    store = ProfileStore(tmp_path / "p.sqlite")
+    store.put(KEY, make_profile())
+    changed = ProfileKey(**{**KEY.__dict__, component: "something-else"})
+    assert store.get(changed) is None
+    assert store.get(KEY) is not None
+
+
+def test_key_for_pipeline_tracks_code_data_and_machine():
+    base = ProfileKey.for_pipeline(Pipeline(Numbers(10), [step(double)]), machine="m1")
+    same = ProfileKey.for_pipeline(Pipeline(Numbers(10), [step(double)]), machine="m1")
+    assert base == same
+    other_code = ProfileKey.for_pipeline(Pipeline(Numbers(10), [step(triple)]), machine="m1")
+    assert other_code.pipeline != base.pipeline
+    other_data = ProfileKey.for_pipeline(Pipeline(Numbers(11), [step(double)]), machine="m1")
+    assert other_data.dataset != base.dataset
+    here = ProfileKey.for_pipeline(Pipeline(Numbers(10), [step(double)]))
+    assert here.machine == machine_fingerprint()
+
+
+def test_machine_fingerprint_names_cpu_and_cores():
+    import os
+
+    fp = machine_fingerprint()
+    assert fp.endswith(f" x{os.cpu_count()}") and len(fp) > 3
+
+
+def test_invalidate_by_key_by_component_and_all(tmp_path):
+    store = ProfileStore(tmp_path / "p.sqlite")
+    keys = [ProfileKey(p, d, m) for p in ("p1", "p2") for d in ("d1",) for m in ("m1", "m2")]
+    for k in keys:
+        store.put(k, make_profile())
+    assert store.invalidate(keys[0]) == 1 and store.get(keys[0]) is None
+    assert store.invalidate(machine="m2") == 2
+    assert store.keys() == [ProfileKey("p2", "d1", "m1")]
+    assert store.invalidate(pipeline="nope") == 0
+    assert store.invalidate() == 1 and store.keys() == []
+
+
+def test_default_path_honours_env_and_xdg(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_store_path() == tmp_path / "xdg" / "headrace" / "profiles.sqlite"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_store_path() == tmp_path / "home" / ".cache" / "headrace" / "profiles.sqlite"
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "env.sqlite"))
+    store = ProfileStore()
+    assert store.path == tmp_path / "env.sqlite"
+    store.put(KEY, make_profile())
+    assert (tmp_path / "env.sqlite").is_file()
+    assert ProfileStore(tmp_path / "arg.sqlite").path == tmp_path / "arg.sqlite"  # arg wins
+
+
+def test_an_older_schema_is_discarded(tmp_path):
+    path = tmp_path / "p.sqlite"
+    with sqlite3.connect(path) as conn:  # a pre-versioned layout (user_version 0)
+        conn.execute("CREATE TABLE profiles (key TEXT PRIMARY KEY, blob BLOB)")
+        conn.execute("CREATE TABLE extra (x INTEGER)")
+        conn.execute("INSERT INTO profiles VALUES ('k', x'00')")
+    conn.close()
+    store = ProfileStore(path)
+    assert store.get(KEY) is None
+    store.put(KEY, make_profile())
+    assert store.get(KEY) == make_profile()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == STORE_SCHEMA
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    conn.close()
+    assert tables == {"profiles"}
+
+
+def test_a_newer_schema_is_left_alone_and_reads_empty(tmp_path):
+    path = tmp_path / "p.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE future (x INTEGER)")
+        conn.execute(f"PRAGMA user_version = {STORE_SCHEMA + 1}")
+    conn.close()
+    store = ProfileStore(path)
+    store.put(KEY, make_profile())
+    assert store.get(KEY) is None and store.keys() == [] and store.invalidate() == 0
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("future",)]
+    conn.close()
+
+
+def test_unreadable_rows_are_misses(tmp_path):
+    store = ProfileStore(tmp_path / "p.sqlite")
+    store.put(KEY, make_profile())
+    with sqlite3.connect(store.path) as conn:
+        conn.execute("UPDATE profiles SET profile = '{\"schema_version\": 0}'")
+    conn.close()
+    assert store.get(KEY) is None
+
+
+def test_a_file_that_is_not_a_database_is_replaced(tmp_path):
+    path = tmp_path / "p.sqlite"
+    path.write_bytes(b"this is not sqlite" * 100)
+    store = ProfileStore(path)
+    with pytest.warns(UserWarning, match="not a profile store"):
+        assert store.get(KEY) is None
+    store.put(KEY, make_profile())
+    assert store.get(KEY) == make_profile()
+
+
+def _writer(path: str, worker: int, n: int) -> None:
+    store = ProfileStore(path)
+    prof = make_profile(scale=worker + 1.0, n=5)
+    for i in range(n):
+        store.put(ProfileKey(f"p{i}", "d", f"m{worker}"), prof)
+        store.put(ProfileKey("shared", "d", "m"), prof)  # contended row
+
+
+def test_concurrent_writers_from_two_processes(tmp_path):
+    path = str(tmp_path / "p.sqlite")
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(path, w, 25)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    store = ProfileStore(path)
+    assert len(store.keys()) == 2 * 25 + 1
+    shared = store.get(ProfileKey("shared", "d", "m"))
+    assert shared in (make_profile(scale=1.0, n=5), make_profile(scale=2.0, n=5))
+
+
+def test_store_is_picklable_and_makes_its_directory(tmp_path):
+    import pickle
+
+    store = pickle.loads(pickle.dumps(ProfileStore(tmp_path / "a" / "b" / "p.sqlite")))
+    store.put(KEY, make_profile())
+    assert Path(store.path).is_file()
