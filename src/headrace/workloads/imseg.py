@@ -24,14 +24,15 @@ from headrace.workloads.workload import Workload
 
 Sample = dict[str, Any]
 
-BASE_SAMPLES = 300
-"""Volumes at ``scale=1.0``: 100 batches of 3."""
+BASE_SAMPLES = 1200
+"""Volumes at ``scale=1.0``: 400 batches of 3 (about 3 s of work on 2 cores)."""
 
 PATCH = (40, 40, 40)
 """Crop size (D, H, W) in voxels: KiTS19's 128³ patch scaled like the volumes."""
 
-ACCELERATOR_STEP_S = 0.03
-"""Simulated 3D-UNet step per batch of 3, in seconds (the input pipeline is the bottleneck)."""
+ACCELERATOR_STEP_S = 0.008
+"""Simulated 3D-UNet step per batch of 3, in seconds: about 0.8 × the time 2 cores need to
+prepare a batch (3 × ~6 ms / 2), so the input pipeline is the bottleneck."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,10 @@ class RandomCrop:
         if rng.random() < self.oversampling:
             low = self._foreground_corner(label, rng)
         if low is None:
-            low = [int(rng.integers(0, d - p + 1)) for d, p in zip(label.shape, self.patch, strict=True)]
+            low = [
+                int(rng.integers(0, d - p + 1))
+                for d, p in zip(label.shape, self.patch, strict=True)
+            ]
         box = (slice(None), *(slice(a, a + p) for a, p in zip(low, self.patch, strict=True)))
         return {
             "image": np.ascontiguousarray(s["image"][box]),
@@ -138,12 +142,13 @@ def cast(s: Sample) -> Sample:
     }
 
 
-def imseg(
+def imseg_workload(
     num_samples: int = BASE_SAMPLES,
     seed: int = 0,
     num_workers: int = 4,
     accelerator_step_s: float = ACCELERATOR_STEP_S,
     patch: tuple[int, int, int] = PATCH,
+    size_scale: float = 1.0,
 ) -> Workload:
     """KiTS19-like 3D segmentation: heavy-tailed volumes (0.5-8 MB), MLPerf's transforms, batch 3.
 
@@ -154,8 +159,19 @@ def imseg(
         accelerator_step_s: simulated step per batch in seconds. Every step here is real
             work, so ``time_scale`` does not apply.
         patch: crop size (D, H, W) in voxels; volumes are at least this large on every axis.
+        size_scale: factor on volume sizes (default 0.5-8 MB, median 2 MB); per-sample cost
+            grows about in proportion.
     """
-    source = VolumeSource(num_samples, seed, min_side=max(patch))
+    if size_scale <= 0:
+        raise ValueError(f"size_scale must be > 0, got {size_scale}")
+    source = VolumeSource(
+        num_samples,
+        seed,
+        median_mb=2.0 * size_scale,
+        min_mb=0.5 * size_scale,
+        max_mb=8.0 * size_scale,
+        min_side=max(patch),
+    )
     steps = [
         step(RandomCrop(patch), name="RandomCrop", random=True, kind="augment"),
         step(RandomFlip(), name="RandomFlip", random=True, kind="augment"),
@@ -171,7 +187,8 @@ def imseg(
         accelerator_step_s=accelerator_step_s,
         description=(
             f"KiTS19-like 3D segmentation: {num_samples} synthetic CT volumes, lognormal sizes "
-            f"0.5-8 MB (median 2 MB, the paper's 30-375 MB scaled by ~1/45); RandomCrop to "
+            f"{0.5 * size_scale:g}-{8 * size_scale:g} MB (median {2 * size_scale:g} MB; the "
+            f"paper's 30-375 MB scaled by ~{size_scale / 45:.2g}); RandomCrop to "
             f"{patch} (foreground-balanced, O(volume)), RandomFlip, RandomBrightness, "
             f"GaussianNoise, Cast; batch 3, {num_workers} workers, accelerator step "
             f"{accelerator_step_s * 1e3:g} ms per batch."

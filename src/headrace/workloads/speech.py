@@ -163,7 +163,7 @@ def is_heavy(index: int, every: int = 5) -> bool:
     return index % every == 0
 
 
-def speech(
+def speech_workload(
     heavy_s: float,
     num_samples: int = BASE_SAMPLES,
     time_scale: float = 0.1,
