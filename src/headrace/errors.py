@@ -69,7 +69,7 @@ class StepError(HeadraceError):
         return (
             _rebuild_step_error,
             (
-                type(self).__mro__[1] if _is_combined(type(self)) else None,
+                getattr(type(self), "_headrace_original", None),
                 self.index,
                 self.step,
                 self.cause_type,
@@ -81,10 +81,6 @@ class StepError(HeadraceError):
 
 
 _COMBINED: dict[type, type] = {}
-
-
-def _is_combined(cls: type) -> bool:
-    return getattr(cls, "_headrace_combined", False)
 
 
 def step_error_for(
@@ -109,7 +105,7 @@ def step_error_for(
                 cls = type(
                     f"StepError[{original.__name__}]",
                     (StepError, original),
-                    {"_headrace_combined": True, "__module__": __name__},
+                    {"_headrace_original": original, "__module__": __name__},
                 )
             except TypeError:  # e.g. layout conflicts between builtin bases
                 cls = StepError

@@ -66,7 +66,7 @@ class InProcessIterator:
             indices = list(group) if self.auto_collation else [group]
             positions = range(self._position, self._position + len(indices))
             self._position += len(indices)
-            todo = [(p, i) for p, i in zip(positions, indices) if p not in self.delivered]
+            todo = [(p, i) for p, i in zip(positions, indices, strict=True) if p not in self.delivered]
             samples, done = [], []
             for p, i in todo:
                 ok, value = self._one(i)

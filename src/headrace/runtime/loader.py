@@ -14,6 +14,7 @@ order and batches exactly.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -120,6 +121,7 @@ class DataLoader:
         if old is not None:
             old.close()  # a new epoch abandons the previous one, as torch does
         it = self._start_epoch()
+        it.loader = self  # the epoch keeps its loader (and a persistent pool) alive, not the reverse
         self._iterator_ref = weakref.ref(it)  # weak: `break` must let the epoch be collected
         return it
 
@@ -146,6 +148,16 @@ class DataLoader:
             timeout_timeline=tuple(self.monitor.timeout_timeline),
             queues=tuple(self.monitor.queues),
             worker_restarts=pool.restarts if pool is not None else 0,
+        )
+
+    def add_sample_listener(self, fn: Callable[[int, float, bool], None]) -> None:
+        """Call ``fn(index, seconds, slow)`` in the training process for every finished sample.
+
+        ``seconds`` is the sample's total step time (load included) measured in the worker(s);
+        ``slow`` tells whether it went through the slow lane. Used by benchmarks and tools.
+        """
+        self.monitor.sample_listeners.append(
+            lambda index, step_s, slow, _timings: step_s is not None and fn(index, step_s, slow)
         )
 
     def close(self) -> None:
@@ -175,7 +187,14 @@ class DataLoader:
         return "grouped"
 
     def _pin(self) -> Callable[[Any], Any] | None:
-        if not self.pin_memory or not torch.accelerator.is_available():
+        if not self.pin_memory:
+            return None
+        if not torch.accelerator.is_available():
+            warnings.warn(  # torch's own words, at the same moment (iterator creation)
+                "'pin_memory' argument is set as true but no accelerator is found, "
+                "then device pinned memory won't be used.",
+                stacklevel=3,
+            )
             return None
         acc = torch.accelerator.current_accelerator()
         device = acc.type if acc is not None else None
@@ -243,14 +262,6 @@ class DataLoader:
             self._finalizer = weakref.finalize(self, _close_pool, [pool])
             return pool, False
         return pool, True
-
-    def __del__(self) -> None:
-        try:
-            it = self._iterator_ref()
-            if it is not None:
-                it.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
 
 def _close_pool(holder: list[WorkerPool | None]) -> None:

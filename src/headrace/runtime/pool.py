@@ -88,7 +88,12 @@ class WorkerPool:
         """Task ids, unique over the pool's life (persistent workers span epochs)."""
         self.restarts = 0
         self._closed = False
+        self._lock = threading.RLock()  # shutdown (atexit, finalizers) races the scheduler thread
         _live_pools.add(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def size(self) -> int:
@@ -99,8 +104,14 @@ class WorkerPool:
         for _ in range(n):
             self.add_worker(num_workers=n)
 
-    def add_worker(self, slot: int | None = None, num_workers: int | None = None) -> WorkerHandle:
-        """Start one worker in ``slot`` (default: the lowest free slot)."""
+    def add_worker(self, slot: int | None = None, num_workers: int | None = None) -> WorkerHandle | None:
+        """Start one worker in ``slot`` (default: the lowest free slot); None once closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            return self._add_worker(slot, num_workers)
+
+    def _add_worker(self, slot: int | None, num_workers: int | None) -> WorkerHandle:
         if slot is None:
             slot = next(i for i in range(self.max_slots) if i not in self.workers)
         reader, writer = self.ctx.Pipe(duplex=False)
@@ -128,11 +139,14 @@ class WorkerPool:
         self.workers[slot] = h
         return h
 
-    def replace(self, dead: WorkerHandle) -> WorkerHandle:
-        """Discard a dead worker and start a fresh one in its slot."""
-        self._dispose(dead, grace_s=0.0)
-        self.restarts += 1
-        return self.add_worker(dead.slot)
+    def replace(self, dead: WorkerHandle) -> WorkerHandle | None:
+        """Discard a dead worker and start a fresh one in its slot (None once closed)."""
+        with self._lock:
+            if self._closed:
+                return None
+            self._dispose(dead, grace_s=0.0)
+            self.restarts += 1
+            return self._add_worker(dead.slot, None)
 
     def retire(self, h: WorkerHandle) -> None:
         """Ask a worker to exit once its queued tasks are done."""
@@ -141,15 +155,18 @@ class WorkerPool:
 
     def reap(self, h: WorkerHandle) -> None:
         """Forget a retired worker that has exited."""
-        self._dispose(h, grace_s=1.0)
+        with self._lock:
+            if not self._closed:
+                self._dispose(h, grace_s=1.0)
 
     def shutdown(self, grace_s: float = 0.5) -> None:
         """Stop every worker (idempotent). See NOTE [headrace shutdown]."""
-        if self._closed:
-            return
-        self._closed = True
-        handles = list(self.workers.values())
-        self.workers.clear()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            handles = list(self.workers.values())
+            self.workers.clear()
         for h in handles:
             try:
                 h.tasks.put(None)
@@ -161,8 +178,11 @@ class WorkerPool:
         _live_pools.discard(self)
 
     def _dispose(self, h: WorkerHandle, grace_s: float) -> None:
-        self.workers.pop(h.slot, None)
+        if self.workers.get(h.slot) is h:
+            del self.workers[h.slot]
         p = h.process
+        if getattr(p, "_closed", False):
+            return  # disposed already
         if grace_s > 0:
             p.join(grace_s)
         if p.is_alive():

@@ -156,7 +156,7 @@ class Scheduler:
     def _run(self) -> None:
         cpu0 = time.thread_time()
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and not self.pool.closed:
                 self._dispatch()
                 if self._emit():
                     self.out.put(("end", None, None))
@@ -247,11 +247,12 @@ class Scheduler:
         return left <= DEPTH * len(self.pool.workers)
 
     def _next_fresh(self) -> _Rec | None:
-        if self.in_flight >= self.spec.max_in_flight:
-            return None
+        # The cap applies when pulling a sampler batch, never inside one: a batch that is only
+        # partly dispatched could never complete (in ``ordered``/``grouped`` mode).
         while not self._fresh:
-            if self._exhausted or not self._pull_group():
+            if self._exhausted or self.in_flight >= self.spec.max_in_flight:
                 return None
+            self._pull_group()
         position, index = self._fresh.popleft()
         tid = next(self.pool.tids)
         task = Task(tid, index, 0, None, self.spec.base_seed, self.spec.epoch, self.spec.handoff)
@@ -259,24 +260,23 @@ class Scheduler:
         self._recs[tid] = rec
         return rec
 
-    def _pull_group(self) -> bool:
+    def _pull_group(self) -> None:
         """Pull one sampler element (a batch of indices, or one index) into the fresh queue."""
         try:
             group = next(self.spec.groups)
         except StopIteration:
             self._exhausted = True
-            return False
+            return
         indices = list(group) if self.spec.auto_collation else [group]
         start = self._positions
         self._positions += len(indices)
         positions = list(range(start, start + len(indices)))
         delivered = self.spec.delivered
-        todo = [(p, i) for p, i in zip(positions, indices) if p not in delivered]
+        todo = [(p, i) for p, i in zip(positions, indices, strict=True) if p not in delivered]
         if todo:
             self.spec.batcher.add_group(start, [p for p, _ in todo])
         self._fresh.extend(todo)
         self._pulled += len(todo)
-        return True
 
     # -- results -------------------------------------------------------------------------------
     def _handle(self, w: WorkerHandle, msg: tuple[Any, ...]) -> None:
@@ -356,7 +356,7 @@ class Scheduler:
             else:
                 self.counters.retried += 1
                 self._retry.append(rec)
-        self.pool.replace(w)
+        self.pool.replace(w)  # no-op once the pool is shutting down
 
     # -- output --------------------------------------------------------------------------------
     def _emit(self) -> bool:

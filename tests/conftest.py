@@ -1,0 +1,49 @@
+"""Fixtures shared by all tiers: leak checks on processes and shared memory."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import psutil
+import pytest
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+_HELPERS = ("resource_tracker", "forkserver")
+"""Python's own per-interpreter helper processes (started once by spawn/forkserver, by design)."""
+
+
+def _children() -> set[int]:
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE or any(h in " ".join(p.cmdline()) for h in _HELPERS):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out.add(p.pid)
+    return out
+
+
+@pytest.fixture
+def no_leaks():
+    """Fails the test if it leaves worker processes or /dev/shm segments behind.
+
+    Cleanup is synchronous (join on shutdown), so no waiting is needed: we only collect
+    garbage so that abandoned iterators are finalized, as they would be in a user's program.
+    """
+    before_children = _children()
+    before_shm = _shm_entries()
+    yield
+    gc.collect()
+    left = _children() - before_children
+    assert not left, f"worker processes left behind: {sorted(left)}"
+    new_shm = {e for e in _shm_entries() - before_shm if "torch" in e or "headrace" in e}
+    assert not new_shm, f"shared-memory segments left behind: {sorted(new_shm)}"

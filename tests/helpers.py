@@ -1,0 +1,144 @@
+"""Datasets and sources used by tests; importable by worker processes (spawn too)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+Pair = namedtuple("Pair", ["x", "y"])
+
+
+class IndexDataset(Dataset):
+    """``ds[i] == i`` (as a Python int), optionally sleeping ``cost(i)`` seconds."""
+
+    def __init__(self, n: int, slow_every: int = 0, slow_s: float = 0.0) -> None:
+        self.n = n
+        self.slow_every = slow_every
+        self.slow_s = slow_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if self.slow_every and i % self.slow_every == 0:
+            time.sleep(self.slow_s)
+        return i
+
+
+class RichDataset(Dataset):
+    """Samples of every type default collation handles."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> Any:
+        return {
+            "tensor": torch.full((2, 3), float(i)),
+            "array": np.arange(4, dtype=np.int64) + i,
+            "int": i,
+            "float": i / 2,
+            "str": f"s{i}",
+            "tuple": (i, torch.tensor([i])),
+            "named": Pair(x=i, y=torch.tensor(float(i))),
+            "list": [i, i + 1],
+        }
+
+
+class WorkerInfoDataset(Dataset):
+    """Returns (index, worker id, num_workers, pid, value set by worker_init_fn)."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> Any:
+        info = torch.utils.data.get_worker_info()
+        wid = info.id if info is not None else -1
+        nw = info.num_workers if info is not None else 0
+        same = info is not None and info.dataset is not None
+        return i, wid, nw, os.getpid(), INIT_MARK.get("mark", -1), same
+
+
+INIT_MARK: dict[str, int] = {}
+
+
+def init_fn(worker_id: int) -> None:
+    INIT_MARK["mark"] = 100 + worker_id
+
+
+class FailingDataset(Dataset):
+    """Raises ValueError on ``bad`` indices."""
+
+    def __init__(self, n: int, bad: set[int]) -> None:
+        self.n = n
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.bad:
+            raise ValueError(f"corrupt sample {i}")
+        return i
+
+
+class RangeIterable(IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return iter(range(self.n))
+        return iter(range(info.id, self.n, info.num_workers))
+
+
+class ArraySource:
+    """A source whose raw sample is ``np.array([index], float32)``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def load(self, i: int) -> np.ndarray:
+        return np.array([i], dtype=np.float32)
+
+
+class Trace:
+    """A step that appends (its name, pid) to the sample's trace; optionally slow on some."""
+
+    def __init__(self, name: str, slow_every: int = 0, slow_s: float = 0.0) -> None:
+        self.name = name
+        self.slow_every = slow_every
+        self.slow_s = slow_s
+
+    def __call__(self, x: dict) -> dict:
+        if self.slow_every and x["index"] % self.slow_every == 0:
+            time.sleep(self.slow_s)
+        return {"index": x["index"], "trace": [*x["trace"], (self.name, os.getpid())]}
+
+
+class TraceSource:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def load(self, i: int) -> dict:
+        return {"index": i, "trace": [("load", os.getpid())]}
+
+
+def noise(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return x + rng.random(x.shape).astype(np.float32)
+
+
+def ident_collate(batch: list) -> list:
+    return batch

@@ -1,0 +1,90 @@
+"""Invariants 5 and 6: clean shutdown in every way a loop can end; errors name their place."""
+
+import gc
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+import headrace as hr
+from tests.helpers import FailingDataset, IndexDataset
+
+pytestmark = pytest.mark.integration
+
+
+def test_break_out_of_the_loop_stops_the_workers(no_leaks):
+    loader = hr.DataLoader(IndexDataset(200, slow_every=1, slow_s=0.01), batch_size=4, num_workers=3)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    gc.collect()
+
+
+def test_exception_in_the_training_loop_stops_the_workers(no_leaks):
+    loader = hr.DataLoader(IndexDataset(100), batch_size=4, num_workers=2)
+
+    def train():
+        for _ in loader:
+            raise KeyError("training bug")
+
+    with pytest.raises(KeyError):
+        train()
+
+
+def test_del_loader_with_persistent_workers(no_leaks):
+    loader = hr.DataLoader(IndexDataset(20), batch_size=4, num_workers=2, persistent_workers=True)
+    assert len(list(loader)) == 5
+    assert len(psutil.Process().children()) >= 2
+    del loader
+
+
+def test_repeated_create_iterate_destroy_leaves_nothing(no_leaks):
+    for _ in range(8):
+        loader = hr.DataLoader(IndexDataset(12), batch_size=3, num_workers=2, shuffle=True)
+        it = iter(loader)
+        next(it)
+        del it, loader
+
+
+def test_interpreter_exit_mid_epoch_leaves_no_worker(tmp_path):
+    script = textwrap.dedent(
+        """
+        import os, sys
+        sys.path.insert(0, {root!r})
+        import headrace as hr
+        from tests.helpers import WorkerInfoDataset
+        loader = hr.DataLoader(WorkerInfoDataset(), batch_size=2, num_workers=2, collate_fn=lambda b: b)
+        it = iter(loader)
+        rows = next(it)
+        import psutil
+        print(" ".join(str(c.pid) for c in psutil.Process().children()), flush=True)
+        """.format(root=str(__import__("pathlib").Path(__file__).parents[2]))
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_failing_step_raises_with_index_step_and_traceback(workers, no_leaks):
+    loader = hr.DataLoader(FailingDataset(20, {13}), batch_size=4, num_workers=workers)
+    with pytest.raises(hr.StepError) as ei:
+        list(loader)
+    e = ei.value
+    assert isinstance(e, ValueError)  # `except ValueError` keeps working, as with torch
+    assert e.index == 13 and e.step == "load"
+    assert "corrupt sample 13" in str(e) and "__getitem__" in e.remote_traceback
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_policy_drops_and_counts_failing_samples(workers, no_leaks):
+    loader = hr.DataLoader(FailingDataset(20, {3, 13}), batch_size=4, num_workers=workers,
+                           options=hr.Options(on_error="skip"))
+    got = sorted(i for b in loader for i in b.tolist())
+    assert got == sorted(set(range(20)) - {3, 13})
+    assert loader.stats().last.skipped_samples == 2

@@ -1,0 +1,49 @@
+"""The slow lane: samples over the timeout are handed off and resumed at the next step."""
+
+import pytest
+
+import headrace as hr
+from tests.helpers import Trace, TraceSource
+
+pytestmark = pytest.mark.integration
+
+
+def test_handed_off_samples_resume_at_the_next_step_and_run_each_step_once(no_leaks):
+    steps = [Trace("a", slow_every=4, slow_s=0.05), Trace("b"), Trace("c")]
+    pipe = hr.Pipeline(TraceSource(24), [hr.step(s, name=s.name) for s in steps])
+    opts = hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.03))
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=3, collate_fn=lambda b: b, options=opts)
+    samples = [s for b in loader for s in b]
+    assert sorted(s["index"] for s in samples) == list(range(24))
+    for s in samples:
+        assert [name for name, _ in s["trace"]] == ["load", "a", "b", "c"], s
+        if s["index"] % 4 == 0:  # handed off after "a": b and c ran together in the slow lane
+            assert s["trace"][2][1] == s["trace"][3][1]
+    st = loader.stats().last
+    assert st.slow_samples == 6 and st.fast_samples == 18
+
+
+def test_learned_timeout_lies_between_fast_and_slow_costs(no_leaks):
+    steps = [Trace("a", slow_every=16, slow_s=0.06), Trace("b"), Trace("c")]  # p90 among fast ones
+    pipe = hr.Pipeline(TraceSource(120), [hr.step(s, name=s.name) for s in steps])
+    opts = hr.Options(timeout=hr.TimeoutConfig(warmup_samples=20, update_every=10))
+    loader = hr.DataLoader(pipe, batch_size=6, num_workers=3, collate_fn=lambda b: b, options=opts)
+    assert sorted(s["index"] for b in loader for s in b) == list(range(120))
+    st = loader.stats()
+    # p75, or p90 when near-identical fast samples put too many just over p75 (the fallback)
+    assert st.timeout_percentile in (75.0, 90.0)
+    assert 0 < st.timeout_s < 0.06  # either way the timeout sits among the fast samples
+    assert st.last.slow_samples > 0
+    assert st.timeout_timeline[0][1] == float("inf")  # warm-up: nothing handed off
+    assert 0 < st.timeout_timeline[-1][1] < 0.06
+
+
+def test_stats_report_stall_throughput_and_queues(no_leaks):
+    pipe = hr.Pipeline(TraceSource(30), [hr.step(Trace("a", slow_every=3, slow_s=0.01), name="a")])
+    loader = hr.DataLoader(pipe, batch_size=5, num_workers=2, collate_fn=lambda b: b)
+    assert sum(len(b) for b in loader) == 30
+    e = loader.stats().last
+    assert e.finished and e.batches == 6 and e.samples == 30
+    assert 0 <= e.stall_s <= e.wall_s and e.samples_per_s > 0
+    assert e.main_cpu_per_batch_ms > 0
+    assert 0 <= e.stall_fraction <= 1

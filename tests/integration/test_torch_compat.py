@@ -1,0 +1,135 @@
+"""headrace.DataLoader keeps torch.utils.data.DataLoader's semantics, keyword by keyword."""
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import headrace as hr
+from tests.helpers import IndexDataset, RangeIterable, RichDataset, WorkerInfoDataset, init_fn
+
+pytestmark = pytest.mark.integration
+
+
+def batches(loader):
+    return [b.tolist() if isinstance(b, torch.Tensor) else b for b in loader]
+
+
+def both(seed, **kw):
+    ds = kw.pop("dataset", IndexDataset(37))
+    torch.manual_seed(seed)
+    ref = batches(tud.DataLoader(ds, **kw))
+    torch.manual_seed(seed)
+    got = batches(hr.DataLoader(ds, in_order=True, **kw))
+    return ref, got
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"batch_size": 5, "shuffle": True},
+        {"batch_size": 5, "shuffle": True, "drop_last": True},
+        {"batch_size": 4, "shuffle": False},
+        {"batch_size": None, "shuffle": True},
+        {"batch_size": 1},
+        {"sampler": list(range(36, -1, -2)), "batch_size": 3},
+        {"batch_sampler": [[3, 1], [0], [5, 6, 7]]},
+    ],
+)
+def test_in_order_reproduces_torch_order_and_batches(workers, kw, no_leaks):
+    ref, got = both(7, num_workers=workers, **kw)
+    assert got == ref
+
+
+def test_generator_keyword_drives_the_order_like_torch():
+    ds = IndexDataset(30)
+    ref = batches(tud.DataLoader(ds, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3)))
+    got = batches(hr.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, in_order=True,
+                                generator=torch.Generator().manual_seed(3)))
+    assert got == ref
+
+
+def test_len_matches_torch():
+    for kw in ({"batch_size": 4}, {"batch_size": 4, "drop_last": True}, {"batch_size": None}):
+        assert len(hr.DataLoader(IndexDataset(37), **kw)) == len(tud.DataLoader(IndexDataset(37), **kw))
+
+
+def test_default_collation_matches_torch_for_every_type(no_leaks):
+    ref = list(tud.DataLoader(RichDataset(), batch_size=4))
+    got = list(hr.DataLoader(RichDataset(), batch_size=4, num_workers=2, in_order=True))
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref, strict=True):
+        assert a.keys() == b.keys()
+        assert torch.equal(a["tensor"], b["tensor"]) and torch.equal(a["array"], b["array"])
+        assert torch.equal(a["int"], b["int"]) and a["int"].dtype == b["int"].dtype
+        assert torch.equal(a["float"], b["float"]) and a["float"].dtype == b["float"].dtype
+        assert a["str"] == b["str"]
+        assert torch.equal(a["tuple"][0], b["tuple"][0]) and torch.equal(a["tuple"][1], b["tuple"][1])
+        assert type(a["named"]) is type(b["named"]) and torch.equal(a["named"].y, b["named"].y)
+        assert [t.tolist() for t in a["list"]] == [t.tolist() for t in b["list"]]
+
+
+def test_custom_collate_and_no_auto_collation(no_leaks):
+    got = list(hr.DataLoader(IndexDataset(5), batch_size=2, collate_fn=lambda b: tuple(b), num_workers=2, in_order=True))
+    assert got == [(0, 1), (2, 3), (4,)]
+    got = list(hr.DataLoader(IndexDataset(3), batch_size=None, num_workers=2, in_order=True))
+    assert got == [0, 1, 2]  # default_convert leaves ints as they are, like torch
+
+
+def test_worker_info_and_worker_init_fn(no_leaks):
+    loader = hr.DataLoader(WorkerInfoDataset(), batch_size=None, num_workers=2,
+                           worker_init_fn=init_fn, collate_fn=lambda x: x)
+    rows = list(loader)
+    assert sorted(r[0] for r in rows) == list(range(16))
+    assert {r[1] for r in rows} <= {0, 1} and {r[2] for r in rows} == {2}
+    assert all(r[4] == 100 + r[1] for r in rows)  # worker_init_fn ran in that worker
+    assert all(r[5] for r in rows)  # info.dataset is set
+    assert hr.get_worker_info() is None  # main process
+
+
+def test_iterable_dataset_behaves_as_torch(no_leaks):
+    ref = sorted(sum(batches(tud.DataLoader(RangeIterable(20), batch_size=3, num_workers=2)), []))
+    got = sorted(sum(batches(hr.DataLoader(RangeIterable(20), batch_size=3, num_workers=2)), []))
+    assert got == ref == list(range(20))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"num_workers": -1},
+        {"timeout": -1},
+        {"batch_sampler": [[0]], "batch_size": 2},
+        {"sampler": [0, 1], "shuffle": True},
+        {"prefetch_factor": 2},
+        {"persistent_workers": True},
+        {"num_workers": "many"},
+    ],
+)
+def test_invalid_arguments_raise_like_torch(kw):
+    with pytest.raises((ValueError, TypeError)):
+        hr.DataLoader(IndexDataset(4), **kw)
+
+
+def test_timeout_keyword_raises_when_a_batch_is_late(no_leaks):
+    loader = hr.DataLoader(IndexDataset(4, slow_every=1, slow_s=2.0), batch_size=2, num_workers=1, timeout=0.2)
+    with pytest.raises(RuntimeError, match="timed out"):
+        next(iter(loader))
+
+
+def test_spawn_context_and_persistent_workers_reuse_processes(no_leaks):
+    loader = hr.DataLoader(WorkerInfoDataset(), batch_size=4, num_workers=2,
+                           multiprocessing_context="spawn", persistent_workers=True,
+                           collate_fn=lambda b: b, prefetch_factor=3)
+    pids = []
+    for _ in range(2):
+        rows = [r for b in loader for r in b]
+        assert sorted(r[0] for r in rows) == list(range(16))
+        pids.append({r[3] for r in rows})
+    assert pids[0] == pids[1] and len(pids[0]) <= 2
+    loader.close()
+
+
+def test_pin_memory_without_accelerator_still_delivers(no_leaks):
+    with pytest.warns(UserWarning):
+        got = batches(hr.DataLoader(IndexDataset(6), batch_size=3, num_workers=1, pin_memory=True, in_order=True))
+    assert got == [[0, 1, 2], [3, 4, 5]]

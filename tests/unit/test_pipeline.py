@@ -1,0 +1,139 @@
+import numpy as np
+import pytest
+import torch
+
+import headrace as hr
+from headrace.errors import StepError, step_error_for
+from headrace.pipeline.runner import SampleRunner
+from headrace.pipeline.source import DatasetSource
+from tests.helpers import ArraySource, noise
+
+
+class Compose:
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+
+class TupleDataset(torch.utils.data.Dataset):
+    def __init__(self, transform=None):
+        self.transform = transform
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        x = np.full(2, i, dtype=np.float32)
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, i
+
+
+def add_one(x):
+    return x + 1
+
+
+def double(x):
+    return x * 2
+
+
+def compose_call(self, x):
+    for t in self.transforms:
+        x = t(x)
+    return x
+
+
+Compose.__call__ = compose_call
+
+
+def test_step_traits_and_validation():
+    s = hr.step(noise, random=True)
+    assert s.name == "noise" and s.movable and not s.barrier
+    assert hr.step(add_one, kind="decode").barrier
+    assert hr.step(add_one, keep_position=True).barrier
+    assert not hr.step(add_one).movable
+    assert hr.step(add_one, commutes=True).movable
+    with pytest.raises(hr.PipelineError):
+        hr.step(add_one, kind="bogus")
+    with pytest.raises(hr.PipelineError):
+        hr.Pipeline(ArraySource(3), [hr.step(add_one, name="load")])
+
+
+def test_compose_dataset_is_split_into_steps_on_the_input_element():
+    ds = TupleDataset(Compose([add_one, double]))
+    p = hr.Pipeline.from_dataset(ds)
+    assert p.step_names == ["load", "add_one", "double"] and not p.opaque
+    assert ds.transform is not None  # the user's object is untouched
+    x, y = p[3]
+    assert y == 3 and np.array_equal(x, ds[3][0])
+
+
+def test_plain_dataset_is_opaque():
+    p = hr.Pipeline.from_dataset(TupleDataset())
+    assert p.opaque and p.step_names == ["load"]
+    assert isinstance(p.source, DatasetSource)
+
+
+def test_fingerprint_tracks_code_and_order():
+    a = hr.Pipeline(ArraySource(3), [add_one, double])
+    b = hr.Pipeline(ArraySource(3), [add_one, double])
+    c = hr.Pipeline(ArraySource(3), [double, add_one])
+    d = hr.Pipeline(ArraySource(4), [add_one, double])
+    assert a.fingerprint() == b.fingerprint()
+    assert len({a.fingerprint(), c.fingerprint(), d.fingerprint()}) == 3
+
+
+def test_random_streams_depend_on_sample_and_step_not_on_order_or_process():
+    s1 = hr.step(noise, name="n1", random=True)
+    s2 = hr.step(noise, name="n2", random=True)
+    p = hr.Pipeline(ArraySource(8), [s1, s2])
+    r = SampleRunner(p)
+    a = r.run(5, 0, None, base_seed=42, epoch=1).value
+    b = r.run(5, 0, None, base_seed=42, epoch=1).value
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, r.run(6, 0, None, base_seed=42, epoch=1).value)
+    assert not np.array_equal(a, r.run(5, 0, None, base_seed=42, epoch=2).value)
+    # swapping two commuting random steps keeps each one's draws: same result
+    q = SampleRunner(hr.Pipeline(ArraySource(8), [s2, s1]))
+    assert np.allclose(a, q.run(5, 0, None, base_seed=42, epoch=1).value)
+
+
+def test_runner_hands_off_between_steps_and_resumes_without_rerunning():
+    calls = []
+
+    def rec(name):
+        def f(x):
+            calls.append(name)
+            return x + 1
+
+        f.__name__ = name
+        return f
+
+    p = hr.Pipeline(ArraySource(2), [rec("a"), rec("b"), rec("c")])
+    r = SampleRunner(p)
+    out = r.run(1, 0, None, 0, 0, timeout=lambda: 0.0)  # over the timeout after the first step
+    assert out.next_step == 1 and calls == []  # only `load` ran
+    out = r.run(1, 1, out.value, 0, 0, timeout=lambda: 0.0)
+    assert out.next_step == 2 and calls == ["a"]
+    out = r.run(1, 2, out.value, 0, 0)
+    assert out.next_step is None and calls == ["a", "b", "c"]
+    assert out.value[0] == 4.0
+
+
+def test_runner_reports_the_failing_step():
+    def boom(x):
+        raise KeyError("nope")
+
+    r = SampleRunner(hr.Pipeline(ArraySource(2), [add_one, boom]))
+    out = r.run(1, 0, None, 0, 0)
+    step, exc, tb = out.error
+    assert step == 2 and isinstance(exc, KeyError) and "boom" in tb
+
+
+def test_step_error_keeps_the_original_type():
+    e = step_error_for(ValueError, 7, "decode", "ValueError", "bad", "tb...", worker=1)
+    assert isinstance(e, StepError) and isinstance(e, ValueError)
+    assert e.index == 7 and e.step == "decode" and "sample index 7" in str(e)
+    import pickle
+
+    e2 = pickle.loads(pickle.dumps(e))
+    assert isinstance(e2, ValueError) and e2.index == 7 and e2.step == "decode"

@@ -1,0 +1,57 @@
+import math
+
+import numpy as np
+import pytest
+
+from headrace.planner.timeout import TimeoutConfig, TimeoutPolicy
+
+
+def feed(policy, times, slow=lambda t, p: t > p.timeout_s):
+    for t in times:
+        policy.observe(t, slow(t, policy))
+
+
+def test_no_timeout_during_warmup_then_p75():
+    p = TimeoutPolicy(TimeoutConfig(warmup_samples=100, update_every=1000))
+    rng = np.random.default_rng(0)
+    times = rng.uniform(0.0, 1.0, 100)
+    feed(p, times[:99])
+    assert math.isinf(p.timeout_s) and p.warming_up
+    feed(p, times[99:])
+    assert not p.warming_up
+    assert p.timeout_s == pytest.approx(np.percentile(times, 75))
+
+
+def test_falls_back_to_p90_when_too_many_samples_go_slow():
+    cfg = TimeoutConfig(warmup_samples=64, update_every=16, window=256, max_slow_fraction=0.35)
+    p = TimeoutPolicy(cfg)
+    feed(p, [0.01] * 48 + [0.02] * 16)  # warm-up: p75 = 0.0125 (interpolated)
+    assert p.timeout_s < 0.02
+    # drift: every sample now takes 0.03 s, all classified slow
+    feed(p, [0.03] * 32)
+    assert p.using_fallback
+    assert p.history[-1][2] == cfg.fallback_percentile
+
+
+def test_keeps_adapting_to_drift():
+    cfg = TimeoutConfig(warmup_samples=32, update_every=8, window=64)
+    p = TimeoutPolicy(cfg)
+    feed(p, [0.01] * 32)
+    first = p.timeout_s
+    feed(p, [0.5] * 200)
+    assert p.timeout_s > 10 * first
+
+
+def test_fixed_timeout_never_changes():
+    p = TimeoutPolicy(TimeoutConfig(fixed_s=0.2))
+    feed(p, [1.0] * 500)
+    assert p.timeout_s == 0.2
+    assert not p.warming_up
+
+
+@pytest.mark.parametrize(
+    "kw", [{"percentile": 0}, {"percentile": 95, "fallback_percentile": 90}, {"window": 2}]
+)
+def test_bad_config_is_rejected(kw):
+    with pytest.raises(ValueError):
+        TimeoutConfig(**kw)

@@ -1,0 +1,53 @@
+import pytest
+
+from headrace.planner.workers import (
+    AutoscaleConfig,
+    WorkerScaler,
+    formula_delta,
+    next_worker_count,
+)
+
+CFG = AutoscaleConfig(min_workers=1, max_workers=16, alpha=2.0, beta=2.0, cpu_threshold=0.7)
+
+
+def test_empty_queue_and_busy_cpu_add_workers_clipped_to_two():
+    d = next_worker_count(4, queue_fill=0.0, cpu_usage=1.0, cfg=CFG)
+    assert formula_delta(0.0, 1.0, CFG) == pytest.approx(2.6)
+    assert d.new == 6  # +2.6 clipped to +2
+
+
+def test_full_queue_and_idle_cpu_remove_workers():
+    d = next_worker_count(8, queue_fill=1.0, cpu_usage=0.0, cfg=CFG)
+    assert d.delta == pytest.approx(-1.4)
+    assert d.new == 7
+
+
+def test_balanced_state_keeps_count():
+    d = next_worker_count(5, queue_fill=0.65, cpu_usage=0.7, cfg=CFG)  # Δ = 0.7 -> +1
+    assert d.new == 6
+    d = next_worker_count(5, queue_fill=0.9, cpu_usage=0.7, cfg=CFG)  # Δ = 0.2 -> 0
+    assert d.new == 5
+
+
+def test_bounds_and_memory_cap():
+    assert next_worker_count(16, 0.0, 1.0, CFG).new == 16
+    assert next_worker_count(1, 1.0, 0.0, CFG).new == 1
+    d = next_worker_count(4, 0.0, 1.0, CFG, memory_cap=5)
+    assert d.new == 5 and "memory allows 5" in d.describe()
+
+
+def test_scaler_uses_moving_average_and_memory_budget():
+    s = WorkerScaler(AutoscaleConfig(max_workers=16, ema=0.5))
+    for fill in (1.0, 1.0, 0.0):
+        s.observe_queue(fill)
+    assert s.queue_avg == pytest.approx(0.5)
+    d = s.decide(4, cpu_usage=0.7, rss_per_worker=100.0, memory_budget=450.0)
+    assert d.memory_cap == 4
+    assert d.new == 4  # formula says +1, memory says at most 4
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        AutoscaleConfig(min_workers=0)
+    with pytest.raises(ValueError):
+        AutoscaleConfig(min_workers=4, max_workers=2)
