@@ -72,6 +72,8 @@ class EpochIterator:
         self.delivered = delivered
         self.timeout_s = timeout_s
         self.meter = EpochMeter(spec.epoch)
+        self.origin: Any = None  # checkpoint.EpochOrigin, set by the loader
+        self.loader: Any = None  # keeps the loader alive while the epoch runs
         self.hooks = hooks
         self._out: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.scheduler = Scheduler(pool, spec, hooks, self._out)

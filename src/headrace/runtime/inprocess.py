@@ -48,6 +48,8 @@ class InProcessIterator:
         self.hooks = hooks
         self._closed = False
         self.meter = EpochMeter(epoch)
+        self.origin: Any = None  # checkpoint.EpochOrigin, set by the loader
+        self.loader: Any = None  # keeps the loader alive while the epoch runs
         self.skipped = 0
         self._position = 0
 

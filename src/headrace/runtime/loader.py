@@ -14,6 +14,7 @@ order and batches exactly.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -23,9 +24,12 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
+from headrace.errors import StateDictError
 from headrace.pipeline import Pipeline
+from headrace.runtime import checkpoint
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.checkpoint import EpochOrigin, capture_rng
 from headrace.runtime.epoch import EpochIterator
 from headrace.runtime.inprocess import InProcessIterator
 from headrace.runtime.monitor import Monitor
@@ -108,6 +112,7 @@ class DataLoader:
         self._base_seed: int | None = None
         self._pool: WorkerPool | None = None
         self._iterator_ref: Callable[[], Any] = lambda: None
+        self._resume: checkpoint.ResumePoint | None = None
         self._finalizer = weakref.finalize(self, _close_pool, [None])
 
     # -- torch API -----------------------------------------------------------------------------
@@ -150,6 +155,45 @@ class DataLoader:
             worker_restarts=pool.restarts if pool is not None else 0,
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: enough to resume exactly, in another process, mid-epoch or not.
+
+        Small (RNG state plus one bit per sample, compressed), JSON and ``torch.save``
+        friendly, versioned (``schema_version``). With ``generator=`` or ``Options(seed=)`` the
+        following epochs are identical too; with torch's global generator they are as long as
+        the training script restores that generator as it does for its model.
+        """
+        if self.pipeline is None:
+            raise StateDictError("state_dict is not supported for an IterableDataset")
+        it = self._iterator_ref()
+        if it is not None and not it.closed:
+            origin, delivered, epoch = it.origin, it.delivered, it.origin.epoch
+        elif self._resume is not None:
+            origin, delivered, epoch = self._resume.origin, self._resume.delivered, self._resume.epoch
+        else:
+            origin, delivered, epoch = None, None, self._epoch
+        persistent = self._base_seed if self.persistent_workers else None
+        return checkpoint.build(self.pipeline.fingerprint(), len(self), epoch, origin, delivered,
+                                self.generator, persistent)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``: the next ``iter()`` delivers exactly what was left.
+
+        Rejects a state from another dataset, pipeline or batch layout with a clear error.
+        """
+        if self.pipeline is None:
+            raise StateDictError("load_state_dict is not supported for an IterableDataset")
+        point = checkpoint.parse(state, self.pipeline.fingerprint(), len(self))
+        it = self._iterator_ref()
+        if it is not None:
+            it.close()
+        self._epoch = point.epoch
+        if point.persistent_base_seed is not None:
+            self._base_seed = point.persistent_base_seed
+        if not point.in_epoch and point.generator_state is not None and self.generator is not None:
+            self.generator.set_state(point.generator_state)
+        self._resume = point if point.in_epoch else None
+
     def add_sample_listener(self, fn: Callable[[int, float, bool], None]) -> None:
         """Call ``fn(index, seconds, slow)`` in the training process for every finished sample.
 
@@ -170,14 +214,44 @@ class DataLoader:
             self._pool = None
 
     # -- epochs --------------------------------------------------------------------------------
-    def _draw_epoch(self) -> tuple[int, Iterator[Any]]:
-        """Sampler stream and base seed, drawing random numbers in torch's own order."""
-        sampler_iter = iter(self._torch._index_sampler)
-        if self._base_seed is None or not self.persistent_workers:
-            self._base_seed = int(
-                torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
+    def _draw_epoch(self, replay: EpochOrigin | None = None) -> tuple[EpochOrigin, Iterator[Any]]:
+        """Sampler stream and base seed, drawing random numbers in torch's own order.
+
+        The sampler's first element is taken here, in the training thread, because samplers
+        draw their permutation lazily from the RNG: done later in the scheduler thread it would
+        race the training loop's own use of torch's global generator.
+        ``replay`` redraws a saved epoch from its saved RNG state (exact resume).
+        """
+        user_rng = None
+        if replay is not None:
+            if self.generator is not None:
+                self.generator.set_state(replay.rng)
+            else:
+                user_rng = torch.get_rng_state()
+                torch.set_rng_state(replay.rng)
+            if not replay.drew_base_seed:
+                self._base_seed = replay.base_seed
+        try:
+            rng = capture_rng(self.generator)
+            sampler_iter = iter(self._torch._index_sampler)
+            drew = self._base_seed is None or not self.persistent_workers
+            if drew:
+                self._base_seed = int(
+                    torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
+                )
+            first = next(sampler_iter, _END)
+        finally:
+            if user_rng is not None:
+                torch.set_rng_state(user_rng)  # the training loop's RNG is not ours to move
+        assert self._base_seed is not None
+        if replay is not None and self._base_seed != replay.base_seed:
+            raise StateDictError(
+                "replaying the saved epoch drew another base seed: the sampler or generator "
+                "does not reproduce its order from the saved RNG state"
             )
-        return self._base_seed, sampler_iter
+        origin = EpochOrigin(self._epoch, rng, self._base_seed, drew)
+        groups = sampler_iter if first is _END else itertools.chain([first], sampler_iter)
+        return origin, groups
 
     def _batch_mode(self) -> Mode:
         if self.in_order:
@@ -211,12 +285,22 @@ class DataLoader:
         except TypeError:
             return None
 
-    def _start_epoch(self, delivered: Bitmap | None = None) -> Any:
+    def _start_epoch(self) -> Any:
         assert self.pipeline is not None
-        epoch = self._epoch
-        self._epoch += 1
-        base_seed, groups = self._draw_epoch()
-        delivered = delivered if delivered is not None else Bitmap()
+        resume, self._resume = self._resume, None
+        replay = resume.origin if resume is not None else None
+        if replay is not None:
+            self._epoch = replay.epoch
+        origin, groups = self._draw_epoch(replay)
+        epoch, base_seed = origin.epoch, origin.base_seed
+        self._epoch = epoch + 1
+        delivered = resume.delivered if resume is not None else Bitmap()
+        it = self._make_iterator(epoch, base_seed, groups, delivered)
+        it.origin = origin
+        return it
+
+    def _make_iterator(self, epoch: int, base_seed: int, groups: Iterator[Any], delivered: Bitmap) -> Any:
+        assert self.pipeline is not None
         opts = self.options
         if self.num_workers == 0:
             return InProcessIterator(
@@ -262,6 +346,9 @@ class DataLoader:
             self._finalizer = weakref.finalize(self, _close_pool, [pool])
             return pool, False
         return pool, True
+
+
+_END = object()
 
 
 def _close_pool(holder: list[WorkerPool | None]) -> None:

@@ -1,0 +1,145 @@
+"""Invariant 3: exact resume. One contract, run against the loader in every mode.
+
+For each snapshot point (before the first batch, after one, mid-epoch, at the last batch,
+between epochs) the state dict goes through JSON into a new loader, possibly with another worker
+count, and the rest of the run is compared sample by sample with an uninterrupted run.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import headrace as hr
+from tests.helpers import ArraySource, noise
+
+pytestmark = pytest.mark.integration
+
+N, EPOCHS = 26, 2
+
+
+def make(**kw):
+    pipe = hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)])
+    return hr.DataLoader(pipe, **kw)
+
+
+def rows(batch):
+    """(index, content) pairs of a batch; content carries the per-sample random draw."""
+    flat = batch.reshape(len(batch), -1)[:, 0].tolist()
+    return [(int(np.floor(v)), round(v, 6)) for v in flat]
+
+
+def run(loader, epochs, stop_after=None):
+    """Batches per epoch; stop after ``stop_after`` batches of the first epoch (returns early)."""
+    out = []
+    for e in range(epochs):
+        got = []
+        it = iter(loader)
+        for b in it:
+            got.append(rows(b))
+            if e == 0 and stop_after is not None and len(got) == stop_after:
+                out.append(got)
+                return out, it
+        out.append(got)
+    return out, None
+
+
+MODES = [
+    {"in_order": True, "num_workers": 0, "batch_size": 4, "shuffle": True},
+    {"in_order": True, "num_workers": 2, "batch_size": 4, "shuffle": True, "drop_last": True},
+    {"in_order": False, "num_workers": 2, "batch_size": 4, "shuffle": True},
+    {"in_order": False, "num_workers": 3, "batch_size": 5, "shuffle": False, "drop_last": True},
+    {"in_order": False, "num_workers": 2, "batch_size": None, "shuffle": True},
+]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(f"{k}={v}" for k, v in m.items()))
+@pytest.mark.parametrize("point", ["start", "one", "middle", "last", "between"])
+def test_resume_delivers_exactly_the_rest_with_identical_content(mode, point, no_leaks):
+    kw = dict(mode, generator=torch.Generator().manual_seed(5))
+    full, _ = run(make(**kw), EPOCHS)
+    n_batches = len(full[0])
+    stop = {"start": 0, "one": 1, "middle": n_batches // 2, "last": n_batches, "between": None}[point]
+
+    first = make(**dict(mode, generator=torch.Generator().manual_seed(5)))
+    if point == "between":
+        before, _ = run(first, 1)
+        it = None
+    elif stop == 0:
+        it = iter(first)
+        before = [[]]
+    else:
+        before, it = run(first, 1, stop_after=stop)
+    state = json.loads(json.dumps(first.state_dict()))
+    del it, first
+
+    other_workers = {0: 2, 2: 0, 3: 1}[mode["num_workers"]]  # resume with another worker count
+    second = make(**dict(mode, num_workers=other_workers, generator=torch.Generator().manual_seed(99)))
+    second.load_state_dict(state)
+    after, _ = run(second, EPOCHS - 1 if point == "between" else EPOCHS)
+
+    epoch0_before = [r for b in before[0] for r in b]
+    if point == "between":
+        resumed_epoch0, later = [], after
+        assert len(after) == 1
+    else:
+        resumed_epoch0, later = [r for b in after[0] for r in b], after[1:]
+    full0 = [r for b in full[0] for r in b]
+    # exactly once, identical content (index and random draw) for the interrupted epoch
+    assert Counter(epoch0_before + resumed_epoch0) == Counter(full0)
+    assert not set(epoch0_before) & set(resumed_epoch0)
+    if mode["in_order"]:
+        assert epoch0_before + resumed_epoch0 == full0  # and in torch's order
+    # the following epoch is identical too (the generator's state travelled in the state dict)
+    for got, ref in zip(later, full[1:], strict=True):
+        flat_got, flat_ref = [r for b in got for r in b], [r for b in ref for r in b]
+        assert Counter(flat_got) == Counter(flat_ref)
+        if mode["in_order"]:
+            assert got == ref
+
+
+def test_state_dict_is_small_versioned_and_checked():
+    loader = make(batch_size=4, num_workers=0)
+    it = iter(loader)
+    next(it)
+    sd = loader.state_dict()
+    assert sd["schema_version"] == 1 and sd["in_epoch"] and sd["delivered_count"] == 4
+    assert len(json.dumps(sd)) < 20_000
+    with pytest.raises(hr.StateDictError, match="dataset/pipeline"):
+        hr.DataLoader(hr.Pipeline(ArraySource(N + 1), [hr.step(noise, random=True)]),
+                      batch_size=4).load_state_dict(sd)
+    with pytest.raises(hr.StateDictError, match="batches per epoch"):
+        make(batch_size=3).load_state_dict(sd)
+    with pytest.raises(hr.StateDictError, match="schema_version"):
+        make(batch_size=4).load_state_dict({**sd, "schema_version": 99})
+
+
+def test_resume_in_a_fresh_process_with_the_global_rng(tmp_path, no_leaks):
+    torch.manual_seed(11)
+    full, _ = run(make(batch_size=4, shuffle=True, num_workers=2), 1)
+    torch.manual_seed(11)
+    first = make(batch_size=4, shuffle=True, num_workers=2)
+    before, it = run(first, 1, stop_after=3)
+    (tmp_path / "state.json").write_text(json.dumps(first.state_dict()))
+    del it, first
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+        import torch
+        from tests.integration.test_resume import make, rows
+        torch.manual_seed(12345)  # whatever the new process's global RNG is
+        loader = make(batch_size=4, shuffle=True, num_workers=1)
+        loader.load_state_dict(json.loads(open({str(tmp_path / "state.json")!r}).read()))
+        print(json.dumps([r for b in loader for r in rows(b)]))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    resumed = [tuple(r) for r in json.loads(out.stdout)]
+    done = [r for b in before[0] for r in b]
+    assert Counter(done + resumed) == Counter(r for b in full[0] for r in b)
