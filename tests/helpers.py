@@ -142,3 +142,57 @@ def noise(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def ident_collate(batch: list) -> list:
     return batch
+
+
+class KillerDataset(Dataset):
+    """Kills its own worker process (as the OOM killer would) on ``deadly`` indices."""
+
+    def __init__(self, n: int, deadly: set[int], cost_s: float = 0.0) -> None:
+        self.n = n
+        self.deadly = deadly
+        self.cost_s = cost_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.deadly and torch.utils.data.get_worker_info() is not None:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.cost_s:
+            time.sleep(self.cost_s)
+        return i
+
+
+class HangingDataset(Dataset):
+    """Never returns on ``hung`` indices (a deadlocked decoder)."""
+
+    def __init__(self, n: int, hung: set[int]) -> None:
+        self.n = n
+        self.hung = hung
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.hung:
+            import threading
+
+            threading.Event().wait()  # blocks forever; the loader must replace the worker
+        return i
+
+
+def decode_jpeg(data: bytes) -> np.ndarray:
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def check_finite(x: np.ndarray) -> np.ndarray:
+    if not np.isfinite(x).all():
+        raise ValueError("sample contains NaN or inf")
+    return x

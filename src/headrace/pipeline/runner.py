@@ -66,12 +66,13 @@ class SampleRunner:
         base_seed: int,
         epoch: int,
         timeout: Callable[[], float] | None = None,
+        on_step: Callable[[int], None] | None = None,
     ) -> Outcome:
         """Run steps ``start..n-1``; stop early when ``timeout()`` seconds have elapsed.
 
         At ``start == 0`` the input is the sample index (for ``load``), else the partial value.
         ``timeout`` is read between steps (it may change while the sample runs); ``None`` or
-        ``inf`` means run to completion.
+        ``inf`` means run to completion. ``on_step(i)`` is called before step ``i`` starts.
         """
         x = index if start == 0 else value
         timings: list[StepTiming] = []
@@ -80,6 +81,8 @@ class SampleRunner:
             seed = sample_seed(base_seed, epoch, index, self.keys[i])
             seed_globals(seed)
             rng = step_rng(seed) if self._random[i] else None
+            if on_step is not None:
+                on_step(i)
             ws, cs = time.perf_counter(), time.thread_time()
             try:
                 x = self._calls[i](x, rng)

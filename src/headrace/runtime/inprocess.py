@@ -19,6 +19,7 @@ from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import SampleRunner
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.epoch import EpochMeter
+from headrace.runtime.scheduler import collate_error
 from headrace.telemetry.stats import EpochStats
 
 
@@ -69,15 +70,19 @@ class InProcessIterator:
             positions = range(self._position, self._position + len(indices))
             self._position += len(indices)
             todo = [(p, i) for p, i in zip(positions, indices, strict=True) if p not in self.delivered]
-            samples, done = [], []
+            samples, done, indices = [], [], []
             for p, i in todo:
                 ok, value = self._one(i)
                 if ok:
                     samples.append(value)
                     done.append(p)
+                    indices.append(i)
             if samples:
                 break
-        batch = self.collate(samples) if self.auto_collation else self.collate(samples[0])
+        try:
+            batch = self.collate(samples) if self.auto_collation else self.collate(samples[0])
+        except Exception as e:
+            raise collate_error(e, indices) from e
         if self.pin is not None:
             batch = self.pin(batch)
         for p in done:

@@ -152,7 +152,7 @@ class DataLoader:
             workers_timeline=tuple(self.monitor.workers_timeline),
             timeout_timeline=tuple(self.monitor.timeout_timeline),
             queues=tuple(self.monitor.queues),
-            worker_restarts=pool.restarts if pool is not None else 0,
+            worker_restarts=self.monitor.worker_restarts,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -328,6 +328,7 @@ class DataLoader:
             max_restarts=opts.max_worker_restarts,
             delivered=delivered,
             total_positions=self._total_positions(),
+            sample_timeout_s=opts.sample_timeout_s,
         )
         return EpochIterator(pool, owns, spec, self.monitor, delivered, self.timeout)
 

@@ -43,6 +43,7 @@ class Monitor:
         self.timeout_timeline: list[tuple[float, float]] = []
         self.queues: deque[QueueSample] = deque(maxlen=QUEUE_HISTORY)
         self.skipped_total = 0
+        self.worker_restarts = 0
         self.epochs: list[EpochStats] = []
         """Stats of epochs that ended (ran out or were abandoned)."""
         self.sample_listeners: list[Any] = []
@@ -74,6 +75,9 @@ class Monitor:
     def on_sample_partial(self, index: int, timings: list[Any]) -> None:
         for f in self.sample_listeners:
             f(index, None, True, timings)
+
+    def on_worker_restart(self) -> None:
+        self.worker_restarts += 1
 
     def on_skip(self, index: int, err: BaseException) -> None:
         self.skipped_total += 1

@@ -27,7 +27,11 @@ class Options:
             fresh samples wait (0..1); the rest always serve the fast lane.
         timeout: the learned hand-off timeout (see ``headrace.planner.timeout``).
         autoscale: the worker scaler used with ``num_workers="auto"``.
-        max_worker_restarts: a sample whose worker died this many times is treated as failed.
+        max_worker_restarts: a sample whose worker died this many times is treated as failed
+            (2: retried once elsewhere).
+        sample_timeout_s: a sample running longer than this (seconds, in one worker) is taken for
+            a hung step: its worker is replaced and the sample retried, then failed per
+            ``on_error``. ``None``: no limit (the default; the slow lane handles slow samples).
     """
 
     seed: int | None = None
@@ -38,6 +42,7 @@ class Options:
     timeout: TimeoutConfig = dataclasses.field(default_factory=TimeoutConfig)
     autoscale: AutoscaleConfig = dataclasses.field(default_factory=AutoscaleConfig)
     max_worker_restarts: int = 2
+    sample_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
@@ -46,5 +51,7 @@ class Options:
             raise ValueError("max_in_flight must be >= 1")
         if not 0 <= self.slow_lane_share <= 1:
             raise ValueError("slow_lane_share must be in [0, 1]")
+        if self.sample_timeout_s is not None and self.sample_timeout_s <= 0:
+            raise ValueError("sample_timeout_s must be > 0 (or None)")
         if self.max_worker_restarts < 1:
             raise ValueError("max_worker_restarts must be >= 1")

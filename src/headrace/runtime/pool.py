@@ -36,6 +36,19 @@ from headrace.pipeline import Pipeline
 from headrace.runtime.worker import Task, WorkerSetup, worker_main
 
 
+class Progress:
+    """Shared arrays, one entry per worker slot, written by workers without locks.
+
+    ``tid[slot]``: task id being run (−1: idle); ``started[slot]``: ``time.monotonic()`` when
+    it started (seconds); ``step[slot]``: execution step it is in (0 = load).
+    """
+
+    def __init__(self, ctx: Any, slots: int) -> None:
+        self.tid = ctx.RawArray("q", [-1] * slots)
+        self.started = ctx.RawArray("d", slots)
+        self.step = ctx.RawArray("i", slots)
+
+
 @dataclass(eq=False)
 class WorkerHandle:
     """One worker process and what the main process has assigned to it."""
@@ -81,12 +94,11 @@ class WorkerPool:
         self.max_slots = max_slots
         self.timeout_value = ctx.RawValue("d", math.inf)
         """Shared hand-off timeout in seconds, read by workers between steps."""
-        self.progress = ctx.RawArray("q", [-1] * max_slots)
-        """progress[slot]: tid the worker is running, −1 when idle."""
+        self.progress = Progress(ctx, max_slots)
+        """What each worker slot is running (see ``Progress``)."""
         self.workers: dict[int, WorkerHandle] = {}
         self.tids = itertools.count()
         """Task ids, unique over the pool's life (persistent workers span epochs)."""
-        self.restarts = 0
         self._closed = False
         self._lock = threading.RLock()  # shutdown (atexit, finalizers) races the scheduler thread
         _live_pools.add(self)
@@ -134,7 +146,7 @@ class WorkerPool:
         )
         proc.start()
         writer.close()  # only the worker writes; EOF on our end then means it died
-        self.progress[slot] = -1
+        self.progress.tid[slot] = -1
         h = WorkerHandle(slot, proc, tasks, reader)
         self.workers[slot] = h
         return h
@@ -145,7 +157,6 @@ class WorkerPool:
             if self._closed:
                 return None
             self._dispose(dead, grace_s=0.0)
-            self.restarts += 1
             return self._add_worker(dead.slot, None)
 
     def retire(self, h: WorkerHandle) -> None:

@@ -64,6 +64,7 @@ class EpochSpec:
     max_restarts: int
     delivered: Bitmap  # positions delivered before (resume); read-only for the scheduler
     total_positions: int | None  # samples in the epoch when the sampler knows, else None
+    sample_timeout_s: float | None = None  # a sample running longer is a hung step
 
 
 @dataclass
@@ -114,6 +115,7 @@ class Scheduler:
         self._pulled = 0  # positions pulled and not already delivered (counted in flight)
         self._settled = 0  # positions completed or skipped
         self._exhausted = False
+        self._hung: dict[int, tuple[int, int]] = {}  # slot -> (tid, step) of a killed hung task
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -162,6 +164,8 @@ class Scheduler:
                     self.out.put(("end", None, None))
                     return
                 self.hooks.on_tick(self)
+                if self.spec.sample_timeout_s is not None:
+                    self._kill_hung()
                 self._wait_and_handle()
         except _Fatal as f:
             self.out.put(("error", f.error, None))
@@ -307,7 +311,7 @@ class Scheduler:
             else:
                 self.counters.fast += 1
             self.hooks.on_sample(rec.index, rec.step_s, rec.slow, timings)
-            self.spec.batcher.complete(rec.position, decode(payload), rec.slow)
+            self.spec.batcher.complete(rec.position, (rec.index, decode(payload)), rec.slow)
         elif kind == "partial":
             _, _, next_step, payload, timings = msg
             rec.step_s += sum(t[1] for t in timings)
@@ -331,6 +335,20 @@ class Scheduler:
         self.spec.batcher.drop(rec.position)
         self.hooks.on_skip(rec.index, err)
 
+    def _kill_hung(self) -> None:
+        """Replace workers stuck on one sample longer than ``sample_timeout_s``."""
+        limit = self.spec.sample_timeout_s
+        assert limit is not None
+        prog = self.pool.progress
+        now = time.monotonic()
+        for w in list(self.pool.workers.values()):
+            tid = prog.tid[w.slot]
+            if tid in w.assigned and w.slot not in self._hung and now - prog.started[w.slot] > limit:
+                self._hung[w.slot] = (tid, prog.step[w.slot])
+                log.warning("headrace worker %d: sample over sample_timeout=%.3g s, replacing it",
+                            w.slot, limit)
+                w.process.kill()  # the death is handled like any other (sentinel fires)
+
     def _on_death(self, w: WorkerHandle) -> None:
         """A worker died (OOM killer, SIGKILL, segfault): re-run what it held, replace it."""
         if w.retiring:  # a worker the scaler retired has exited
@@ -339,7 +357,8 @@ class Scheduler:
             self.pool.reap(w)
             return
         lost = [self._recs[t] for t in w.assigned if t in self._recs]
-        running = self.pool.progress[w.slot]
+        running = self.pool.progress.tid[w.slot]
+        hung = self._hung.pop(w.slot, None)
         w.assigned.clear()
         exitcode = w.process.exitcode
         log.warning("headrace worker %d died (exit code %s); re-running %d sample(s)",
@@ -348,15 +367,26 @@ class Scheduler:
             if rec.task.tid == running or len(lost) == 1:
                 rec.attempts += 1  # only the sample it was running is suspect
             if rec.attempts >= self.spec.max_restarts:
-                self._fail(rec, WorkerDiedError(
-                    f"sample index {rec.index} was being processed by a worker that died "
-                    f"{rec.attempts} times (last exit code {exitcode}); the sample likely "
-                    "crashes or exhausts memory in a step. Skip it with "
-                    "options=headrace.Options(on_error='skip') or fix the step."))
+                if hung is not None and hung[0] == rec.task.tid:
+                    names = self.pool.pipeline.step_names
+                    step = names[hung[1]] if 0 <= hung[1] < len(names) else "?"
+                    err: StepError | WorkerDiedError = step_error_for(
+                        TimeoutError, rec.index, step, "TimeoutError",
+                        f"the sample ran longer than sample_timeout={self.spec.sample_timeout_s} s "
+                        f"in step {step!r} on {rec.attempts} attempt(s); its worker was replaced",
+                        "", w.slot)
+                else:
+                    err = WorkerDiedError(
+                        f"sample index {rec.index} was being processed by a worker that died "
+                        f"{rec.attempts} times (last exit code {exitcode}); the sample likely "
+                        "crashes or exhausts memory in a step. Skip it with "
+                        "options=headrace.Options(on_error='skip') or fix the step.")
+                self._fail(rec, err)
             else:
                 self.counters.retried += 1
                 self._retry.append(rec)
-        self.pool.replace(w)  # no-op once the pool is shutting down
+        if self.pool.replace(w) is not None:  # None once the pool is shutting down
+            self.hooks.on_worker_restart()
 
     # -- output --------------------------------------------------------------------------------
     def _emit(self) -> bool:
@@ -366,14 +396,14 @@ class Scheduler:
             items = self.spec.batcher.pop(final)
             if items is None:
                 break
-            samples = [s for _, s in items]
+            samples = [s for _, (_, s) in items]
             positions = [p for p, _ in items]
             try:
                 batch = self.spec.collate(samples) if self.spec.auto_collation else self.spec.collate(samples[0])
                 if self.spec.pin is not None:
                     batch = self.spec.pin(batch)
             except Exception as e:  # noqa: BLE001 - collate_fn is user code
-                raise _Fatal(_collate_error(e, positions)) from e
+                raise _Fatal(collate_error(e, [i for _, (i, _) in items])) from e
             self.out.put(("batch", batch, positions))
         return final and self.spec.batcher.ready_samples == 0
 
@@ -384,11 +414,14 @@ class _Fatal(Exception):
         self.error = error
 
 
-def _collate_error(e: Exception, positions: list[int]) -> Exception:
+def collate_error(e: Exception, indices: list[int]) -> StepError:
+    """A collate_fn failure, naming the samples of the batch (e.g. one of another shape)."""
     import traceback
 
+    shown = ", ".join(map(str, indices[:16])) + (", ..." if len(indices) > 16 else "")
     return step_error_for(
-        type(e), -1, "collate_fn", type(e).__qualname__,
-        f"{e} (batch of epoch positions {positions[:8]}{'...' if len(positions) > 8 else ''})",
+        type(e), indices[0] if indices else -1, "collate_fn", type(e).__qualname__,
+        f"{e} (batch of sample indices [{shown}]; a sample of another shape or type than the "
+        "others is the usual cause)",
         traceback.format_exc(),
     )

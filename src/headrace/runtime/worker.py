@@ -17,6 +17,7 @@ import os
 import pickle
 import queue
 import signal
+import time
 import traceback
 from typing import Any, NamedTuple
 
@@ -58,8 +59,9 @@ def worker_main(setup: WorkerSetup, tasks: Any, results: Any, timeout_value: Any
     """Entry point of a worker process.
 
     ``timeout_value``: shared double, the hand-off timeout in seconds (read between steps).
-    ``progress``: shared int64 array, ``progress[slot]`` = tid being run (−1: idle), written so
-    the main process knows what a worker held if it dies.
+    ``progress``: shared arrays (``pool.Progress``) where the worker writes, per slot, the tid it
+    runs (−1: idle), when it started (``time.monotonic()``) and the step it is in, so the main
+    process knows what a dead or hung worker held.
     """
     slot = setup.slot
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
@@ -88,7 +90,9 @@ def worker_main(setup: WorkerSetup, tasks: Any, results: Any, timeout_value: Any
             continue
         if task is None:
             return
-        progress[slot] = task.tid
+        progress.started[slot] = time.monotonic()
+        progress.step[slot] = task.start
+        progress.tid[slot] = task.tid
         value = decode(task.payload) if task.start > 0 else None
         out = runner.run(
             task.index,
@@ -97,6 +101,7 @@ def worker_main(setup: WorkerSetup, tasks: Any, results: Any, timeout_value: Any
             task.base_seed,
             task.epoch,
             timeout=current_timeout if task.may_hand_off else None,
+            on_step=lambda i: progress.step.__setitem__(slot, i),
         )
         timings = [(t.step, t.wall, t.cpu) for t in out.timings]
         if out.error is not None:
@@ -108,7 +113,7 @@ def worker_main(setup: WorkerSetup, tasks: Any, results: Any, timeout_value: Any
             msg = ("partial", task.tid, out.next_step, encode(out.value), timings)
         else:
             msg = ("done", task.tid, encode(out.value), timings)
-        progress[slot] = -1
+        progress.tid[slot] = -1
         if not _send(results, msg):
             return
 
@@ -119,12 +124,23 @@ def _send(conn: Any, msg: Any) -> bool:
         return True
     except (BrokenPipeError, EOFError, OSError):
         return False  # the main process closed our pipe: shutting down
-    except Exception as e:  # noqa: BLE001 - e.g. an unpicklable sample
+    except Exception as e:  # noqa: BLE001 - e.g. an unpicklable sample, /dev/shm full
         if msg[0] in ("done", "partial"):
-            err = ("error", msg[1], -1, None, _qualname(type(e)),
-                   f"the sample could not be sent to the main process: {e}", traceback.format_exc())
+            text = f"the sample could not be sent to the main process: {e}"
+            if _looks_like_shm_exhaustion(e):
+                text += (
+                    ". Shared memory (/dev/shm) is exhausted: free it, give the container more "
+                    "(docker --shm-size), or lower batch_size, prefetch_factor or "
+                    "Options(max_in_flight=...)"
+                )
+            err = ("error", msg[1], -1, None, _qualname(type(e)), text, traceback.format_exc())
             return _send(conn, err)
         raise
+
+
+def _looks_like_shm_exhaustion(e: BaseException) -> bool:
+    text = str(e).lower()
+    return any(k in text for k in ("no space left", "shm", "shared memory", "unable to write to file"))
 
 
 def _qualname(cls: type) -> str:

@@ -1,0 +1,142 @@
+"""What a benchmark run compares and at which size: loader specs and run settings.
+
+A :class:`LoaderSpec` names one loader configuration (headrace or torch, workers, prefetch,
+ordering); a :class:`BenchConfig` says which workloads run, at which scale, how many times.
+The presets (:func:`quick_config`, :func:`full_config`) fix the scales that make ``headrace bench
+--quick`` take a few minutes and ``headrace bench`` at most about 15 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Literal
+
+from headrace.workloads import WORKLOADS
+
+LoaderKind = Literal["headrace", "torch"]
+
+FULL_SCALES: dict[str, float] = {
+    "speech-3s": 0.5,
+    "speech-10s": 0.3,
+    "imseg": 0.5,
+    "objdet": 0.5,
+    "imagenet": 0.5,
+}
+"""Samples per epoch as a factor of each workload's base count, for the full run."""
+
+QUICK_SCALES: dict[str, float] = {
+    "speech-3s": 0.2,
+    "speech-10s": 0.1,
+    "imseg": 0.1,
+    "objdet": 0.1,
+    "imagenet": 0.05,
+}
+"""Scales of ``--quick``: every workload in well under a minute on 2 cores."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderSpec:
+    """One loader configuration of a benchmark row.
+
+    Attributes:
+        label: row name in tables, JSON and plots (unique within a workload).
+        kind: ``"headrace"`` (``headrace.DataLoader`` on the pipeline) or ``"torch"``
+            (``torch.utils.data.DataLoader`` on the pipeline as a map-style dataset).
+        num_workers: worker processes.
+        prefetch_factor: batches prefetched per worker (torch's meaning; headrace derives
+            its in-flight bound from it).
+        in_order: torch's keyword: ``True`` yields batches in sampler order.
+    """
+
+    label: str
+    kind: LoaderKind
+    num_workers: int
+    prefetch_factor: int = 2
+    in_order: bool = True
+
+    def describe(self) -> str:
+        """Short configuration text: ``"12 workers, prefetch 2, in_order=False"``."""
+        return (
+            f"{self.num_workers} workers, prefetch {self.prefetch_factor}, "
+            f"in_order={self.in_order}"
+        )
+
+
+def standard_loaders(workers: int, prefetch_factor: int = 2) -> list[LoaderSpec]:
+    """The four rows every workload reports, all with the same worker budget."""
+    return [
+        LoaderSpec("headrace", "headrace", workers, prefetch_factor, in_order=False),
+        LoaderSpec("headrace in_order", "headrace", workers, prefetch_factor, in_order=True),
+        LoaderSpec("torch in_order", "torch", workers, prefetch_factor, in_order=True),
+        LoaderSpec("torch out_of_order", "torch", workers, prefetch_factor, in_order=False),
+    ]
+
+
+def sweep_workers(workers: int) -> list[int]:
+    """Worker counts the torch sweep tries: half, the budget, and twice the budget."""
+    return sorted({max(1, workers // 2), workers, 2 * workers})
+
+
+SWEEP_PREFETCH: tuple[int, ...] = (2, 4)
+"""Prefetch factors the sweep tries (the second only at the best worker count)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """Settings of one benchmark run.
+
+    Attributes:
+        workloads: workload names, in report order.
+        scales: per workload, samples per epoch as a factor of its base count.
+        time_scale: factor on simulated step times (speech's sleeps and accelerator step).
+        repeats: measured runs per loader (the median and spread are reported).
+        warmup: run one discarded epoch per workload first (page cache, lazy imports).
+        sweep: run torch's ``num_workers``/``prefetch_factor`` sweep and add its best row.
+        num_workers: override of every workload's worker budget (``None``: the paper's).
+        num_samples: override of every workload's epoch size (``None``: from ``scales``).
+        seed: dataset seed and seed of the fixed sampler permutation.
+        cache_dir: where generated JPEG sets live (``None``: the workloads' default).
+        out_dir: where JSON, Markdown and PNGs are written.
+        resource_interval_s: seconds between two RSS samples of the loader's processes.
+        plots: write PNG plots.
+    """
+
+    workloads: tuple[str, ...] = WORKLOADS
+    scales: dict[str, float] = dataclasses.field(default_factory=lambda: dict(FULL_SCALES))
+    time_scale: float = 0.1
+    repeats: int = 3
+    warmup: bool = True
+    sweep: bool = True
+    num_workers: int | None = None
+    num_samples: int | None = None
+    seed: int = 0
+    cache_dir: str | None = None
+    out_dir: str = "bench-out"
+    resource_interval_s: float = 0.1
+    plots: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = [w for w in self.workloads if w not in WORKLOADS]
+        if unknown:
+            raise ValueError(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.num_workers is not None and self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+
+    def scale_of(self, workload: str) -> float:
+        """Scale of ``workload`` (1.0 when the preset does not name it)."""
+        return self.scales.get(workload, 1.0)
+
+
+def full_config(workloads: Sequence[str] = (), **overrides: object) -> BenchConfig:
+    """The full run: 3 repeats after a warm-up, torch sweep, :data:`FULL_SCALES`."""
+    return BenchConfig(workloads=tuple(workloads) or WORKLOADS, **overrides)  # type: ignore[arg-type]
+
+
+def quick_config(workloads: Sequence[str] = (), **overrides: object) -> BenchConfig:
+    """``--quick``: :data:`QUICK_SCALES`, one repeat after a warm-up, no sweep."""
+    base: dict[str, object] = {"scales": dict(QUICK_SCALES), "repeats": 1, "sweep": False}
+    base.update(overrides)
+    return BenchConfig(workloads=tuple(workloads) or WORKLOADS, **base)  # type: ignore[arg-type]

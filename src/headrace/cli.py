@@ -1,0 +1,144 @@
+"""The ``headrace`` command: ``headrace bench`` and ``headrace demo`` (more to come).
+
+Each subcommand is one ``_add_<name>(subparsers)`` function that declares its arguments and
+sets ``func`` to the function running it; adding a subcommand is writing that pair and listing
+the adder in :data:`SUBCOMMANDS`. Heavy imports happen inside the run functions, so ``--help``
+stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+
+from headrace.workloads import WORKLOADS
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- bench ------------------------------------------------------------------------------------
+def _add_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "bench",
+        help="headrace vs torch DataLoader on the papers' workloads (tables, JSON, PNGs)",
+        description="Run every loader on each workload in one process with a simulated "
+        "accelerator; report wall time, wall ÷ ideal and ÷ work-conserving bound, stall, "
+        "samples/s, peak RSS and CPU-seconds (median and min-max over repeats).",
+    )
+    p.add_argument("workloads", nargs="*", metavar="WORKLOAD",
+                   help=f"workloads to run (default: all of {', '.join(WORKLOADS)})")
+    p.add_argument("--quick", action="store_true",
+                   help="small scales, one repeat, no torch sweep: a few minutes in all")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output directory (default: bench-out, or bench-quick with --quick)")
+    p.add_argument("--repeats", type=int, default=None, metavar="N",
+                   help="measured epochs per loader after the warm-up (default 3, quick 1)")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="factor on the preset number of samples of every workload")
+    p.add_argument("--time-scale", type=float, default=0.1,
+                   help="factor on simulated step times (default 0.1, the papers' 1/10)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="override every workload's worker budget")
+    p.add_argument("--no-sweep", action="store_true", help="skip torch's worker/prefetch sweep")
+    p.add_argument("--no-plots", action="store_true", help="write JSON and Markdown only")
+    p.add_argument("--cache-dir", default=None, help="where generated JPEG sets are kept")
+    p.set_defaults(func=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from headrace.bench import full_config, quick_config, run_and_write
+
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown:
+        _log(f"headrace bench: unknown workload(s) {', '.join(unknown)}; "
+             f"choose from {', '.join(WORKLOADS)}")
+        return 2
+    preset = quick_config if args.quick else full_config
+    overrides: dict[str, object] = {
+        "out_dir": args.out or ("bench-quick" if args.quick else "bench-out"),
+        "time_scale": args.time_scale,
+        "num_workers": args.workers,
+        "cache_dir": args.cache_dir,
+        "plots": not args.no_plots,
+    }
+    if args.repeats is not None:
+        overrides["repeats"] = args.repeats
+    if args.no_sweep:
+        overrides["sweep"] = False
+    config = preset(args.workloads, **overrides)
+    if args.scale != 1.0:
+        scales = {w: config.scale_of(w) * args.scale for w in config.workloads}
+        config = dataclasses.replace(config, scales=scales)
+    command = "headrace " + " ".join(shlex.quote(a) for a in args.argv)
+    _, paths = run_and_write(config, command, _log)
+    print(paths["markdown"].read_text())
+    _log(f"wrote {paths['json']}, {paths['markdown']} and PNGs to {paths['dir']}/")
+    return 0
+
+
+# -- demo -------------------------------------------------------------------------------------
+def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "demo",
+        help="train a small CNN on the CPU with torch DataLoader, then headrace; compare",
+        description="Generate a small ImageNet-like JPEG set, train a small model for a few "
+        "dozen steps with torch's DataLoader and then with headrace (same workers), and print "
+        "wall time, stall, samples/s and wall ÷ ideal for both.",
+    )
+    p.add_argument("--out", default="demo-out", metavar="DIR", help="plots go here")
+    p.add_argument("--steps", type=int, default=30, help="training steps per loader")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--workers", type=int, default=2, help="worker processes of each loader")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for the model")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from headrace.bench.demo import DemoConfig, run_demo
+
+    run_demo(DemoConfig(out_dir=args.out, steps=args.steps, batch_size=args.batch_size,
+                        workers=args.workers, threads=args.threads,
+                        progress=not args.no_progress))
+    return 0
+
+
+# -- the command ------------------------------------------------------------------------------
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (  # type: ignore[type-arg]
+    _add_bench,
+    _add_demo,
+)
+"""One adder per subcommand, in ``--help`` order; add ``profile`` / ``plan`` here."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``headrace`` argument parser with every subcommand."""
+    from headrace import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="headrace",
+        description="headrace keeps accelerators fed: a drop-in torch DataLoader that measures "
+        "the input pipeline while it runs.",
+    )
+    parser.add_argument("--version", action="version", version=f"headrace {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``headrace`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

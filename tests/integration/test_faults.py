@@ -1,0 +1,175 @@
+"""Fault injection: killed workers, hung steps, corrupt inputs. Nothing lost, nothing duplicated."""
+
+import io
+import os
+import signal
+from collections import Counter
+
+import numpy as np
+import psutil
+import pytest
+from PIL import Image
+
+import headrace as hr
+from tests.helpers import (
+    HangingDataset,
+    IndexDataset,
+    KillerDataset,
+    check_finite,
+    decode_jpeg,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def flat(loader):
+    return [i for b in loader for i in b.tolist()]
+
+
+def worker_pids():
+    return [p.pid for p in psutil.Process().children() if "resource_tracker" not in " ".join(p.cmdline())]
+
+
+@pytest.mark.parametrize("in_order", [False, True])
+def test_sigkill_a_worker_mid_epoch(in_order, no_leaks):
+    loader = hr.DataLoader(IndexDataset(60, slow_every=1, slow_s=0.01), batch_size=4, num_workers=2,
+                           shuffle=True, in_order=in_order)
+    got = []
+    for k, b in enumerate(loader):
+        got += b.tolist()
+        if k == 2:
+            os.kill(worker_pids()[0], signal.SIGKILL)  # as the OOM killer would
+    assert Counter(got) == Counter(range(60))
+    st = loader.stats()
+    assert st.worker_restarts >= 1
+
+
+def test_kill_every_worker_several_times_in_a_row(no_leaks):
+    # A sample running at every kill would be taken for the culprit after max_worker_restarts
+    # deaths; kills from outside are not its fault, so this test allows more.
+    loader = hr.DataLoader(IndexDataset(80, slow_every=1, slow_s=0.005), batch_size=4, num_workers=3,
+                           options=hr.Options(max_worker_restarts=5))
+    got = []
+    for k, b in enumerate(loader):
+        got += b.tolist()
+        if k in (1, 2, 3, 6):
+            for pid in worker_pids():
+                os.kill(pid, signal.SIGKILL)
+    assert Counter(got) == Counter(range(80))
+    assert loader.stats().worker_restarts >= 9
+
+
+def test_a_sample_that_always_kills_its_worker_is_named(no_leaks):
+    loader = hr.DataLoader(KillerDataset(20, {7}), batch_size=4, num_workers=2)
+    with pytest.raises(hr.WorkerDiedError, match="sample index 7"):
+        list(loader)
+
+
+def test_a_sample_that_kills_workers_is_skipped_under_skip_policy(no_leaks):
+    loader = hr.DataLoader(KillerDataset(20, {7}), batch_size=4, num_workers=2,
+                           options=hr.Options(on_error="skip"))
+    assert Counter(flat(loader)) == Counter(set(range(20)) - {7})
+    e = loader.stats().last
+    assert e.skipped_samples == 1 and e.retried_samples >= 1
+
+
+def test_hung_step_is_replaced_retried_once_then_fails_per_policy(no_leaks):
+    opts = hr.Options(sample_timeout_s=0.5)
+    loader = hr.DataLoader(HangingDataset(12, {5}), batch_size=3, num_workers=2, options=opts)
+    with pytest.raises(TimeoutError) as ei:  # a StepError that is also a TimeoutError
+        list(loader)
+    assert ei.value.index == 5 and ei.value.step == "load"
+    skip = hr.DataLoader(HangingDataset(12, {5}), batch_size=3, num_workers=2,
+                         options=hr.Options(sample_timeout_s=0.5, on_error="skip"))
+    assert Counter(flat(skip)) == Counter(set(range(12)) - {5})
+    assert skip.stats().worker_restarts >= 2  # first attempt and the retry elsewhere
+
+
+class JpegSource:
+    def __init__(self, blobs):
+        self.blobs = blobs
+
+    def __len__(self):
+        return len(self.blobs)
+
+    def load(self, i):
+        return self.blobs[i]
+
+
+def _jpeg(size, value):
+    buf = io.BytesIO()
+    Image.fromarray(np.full((size, size, 3), value, np.uint8)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def test_truncated_jpeg_names_the_sample_and_the_decode_step(no_leaks):
+    blobs = [_jpeg(16, i) for i in range(10)]
+    blobs[6] = blobs[6][: len(blobs[6]) // 3]
+    pipe = hr.Pipeline(JpegSource(blobs), [hr.step(decode_jpeg, kind="decode")])
+    with pytest.raises(hr.StepError) as ei:
+        list(hr.DataLoader(pipe, batch_size=2, num_workers=2))
+    assert ei.value.index == 6 and ei.value.step == "decode_jpeg"
+    skipping = hr.DataLoader(pipe, batch_size=2, num_workers=2, options=hr.Options(on_error="skip"))
+    assert sum(len(b) for b in skipping) == 9
+
+
+def test_wrong_shape_names_the_samples_of_the_batch(no_leaks):
+    blobs = [_jpeg(16, i) for i in range(8)]
+    blobs[3] = _jpeg(20, 3)
+    pipe = hr.Pipeline(JpegSource(blobs), [hr.step(decode_jpeg, kind="decode")])
+    with pytest.raises(hr.StepError) as ei:
+        list(hr.DataLoader(pipe, batch_size=4, num_workers=2, in_order=True))
+    assert ei.value.step == "collate_fn" and "3" in str(ei.value) and "shape" in str(ei.value)
+
+
+def test_nan_caught_by_a_validation_step(no_leaks):
+    class Src:
+        def __len__(self):
+            return 10
+
+        def load(self, i):
+            return np.array([np.nan if i == 4 else float(i)])
+
+    pipe = hr.Pipeline(Src(), [hr.step(check_finite)])
+    with pytest.raises(hr.StepError) as ei:
+        list(hr.DataLoader(pipe, batch_size=5, num_workers=2))
+    assert ei.value.index == 4 and ei.value.step == "check_finite" and isinstance(ei.value, ValueError)
+
+
+SHM_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+import torch, headrace as hr
+
+class Big(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.ones(2_000_000)  # 8 MB, more than the 1 MB /dev/shm below
+
+try:
+    list(hr.DataLoader(Big(), batch_size=2, num_workers=1))
+    print("no error")
+except hr.StepError as e:
+    print("index", e.index, "step", e.step)
+    print(e)
+"""
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tiny /dev/shm in a mount namespace")
+def test_exhausted_shared_memory_gives_a_clear_error(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "shm.py"
+    script.write_text(SHM_SCRIPT.format(root=str(Path(__file__).parents[2])))
+    # A private mount namespace with a 1 MB /dev/shm: real exhaustion, invisible to the host.
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+           f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} {script}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "index 0 step transport" in out.stdout
+    assert "Shared memory (/dev/shm) is exhausted" in out.stdout
