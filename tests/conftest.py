@@ -47,3 +47,9 @@ def no_leaks():
     assert not left, f"worker processes left behind: {sorted(left)}"
     new_shm = {e for e in _shm_entries() - before_shm if "torch" in e or "headrace" in e}
     assert not new_shm, f"shared-memory segments left behind: {sorted(new_shm)}"
+
+
+@pytest.fixture(autouse=True)
+def _private_profile_store(tmp_path, monkeypatch):
+    """Each test gets its own profile store: none reads another's profiles or ~/.cache."""
+    monkeypatch.setenv("HEADRACE_PROFILE_STORE", str(tmp_path / "profiles.sqlite"))

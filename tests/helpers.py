@@ -196,3 +196,27 @@ def check_finite(x: np.ndarray) -> np.ndarray:
     if not np.isfinite(x).all():
         raise ValueError("sample contains NaN or inf")
     return x
+
+
+def pad4(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Inflationary (4x) random step: pads with noise."""
+    return np.concatenate([x, rng.random(3 * len(x)).astype(x.dtype)])
+
+
+def crop_quarter(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Deflationary (1/4) random step."""
+    n = max(1, len(x) // 4)
+    start = int(rng.integers(0, len(x) - n + 1))
+    return x[start : start + n].copy()
+
+
+class VecSource:
+    def __init__(self, n: int, dim: int = 4096) -> None:
+        self.n = n
+        self.dim = dim
+
+    def __len__(self) -> int:
+        return self.n
+
+    def load(self, i: int) -> np.ndarray:
+        return np.full(self.dim, i, dtype=np.float32)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from headrace.pipeline.seeding import sample_seed, seed_globals, step_rng
 
@@ -21,13 +21,19 @@ if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline
 
 
-@dataclass(frozen=True)
-class StepTiming:
-    """Cost of one step on one sample: ``wall`` and ``cpu`` in seconds (thread CPU time)."""
+class StepTiming(NamedTuple):
+    """Cost of one step on one sample.
+
+    ``wall`` and ``cpu`` in seconds (CPU: the thread's CPU time). ``bytes_out``: payload bytes of
+    the step's output (−1 when not measured). ``changed``: the output's type/rank signature
+    differs from the input's (the planner treats such a step as a barrier).
+    """
 
     step: int
     wall: float
     cpu: float
+    bytes_out: int = -1
+    changed: bool = False
 
 
 @dataclass
@@ -42,13 +48,24 @@ class Outcome:
     next_step: int | None
     timings: list[StepTiming]
     error: tuple[int, BaseException, str] | None = None
+    bytes_in: int = 0
+    """Payload bytes of the value the run started from (0 when it started at ``load``)."""
+
+
+Measure = Callable[[Any], tuple[int, Hashable]]
+"""``measure(x) -> (payload bytes, type signature)``; injected by the runtime (profiler.sizes)."""
 
 
 class SampleRunner:
-    """Runs a pipeline's steps for samples in this process."""
+    """Runs a pipeline's steps for samples in this process.
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    With ``measure``, each step's output size and whether it changed the sample's type are
+    recorded too (the profiler's input; about a microsecond per step).
+    """
+
+    def __init__(self, pipeline: Pipeline, measure: Measure | None = None) -> None:
         self.pipeline = pipeline
+        self.measure = measure
         self.names = pipeline.step_names
         self.keys = pipeline.keys
         self.n = len(self.names)
@@ -76,6 +93,10 @@ class SampleRunner:
         """
         x = index if start == 0 else value
         timings: list[StepTiming] = []
+        measure = self.measure
+        bytes_in, sig = 0, None
+        if measure is not None and start > 0:
+            bytes_in, sig = measure(x)
         t0 = time.perf_counter()
         for i in range(start, self.n):
             seed = sample_seed(base_seed, epoch, index, self.keys[i])
@@ -87,11 +108,16 @@ class SampleRunner:
             try:
                 x = self._calls[i](x, rng)
             except Exception as e:  # noqa: BLE001 - reported with its place
-                return Outcome(None, None, timings, (i, e, traceback.format_exc()))
-            we = time.perf_counter()
-            timings.append(StepTiming(i, we - ws, time.thread_time() - cs))
+                return Outcome(None, None, timings, (i, e, traceback.format_exc()), bytes_in)
+            we, ce = time.perf_counter(), time.thread_time()
+            if measure is not None:
+                size, new_sig = measure(x)
+                timings.append(StepTiming(i, we - ws, ce - cs, size, i > 0 and new_sig != sig))
+                sig = new_sig
+            else:
+                timings.append(StepTiming(i, we - ws, ce - cs))
             if timeout is not None and i + 1 < self.n:
                 limit = timeout()
-                if limit < math.inf and we - t0 > limit:
-                    return Outcome(x, i + 1, timings)
-        return Outcome(x, None, timings)
+                if limit < math.inf and time.perf_counter() - t0 > limit:
+                    return Outcome(x, i + 1, timings, None, bytes_in)
+        return Outcome(x, None, timings, None, bytes_in)

@@ -85,6 +85,14 @@ class TimeoutPolicy:
         """Share of recently classified samples that were handed off (0..1)."""
         return sum(self._slow) / len(self._slow) if self._slow else 0.0
 
+    def seed(self, times: list[float] | tuple[float, ...]) -> None:
+        """Start from stored per-sample times (a reused profile): no warm-up is needed."""
+        if self.config.fixed_s is not None or not times:
+            return
+        self._times.extend(times)
+        self._seen = max(self._seen, self.config.warmup_samples)
+        self._recompute()
+
     def observe(self, sample_s: float, handed_off: bool) -> None:
         """Record one finished sample: its total step time (s) and whether it went slow."""
         c = self.config

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["NUMBER_BYTES", "payload_bytes", "type_signature"]
+__all__ = ["NUMBER_BYTES", "measure", "payload_bytes", "type_signature"]
 
 NUMBER_BYTES = 8
 """Bytes counted for a Python number (int, float, bool): the width of a C double / int64."""
@@ -195,3 +195,8 @@ def type_signature(x: Any, depth: int = 0) -> Hashable:
             return (t, "...")
         return (t, tuple((k, type_signature(v, depth + 1)) for k, v in x.items()))
     return (t,)
+
+
+def measure(x: Any) -> tuple[int, Hashable]:
+    """(payload bytes, type signature) of a step's output: what workers record per step."""
+    return payload_bytes(x), type_signature(x)

@@ -36,8 +36,9 @@ class InProcessIterator:
         delivered: Bitmap,
         on_error: str,
         hooks: Any,
+        measure: Any = None,
     ) -> None:
-        self.runner = SampleRunner(pipeline)
+        self.runner = SampleRunner(pipeline, measure=measure)
         self.epoch = epoch
         self.base_seed = base_seed
         self.groups = groups
@@ -103,8 +104,7 @@ class InProcessIterator:
             np.random.set_state(state[1])
             torch.set_rng_state(state[2])
         if out.error is None:
-            self.hooks.on_sample(index, sum(t.wall for t in out.timings), False,
-                           [(t.step, t.wall, t.cpu) for t in out.timings])
+            self.hooks.on_sample(index, sum(t.wall for t in out.timings), False, out.timings)
             return True, out.value
         step, exc, tb = out.error
         err: StepError = step_error_for(

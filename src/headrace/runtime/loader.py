@@ -26,6 +26,8 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from headrace.errors import StateDictError
 from headrace.pipeline import Pipeline
+from headrace.planner.explain import Facts, explain_text
+from headrace.profiler import sizes
 from headrace.runtime import checkpoint
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
@@ -34,6 +36,7 @@ from headrace.runtime.epoch import EpochIterator
 from headrace.runtime.inprocess import InProcessIterator
 from headrace.runtime.monitor import Monitor
 from headrace.runtime.options import Options
+from headrace.runtime.planning import Planning
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.scheduler import EpochSpec
 from headrace.telemetry.stats import EpochStats, LoaderStats
@@ -107,7 +110,11 @@ class DataLoader:
         if not self._iterable:
             self.pipeline = dataset if isinstance(dataset, Pipeline) else Pipeline.from_dataset(dataset)
         self._user_batch_sampler = batch_sampler is not None
-        self.monitor = Monitor(self.options, self.autoscale)
+        self.monitor = Monitor(self.options, self.autoscale,
+                               self.pipeline.step_names if self.pipeline is not None else None)
+        self.planning = Planning(self.pipeline, self.options, self.monitor) if self.pipeline else None
+        if self.planning is not None:
+            self.monitor.epoch_listeners.append(self.planning.after_epoch)
         self._epoch = 0
         self._base_seed: int | None = None
         self._pool: WorkerPool | None = None
@@ -193,6 +200,27 @@ class DataLoader:
         if not point.in_epoch and point.generator_state is not None and self.generator is not None:
             self.generator.set_state(point.generator_state)
         self._resume = point if point.in_epoch else None
+
+    def explain(self) -> str:
+        """Every decision headrace made for this loader and the measured numbers behind it."""
+        if self.pipeline is None or self.planning is None:
+            return "headrace: an IterableDataset is iterated exactly as torch does; nothing to plan"
+        pl = self.planning
+        return explain_text(Facts(
+            fingerprint=self.pipeline.fingerprint(),
+            samples=len(self.pipeline),
+            batch_size=self.batch_size,
+            workers="auto" if self.autoscale else self.num_workers,
+            in_order=self.in_order,
+            declared=tuple(self.pipeline.step_names),
+            order=pl.order,
+            handoff=self.options.handoff and len(self.pipeline.step_names) > 1 and self.num_workers > 0,
+            stats=self.stats(),
+            timeout_samples=len(self.monitor.timeout._times),
+            scale_decisions=tuple(self.monitor.scaler.decisions) if self.monitor.scaler else (),
+            profile=pl.profile(),
+            profile_note=pl.note + (f"; kept in {pl.store.path}" if pl.store is not None else ""),
+        ))
 
     def add_sample_listener(self, fn: Callable[[int, float, bool], None]) -> None:
         """Call ``fn(index, seconds, slow)`` in the training process for every finished sample.
@@ -286,7 +314,10 @@ class DataLoader:
             return None
 
     def _start_epoch(self) -> Any:
-        assert self.pipeline is not None
+        assert self.pipeline is not None and self.planning is not None
+        if self.planning.before_epoch() and self._pool is not None:
+            self._pool.shutdown()  # persistent workers run the old order: restart them
+            self._pool = None
         resume, self._resume = self._resume, None
         replay = resume.origin if resume is not None else None
         if replay is not None:
@@ -300,12 +331,13 @@ class DataLoader:
         return it
 
     def _make_iterator(self, epoch: int, base_seed: int, groups: Iterator[Any], delivered: Bitmap) -> Any:
-        assert self.pipeline is not None
+        assert self.pipeline is not None and self.planning is not None
         opts = self.options
         if self.num_workers == 0:
             return InProcessIterator(
-                self.pipeline, epoch, base_seed, groups, self._auto_collation, self.collate_fn,
-                self._pin(), delivered, opts.on_error, self.monitor,
+                self.planning.executed, epoch, base_seed, groups, self._auto_collation,
+                self.collate_fn, self._pin(), delivered, opts.on_error, self.monitor,
+                measure=sizes.measure if opts.profile else None,
             )
         pool, owns = self._get_pool(base_seed)
         bs = self.batch_size or 1
@@ -338,7 +370,9 @@ class DataLoader:
         assert self.pipeline is not None
         ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
         hi = self.options.autoscale.bounds()[1] if self.autoscale else self.num_workers
-        pool = WorkerPool(self.pipeline, self.dataset, ctx, self.worker_init_fn, base_seed, hi)
+        assert self.planning is not None
+        pool = WorkerPool(self.planning.executed, self.dataset, ctx, self.worker_init_fn,
+                          base_seed, hi, profile=self.options.profile)
         pool.start(self.num_workers)
         self.monitor.record_workers(pool.size)
         if self.persistent_workers:

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from headrace.pipeline.runner import StepTiming
 from headrace.planner.timeout import TimeoutPolicy
 from headrace.planner.workers import WorkerScaler
+from headrace.profiler.stats import Profiler
 from headrace.runtime.options import Options
 from headrace.telemetry.stats import EpochStats, QueueSample
 
@@ -34,8 +36,10 @@ SKIP_LOG_EVERY = 100
 class Monitor:
     """Feeds the timeout policy and the worker scaler, and keeps the timelines."""
 
-    def __init__(self, options: Options, autoscale: bool) -> None:
+    def __init__(self, options: Options, autoscale: bool, step_names: list[str] | None) -> None:
         self.options = options
+        self.profiler = Profiler(step_names) if step_names is not None and options.profile else None
+        """Per-step statistics of the executed step order (replaced when the order changes)."""
         self.t0 = time.perf_counter()
         self.timeout = TimeoutPolicy(options.timeout)
         self.scaler = WorkerScaler(options.autoscale) if autoscale else None
@@ -46,6 +50,8 @@ class Monitor:
         self.worker_restarts = 0
         self.epochs: list[EpochStats] = []
         """Stats of epochs that ended (ran out or were abandoned)."""
+        self.epoch_listeners: list[Any] = []
+        """Callables ``f()`` run when an epoch ends or is abandoned (the profile store)."""
         self.sample_listeners: list[Any] = []
         """Callables ``f(index, step_s, slow, timings)`` (the profiler attaches here)."""
         self._last_queue = 0.0
@@ -65,16 +71,31 @@ class Monitor:
 
     def on_epoch_closed(self, stats: EpochStats) -> None:
         self.epochs.append(stats)
+        for f in self.epoch_listeners:
+            f()
 
     # -- hooks called by the scheduler thread --------------------------------------------------
-    def on_sample(self, index: int, step_s: float, slow: bool, timings: list[Any]) -> None:
+    def on_sample(
+        self, index: int, step_s: float, slow: bool, timings: list[StepTiming], bytes_in: int = 0
+    ) -> None:
         self.timeout.observe(step_s, slow)
+        self._profile(timings, bytes_in, total=step_s, partial=False)
         for f in self.sample_listeners:
             f(index, step_s, slow, timings)
 
-    def on_sample_partial(self, index: int, timings: list[Any]) -> None:
+    def on_sample_partial(self, index: int, timings: list[StepTiming], bytes_in: int = 0) -> None:
+        self._profile(timings, bytes_in, total=None, partial=True)
         for f in self.sample_listeners:
             f(index, None, True, timings)
+
+    def _profile(
+        self, timings: list[StepTiming], bytes_in: int, total: float | None, partial: bool
+    ) -> None:
+        p = self.profiler
+        if p is None or not timings or timings[0].bytes_out < 0:
+            return
+        p.observe(timings, [t.bytes_out for t in timings], bytes_in,
+                  [t.changed for t in timings], total=total, partial=partial)
 
     def on_worker_restart(self) -> None:
         self.worker_restarts += 1

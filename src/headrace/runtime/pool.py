@@ -85,6 +85,7 @@ class WorkerPool:
         worker_init_fn: Any,
         base_seed: int,
         max_slots: int,
+        profile: bool = True,
     ) -> None:
         self.pipeline = pipeline
         self.dataset = dataset
@@ -92,6 +93,7 @@ class WorkerPool:
         self.worker_init_fn = worker_init_fn
         self.base_seed = base_seed
         self.max_slots = max_slots
+        self.profile = profile
         self.timeout_value = ctx.RawValue("d", math.inf)
         """Shared hand-off timeout in seconds, read by workers between steps."""
         self.progress = Progress(ctx, max_slots)
@@ -137,6 +139,7 @@ class WorkerPool:
             dataset=self.dataset,
             worker_init_fn=self.worker_init_fn,
             parent_pid=os.getpid(),
+            profile=self.profile,
         )
         proc = self.ctx.Process(
             target=worker_main,

@@ -302,21 +302,21 @@ class Scheduler:
         if task is None or rec is None:
             return  # a stale result of a task already re-run elsewhere
         if kind == "done":
-            _, _, payload, timings = msg
+            _, _, payload, timings, bytes_in = msg
             del self._recs[tid]
-            rec.step_s += sum(t[1] for t in timings)
+            rec.step_s += sum(t.wall for t in timings)
             self._settled += 1
             if rec.slow:
                 self.counters.slow += 1
             else:
                 self.counters.fast += 1
-            self.hooks.on_sample(rec.index, rec.step_s, rec.slow, timings)
+            self.hooks.on_sample(rec.index, rec.step_s, rec.slow, timings, bytes_in)
             self.spec.batcher.complete(rec.position, (rec.index, decode(payload)), rec.slow)
         elif kind == "partial":
-            _, _, next_step, payload, timings = msg
-            rec.step_s += sum(t[1] for t in timings)
+            _, _, next_step, payload, timings, bytes_in = msg
+            rec.step_s += sum(t.wall for t in timings)
             rec.slow = True
-            self.hooks.on_sample_partial(rec.index, timings)
+            self.hooks.on_sample_partial(rec.index, timings, bytes_in)
             rec.task = rec.task._replace(start=next_step, payload=payload, may_hand_off=False)
             self._backlog.append(rec)
         elif kind == "error":

@@ -5,8 +5,9 @@ Messages (tuples, to keep pickling cheap):
 * main -> worker, on the worker's task queue: ``Task`` or ``None`` (exit).
 * worker -> main, on the worker's result pipe:
   ``("ready", slot)`` once initialised, or ``("init_error", slot, cause_type, message, tb)``;
-  ``("done", tid, payload, timings)``; ``("partial", tid, next_step, payload, timings)`` when the
-  sample exceeded the hand-off timeout; ``("error", tid, step, exc_class, cause_type, message, tb)``.
+  ``("done", tid, payload, timings, bytes_in)``; ``("partial", tid, next_step, payload, timings,
+  bytes_in)`` when the sample exceeded the hand-off timeout (timings: ``StepTiming`` per step run;
+  bytes_in: size of the value a resumed run started from); ``("error", tid, step, exc_class, cause_type, message, tb)``.
 
 See NOTE [headrace shutdown] in ``runtime/pool.py`` for how a worker exits.
 """
@@ -25,6 +26,7 @@ import torch
 
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import SampleRunner
+from headrace.profiler import sizes
 from headrace.runtime.transport import decode, encode
 
 POLL_S = 0.5
@@ -53,6 +55,7 @@ class WorkerSetup(NamedTuple):
     dataset: Any  # what get_worker_info().dataset returns
     worker_init_fn: Any
     parent_pid: int
+    profile: bool  # measure bytes and type changes per step for the profiler
 
 
 def worker_main(setup: WorkerSetup, tasks: Any, results: Any, timeout_value: Any, progress: Any) -> None:
@@ -72,7 +75,7 @@ def worker_main(setup: WorkerSetup, tasks: Any, results: Any, timeout_value: Any
         _set_worker_info(slot, setup.num_workers, seed, setup.dataset)
         if setup.worker_init_fn is not None:
             setup.worker_init_fn(slot)
-        runner = SampleRunner(setup.pipeline)
+        runner = SampleRunner(setup.pipeline, measure=sizes.measure if setup.profile else None)
     except Exception as e:  # noqa: BLE001 - reported to the main process
         _send(results, ("init_error", slot, _qualname(type(e)), str(e), traceback.format_exc()))
         return
@@ -103,16 +106,16 @@ def worker_main(setup: WorkerSetup, tasks: Any, results: Any, timeout_value: Any
             timeout=current_timeout if task.may_hand_off else None,
             on_step=lambda i: progress.step.__setitem__(slot, i),
         )
-        timings = [(t.step, t.wall, t.cpu) for t in out.timings]
+        timings = out.timings
         if out.error is not None:
             step, exc, tb = out.error
             msg: tuple[Any, ...] = (
                 "error", task.tid, step, _picklable_class(type(exc)), _qualname(type(exc)), str(exc), tb,
             )
         elif out.next_step is not None:
-            msg = ("partial", task.tid, out.next_step, encode(out.value), timings)
+            msg = ("partial", task.tid, out.next_step, encode(out.value), timings, out.bytes_in)
         else:
-            msg = ("done", task.tid, encode(out.value), timings)
+            msg = ("done", task.tid, encode(out.value), timings, out.bytes_in)
         progress.tid[slot] = -1
         if not _send(results, msg):
             return

@@ -1,0 +1,94 @@
+"""``loader.explain()``: every decision and the measured numbers behind it, as text (pure)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from headrace.planner.order import OrderPlan
+from headrace.planner.workers import ScaleDecision
+from headrace.profiler.report import PipelineProfile
+from headrace.telemetry.stats import LoaderStats
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What the loader knows when asked to explain itself."""
+
+    fingerprint: str
+    samples: int
+    batch_size: int | None
+    workers: int | str
+    in_order: bool
+    declared: tuple[str, ...]
+    order: OrderPlan | None
+    handoff: bool
+    stats: LoaderStats
+    timeout_samples: int
+    scale_decisions: tuple[ScaleDecision, ...]
+    profile: PipelineProfile | None
+    profile_note: str
+
+
+def _ms(s: float) -> str:
+    return "inf" if math.isinf(s) else f"{s * 1000:.1f} ms"
+
+
+def _kb(b: float) -> str:
+    return f"{b / 1024:.1f} KB" if b < 1024 * 1024 else f"{b / 1024 / 1024:.2f} MB"
+
+
+def explain_text(f: Facts) -> str:
+    out = [
+        f"headrace plan for pipeline {f.fingerprint}: {f.samples} samples, batch {f.batch_size}, "
+        f"workers {f.workers}",
+        "batching: " + ("torch's order and batches (in_order=True)" if f.in_order else
+                        "sample-aware: batches filled by the first samples to finish, fast lane "
+                        "first (in_order=False)"),
+        f"declared steps: {' -> '.join(f.declared)}",
+    ]
+    if f.order is not None:
+        out += f.order.lines()
+    st = f.stats
+    if not f.handoff:
+        out.append("slow lane: off (a single step per sample, or handoff=False)")
+    elif math.isinf(st.timeout_s):
+        out.append(f"slow lane: warming up, no hand-off yet ({f.timeout_samples} samples timed)")
+    else:
+        last = st.last
+        share = ""
+        if last is not None and last.fast_samples + last.slow_samples:
+            n = last.fast_samples + last.slow_samples
+            share = f"; last epoch {last.slow_samples} of {n} samples went slow"
+        fb = " (fallback: too many samples went slow at p75)" if st.timeout_percentile != 75 else ""
+        out.append(
+            f"slow lane: hand-off timeout {_ms(st.timeout_s)} = p{st.timeout_percentile:g} of "
+            f"per-sample time over the last {f.timeout_samples} samples{fb}{share}"
+        )
+    if f.scale_decisions:
+        out.append(f"workers: adapted {len(f.scale_decisions)} times (Formulas 1-2); last: "
+                   + f.scale_decisions[-1].describe())
+    else:
+        out.append(f"workers: {st.workers} as given")
+    if st.worker_restarts:
+        out.append(f"workers replaced after dying or hanging: {st.worker_restarts}")
+    out.append(f"profile: {f.profile_note}")
+    if f.profile is not None and f.profile.samples:
+        out.append(f"  {'step':<22}{'p50':>10}{'p90':>10}{'bytes in':>12}{'bytes out':>12}{'inflation':>11}")
+        for s in f.profile.steps:
+            infl = f"{s.inflation:.2f}" if s.inflation is not None else "-"
+            out.append(
+                f"  {s.name:<22}{_ms(s.wall_p50):>10}{_ms(s.wall_p90):>10}"
+                f"{_kb(s.bytes_in_mean):>12}{_kb(s.bytes_out_mean):>12}{infl:>11}"
+            )
+        p = f.profile
+        out.append(f"  per-sample time p50 {_ms(p.total_p50)}, p90 {_ms(p.total_p90)}, "
+                   f"p99 {_ms(p.total_p99)}, max {_ms(p.total_max)}")
+    for e in st.epochs[-3:]:
+        out.append(
+            f"epoch {e.epoch}: {e.samples} samples in {e.wall_s:.2f} s ({e.samples_per_s:.1f}/s), "
+            f"stall {100 * e.stall_fraction:.0f}% of wall, fast {e.fast_samples} / slow "
+            f"{e.slow_samples}, skipped {e.skipped_samples}, main-process CPU "
+            f"{e.main_cpu_per_batch_ms:.2f} ms/batch{'' if e.finished else ' (running)'}"
+        )
+    return "\n".join(out)

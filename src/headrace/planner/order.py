@@ -1,0 +1,68 @@
+"""Which step order to run this epoch: AutoOrder applied at epoch boundaries (pure).
+
+Pecan decides from the first ~300 profiled samples and re-validates after the first epoch. In
+headrace the order can change only between epochs (a sample never changes order mid-flight, and
+a hand-off's "next step" keeps its meaning): each epoch starts from the freshest profile with
+enough samples, which re-validates the previous decision on the reordered pipeline itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from headrace.pipeline import Step
+from headrace.planner.autoorder import AutoOrderDecision, autoorder_from_profile
+from headrace.profiler.report import PipelineProfile
+
+MIN_PROFILE_SAMPLES = 300
+"""Samples profiled before AutoOrder decides (Pecan: the first ~300)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OrderPlan:
+    """The executed order and why."""
+
+    steps: tuple[Step, ...]
+    decision: AutoOrderDecision | None
+    reason: str
+
+    def lines(self) -> list[str]:
+        if self.decision is None:
+            return [self.reason]
+        return [self.reason, *self.decision.explain()]
+
+
+def plan_order(
+    declared: Sequence[Step],
+    current: Sequence[Step],
+    profile: PipelineProfile | None,
+    profile_source: str,
+    enabled: bool,
+    min_samples: int = MIN_PROFILE_SAMPLES,
+) -> OrderPlan:
+    """The order for the next epoch.
+
+    ``declared``: the user's order; ``current``: the order run so far; ``profile``: the freshest
+    profile (``profile_source`` says where it comes from: "this run", "stored profile").
+    """
+    declared, current = tuple(declared), tuple(current)
+    if not enabled:
+        return OrderPlan(declared, None, "order: as declared (reorder=False)")
+    if not any(s.movable for s in declared):
+        return OrderPlan(
+            declared, None,
+            "order: as declared (no step is random=True or commutes=True, so none may move)",
+        )
+    if profile is None or profile.samples < min_samples:
+        have = 0 if profile is None else profile.samples
+        return OrderPlan(
+            current, None,
+            f"order: unchanged until {min_samples} samples are profiled ({have} so far)",
+        )
+    decision = autoorder_from_profile(declared, profile)
+    verb = "reordered by AutoOrder" if decision.changed else "as declared (AutoOrder found no better order)"
+    return OrderPlan(
+        tuple(decision.steps), decision,
+        f"order: {verb}, from {profile.samples} samples ({profile_source})",
+    )

@@ -1,0 +1,103 @@
+"""Applying the planner between epochs: profile store, AutoOrder, warm-up skipped on reuse.
+
+The planner's policies are pure (``headrace.planner``); this module fetches their inputs (the
+live profiler, the stored profile) and applies their outputs (the executed step order, the
+timeout policy's starting point). Called by the loader at each epoch start and end.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from headrace.pipeline import Pipeline
+from headrace.planner.order import MIN_PROFILE_SAMPLES, OrderPlan, plan_order
+from headrace.profiler.report import PipelineProfile
+from headrace.profiler.stats import Profiler
+from headrace.profiler.store import ProfileKey, ProfileStore
+from headrace.runtime.monitor import Monitor
+from headrace.runtime.options import Options
+
+log = logging.getLogger("headrace")
+
+
+class Planning:
+    def __init__(self, declared: Pipeline, options: Options, monitor: Monitor) -> None:
+        self.declared = declared
+        self.executed = declared
+        self.options = options
+        self.monitor = monitor
+        self.order: OrderPlan | None = None
+        self.stored: PipelineProfile | None = None
+        self.store: ProfileStore | None = None
+        if options.profile and options.profile_store:
+            path = None if options.profile_store is True else options.profile_store
+            self.store = ProfileStore(path)  # type: ignore[arg-type]
+        self._key: ProfileKey | None = None
+        self._looked_up = False
+        self.note = "measured this run" if options.profile else "off (Options(profile=False))"
+
+    @property
+    def key(self) -> ProfileKey:
+        if self._key is None:
+            self._key = ProfileKey.for_pipeline(self.declared)
+        return self._key
+
+    def before_epoch(self) -> bool:
+        """Choose this epoch's step order; True when it differs from the previous epoch's."""
+        if self.monitor.profiler is None:
+            return False
+        self._lookup()
+        live = self.monitor.profiler.report()
+        need = min(MIN_PROFILE_SAMPLES, len(self.declared))
+        if live.samples >= need:
+            profile, source = live, "this run"
+        elif self.stored is not None and self.stored.samples >= need:
+            profile, source = self.stored, "stored profile"
+        else:
+            profile, source = None, ""
+        plan = plan_order(self.declared.steps, self.executed.steps, profile, source,
+                          self.options.reorder, min_samples=need)
+        self.order = plan
+        if tuple(s.name for s in plan.steps) == tuple(s.name for s in self.executed.steps):
+            return False
+        self.executed = self.declared.with_steps(plan.steps)
+        self.monitor.profiler = Profiler(self.executed.step_names)  # a new order, a new profile
+        log.info("headrace: %s", "; ".join(plan.lines()))
+        return True
+
+    def after_epoch(self) -> None:
+        """Keep this run's profile for the next run of the same job."""
+        p = self.monitor.profiler
+        if self.store is None or p is None or p.samples == 0:
+            return
+        try:
+            self.store.put(self.key, p.report())
+        except Exception as e:  # noqa: BLE001 - a broken cache must not break training
+            log.warning("headrace: could not save the profile to %s: %s", self.store.path, e)
+
+    def _lookup(self) -> None:
+        if self._looked_up or self.store is None:
+            return
+        self._looked_up = True
+        try:
+            self.stored = self.store.get(self.key)
+        except Exception as e:  # noqa: BLE001
+            log.warning("headrace: could not read profiles from %s: %s", self.store.path, e)
+            return
+        if self.stored is not None and self.stored.samples:
+            q = list(self.stored.total_quantiles)
+            self.monitor.timeout.seed(q)
+            self.note = (
+                f"reused a stored profile of {self.stored.samples} samples from {self.store.path} "
+                "(warm-up skipped)"
+            )
+
+    def profile(self) -> PipelineProfile | None:
+        p = self.monitor.profiler
+        if p is not None and p.samples:
+            return p.report()
+        return self.stored
+
+    def describe_store(self) -> Any:
+        return self.store.path if self.store is not None else None

@@ -1,0 +1,77 @@
+"""The profiler fed by the runtime, AutoOrder applied between epochs, the profile store reused."""
+
+from collections import Counter
+
+import pytest
+
+import headrace as hr
+from tests.helpers import VecSource, crop_quarter, pad4
+
+pytestmark = pytest.mark.integration
+
+N = 64
+
+
+def pipeline():
+    # declared badly: the inflationary pad runs before the deflationary crop
+    return hr.Pipeline(VecSource(N), [hr.step(pad4, random=True), hr.step(crop_quarter, random=True)])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_runtime_feeds_the_profiler_and_explain_shows_the_numbers(workers, no_leaks):
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=workers)
+    for _ in loader:
+        pass
+    prof = loader.planning.profile()
+    assert prof.samples == N
+    pad, crop = prof.step("pad4"), prof.step("crop_quarter")
+    assert pad.inflation == pytest.approx(4.0) and crop.inflation == pytest.approx(0.25)
+    assert pad.bytes_in_mean == 4096 * 4
+    text = loader.explain()
+    for needle in ("pad4", "crop_quarter", "4.00", "0.25", "epoch 0", "per-sample time"):
+        assert needle in text, text
+
+
+def test_autoorder_moves_the_deflationary_step_up_from_the_next_epoch(no_leaks):
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=2, persistent_workers=True)
+    first = Counter(b.shape[1] for b in loader)  # epoch 0: declared order
+    assert [s.name for s in loader.planning.executed.steps] == ["pad4", "crop_quarter"]
+    second = Counter(b.shape[1] for b in loader)  # epoch 1: reordered, pool restarted
+    assert [s.name for s in loader.planning.executed.steps] == ["crop_quarter", "pad4"]
+    assert sum(first.values()) == sum(second.values()) == N // 8
+    text = loader.explain()
+    assert "reordered by AutoOrder" in text and "moved crop_quarter" in text
+    assert "expected per-sample CPU" in text
+    loader.close()
+
+
+def test_reorder_false_keeps_the_declared_order():
+    loader = hr.DataLoader(pipeline(), batch_size=8, options=hr.Options(reorder=False))
+    for _ in range(2):
+        for _ in loader:
+            pass
+    assert [s.name for s in loader.planning.executed.steps] == ["pad4", "crop_quarter"]
+    assert "reorder=False" in loader.explain()
+
+
+def test_a_stored_profile_skips_the_warmup_and_reorders_from_the_start(tmp_path):
+    store = tmp_path / "store.sqlite"
+    opts = hr.Options(profile_store=store)
+    first = hr.DataLoader(pipeline(), batch_size=8, options=opts)
+    list(first)
+    second = hr.DataLoader(pipeline(), batch_size=8, num_workers=2, options=opts)
+    it = iter(second)
+    assert [s.name for s in second.planning.executed.steps] == ["crop_quarter", "pad4"]
+    assert second.stats().timeout_s < float("inf")  # no warm-up: seeded from the stored profile
+    assert "reused a stored profile of 64 samples" in second.explain()
+    assert sum(1 for _ in it) == N // 8
+    other = hr.DataLoader(hr.Pipeline(VecSource(N + 1), [hr.step(pad4, random=True)]),
+                          batch_size=8, options=opts)
+    list(other)
+    assert "reused" not in other.explain()  # another dataset: another key, a miss
+
+
+def test_profiling_off_still_runs():
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=2, options=hr.Options(profile=False))
+    assert sum(1 for _ in loader) == N // 8
+    assert loader.planning.profile() is None and "off" in loader.explain()
