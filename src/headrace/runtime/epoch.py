@@ -13,7 +13,8 @@ from typing import Any
 
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.pool import WorkerPool
-from headrace.runtime.scheduler import EpochSpec, Scheduler
+from headrace.runtime.scheduler import Scheduler
+from headrace.runtime.work import EpochSpec
 from headrace.telemetry.stats import EpochStats
 
 GET_POLL_S = 0.5

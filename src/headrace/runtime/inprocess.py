@@ -19,7 +19,7 @@ from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import SampleRunner
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.epoch import EpochMeter
-from headrace.runtime.scheduler import collate_error
+from headrace.runtime.work import collate_error
 from headrace.telemetry.stats import EpochStats
 
 

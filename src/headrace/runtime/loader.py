@@ -38,7 +38,7 @@ from headrace.runtime.monitor import Monitor
 from headrace.runtime.options import Options
 from headrace.runtime.planning import Planning
 from headrace.runtime.pool import WorkerPool
-from headrace.runtime.scheduler import EpochSpec
+from headrace.runtime.work import EpochSpec
 from headrace.telemetry.stats import EpochStats, LoaderStats
 
 
@@ -228,9 +228,11 @@ class DataLoader:
         ``seconds`` is the sample's total step time (load included) measured in the worker(s);
         ``slow`` tells whether it went through the slow lane. Used by benchmarks and tools.
         """
-        self.monitor.sample_listeners.append(
-            lambda index, step_s, slow, _timings: step_s is not None and fn(index, step_s, slow)
-        )
+        def listener(index: int, step_s: float | None, slow: bool, _timings: Any) -> None:
+            if step_s is not None:  # None: a segment handed to the slow lane, not yet finished
+                fn(index, step_s, slow)
+
+        self.monitor.sample_listeners.append(listener)
 
     def close(self) -> None:
         """Stop the running epoch and every worker (also done on ``del`` and at exit)."""
@@ -308,8 +310,9 @@ class DataLoader:
                 return len(self._torch._index_sampler)
             if self._user_batch_sampler:
                 return None
-            n = len(self.sampler)
-            return n - n % self.batch_size if self.drop_last else n
+            n = len(self.sampler)  # type: ignore[arg-type]
+            bs = self.batch_size or 1
+            return n - n % bs if self.drop_last else n
         except TypeError:
             return None
 

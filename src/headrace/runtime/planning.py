@@ -32,7 +32,7 @@ class Planning:
         self.store: ProfileStore | None = None
         if options.profile and options.profile_store:
             path = None if options.profile_store is True else options.profile_store
-            self.store = ProfileStore(path)  # type: ignore[arg-type]
+            self.store = ProfileStore(path)
         self._key: ProfileKey | None = None
         self._looked_up = False
         self.note = "measured this run" if options.profile else "off (Options(profile=False))"

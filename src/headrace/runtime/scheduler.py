@@ -26,16 +26,13 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
 from headrace.errors import StepError, WorkerDiedError, step_error_for
-from headrace.runtime.batcher import Batcher
-from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.pool import WorkerHandle, WorkerPool
 from headrace.runtime.transport import decode
+from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error
 from headrace.runtime.worker import Task
 
 log = logging.getLogger("headrace")
@@ -44,51 +41,6 @@ POLL_S = 0.05
 """Longest the scheduler blocks before re-checking its stop event (seconds)."""
 DEPTH = 2
 """Samples assigned to one worker at once: one running, one queued to hide the round trip."""
-
-
-@dataclass
-class EpochSpec:
-    """What one epoch is: the sampler stream and how to turn samples into batches."""
-
-    epoch: int
-    base_seed: int
-    groups: Iterator[Any]  # the index sampler's output: lists of indices, or single indices
-    auto_collation: bool
-    batcher: Batcher
-    collate: Callable[[Any], Any]
-    pin: Callable[[Any], Any] | None
-    max_in_flight: int
-    handoff: bool
-    slow_lane_share: float
-    on_error: str
-    max_restarts: int
-    delivered: Bitmap  # positions delivered before (resume); read-only for the scheduler
-    total_positions: int | None  # samples in the epoch when the sampler knows, else None
-    sample_timeout_s: float | None = None  # a sample running longer is a hung step
-
-
-@dataclass
-class _Rec:
-    """A sample in flight."""
-
-    position: int
-    index: int
-    task: Task
-    slow: bool = False
-    attempts: int = 0
-    step_s: float = 0.0  # step time spent so far (s)
-    worker: int | None = None
-
-
-class Counters:
-    """Numbers the scheduler thread writes and ``loader.stats()`` reads (plain ints/floats)."""
-
-    def __init__(self) -> None:
-        self.fast = 0
-        self.slow = 0
-        self.skipped = 0
-        self.retried = 0
-        self.scheduler_cpu_s = 0.0
 
 
 class Scheduler:
@@ -107,9 +59,9 @@ class Scheduler:
         self.out = out
         self.counters = Counters()
         self.consumed = 0  # written by the training loop only: samples yielded
-        self._recs: dict[int, _Rec] = {}
-        self._retry: deque[_Rec] = deque()
-        self._backlog: deque[_Rec] = deque()
+        self._recs: dict[int, Rec] = {}
+        self._retry: deque[Rec] = deque()
+        self._backlog: deque[Rec] = deque()
         self._fresh: deque[tuple[int, int]] = deque()
         self._positions = 0  # positions pulled from the sampler so far
         self._pulled = 0  # positions pulled and not already delivered (counted in flight)
@@ -167,7 +119,7 @@ class Scheduler:
                 if self.spec.sample_timeout_s is not None:
                     self._kill_hung()
                 self._wait_and_handle()
-        except _Fatal as f:
+        except Fatal as f:
             self.out.put(("error", f.error, None))
         except BaseException as e:  # noqa: BLE001 - a scheduler bug must reach the user
             self.out.put(("error", e, None))
@@ -228,7 +180,7 @@ class Scheduler:
             1 for w in self.pool.workers.values() for t in w.assigned.values() if t.start > 0
         )
 
-    def _choose(self, w: WorkerHandle, depth: int, slow_cap: int) -> _Rec | None:
+    def _choose(self, w: WorkerHandle, depth: int, slow_cap: int) -> Rec | None:
         if self._retry:
             return self._retry.popleft()
         idle = not w.assigned
@@ -250,7 +202,7 @@ class Scheduler:
         left = total - self._positions + len(self._fresh)
         return left <= DEPTH * len(self.pool.workers)
 
-    def _next_fresh(self) -> _Rec | None:
+    def _next_fresh(self) -> Rec | None:
         # The cap applies when pulling a sampler batch, never inside one: a batch that is only
         # partly dispatched could never complete (in ``ordered``/``grouped`` mode).
         while not self._fresh:
@@ -260,7 +212,7 @@ class Scheduler:
         position, index = self._fresh.popleft()
         tid = next(self.pool.tids)
         task = Task(tid, index, 0, None, self.spec.base_seed, self.spec.epoch, self.spec.handoff)
-        rec = _Rec(position, index, task)
+        rec = Rec(position, index, task)
         self._recs[tid] = rec
         return rec
 
@@ -290,7 +242,7 @@ class Scheduler:
             return
         if kind == "init_error":
             _, slot, cause, text, tb = msg
-            raise _Fatal(
+            raise Fatal(
                 WorkerDiedError(
                     f"worker {slot} failed to start (worker_init_fn or dataset setup): "
                     f"{cause}: {text}\n\nOriginal traceback:\n{tb}"
@@ -326,10 +278,10 @@ class Scheduler:
             err = step_error_for(exc_cls, rec.index, step_name, cause, text, tb, w.slot)
             self._fail(rec, err)
 
-    def _fail(self, rec: _Rec, err: StepError | WorkerDiedError) -> None:
+    def _fail(self, rec: Rec, err: StepError | WorkerDiedError) -> None:
         self._recs.pop(rec.task.tid, None)
         if self.spec.on_error == "raise":
-            raise _Fatal(err)
+            raise Fatal(err)
         self.counters.skipped += 1
         self._settled += 1
         self.spec.batcher.drop(rec.position)
@@ -403,25 +355,8 @@ class Scheduler:
                 if self.spec.pin is not None:
                     batch = self.spec.pin(batch)
             except Exception as e:  # noqa: BLE001 - collate_fn is user code
-                raise _Fatal(collate_error(e, [i for _, (i, _) in items])) from e
+                raise Fatal(collate_error(e, [i for _, (i, _) in items])) from e
             self.out.put(("batch", batch, positions))
         return final and self.spec.batcher.ready_samples == 0
 
 
-class _Fatal(Exception):
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def collate_error(e: Exception, indices: list[int]) -> StepError:
-    """A collate_fn failure, naming the samples of the batch (e.g. one of another shape)."""
-    import traceback
-
-    shown = ", ".join(map(str, indices[:16])) + (", ..." if len(indices) > 16 else "")
-    return step_error_for(
-        type(e), indices[0] if indices else -1, "collate_fn", type(e).__qualname__,
-        f"{e} (batch of sample indices [{shown}]; a sample of another shape or type than the "
-        "others is the usual cause)",
-        traceback.format_exc(),
-    )

@@ -37,7 +37,7 @@ class Task(NamedTuple):
     """One unit of work: run steps ``start..`` of sample ``index``."""
 
     tid: int
-    index: int
+    sample: int  # dataset index (``index`` would shadow tuple.index)
     start: int
     payload: Any  # encoded partial value when start > 0
     base_seed: int
@@ -98,7 +98,7 @@ def worker_main(setup: WorkerSetup, tasks: Any, results: Any, timeout_value: Any
         progress.tid[slot] = task.tid
         value = decode(task.payload) if task.start > 0 else None
         out = runner.run(
-            task.index,
+            task.sample,
             task.start,
             value,
             task.base_seed,

@@ -1,0 +1,80 @@
+"""What one epoch's work is: its spec, the record of each sample in flight, its counters.
+
+Plain data shared by the scheduler thread (``runtime/scheduler.py``) and the loader.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from headrace.errors import StepError, step_error_for
+from headrace.runtime.batcher import Batcher
+from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.worker import Task
+
+
+@dataclass
+class EpochSpec:
+    """What one epoch is: the sampler stream and how to turn samples into batches."""
+
+    epoch: int
+    base_seed: int
+    groups: Iterator[Any]  # the index sampler's output: lists of indices, or single indices
+    auto_collation: bool
+    batcher: Batcher
+    collate: Callable[[Any], Any]
+    pin: Callable[[Any], Any] | None
+    max_in_flight: int
+    handoff: bool
+    slow_lane_share: float
+    on_error: str
+    max_restarts: int
+    delivered: Bitmap  # positions delivered before (resume); read-only for the scheduler
+    total_positions: int | None  # samples in the epoch when the sampler knows, else None
+    sample_timeout_s: float | None = None  # a sample running longer is a hung step
+
+
+@dataclass
+class Rec:
+    """A sample in flight."""
+
+    position: int
+    index: int
+    task: Task
+    slow: bool = False
+    attempts: int = 0
+    step_s: float = 0.0  # step time spent so far (s)
+    worker: int | None = None
+
+
+class Counters:
+    """Numbers the scheduler thread writes and ``loader.stats()`` reads (plain ints/floats)."""
+
+    def __init__(self) -> None:
+        self.fast = 0
+        self.slow = 0
+        self.skipped = 0
+        self.retried = 0
+        self.scheduler_cpu_s = 0.0
+
+
+class Fatal(Exception):
+    """Ends the epoch: carries the error the training loop will see."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def collate_error(e: Exception, indices: list[int]) -> StepError:
+    """A collate_fn failure, naming the samples of the batch (e.g. one of another shape)."""
+    shown = ", ".join(map(str, indices[:16])) + (", ..." if len(indices) > 16 else "")
+    return step_error_for(
+        type(e), indices[0] if indices else -1, "collate_fn", type(e).__qualname__,
+        f"{e} (batch of sample indices [{shown}]; a sample of another shape or type than the "
+        "others is the usual cause)",
+        traceback.format_exc(),
+    )
