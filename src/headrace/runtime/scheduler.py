@@ -55,7 +55,7 @@ class Scheduler:
     ) -> None:
         self.pool = pool
         self.spec = spec
-        self.hooks = hooks  # loader-side callbacks: on_sample, on_tick, worker_target
+        self.hooks = hooks  # runtime.monitor.Monitor: on_sample, on_tick, on_skip, ...
         self.out = out
         self.counters = Counters()
         self.consumed = 0  # written by the training loop only: samples yielded
@@ -80,10 +80,13 @@ class Scheduler:
 
     def wake(self) -> None:
         """Called by the training loop after taking a batch: room for more work."""
+        fd = self._wake_w
+        if fd < 0:
+            return  # stopped: the descriptor is closed (and its number may be reused)
         try:
-            os.write(self._wake_w, b"x")
+            os.write(fd, b"x")
         except (BlockingIOError, OSError):
-            pass  # already pending, or closed
+            pass  # a wake-up is already pending
 
     def stop(self) -> None:
         """Stop the thread (idempotent); the pool is the caller's to stop or keep."""
@@ -91,11 +94,13 @@ class Scheduler:
         self.wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(5.0)
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     @property
     def in_flight(self) -> int:
@@ -111,6 +116,7 @@ class Scheduler:
         cpu0 = time.thread_time()
         try:
             while not self._stop.is_set() and not self.pool.closed:
+                self.counters.scheduler_cpu_s = time.thread_time() - cpu0
                 self._dispatch()
                 if self._emit():
                     self.out.put(("end", None, None))
@@ -124,7 +130,7 @@ class Scheduler:
         except BaseException as e:  # noqa: BLE001 - a scheduler bug must reach the user
             self.out.put(("error", e, None))
         finally:
-            self.counters.scheduler_cpu_s += time.thread_time() - cpu0
+            self.counters.scheduler_cpu_s = time.thread_time() - cpu0
 
     def _wait_and_handle(self) -> None:
         workers = list(self.pool.workers.values())
@@ -132,12 +138,15 @@ class Scheduler:
         for w in workers:
             by_obj[w.conn] = w
             by_obj[w.sentinel] = w
-        ready = wait([*by_obj, self._wake_r], timeout=POLL_S)
+        wake_r = self._wake_r
+        if wake_r < 0:
+            return
+        ready = wait([*by_obj, wake_r], timeout=POLL_S)
         dead: list[WorkerHandle] = []
         for obj in ready:
-            if obj == self._wake_r:
+            if obj == wake_r:
                 try:
-                    while os.read(self._wake_r, 4096):
+                    while os.read(wake_r, 4096):
                         pass
                 except (BlockingIOError, OSError):
                     pass
