@@ -143,3 +143,27 @@ def test_resume_in_a_fresh_process_with_the_global_rng(tmp_path, no_leaks):
     resumed = [tuple(r) for r in json.loads(out.stdout)]
     done = [r for b in before[0] for r in b]
     assert Counter(done + resumed) == Counter(r for b in full[0] for r in b)
+
+
+@pytest.mark.parametrize("in_order", [False, True])
+def test_resume_with_a_distributed_sampler(in_order, no_leaks):
+    from torch.utils.data.distributed import DistributedSampler
+
+    def loader():
+        pipe = hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)])
+        sampler = DistributedSampler(pipe, num_replicas=2, rank=1, shuffle=True, seed=3)
+        sampler.set_epoch(4)  # the training script's job, before iter(), as with torch
+        return hr.DataLoader(pipe, batch_size=3, sampler=sampler, num_workers=2, in_order=in_order)
+
+    full = [r for b in loader() for r in rows(b)]
+    first = loader()
+    it = iter(first)
+    before = [r for _ in range(2) for r in rows(next(it))]
+    state = json.loads(json.dumps(first.state_dict()))
+    del it, first
+    second = loader()
+    second.load_state_dict(state)
+    after = [r for b in second for r in rows(b)]
+    assert Counter(before + after) == Counter(full)
+    if in_order:
+        assert before + after == full
