@@ -9,7 +9,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_handed_off_samples_resume_at_the_next_step_and_run_each_step_once(no_leaks):
-    steps = [Trace("a", slow_every=4, slow_s=0.05), Trace("b"), Trace("c")]
+    # b costs 20 ms: enough work left after a for a hand-off to pay (>= half the timeout)
+    steps = [Trace("a", slow_every=4, slow_s=0.05), Trace("b", slow_every=1, slow_s=0.02), Trace("c")]
     pipe = hr.Pipeline(TraceSource(24), [hr.step(s, name=s.name) for s in steps])
     opts = hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.03))
     loader = hr.DataLoader(pipe, batch_size=4, num_workers=3, collate_fn=lambda b: b, options=opts)
@@ -24,7 +25,8 @@ def test_handed_off_samples_resume_at_the_next_step_and_run_each_step_once(no_le
 
 
 def test_learned_timeout_lies_between_fast_and_slow_costs(no_leaks):
-    steps = [Trace("a", slow_every=16, slow_s=0.06), Trace("b"), Trace("c")]  # p90 among fast ones
+    # 1 in 16 slow (p90 among fast ones); b leaves enough work after a for hand-offs to pay
+    steps = [Trace("a", slow_every=16, slow_s=0.06), Trace("b", slow_every=1, slow_s=0.01), Trace("c")]
     pipe = hr.Pipeline(TraceSource(120), [hr.step(s, name=s.name) for s in steps])
     opts = hr.Options(timeout=hr.TimeoutConfig(warmup_samples=20, update_every=10))
     loader = hr.DataLoader(pipe, batch_size=6, num_workers=3, collate_fn=lambda b: b, options=opts)
@@ -32,10 +34,10 @@ def test_learned_timeout_lies_between_fast_and_slow_costs(no_leaks):
     st = loader.stats()
     # p75, or p90 when near-identical fast samples put too many just over p75 (the fallback)
     assert st.timeout_percentile in (75.0, 90.0)
-    assert 0 < st.timeout_s < 0.06  # either way the timeout sits among the fast samples
+    assert 0.01 <= st.timeout_s < 0.06  # either way the timeout sits among the fast samples
     assert st.last.slow_samples > 0
     assert st.timeout_timeline[0][1] == float("inf")  # warm-up: nothing handed off
-    assert 0 < st.timeout_timeline[-1][1] < 0.06
+    assert 0.01 <= st.timeout_timeline[-1][1] < 0.06
 
 
 def test_stats_report_stall_throughput_and_queues(no_leaks):

@@ -110,9 +110,9 @@ def test_runner_hands_off_between_steps_and_resumes_without_rerunning():
 
     p = hr.Pipeline(ArraySource(2), [rec("a"), rec("b"), rec("c")])
     r = SampleRunner(p)
-    out = r.run(1, 0, None, 0, 0, timeout=lambda: 0.0)  # over the timeout after the first step
+    out = r.run(1, 0, None, 0, 0, hand_off=lambda nxt, spent: True)  # hand off after `load`
     assert out.next_step == 1 and calls == []  # only `load` ran
-    out = r.run(1, 1, out.value, 0, 0, timeout=lambda: 0.0)
+    out = r.run(1, 1, out.value, 0, 0, hand_off=lambda nxt, spent: nxt == 2)
     assert out.next_step == 2 and calls == ["a"]
     out = r.run(1, 2, out.value, 0, 0)
     assert out.next_step is None and calls == ["a", "b", "c"]

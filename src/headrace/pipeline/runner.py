@@ -1,14 +1,13 @@
 """Running a pipeline's steps on one sample: the one place user step code is called.
 
 Shared by worker processes and the in-process path (``num_workers=0``) so both behave the same.
-Step 0 is ``Source.load``; steps 1..n are ``pipeline.steps``. Between steps the elapsed time is
-compared with the hand-off timeout (MinatoLoader Algorithm 1): a sample over it stops and is
-returned with the index of the next step to run, so no step ever runs twice.
+Step 0 is ``Source.load``; steps 1..n are ``pipeline.steps``. Between steps the caller decides
+whether to hand the sample off (MinatoLoader Algorithm 1): the sample is then returned with the
+index of the next step to run, so no step ever runs twice.
 """
 
 from __future__ import annotations
 
-import math
 import time
 import traceback
 from collections.abc import Callable, Hashable
@@ -82,14 +81,16 @@ class SampleRunner:
         value: Any,
         base_seed: int,
         epoch: int,
-        timeout: Callable[[], float] | None = None,
+        hand_off: Callable[[int, float], bool] | None = None,
         on_step: Callable[[int], None] | None = None,
     ) -> Outcome:
-        """Run steps ``start..n-1``; stop early when ``timeout()`` seconds have elapsed.
+        """Run steps ``start..n-1``; stop early when ``hand_off(next_step, seconds)`` says so.
 
         At ``start == 0`` the input is the sample index (for ``load``), else the partial value.
-        ``timeout`` is read between steps (it may change while the sample runs); ``None`` or
-        ``inf`` means run to completion. ``on_step(i)`` is called before step ``i`` starts.
+        ``hand_off`` is asked between steps with the next step's position and the step time this
+        run has spent so far (the quantity the timeout is learned from; the runner's own
+        bookkeeping is not counted); ``None`` means run to completion. ``on_step(i)`` is called
+        before step ``i`` starts.
         """
         x = index if start == 0 else value
         timings: list[StepTiming] = []
@@ -97,7 +98,7 @@ class SampleRunner:
         bytes_in, sig = 0, None
         if measure is not None and start > 0:
             bytes_in, sig = measure(x)
-        t0 = time.perf_counter()
+        spent = 0.0
         for i in range(start, self.n):
             seed = sample_seed(base_seed, epoch, index, self.keys[i])
             seed_globals(seed)
@@ -110,14 +111,13 @@ class SampleRunner:
             except Exception as e:  # noqa: BLE001 - reported with its place
                 return Outcome(None, None, timings, (i, e, traceback.format_exc()), bytes_in)
             we, ce = time.perf_counter(), time.thread_time()
+            spent += we - ws
             if measure is not None:
                 size, new_sig = measure(x)
                 timings.append(StepTiming(i, we - ws, ce - cs, size, i > 0 and new_sig != sig))
                 sig = new_sig
             else:
                 timings.append(StepTiming(i, we - ws, ce - cs))
-            if timeout is not None and i + 1 < self.n:
-                limit = timeout()
-                if limit < math.inf and time.perf_counter() - t0 > limit:
-                    return Outcome(x, i + 1, timings, None, bytes_in)
+            if hand_off is not None and i + 1 < self.n and hand_off(i + 1, spent):
+                return Outcome(x, i + 1, timings, None, bytes_in)
         return Outcome(x, None, timings, None, bytes_in)

@@ -21,7 +21,9 @@ class Facts:
     workers: int | str
     in_order: bool
     declared: tuple[str, ...]
+    executed: tuple[str, ...]
     order: OrderPlan | None
+    next_order: OrderPlan | None
     handoff: bool
     stats: LoaderStats
     timeout_samples: int
@@ -47,8 +49,16 @@ def explain_text(f: Facts) -> str:
                         "first (in_order=False)"),
         f"declared steps: {' -> '.join(f.declared)}",
     ]
+    if f.executed != f.declared:
+        out.append(f"running steps: {' -> '.join(f.executed)}")
     if f.order is not None:
-        out += f.order.lines()
+        out += ["this epoch's " + line if i == 0 else line for i, line in enumerate(f.order.lines())]
+    if f.next_order is not None and (
+        f.order is None or [s.name for s in f.next_order.steps] != [s.name for s in f.order.steps]
+        or f.next_order.reason != f.order.reason
+    ):
+        out += ["next epoch's " + line if i == 0 else line
+                for i, line in enumerate(f.next_order.lines())]
     st = f.stats
     if not f.handoff:
         out.append("slow lane: off (a single step per sample, or handoff=False)")
@@ -69,7 +79,7 @@ def explain_text(f: Facts) -> str:
         out.append(f"workers: adapted {len(f.scale_decisions)} times (Formulas 1-2); last: "
                    + f.scale_decisions[-1].describe())
     else:
-        out.append(f"workers: {st.workers} as given")
+        out.append(f"workers: {f.workers} as given (never changed by headrace)")
     if st.worker_restarts:
         out.append(f"workers replaced after dying or hanging: {st.worker_restarts}")
     out.append(f"profile: {f.profile_note}")

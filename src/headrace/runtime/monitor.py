@@ -31,6 +31,8 @@ QUEUE_HISTORY = 4096
 """Queue-depth samples kept (older ones are dropped: memory stays bounded)."""
 SKIP_LOG_EVERY = 100
 """A skipped sample is logged once, then once every this many."""
+REMAINING_UPDATE_S = 1.0
+"""Seconds between two updates of the expected remaining step time workers read."""
 
 
 class Monitor:
@@ -55,6 +57,7 @@ class Monitor:
         self.sample_listeners: list[Any] = []
         """Callables ``f(index, step_s, slow, timings)`` (the profiler attaches here)."""
         self._last_queue = 0.0
+        self._last_remaining = 0.0
         self._last_scale = time.perf_counter()
         self._memory_budget: float | None = None
         self._pushed_timeout = float("nan")
@@ -110,10 +113,13 @@ class Monitor:
         pool = sched.pool
         t = self.timeout.timeout_s if sched.spec.handoff else float("inf")
         if t != self._pushed_timeout:
-            pool.timeout_value.value = t
+            pool.handoff.timeout.value = t
             self._pushed_timeout = t
             self.timeout_timeline.append((self.now(), t))
         now = time.perf_counter()
+        if now - self._last_remaining >= REMAINING_UPDATE_S and self.profiler is not None:
+            self._last_remaining = now
+            self._push_remaining(pool)
         if now - self._last_queue >= QUEUE_SAMPLE_S:
             self._last_queue = now
             self.queues.append(
@@ -126,6 +132,18 @@ class Monitor:
         if self.scaler is not None and now - self._last_scale >= self.scaler.cfg.interval_s:
             self._last_scale = now
             self._autoscale(sched)
+
+    def _push_remaining(self, pool: Any) -> None:
+        """Expected seconds from each step to the end, from the profile's mean step times."""
+        assert self.profiler is not None
+        if self.profiler.samples < 16 or len(pool.handoff.remaining) != len(self.profiler.step_names) + 1:
+            return
+        means = [s.wall_mean for s in self.profiler.report().steps]
+        acc = 0.0
+        for i in range(len(means) - 1, -1, -1):
+            acc += means[i]
+            pool.handoff.remaining[i] = acc
+        pool.handoff.remaining[len(means)] = 0.0
 
     # -- adaptive workers (num_workers="auto") -------------------------------------------------
     def _autoscale(self, sched: Scheduler) -> None:

@@ -23,7 +23,9 @@ class Options:
             index and step name; ``"skip"`` drops that sample from the epoch and counts it.
         max_in_flight: samples dispatched to workers but not yet yielded to the training loop
             (default: ``prefetch_factor × workers × batch_size``, torch's own bound).
-        handoff: hand samples over the learned timeout to the slow lane (MinatoLoader).
+        handoff: hand samples over the learned timeout to the slow lane (MinatoLoader), when the
+            steps they have left are expected (from the profile) to take at least half the
+            timeout; a move that saves nothing is not made.
         slow_lane_share: share of workers that may run slow-lane samples at the same time while
             fresh samples wait (0..1); the rest always serve the fast lane.
         timeout: the learned hand-off timeout (see ``headrace.planner.timeout``).
@@ -33,8 +35,9 @@ class Options:
         sample_timeout_s: a sample running longer than this (seconds, in one worker) is taken for
             a hung step: its worker is replaced and the sample retried, then failed per
             ``on_error``. ``None``: no limit (the default; the slow lane handles slow samples).
-        profile: measure every step (time, CPU, output bytes, type changes); feeds ``explain()``,
-            the planner and the profile store. Costs about a microsecond per step.
+        profile: measure every step (time and CPU always; output bytes and type changes on a
+            worker's first 64 samples, then one in 8, as they cost a few µs per step); feeds
+            ``explain()``, the planner, the hand-off rule and the profile store.
         reorder: let AutoOrder (Pecan) reorder steps declared ``random=True`` or
             ``commutes=True`` within their sections, from the next epoch on (or from the
             start when a stored profile exists). ``False`` keeps the declared order.

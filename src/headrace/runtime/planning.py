@@ -43,10 +43,10 @@ class Planning:
             self._key = ProfileKey.for_pipeline(self.declared)
         return self._key
 
-    def before_epoch(self) -> bool:
-        """Choose this epoch's step order; True when it differs from the previous epoch's."""
+    def decide(self) -> OrderPlan | None:
+        """The order the next epoch would run, from the freshest profile (applies nothing)."""
         if self.monitor.profiler is None:
-            return False
+            return None
         self._lookup()
         live = self.monitor.profiler.report()
         need = min(MIN_PROFILE_SAMPLES, len(self.declared))
@@ -56,8 +56,14 @@ class Planning:
             profile, source = self.stored, "stored profile"
         else:
             profile, source = None, ""
-        plan = plan_order(self.declared.steps, self.executed.steps, profile, source,
+        return plan_order(self.declared.steps, self.executed.steps, profile, source,
                           self.options.reorder, min_samples=need)
+
+    def before_epoch(self) -> bool:
+        """Choose this epoch's step order; True when it differs from the previous epoch's."""
+        plan = self.decide()
+        if plan is None:
+            return False
         self.order = plan
         if tuple(s.name for s in plan.steps) == tuple(s.name for s in self.executed.steps):
             return False

@@ -36,6 +36,18 @@ from headrace.pipeline import Pipeline
 from headrace.runtime.worker import Task, WorkerSetup, worker_main
 
 
+class HandOff:
+    """What a worker needs to decide a hand-off, shared without locks.
+
+    ``timeout.value``: the learned timeout in seconds (``inf``: none yet). ``remaining[i]``:
+    expected seconds of steps ``i..n-1`` (mean step times from the profile; ``inf`` unknown).
+    """
+
+    def __init__(self, ctx: Any, steps: int) -> None:
+        self.timeout = ctx.RawValue("d", math.inf)
+        self.remaining = ctx.RawArray("d", [math.inf] * (steps + 1))
+
+
 class Progress:
     """Shared arrays, one entry per worker slot, written by workers without locks.
 
@@ -94,8 +106,8 @@ class WorkerPool:
         self.base_seed = base_seed
         self.max_slots = max_slots
         self.profile = profile
-        self.timeout_value = ctx.RawValue("d", math.inf)
-        """Shared hand-off timeout in seconds, read by workers between steps."""
+        self.handoff = HandOff(ctx, len(pipeline.step_names))
+        """Shared hand-off timeout and expected remaining step time, read by workers."""
         self.progress = Progress(ctx, max_slots)
         """What each worker slot is running (see ``Progress``)."""
         self.workers: dict[int, WorkerHandle] = {}
@@ -143,7 +155,7 @@ class WorkerPool:
         )
         proc = self.ctx.Process(
             target=worker_main,
-            args=(setup, tasks, writer, self.timeout_value, self.progress),
+            args=(setup, tasks, writer, self.handoff, self.progress),
             daemon=True,
             name=f"headrace-worker-{slot}",
         )

@@ -23,10 +23,10 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import selectors
 import threading
 import time
 from collections import deque
-from multiprocessing.connection import wait
 from typing import Any
 
 from headrace.errors import StepError, WorkerDiedError, step_error_for
@@ -72,6 +72,9 @@ class Scheduler:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._wake_r, False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._watched: dict[int, tuple[WorkerHandle, Any, int]] = {}
         self._thread = threading.Thread(target=self._run, name="headrace-scheduler", daemon=True)
 
     # -- control -------------------------------------------------------------------------------
@@ -95,6 +98,7 @@ class Scheduler:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(5.0)
         fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        self._sel.close()
         for fd in fds:
             if fd >= 0:
                 try:
@@ -132,42 +136,46 @@ class Scheduler:
         finally:
             self.counters.scheduler_cpu_s = time.thread_time() - cpu0
 
+    def _sync_selector(self) -> None:
+        """(Re)register worker pipes and sentinels when the pool changed (a persistent epoll set:
+        building a selector per wait cost more CPU than the rest of the scheduler)."""
+        current = {w.slot: w for w in self.pool.workers.values()}
+        for slot, (w, _, _) in list(self._watched.items()):
+            if current.get(slot) is not w:
+                for obj in (w.conn, w.sentinel):
+                    try:
+                        self._sel.unregister(obj)
+                    except (KeyError, ValueError, OSError):
+                        pass
+                del self._watched[slot]
+        for slot, w in current.items():
+            if slot not in self._watched:
+                self._sel.register(w.conn, selectors.EVENT_READ, ("conn", w))
+                self._sel.register(w.sentinel, selectors.EVENT_READ, ("sentinel", w))
+                self._watched[slot] = (w, w.conn, w.sentinel)
+
     def _wait_and_handle(self) -> None:
-        workers = list(self.pool.workers.values())
-        by_obj: dict[Any, WorkerHandle] = {}
-        for w in workers:
-            by_obj[w.conn] = w
-            by_obj[w.sentinel] = w
-        wake_r = self._wake_r
-        if wake_r < 0:
+        if self._wake_r < 0:
             return
-        ready = wait([*by_obj, wake_r], timeout=POLL_S)
+        self._sync_selector()
         dead: list[WorkerHandle] = []
-        for obj in ready:
-            if obj == wake_r:
+        for key, _ in self._sel.select(timeout=POLL_S):
+            what, w = key.data
+            if what == "wake":
                 try:
-                    while os.read(wake_r, 4096):
+                    while os.read(self._wake_r, 4096):
                         pass
                 except (BlockingIOError, OSError):
                     pass
-                continue
-            w = by_obj[obj]
-            if obj is w.conn:
-                if not self._drain(w):
+            elif what == "conn":
+                try:  # one message per readiness: the selector is level-triggered
+                    self._handle(w, w.conn.recv())
+                except (EOFError, OSError):
                     dead.append(w)
             elif not w.process.is_alive():
                 dead.append(w)
         for w in dict.fromkeys(dead):
             self._on_death(w)
-
-    def _drain(self, w: WorkerHandle) -> bool:
-        """Read every complete message from ``w``; False when its pipe broke (it died)."""
-        try:
-            while w.conn.poll():
-                self._handle(w, w.conn.recv())
-        except (EOFError, OSError):
-            return False
-        return True
 
     # -- dispatch ------------------------------------------------------------------------------
     def _dispatch(self) -> None:

@@ -36,6 +36,8 @@ def encode(x: Any) -> Any:
         return x
     if isinstance(x, np.ndarray):
         if x.nbytes >= INLINE_LIMIT and x.dtype != object and x.dtype.kind in "biufc":
+            if not x.flags.writeable:  # e.g. np.asarray(PIL image); torch wants writable memory
+                x = np.array(x)  # the copy into shared memory happens anyway
             return _Shm("np", torch.from_numpy(np.ascontiguousarray(x)))
         return x
     if isinstance(x, (bytes, bytearray)):

@@ -29,6 +29,10 @@ from headrace.pipeline.runner import SampleRunner
 from headrace.profiler import sizes
 from headrace.runtime.transport import decode, encode
 
+MEASURE_ALL = 64
+"""A worker measures output sizes on its first this many samples..."""
+MEASURE_EVERY = 8
+"""...then on one in this many (sizes cost a few µs per step; times are always measured)."""
 POLL_S = 0.5
 """How often a waiting worker checks that its parent is still alive (seconds)."""
 
@@ -58,10 +62,17 @@ class WorkerSetup(NamedTuple):
     profile: bool  # measure bytes and type changes per step for the profiler
 
 
-def worker_main(setup: WorkerSetup, tasks: Any, results: Any, timeout_value: Any, progress: Any) -> None:
+HANDOFF_MIN_SHARE = 0.5
+"""A sample over the timeout is handed off only if the steps it has left are expected to take at
+least this share of the timeout: moving a sample whose remaining work is trivial costs a round
+trip and saves nothing (a departure from MinatoLoader, which moves every late sample)."""
+
+
+def worker_main(setup: WorkerSetup, tasks: Any, results: Any, handoff: Any, progress: Any) -> None:
     """Entry point of a worker process.
 
-    ``timeout_value``: shared double, the hand-off timeout in seconds (read between steps).
+    ``handoff``: shared values (``pool.HandOff``): the timeout in seconds and, per step
+    position, the expected seconds of the steps from there to the end (read between steps).
     ``progress``: shared arrays (``pool.Progress``) where the worker writes, per slot, the tid it
     runs (−1: idle), when it started (``time.monotonic()``) and the step it is in, so the main
     process knows what a dead or hung worker held.
@@ -76,13 +87,19 @@ def worker_main(setup: WorkerSetup, tasks: Any, results: Any, timeout_value: Any
         if setup.worker_init_fn is not None:
             setup.worker_init_fn(slot)
         runner = SampleRunner(setup.pipeline, measure=sizes.measure if setup.profile else None)
+        plain = SampleRunner(setup.pipeline)
+        runs = 0
     except Exception as e:  # noqa: BLE001 - reported to the main process
         _send(results, ("init_error", slot, _qualname(type(e)), str(e), traceback.format_exc()))
         return
     _send(results, ("ready", slot))
 
-    def current_timeout() -> float:
-        return timeout_value.value
+    limit, remaining = handoff.timeout, handoff.remaining
+
+    def hand_off(next_step: int, spent: float) -> bool:
+        # Over the timeout, and enough expected work left for a move to pay (see HandOff).
+        t = limit.value
+        return spent > t and remaining[next_step] >= HANDOFF_MIN_SHARE * t
 
     while True:
         try:
@@ -97,13 +114,15 @@ def worker_main(setup: WorkerSetup, tasks: Any, results: Any, timeout_value: Any
         progress.step[slot] = task.start
         progress.tid[slot] = task.tid
         value = decode(task.payload) if task.start > 0 else None
-        out = runner.run(
+        runs += 1
+        measured = runs <= MEASURE_ALL or runs % MEASURE_EVERY == 0
+        out = (runner if measured else plain).run(
             task.sample,
             task.start,
             value,
             task.base_seed,
             task.epoch,
-            timeout=current_timeout if task.may_hand_off else None,
+            hand_off=hand_off if task.may_hand_off else None,
             on_step=lambda i: progress.step.__setitem__(slot, i),
         )
         timings = out.timings
