@@ -74,7 +74,7 @@ class Scheduler:
         os.set_blocking(self._wake_r, False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
-        self._watched: dict[int, tuple[WorkerHandle, Any, int]] = {}
+        self._watched: dict[int, tuple[WorkerHandle, int, int]] = {}  # slot -> (w, pipe, sentinel)
         self._thread = threading.Thread(target=self._run, name="headrace-scheduler", daemon=True)
 
     # -- control -------------------------------------------------------------------------------
@@ -139,20 +139,28 @@ class Scheduler:
     def _sync_selector(self) -> None:
         """(Re)register worker pipes and sentinels when the pool changed (a persistent epoll set:
         building a selector per wait cost more CPU than the rest of the scheduler)."""
-        current = {w.slot: w for w in self.pool.workers.values()}
+        current = self.pool.workers
         for slot, (w, _, _) in list(self._watched.items()):
             if current.get(slot) is not w:
-                for obj in (w.conn, w.sentinel):
-                    try:
-                        self._sel.unregister(obj)
-                    except (KeyError, ValueError, OSError):
-                        pass
-                del self._watched[slot]
+                self._unwatch(w)
         for slot, w in current.items():
             if slot not in self._watched:
-                self._sel.register(w.conn, selectors.EVENT_READ, ("conn", w))
-                self._sel.register(w.sentinel, selectors.EVENT_READ, ("sentinel", w))
-                self._watched[slot] = (w, w.conn, w.sentinel)
+                conn_fd, sentinel = w.conn.fileno(), w.sentinel
+                self._sel.register(conn_fd, selectors.EVENT_READ, ("conn", w))
+                self._sel.register(sentinel, selectors.EVENT_READ, ("sentinel", w))
+                self._watched[slot] = (w, conn_fd, sentinel)
+
+    def _unwatch(self, w: WorkerHandle) -> None:
+        """Forget a worker's descriptors; call before the pool closes them (numbers get reused)."""
+        entry = self._watched.get(w.slot)
+        if entry is None or entry[0] is not w:
+            return
+        del self._watched[w.slot]
+        for fd in entry[1:]:
+            try:
+                self._sel.unregister(fd)
+            except (KeyError, ValueError, OSError):
+                pass
 
     def _wait_and_handle(self) -> None:
         if self._wake_r < 0:
@@ -320,6 +328,7 @@ class Scheduler:
 
     def _on_death(self, w: WorkerHandle) -> None:
         """A worker died (OOM killer, SIGKILL, segfault): re-run what it held, replace it."""
+        self._unwatch(w)
         if w.retiring:  # a worker the scaler retired has exited
             self._retry.extend(self._recs[t] for t in w.assigned if t in self._recs)
             w.assigned.clear()
