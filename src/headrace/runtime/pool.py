@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headrace.pipeline import Pipeline
+from headrace.runtime.ring import Ring
 from headrace.runtime.worker import Task, WorkerSetup, worker_main
 
 
@@ -69,6 +70,7 @@ class WorkerHandle:
     process: Any
     tasks: Any  # multiprocessing.Queue of Task | None
     conn: Any  # multiprocessing.connection.Connection, read end of the result pipe
+    ring: Ring  # where the worker puts finished samples' arrays
     assigned: dict[int, Task] = field(default_factory=dict)
     ready: bool = False
     retiring: bool = False
@@ -141,6 +143,7 @@ class WorkerPool:
         if slot is None:
             slot = next(i for i in range(self.max_slots) if i not in self.workers)
         reader, writer = self.ctx.Pipe(duplex=False)
+        ring = Ring(self.ctx)
         tasks = self.ctx.Queue()
         tasks.cancel_join_thread()  # never block interpreter exit on undelivered tasks
         setup = WorkerSetup(
@@ -155,14 +158,14 @@ class WorkerPool:
         )
         proc = self.ctx.Process(
             target=worker_main,
-            args=(setup, tasks, writer, self.handoff, self.progress),
+            args=(setup, tasks, writer, self.handoff, self.progress, ring),
             daemon=True,
             name=f"headrace-worker-{slot}",
         )
         proc.start()
         writer.close()  # only the worker writes; EOF on our end then means it died
         self.progress.tid[slot] = -1
-        h = WorkerHandle(slot, proc, tasks, reader)
+        h = WorkerHandle(slot, proc, tasks, reader, ring)
         self.workers[slot] = h
         return h
 

@@ -31,7 +31,8 @@ from typing import Any
 
 from headrace.errors import StepError, WorkerDiedError, step_error_for
 from headrace.runtime.pool import WorkerHandle, WorkerPool
-from headrace.runtime.transport import decode
+from headrace.runtime.ring import decode as ring_decode
+from headrace.runtime.transport import decode, encode
 from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error
 from headrace.runtime.worker import Task
 
@@ -277,9 +278,13 @@ class Scheduler:
         task = w.assigned.pop(tid, None)
         rec = self._recs.get(tid)
         if task is None or rec is None:
+            if kind in ("done", "partial"):
+                w.ring.read_pos.value = msg[-1]  # free its ring space all the same
             return  # a stale result of a task already re-run elsewhere
         if kind == "done":
-            _, _, payload, timings, bytes_in = msg
+            _, _, payload, timings, bytes_in, ring_end = msg
+            value = ring_decode(decode(payload), w.ring)
+            w.ring.read_pos.value = ring_end
             del self._recs[tid]
             rec.step_s += sum(t.wall for t in timings)
             self._settled += 1
@@ -288,9 +293,12 @@ class Scheduler:
             else:
                 self.counters.fast += 1
             self.hooks.on_sample(rec.index, rec.step_s, rec.slow, timings, bytes_in)
-            self.spec.batcher.complete(rec.position, (rec.index, decode(payload)), rec.slow)
+            self.spec.batcher.complete(rec.position, (rec.index, value), rec.slow)
         elif kind == "partial":
-            _, _, next_step, payload, timings, bytes_in = msg
+            _, _, next_step, payload, timings, bytes_in, ring_end = msg
+            # copied out of the worker's ring; large arrays go to the next worker by shared memory
+            payload = encode(ring_decode(decode(payload), w.ring))
+            w.ring.read_pos.value = ring_end
             rec.step_s += sum(t.wall for t in timings)
             rec.slow = True
             self.hooks.on_sample_partial(rec.index, timings, bytes_in)

@@ -5,9 +5,10 @@ Messages (tuples, to keep pickling cheap):
 * main -> worker, on the worker's task queue: ``Task`` or ``None`` (exit).
 * worker -> main, on the worker's result pipe:
   ``("ready", slot)`` once initialised, or ``("init_error", slot, cause_type, message, tb)``;
-  ``("done", tid, payload, timings, bytes_in)``; ``("partial", tid, next_step, payload, timings,
-  bytes_in)`` when the sample exceeded the hand-off timeout (timings: ``StepTiming`` per step run;
-  bytes_in: size of the value a resumed run started from); ``("error", tid, step, exc_class, cause_type, message, tb)``.
+  ``("done", tid, payload, timings, bytes_in, ring_end)``; ``("partial", tid, next_step, payload,
+  timings, bytes_in, ring_end)`` when the sample is handed off (timings: ``StepTiming`` per step
+  run; bytes_in: size of the value a resumed run started from; ring_end: the worker's ring write
+  position after this payload, which the receiver frees up to); ``("error", tid, step, exc_class, cause_type, message, tb)``.
 
 See NOTE [headrace shutdown] in ``runtime/pool.py`` for how a worker exits.
 """
@@ -27,6 +28,8 @@ import torch
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import SampleRunner
 from headrace.profiler import sizes
+from headrace.runtime.ring import Ring, RingWriter
+from headrace.runtime.ring import encode as ring_encode
 from headrace.runtime.transport import decode, encode
 
 MEASURE_ALL = 64
@@ -68,7 +71,9 @@ least this share of the timeout: moving a sample whose remaining work is trivial
 trip and saves nothing (a departure from MinatoLoader, which moves every late sample)."""
 
 
-def worker_main(setup: WorkerSetup, tasks: Any, results: Any, handoff: Any, progress: Any) -> None:
+def worker_main(
+    setup: WorkerSetup, tasks: Any, results: Any, handoff: Any, progress: Any, ring: Ring
+) -> None:
     """Entry point of a worker process.
 
     ``handoff``: shared values (``pool.HandOff``): the timeout in seconds and, per step
@@ -89,6 +94,7 @@ def worker_main(setup: WorkerSetup, tasks: Any, results: Any, handoff: Any, prog
         runner = SampleRunner(setup.pipeline, measure=sizes.measure if setup.profile else None)
         plain = SampleRunner(setup.pipeline)
         runs = 0
+        writer = RingWriter(ring, setup.parent_pid)
     except Exception as e:  # noqa: BLE001 - reported to the main process
         _send(results, ("init_error", slot, _qualname(type(e)), str(e), traceback.format_exc()))
         return
@@ -132,9 +138,11 @@ def worker_main(setup: WorkerSetup, tasks: Any, results: Any, handoff: Any, prog
                 "error", task.tid, step, _picklable_class(type(exc)), _qualname(type(exc)), str(exc), tb,
             )
         elif out.next_step is not None:
-            msg = ("partial", task.tid, out.next_step, encode(out.value), timings, out.bytes_in)
+            payload = encode(ring_encode(out.value, writer))
+            msg = ("partial", task.tid, out.next_step, payload, timings, out.bytes_in, writer.write_pos)
         else:
-            msg = ("done", task.tid, encode(out.value), timings, out.bytes_in)
+            payload = encode(ring_encode(out.value, writer))
+            msg = ("done", task.tid, payload, timings, out.bytes_in, writer.write_pos)
         progress.tid[slot] = -1
         if not _send(results, msg):
             return
