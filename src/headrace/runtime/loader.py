@@ -367,7 +367,12 @@ class DataLoader:
             total_positions=self._total_positions(),
             sample_timeout_s=opts.sample_timeout_s,
         )
-        return EpochIterator(pool, owns, spec, self.monitor, delivered, self.timeout)
+        it = EpochIterator(pool, owns, spec, self.monitor, delivered, self.timeout)
+        if not pool.workers:
+            # Fork after the scheduler started: it feeds the first workers while later ones fork.
+            pool.start(self.num_workers)
+            self.monitor.record_workers(pool.size)
+        return it
 
     def _get_pool(self, base_seed: int) -> tuple[WorkerPool, bool]:
         if self._pool is not None:
@@ -378,8 +383,6 @@ class DataLoader:
         assert self.planning is not None
         pool = WorkerPool(self.planning.executed, self.dataset, ctx, self.worker_init_fn,
                           base_seed, hi, profile=self.options.profile)
-        pool.start(self.num_workers)
-        self.monitor.record_workers(pool.size)
         if self.persistent_workers:
             self._pool = pool
             self._finalizer.detach()

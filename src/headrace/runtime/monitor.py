@@ -149,7 +149,7 @@ class Monitor:
     def _autoscale(self, sched: Scheduler) -> None:
         assert self.scaler is not None
         pool = sched.pool
-        live = [w for w in pool.workers.values() if not w.retiring]
+        live = [w for w in list(pool.workers.values()) if not w.retiring]
         rss = []
         for w in live:
             try:

@@ -140,7 +140,7 @@ class Scheduler:
     def _sync_selector(self) -> None:
         """(Re)register worker pipes and sentinels when the pool changed (a persistent epoll set:
         building a selector per wait cost more CPU than the rest of the scheduler)."""
-        current = self.pool.workers
+        current = dict(self.pool.workers)  # a C-level copy: the training thread may be adding
         for slot, (w, _, _) in list(self._watched.items()):
             if current.get(slot) is not w:
                 self._unwatch(w)
@@ -188,7 +188,7 @@ class Scheduler:
 
     # -- dispatch ------------------------------------------------------------------------------
     def _dispatch(self) -> None:
-        workers = [w for w in self.pool.workers.values() if w.ready and not w.retiring]
+        workers = [w for w in list(self.pool.workers.values()) if w.ready and not w.retiring]
         if not workers:
             return
         slow_cap = max(1, int(self.spec.slow_lane_share * len(workers)))
@@ -203,7 +203,7 @@ class Scheduler:
 
     def _slow_running(self) -> int:
         return sum(
-            1 for w in self.pool.workers.values() for t in w.assigned.values() if t.start > 0
+            1 for w in list(self.pool.workers.values()) for t in w.assigned.values() if t.start > 0
         )
 
     def _choose(self, w: WorkerHandle, depth: int, slow_cap: int) -> Rec | None:
