@@ -1,0 +1,397 @@
+"""``headrace profile`` and ``headrace plan``: measure a pipeline, show what headrace decides.
+
+Both take ``SCRIPT_OR_WORKLOAD``: a workload name (``headrace.workloads.WORKLOADS``) or the path
+of a Python script. ``register(subparsers)`` adds both to an ``argparse`` parser;
+``run_profile(args)`` / ``run_plan(args)`` run them and return the exit status.
+
+Script protocol: the script is imported as a module named after its file (its directory goes on
+``sys.path`` so worker processes can import it too; ``if __name__ == "__main__":`` blocks do not
+run). At module level it defines ``pipeline`` (a :class:`headrace.Pipeline`) or ``dataset`` (a
+map-style dataset; a Compose-like ``transform`` is split into steps); optionally ``batch_size``
+(default 32), ``num_workers`` (default 2) and ``collate_fn``, as for ``headrace.DataLoader``; and
+optionally ``train_step(batch)``, one training iteration, used for the input-bound vs
+accelerator-bound verdict (skipped without it). A workload's consumer sleeps its
+``accelerator_step_s`` per batch instead.
+
+``profile`` runs one epoch of ``--samples`` samples (a seeded random subset; a workload is built
+with exactly that many) with profiling on, consumed by ``train_step``, then replays one cached
+batch (FastFlow's probe, :mod:`headrace.profiler.probe`). It prints the per-step table, the
+per-sample time distribution with the slow threshold (the learned hand-off timeout) marked, the
+verdict and the step order AutoOrder picks for the next epoch, and writes ``profile-<name>.png``
+and ``.json`` into ``--out``. ``plan`` runs ``--epochs`` epochs (2: AutoOrder acts from the
+second) and prints ``loader.explain()``. Neither touches a profile store without ``--store``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from headrace.planner.order import MIN_PROFILE_SAMPLES, plan_order
+
+DEFAULT_SAMPLES = MIN_PROFILE_SAMPLES
+"""Samples per epoch: Pecan's AutoOrder decides from the first ~300 profiled samples."""
+DEFAULT_BATCH_SIZE = 32
+"""Batch size of a script that does not define ``batch_size``."""
+DEFAULT_WORKERS = 2
+"""Worker processes for a script that does not define ``num_workers``."""
+HIST_BINS = 12
+"""Rows of the text histogram (plus one where the threshold splits a bin)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What to run: ``dataset`` (a Pipeline or map-style dataset), the ``DataLoader`` arguments,
+    ``train_step(batch)`` (``None``: no verdict); ``name`` names the output files."""
+
+    name: str
+    dataset: Any
+    batch_size: int
+    num_workers: int
+    collate_fn: Callable[[Any], Any] | None
+    train_step: Callable[[Any], Any] | None
+    description: str
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``profile`` and ``plan`` subcommands (each sets ``func`` to its runner)."""
+    p = subparsers.add_parser(
+        "profile", help="per-step profile, per-sample time distribution, input-bound verdict",
+        description="Run one epoch with profiling on; print per-step times and bytes, the "
+        "per-sample time distribution with the slow threshold, and whether training is "
+        "input-bound (FastFlow's Lthp vs Gthp); write a PNG of the distribution.")
+    _common(p)
+    p.add_argument("--out", default="profile-out", metavar="DIR", help="PNG and JSON go here")
+    p.add_argument("--warmup", type=int, default=3, metavar="N",
+                   help="batches consumed before the throughput clock starts (default 3)")
+    p.set_defaults(func=run_profile)
+    q = subparsers.add_parser(
+        "plan", help="run a few epochs and print what headrace decided and why",
+        description="Run --epochs epochs (AutoOrder acts from the second) and print "
+        "loader.explain(): step order, slow lane, workers, profile.")
+    _common(q)
+    q.add_argument("--epochs", type=int, default=2, help="epochs to run (default 2)")
+    q.set_defaults(func=run_plan)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    from headrace.workloads import WORKLOADS
+
+    p.add_argument("target", metavar="SCRIPT_OR_WORKLOAD",
+                   help=f"a Python script (see headrace.profiler.command) or one of "
+                   f"{', '.join(WORKLOADS)}")
+    p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, metavar="N",
+                   help=f"samples per epoch (default {DEFAULT_SAMPLES})")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="worker processes (default: the script's or workload's)")
+    p.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help="batch size (default: the script's or workload's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample subset and steps")
+    p.add_argument("--time-scale", type=float, default=0.1,
+                   help="workloads: factor on simulated step times (default 0.1)")
+    p.add_argument("--cache-dir", default=None, help="workloads: where generated files go")
+    p.add_argument("--store", default=None, metavar="PATH",
+                   help="profile store (SQLite) to reuse and update (default: none)")
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """``headrace profile``: see the module docstring. Returns the exit status."""
+    from headrace.profiler.probe import probe
+
+    target = _target_or_none(args)
+    if target is None:
+        return 2
+    loader = _loader(target, args)
+    seen: list[tuple[float, bool]] = []  # (seconds, went slow) per finished sample
+    loader.add_sample_listener(lambda _i, seconds, went_slow: seen.append((seconds, went_slow)))
+    t0, result = time.perf_counter(), None
+    try:
+        if target.train_step is not None:
+            warmup = max(0, min(args.warmup, len(loader) - 1))
+            result = probe(loader, target.train_step, batches=None, warmup=warmup)
+        else:
+            for _ in loader:
+                pass
+    finally:
+        loader.close()
+    wall = time.perf_counter() - t0
+    times, slow = [t for t, _ in seen], [s for _, s in seen]
+    profile = loader.planning.profile() if loader.planning is not None else None
+    if profile is None or not times:
+        print(f"headrace profile: no sample of {target.name} was profiled", file=sys.stderr)
+        return 1
+    threshold, what = _threshold(loader, times)
+    n, above = len(times), sum(t > threshold for t in times)
+    out = [
+        f"headrace profile: {target.name}: {target.description}",
+        f"{n} samples, batch {loader.batch_size}, {loader.num_workers} workers, "
+        f"{wall:.2f} s ({n / wall:.1f} samples/s with the consumer)",
+        "", "per step, per sample (load = Source.load):", *step_table(profile), "",
+        f"per-sample time (load + steps), {n} samples: p50 {_t(profile.total_p50)}, "
+        f"p90 {_t(profile.total_p90)}, p99 {_t(profile.total_p99)}, max {_t(profile.total_max)}",
+        *histogram_text(times, threshold),
+        f"slow threshold {_t(threshold)} ({what}): {above} of {n} samples above it; "
+        f"{sum(slow)} went through the slow lane",
+        "", "verdict: " + (result.describe() if result is not None
+                           else "skipped (the script defines no train_step)"),
+    ]
+    if loader.pipeline is not None and loader.planning is not None:
+        need = min(MIN_PROFILE_SAMPLES, len(loader.pipeline))
+        plan = plan_order(loader.pipeline.steps, loader.planning.executed.steps, profile,
+                          "this run", loader.options.reorder, min_samples=need)
+        out += ["", "step order for the next epoch:", *(f"  {x}" for x in plan.lines())]
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    png = write_png(times, threshold, what, outdir / f"profile-{target.name}.png",
+                    f"headrace profile: {target.name} ({n} samples)")
+    js = outdir / f"profile-{target.name}.json"
+    js.write_text(json.dumps({
+        "target": target.name, "samples": n, "wall_s": wall, "threshold_s": threshold,
+        "threshold_basis": what, "sample_times_s": times, "slow": slow,
+        "probe": dataclasses.asdict(result) if result is not None else None,
+        "profile": profile.to_dict()}, indent=1))
+    print("\n".join([*out, "", f"wrote {png} and {js}"]))
+    return 0
+
+
+def _threshold(loader: Any, times: Sequence[float]) -> tuple[float, str]:
+    """The slow threshold in seconds (the loader's learned timeout) and what it is."""
+    stats, cfg = loader.stats(), loader.options.timeout
+    if math.isfinite(stats.timeout_s):
+        return stats.timeout_s, (f"the learned hand-off timeout at the end, "
+                                 f"p{stats.timeout_percentile:g} of per-sample time")
+    return float(np.percentile(times, cfg.percentile)), (
+        f"p{cfg.percentile:g} of these samples; the loader sets its timeout after "
+        f"{cfg.warmup_samples} samples")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """``headrace plan``: run ``--epochs`` epochs, print ``loader.explain()``. Exit status."""
+    target = _target_or_none(args)
+    if target is None or args.epochs < 1:
+        if target is not None:
+            print("headrace plan: --epochs must be >= 1", file=sys.stderr)
+        return 2
+    loader = _loader(target, args)
+    try:
+        for _ in range(args.epochs):
+            for _ in loader:
+                pass
+    finally:
+        loader.close()
+    print(loader.explain())
+    need = min(MIN_PROFILE_SAMPLES, len(target.dataset))
+    if len(loader.sampler) < need:
+        print(f"note: AutoOrder decides after {need} profiled samples; this ran "
+              f"{len(loader.sampler)} per epoch (use --samples {need})")
+    return 0
+
+
+# -- targets ----------------------------------------------------------------------------------
+def load_target(spec: str, *, samples: int, time_scale: float = 0.1,
+                cache_dir: str | None = None, seed: int = 0) -> Target:
+    """A workload by name (built with ``samples`` samples) or a script by path.
+
+    Raises ``ValueError`` with what to do when ``spec`` is neither, or the script breaks the
+    protocol (module docstring).
+    """
+    from headrace.workloads import WORKLOADS, get_workload
+
+    path = Path(spec)
+    if spec.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"no script at {spec}")
+        return _script_target(load_script(path))
+    if spec not in WORKLOADS:
+        raise ValueError(f"{spec!r} is neither a Python script nor a workload "
+                         f"({', '.join(WORKLOADS)})")
+    w = get_workload(spec, num_samples=samples, time_scale=time_scale, seed=seed,
+                     cache_dir=cache_dir)
+    step_s = w.accelerator_step_s
+    return Target(w.name, w.pipeline, w.batch_size, w.num_workers, None,
+                  lambda _batch: time.sleep(step_s),
+                  f"{w.description} (consumer: a {step_s * 1e3:g} ms sleep per batch)")
+
+
+def load_script(path: str | Path) -> ModuleType:
+    """Import the script at ``path`` as a module named after it, not as ``__main__``.
+
+    Its directory is put first on ``sys.path`` so that spawned worker processes can import it
+    (its functions are pickled by reference); a name taken by another module gets a prefix.
+    """
+    p = Path(path).resolve()
+    name = p.stem
+    taken = sys.modules.get(name)
+    if not name.isidentifier() or (taken is not None and getattr(taken, "__file__", None) != str(p)):
+        name = "_headrace_script_" + "".join(c if c.isalnum() else "_" for c in p.stem)
+    if str(p.parent) not in sys.path:
+        sys.path.insert(0, str(p.parent))
+    spec = importlib.util.spec_from_file_location(name, p)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"cannot import {p} as a Python module")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _script_target(m: ModuleType) -> Target:
+    import headrace as hr
+
+    where = getattr(m, "__file__", m.__name__)
+    data = getattr(m, "pipeline", None)
+    if data is not None and not isinstance(data, hr.Pipeline):
+        raise ValueError(f"{where}: `pipeline` must be a headrace.Pipeline, "
+                         f"got {type(data).__name__}")
+    if data is None:
+        data = getattr(m, "dataset", None)
+        if data is None or not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+            raise ValueError(f"{where}: define `pipeline` (a headrace.Pipeline) or `dataset` "
+                             "(a map-style dataset with __len__ and __getitem__)")
+    step = getattr(m, "train_step", None)
+    if step is not None and not callable(step):
+        raise ValueError(f"{where}: `train_step` must be callable as train_step(batch)")
+    return Target(
+        name=m.__name__.removeprefix("_headrace_script_"),
+        dataset=data,
+        batch_size=int(getattr(m, "batch_size", DEFAULT_BATCH_SIZE)),
+        num_workers=int(getattr(m, "num_workers", DEFAULT_WORKERS)),
+        collate_fn=getattr(m, "collate_fn", None),
+        train_step=step,
+        description=f"script {where}" + ("" if step else " (no train_step)"),
+    )
+
+
+def _target_or_none(args: argparse.Namespace) -> Target | None:
+    try:
+        return load_target(args.target, samples=args.samples, time_scale=args.time_scale,
+                           cache_dir=args.cache_dir, seed=args.seed)
+    except ValueError as e:
+        print(f"headrace {getattr(args, 'command', 'profile')}: {e}", file=sys.stderr)
+        return None
+
+
+def _loader(target: Target, args: argparse.Namespace) -> Any:
+    """A profiling ``headrace.DataLoader`` over a seeded random subset of ``args.samples``."""
+    import torch
+
+    import headrace as hr
+
+    total = len(target.dataset)
+    n = max(1, min(args.samples, total))
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(args.seed))[:n]
+    opts = hr.Options(seed=args.seed, profile=True,
+                      profile_store=args.store if args.store else False)
+    return hr.DataLoader(
+        target.dataset,
+        batch_size=args.batch_size or target.batch_size,
+        sampler=order.tolist(),
+        num_workers=target.num_workers if args.workers is None else args.workers,
+        collate_fn=target.collate_fn,
+        options=opts,
+    )
+
+
+# -- rendering --------------------------------------------------------------------------------
+def step_table(profile: Any) -> list[str]:
+    """Rows of the per-step table of a ``PipelineProfile`` (times per sample, bytes per sample)."""
+    head = (f"  {'step':<20}{'p50':>10}{'p90':>10}{'cpu mean':>10}{'bytes in':>11}"
+            f"{'bytes out':>11}{'inflation':>11}  p10-p90")
+    rows = [head]
+    for s in profile.steps:
+        infl = f"{s.inflation:.2f}" if s.inflation is not None else "-"
+        spread = (f"{s.inflation_p10:.2f}-{s.inflation_p90:.2f}"
+                  if s.inflation_p10 is not None and s.inflation_p90 is not None else "-")
+        flag = "  (changes type)" if s.changes_type else ""
+        rows.append(f"  {s.name:<20}{_t(s.wall_p50):>10}{_t(s.wall_p90):>10}"
+                    f"{_t(s.cpu_mean):>10}{_b(s.bytes_in_mean):>11}{_b(s.bytes_out_mean):>11}"
+                    f"{infl:>11}  {spread}{flag}")
+    return rows
+
+
+def histogram_text(times: Sequence[float], threshold: float, bins: int = HIST_BINS,
+                   width: int = 40) -> list[str]:
+    """A text histogram of per-sample times (seconds) with a line at ``threshold``.
+
+    Bins are linear, or logarithmic when the slowest sample is over 20× the fastest; the
+    threshold is made a bin edge so the marker line separates fast from slow exactly.
+    """
+    x = np.asarray(times, dtype=np.float64)
+    lo, hi = float(x.min()), float(x.max())
+    if hi <= lo:
+        hi = lo + max(lo * 0.01, 1e-6)
+    log = lo > 0 and hi / lo > 20
+    edges = np.geomspace(lo, hi, bins + 1) if log else np.linspace(lo, hi, bins + 1)
+    if lo < threshold < hi:
+        edges = np.unique(np.append(edges, threshold))
+    counts, _ = np.histogram(x, edges)
+    top = max(1, int(counts.max()))
+    rows = [_marker(threshold)] if threshold <= lo else []
+    for k, c in enumerate(counts):
+        if k and edges[k] == threshold:
+            rows.append(_marker(threshold))
+        bar = "#" * max(1, round(width * c / top)) if c else ""
+        rows.append(f"  {_t(edges[k]):>9} - {_t(edges[k + 1]):>9} |{bar:<{width}} {c}")
+    if threshold >= hi:
+        rows.append(_marker(threshold))
+    return rows
+
+
+def _marker(threshold: float) -> str:
+    return f"  {'-' * 24} slow threshold {_t(threshold)} {'-' * 24}"
+
+
+def write_png(times: Sequence[float], threshold: float, label: str, path: Path,
+              title: str) -> Path:
+    """Histogram of per-sample times (ms) with the threshold as a vertical line (Agg backend)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    ms = np.asarray(times, dtype=np.float64) * 1e3
+    fig = Figure(figsize=(8, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    lo, hi = float(ms.min()), float(ms.max())
+    if lo > 0 and hi / lo > 20:
+        ax.hist(ms, bins=list(np.geomspace(lo, hi, 41)), color="C0")
+        ax.set_xscale("log")
+    else:
+        ax.hist(ms, bins=40, color="C0")
+    ax.axvline(threshold * 1e3, color="C3", linestyle="--",
+               label=f"slow threshold {threshold * 1e3:.1f} ms\n({label})")
+    ax.set_xlabel("per-sample time, load + steps (ms)")
+    ax.set_ylabel("samples")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _t(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "inf"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} µs"
+
+
+def _b(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"

@@ -1,0 +1,140 @@
+"""``headrace profile`` / ``headrace plan`` on a tiny workload and on scripts (no timing asserts)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+
+import pytest
+
+from headrace.profiler.command import register
+
+pytestmark = pytest.mark.integration
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+SCRIPT = textwrap.dedent('''
+    """A user's training script: a pipeline declared badly (pad before crop) and a train_step."""
+    import numpy as np
+
+    import headrace as hr
+
+
+    class Vectors:
+        def __len__(self):
+            return 48
+
+        def load(self, i):
+            return np.full(4096, i, dtype=np.float32)
+
+
+    def pad4(x, rng):
+        return np.concatenate([x, rng.random(3 * len(x)).astype(x.dtype)])
+
+
+    def crop_quarter(x, rng):
+        n = len(x) // 4
+        start = int(rng.integers(0, len(x) - n + 1))
+        return x[start:start + n].copy()
+
+
+    pipeline = hr.Pipeline(Vectors(), [hr.step(pad4, random=True),
+                                       hr.step(crop_quarter, random=True)])
+    batch_size = 8
+    num_workers = 2
+
+
+    def train_step(batch):
+        return float(batch.sum())
+
+
+    if __name__ == "__main__":
+        raise SystemExit("the protocol imports the script; its main block must not run")
+''')
+
+DATASET_SCRIPT = textwrap.dedent('''
+    import torch
+
+    class Squares(torch.utils.data.Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return torch.full((4,), float(i * i))
+
+    dataset = Squares()
+    batch_size = 4
+    num_workers = 0
+''')
+
+
+@pytest.fixture(autouse=True)
+def _restore_imports(monkeypatch):
+    """Scripts are imported as modules with their directory on sys.path: undo both."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield
+    for name in ("train_vectors", "squares", "empty"):
+        sys.modules.pop(name, None)
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="headrace")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+def test_profile_a_workload_prints_the_table_histogram_verdict_and_writes_the_png(
+        tmp_path, capsys, no_leaks):
+    out = tmp_path / "out"
+    assert run(["profile", "imseg", "--samples", "48", "--workers", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    for name in ("load", "RandomCrop", "RandomFlip", "RandomBrightness", "GaussianNoise", "Cast"):
+        assert f"  {name} " in text, text
+    for needle in ("p50", "p90", "bytes in", "bytes out", "inflation", "per-sample time",
+                   "slow threshold", "verdict: ", "Lthp", "Gthp", "step order for the next epoch"):
+        assert needle in text, text
+    assert ("input-bound" in text) or ("accelerator-bound" in text)
+    png = out / "profile-imseg.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    doc = json.loads((out / "profile-imseg.json").read_text())
+    assert doc["samples"] == 48 and len(doc["sample_times_s"]) == 48
+    assert doc["probe"]["verdict"] in ("input-bound", "accelerator-bound")
+    assert [s["name"] for s in doc["profile"]["steps"]][:2] == ["load", "RandomCrop"]
+
+
+def test_profile_and_plan_a_script(tmp_path, capsys, no_leaks):
+    script = tmp_path / "train_vectors.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    assert run(["profile", str(script), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "pad4" in text and "crop_quarter" in text and "48 samples" in text
+    assert "4.00" in text and "0.25" in text  # the inflation factors
+    assert "reordered by AutoOrder" in text  # what the next epoch would run
+    assert (out / "profile-train_vectors.png").read_bytes()[:8] == PNG_MAGIC
+
+    assert run(["plan", str(script)]) == 0
+    text = capsys.readouterr().out
+    assert "reordered by AutoOrder" in text and "moved crop_quarter before pad4" in text
+    assert "epoch 0" in text and "epoch 1" in text
+
+
+def test_a_dataset_script_without_train_step_skips_the_verdict(tmp_path, capsys):
+    script = tmp_path / "squares.py"
+    script.write_text(DATASET_SCRIPT)
+    assert run(["profile", str(script), "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "verdict: skipped" in text and "20 samples" in text
+    assert (tmp_path / "profile-squares.png").is_file()
+
+
+def test_bad_targets_exit_2_and_say_why(tmp_path, capsys):
+    assert run(["profile", "no-such-workload"]) == 2
+    assert "neither a Python script nor a workload" in capsys.readouterr().err
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    assert run(["plan", str(empty)]) == 2
+    assert "define `pipeline`" in capsys.readouterr().err
