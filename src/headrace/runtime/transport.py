@@ -1,9 +1,12 @@
-"""How samples cross process boundaries without needless copies.
+"""Hand-off payloads (and leaves too large for a worker's ring) between processes.
 
-Tensors travel through shared memory by torch's own reductions (the receiver maps the same
-pages). Large NumPy arrays and bytes are wrapped as tensors so they take the same path instead of
-being pickled through a pipe; small leaves are pickled inline, which is cheaper than a
-shared-memory segment. ``encode`` runs in the sender, ``decode`` in the receiver.
+Finished samples travel through each worker's ring (``runtime/ring.py``). What is left — a
+slow-lane sample's partial value sent to the next worker, a leaf over a quarter of a ring — goes
+here: leaves up to ``INLINE_LIMIT`` are pickled inline; larger ones travel through shared memory
+by torch's reductions (the receiver maps the same pages). A shared-memory descriptor costs about
+0.7 ms of receiver CPU and several ms of latency (a socket handshake); pickling 256 KB inline
+costs about 0.12 ms, so only really large leaves are worth a descriptor. ``encode`` runs in the
+sender, ``decode`` in the receiver.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-INLINE_LIMIT = 64 * 1024
+INLINE_LIMIT = 1024 * 1024
 """Leaves smaller than this many bytes are pickled inline; larger ones go through shared memory."""
 
 
@@ -30,9 +33,24 @@ class _Shm:
         return (_Shm, (self.kind, self.tensor))
 
 
+class _Inline:
+    """A small tensor pickled by value (as an array) instead of by shared-memory descriptor."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __reduce__(self):
+        return (_Inline, (self.array,))
+
+
 def encode(x: Any) -> Any:
     """Replace large arrays/bytes in a (nested) sample by shared-memory carriers."""
     if isinstance(x, torch.Tensor):
+        if x.device.type == "cpu" and x.layout == torch.strided and \
+                x.numel() * x.element_size() < INLINE_LIMIT and x.dtype != torch.bfloat16:
+            return _Inline(x.detach().contiguous().numpy())  # skip torch's descriptor passing
         return x
     if isinstance(x, np.ndarray):
         if x.nbytes >= INLINE_LIMIT and x.dtype != object and x.dtype.kind in "biufc":
@@ -58,6 +76,8 @@ def encode(x: Any) -> Any:
 
 def decode(x: Any) -> Any:
     """Inverse of :func:`encode`, run in the receiving process (zero-copy for arrays)."""
+    if isinstance(x, _Inline):
+        return torch.from_numpy(x.array)
     if isinstance(x, _Shm):
         if x.kind == "np":
             return x.tensor.numpy()
