@@ -22,7 +22,7 @@ def _log(msg: str) -> None:
 
 
 # -- bench ------------------------------------------------------------------------------------
-def _add_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
         help="headrace vs torch DataLoader on the papers' workloads (tables, JSON, PNGs)",
@@ -35,7 +35,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--quick", action="store_true",
                    help="small scales, one repeat, no torch sweep: a few minutes in all")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="output directory (default: bench-out, or bench-quick with --quick)")
+                   help="output directory (default: bench-out, or bench-out/quick with --quick)")
     p.add_argument("--repeats", type=int, default=None, metavar="N",
                    help="measured epochs per loader after the warm-up (default 3, quick 1)")
     p.add_argument("--scale", type=float, default=1.0,
@@ -47,6 +47,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--no-sweep", action="store_true", help="skip torch's worker/prefetch sweep")
     p.add_argument("--no-plots", action="store_true", help="write JSON and Markdown only")
     p.add_argument("--cache-dir", default=None, help="where generated JPEG sets are kept")
+    p.add_argument("--update-doc", default=None, metavar="FILE",
+                   help="also write the tables into FILE between its headrace-bench markers "
+                   "(e.g. docs/benchmarks.md)")
     p.set_defaults(func=_run_bench)
 
 
@@ -60,7 +63,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         return 2
     preset = quick_config if args.quick else full_config
     overrides: dict[str, object] = {
-        "out_dir": args.out or ("bench-quick" if args.quick else "bench-out"),
+        "out_dir": args.out or ("bench-out/quick" if args.quick else "bench-out"),
         "time_scale": args.time_scale,
         "num_workers": args.workers,
         "cache_dir": args.cache_dir,
@@ -77,12 +80,16 @@ def _run_bench(args: argparse.Namespace) -> int:
     command = "headrace " + " ".join(shlex.quote(a) for a in args.argv)
     _, paths = run_and_write(config, command, _log)
     print(paths["markdown"].read_text())
+    if args.update_doc:
+        from headrace.bench.report import splice_into_doc
+
+        _log(f"updated {splice_into_doc(args.update_doc, paths['markdown'].read_text(), paths['dir'])}")
     _log(f"wrote {paths['json']}, {paths['markdown']} and PNGs to {paths['dir']}/")
     return 0
 
 
 # -- demo -------------------------------------------------------------------------------------
-def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
         help="train a small CNN on the CPU with torch DataLoader, then headrace; compare",
@@ -109,11 +116,18 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 # -- the command ------------------------------------------------------------------------------
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (  # type: ignore[type-arg]
+def _add_profile_and_plan(sub: argparse._SubParsersAction) -> None:
+    from headrace.profiler.command import register
+
+    register(sub)
+
+
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_bench,
     _add_demo,
+    _add_profile_and_plan,
 )
-"""One adder per subcommand, in ``--help`` order; add ``profile`` / ``plan`` here."""
+"""One adder per subcommand, in ``--help`` order."""
 
 
 def build_parser() -> argparse.ArgumentParser:

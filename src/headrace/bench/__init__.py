@@ -6,10 +6,11 @@ module                  role
 ``yardsticks``          the ideal pipeline and the work-conserving bound (pure functions)
 ``config``              loader rows (:class:`LoaderSpec`), run settings, quick/full presets
 ``resources``           peak RSS and CPU-seconds of a run (sampling thread, getrusage)
+``threads``             NumPy's OpenBLAS limited to one thread for the run (no oversubscription)
 ``measure``             one measured epoch with a simulated accelerator; exactly-once check
 ``summary``             median and min-max over repeats
 ``runner``              warm-up, torch sweep, round-robin repeats over every workload
-``report``              ``results.json`` and ``results.md``
+``report``              ``results.json``, ``results.md``, and the block in ``docs/benchmarks.md``
 ``plots``               PNG plots: throughput/stall timeline, cost CDF, headrace's controls
 ``demo``                ``headrace demo``: a small model trained with both loaders
 ======================  ======================================================================

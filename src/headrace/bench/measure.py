@@ -6,8 +6,9 @@ order (``sampler=list(order)``), so the ideal pipeline is simulated on exactly t
 loader used, with the per-sample costs measured in that very run:
 
 * headrace rows: ``loader.add_sample_listener`` reports each sample's load + step time;
-* torch rows: :class:`CostTaggedDataset` times ``pipeline[i]`` inside the worker and adds it to
-  the sample as ``"cost_s"``, read back from the batches.
+* torch rows: :class:`CostTaggedDataset` runs the pipeline's steps inside the worker, sums their
+  wall times as headrace does, and adds the sum to the sample as ``"cost_s"``, read back from
+  the batches.
 
 Times are seconds from just before ``iter(loader)``; ``wall_s`` ends when the last accelerator
 step ends (what the ideal's ``end_s`` measures), so worker shutdown is not counted.
@@ -29,6 +30,7 @@ from headrace.bench.config import LoaderSpec
 from headrace.bench.resources import ResourceMonitor, ResourceUse
 from headrace.bench.yardsticks import num_batches, simulate_ideal, work_conserving_bound
 from headrace.pipeline import Pipeline
+from headrace.pipeline.runner import SampleRunner
 from headrace.workloads import Workload
 
 COST_KEY = "cost_s"
@@ -39,25 +41,33 @@ class ExactlyOnceError(AssertionError):
     """A loader delivered some index of the epoch zero or several times."""
 
 
-class CostTaggedDataset(tud.Dataset):  # type: ignore[type-arg]
-    """``pipeline[i]`` plus its wall time in seconds under :data:`COST_KEY` (dict samples).
+class CostTaggedDataset(tud.Dataset):
+    """``pipeline[i]`` plus its preprocessing time in seconds under :data:`COST_KEY`.
 
-    Lets the harness read each sample's preprocessing cost out of torch's batches.
+    The time is measured exactly as headrace reports it to sample listeners: the sum of the
+    wall times of ``load`` and every step, without the per-step seeding between them, so both
+    loaders' ideals are computed from the same quantity. Samples must be dicts.
     """
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
+        self._runner: SampleRunner | None = None  # built lazily in each worker
 
     def __len__(self) -> int:
         return len(self.pipeline)
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {"pipeline": self.pipeline, "_runner": None}
+
     def __getitem__(self, index: int) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        sample = self.pipeline[index]
-        cost = time.perf_counter() - t0
-        if not isinstance(sample, dict):
-            raise TypeError(f"benchmark samples must be dicts, got {type(sample).__name__}")
-        return {**sample, COST_KEY: cost}
+        if self._runner is None:
+            self._runner = SampleRunner(self.pipeline)
+        out = self._runner.run(index, 0, None, base_seed=0, epoch=0)
+        if out.error is not None:
+            raise out.error[1]
+        if not isinstance(out.value, dict):
+            raise TypeError(f"benchmark samples must be dicts, got {type(out.value).__name__}")
+        return {**out.value, COST_KEY: math.fsum(t.wall for t in out.timings)}
 
 
 @dataclasses.dataclass
@@ -102,6 +112,9 @@ class RunRecord:
         costs: per-sample preprocessing time in seconds, in sampler order.
         consumer_step_s: consumer time per batch the yardsticks used (the simulated
             accelerator step, or the mean measured ``consume`` time).
+        ideal_batch_start_s: when the ideal pipeline's consumer started each batch.
+        consumer_busy_s: time the consumer spent in its steps (sleeping, or ``consume``):
+            above ``consumer_step_s × batches`` when sleeps overran on a busy machine.
         headrace: the loader's own stats (headrace rows only).
     """
 
@@ -118,6 +131,8 @@ class RunRecord:
     batch_times: list[tuple[float, float, int]]
     costs: list[float]
     consumer_step_s: float
+    ideal_batch_start_s: tuple[float, ...] = ()
+    consumer_busy_s: float = 0.0
     headrace: HeadraceTrace | None = None
 
     @property
@@ -145,8 +160,13 @@ class RunRecord:
         return 1000.0 * self.resources.main_cpu_s / self.batches if self.batches else 0.0
 
 
-def make_loader(workload: Workload, spec: LoaderSpec, order: Sequence[int]) -> Any:
-    """A fresh loader for ``spec`` over ``workload`` with the fixed sampler ``order``."""
+def make_loader(
+    workload: Workload, spec: LoaderSpec, order: Sequence[int], options: Any = None
+) -> Any:
+    """A fresh loader for ``spec`` over ``workload`` with the fixed sampler ``order``.
+
+    ``options``: a :class:`headrace.Options` for headrace rows (``None``: the defaults).
+    """
     common: dict[str, Any] = {
         "batch_size": workload.batch_size,
         "sampler": list(order),
@@ -157,7 +177,7 @@ def make_loader(workload: Workload, spec: LoaderSpec, order: Sequence[int]) -> A
     if spec.kind == "headrace":
         from headrace.runtime import DataLoader
 
-        return DataLoader(workload.pipeline, **common)
+        return DataLoader(workload.pipeline, options=options, **common)
     return tud.DataLoader(CostTaggedDataset(workload.pipeline), **common)
 
 
@@ -167,11 +187,13 @@ def run_once(
     order: Sequence[int],
     resource_interval_s: float = 0.1,
     consume: Callable[[Any], None] | None = None,
+    options: Any = None,
 ) -> RunRecord:
     """Run one epoch of ``spec`` on ``workload`` and measure it (see the module docstring).
 
-    ``consume(batch)`` replaces the simulated accelerator (``headrace demo`` trains a model in
-    it); the ideal then uses the mean measured ``consume`` time as the consumer step.
+    ``options``: :class:`headrace.Options` for headrace rows. ``consume(batch)`` replaces the
+    simulated accelerator (``headrace demo`` trains a model in it); the ideal then uses the
+    mean measured ``consume`` time as the consumer step.
 
     Raises:
         ExactlyOnceError: an index of ``order`` was delivered zero or several times, or a
@@ -180,7 +202,7 @@ def run_once(
     costs: dict[int, float] = {}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-        loader = make_loader(workload, spec, order)
+        loader = make_loader(workload, spec, order, options)
         created = time.perf_counter()
         if spec.kind == "headrace":
             loader.add_sample_listener(lambda i, s, _slow: costs.__setitem__(i, s))
@@ -227,15 +249,22 @@ def run_once(
     cost_list = [costs[i] for i in order]
     if consume is not None and batch_times:
         step_s = busy / len(batch_times)  # the measured mean consumer step
-    ideal = simulate_ideal(order, costs, workload.batch_size, spec.num_workers, step_s)
     n_batch = num_batches(len(order), workload.batch_size)
+    if spec.num_workers > 0:
+        ideal = simulate_ideal(order, costs, workload.batch_size, spec.num_workers, step_s)
+        ideal_s, ideal_stall, starts = ideal.end_s, ideal.stall_fraction, ideal.batch_start_s
+        bound = work_conserving_bound(cost_list, spec.num_workers, step_s, n_batch)
+    else:  # loading in the training process: nothing overlaps, both yardsticks are the sum
+        ideal_s = bound = math.fsum(cost_list) + step_s * n_batch
+        ideal_stall = math.fsum(cost_list) / ideal_s if ideal_s > 0 else 0.0
+        starts = ()
     return RunRecord(
         label=spec.label,
         spec=spec,
         wall_s=end - t0,
-        ideal_s=ideal.end_s,
-        bound_s=work_conserving_bound(cost_list, spec.num_workers, step_s, n_batch),
-        ideal_stall_fraction=ideal.stall_fraction,
+        ideal_s=ideal_s,
+        bound_s=bound,
+        ideal_stall_fraction=ideal_stall,
         stall_s=stall,
         samples=sum(seen.values()),
         batches=len(batch_times),
@@ -243,6 +272,8 @@ def run_once(
         batch_times=batch_times,
         costs=cost_list,
         consumer_step_s=step_s,
+        ideal_batch_start_s=starts,
+        consumer_busy_s=busy,
         headrace=trace,
     )
 

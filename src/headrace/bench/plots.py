@@ -2,8 +2,9 @@
 
 Per workload, from each row's typical run (median wall ÷ ideal):
 
-* ``<name>-timeline.png``: throughput (samples/s) and consumer stall (share of each time bin
-  spent waiting in ``next()``) over the epoch, one line per loader;
+* ``<name>-timeline.png``: samples delivered (with the ideal pipeline's curve), throughput
+  (samples/s over a sliding window of batches) and cumulative consumer stall over the epoch,
+  one line per loader;
 * ``<name>-cost-cdf.png``: CDF of the per-sample preprocessing time each loader measured;
 * ``<name>-headrace.png``: headrace's worker count, hand-off timeout and queue depths over time.
 """
@@ -20,8 +21,8 @@ import numpy as np
 from headrace.bench.measure import RunRecord
 from headrace.bench.runner import BenchResult, WorkloadResult
 
-BINS = 40
-"""Time bins across the longest run in the timeline plot."""
+WINDOW_FRACTION = 0.1
+"""The throughput curve averages over this share of an epoch's batches (at least 2)."""
 
 
 def _pyplot() -> Any:
@@ -33,41 +34,48 @@ def _pyplot() -> Any:
     return plt
 
 
-def throughput_and_stall(run: RunRecord, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per time bin (``edges`` in seconds): samples/s delivered and the share spent stalled."""
-    width = np.diff(edges)
-    samples = np.zeros(len(width))
-    stall = np.zeros(len(width))
-    for t, waited, n in run.batch_times:
-        k = min(int(np.searchsorted(edges, t, side="right")) - 1, len(width) - 1)
-        if k >= 0:
-            samples[k] += n
-        lo, hi = t - waited, t
-        overlap = np.clip(np.minimum(edges[1:], hi) - np.maximum(edges[:-1], lo), 0.0, None)
-        stall += overlap
-    return samples / width, stall / width
+def delivery_curves(run: RunRecord) -> dict[str, np.ndarray]:
+    """Per batch of ``run``: arrival time ``t`` (s), cumulative ``samples`` and ``stall`` (s),
+    and ``rate``, samples/s over the preceding window of batches (NaN before the first window).
+    """
+    bt = np.asarray(run.batch_times, dtype=float).reshape(-1, 3)
+    t, waited, n = bt[:, 0], bt[:, 1], bt[:, 2]
+    samples = np.cumsum(n)
+    m = max(2, int(len(t) * WINDOW_FRACTION))
+    rate = np.full(len(t), np.nan)
+    if len(t) > m:
+        dt = t[m:] - t[:-m]
+        rate[m:] = np.where(dt > 0, (samples[m:] - samples[:-m]) / np.maximum(dt, 1e-9), np.nan)
+    return {"t": t, "samples": samples, "stall": np.cumsum(waited), "rate": rate}
 
 
 def plot_timeline(w: WorkloadResult, path: Path) -> None:
-    """Throughput and stall over time, one line per loader (typical runs)."""
+    """Samples delivered, throughput and cumulative stall over time, one line per loader."""
     plt = _pyplot()
-    runs = [(row.label, row.typical) for row in w.rows]
-    t_max = max(r.wall_s for _, r in runs)
-    edges = np.linspace(0.0, t_max, BINS + 1)
-    mid = (edges[:-1] + edges[1:]) / 2
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
-    for label, r in runs:
-        rate, stall = throughput_and_stall(r, edges)
-        alive = mid <= r.wall_s
-        ax1.plot(mid[alive], rate[alive], label=f"{label} ({r.wall_s:.1f} s, "
-                 f"{r.vs_ideal:.2f}× ideal)")
-        ax2.plot(mid[alive], 100 * stall[alive], label=label)
-    ax1.set_ylabel("samples/s delivered")
-    ax1.set_title(f"{w.workload.name}: throughput and consumer stall over the epoch")
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+    for row in w.rows:
+        r = row.typical
+        c = delivery_curves(r)
+        line = ax1.step(np.r_[0.0, c["t"], r.wall_s], np.r_[0, c["samples"], c["samples"][-1:]],
+                        where="post", label=f"{row.label} ({r.wall_s:.1f} s, "
+                        f"{r.vs_ideal:.2f}× ideal)")[0]
+        if row.spec.kind == "headrace" and not row.spec.in_order and r.ideal_batch_start_s:
+            k = np.arange(1, len(r.ideal_batch_start_s) + 1)
+            ideal_n = np.minimum(k * w.workload.batch_size, len(r.costs))
+            ax1.step(np.r_[0.0, r.ideal_batch_start_s, r.ideal_s], np.r_[0, ideal_n, ideal_n[-1]],
+                     where="post", ls="--", color=line.get_color(), alpha=0.6,
+                     label=f"ideal on {row.label}'s order and costs ({r.ideal_s:.1f} s)")
+        ax2.plot(c["t"], c["rate"], color=line.get_color(), label=row.label)
+        ax3.step(np.r_[0.0, c["t"]], np.r_[0.0, c["stall"]], where="post",
+                 color=line.get_color(), label=row.label)
+    ax1.set_ylabel("samples delivered")
+    ax1.set_title(f"{w.workload.name}: delivery, throughput and consumer stall over the epoch")
     ax1.legend(fontsize=8)
-    ax2.set_ylabel("consumer stalled (% of bin)")
-    ax2.set_xlabel("seconds since iter(loader)")
-    ax2.set_ylim(-2, 102)
+    ax2.set_ylabel(f"samples/s (window {WINDOW_FRACTION:.0%} of batches)")
+    ax3.set_ylabel("consumer stall so far (s)")
+    ax3.set_xlabel("seconds since iter(loader)")
+    for ax in (ax1, ax2, ax3):
+        ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,16 @@ def workload_section(w: WorkloadResult, plots: dict[str, str] | None = None) -> 
                else "")
             + "."
         )
+    steps = [r.metrics["consumer_step_ms"].median for r in w.rows]
+    other = [r.metrics["machine_other_cpu_s"].median / r.metrics["wall_s"].median
+             for r in w.rows if r.metrics["wall_s"].median > 0]
+    cores = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    parts.append(
+        f"Consumer step: nominal {1000 * wl.accelerator_step_s:.1f} ms, measured "
+        f"{min(steps):.1f}-{max(steps):.1f} ms per batch (row medians). Other processes on "
+        f"the machine used {100 * min(other) / cores:.0f}-{100 * max(other) / cores:.0f}% of "
+        f"its {cores} cores during the runs (row medians)."
+    )
     if w.sweep:
         tried = ", ".join(f"{r.spec.num_workers} w/pf {r.spec.prefetch_factor}: {r.wall_s:.2f} s"
                           for r in w.sweep)
@@ -166,6 +177,8 @@ def render_markdown(result: BenchResult, plots: dict[str, dict[str, str]] | None
     """The whole run as Markdown: command, machine, one section per workload."""
     mach = result.machine
     cfg = result.config
+    blas = mach.get("blas_threads")
+    blas_counts = sorted(set(blas.values())) if isinstance(blas, dict) else []
     head = [
         "## Results",
         "",
@@ -174,6 +187,8 @@ def render_markdown(result: BenchResult, plots: dict[str, dict[str, str]] | None
         f"Machine: {mach.get('cpus')} CPUs ({mach.get('cpus_usable')} usable), "
         f"{mach.get('memory_gb')} GB, {mach.get('platform')}, Python {mach.get('python')}, "
         f"torch {mach.get('torch')}, start method {mach.get('start_method')}  ",
+        f"headrace revision: {mach.get('headrace_revision')}; NumPy OpenBLAS threads: "
+        f"{blas_counts or 'default'}  ",
         f"Repeats: {cfg.repeats} per row after {'a' if cfg.warmup else 'no'} warm-up epoch; "
         f"time_scale {cfg.time_scale:g}; cells are median (min–max) over the repeats.",
         "",
@@ -187,4 +202,27 @@ def write_markdown(result: BenchResult, out_dir: str | os.PathLike[str],
     """Write ``results.md`` and return its path."""
     path = Path(out_dir) / MARKDOWN_NAME
     path.write_text(render_markdown(result, plots))
+    return path
+
+
+# -- docs -------------------------------------------------------------------------------------
+DOC_BEGIN = "<!-- headrace-bench:begin -->"
+DOC_END = "<!-- headrace-bench:end -->"
+
+
+def splice_into_doc(doc: str | os.PathLike[str], markdown: str,
+                    out_dir: str | os.PathLike[str]) -> Path:
+    """Replace the block between :data:`DOC_BEGIN` and :data:`DOC_END` in ``doc`` by
+    ``markdown`` (a run's ``results.md``), with plot links made relative to the document.
+
+    Raises ValueError when the markers are missing, so a document is never silently rewritten.
+    """
+    path = Path(doc)
+    text = path.read_text()
+    start, end = text.find(DOC_BEGIN), text.find(DOC_END)
+    if start < 0 or end < start:
+        raise ValueError(f"{path} has no {DOC_BEGIN} ... {DOC_END} block to replace")
+    rel = Path(os.path.relpath(Path(out_dir).resolve(), path.parent.resolve())).as_posix()
+    block = re.sub(r"\]\(([\w.\-]+\.png)\)", lambda m: f"]({rel}/{m.group(1)})", markdown)
+    path.write_text(f"{text[:start]}{DOC_BEGIN}\n{block.strip()}\n{text[end:]}")
     return path

@@ -5,6 +5,11 @@ warm-up epoch (page cache, lazy imports, generated files), run torch's worker/pr
 (one epoch per configuration), then ``repeats`` rounds over every row. Rounds go round-robin,
 starting one row later each round, so a burst of load from another process on this shared
 machine hits every loader alike instead of one row's repeats.
+
+Two settings hold for the whole run (``BenchConfig``): NumPy's OpenBLAS is limited to
+``blas_threads`` threads (``threads.py`` says why), and headrace gets a profile store private to
+the run, so its measured epochs start from the profile the warm-up stored, as a user's second
+run of the same job does.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ import datetime
 import os
 import platform
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +36,7 @@ from headrace.bench.config import (
 )
 from headrace.bench.measure import RunRecord, run_once
 from headrace.bench.summary import RowSummary, summarize
+from headrace.bench.threads import blas_limited
 from headrace.workloads import Workload, get_workload
 
 Log = Callable[[str], None]
@@ -70,11 +79,30 @@ class BenchResult:
     workloads: tuple[WorkloadResult, ...]
 
 
+def _git_revision() -> str | None:
+    """``git describe``-like revision of the headrace checkout (``-dirty`` if modified)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[3]
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src"],
+                               capture_output=True, text=True, timeout=5, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return rev + ("-dirty" if dirty.strip() else "")
+
+
 def machine_info() -> dict[str, object]:
-    """Cores, memory and software versions of the machine the run is on."""
+    """Cores, memory, software versions and headrace revision of the machine the run is on."""
     import psutil
 
+    from headrace.bench.threads import blas_threads
+
     return {
+        "headrace_revision": _git_revision(),
+        "blas_threads": blas_threads(),
         "cpus": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_gb": round(psutil.virtual_memory().total / 1e9, 1),
@@ -107,8 +135,13 @@ def sampler_order(n: int, seed: int) -> list[int]:
     return [int(i) for i in np.random.default_rng([seed, 7]).permutation(n)]
 
 
-def bench_workload(name: str, config: BenchConfig, log: Log = lambda _m: None) -> WorkloadResult:
-    """Measure every row on workload ``name`` (see the module docstring)."""
+def bench_workload(
+    name: str, config: BenchConfig, log: Log = lambda _m: None, options: Any = None
+) -> WorkloadResult:
+    """Measure every row on workload ``name`` (see the module docstring).
+
+    ``options``: :class:`headrace.Options` for the headrace rows (``None``: the defaults).
+    """
     wl = build_workload(name, config)
     order = sampler_order(len(wl), config.seed)
     log(f"== {name}: {len(wl)} samples, batch {wl.batch_size}, {wl.num_workers} workers, "
@@ -116,7 +149,7 @@ def bench_workload(name: str, config: BenchConfig, log: Log = lambda _m: None) -
     specs = standard_loaders(wl.num_workers)
 
     def measure(spec: LoaderSpec, tag: str) -> RunRecord:
-        r = run_once(wl, spec, order, config.resource_interval_s)
+        r = run_once(wl, spec, order, config.resource_interval_s, options=options)
         log(f"  {tag:<8} {spec.label:<20} wall {r.wall_s:7.2f} s  ÷ideal {r.vs_ideal:5.3f}  "
             f"÷bound {r.vs_bound:5.3f}  stall {r.stall_fraction:5.1%}")
         return r
@@ -168,13 +201,18 @@ def run_bench(
     ``on_workload(partial)`` is called after each workload with the results so far, so a
     caller can write them down before a long run ends.
     """
+    from headrace.runtime import Options
+
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    machine = machine_info()
     done: list[WorkloadResult] = []
-    result = BenchResult(config, machine, command or " ".join(sys.argv), started, ())
-    for name in config.workloads:
-        done.append(bench_workload(name, config, log))
-        result = dataclasses.replace(result, workloads=tuple(done))
-        if on_workload is not None:
-            on_workload(result)
+    with blas_limited(config.blas_threads), \
+            tempfile.TemporaryDirectory(prefix="headrace-bench-") as tmp:
+        result = BenchResult(config, machine_info(), command or " ".join(sys.argv), started, ())
+        store = str(Path(tmp) / "profiles.sqlite") if config.profile_store else False
+        options = Options(profile_store=store)
+        for name in config.workloads:
+            done.append(bench_workload(name, config, log, options))
+            result = dataclasses.replace(result, workloads=tuple(done))
+            if on_workload is not None:
+                on_workload(result)
     return result

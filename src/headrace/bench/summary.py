@@ -24,6 +24,7 @@ METRICS: dict[str, Callable[[RunRecord], float]] = {
     "main_cpu_per_batch_ms": lambda r: r.main_cpu_per_batch_ms,
     "machine_other_cpu_s": lambda r: max(0.0, r.resources.machine_busy_s - r.resources.cpu_s),
     "mean_cost_ms": lambda r: 1000.0 * statistics.fmean(r.costs) if r.costs else 0.0,
+    "consumer_step_ms": lambda r: 1000.0 * r.consumer_busy_s / r.batches if r.batches else 0.0,
 }
 """Every metric reported per run, by name (units in the name: s, ms, mb; ratios bare)."""
 
