@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,9 @@ class Monitor:
         """Callables ``f(index, step_s, slow, timings)`` (the profiler attaches here)."""
         self._last_queue = 0.0
         self._last_remaining = 0.0
+        self._remaining_pool: Any = lambda: None  # weakref to the pool whose workers last got them
+        self.stored_step_means: dict[str, float] = {}
+        """Mean step times (s) by step name from a stored profile: known before any sample."""
         self._last_scale = time.perf_counter()
         self._memory_budget: float | None = None
         self._pushed_timeout = float("nan")
@@ -117,7 +121,9 @@ class Monitor:
             self._pushed_timeout = t
             self.timeout_timeline.append((self.now(), t))
         now = time.perf_counter()
-        if now - self._last_remaining >= REMAINING_UPDATE_S and self.profiler is not None:
+        if self.profiler is not None and (
+            now - self._last_remaining >= REMAINING_UPDATE_S or self._remaining_pool() is not pool
+        ):
             self._last_remaining = now
             self._push_remaining(pool)
         if now - self._last_queue >= QUEUE_SAMPLE_S:
@@ -134,16 +140,24 @@ class Monitor:
             self._autoscale(sched)
 
     def _push_remaining(self, pool: Any) -> None:
-        """Expected seconds from each step to the end, from the profile's mean step times."""
+        """Expected seconds from each step to the end, from the profile's mean step times
+        (this run's once 16 samples are measured, else a stored profile's)."""
         assert self.profiler is not None
-        if self.profiler.samples < 16 or len(pool.handoff.remaining) != len(self.profiler.step_names) + 1:
+        names = self.profiler.step_names
+        if len(pool.handoff.remaining) != len(names) + 1:
             return
-        means = [s.wall_mean for s in self.profiler.report().steps]
+        if self.profiler.samples >= 16:
+            means = [s.wall_mean for s in self.profiler.report().steps]
+        elif self.stored_step_means and all(n in self.stored_step_means for n in names):
+            means = [self.stored_step_means[n] for n in names]
+        else:
+            return
         acc = 0.0
         for i in range(len(means) - 1, -1, -1):
             acc += means[i]
             pool.handoff.remaining[i] = acc
         pool.handoff.remaining[len(means)] = 0.0
+        self._remaining_pool = weakref.ref(pool)
 
     # -- adaptive workers (num_workers="auto") -------------------------------------------------
     def _autoscale(self, sched: Scheduler) -> None:

@@ -191,7 +191,12 @@ class Scheduler:
         workers = [w for w in list(self.pool.workers.values()) if w.ready and not w.retiring]
         if not workers:
             return
+        # The slow lane gets its share of the workers; a backlog longer than the pool means that
+        # share is too small for this workload (slow samples carry most of the work), and
+        # starving it would only fill the in-flight budget with waiting samples: lift the cap.
         slow_cap = max(1, int(self.spec.slow_lane_share * len(workers)))
+        if len(self._backlog) > len(workers):
+            slow_cap = len(workers) * DEPTH
         for depth in range(1, DEPTH + 1):
             for w in workers:
                 while len(w.assigned) < depth:
@@ -209,14 +214,13 @@ class Scheduler:
     def _choose(self, w: WorkerHandle, depth: int, slow_cap: int) -> Rec | None:
         if self._retry:
             return self._retry.popleft()
-        idle = not w.assigned
-        if self._backlog and idle and self._slow_running() < slow_cap:
+        if self._backlog and self._slow_running() < slow_cap:
             return self._backlog.popleft()
         if depth == 1 or not self._near_end():
             rec = self._next_fresh()
             if rec is not None:
                 return rec
-        if self._backlog and idle:
+        if self._backlog:
             return self._backlog.popleft()  # nothing fresh may start: stay work-conserving
         return None
 
