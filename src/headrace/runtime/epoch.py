@@ -55,7 +55,55 @@ class EpochMeter:
         )
 
 
-class EpochIterator:
+class EpochBase:
+    """What every epoch iterator shares: its meter, origin, closing protocol.
+
+    Subclasses implement ``__next__``, ``stats`` and ``_release`` (free what the epoch holds).
+    ``origin`` (a ``checkpoint.EpochOrigin``) and ``loader`` (kept alive while the epoch runs)
+    are set by the loader.
+    """
+
+    def __init__(self, epoch: int, hooks: Any, delivered: Bitmap) -> None:
+        self.meter = EpochMeter(epoch)
+        self.hooks = hooks
+        self.delivered = delivered
+        self.origin: Any = None
+        self.loader: Any = None
+        self._closed = False
+
+    def __iter__(self) -> EpochBase:
+        return self
+
+    def stats(self) -> EpochStats:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Free what the epoch holds (threads, workers); called once by ``close``."""
+
+    @property
+    def finished(self) -> bool:
+        return self.meter.t_end is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Release the epoch and record its stats (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._release()
+        self.hooks.on_epoch_closed(self.stats())
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class EpochIterator(EpochBase):
     """Iterator over the batches of one epoch with worker processes."""
 
     def __init__(
@@ -67,22 +115,14 @@ class EpochIterator:
         delivered: Bitmap,
         timeout_s: float,
     ) -> None:
+        super().__init__(spec.epoch, hooks, delivered)
         self.pool = pool
         self.owns_pool = owns_pool
         self.spec = spec
-        self.delivered = delivered
         self.timeout_s = timeout_s
-        self.meter = EpochMeter(spec.epoch)
-        self.origin: Any = None  # checkpoint.EpochOrigin, set by the loader
-        self.loader: Any = None  # keeps the loader alive while the epoch runs
-        self.hooks = hooks
         self._out: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.scheduler = Scheduler(pool, spec, hooks, self._out)
-        self._closed = False
         self.scheduler.start()
-
-    def __iter__(self) -> EpochIterator:
-        return self
 
     def __next__(self) -> Any:
         if self._closed:
@@ -131,21 +171,9 @@ class EpochIterator:
         c = self.scheduler.counters
         return self.meter.snapshot(c.fast, c.slow, c.skipped, c.retried, c.scheduler_cpu_s)
 
-    @property
-    def finished(self) -> bool:
-        return self.meter.t_end is not None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Stop the scheduler; stop the workers unless they persist (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
+    def _release(self) -> None:
+        """Stop the scheduler; stop the workers unless they persist."""
         self.scheduler.stop()
-        self.hooks.on_epoch_closed(self.stats())
         if self.owns_pool:
             self.pool.shutdown()
         else:
@@ -158,9 +186,3 @@ class EpochIterator:
         """
         for w in self.pool.workers.values():
             w.assigned.clear()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass

@@ -18,12 +18,14 @@ from headrace.errors import StepError, step_error_for
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import SampleRunner
 from headrace.runtime.bitmap import Bitmap
-from headrace.runtime.epoch import EpochMeter
+from headrace.runtime.epoch import EpochBase
 from headrace.runtime.work import collate_error
 from headrace.telemetry.stats import EpochStats
 
 
-class InProcessIterator:
+class InProcessIterator(EpochBase):
+    """One epoch with ``num_workers=0``: samples loaded in ``next()``, in the sampler's order."""
+
     def __init__(
         self,
         pipeline: Pipeline,
@@ -38,6 +40,7 @@ class InProcessIterator:
         hooks: Any,
         measure: Any = None,
     ) -> None:
+        super().__init__(epoch, hooks, delivered)
         self.runner = SampleRunner(pipeline, measure=measure)
         self.epoch = epoch
         self.base_seed = base_seed
@@ -45,18 +48,9 @@ class InProcessIterator:
         self.auto_collation = auto_collation
         self.collate = collate
         self.pin = pin
-        self.delivered = delivered
         self.on_error = on_error
-        self.hooks = hooks
-        self._closed = False
-        self.meter = EpochMeter(epoch)
-        self.origin: Any = None  # checkpoint.EpochOrigin, set by the loader
-        self.loader: Any = None  # keeps the loader alive while the epoch runs
         self.skipped = 0
         self._position = 0
-
-    def __iter__(self) -> InProcessIterator:
-        return self
 
     def __next__(self) -> Any:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -118,22 +112,3 @@ class InProcessIterator:
 
     def stats(self) -> EpochStats:
         return self.meter.snapshot(self.meter.samples, 0, self.skipped, 0, 0.0)
-
-    @property
-    def finished(self) -> bool:
-        return self.meter.t_end is not None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.hooks.on_epoch_closed(self.stats())
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass

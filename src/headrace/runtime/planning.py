@@ -8,7 +8,6 @@ timeout policy's starting point). Called by the loader at each epoch start and e
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from headrace.pipeline import Pipeline
 from headrace.planner.order import MIN_PROFILE_SAMPLES, OrderPlan, plan_order
@@ -105,6 +104,3 @@ class Planning:
         if p is not None and p.samples:
             return p.report()
         return self.stored
-
-    def describe_store(self) -> Any:
-        return self.store.path if self.store is not None else None

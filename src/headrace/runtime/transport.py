@@ -64,7 +64,7 @@ def encode(x: Any) -> Any:
             return _Shm(kind, torch.frombuffer(bytearray(x), dtype=torch.uint8))
         return x
     if isinstance(x, dict):
-        return type(x)((k, encode(v)) for k, v in x.items()) if type(x) is dict else _map_dict(x, encode)
+        return {k: encode(v) for k, v in x.items()} if type(x) is dict else _map_dict(x, encode)
     if isinstance(x, tuple):
         if hasattr(x, "_fields"):  # namedtuple
             return type(x)(*(encode(v) for v in x))
