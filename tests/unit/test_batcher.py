@@ -1,43 +1,50 @@
-from headrace.runtime.batcher import Batcher
+from headrace.runtime.batcher import Batcher, Place
 
 
-def test_regroup_fills_fast_first_then_slow_and_flushes_tail():
+def test_regroup_fills_rows_in_arrival_order_and_flushes_the_tail():
     b = Batcher("regroup", 3)
-    b.complete(0, "s0", slow=True)
-    b.complete(1, "f1")
+    assert b.place(7) == Place(0, 0, 3)  # a slow-lane sample takes the next row like any other
+    assert b.place(1) == Place(0, 1, 3)
     assert b.pop(final=False) is None
-    b.complete(2, "f2")
-    b.complete(3, "f3")
-    batch = b.pop(final=False)
-    assert [p for p, _ in batch] == [1, 2, 3]
-    assert b.pop(final=False) is None  # one slow sample left, batch not full
-    assert [p for p, _ in b.pop(final=True)] == [0]
+    assert b.place(2) == Place(0, 2, 3)
+    assert b.place(3) == Place(1, 0, 3)  # the next batch starts filling at once
+    ready = b.pop(final=False)
+    assert (ready.key, ready.rows, ready.positions) == (0, [0, 1, 2], [7, 1, 2])
+    assert b.pop(final=False) is None  # one sample waiting, batch not full
+    assert b.ready_samples == 1
+    tail = b.pop(final=True)
+    assert (tail.key, tail.rows, tail.positions) == (1, [0], [3])
     assert b.pop(final=True) is None
+    assert b.ready_samples == 0
 
 
-def test_ordered_yields_groups_in_sampler_order():
+def test_ordered_yields_groups_in_sampler_order_with_rows_by_sampler_position():
     b = Batcher("ordered", 2)
     b.add_group(0, [0, 1])
     b.add_group(2, [2, 3])
-    b.complete(3, "c")
-    b.complete(2, "b")
+    assert b.place(3) == Place(2, 1, 2)
+    assert b.place(2) == Place(2, 0, 2)
     assert b.pop(False) is None  # group 0 not complete
-    b.complete(1, "y")
-    b.complete(0, "x")
-    assert b.pop(False) == [(0, "x"), (1, "y")]
-    assert b.pop(False) == [(2, "b"), (3, "c")]
+    assert b.place(1) == Place(0, 1, 2)
+    assert b.place(0) == Place(0, 0, 2)
+    assert b.pop(False)[1:] == ([0, 1], [0, 1])
+    assert b.pop(False)[1:] == ([0, 1], [2, 3])
+    assert b.pop(True) is None
 
 
-def test_grouped_yields_complete_groups_first_and_keeps_membership():
+def test_grouped_yields_complete_groups_first_and_leaves_a_hole_for_a_skipped_sample():
     b = Batcher("grouped", None)
-    b.add_group(0, [0, 1])
-    b.add_group(2, [2, 3])
-    b.complete(2, "b")
-    b.complete(3, "c")
-    assert b.pop(False) == [(2, "b"), (3, "c")]
-    b.complete(0, "x")
+    b.add_group(0, [0, 1, 2])
+    b.add_group(3, [3, 4])
+    b.place(3)
+    b.place(4)
+    assert b.pop(False)[1:] == ([0, 1], [3, 4])
+    b.place(2)
     b.drop(1)
-    assert b.pop(False) == [(0, "x")]
+    assert b.pop(False) is None  # position 0 still running
+    b.place(0)
+    ready = b.pop(False)
+    assert (ready.key, ready.rows, ready.positions) == (0, [0, 2], [0, 2])
     assert b.ready_samples == 0
 
 
@@ -46,5 +53,6 @@ def test_a_group_whose_samples_were_all_skipped_is_not_yielded():
     b.add_group(0, [0])
     b.add_group(1, [1])
     b.drop(0)
-    b.complete(1, "z")
-    assert b.pop(False) == [(1, "z")]
+    b.place(1)
+    assert b.pop(False)[1:] == ([0], [1])
+    assert b.pop(True) is None

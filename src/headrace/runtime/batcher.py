@@ -1,10 +1,17 @@
-"""Batch formation from finished samples (pure; no threads, no processes).
+"""Batch formation: which batch, and which row of it, each finished sample goes to.
+
+Pure bookkeeping over epoch positions (no threads, no processes, no sample data): the scheduler
+asks :meth:`Batcher.place` where a finished sample belongs *when it arrives*, so that its arrays
+can be copied once, straight into that row of the batch (``runtime/assembly.py``).
 
 Three ways to group, chosen by the loader:
 
-* ``regroup`` (default, sample-aware): any ``batch_size`` finished samples form the next batch,
-  fast-lane samples first, then slow-lane ones (MinatoLoader Algorithm 1, lines 20-30). Used with
-  torch's default BatchSampler, whose grouping carries no meaning beyond its size.
+* ``regroup`` (default, sample-aware): the next ``batch_size`` samples to finish form the next
+  batch, in the order they finish, whichever lane they came through (MinatoLoader Algorithm 1,
+  lines 20-30, fills a batch from its fast queue first, then its slow queue; as both queues hold
+  only finished samples and a batch goes out as soon as it is full, that preference only orders
+  rows within a batch, so it is dropped). Used with torch's default BatchSampler, whose grouping
+  carries no meaning beyond its size.
 * ``ordered`` (``in_order=True``): the sampler's batches, in the sampler's order: torch's order
   and batches exactly.
 * ``grouped``: the sampler's batches kept whole but yielded as soon as complete. Used with a
@@ -14,11 +21,28 @@ Three ways to group, chosen by the loader:
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from typing import Any, Literal
+from typing import Literal, NamedTuple
 
 Mode = Literal["regroup", "ordered", "grouped"]
-Item = tuple[int, Any]  # (epoch position, sample)
+
+
+class Place(NamedTuple):
+    """Where a finished sample goes: batch ``key``, row ``row`` of a batch of ``capacity`` rows."""
+
+    key: int
+    row: int
+    capacity: int
+
+
+class Ready(NamedTuple):
+    """A batch ready to go out: its ``key``, the rows filled (ascending; a skipped sample
+    leaves a hole) and the epoch positions of those rows, in the same order."""
+
+    key: int
+    rows: list[int]
+    positions: list[int]
 
 
 class Batcher:
@@ -27,15 +51,19 @@ class Batcher:
             raise ValueError("regroup needs a batch size")
         self.mode = mode
         self.batch_size = batch_size or 1
-        self._fast: deque[Item] = deque()
-        self._slow: deque[Item] = deque()
-        # grouped / ordered bookkeeping
+        # regroup: the batch being filled
+        self._keys = itertools.count()
+        self._open_key = next(self._keys)
+        self._open: list[int] = []  # positions, row = list index
+        self._full: deque[Ready] = deque()
+        # grouped / ordered: sampler batches, keyed by their first epoch position
         self._group_of: dict[int, int] = {}
         self._groups: dict[int, list[int]] = {}
-        self._done: dict[int, dict[int, Any]] = {}
+        self._filled: dict[int, dict[int, int]] = {}  # gid -> {row: position}
+        self._dropped: dict[int, int] = {}  # gid -> samples skipped
         self._order: deque[int] = deque()
         self._complete: deque[int] = deque()
-        self._dropped: set[int] = set()
+        self._placed = 0  # samples placed and not yet handed out
 
     # -- input -------------------------------------------------------------------------------
     def add_group(self, gid: int, positions: list[int]) -> None:
@@ -43,80 +71,83 @@ class Batcher:
         if self.mode == "regroup":
             return
         self._groups[gid] = positions
-        self._done[gid] = {}
+        self._filled[gid] = {}
+        self._dropped[gid] = 0
         if self.mode == "ordered":
             self._order.append(gid)
         for p in positions:
             self._group_of[p] = gid
 
-    def complete(self, position: int, sample: Any, slow: bool = False) -> None:
-        """A sample finished (``slow``: it went through the slow lane)."""
+    def place(self, position: int) -> Place:
+        """A sample finished: the batch and row it goes to. Call :meth:`pop` afterwards."""
+        self._placed += 1
         if self.mode == "regroup":
-            (self._slow if slow else self._fast).append((position, sample))
-            return
+            place = Place(self._open_key, len(self._open), self.batch_size)
+            self._open.append(position)
+            if len(self._open) == self.batch_size:
+                self._close_open()
+            return place
         gid = self._group_of.pop(position)
-        done = self._done[gid]
-        done[position] = sample
+        members = self._groups[gid]
+        row = members.index(position)
+        self._filled[gid][row] = position
         self._check_group(gid)
+        return Place(gid, row, len(members))
 
     def drop(self, position: int) -> None:
         """A sample was skipped (``on_error="skip"``): its batch goes out without it."""
         if self.mode == "regroup":
             return
         gid = self._group_of.pop(position)
-        self._dropped.add(position)
+        self._dropped[gid] += 1
         self._check_group(gid)
 
+    def _close_open(self) -> None:
+        rows = list(range(len(self._open)))
+        self._full.append(Ready(self._open_key, rows, self._open))
+        self._open_key = next(self._keys)
+        self._open = []
+
+    def _is_complete(self, gid: int) -> bool:
+        return len(self._filled[gid]) + self._dropped[gid] == len(self._groups[gid])
+
     def _check_group(self, gid: int) -> None:
-        members = self._groups[gid]
-        done = self._done[gid]
-        if self.mode == "grouped" and len(done) + sum(p in self._dropped for p in members) == len(
-            members
-        ):
+        if self.mode == "grouped" and self._is_complete(gid):
             self._complete.append(gid)
 
     # -- output ------------------------------------------------------------------------------
     @property
     def ready_samples(self) -> int:
         """Finished samples not yet handed out in a batch."""
-        if self.mode == "regroup":
-            return len(self._fast) + len(self._slow)
-        return sum(len(d) for d in self._done.values())
+        return self._placed
 
-    def pop(self, final: bool) -> list[Item] | None:
+    def pop(self, final: bool) -> Ready | None:
         """The next batch if one is ready, else ``None``.
 
         ``final``: no sample of the epoch is left to finish, so a short last batch may go out.
+        A batch whose every sample was skipped is never returned.
         """
         if self.mode == "regroup":
-            n = len(self._fast) + len(self._slow)
-            if n == 0 or (n < self.batch_size and not final):
+            if not self._full and final and self._open:
+                self._close_open()
+            if not self._full:
                 return None
-            take = min(n, self.batch_size)
-            out: list[Item] = []
-            while len(out) < take and self._fast:
-                out.append(self._fast.popleft())
-            while len(out) < take:
-                out.append(self._slow.popleft())
-            return out
+            ready = self._full.popleft()
+            self._placed -= len(ready.rows)
+            return ready
         while True:
             if self.mode == "ordered":
-                if not self._order:
+                if not self._order or not self._is_complete(self._order[0]):
                     return None
-                gid = self._order[0]
-                members = self._groups[gid]
-                if len(self._done[gid]) + sum(p in self._dropped for p in members) < len(members):
-                    return None
-                self._order.popleft()
+                gid = self._order.popleft()
             else:
                 if not self._complete:
                     return None
                 gid = self._complete.popleft()
-                members = self._groups[gid]
-            done = self._done.pop(gid)
-            del self._groups[gid]
-            items = [(p, done[p]) for p in members if p in done]
-            self._dropped.difference_update(members)
-            if items:
-                return items
+            filled = self._filled.pop(gid)
+            del self._groups[gid], self._dropped[gid]
+            if filled:
+                rows = sorted(filled)
+                self._placed -= len(rows)
+                return Ready(gid, rows, [filled[r] for r in rows])
             # every sample of this batch was skipped: nothing to yield, look further

@@ -1,8 +1,9 @@
 """The sample-level scheduler: one thread in the training process per epoch.
 
 It owns the epoch's work: pulls sampler positions, sends samples (not batches) to workers,
-receives finished samples, hands slow ones to the slow lane, forms and collates batches, and puts
-them on the queue the training loop reads. MinatoLoader Algorithm 1, done with processes:
+receives finished samples, hands slow ones to the slow lane, copies each finished sample straight
+into its row of its batch (``runtime/assembly.py``), and puts finished batches on the queue the
+training loop reads. MinatoLoader Algorithm 1, done with processes:
 
 * fast lane: fresh samples go to any worker with room (at most ``DEPTH`` assigned each, one near
   the end of the epoch so no sample waits behind a slow one while another worker idles);
@@ -11,7 +12,8 @@ them on the queue the training loop reads. MinatoLoader Algorithm 1, done with p
   ``slow_lane_share`` of the workers run slow-lane samples while fresh samples are waiting, so
   fast samples always have most of the pool; when no fresh sample may start, any worker takes
   slow-lane work, so the pool stays work-conserving within the user's worker budget.
-* batcher: fast-lane samples first, then slow-lane ones (``runtime/batcher.py``).
+* batcher: the next samples to finish form the next batch, whichever lane they came through
+  (``runtime/batcher.py``).
 
 Exactly-once: every task has a tid; a result is accepted only for a tid still outstanding, a
 position is completed once, and the training loop marks positions delivered one batch at a time.
@@ -30,7 +32,9 @@ from collections import deque
 from typing import Any
 
 from headrace.errors import StepError, WorkerDiedError, step_error_for
+from headrace.runtime.assembly import BatchAssembly
 from headrace.runtime.pool import WorkerHandle, WorkerPool
+from headrace.runtime.ring import Ring
 from headrace.runtime.ring import decode as ring_decode
 from headrace.runtime.transport import decode, encode
 from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error
@@ -69,6 +73,7 @@ class Scheduler:
         self._settled = 0  # positions completed or skipped
         self._exhausted = False
         self._hung: dict[int, tuple[int, int]] = {}  # slot -> (tid, step) of a killed hung task
+        self._batches: dict[int, BatchAssembly] = {}  # batch key -> batch being filled
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -287,7 +292,7 @@ class Scheduler:
             return  # a stale result of a task already re-run elsewhere
         if kind == "done":
             _, _, payload, timings, bytes_in, ring_end = msg
-            value = ring_decode(decode(payload), w.ring)
+            self._place(rec, decode(payload), w.ring)
             w.ring.read_pos.value = ring_end
             del self._recs[tid]
             rec.step_s += sum(t.wall for t in timings)
@@ -297,7 +302,6 @@ class Scheduler:
             else:
                 self.counters.fast += 1
             self.hooks.on_sample(rec.index, rec.step_s, rec.slow, timings, bytes_in)
-            self.spec.batcher.complete(rec.position, (rec.index, value), rec.slow)
         elif kind == "partial":
             _, _, next_step, payload, timings, bytes_in, ring_end = msg
             # copied out of the worker's ring; large arrays go to the next worker by shared memory
@@ -314,6 +318,18 @@ class Scheduler:
             step_name = names[step] if 0 <= step < len(names) else "transport"
             err = step_error_for(exc_cls, rec.index, step_name, cause, text, tb, w.slot)
             self._fail(rec, err)
+
+    def _place(self, rec: Rec, value: Any, ring: Ring) -> None:
+        """Copy a finished sample into its row of its batch (out of ``ring`` before it is freed)."""
+        key, row, capacity = self.spec.batcher.place(rec.position)
+        batch = self._batches.get(key)
+        if batch is None:
+            batch = self._batches[key] = BatchAssembly(
+                capacity, self.spec.collate, self.spec.auto_collation)
+        try:
+            batch.put(row, rec.index, value, ring)
+        except Exception as e:  # noqa: BLE001 - a sample no batch can hold
+            raise Fatal(collate_error(e, [rec.index])) from e
 
     def _fail(self, rec: Rec, err: StepError | WorkerDiedError) -> None:
         self._recs.pop(rec.task.tid, None)
@@ -383,18 +399,17 @@ class Scheduler:
         """Put every ready batch on the output queue; True when the epoch is complete."""
         final = self._exhausted and not self._fresh and self._settled == self._pulled
         while True:
-            items = self.spec.batcher.pop(final)
-            if items is None:
+            ready = self.spec.batcher.pop(final)
+            if ready is None:
                 break
-            samples = [s for _, (_, s) in items]
-            positions = [p for p, _ in items]
+            assembly = self._batches.pop(ready.key)
             try:
-                batch = self.spec.collate(samples) if self.spec.auto_collation else self.spec.collate(samples[0])
+                batch = assembly.finish(ready.rows)
                 if self.spec.pin is not None:
                     batch = self.spec.pin(batch)
             except Exception as e:  # noqa: BLE001 - collate_fn is user code
-                raise Fatal(collate_error(e, [i for _, (i, _) in items])) from e
-            self.out.put(("batch", batch, positions))
+                raise Fatal(collate_error(e, [assembly.indices[r] for r in ready.rows])) from e
+            self.out.put(("batch", batch, ready.positions))
         return final and self.spec.batcher.ready_samples == 0
 
 
