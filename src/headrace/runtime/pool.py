@@ -4,11 +4,11 @@ NOTE [headrace shutdown]
 ------------------------
 Written once here; every loop that blocks points to it.
 
-* Every blocking call polls: workers wait on their task queue for at most ``worker.POLL_S`` and
+* Every blocking call polls: workers wait on their task pipe for at most ``worker.POLL_S`` and
   exit when their parent is gone (the training process was SIGKILLed); the scheduler thread
   waits on result pipes, process sentinels and its wake-up pipe for at most ``scheduler.POLL_S``
   and exits when its stop event is set.
-* ``WorkerPool.shutdown()`` is idempotent. It sends ``None`` to every task queue, gives workers
+* ``WorkerPool.shutdown()`` is idempotent. It sends ``None`` to every task pipe, gives workers
   ``grace_s`` to exit on their own, then terminates and finally kills the rest, joins them, and
   closes every pipe and queue. Samples still in flight are discarded: they were never delivered,
   so nothing is lost (resume re-runs them) and nothing is duplicated.
@@ -34,6 +34,7 @@ from typing import Any
 
 from headrace.pipeline import Pipeline
 from headrace.runtime.ring import Ring
+from headrace.runtime.taskpipe import TaskPipe
 from headrace.runtime.worker import Task, WorkerSetup, worker_main
 
 
@@ -68,7 +69,7 @@ class WorkerHandle:
 
     slot: int
     process: Any
-    tasks: Any  # multiprocessing.Queue of Task | None
+    tasks: TaskPipe  # Task | None (exit) to the worker
     conn: Any  # multiprocessing.connection.Connection, read end of the result pipe
     ring: Ring  # where the worker puts finished samples' arrays
     assigned: dict[int, Task] = field(default_factory=dict)
@@ -81,13 +82,23 @@ class WorkerHandle:
 
     def send(self, task: Task) -> None:
         self.assigned[task.tid] = task
-        self.tasks.put(task)
+        try:
+            self.tasks.send(task)
+        except OSError:
+            pass  # the worker is gone: its death is handled by its sentinel, tasks re-run
+
+    def send_exit(self) -> None:
+        """Ask the worker to exit once its queued tasks are done (best effort)."""
+        try:
+            self.tasks.send(None)
+        except OSError:
+            pass
 
 
 class WorkerPool:
-    """A set of worker processes over one pipeline, with per-worker task queues and pipes.
+    """A set of worker processes over one pipeline, with per-worker task and result pipes.
 
-    Per-worker queues (not one shared queue) so that a worker killed by the OS can hold no lock
+    Per-worker pipes (not one shared queue) so that a worker killed by the OS can hold no lock
     another worker needs, and the main process knows exactly which samples it held.
     """
 
@@ -143,9 +154,8 @@ class WorkerPool:
         if slot is None:
             slot = next(i for i in range(self.max_slots) if i not in self.workers)
         reader, writer = self.ctx.Pipe(duplex=False)
+        task_reader, task_writer = self.ctx.Pipe(duplex=False)
         ring = Ring(self.ctx)
-        tasks = self.ctx.Queue()
-        tasks.cancel_join_thread()  # never block interpreter exit on undelivered tasks
         setup = WorkerSetup(
             slot=slot,
             num_workers=num_workers if num_workers is not None else max(self.size, slot + 1),
@@ -158,14 +168,15 @@ class WorkerPool:
         )
         proc = self.ctx.Process(
             target=worker_main,
-            args=(setup, tasks, writer, self.handoff, self.progress, ring),
+            args=(setup, task_reader, writer, self.handoff, self.progress, ring),
             daemon=True,
             name=f"headrace-worker-{slot}",
         )
         proc.start()
         writer.close()  # only the worker writes; EOF on our end then means it died
+        task_reader.close()  # only the worker reads
         self.progress.tid[slot] = -1
-        h = WorkerHandle(slot, proc, tasks, reader, ring)
+        h = WorkerHandle(slot, proc, TaskPipe(task_writer), reader, ring)
         self.workers[slot] = h
         return h
 
@@ -180,7 +191,7 @@ class WorkerPool:
     def retire(self, h: WorkerHandle) -> None:
         """Ask a worker to exit once its queued tasks are done."""
         h.retiring = True
-        h.tasks.put(None)
+        h.send_exit()
 
     def reap(self, h: WorkerHandle) -> None:
         """Forget a retired worker that has exited."""
@@ -197,10 +208,7 @@ class WorkerPool:
             handles = list(self.workers.values())
             self.workers.clear()
         for h in handles:
-            try:
-                h.tasks.put(None)
-            except (OSError, ValueError):
-                pass
+            h.send_exit()
         deadline = time.monotonic() + grace_s
         for h in handles:
             self._dispose(h, max(0.0, deadline - time.monotonic()))

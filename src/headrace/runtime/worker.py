@@ -2,7 +2,8 @@
 
 Messages (tuples, to keep pickling cheap):
 
-* main -> worker, on the worker's task queue: ``Task`` or ``None`` (exit).
+* main -> worker, on the worker's task pipe (``runtime/taskpipe.py``): ``Task`` or ``None``
+  (exit).
 * worker -> main, on the worker's result pipe:
   ``("ready", slot)`` once initialised, or ``("init_error", slot, cause_type, message, tb)``;
   ``("done", tid, payload, timings, bytes_in, ring_end)``; ``("partial", tid, next_step, payload,
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import queue
 import signal
 import time
 import traceback
@@ -109,11 +109,13 @@ def worker_main(
 
     while True:
         try:
-            task = tasks.get(timeout=POLL_S)
-        except queue.Empty:
-            if os.getppid() != setup.parent_pid:
-                return  # the training process is gone
-            continue
+            if not tasks.poll(POLL_S):
+                if os.getppid() != setup.parent_pid:
+                    return  # the training process is gone
+                continue
+            task = tasks.recv()
+        except (EOFError, OSError):
+            return  # the training process closed our pipe: shutting down
         if task is None:
             return
         progress.started[slot] = time.monotonic()

@@ -1,0 +1,39 @@
+import multiprocessing as mp
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from headrace.runtime.taskpipe import TaskPipe
+
+
+def test_sends_never_block_and_arrive_whole_and_in_order():
+    reader, writer = mp.get_context("fork").Pipe(duplex=False)
+    pipe = TaskPipe(writer)
+    big = np.arange(300_000, dtype=np.int64)  # 2.4 MB: far over a pipe's buffer
+    pipe.send(("first", 1))
+    pipe.send(("big", big))  # nobody reads yet: a blocking write would hang here
+    pipe.send(None)
+    assert pipe.pending
+    got = []
+    drain = threading.Thread(target=lambda: got.extend(reader.recv() for _ in range(3)))
+    drain.start()  # the worker's side: reads whole frames
+    for _ in range(10_000):  # bounded: flush what the pipe takes as the reader drains it
+        if pipe.flush():
+            break
+        time.sleep(0.001)
+    drain.join(10)
+    assert not pipe.pending and not drain.is_alive()
+    assert got[0] == ("first", 1) and got[2] is None
+    assert got[1][0] == "big" and np.array_equal(got[1][1], big)
+    pipe.close()
+
+
+def test_a_send_to_a_closed_pipe_raises_oserror():
+    reader, writer = mp.get_context("fork").Pipe(duplex=False)
+    pipe = TaskPipe(writer)
+    reader.close()
+    with pytest.raises(OSError):
+        pipe.send("x")
+    pipe.close()
