@@ -49,3 +49,17 @@ def test_stats_report_stall_throughput_and_queues(no_leaks):
     assert 0 <= e.stall_s <= e.wall_s and e.samples_per_s > 0
     assert e.main_cpu_per_batch_ms > 0
     assert 0 <= e.stall_fraction <= 1
+
+
+def test_a_sample_queued_behind_a_slow_one_moves_to_an_idle_worker(no_leaks):
+    # Sample 0 runs 1.5 s; the sample queued behind it on the same worker would wait for it.
+    # Once the other worker has nothing left to do, it takes that sample over.
+    pipe = hr.Pipeline(TraceSource(12), [hr.step(Trace("a", slow_every=1, slow_s=0.02), name="a"),
+                                         hr.step(Trace("b", slow_every=100, slow_s=1.5), name="b")])
+    opts = hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.1), handoff=False)
+    loader = hr.DataLoader(pipe, batch_size=1, sampler=list(range(12)), num_workers=2,
+                           collate_fn=lambda b: b, options=opts)
+    order = [s["index"] for b in loader for s in b]
+    assert sorted(order) == list(range(12))  # exactly once
+    assert order[-1] == 0  # nothing waited behind the slow sample
+    assert loader.stats().last.moved_samples == 1

@@ -34,7 +34,8 @@ class EpochMeter:
         self.consumer_cpu_s = 0.0
 
     def snapshot(
-        self, fast: int, slow: int, skipped: int, retried: int, scheduler_cpu_s: float
+        self, fast: int, slow: int, skipped: int, retried: int, scheduler_cpu_s: float,
+        moved: int = 0,
     ) -> EpochStats:
         end = self.t_end if self.t_end is not None else time.perf_counter()
         wall = end - self.t_start
@@ -52,6 +53,7 @@ class EpochMeter:
             retried_samples=retried,
             main_cpu_per_batch_ms=1000.0 * cpu / self.batches if self.batches else 0.0,
             finished=self.t_end is not None,
+            moved_samples=moved,
         )
 
 
@@ -169,7 +171,7 @@ class EpochIterator(EpochBase):
 
     def stats(self) -> EpochStats:
         c = self.scheduler.counters
-        return self.meter.snapshot(c.fast, c.slow, c.skipped, c.retried, c.scheduler_cpu_s)
+        return self.meter.snapshot(c.fast, c.slow, c.skipped, c.retried, c.scheduler_cpu_s, c.stolen)
 
     def _release(self) -> None:
         """Stop the scheduler; stop the workers unless they persist."""

@@ -113,6 +113,11 @@ class Monitor:
             log.warning("headrace skipped sample %d (%d skipped so far): %s",
                         index, self.skipped_total, str(err).splitlines()[0])
 
+    def slow_threshold_s(self) -> float:
+        """The learned timeout in seconds (``inf`` while unknown), whether or not samples are
+        handed off: a sample running longer is slow, and nothing should wait behind it."""
+        return self.timeout.timeout_s
+
     def on_tick(self, sched: Scheduler) -> None:
         pool = sched.pool
         t = self.timeout.timeout_s if sched.spec.handoff else float("inf")

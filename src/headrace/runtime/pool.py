@@ -54,13 +54,16 @@ class Progress:
     """Shared arrays, one entry per worker slot, written by workers without locks.
 
     ``tid[slot]``: task id being run (−1: idle); ``started[slot]``: ``time.monotonic()`` when
-    it started (seconds); ``step[slot]``: execution step it is in (0 = load).
+    it started (seconds); ``step[slot]``: execution step it is in (0 = load). Written by the
+    main process: ``revoked[slot]``: a queued task id the worker must skip (it was moved to
+    another worker; see ``Scheduler._steal``).
     """
 
     def __init__(self, ctx: Any, slots: int) -> None:
         self.tid = ctx.RawArray("q", [-1] * slots)
         self.started = ctx.RawArray("d", slots)
         self.step = ctx.RawArray("i", slots)
+        self.revoked = ctx.RawArray("q", [-1] * slots)
 
 
 @dataclass(eq=False)
@@ -176,6 +179,7 @@ class WorkerPool:
         writer.close()  # only the worker writes; EOF on our end then means it died
         task_reader.close()  # only the worker reads
         self.progress.tid[slot] = -1
+        self.progress.revoked[slot] = -1
         h = WorkerHandle(slot, proc, TaskPipe(task_writer), reader, ring)
         self.workers[slot] = h
         return h

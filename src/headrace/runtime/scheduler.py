@@ -5,8 +5,10 @@ receives finished samples, hands slow ones to the slow lane, copies each finishe
 into its row of its batch (``runtime/assembly.py``), and puts finished batches on the queue the
 training loop reads. MinatoLoader Algorithm 1, done with processes:
 
-* fast lane: fresh samples go to any worker with room (at most ``DEPTH`` assigned each, one near
-  the end of the epoch so no sample waits behind a slow one while another worker idles);
+* fast lane: fresh samples go to any worker with room (at most ``DEPTH`` assigned each; one
+  while the worker runs a sample over the timeout, or near the end of the epoch, so no sample
+  waits behind a slow one); a worker with nothing to do takes over a sample queued behind a
+  slow one elsewhere (``_steal``);
 * slow lane: a sample over the learned timeout comes back with its partial value and the index
   of its next step; it waits in the slow backlog and is resumed at that step by a worker. At most
   ``slow_lane_share`` of the workers run slow-lane samples while fresh samples are waiting, so
@@ -23,6 +25,7 @@ Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import selectors
@@ -206,14 +209,62 @@ class Scheduler:
         slow_cap = max(1, int(self.spec.slow_lane_share * len(workers)))
         if len(self._backlog) > len(workers):
             slow_cap = len(workers) * DEPTH
+        slow_now = self._running_slow(workers)
         for depth in range(1, DEPTH + 1):
             for w in workers:
+                if depth > 1 and w.slot in slow_now:
+                    continue  # nothing queues behind a sample already over the timeout
                 while len(w.assigned) < depth:
                     rec = self._choose(w, depth, slow_cap)
                     if rec is None:
                         break
                     rec.worker = w.slot
                     w.send(rec.task)
+        idle = [w for w in workers if not w.assigned]
+        if idle and slow_now:
+            self._steal(idle, workers, slow_now)
+
+    def _running_slow(self, workers: list[WorkerHandle]) -> dict[int, float]:
+        """Workers running a task of theirs for longer than the timeout: slot -> its start."""
+        limit = self.hooks.slow_threshold_s()
+        if not math.isfinite(limit):
+            return {}
+        prog = self.pool.progress
+        now = time.monotonic()
+        slow = {}
+        for w in workers:
+            if prog.tid[w.slot] in w.assigned and now - prog.started[w.slot] > limit:
+                slow[w.slot] = prog.started[w.slot]
+        return slow
+
+    def _steal(
+        self, idle: list[WorkerHandle], workers: list[WorkerHandle], slow_now: dict[int, float]
+    ) -> None:
+        """Give idle workers the tasks queued behind slow samples (they have nothing else).
+
+        A task queued on a worker that runs a slow sample would wait for it while others idle;
+        at the end of an epoch the last batch waits for it. It moves to an idle worker under a
+        new tid, and its old worker is told to skip the old tid (``Progress.revoked``). Should
+        the old worker start it anyway (a race), its result carries the old tid and is dropped
+        as stale: the sample is still delivered once. A worker over the timeout gets no new
+        queued task (``_dispatch``), so one revoked tid per worker is enough.
+        """
+        prog = self.pool.progress
+        victims = sorted((w for w in workers if w.slot in slow_now and len(w.assigned) > 1),
+                         key=lambda w: slow_now[w.slot])  # the longest-running first
+        for victim, thief in zip(victims, idle, strict=False):
+            running = prog.tid[victim.slot]
+            queued = next((t for t in victim.assigned if t != running), None)
+            if queued is None or queued not in self._recs:
+                continue
+            task = victim.assigned.pop(queued)
+            rec = self._recs.pop(queued)
+            prog.revoked[victim.slot] = queued
+            rec.task = task._replace(tid=next(self.pool.tids))
+            self._recs[rec.task.tid] = rec
+            rec.worker = thief.slot
+            thief.send(rec.task)
+            self.counters.stolen += 1
 
     def _slow_running(self) -> int:
         return sum(

@@ -118,6 +118,8 @@ def worker_main(
             return  # the training process closed our pipe: shutting down
         if task is None:
             return
+        if task.tid == progress.revoked[slot]:
+            continue  # moved to an idle worker while it waited behind a slow sample here
         progress.started[slot] = time.monotonic()
         progress.step[slot] = task.start
         progress.tid[slot] = task.tid

@@ -27,6 +27,8 @@ class EpochStats:
         retried_samples: re-run after their worker died.
         main_cpu_per_batch_ms: training-process CPU spent in headrace per batch (ms).
         finished: the epoch ran to its end.
+        moved_samples: samples that waited on a worker behind a slow sample and were given
+            to an idle worker instead (never run twice; see ``Scheduler._steal``).
     """
 
     epoch: int
@@ -41,6 +43,7 @@ class EpochStats:
     retried_samples: int
     main_cpu_per_batch_ms: float
     finished: bool
+    moved_samples: int = 0
 
     @property
     def stall_fraction(self) -> float:
