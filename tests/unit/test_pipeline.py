@@ -137,3 +137,14 @@ def test_step_error_keeps_the_original_type():
 
     e2 = pickle.loads(pickle.dumps(e))
     assert isinstance(e2, ValueError) and e2.index == 7 and e2.step == "decode"
+
+
+def test_step_seeds_are_pure_and_distinct_across_samples_epochs_and_steps():
+    from headrace.pipeline.seeding import sample_seed, step_keys
+
+    keys = step_keys(["load", "Crop", "Flip", "Flip", "Noise"])
+    seeds = {(b, e, i, k): sample_seed(b, e, i, k)
+             for b in (0, 2**63 + 5) for e in (0, 1) for i in range(500) for k in keys}
+    assert len(set(seeds.values())) == len(seeds)  # no two (sample, step) share a stream
+    assert all(0 <= s < 2**64 for s in seeds.values())
+    assert sample_seed(0, 1, 7, keys[2]) == seeds[(0, 1, 7, keys[2])]  # a pure function

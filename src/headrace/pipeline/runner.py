@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from headrace.pipeline.seeding import sample_seed, seed_globals, step_rng
+from headrace.pipeline.seeding import sample_root, seed_globals, step_rng, step_seed
 
 if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline
@@ -99,8 +99,9 @@ class SampleRunner:
         if measure is not None and start > 0:
             bytes_in, sig = measure(x)
         spent = 0.0
+        root = sample_root(base_seed, epoch, index)
         for i in range(start, self.n):
-            seed = sample_seed(base_seed, epoch, index, self.keys[i])
+            seed = step_seed(root, self.keys[i])
             seed_globals(seed)
             rng = step_rng(seed) if self._random[i] else None
             if on_step is not None:

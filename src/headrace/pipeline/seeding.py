@@ -33,11 +33,27 @@ def step_keys(names: list[str]) -> list[int]:
     return out
 
 
-def sample_seed(base_seed: int, epoch: int, index: int, key: int) -> int:
-    """A 64-bit seed for one (sample, step); base_seed is the loader's per-epoch seed."""
-    ss = np.random.SeedSequence(entropy=base_seed & _MASK64, spawn_key=(epoch, index, key))
+def sample_root(base_seed: int, epoch: int, index: int) -> int:
+    """A 64-bit seed for one sample of one epoch (NumPy's SeedSequence hashing, ~11 µs):
+    computed once per sample run, then mixed with each step's key by :func:`step_seed`."""
+    ss = np.random.SeedSequence(entropy=base_seed & _MASK64, spawn_key=(epoch, index))
     lo, hi = ss.generate_state(2, dtype=np.uint32)
     return int(lo) | (int(hi) << 32)
+
+
+def step_seed(root: int, key: int) -> int:
+    """The 64-bit seed of one step of a sample: SplitMix64's finaliser over the sample's root
+    and the step key (~0.5 µs; distinct keys give unrelated seeds)."""
+    z = (root ^ ((key * 0x9E3779B97F4A7C15) & _MASK64)) & _MASK64
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def sample_seed(base_seed: int, epoch: int, index: int, key: int) -> int:
+    """A 64-bit seed for one (sample, step); base_seed is the loader's per-epoch seed."""
+    return step_seed(sample_root(base_seed, epoch, index), key)
 
 
 def step_rng(seed: int) -> np.random.Generator:
