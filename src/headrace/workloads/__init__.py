@@ -1,14 +1,16 @@
 """Synthetic workloads reproducing the papers' input pipelines, generated locally from a seed.
 
-=============  ==============================================================  =====  =======
+=============  ==============================================================  =====  ========
 name           what                                                            batch  workers
-=============  ==============================================================  =====  =======
+=============  ==============================================================  =====  ========
 speech-3s      MinatoLoader speech microbenchmark, HeavyStep 3 s × time_scale  24     12
 speech-10s     same, HeavyStep 10 s × time_scale                               24     12
-imseg          KiTS19-like 3D volumes, heavy-tailed sizes, MLPerf 3D-UNet aug  3      4
-objdet         large OpenImages-like JPEGs, Decode/Resize/Flip/ToTensor/Norm   48     4
-imagenet       small ImageNet-like JPEGs, Decode/RandomResizedCrop/Flip/...    64     4
+imseg          KiTS19-like 3D volumes, heavy-tailed sizes, MLPerf 3D-UNet aug  3      cores(*)
+objdet         large OpenImages-like JPEGs, Decode/Resize/Flip/ToTensor/Norm   48     cores(*)
+imagenet       small ImageNet-like JPEGs, Decode/RandomResizedCrop/Flip/...    64     cores(*)
 =============  ==============================================================  =====  =======
+
+(*) CPU-bound: the usable cores, at most 4 (``workload.cpu_bound_workers``).
 
 ``get_workload(name, scale=..., time_scale=...)`` builds one; every workload's ``pipeline`` is
 a map-style dataset too. Samples are dicts that carry their ``"index"``.

@@ -17,7 +17,7 @@ import os
 from headrace.pipeline import Pipeline, step
 from headrace.workloads.jpegs import JpegSource, JpegSpec, ensure_jpegs
 from headrace.workloads.vision import Flip, Normalize, RandomResizedCrop, Resize, decode, to_tensor
-from headrace.workloads.workload import Workload
+from headrace.workloads.workload import Workload, cpu_bound_workers
 
 OBJDET_BASE_SAMPLES = 960
 """Images at ``scale=1.0`` for ``objdet``: 20 batches of 48."""
@@ -48,7 +48,7 @@ def objdet_workload(
     num_samples: int = OBJDET_BASE_SAMPLES,
     seed: int = 0,
     cache_dir: str | os.PathLike[str] | None = None,
-    num_workers: int = 4,
+    num_workers: int | None = None,
     accelerator_step_s: float = OBJDET_ACCELERATOR_STEP_S,
 ) -> Workload:
     """Object detection (MinatoLoader Table 1) on large, OpenImages-like JPEGs; batch 48.
@@ -57,10 +57,12 @@ def objdet_workload(
         num_samples: images per epoch (generated once into ``cache_dir``).
         seed: generation seed.
         cache_dir: where generated sets live; default ``$TMPDIR/headrace-workloads``.
-        num_workers: worker budget.
+        num_workers: worker budget (default: :func:`cpu_bound_workers`, the usable cores, at
+            most 4).
         accelerator_step_s: simulated step per batch, in seconds (all steps are real work,
             so ``time_scale`` does not apply).
     """
+    num_workers = cpu_bound_workers() if num_workers is None else num_workers
     root = ensure_jpegs(openimages_spec(num_samples, seed), cache_dir)
     steps = [
         step(decode, name="Decode", kind="decode"),
@@ -88,13 +90,14 @@ def imagenet_workload(
     num_samples: int = IMAGENET_BASE_SAMPLES,
     seed: int = 0,
     cache_dir: str | os.PathLike[str] | None = None,
-    num_workers: int = 4,
+    num_workers: int | None = None,
     accelerator_step_s: float = IMAGENET_ACCELERATOR_STEP_S,
 ) -> Workload:
     """Image classification on small, ImageNet-like JPEGs; batch 64.
 
     Arguments as for :func:`objdet_workload`.
     """
+    num_workers = cpu_bound_workers() if num_workers is None else num_workers
     root = ensure_jpegs(imagenet_spec(num_samples, seed), cache_dir)
     steps = [
         step(decode, name="Decode", kind="decode"),

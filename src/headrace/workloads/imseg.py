@@ -20,7 +20,7 @@ from scipy import ndimage
 
 from headrace.pipeline import Pipeline, step
 from headrace.workloads.volumes import VolumeSource
-from headrace.workloads.workload import Workload
+from headrace.workloads.workload import Workload, cpu_bound_workers
 
 Sample = dict[str, Any]
 
@@ -145,7 +145,7 @@ def cast(s: Sample) -> Sample:
 def imseg_workload(
     num_samples: int = BASE_SAMPLES,
     seed: int = 0,
-    num_workers: int = 4,
+    num_workers: int | None = None,
     accelerator_step_s: float = ACCELERATOR_STEP_S,
     patch: tuple[int, int, int] = PATCH,
     size_scale: float = 1.0,
@@ -155,13 +155,15 @@ def imseg_workload(
     Args:
         num_samples: volumes per epoch.
         seed: dataset seed (sizes and content).
-        num_workers: worker budget.
+        num_workers: worker budget (default: :func:`cpu_bound_workers`, the usable cores, at
+            most 4).
         accelerator_step_s: simulated step per batch in seconds. Every step here is real
             work, so ``time_scale`` does not apply.
         patch: crop size (D, H, W) in voxels; volumes are at least this large on every axis.
         size_scale: factor on volume sizes (default 0.5-8 MB, median 2 MB); per-sample cost
             grows about in proportion.
     """
+    num_workers = cpu_bound_workers() if num_workers is None else num_workers
     if size_scale <= 0:
         raise ValueError(f"size_scale must be > 0, got {size_scale}")
     source = VolumeSource(

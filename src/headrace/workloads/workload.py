@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from headrace.pipeline import Pipeline
+
+CPU_BOUND_MAX_WORKERS = 4
+"""Worker budget of the CPU-bound workloads (imseg, objdet, imagenet) on a machine with at
+least this many usable cores."""
+
+
+def cpu_bound_workers() -> int:
+    """Worker budget for a workload whose steps are all CPU work: the usable cores, at most
+    :data:`CPU_BOUND_MAX_WORKERS`. More workers than cores only time-slice the same cores (torch
+    itself warns above the core count) and make per-sample wall times depend on how many
+    workers happen to be running, which the yardsticks take as given."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(CPU_BOUND_MAX_WORKERS, cores))
 
 
 @dataclass(frozen=True)
