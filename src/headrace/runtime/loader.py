@@ -370,7 +370,7 @@ class DataLoader:
         it = EpochIterator(pool, owns, spec, self.monitor, delivered, self.timeout)
         if not pool.workers:
             # Fork after the scheduler started: it feeds the first workers while later ones fork.
-            pool.start(self.num_workers)
+            pool.start(self.num_workers, on_added=it.scheduler.wake)
             self.monitor.record_workers(pool.size)
         return it
 

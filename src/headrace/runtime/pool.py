@@ -142,9 +142,13 @@ class WorkerPool:
         """Workers not being retired."""
         return sum(not w.retiring for w in self.workers.values())
 
-    def start(self, n: int) -> None:
+    def start(self, n: int, on_added: Any = None) -> None:
+        """Start ``n`` workers; ``on_added()`` after each (e.g. wake the scheduler thread so it
+        watches the new worker's pipe now rather than at its next poll timeout)."""
         for _ in range(n):
             self.add_worker(num_workers=n)
+            if on_added is not None:
+                on_added()
 
     def add_worker(self, slot: int | None = None, num_workers: int | None = None) -> WorkerHandle | None:
         """Start one worker in ``slot`` (default: the lowest free slot); None once closed."""
