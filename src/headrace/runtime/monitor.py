@@ -60,7 +60,7 @@ class Monitor:
         self._last_queue = 0.0
         self._last_remaining = 0.0
         self._remaining_pool: Any = lambda: None  # weakref to the pool whose workers last got them
-        self.stored_step_means: dict[str, float] = {}
+        self.stored_step_p50: dict[str, float] = {}
         """Mean step times (s) by step name from a stored profile: known before any sample."""
         self._last_scale = time.perf_counter()
         self._memory_budget: float | None = None
@@ -145,23 +145,26 @@ class Monitor:
             self._autoscale(sched)
 
     def _push_remaining(self, pool: Any) -> None:
-        """Expected seconds from each step to the end, from the profile's mean step times
-        (this run's once 16 samples are measured, else a stored profile's)."""
+        """Typical seconds from each step to the end: the sum of the remaining steps' median
+        times (this run's once 16 samples are measured, else a stored profile's). Medians, not
+        means: a step that is heavy on one sample in five (speech's HeavyStep) has a mean that
+        would make every late sample look worth moving, although for four in five the steps
+        left take nothing."""
         assert self.profiler is not None
         names = self.profiler.step_names
         if len(pool.handoff.remaining) != len(names) + 1:
             return
         if self.profiler.samples >= 16:
-            means = [s.wall_mean for s in self.profiler.report().steps]
-        elif self.stored_step_means and all(n in self.stored_step_means for n in names):
-            means = [self.stored_step_means[n] for n in names]
+            typical = [s.wall_p50 for s in self.profiler.report().steps]
+        elif self.stored_step_p50 and all(n in self.stored_step_p50 for n in names):
+            typical = [self.stored_step_p50[n] for n in names]
         else:
             return
         acc = 0.0
-        for i in range(len(means) - 1, -1, -1):
-            acc += means[i]
+        for i in range(len(typical) - 1, -1, -1):
+            acc += typical[i]
             pool.handoff.remaining[i] = acc
-        pool.handoff.remaining[len(means)] = 0.0
+        pool.handoff.remaining[len(typical)] = 0.0
         self._remaining_pool = weakref.ref(pool)
 
     # -- adaptive workers (num_workers="auto") -------------------------------------------------

@@ -93,7 +93,7 @@ class Planning:
         if self.stored is not None and self.stored.samples:
             q = list(self.stored.total_quantiles)
             self.monitor.timeout.seed(q)
-            self.monitor.stored_step_means = {s.name: s.wall_mean for s in self.stored.steps}
+            self.monitor.stored_step_p50 = {s.name: s.wall_p50 for s in self.stored.steps}
             self.note = (
                 f"reused a stored profile of {self.stored.samples} samples from {self.store.path} "
                 "(warm-up skipped)"

@@ -42,7 +42,7 @@ class HandOff:
     """What a worker needs to decide a hand-off, shared without locks.
 
     ``timeout.value``: the learned timeout in seconds (``inf``: none yet). ``remaining[i]``:
-    expected seconds of steps ``i..n-1`` (mean step times from the profile; ``inf`` unknown).
+    typical seconds of steps ``i..n-1`` (sum of their median times; ``inf`` unknown).
     """
 
     def __init__(self, ctx: Any, steps: int) -> None:

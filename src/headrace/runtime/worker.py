@@ -66,8 +66,8 @@ class WorkerSetup(NamedTuple):
 
 
 HANDOFF_MIN_SHARE = 0.5
-"""A sample over the timeout is handed off only if the steps it has left are expected to take at
-least this share of the timeout: moving a sample whose remaining work is trivial costs a round
+"""A sample over the timeout is handed off only if the steps it has left typically take (sum of
+their median times) at least this share of the timeout: moving a sample whose remaining work is trivial costs a round
 trip and saves nothing (a departure from MinatoLoader, which moves every late sample)."""
 
 
@@ -103,7 +103,7 @@ def worker_main(
     limit, remaining = handoff.timeout, handoff.remaining
 
     def hand_off(next_step: int, spent: float) -> bool:
-        # Over the timeout, and enough expected work left for a move to pay (see HandOff).
+        # Over the timeout, and enough typical work left for a move to pay (see HandOff).
         t = limit.value
         return spent > t and remaining[next_step] >= HANDOFF_MIN_SHARE * t
 
