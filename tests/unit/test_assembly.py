@@ -149,3 +149,17 @@ def test_in_place_only_for_torchs_unmodified_default_collate(monkeypatch):
     assert not stacks_in_place(lambda b: default_collate(b), auto_collation=True)
     monkeypatch.setitem(torch_collate.default_collate_fn_map, torch.Tensor, lambda b, **_: "custom")
     assert not stacks_in_place(default_collate, auto_collation=True)
+
+
+def test_falling_back_rebuilds_the_rows_already_stored_as_the_samples_they_were():
+    seen = []
+    samples = [(np.full(1500, i, dtype=np.float32), Pair(torch.ones(3) * i, "a"), [i]) for i in range(3)]
+    samples.append((np.zeros(7, dtype=np.float32), Pair(torch.ones(3), "b"), [3]))  # another shape
+    batch = assemble(samples)
+    assert not batch.in_place
+    batch.collate = lambda rows: seen.extend(rows) or "collated"
+    assert batch.finish([0, 1, 2, 3]) == "collated"
+    for got, want in zip(seen, samples, strict=True):
+        assert type(got) is tuple and type(got[1]) is Pair and type(got[2]) is list
+        assert np.array_equal(got[0], want[0]) and torch.equal(got[1].image, want[1].image)
+        assert got[1].label == want[1].label and got[2] == want[2]

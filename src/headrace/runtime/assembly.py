@@ -153,7 +153,7 @@ class BatchAssembly:
                     leaves.append(tensor[row].numpy().copy())
                 else:
                     leaves.append(tensor[row].clone())
-            self._samples[row] = _rebuild(self._spec, iter(leaves))
+            self._samples[row] = _build(self._spec, iter(leaves), collated=False)
         self.in_place = False
         self._tensors, self._rows, self._objects, self._stored = [], [], [], []
 
@@ -210,27 +210,19 @@ def _leaf_specs(spec: Spec, out: list[Spec]) -> None:
             _leaf_specs(child, out)
 
 
-def _build(spec: Spec, leaves: Iterator[Any]) -> Any:
-    """The collated batch of structure ``spec`` from its collated leaves (default_collate's
-    containers: a dict stays a dict, a namedtuple its type, a tuple or a list becomes a list)."""
+def _build(spec: Spec, leaves: Iterator[Any], collated: bool = True) -> Any:
+    """A tree of structure ``spec`` from its leaves, in flattening order.
+
+    ``collated``: the leaves are collated columns and the tree is the batch, with
+    default_collate's containers (a dict stays a dict, a namedtuple its type, a tuple or a list
+    becomes a list); otherwise the tree is one sample again (the inverse of ``_flatten``).
+    """
     kind = spec[0]
     if kind in (_LEAF_ARRAY, _LEAF_OBJECT):
         return next(leaves)
     if kind == "dict":
-        return {k: _build(c, leaves) for k, c in zip(spec[1], spec[2], strict=True)}
+        return {k: _build(c, leaves, collated) for k, c in zip(spec[1], spec[2], strict=True)}
     if kind == "namedtuple":
-        return spec[1](*(_build(c, leaves) for c in spec[2]))
-    return [_build(c, leaves) for c in spec[1]]
-
-
-def _rebuild(spec: Spec, leaves: Iterator[Any]) -> Any:
-    """A sample of structure ``spec`` from its leaves (the inverse of ``_flatten``)."""
-    kind = spec[0]
-    if kind in (_LEAF_ARRAY, _LEAF_OBJECT):
-        return next(leaves)
-    if kind == "dict":
-        return {k: _rebuild(c, leaves) for k, c in zip(spec[1], spec[2], strict=True)}
-    if kind == "namedtuple":
-        return spec[1](*(_rebuild(c, leaves) for c in spec[2]))
-    items = [_rebuild(c, leaves) for c in spec[1]]
-    return tuple(items) if kind == "tuple" else items
+        return spec[1](*(_build(c, leaves, collated) for c in spec[2]))
+    items = [_build(c, leaves, collated) for c in spec[1]]
+    return tuple(items) if kind == "tuple" and not collated else items
