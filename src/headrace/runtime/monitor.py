@@ -61,7 +61,7 @@ class Monitor:
         self._last_remaining = 0.0
         self._remaining_pool: Any = lambda: None  # weakref to the pool whose workers last got them
         self.stored_step_p50: dict[str, float] = {}
-        """Mean step times (s) by step name from a stored profile: known before any sample."""
+        """Median step times (s) by step name from a stored profile: known before any sample."""
         self._last_scale = time.perf_counter()
         self._memory_budget: float | None = None
         self._pushed_timeout = float("nan")

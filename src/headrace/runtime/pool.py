@@ -179,11 +179,11 @@ class WorkerPool:
             daemon=True,
             name=f"headrace-worker-{slot}",
         )
+        self.progress.tid[slot] = -1
+        self.progress.revoked[slot] = -1  # a dead predecessor's revocation does not carry over
         proc.start()
         writer.close()  # only the worker writes; EOF on our end then means it died
         task_reader.close()  # only the worker reads
-        self.progress.tid[slot] = -1
-        self.progress.revoked[slot] = -1
         h = WorkerHandle(slot, proc, TaskPipe(task_writer), reader, ring)
         self.workers[slot] = h
         return h

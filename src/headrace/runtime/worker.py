@@ -67,8 +67,9 @@ class WorkerSetup(NamedTuple):
 
 HANDOFF_MIN_SHARE = 0.5
 """A sample over the timeout is handed off only if the steps it has left typically take (sum of
-their median times) at least this share of the timeout: moving a sample whose remaining work is trivial costs a round
-trip and saves nothing (a departure from MinatoLoader, which moves every late sample)."""
+their median times) at least this share of the timeout: moving a sample whose remaining work is
+trivial costs a round trip and saves nothing (a departure from MinatoLoader, which moves every
+late sample)."""
 
 
 def worker_main(
