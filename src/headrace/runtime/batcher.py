@@ -57,7 +57,7 @@ class Batcher:
         self._open: list[int] = []  # positions, row = list index
         self._full: deque[Ready] = deque()
         # grouped / ordered: sampler batches, keyed by their first epoch position
-        self._group_of: dict[int, int] = {}
+        self._group_of: dict[int, tuple[int, int]] = {}  # position -> (gid, row)
         self._groups: dict[int, list[int]] = {}
         self._filled: dict[int, dict[int, int]] = {}  # gid -> {row: position}
         self._dropped: dict[int, int] = {}  # gid -> samples skipped
@@ -75,8 +75,8 @@ class Batcher:
         self._dropped[gid] = 0
         if self.mode == "ordered":
             self._order.append(gid)
-        for p in positions:
-            self._group_of[p] = gid
+        for row, p in enumerate(positions):
+            self._group_of[p] = (gid, row)
 
     def place(self, position: int) -> Place:
         """A sample finished: the batch and row it goes to. Call :meth:`pop` afterwards."""
@@ -87,18 +87,16 @@ class Batcher:
             if len(self._open) == self.batch_size:
                 self._close_open()
             return place
-        gid = self._group_of.pop(position)
-        members = self._groups[gid]
-        row = members.index(position)
+        gid, row = self._group_of.pop(position)
         self._filled[gid][row] = position
         self._check_group(gid)
-        return Place(gid, row, len(members))
+        return Place(gid, row, len(self._groups[gid]))
 
     def drop(self, position: int) -> None:
         """A sample was skipped (``on_error="skip"``): its batch goes out without it."""
         if self.mode == "regroup":
             return
-        gid = self._group_of.pop(position)
+        gid, _ = self._group_of.pop(position)
         self._dropped[gid] += 1
         self._check_group(gid)
 
