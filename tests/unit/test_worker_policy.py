@@ -51,3 +51,19 @@ def test_config_validation():
         AutoscaleConfig(min_workers=0)
     with pytest.raises(ValueError):
         AutoscaleConfig(min_workers=4, max_workers=2)
+
+
+def test_default_upper_bound_follows_the_cpu_share_of_samples(monkeypatch):
+    import headrace.planner.workers as workers
+
+    monkeypatch.setattr(workers, "available_cpus", lambda: 2)
+    auto = AutoscaleConfig()
+    assert auto.bounds() == (1, 4)  # nothing measured yet: 2 x cores
+    assert auto.bounds(cpu_share=0.9) == (1, 4)  # CPU-bound samples: no more than that
+    assert auto.bounds(cpu_share=0.1) == (1, 20)  # samples mostly wait: cores / share
+    assert auto.bounds(cpu_share=0.001) == (1, 2 * workers.AUTO_MAX_WORKERS_PER_CORE)  # capped
+    assert auto.slot_bound() == 2 * workers.AUTO_MAX_WORKERS_PER_CORE
+    assert AutoscaleConfig(max_workers=6).bounds(cpu_share=0.01) == (1, 6)  # the user's max wins
+    # an empty queue with idle CPU keeps adding workers past 2 x cores when samples mostly wait
+    assert next_worker_count(4, 0.0, 0.3, auto).new == 4
+    assert next_worker_count(4, 0.0, 0.3, auto, cpu_share=0.05).new == 5

@@ -24,14 +24,20 @@ def available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+AUTO_MAX_WORKERS_PER_CORE = 16
+"""Hard cap of ``num_workers="auto"`` without ``max_workers``: workers per available core."""
+
+
 @dataclasses.dataclass(frozen=True)
 class AutoscaleConfig:
     """Settings of the worker scaler (used only with ``num_workers="auto"``).
 
     Attributes:
         initial: workers at start (``None``: the available cores).
-        min_workers / max_workers: bounds (``max_workers=None``: 2 × available cores, since
-            workers often wait on I/O).
+        min_workers / max_workers: bounds. ``max_workers=None``: 2 × available cores, since
+            workers often wait on I/O, raised once the profile shows how much of a sample's
+            time is CPU: about ``cores / cpu_share`` workers keep the cores busy when samples
+            mostly wait (sleeps, reads), up to :data:`AUTO_MAX_WORKERS_PER_CORE` × cores.
         alpha: sensitivity to an empty ready queue (workers per unit of emptiness).
         beta: sensitivity to CPU utilisation above ``cpu_threshold``.
         cpu_threshold: θ_c, utilisation (0..1) above which the CPU term turns positive.
@@ -61,9 +67,24 @@ class AutoscaleConfig:
         if self.max_step < 1 or not 0 < self.ema <= 1 or self.interval_s <= 0:
             raise ValueError("max_step >= 1, 0 < ema <= 1 and interval_s > 0 required")
 
-    def bounds(self) -> tuple[int, int]:
-        hi = self.max_workers if self.max_workers is not None else 2 * available_cpus()
+    def bounds(self, cpu_share: float | None = None) -> tuple[int, int]:
+        """(min, max) workers. ``cpu_share``: CPU time ÷ wall time of a sample's steps, from
+        the profile (``None``: not known yet)."""
+        if self.max_workers is not None:
+            hi = self.max_workers
+        else:
+            cores = available_cpus()
+            hi = 2 * cores
+            if cpu_share is not None and cpu_share > 0:
+                wanted = math.ceil(cores / cpu_share)
+                hi = max(hi, min(AUTO_MAX_WORKERS_PER_CORE * cores, wanted))
         return self.min_workers, max(self.min_workers, hi)
+
+    def slot_bound(self) -> int:
+        """The most workers ``bounds`` can ever allow (the pool's slots)."""
+        if self.max_workers is not None:
+            return max(self.min_workers, self.max_workers)
+        return max(self.min_workers, AUTO_MAX_WORKERS_PER_CORE * available_cpus())
 
     def start_count(self) -> int:
         lo, hi = self.bounds()
@@ -104,14 +125,17 @@ def next_worker_count(
     cpu_usage: float,
     cfg: AutoscaleConfig,
     memory_cap: int | None = None,
+    cpu_share: float | None = None,
 ) -> ScaleDecision:
-    """Formulas 1-2: the next worker count from queue fill (0..1) and CPU use (0..1)."""
+    """Formulas 1-2: the next worker count from queue fill (0..1) and CPU use (0..1).
+
+    ``cpu_share``: CPU ÷ wall time of samples' steps (see ``AutoscaleConfig.bounds``)."""
     queue_fill = min(1.0, max(0.0, queue_fill))
     cpu_usage = min(1.0, max(0.0, cpu_usage))
     raw = formula_delta(queue_fill, cpu_usage, cfg)
     step = int(math.floor(raw + 0.5)) if raw >= 0 else -int(math.floor(-raw + 0.5))
     step = max(-cfg.max_step, min(cfg.max_step, step))
-    lo, hi = cfg.bounds()
+    lo, hi = cfg.bounds(cpu_share)
     if memory_cap is not None:
         hi = max(lo, min(hi, memory_cap))
     new = min(hi, max(lo, current + step))
@@ -137,12 +161,14 @@ class WorkerScaler:
         cpu_usage: float,
         rss_per_worker: float | None = None,
         memory_budget: float | None = None,
+        cpu_share: float | None = None,
     ) -> ScaleDecision:
-        """Next count; ``rss_per_worker`` and ``memory_budget`` in bytes cap it."""
+        """Next count; ``rss_per_worker`` and ``memory_budget`` in bytes cap it;
+        ``cpu_share`` (CPU ÷ wall of samples' steps) raises the default upper bound."""
         cap = None
         if rss_per_worker and memory_budget:
             cap = max(1, int(memory_budget // rss_per_worker))
         fill = self.queue_avg if self.queue_avg is not None else 0.0
-        d = next_worker_count(current, fill, cpu_usage, self.cfg, cap)
+        d = next_worker_count(current, fill, cpu_usage, self.cfg, cap, cpu_share)
         self.decisions.append(d)
         return d

@@ -379,7 +379,7 @@ class DataLoader:
             return self._pool, False
         assert self.pipeline is not None
         ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
-        hi = self.options.autoscale.bounds()[1] if self.autoscale else self.num_workers
+        hi = self.options.autoscale.slot_bound() if self.autoscale else self.num_workers
         assert self.planning is not None
         pool = WorkerPool(self.planning.executed, self.dataset, ctx, self.worker_init_fn,
                           base_seed, hi, profile=self.options.profile)

@@ -168,6 +168,14 @@ class Monitor:
         self._remaining_pool = weakref.ref(pool)
 
     # -- adaptive workers (num_workers="auto") -------------------------------------------------
+    def _cpu_share(self) -> float | None:
+        """CPU ÷ wall time of a sample's steps in this run's profile (None: too few samples)."""
+        if self.profiler is None or self.profiler.samples < 16:
+            return None
+        steps = self.profiler.report().steps
+        wall = sum(s.wall_mean for s in steps)
+        return sum(s.cpu_mean for s in steps) / wall if wall > 0 else None
+
     def _autoscale(self, sched: Scheduler) -> None:
         assert self.scaler is not None
         pool = sched.pool
@@ -185,7 +193,7 @@ class Monitor:
             )
         per_worker = sum(rss) / len(rss) if rss else None
         d = self.scaler.decide(len(live), psutil.cpu_percent(None) / 100.0, per_worker,
-                               self._memory_budget)
+                               self._memory_budget, self._cpu_share())
         if d.new > d.current:
             for _ in range(min(d.new - d.current, pool.max_slots - len(pool.workers))):
                 pool.add_worker(num_workers=d.new)
