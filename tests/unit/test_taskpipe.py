@@ -36,4 +36,16 @@ def test_a_send_to_a_closed_pipe_raises_oserror():
     reader.close()
     with pytest.raises(OSError):
         pipe.send("x")
+    # the worker is gone: nothing waits, and the scheduler's flush on every loop never raises
+    assert not pipe.pending and pipe.flush()
+    pipe.close()
+
+
+def test_flush_after_the_reader_died_with_bytes_waiting_drops_them_without_raising():
+    reader, writer = mp.get_context("fork").Pipe(duplex=False)
+    pipe = TaskPipe(writer)
+    pipe.send(np.zeros(200_000))  # more than the pipe holds: the rest waits in the outbox
+    assert pipe.pending
+    reader.close()
+    assert pipe.flush() and not pipe.pending
     pipe.close()

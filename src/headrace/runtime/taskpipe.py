@@ -53,9 +53,16 @@ class TaskPipe:
             self._flush_locked()
 
     def flush(self) -> bool:
-        """Write what the pipe takes now; True when nothing is left waiting."""
+        """Write what the pipe takes now; True when nothing is left waiting.
+
+        Never raises: if the worker is gone, what waited is dropped (its death is handled by
+        its sentinel, and the tasks it held are re-run from the scheduler's records).
+        """
         with self._lock:
-            return self._flush_locked()
+            try:
+                return self._flush_locked()
+            except OSError:
+                return True
 
     def _flush_locked(self) -> bool:
         while self._out:
@@ -63,6 +70,9 @@ class TaskPipe:
                 written = os.write(self._fd, self._out)
             except BlockingIOError:
                 return False
+            except OSError:
+                self._out.clear()  # broken pipe: nobody will read these bytes
+                raise
             del self._out[:written]
         return True
 
