@@ -1,5 +1,8 @@
 """The slow lane: samples over the timeout are handed off and resumed at the next step."""
 
+import time
+
+import numpy as np
 import pytest
 
 import headrace as hr
@@ -63,3 +66,38 @@ def test_a_sample_queued_behind_a_slow_one_moves_to_an_idle_worker(no_leaks):
     assert sorted(order) == list(range(12))  # exactly once
     assert order[-1] == 0  # nothing waited behind the slow sample
     assert loader.stats().last.moved_samples == 1
+
+
+class _Big:
+    """Makes a 600 KB array from the index (sleeping ``cost_s`` to simulate work)."""
+
+    def __init__(self, cost_s: float) -> None:
+        self.cost_s = cost_s
+
+    def __call__(self, x: dict) -> dict:
+        time.sleep(self.cost_s)
+        return {"index": x["index"], "data": np.full(150_000, x["index"], dtype=np.float32)}
+
+
+class _Sum:
+    """Reduces that array (sleeping ``cost_s`` to simulate work)."""
+
+    def __init__(self, cost_s: float) -> None:
+        self.cost_s = cost_s
+
+    def __call__(self, x: dict) -> dict:
+        time.sleep(self.cost_s)
+        return {"index": x["index"], "total": float(x["data"].sum())}
+
+
+def test_hand_off_payloads_larger_than_a_pipe_reach_the_next_worker(no_leaks):
+    # Every sample is handed off after "big" with a 600 KB partial value; the tasks carrying it
+    # go to busy workers, so their pipes fill and the scheduler waits for them to drain.
+    pipe = hr.Pipeline(TraceSource(16), [hr.step(_Big(0.02), name="big"),
+                                         hr.step(_Sum(0.02), name="sum")])
+    opts = hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.005))
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=2, collate_fn=lambda b: b, options=opts)
+    samples = [s for b in loader for s in b]
+    assert sorted(s["index"] for s in samples) == list(range(16))
+    assert all(s["total"] == 150_000 * s["index"] for s in samples)  # the payload arrived whole
+    assert loader.stats().last.slow_samples == 16

@@ -47,8 +47,6 @@ log = logging.getLogger("headrace")
 
 POLL_S = 0.05
 """Longest the scheduler blocks before re-checking its stop event (seconds)."""
-FLUSH_POLL_S = 0.002
-"""How soon the scheduler retries a task pipe that was full (seconds; see ``taskpipe``)."""
 DEPTH = 2
 """Samples assigned to one worker at once: one running, one queued to hide the round trip."""
 
@@ -177,11 +175,21 @@ class Scheduler:
         if self._wake_r < 0:
             return
         self._sync_selector()
-        # A full task pipe (rare: a large hand-off payload) is retried soon rather than watched.
-        waiting = [w for w in list(self.pool.workers.values()) if not w.tasks.flush()]
+        # A task pipe still full (rare: a large hand-off payload) is watched until it drains;
+        # the next loop flushes it.
+        full = [w for w in list(self.pool.workers.values()) if not w.tasks.flush()]
+        for w in full:
+            self._sel.register(w.tasks.fileno(), selectors.EVENT_WRITE, ("drained", w))
+        try:
+            events = self._sel.select(timeout=POLL_S)
+        finally:
+            for w in full:
+                self._sel.unregister(w.tasks.fileno())
         dead: list[WorkerHandle] = []
-        for key, _ in self._sel.select(timeout=FLUSH_POLL_S if waiting else POLL_S):
+        for key, _ in events:
             what, w = key.data
+            if what == "drained":
+                continue
             if what == "wake":
                 try:
                     while os.read(self._wake_r, 4096):

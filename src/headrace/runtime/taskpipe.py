@@ -8,8 +8,8 @@ next one (on imagenet-like samples of ~5 ms, a third of the scheduler thread's w
 A plain pipe is written directly by the scheduler thread. A blocking write could deadlock: the
 pipe is full (a large hand-off payload, the worker busy) while the worker blocks writing its
 result to the scheduler. So the pipe is non-blocking; bytes that do not fit wait in an outbox
-that :meth:`TaskPipe.flush` writes once the pipe has room (the scheduler retries while
-:attr:`TaskPipe.pending`). Frames are ``multiprocessing.connection`` frames, so the worker reads
+that :meth:`TaskPipe.flush` writes once the pipe has room (the scheduler watches
+:meth:`TaskPipe.fileno` for writability while :attr:`TaskPipe.pending`). Frames are ``multiprocessing.connection`` frames, so the worker reads
 with ``Connection.recv``; objects are pickled by multiprocessing's ``ForkingPickler`` (torch
 registers its shared-memory reductions there), as ``Connection.send`` does.
 """
@@ -32,6 +32,10 @@ class TaskPipe:
         os.set_blocking(self._fd, False)
         self._out = bytearray()
         self._lock = threading.Lock()  # the scheduler thread sends; shutdown may, from another
+
+    def fileno(self) -> int:
+        """The pipe's write end, to wait until it has room again (``select`` for writing)."""
+        return self._fd
 
     @property
     def pending(self) -> bool:
