@@ -32,6 +32,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
+from headrace import units
 from headrace.pipeline.pipeline import LOAD_STEP
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class AutoOrderDecision:
         lines += [f"  {m.reason}" for m in self.moves]
         if self.cpu_before is not None and self.cpu_after is not None and self.changed:
             lines.append(
-                f"  expected per-sample CPU {_ms(self.cpu_before)} -> {_ms(self.cpu_after)} "
+                f"  expected per-sample CPU {units.duration(self.cpu_before)} -> {units.duration(self.cpu_after)} "
                 "(model: a step's CPU time is proportional to its input bytes)"
             )
         lines += [f"  note: {n}" for n in self.notes]
@@ -344,7 +345,7 @@ def _move(
     names = tuple(steps[k].name for k in crossed)
     size = ""
     if bytes_in is not None and bytes_in[j] > 0:
-        size = f", {_bytes(bytes_in[j])} -> {_bytes(bytes_in[j] * factor)} per sample"
+        size = f", {units.size(bytes_in[j])} -> {units.size(bytes_in[j] * factor)} per sample"
     runs = "they run" if len(names) > 1 else "it runs"
     if role == "deflationary":
         head = f"moved {steps[j].name} before {', '.join(names)}"
@@ -363,14 +364,3 @@ def _check_len(what: str, seq: Sequence[object] | None, n: int) -> None:
 
 def _f(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.2f}"
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} µs"
-
-
-def _bytes(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"

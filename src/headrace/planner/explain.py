@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from headrace import units
 from headrace.planner.order import OrderPlan
 from headrace.planner.workers import ScaleDecision
 from headrace.profiler.report import PipelineProfile
@@ -30,14 +31,6 @@ class Facts:
     scale_decisions: tuple[ScaleDecision, ...]
     profile: PipelineProfile | None
     profile_note: str
-
-
-def _ms(s: float) -> str:
-    return "inf" if math.isinf(s) else f"{s * 1000:.1f} ms"
-
-
-def _kb(b: float) -> str:
-    return f"{b / 1024:.1f} KB" if b < 1024 * 1024 else f"{b / 1024 / 1024:.2f} MB"
 
 
 def explain_text(f: Facts) -> str:
@@ -72,7 +65,7 @@ def explain_text(f: Facts) -> str:
             share = f"; last epoch {last.slow_samples} of {n} samples went slow"
         fb = " (fallback: too many samples went slow at p75)" if st.timeout_percentile != 75 else ""
         out.append(
-            f"slow lane: hand-off timeout {_ms(st.timeout_s)} = p{st.timeout_percentile:g} of "
+            f"slow lane: hand-off timeout {units.duration(st.timeout_s)} = p{st.timeout_percentile:g} of "
             f"per-sample time over the last {f.timeout_samples} samples{fb}{share}"
         )
     if f.scale_decisions:
@@ -88,12 +81,12 @@ def explain_text(f: Facts) -> str:
         for s in f.profile.steps:
             infl = f"{s.inflation:.2f}" if s.inflation is not None else "-"
             out.append(
-                f"  {s.name:<22}{_ms(s.wall_p50):>10}{_ms(s.wall_p90):>10}"
-                f"{_kb(s.bytes_in_mean):>12}{_kb(s.bytes_out_mean):>12}{infl:>11}"
+                f"  {s.name:<22}{units.duration(s.wall_p50):>10}{units.duration(s.wall_p90):>10}"
+                f"{units.size(s.bytes_in_mean):>12}{units.size(s.bytes_out_mean):>12}{infl:>11}"
             )
         p = f.profile
-        out.append(f"  per-sample time p50 {_ms(p.total_p50)}, p90 {_ms(p.total_p90)}, "
-                   f"p99 {_ms(p.total_p99)}, max {_ms(p.total_max)}")
+        out.append(f"  per-sample time p50 {units.duration(p.total_p50)}, p90 {units.duration(p.total_p90)}, "
+                   f"p99 {units.duration(p.total_p99)}, max {units.duration(p.total_max)}")
     for e in st.epochs[-3:]:
         out.append(
             f"epoch {e.epoch}: {e.samples} samples in {e.wall_s:.2f} s ({e.samples_per_s:.1f}/s), "

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from headrace import units
 from headrace.planner.order import MIN_PROFILE_SAMPLES, plan_order
 
 DEFAULT_SAMPLES = MIN_PROFILE_SAMPLES
@@ -138,10 +139,10 @@ def run_profile(args: argparse.Namespace) -> int:
         f"{n} samples, batch {loader.batch_size}, {loader.num_workers} workers, "
         f"{wall:.2f} s ({n / wall:.1f} samples/s with the consumer)",
         "", "per step, per sample (load = Source.load):", *step_table(profile), "",
-        f"per-sample time (load + steps), {n} samples: p50 {_t(profile.total_p50)}, "
-        f"p90 {_t(profile.total_p90)}, p99 {_t(profile.total_p99)}, max {_t(profile.total_max)}",
+        f"per-sample time (load + steps), {n} samples: p50 {units.duration(profile.total_p50)}, "
+        f"p90 {units.duration(profile.total_p90)}, p99 {units.duration(profile.total_p99)}, max {units.duration(profile.total_max)}",
         *histogram_text(times, threshold),
-        f"slow threshold {_t(threshold)} ({what}): {above} of {n} samples above it; "
+        f"slow threshold {units.duration(threshold)} ({what}): {above} of {n} samples above it; "
         f"{sum(slow)} went through the slow lane",
         "", "verdict: " + (result.describe() if result is not None
                            else "skipped (the script defines no train_step)"),
@@ -317,8 +318,8 @@ def step_table(profile: Any) -> list[str]:
         spread = (f"{s.inflation_p10:.2f}-{s.inflation_p90:.2f}"
                   if s.inflation_p10 is not None and s.inflation_p90 is not None else "-")
         flag = "  (changes type)" if s.changes_type else ""
-        rows.append(f"  {s.name:<20}{_t(s.wall_p50):>10}{_t(s.wall_p90):>10}"
-                    f"{_t(s.cpu_mean):>10}{_b(s.bytes_in_mean):>11}{_b(s.bytes_out_mean):>11}"
+        rows.append(f"  {s.name:<20}{units.duration(s.wall_p50):>10}{units.duration(s.wall_p90):>10}"
+                    f"{units.duration(s.cpu_mean):>10}{units.size(s.bytes_in_mean):>11}{units.size(s.bytes_out_mean):>11}"
                     f"{infl:>11}  {spread}{flag}")
     return rows
 
@@ -345,14 +346,14 @@ def histogram_text(times: Sequence[float], threshold: float, bins: int = HIST_BI
         if k and edges[k] == threshold:
             rows.append(_marker(threshold))
         bar = "#" * max(1, round(width * c / top)) if c else ""
-        rows.append(f"  {_t(edges[k]):>9} - {_t(edges[k + 1]):>9} |{bar:<{width}} {c}")
+        rows.append(f"  {units.duration(edges[k]):>9} - {units.duration(edges[k + 1]):>9} |{bar:<{width}} {c}")
     if threshold >= hi:
         rows.append(_marker(threshold))
     return rows
 
 
 def _marker(threshold: float) -> str:
-    return f"  {'-' * 24} slow threshold {_t(threshold)} {'-' * 24}"
+    return f"  {'-' * 24} slow threshold {units.duration(threshold)} {'-' * 24}"
 
 
 def write_png(times: Sequence[float], threshold: float, label: str, path: Path,
@@ -380,18 +381,3 @@ def write_png(times: Sequence[float], threshold: float, label: str, path: Path,
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
-
-
-def _t(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "inf"
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} µs"
-
-
-def _b(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
