@@ -171,7 +171,7 @@ class EpochIterator(EpochBase):
 
     def stats(self) -> EpochStats:
         c = self.scheduler.counters
-        return self.meter.snapshot(c.fast, c.slow, c.skipped, c.retried, c.scheduler_cpu_s, c.stolen)
+        return self.meter.snapshot(c.fast, c.slow, c.skipped, c.retried, c.scheduler_cpu_s, c.moved)
 
     def _release(self) -> None:
         """Stop the scheduler; stop the workers unless they persist."""

@@ -177,7 +177,7 @@ class Scheduler:
         self._sync_selector()
         # A task pipe still full (rare: a large hand-off payload) is watched until it drains;
         # the next loop flushes it.
-        full = [w for w in list(self.pool.workers.values()) if not w.tasks.flush()]
+        full = [w for w in list(self.pool.workers.values()) if w.tasks.pending and not w.tasks.flush()]
         for w in full:
             self._sel.register(w.tasks.fileno(), selectors.EVENT_WRITE, ("drained", w))
         try:
@@ -217,7 +217,7 @@ class Scheduler:
         slow_cap = max(1, int(self.spec.slow_lane_share * len(workers)))
         if len(self._backlog) > len(workers):
             slow_cap = len(workers) * DEPTH
-        slow_now = self._running_slow(workers)
+        slow_now = self._over_timeout(workers)
         for depth in range(1, DEPTH + 1):
             for w in workers:
                 if depth > 1 and w.slot in slow_now:
@@ -232,7 +232,7 @@ class Scheduler:
         if idle and slow_now:
             self._steal(idle, workers, slow_now)
 
-    def _running_slow(self, workers: list[WorkerHandle]) -> dict[int, float]:
+    def _over_timeout(self, workers: list[WorkerHandle]) -> dict[int, float]:
         """Workers running a task of theirs for longer than the timeout: slot -> its start."""
         limit = self.hooks.slow_threshold_s()
         if not math.isfinite(limit):
@@ -272,7 +272,7 @@ class Scheduler:
             self._recs[rec.task.tid] = rec
             rec.worker = thief.slot
             thief.send(rec.task)
-            self.counters.stolen += 1
+            self.counters.moved += 1
 
     def _slow_running(self) -> int:
         return sum(

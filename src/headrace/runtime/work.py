@@ -58,7 +58,7 @@ class Counters:
         self.slow = 0
         self.skipped = 0
         self.retried = 0
-        self.stolen = 0  # tasks moved from behind a slow sample to an idle worker
+        self.moved = 0  # tasks moved from behind a slow sample to an idle worker
         self.scheduler_cpu_s = 0.0
 
 
