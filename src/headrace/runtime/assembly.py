@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data._utils import collate as torch_collate
 
+from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.ring import Ring, RingRef
 from headrace.runtime.ring import decode as ring_decode
 
@@ -62,10 +63,19 @@ class BatchAssembly:
 
     ``capacity``: rows the batch has room for (its size when complete); ``finish`` takes the
     rows actually filled, so a short last batch or a skipped sample costs no extra pass.
+    ``buffers``: where the batch's array memory comes from (``runtime/bufferpool.py``: memory
+    of batches already let go of); ``None``: fresh allocations.
     """
 
-    def __init__(self, capacity: int, collate: Callable[[Any], Any], auto_collation: bool) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        collate: Callable[[Any], Any],
+        auto_collation: bool,
+        buffers: BufferPool | None = None,
+    ) -> None:
         self.capacity = capacity
+        self.buffers = buffers
         self.collate = collate
         self.auto_collation = auto_collation
         self.in_place = stacks_in_place(collate, auto_collation)
@@ -125,7 +135,9 @@ class BatchAssembly:
         for leaf in self._leaves:
             if leaf[0] == _LEAF_ARRAY:
                 _, _, dtype, shape = leaf
-                t = torch.from_numpy(np.empty((self.capacity, *shape), dtype=np.dtype(dtype)))
+                full = (self.capacity, *shape)
+                empty = self.buffers.empty if self.buffers is not None else np.empty
+                t = torch.from_numpy(empty(full, np.dtype(dtype)))
                 self._tensors.append(t)
                 self._rows.append(t.numpy())
             else:

@@ -31,6 +31,7 @@ from headrace.profiler import sizes
 from headrace.runtime import checkpoint
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.checkpoint import EpochOrigin, capture_rng
 from headrace.runtime.epoch import EpochIterator
 from headrace.runtime.inprocess import InProcessIterator
@@ -118,6 +119,7 @@ class DataLoader:
         self._epoch = 0
         self._base_seed: int | None = None
         self._pool: WorkerPool | None = None
+        self._buffers = BufferPool()  # batch memory the training loop let go of, for reuse
         self._iterator_ref: Callable[[], Any] = lambda: None
         self._resume: checkpoint.ResumePoint | None = None
         self._finalizer = weakref.finalize(self, _close_pool, [None])
@@ -366,6 +368,7 @@ class DataLoader:
             delivered=delivered,
             total_positions=self._total_positions(),
             sample_timeout_s=opts.sample_timeout_s,
+            buffers=self._buffers,
         )
         it = EpochIterator(pool, owns, spec, self.monitor, delivered, self.timeout)
         if not pool.workers:

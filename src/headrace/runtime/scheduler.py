@@ -388,7 +388,7 @@ class Scheduler:
         batch = self._batches.get(key)
         if batch is None:
             batch = self._batches[key] = BatchAssembly(
-                capacity, self.spec.collate, self.spec.auto_collation)
+                capacity, self.spec.collate, self.spec.auto_collation, self.spec.buffers)
         try:
             batch.put(row, rec.index, value, ring)
         except Exception as e:  # noqa: BLE001 - a sample no batch can hold

@@ -13,6 +13,7 @@ from typing import Any
 from headrace.errors import StepError, step_error_for
 from headrace.runtime.batcher import Batcher
 from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.worker import Task
 
 
@@ -35,6 +36,7 @@ class EpochSpec:
     delivered: Bitmap  # positions delivered before (resume); read-only for the scheduler
     total_positions: int | None  # samples in the epoch when the sampler knows, else None
     sample_timeout_s: float | None = None  # a sample running longer is a hung step
+    buffers: BufferPool | None = None  # batch memory reused across batches (None: fresh)
 
 
 @dataclass

@@ -1,0 +1,98 @@
+"""Batch memory is reused only when nothing can reach the batch any more."""
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+from headrace.runtime.assembly import BatchAssembly
+from headrace.runtime.bufferpool import BufferPool
+
+
+def test_buffer_returns_only_after_every_tensor_and_view_is_gone():
+    pool = BufferPool(min_bytes=0)
+    a = pool.empty((8, 4), np.float32)
+    a[:] = 1.0
+    t = torch.from_numpy(a)
+    row = t[3]  # a tensor view: keeps the storage, hence the array, alive
+    arr = row.numpy()[1:]  # a NumPy view of a tensor view
+    del a, t, row
+    gc.collect()
+    assert pool.idle_bytes == 0
+    b = pool.empty((8, 4), np.float32)  # must not be the memory `arr` still sees
+    b[:] = 2.0
+    assert np.all(arr == 1.0)
+    assert pool.allocated == 2 and pool.reused == 0
+    del arr
+    assert pool.idle_bytes == 8 * 4 * 4
+    c = pool.empty((4, 8), np.float32)  # same size in bytes: reused
+    assert pool.reused == 1 and pool.idle_bytes == 0
+    assert c.shape == (4, 8) and c.dtype == np.float32 and c.flags.c_contiguous
+    assert c.flags.writeable
+    del b, c
+
+
+def test_numpy_views_of_the_array_keep_it_alive():
+    pool = BufferPool(min_bytes=0)
+    a = pool.empty((6, 5), np.int64)
+    a[:] = 7
+    view = a[2:4, 1:]
+    del a
+    gc.collect()
+    assert pool.idle_bytes == 0  # `view` still reads the buffer
+    other = pool.empty((6, 5), np.int64)
+    other[:] = 0
+    assert np.all(view == 7)
+    del view, other
+
+
+def test_idle_buffers_are_bounded():
+    pool = BufferPool(max_idle=2, min_bytes=0)
+    arrays = [pool.empty((1000,), np.uint8) for _ in range(5)]
+    del arrays
+    assert pool.idle_bytes == 2 * 1000
+    with pytest.raises(ValueError, match="max_idle"):
+        BufferPool(max_idle=-1)
+
+
+def test_small_arrays_are_plain_allocations():
+    pool = BufferPool(min_bytes=1 << 20)
+    a = pool.empty((10, 10), np.float32)
+    del a
+    assert pool.allocated == 0 and pool.idle_bytes == 0
+
+
+def test_release_from_another_thread():
+    pool = BufferPool(min_bytes=0)
+    box = [pool.empty((64,), np.float64)]
+    th = threading.Thread(target=box.clear)  # the last reference dies in that thread
+    th.start()
+    th.join()
+    assert pool.idle_bytes == 64 * 8
+
+
+def test_assembled_batches_from_a_pool_equal_default_collate_and_stay_intact():
+    """A consumer that keeps every batch must never see one overwritten by a later one."""
+    pool = BufferPool(min_bytes=0)
+    kept = []
+    for b in range(4):
+        samples = [{"x": np.full((3, 5), 10 * b + r, np.float32), "i": 10 * b + r} for r in range(4)]
+        asm = BatchAssembly(4, default_collate, True, pool)
+        for r, s in enumerate(samples):
+            asm.put(r, s["i"], s, None)
+        got = asm.finish([0, 1, 2, 3])
+        want = default_collate(samples)
+        assert torch.equal(got["x"], want["x"]) and torch.equal(got["i"], want["i"])
+        kept.append((got, want))
+        del asm
+    for got, want in kept:  # all kept: no buffer was handed out twice
+        assert torch.equal(got["x"], want["x"])
+    assert pool.reused == 0
+    kept.clear()
+    gc.collect()
+    asm = BatchAssembly(4, default_collate, True, pool)
+    asm.put(0, 0, {"x": np.zeros((3, 5), np.float32), "i": 0}, None)
+    assert pool.reused == 1  # the batches let go of are reused
