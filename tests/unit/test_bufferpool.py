@@ -54,6 +54,10 @@ def test_idle_buffers_are_bounded():
     arrays = [pool.empty((1000,), np.uint8) for _ in range(5)]
     del arrays
     assert pool.idle_bytes == 2 * 1000
+    sized = [pool.empty((n,), np.uint8) for n in range(100, 110)]  # a size per batch
+    while sized:
+        sized.pop(0)  # freed in order of size
+    assert pool.idle_bytes == 108 + 109  # the two most recently freed, whatever the sizes
     with pytest.raises(ValueError, match="max_idle"):
         BufferPool(max_idle=-1)
 

@@ -12,8 +12,9 @@ nothing can reach it any more: every tensor and array made from a batch keeps th
 the pool handed out alive (tensors through their storage, NumPy views through their ``base``,
 which NumPy does not collapse past an array over a foreign buffer), and a ``weakref.finalize``
 on that array returns the buffer. A batch the user keeps is never overwritten; the pool just
-allocates anew. At most ``max_idle`` buffers of one size wait for reuse, so the memory the
-pool holds is bounded by that many batches.
+allocates anew. At most ``max_idle`` buffers wait for reuse, whatever their sizes (the oldest
+is freed first), so the pool holds at most that many batch arrays beyond what the user holds,
+even when every batch has a shape of its own.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import numpy as np
 MIN_BYTES = 1 << 20
 """Arrays smaller than this (bytes) are plain ``np.empty``: malloc reuses their memory already."""
 
-MAX_IDLE = 2
-"""Buffers of one size kept for reuse; the rest are freed when released."""
+MAX_IDLE = 4
+"""Buffers kept for reuse, all sizes together (two batches of two large arrays each); beyond
+that the oldest is freed."""
 
 
 class BufferPool:
@@ -44,7 +46,7 @@ class BufferPool:
             raise ValueError(f"max_idle must be >= 0, got {max_idle}")
         self.max_idle = max_idle
         self.min_bytes = min_bytes
-        self._idle: dict[int, list[np.ndarray]] = {}  # size in bytes -> free raw buffers
+        self._idle: list[np.ndarray] = []  # free raw buffers, oldest first
         self._lock = threading.Lock()
         self.reused = 0  # arrays served from a recycled buffer
         self.allocated = 0  # arrays that needed a new buffer (at least min_bytes)
@@ -55,9 +57,12 @@ class BufferPool:
         nbytes = math.prod(shape) * dt.itemsize
         if nbytes < self.min_bytes:
             return np.empty(shape, dtype=dt)
+        raw = None
         with self._lock:
-            free = self._idle.get(nbytes)
-            raw = free.pop() if free else None
+            for i in range(len(self._idle) - 1, -1, -1):  # the most recently freed first
+                if self._idle[i].nbytes == nbytes:
+                    raw = self._idle.pop(i)
+                    break
         if raw is None:
             raw = np.empty(nbytes, dtype=np.uint8)
             self.allocated += 1
@@ -74,10 +79,10 @@ class BufferPool:
     def idle_bytes(self) -> int:
         """Bytes held in buffers waiting for reuse."""
         with self._lock:
-            return sum(size * len(free) for size, free in self._idle.items())
+            return sum(raw.nbytes for raw in self._idle)
 
     def _release(self, raw: np.ndarray) -> None:
         with self._lock:
-            free = self._idle.setdefault(raw.nbytes, [])
-            if len(free) < self.max_idle:
-                free.append(raw)
+            self._idle.append(raw)
+            if len(self._idle) > self.max_idle:
+                del self._idle[0]
