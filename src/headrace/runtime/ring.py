@@ -18,6 +18,7 @@ import math
 import mmap
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -96,8 +97,31 @@ class RingWriter:
         return offset
 
 
+def map_leaves(x: Any, fn: Callable[[Any], Any]) -> Any:
+    """``x`` with ``fn`` applied to every leaf of its exact ``dict``/``list``/``tuple`` and
+    namedtuple containers (the containers torch's ``default_collate`` walks), rebuilt as they were."""
+    if type(x) is dict:
+        return {k: map_leaves(v, fn) for k, v in x.items()}
+    if isinstance(x, tuple):
+        if hasattr(x, "_fields"):
+            return type(x)(*(map_leaves(v, fn) for v in x))
+        return tuple(map_leaves(v, fn) for v in x)
+    if type(x) is list:
+        return [map_leaves(v, fn) for v in x]
+    return fn(x)
+
+
 def encode(x: Any, w: RingWriter) -> Any:
     """Replace large arrays/tensors of a sample by ring references (worker side)."""
+    return map_leaves(x, lambda leaf: _encode_leaf(leaf, w))
+
+
+def decode(x: Any, ring: Ring) -> Any:
+    """Copy ring references out into fresh arrays/tensors (training-process side)."""
+    return map_leaves(x, lambda leaf: _decode_leaf(leaf, ring))
+
+
+def _encode_leaf(x: Any, w: RingWriter) -> Any:
     if isinstance(x, torch.Tensor):
         nbytes = x.numel() * x.element_size()
         if x.layout != torch.strided or x.device.type != "cpu" or not nbytes >= MIN_LEAF \
@@ -108,35 +132,16 @@ def encode(x: Any, w: RingWriter) -> Any:
         except (TypeError, RuntimeError):  # e.g. bfloat16 has no NumPy dtype
             return x
         return RingRef("torch", w.put(a), a.dtype.str, tuple(a.shape))
-    if isinstance(x, np.ndarray):
-        if x.dtype != object and x.dtype.kind in "biufc" and x.nbytes >= MIN_LEAF and w.fits(x.nbytes):
-            return RingRef("np", w.put(x), x.dtype.str, tuple(x.shape))
+    numeric = isinstance(x, np.ndarray) and x.dtype != object and x.dtype.kind in "biufc"
+    if numeric and x.nbytes >= MIN_LEAF and w.fits(x.nbytes):
+        return RingRef("np", w.put(x), x.dtype.str, tuple(x.shape))
+    return x
+
+
+def _decode_leaf(x: Any, ring: Ring) -> Any:
+    if not isinstance(x, RingRef):
         return x
-    if type(x) is dict:
-        return {k: encode(v, w) for k, v in x.items()}
-    if isinstance(x, tuple):
-        if hasattr(x, "_fields"):
-            return type(x)(*(encode(v, w) for v in x))
-        return tuple(encode(v, w) for v in x)
-    if type(x) is list:
-        return [encode(v, w) for v in x]
-    return x
-
-
-def decode(x: Any, ring: Ring) -> Any:
-    """Copy ring references out into fresh arrays/tensors (training-process side)."""
-    if isinstance(x, RingRef):
-        dt = np.dtype(x.dtype)
-        count = math.prod(x.shape)
-        view = np.frombuffer(ring.buf, dtype=dt, count=count, offset=x.offset).reshape(x.shape)
-        out = view.copy()
-        return torch.from_numpy(out) if x.kind == "torch" else out
-    if type(x) is dict:
-        return {k: decode(v, ring) for k, v in x.items()}
-    if isinstance(x, tuple):
-        if hasattr(x, "_fields"):
-            return type(x)(*(decode(v, ring) for v in x))
-        return tuple(decode(v, ring) for v in x)
-    if type(x) is list:
-        return [decode(v, ring) for v in x]
-    return x
+    dt = np.dtype(x.dtype)
+    view = np.frombuffer(ring.buf, dtype=dt, count=math.prod(x.shape), offset=x.offset)
+    out = view.reshape(x.shape).copy()
+    return torch.from_numpy(out) if x.kind == "torch" else out
