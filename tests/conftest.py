@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 
 import psutil
 import pytest
@@ -34,7 +35,7 @@ def _children() -> set[int]:
 
 @pytest.fixture
 def no_leaks():
-    """Fails the test if it leaves worker processes or /dev/shm segments behind.
+    """Fails the test if it leaves worker processes, worker threads or /dev/shm segments behind.
 
     Cleanup is synchronous (join on shutdown), so no waiting is needed: we only collect
     garbage so that abandoned iterators are finalized, as they would be in a user's program.
@@ -47,6 +48,8 @@ def no_leaks():
     assert not left, f"worker processes left behind: {sorted(left)}"
     new_shm = {e for e in _shm_entries() - before_shm if _ours_or_orphaned(e)}
     assert not new_shm, f"shared-memory segments left behind: {sorted(new_shm)}"
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("headrace-worker")]
+    assert not threads, f"worker threads left behind: {threads}"
 
 
 def _ours_or_orphaned(entry: str) -> bool:

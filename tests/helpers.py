@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import namedtuple
 from typing import Any
@@ -112,7 +113,8 @@ class ArraySource:
 
 
 class Trace:
-    """A step that appends (its name, pid) to the sample's trace; optionally slow on some."""
+    """A step that appends (its name, where it ran) to the sample's trace; optionally slow on
+    some. Where: (pid, thread id), so worker processes and worker threads are both told apart."""
 
     def __init__(self, name: str, slow_every: int = 0, slow_s: float = 0.0) -> None:
         self.name = name
@@ -122,7 +124,7 @@ class Trace:
     def __call__(self, x: dict) -> dict:
         if self.slow_every and x["index"] % self.slow_every == 0:
             time.sleep(self.slow_s)
-        return {"index": x["index"], "trace": [*x["trace"], (self.name, os.getpid())]}
+        return {"index": x["index"], "trace": [*x["trace"], (self.name, _where())]}
 
 
 class TraceSource:
@@ -133,7 +135,11 @@ class TraceSource:
         return self.n
 
     def load(self, i: int) -> dict:
-        return {"index": i, "trace": [("load", os.getpid())]}
+        return {"index": i, "trace": [("load", _where())]}
+
+
+def _where() -> tuple[int, int]:
+    return os.getpid(), threading.get_ident()
 
 
 def noise(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -19,7 +19,7 @@ from headrace.cli import build_parser
 
 pytestmark = pytest.mark.integration
 
-LABELS = ["headrace", "headrace in_order", "torch in_order", "torch out_of_order"]
+LABELS = ["headrace", "headrace in_order", "headrace threads", "torch in_order", "torch out_of_order"]
 
 
 def tiny_config(tmp_path, **kw) -> BenchConfig:

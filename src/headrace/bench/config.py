@@ -48,6 +48,7 @@ class LoaderSpec:
         prefetch_factor: batches prefetched per worker (torch's meaning; headrace derives
             its in-flight bound from it).
         in_order: torch's keyword: ``True`` yields batches in sampler order.
+        executor: headrace rows: ``"processes"`` or ``"threads"`` (``Options(executor=)``).
     """
 
     label: str
@@ -55,20 +56,24 @@ class LoaderSpec:
     num_workers: int
     prefetch_factor: int = 2
     in_order: bool = True
+    executor: str = "processes"
 
     def describe(self) -> str:
         """Short configuration text: ``"12 workers, prefetch 2, in_order=False"``."""
+        threads = ", threads" if self.executor == "threads" else ""
         return (
-            f"{self.num_workers} workers, prefetch {self.prefetch_factor}, "
+            f"{self.num_workers} workers{threads}, prefetch {self.prefetch_factor}, "
             f"in_order={self.in_order}"
         )
 
 
 def standard_loaders(workers: int, prefetch_factor: int = 2) -> list[LoaderSpec]:
-    """The four rows every workload reports, all with the same worker budget."""
+    """The five rows every workload reports, all with the same worker budget."""
     return [
         LoaderSpec("headrace", "headrace", workers, prefetch_factor, in_order=False),
         LoaderSpec("headrace in_order", "headrace", workers, prefetch_factor, in_order=True),
+        LoaderSpec("headrace threads", "headrace", workers, prefetch_factor, in_order=False,
+                   executor="threads"),
         LoaderSpec("torch in_order", "torch", workers, prefetch_factor, in_order=True),
         LoaderSpec("torch out_of_order", "torch", workers, prefetch_factor, in_order=False),
     ]

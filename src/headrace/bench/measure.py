@@ -175,8 +175,10 @@ def make_loader(
         "in_order": spec.in_order,
     }
     if spec.kind == "headrace":
-        from headrace.runtime import DataLoader
+        from headrace.runtime import DataLoader, Options
 
+        if spec.executor != "processes":
+            options = dataclasses.replace(options or Options(), executor=spec.executor)
         return DataLoader(workload.pipeline, options=options, **common)
     return tud.DataLoader(CostTaggedDataset(workload.pipeline), **common)
 

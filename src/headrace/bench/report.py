@@ -117,7 +117,8 @@ def _pct(s: Spread, single: bool) -> str:
 
 def _config_cell(spec: LoaderSpec) -> str:
     order = "in order" if spec.in_order else "out of order"
-    return f"{spec.num_workers} w, pf {spec.prefetch_factor}, {order}"
+    threads = " threads" if spec.executor == "threads" else ""
+    return f"{spec.num_workers} w{threads}, pf {spec.prefetch_factor}, {order}"
 
 
 def workload_table(w: WorkloadResult) -> str:

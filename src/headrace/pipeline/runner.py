@@ -60,10 +60,18 @@ class SampleRunner:
 
     With ``measure``, each step's output size and whether it changed the sample's type are
     recorded too (the profiler's input; about a microsecond per step).
+
+    ``reseed_globals``: before each step, re-seed Python's, NumPy's and torch's global
+    generators from the step's seed (``seeding.seed_globals``), so user code drawing from them
+    is deterministic per sample. Worker threads share those generators and turn it off: their
+    steps must draw from the ``rng`` they receive.
     """
 
-    def __init__(self, pipeline: Pipeline, measure: Measure | None = None) -> None:
+    def __init__(
+        self, pipeline: Pipeline, measure: Measure | None = None, reseed_globals: bool = True
+    ) -> None:
         self.pipeline = pipeline
+        self.reseed_globals = reseed_globals
         self.measure = measure
         self.names = pipeline.step_names
         self.keys = pipeline.keys
@@ -102,7 +110,8 @@ class SampleRunner:
         root = sample_root(base_seed, epoch, index)
         for i in range(start, self.n):
             seed = step_seed(root, self.keys[i])
-            seed_globals(seed)
+            if self.reseed_globals:
+                seed_globals(seed)
             rng = step_rng(seed) if self._random[i] else None
             if on_step is not None:
                 on_step(i)

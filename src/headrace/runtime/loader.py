@@ -107,6 +107,13 @@ class DataLoader:
         self.persistent_workers = persistent_workers
         self.in_order = in_order
         self._iterable = isinstance(dataset, tud.IterableDataset)
+        if self.options.executor == "threads" and workers:
+            if self._iterable:
+                raise ValueError("Options(executor='threads') needs a map-style dataset; an "
+                                 "IterableDataset is iterated by torch's own worker processes")
+            if worker_init_fn is not None:
+                raise ValueError("worker_init_fn needs worker processes; with "
+                                 "Options(executor='threads') there are none to initialise")
         self.pipeline: Pipeline | None = None
         if not self._iterable:
             self.pipeline = dataset if isinstance(dataset, Pipeline) else Pipeline.from_dataset(dataset)
@@ -385,7 +392,8 @@ class DataLoader:
         hi = self.options.autoscale.slot_bound() if self.autoscale else self.num_workers
         assert self.planning is not None
         pool = WorkerPool(self.planning.executed, self.dataset, ctx, self.worker_init_fn,
-                          base_seed, hi, profile=self.options.profile)
+                          base_seed, hi, profile=self.options.profile,
+                          executor=self.options.executor)
         if self.persistent_workers:
             self._pool = pool
             self._finalizer.detach()

@@ -182,6 +182,8 @@ class Monitor:
         live = [w for w in list(pool.workers.values()) if not w.retiring]
         rss = []
         for w in live:
+            if w.process.pid is None:
+                continue  # a worker thread: its memory is the training process's
             try:
                 rss.append(psutil.Process(w.process.pid).memory_info().rss)
             except (psutil.Error, ValueError):

@@ -44,6 +44,15 @@ class Options:
         profile_store: where profiles are kept between runs, keyed by pipeline, dataset and
             machine: ``True`` the user cache directory (or ``$HEADRACE_PROFILE_STORE``), a
             path, or ``False`` for none. A stored profile skips the warm-up.
+        executor: what runs the ``num_workers`` workers. ``"processes"`` (torch's way): worker
+            processes, each sample copied to the training process through shared memory.
+            ``"threads"``: threads of the training process, samples handed over without a copy
+            or a message; faster when the steps spend their time in code that releases the GIL
+            (Pillow, OpenCV, NumPy on large arrays, I/O), slower when they run Python. With
+            threads, steps must draw randomness from their ``rng`` (the global generators are
+            shared and not re-seeded), ``get_worker_info()`` is ``None``, and
+            ``worker_init_fn`` and ``sample_timeout_s`` are refused (a thread cannot be
+            killed). See ``runtime/threadworker.py``.
     """
 
     seed: int | None = None
@@ -58,6 +67,7 @@ class Options:
     profile: bool = True
     reorder: bool = True
     profile_store: str | os.PathLike[str] | bool = True
+    executor: Literal["processes", "threads"] = "processes"
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
@@ -68,5 +78,10 @@ class Options:
             raise ValueError("slow_lane_share must be in [0, 1]")
         if self.sample_timeout_s is not None and self.sample_timeout_s <= 0:
             raise ValueError("sample_timeout_s must be > 0 (or None)")
+        if self.executor not in ("processes", "threads"):
+            raise ValueError(f"executor must be 'processes' or 'threads', got {self.executor!r}")
+        if self.executor == "threads" and self.sample_timeout_s is not None:
+            raise ValueError("sample_timeout_s needs executor='processes': a worker thread stuck "
+                             "in a step cannot be killed and replaced")
         if self.max_worker_restarts < 1:
             raise ValueError("max_worker_restarts must be >= 1")

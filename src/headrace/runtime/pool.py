@@ -35,6 +35,7 @@ from typing import Any
 from headrace.pipeline import Pipeline
 from headrace.runtime.ring import Ring
 from headrace.runtime.taskpipe import TaskPipe
+from headrace.runtime.threadworker import ThreadResults, ThreadRun, ThreadTasks, thread_main
 from headrace.runtime.worker import Task, WorkerSetup, worker_main
 
 
@@ -72,9 +73,9 @@ class WorkerHandle:
 
     slot: int
     process: Any
-    tasks: TaskPipe  # Task | None (exit) to the worker
+    tasks: TaskPipe | ThreadTasks  # Task | None (exit) to the worker
     conn: Any  # multiprocessing.connection.Connection, read end of the result pipe
-    ring: Ring  # where the worker puts finished samples' arrays
+    ring: Ring | None  # where the worker puts finished samples' arrays (None: a thread)
     assigned: dict[int, Task] = field(default_factory=dict)
     ready: bool = False
     retiring: bool = False
@@ -103,6 +104,8 @@ class WorkerPool:
 
     Per-worker pipes (not one shared queue) so that a worker killed by the OS can hold no lock
     another worker needs, and the main process knows exactly which samples it held.
+    ``executor="threads"``: the workers are threads of this process behind the same handles
+    (``runtime/threadworker.py``).
     """
 
     def __init__(
@@ -114,7 +117,11 @@ class WorkerPool:
         base_seed: int,
         max_slots: int,
         profile: bool = True,
+        executor: str = "processes",
     ) -> None:
+        if executor not in ("processes", "threads"):
+            raise ValueError(f"executor must be 'processes' or 'threads', got {executor!r}")
+        self.executor = executor
         self.pipeline = pipeline
         self.dataset = dataset
         self.ctx = ctx
@@ -160,9 +167,6 @@ class WorkerPool:
     def _add_worker(self, slot: int | None, num_workers: int | None) -> WorkerHandle:
         if slot is None:
             slot = next(i for i in range(self.max_slots) if i not in self.workers)
-        reader, writer = self.ctx.Pipe(duplex=False)
-        task_reader, task_writer = self.ctx.Pipe(duplex=False)
-        ring = Ring(self.ctx)
         setup = WorkerSetup(
             slot=slot,
             num_workers=num_workers if num_workers is not None else max(self.size, slot + 1),
@@ -173,20 +177,34 @@ class WorkerPool:
             parent_pid=os.getpid(),
             profile=self.profile,
         )
+        self.progress.tid[slot] = -1
+        self.progress.revoked[slot] = -1  # a dead predecessor's revocation does not carry over
+        start = self._start_thread if self.executor == "threads" else self._start_process
+        h = self.workers[slot] = start(setup)
+        return h
+
+    def _start_process(self, setup: WorkerSetup) -> WorkerHandle:
+        reader, writer = self.ctx.Pipe(duplex=False)
+        task_reader, task_writer = self.ctx.Pipe(duplex=False)
+        ring = Ring(self.ctx)
+        slot = setup.slot
         proc = self.ctx.Process(
             target=worker_main,
             args=(setup, task_reader, writer, self.handoff, self.progress, ring),
             daemon=True,
             name=f"headrace-worker-{slot}",
         )
-        self.progress.tid[slot] = -1
-        self.progress.revoked[slot] = -1  # a dead predecessor's revocation does not carry over
         proc.start()
         writer.close()  # only the worker writes; EOF on our end then means it died
         task_reader.close()  # only the worker reads
-        h = WorkerHandle(slot, proc, TaskPipe(task_writer), reader, ring)
-        self.workers[slot] = h
-        return h
+        return WorkerHandle(slot, proc, TaskPipe(task_writer), reader, ring)
+
+    def _start_thread(self, setup: WorkerSetup) -> WorkerHandle:
+        tasks, results = ThreadTasks(), ThreadResults()
+        run = ThreadRun(thread_main, (setup, tasks, results, self.handoff, self.progress),
+                        name=f"headrace-worker-{setup.slot}")
+        run.start()
+        return WorkerHandle(setup.slot, run, tasks, results, None)
 
     def replace(self, dead: WorkerHandle) -> WorkerHandle | None:
         """Discard a dead worker and start a fresh one in its slot (None once closed)."""

@@ -349,14 +349,18 @@ class Scheduler:
         tid = msg[1]
         task = w.assigned.pop(tid, None)
         rec = self._recs.get(tid)
+        ring = w.ring  # None: a worker thread, whose payload is the value itself
         if task is None or rec is None:
-            if kind in ("done", "partial"):
-                w.ring.read_pos.value = msg[-1]  # free its ring space all the same
+            if kind in ("done", "partial") and ring is not None:
+                ring.read_pos.value = msg[-1]  # free its ring space all the same
             return  # a stale result of a task already re-run elsewhere
         if kind == "done":
             _, _, payload, timings, bytes_in, ring_end = msg
-            self._place(rec, decode(payload), w.ring)
-            w.ring.read_pos.value = ring_end
+            if ring is None:
+                self._place(rec, payload, None)
+            else:
+                self._place(rec, decode(payload), ring)
+                ring.read_pos.value = ring_end
             del self._recs[tid]
             rec.step_s += sum(t.wall for t in timings)
             self._settled += 1
@@ -367,9 +371,10 @@ class Scheduler:
             self.hooks.on_sample(rec.index, rec.step_s, rec.slow, timings, bytes_in)
         elif kind == "partial":
             _, _, next_step, payload, timings, bytes_in, ring_end = msg
-            # copied out of the worker's ring; large arrays go to the next worker by shared memory
-            payload = encode(ring_decode(decode(payload), w.ring))
-            w.ring.read_pos.value = ring_end
+            if ring is not None:
+                # copied out of the worker's ring; large arrays go to the next worker by shared memory
+                payload = encode(ring_decode(decode(payload), ring))
+                ring.read_pos.value = ring_end
             rec.step_s += sum(t.wall for t in timings)
             rec.slow = True
             self.hooks.on_sample_partial(rec.index, timings, bytes_in)
@@ -382,7 +387,7 @@ class Scheduler:
             err = step_error_for(exc_cls, rec.index, step_name, cause, text, tb, w.slot)
             self._fail(rec, err)
 
-    def _place(self, rec: Rec, value: Any, ring: Ring) -> None:
+    def _place(self, rec: Rec, value: Any, ring: Ring | None) -> None:
         """Copy a finished sample into its row of its batch (out of ``ring`` before it is freed)."""
         key, row, capacity = self.spec.batcher.place(rec.position)
         batch = self._batches.get(key)

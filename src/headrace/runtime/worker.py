@@ -21,12 +21,13 @@ import pickle
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from headrace.pipeline import Pipeline
-from headrace.pipeline.runner import SampleRunner
+from headrace.pipeline.runner import Outcome, SampleRunner
 from headrace.profiler import sizes
 from headrace.runtime.ring import Ring, RingWriter
 from headrace.runtime.ring import encode as ring_encode
@@ -92,21 +93,15 @@ def worker_main(
         _set_worker_info(slot, setup.num_workers, seed, setup.dataset)
         if setup.worker_init_fn is not None:
             setup.worker_init_fn(slot)
-        runner = SampleRunner(setup.pipeline, measure=sizes.measure if setup.profile else None)
-        plain = SampleRunner(setup.pipeline)
-        runs = 0
+        runner = TaskRunner(setup, handoff, progress)
         writer = RingWriter(ring, setup.parent_pid)
     except Exception as e:  # noqa: BLE001 - reported to the main process
         _send(results, ("init_error", slot, _qualname(type(e)), str(e), traceback.format_exc()))
         return
     _send(results, ("ready", slot))
 
-    limit, remaining = handoff.timeout, handoff.remaining
-
-    def hand_off(next_step: int, spent: float) -> bool:
-        # Over the timeout, and enough typical work left for a move to pay (see HandOff).
-        t = limit.value
-        return spent > t and remaining[next_step] >= HANDOFF_MIN_SHARE * t
+    def to_ring(value: Any) -> tuple[Any, int]:
+        return encode(ring_encode(value, writer)), writer.write_pos
 
     while True:
         try:
@@ -119,38 +114,80 @@ def worker_main(
             return  # the training process closed our pipe: shutting down
         if task is None:
             return
-        if task.tid == progress.revoked[slot]:
-            continue  # moved to an idle worker while it waited behind a slow sample here
+        if runner.revoked(task):
+            continue
+        out = runner.run(task, decode(task.payload) if task.start > 0 else None)
+        if not _send(results, runner.message(task.tid, out, to_ring)):
+            return
+
+
+class TaskRunner:
+    """Runs tasks in one worker, process or thread (``runtime/threadworker.py``).
+
+    Keeps the worker's ``progress`` slot current (the tid, start time and step the main
+    process reads), measures output sizes on the first ``MEASURE_ALL`` runs and then one in
+    ``MEASURE_EVERY``, and asks the hand-off rule between steps: over the shared timeout
+    (``handoff``: the pool's ``HandOff``), and enough typical work left for a move to pay.
+    """
+
+    def __init__(
+        self, setup: WorkerSetup, handoff: Any, progress: Any, reseed_globals: bool = True
+    ) -> None:
+        measure = sizes.measure if setup.profile else None
+        self.measured = SampleRunner(setup.pipeline, measure, reseed_globals)
+        self.plain = SampleRunner(setup.pipeline, None, reseed_globals)
+        self.slot = setup.slot
+        self.progress = progress
+        self.runs = 0
+        limit, remaining = handoff.timeout, handoff.remaining
+
+        def hand_off(next_step: int, spent: float) -> bool:
+            t = limit.value
+            return spent > t and remaining[next_step] >= HANDOFF_MIN_SHARE * t
+
+        self.hand_off = hand_off
+
+    def revoked(self, task: Task) -> bool:
+        """The task moved to an idle worker while it waited behind a slow sample here."""
+        return task.tid == self.progress.revoked[self.slot]
+
+    def run(self, task: Task, value: Any) -> Outcome:
+        """Run ``task`` (from its partial ``value`` when it resumes at a later step)."""
+        slot, progress = self.slot, self.progress
         progress.started[slot] = time.monotonic()
         progress.step[slot] = task.start
         progress.tid[slot] = task.tid
-        value = decode(task.payload) if task.start > 0 else None
-        runs += 1
-        measured = runs <= MEASURE_ALL or runs % MEASURE_EVERY == 0
-        out = (runner if measured else plain).run(
+        self.runs += 1
+        measured = self.runs <= MEASURE_ALL or self.runs % MEASURE_EVERY == 0
+        return (self.measured if measured else self.plain).run(
             task.sample,
             task.start,
             value,
             task.base_seed,
             task.epoch,
-            hand_off=hand_off if task.may_hand_off else None,
+            hand_off=self.hand_off if task.may_hand_off else None,
             on_step=lambda i: progress.step.__setitem__(slot, i),
         )
-        timings = out.timings
+
+    def message(
+        self, tid: int, out: Outcome, send_value: Callable[[Any], tuple[Any, int | None]]
+    ) -> tuple[Any, ...]:
+        """The message for ``out`` (see the module docstring); marks the slot idle after it.
+
+        ``send_value(value) -> (payload, ring_end)``: how the finished or partial value travels.
+        """
+        msg: tuple[Any, ...]
         if out.error is not None:
             step, exc, tb = out.error
-            msg: tuple[Any, ...] = (
-                "error", task.tid, step, _picklable_class(type(exc)), _qualname(type(exc)), str(exc), tb,
-            )
-        elif out.next_step is not None:
-            payload = encode(ring_encode(out.value, writer))
-            msg = ("partial", task.tid, out.next_step, payload, timings, out.bytes_in, writer.write_pos)
+            msg = ("error", tid, step, _picklable_class(type(exc)), _qualname(type(exc)), str(exc), tb)
         else:
-            payload = encode(ring_encode(out.value, writer))
-            msg = ("done", task.tid, payload, timings, out.bytes_in, writer.write_pos)
-        progress.tid[slot] = -1
-        if not _send(results, msg):
-            return
+            payload, ring_end = send_value(out.value)
+            if out.next_step is not None:
+                msg = ("partial", tid, out.next_step, payload, out.timings, out.bytes_in, ring_end)
+            else:
+                msg = ("done", tid, payload, out.timings, out.bytes_in, ring_end)
+        self.progress.tid[self.slot] = -1
+        return msg
 
 
 def _send(conn: Any, msg: Any) -> bool:

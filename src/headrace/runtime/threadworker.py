@@ -1,0 +1,202 @@
+"""Worker threads: the pipeline run by threads of the training process.
+
+``Options(executor="threads")``. A worker process must move every finished sample to the
+training process: a copy into its ring, a result message, the scheduler's copy out, plus the
+per-step re-seeding of the global generators. On the CPU-bound image workloads that is about
+0.6 ms of worker CPU per ~5 ms sample and ~0.35 ms of training-process CPU (docs/benchmarks.md),
+all of it competing with the steps for the same cores. A thread hands over the object it
+produced: no copy, no pickling, no ring. It pays off when the steps spend their time in code
+that releases the GIL (image decoding and resizing in Pillow or OpenCV, NumPy on large arrays,
+I/O, sleeps); steps that run Python bytecode most of the time serialise on the GIL, and so
+does the training loop's own Python, which shares it with them.
+
+Each thread stands behind the same ``pool.WorkerHandle`` as a process, so the scheduler runs
+unchanged: :class:`ThreadTasks` takes the task pipe's place, :class:`ThreadResults` the result
+pipe's (messages in a deque, one byte per message on a pipe the scheduler's selector watches),
+and :class:`ThreadRun` the process's (its sentinel becomes readable when the thread ends).
+
+What differs from processes, by necessity (the loader refuses the options that need processes):
+
+* the global generators (``random``, NumPy's, torch's) are shared by every thread and are not
+  re-seeded per step: steps must draw from the ``rng`` they receive to be deterministic;
+* ``get_worker_info()`` returns ``None`` and there is no ``worker_init_fn``;
+* a thread cannot be killed: there is no ``sample_timeout_s``, and at shutdown a thread stuck in
+  a step is abandoned (it is a daemon thread) after the grace period;
+* torch's intra-op thread pool is the training process's own (a worker process limits its own
+  to one thread).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import queue
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from headrace.runtime.worker import POLL_S, TaskRunner, WorkerSetup
+
+log = logging.getLogger("headrace")
+
+
+class ThreadTasks:
+    """The task pipe's counterpart: ``send`` never blocks, the thread ``get``s in order."""
+
+    pending = False  # nothing ever waits in an outbox: a queue has no capacity limit
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+
+    def send(self, obj: Any) -> None:
+        """Queue a ``Task`` (or ``None``: exit). Raises OSError once closed, like a closed pipe."""
+        if self._closed:
+            raise OSError("the worker thread's task queue is closed")
+        self._q.put(obj)
+
+    def get(self, timeout: float) -> Any:
+        """The next task; raises ``queue.Empty`` after ``timeout`` seconds without one."""
+        return self._q.get(timeout=timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def flush(self) -> bool:
+        return True  # nothing waits (``pending`` is always False)
+
+    def fileno(self) -> int:
+        raise OSError("a worker thread's task queue has no descriptor (it never fills up)")
+
+    def close(self) -> None:
+        self._closed = True
+        self._q.put(None)  # wakes a waiting thread: it exits
+
+
+class ThreadResults:
+    """The result pipe's counterpart: messages in a deque, and one byte per message on a pipe,
+    so that the scheduler's selector sees them and ``recv`` is called once per message."""
+
+    def __init__(self) -> None:
+        self._msgs: collections.deque[Any] = collections.deque()
+        self._r, self._w = os.pipe()
+        self._lock = threading.Lock()  # send vs close: never write to a closed (reused) number
+        self._closed = False
+
+    def fileno(self) -> int:
+        return self._r
+
+    def send(self, msg: Any) -> bool:
+        """Post ``msg``; False once closed (the pool is shutting down)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._msgs.append(msg)
+            os.write(self._w, b"\0")  # the pipe holds far more bytes than samples in flight
+            return True
+
+    def recv(self) -> Any:
+        """The oldest message (its byte is ready: the selector said so). EOFError once closed."""
+        if self._closed or not os.read(self._r, 1):
+            raise EOFError
+        return self._msgs.popleft()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for fd in (self._r, self._w):
+                os.close(fd)
+
+
+class ThreadRun:
+    """A worker thread behind the part of ``multiprocessing.Process``'s interface the pool and
+    the scheduler use. ``sentinel``: a descriptor readable once the thread has ended."""
+
+    pid = None  # no process of its own (psutil would otherwise measure the training process)
+
+    def __init__(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> None:
+        self._target = target
+        self._args = args
+        self._sentinel_r, self._sentinel_w = os.pipe()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._given_up = False
+        self._closed = False
+        self.exitcode: int | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            self._target(*self._args)
+            self.exitcode = 0
+        except BaseException:  # noqa: BLE001 - a bug in the worker loop: the scheduler re-runs
+            log.error("headrace worker thread %s failed:\n%s", self._thread.name, traceback.format_exc())
+            self.exitcode = 1
+        finally:
+            os.close(self._sentinel_w)  # EOF: the sentinel becomes readable
+
+    @property
+    def sentinel(self) -> int:
+        return self._sentinel_r
+
+    @property
+    def name(self) -> str:
+        return self._thread.name
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread; after :meth:`kill`, never longer than ``timeout`` (0 if None)."""
+        if timeout is None and self._given_up:
+            timeout = 0.0
+        self._thread.join(timeout)
+
+    def terminate(self) -> None:
+        """Nothing can stop a thread inside a step: it exits at its next task (see ``kill``)."""
+
+    def kill(self) -> None:
+        """Give up on a thread that did not exit: it is abandoned (a daemon thread)."""
+        if self._thread.is_alive() and not self._given_up:
+            log.warning("headrace worker thread %s is still in a step at shutdown; abandoned",
+                        self._thread.name)
+        self._given_up = True
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            os.close(self._sentinel_r)
+
+
+def thread_main(
+    setup: WorkerSetup, tasks: ThreadTasks, results: ThreadResults, handoff: Any, progress: Any
+) -> None:
+    """Body of a worker thread: as ``worker.worker_main``, with samples handed over as objects."""
+    try:
+        runner = TaskRunner(setup, handoff, progress, reseed_globals=False)
+    except Exception as e:  # noqa: BLE001 - reported to the scheduler
+        results.send(("init_error", setup.slot, type(e).__qualname__, str(e), traceback.format_exc()))
+        return
+    results.send(("ready", setup.slot))
+    while not tasks.closed:
+        try:
+            task = tasks.get(POLL_S)
+        except queue.Empty:
+            continue
+        if task is None:
+            return
+        if runner.revoked(task):
+            continue
+        out = runner.run(task, task.payload if task.start > 0 else None)
+        if not results.send(runner.message(task.tid, out, _as_is)):
+            return
+
+
+def _as_is(value: Any) -> tuple[Any, None]:
+    return value, None  # the object itself: same process, no ring

@@ -1,0 +1,145 @@
+"""Worker threads (``Options(executor="threads")``): the invariants hold as with processes."""
+
+import gc
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import headrace as hr
+from tests.helpers import FailingDataset, IndexDataset, Trace, TraceSource, WorkerInfoDataset, noise
+
+pytestmark = pytest.mark.integration
+
+THREADS = hr.Options(executor="threads")
+
+
+class Zeros:
+    """A source of ``n`` zero vectors."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def load(self, i: int) -> np.ndarray:
+        return np.zeros(4, np.float32)
+
+
+def flat(loader):
+    return [i for b in loader for i in b.tolist()]
+
+
+@pytest.mark.parametrize("in_order", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_each_index_exactly_once(in_order, drop_last, shuffle, no_leaks):
+    ds = IndexDataset(41, slow_every=7, slow_s=0.01)  # uneven costs reorder completions
+    torch.manual_seed(3)
+    expected = Counter(flat(torch.utils.data.DataLoader(ds, batch_size=6, shuffle=shuffle,
+                                                        drop_last=drop_last)))
+    torch.manual_seed(3)
+    loader = hr.DataLoader(ds, batch_size=6, shuffle=shuffle, drop_last=drop_last, num_workers=3,
+                           in_order=in_order, options=THREADS)
+    assert Counter(flat(loader)) == expected
+
+
+def test_same_batches_as_worker_processes():
+    # noise draws from the step's rng: the content depends on (seed, epoch, index) only
+    pipe = hr.Pipeline(Zeros(30), [hr.step(noise, name="noise", random=True)])
+
+    def batches(executor):
+        opts = hr.Options(seed=7, executor=executor)
+        loader = hr.DataLoader(pipe, batch_size=5, shuffle=True, num_workers=2, in_order=True,
+                               options=opts)
+        return [b for _ in range(2) for b in loader]  # two epochs: different draws
+
+    procs, threads = batches("processes"), batches("threads")
+    assert len(procs) == len(threads) == 12
+    for a, b in zip(procs, threads, strict=True):
+        assert torch.equal(a, b)
+    assert not torch.equal(procs[0], procs[6])  # epoch 1 draws differ from epoch 0
+
+
+def test_handed_off_samples_resume_at_the_next_step_and_run_each_step_once(no_leaks):
+    steps = [Trace("a", slow_every=4, slow_s=0.05), Trace("b", slow_every=1, slow_s=0.02), Trace("c")]
+    pipe = hr.Pipeline(TraceSource(24), [hr.step(s, name=s.name) for s in steps])
+    opts = hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.03), executor="threads")
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=3, collate_fn=lambda b: b, options=opts)
+    samples = [s for b in loader for s in b]
+    assert sorted(s["index"] for s in samples) == list(range(24))
+    for s in samples:
+        assert [name for name, _ in s["trace"]] == ["load", "a", "b", "c"], s
+        if s["index"] % 4 == 0:  # handed off after "a": b and c ran together in the slow lane
+            assert s["trace"][2][1] == s["trace"][3][1]
+    st = loader.stats().last
+    assert st.slow_samples == 6 and st.fast_samples == 18
+
+
+def test_failing_step_raises_with_index_step_and_traceback(no_leaks):
+    loader = hr.DataLoader(FailingDataset(20, {13}), batch_size=4, num_workers=2, options=THREADS)
+    with pytest.raises(hr.StepError) as ei:
+        list(loader)
+    e = ei.value
+    assert isinstance(e, ValueError)
+    assert e.index == 13 and e.step == "load"
+    assert "corrupt sample 13" in str(e) and "__getitem__" in e.remote_traceback
+
+
+def test_skip_policy_drops_and_counts_failing_samples(no_leaks):
+    opts = hr.Options(on_error="skip", executor="threads")
+    loader = hr.DataLoader(FailingDataset(20, {3, 13}), batch_size=4, num_workers=2, options=opts)
+    assert sorted(flat(loader)) == sorted(set(range(20)) - {3, 13})
+    assert loader.stats().last.skipped_samples == 2
+
+
+def test_break_and_del_stop_the_threads(no_leaks):
+    loader = hr.DataLoader(IndexDataset(200, slow_every=1, slow_s=0.005), batch_size=4,
+                           num_workers=3, options=THREADS)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    gc.collect()
+    persistent = hr.DataLoader(IndexDataset(20), batch_size=4, num_workers=2,
+                               persistent_workers=True, options=THREADS)
+    assert [sorted(flat(persistent)) for _ in range(2)] == [list(range(20))] * 2
+    assert sum(t.name.startswith("headrace-worker") for t in threading.enumerate()) == 2
+    del persistent  # no_leaks checks that no worker thread is left
+
+
+def test_autoscaled_threads_deliver_exactly_once(no_leaks):
+    ds = IndexDataset(120, slow_every=3, slow_s=0.005)
+    opts = hr.Options(autoscale=hr.AutoscaleConfig(initial=1, max_workers=3, interval_s=0.05),
+                      executor="threads")
+    loader = hr.DataLoader(ds, batch_size=8, shuffle=True, num_workers="auto", options=opts)
+    assert Counter(flat(loader)) == Counter(range(120))
+
+
+def test_worker_info_is_none_in_a_thread():
+    loader = hr.DataLoader(WorkerInfoDataset(), batch_size=4, num_workers=2,
+                           collate_fn=lambda b: b, options=THREADS)
+    rows = [r for b in loader for r in b]
+    assert sorted(r[0] for r in rows) == list(range(16))
+    assert {r[1] for r in rows} == {-1}  # as torch's get_worker_info() outside a worker process
+
+
+def test_options_that_need_processes_are_refused():
+    with pytest.raises(ValueError, match="sample_timeout_s"):
+        hr.Options(executor="threads", sample_timeout_s=1.0)
+    with pytest.raises(ValueError, match="executor"):
+        hr.Options(executor="fibers")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="worker_init_fn"):
+        hr.DataLoader(IndexDataset(4), num_workers=2, worker_init_fn=print, options=THREADS)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    with pytest.raises(ValueError, match="IterableDataset"):
+        hr.DataLoader(Stream(), num_workers=2, options=THREADS)
+    # no workers, nothing to refuse: the loop runs in the training thread as with torch
+    assert flat(hr.DataLoader(IndexDataset(4), num_workers=0, worker_init_fn=print,
+                              options=THREADS)) == [0, 1, 2, 3]
