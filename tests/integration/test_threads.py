@@ -47,7 +47,7 @@ def test_each_index_exactly_once(in_order, drop_last, shuffle, no_leaks):
     assert Counter(flat(loader)) == expected
 
 
-def test_same_batches_as_worker_processes():
+def test_same_batches_as_worker_processes(no_leaks):
     # noise draws from the step's rng: the content depends on (seed, epoch, index) only
     pipe = hr.Pipeline(Zeros(30), [hr.step(noise, name="noise", random=True)])
 
@@ -118,7 +118,7 @@ def test_autoscaled_threads_deliver_exactly_once(no_leaks):
     assert Counter(flat(loader)) == Counter(range(120))
 
 
-def test_worker_info_is_none_in_a_thread():
+def test_worker_info_is_none_in_a_thread(no_leaks):
     loader = hr.DataLoader(WorkerInfoDataset(), batch_size=4, num_workers=2,
                            collate_fn=lambda b: b, options=THREADS)
     rows = [r for b in loader for r in b]

@@ -47,12 +47,14 @@ class Options:
         executor: what runs the ``num_workers`` workers. ``"processes"`` (torch's way): worker
             processes, each sample copied to the training process through shared memory.
             ``"threads"``: threads of the training process, samples handed over without a copy
-            or a message; faster when the steps spend their time in code that releases the GIL
-            (Pillow, OpenCV, NumPy on large arrays, I/O), slower when they run Python. With
+            or a message. It can only pay when the steps spend their time in code that
+            releases the GIL (Pillow, OpenCV, NumPy on large arrays, I/O); on our 2-core
+            benchmarks it is level to 6% faster than processes in wall time
+            (docs/benchmarks.md). With
             threads, steps must draw randomness from their ``rng`` (the global generators are
-            shared and not re-seeded), ``get_worker_info()`` is ``None``, and
-            ``worker_init_fn`` and ``sample_timeout_s`` are refused (a thread cannot be
-            killed). See ``runtime/threadworker.py``.
+            shared and not re-seeded), ``get_worker_info()`` is ``None``, ``worker_init_fn``
+            and ``sample_timeout_s`` are refused (a thread cannot be killed), and dataset and
+            step objects are shared by the threads. See ``runtime/threadworker.py``.
     """
 
     seed: int | None = None

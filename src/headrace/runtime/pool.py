@@ -91,8 +91,12 @@ class WorkerHandle:
         except OSError:
             pass  # the worker is gone: its death is handled by its sentinel, tasks re-run
 
-    def send_exit(self) -> None:
-        """Ask the worker to exit once its queued tasks are done (best effort)."""
+    def send_exit(self, now: bool = False) -> None:
+        """Ask the worker to exit once its queued tasks are done (best effort); ``now``: once
+        the sample it runs is done (a process also exits when its task pipe closes)."""
+        if now and isinstance(self.tasks, ThreadTasks):
+            self.tasks.close()
+            return
         try:
             self.tasks.send(None)
         except OSError:
@@ -234,7 +238,7 @@ class WorkerPool:
             handles = list(self.workers.values())
             self.workers.clear()
         for h in handles:
-            h.send_exit()
+            h.send_exit(now=True)
         deadline = time.monotonic() + grace_s
         for h in handles:
             self._dispose(h, max(0.0, deadline - time.monotonic()))

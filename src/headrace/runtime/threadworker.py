@@ -20,15 +20,24 @@ What differs from processes, by necessity (the loader refuses the options that n
 * the global generators (``random``, NumPy's, torch's) are shared by every thread and are not
   re-seeded per step: steps must draw from the ``rng`` they receive to be deterministic;
 * ``get_worker_info()`` returns ``None`` and there is no ``worker_init_fn``;
-* a thread cannot be killed: there is no ``sample_timeout_s``, and at shutdown a thread stuck in
-  a step is abandoned (it is a daemon thread) after the grace period;
+* a thread cannot be killed: there is no ``sample_timeout_s``, and at shutdown a thread still in
+  a step after the pool's grace period (0.5 s for all workers) is abandoned: it is a daemon
+  thread, finishes its sample and exits;
 * torch's intra-op thread pool is the training process's own (a worker process limits its own
-  to one thread).
+  to one thread);
+* objects are shared, not copied: the dataset and the step objects are the same for every
+  thread (a file handle opened lazily in ``__getitem__`` is one handle for all of them), and
+  with a ``collate_fn`` of your own (or ``batch_size=None``) you receive the very objects the
+  steps made, so a dataset that returns cached objects, or steps that change their input in
+  place, change what you already hold. torch's default collation copies into the batch, and a
+  resumed slow-lane sample runs on its own copy of its partial value;
+* with ``num_workers="auto"``, time a step waits for the GIL counts as idle CPU for the scaler.
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import os
 import queue
@@ -150,23 +159,22 @@ class ThreadRun:
         return self._thread.name
 
     def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        """False once the thread's body returned (its sentinel is readable from then on)."""
+        return self.exitcode is None and self._thread.is_alive()
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for the thread; after :meth:`kill`, never longer than ``timeout`` (0 if None)."""
-        if timeout is None and self._given_up:
-            timeout = 0.0
-        self._thread.join(timeout)
+        """Wait for the thread; once given up on (``terminate``/``kill``), not at all."""
+        self._thread.join(0.0 if self._given_up else timeout)
 
     def terminate(self) -> None:
-        """Nothing can stop a thread inside a step: it exits at its next task (see ``kill``)."""
-
-    def kill(self) -> None:
-        """Give up on a thread that did not exit: it is abandoned (a daemon thread)."""
+        """Nothing can stop a thread inside a step: give up on it; it is abandoned (a daemon
+        thread) and exits after its current sample (its task queue is closed)."""
         if self._thread.is_alive() and not self._given_up:
             log.warning("headrace worker thread %s is still in a step at shutdown; abandoned",
                         self._thread.name)
         self._given_up = True
+
+    kill = terminate
 
     def close(self) -> None:
         if not self._closed:
@@ -193,7 +201,11 @@ def thread_main(
             return
         if runner.revoked(task):
             continue
-        out = runner.run(task, task.payload if task.start > 0 else None)
+        # A resumed sample runs on its own copy of the partial value: the scheduler keeps the
+        # original for a retry, and a revoked attempt that races its replacement (see
+        # Scheduler._steal) must not change what the other one works on.
+        value = copy.deepcopy(task.payload) if task.start > 0 else None
+        out = runner.run(task, value)
         if not results.send(runner.message(task.tid, out, _as_is)):
             return
 
