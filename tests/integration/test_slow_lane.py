@@ -11,11 +11,12 @@ from tests.helpers import Trace, TraceSource
 pytestmark = pytest.mark.integration
 
 
-def test_handed_off_samples_resume_at_the_next_step_and_run_each_step_once(no_leaks):
+@pytest.mark.parametrize("executor", ["processes", "threads"])
+def test_handed_off_samples_resume_at_the_next_step_and_run_each_step_once(executor, no_leaks):
     # b costs 20 ms: enough work left after a for a hand-off to pay (>= half the timeout)
     steps = [Trace("a", slow_every=4, slow_s=0.05), Trace("b", slow_every=1, slow_s=0.02), Trace("c")]
     pipe = hr.Pipeline(TraceSource(24), [hr.step(s, name=s.name) for s in steps])
-    opts = hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.03))
+    opts = hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.03), executor=executor)
     loader = hr.DataLoader(pipe, batch_size=4, num_workers=3, collate_fn=lambda b: b, options=opts)
     samples = [s for b in loader for s in b]
     assert sorted(s["index"] for s in samples) == list(range(24))

@@ -4,29 +4,15 @@ import gc
 import threading
 from collections import Counter
 
-import numpy as np
 import pytest
 import torch
 
 import headrace as hr
-from tests.helpers import FailingDataset, IndexDataset, Trace, TraceSource, WorkerInfoDataset, noise
+from tests.helpers import ArraySource, FailingDataset, IndexDataset, WorkerInfoDataset, noise
 
 pytestmark = pytest.mark.integration
 
 THREADS = hr.Options(executor="threads")
-
-
-class Zeros:
-    """A source of ``n`` zero vectors."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def load(self, i: int) -> np.ndarray:
-        return np.zeros(4, np.float32)
 
 
 def flat(loader):
@@ -49,7 +35,7 @@ def test_each_index_exactly_once(in_order, drop_last, shuffle, no_leaks):
 
 def test_same_batches_as_worker_processes(no_leaks):
     # noise draws from the step's rng: the content depends on (seed, epoch, index) only
-    pipe = hr.Pipeline(Zeros(30), [hr.step(noise, name="noise", random=True)])
+    pipe = hr.Pipeline(ArraySource(30), [hr.step(noise, name="noise", random=True)])
 
     def batches(executor):
         opts = hr.Options(seed=7, executor=executor)
@@ -62,21 +48,6 @@ def test_same_batches_as_worker_processes(no_leaks):
     for a, b in zip(procs, threads, strict=True):
         assert torch.equal(a, b)
     assert not torch.equal(procs[0], procs[6])  # epoch 1 draws differ from epoch 0
-
-
-def test_handed_off_samples_resume_at_the_next_step_and_run_each_step_once(no_leaks):
-    steps = [Trace("a", slow_every=4, slow_s=0.05), Trace("b", slow_every=1, slow_s=0.02), Trace("c")]
-    pipe = hr.Pipeline(TraceSource(24), [hr.step(s, name=s.name) for s in steps])
-    opts = hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.03), executor="threads")
-    loader = hr.DataLoader(pipe, batch_size=4, num_workers=3, collate_fn=lambda b: b, options=opts)
-    samples = [s for b in loader for s in b]
-    assert sorted(s["index"] for s in samples) == list(range(24))
-    for s in samples:
-        assert [name for name, _ in s["trace"]] == ["load", "a", "b", "c"], s
-        if s["index"] % 4 == 0:  # handed off after "a": b and c ran together in the slow lane
-            assert s["trace"][2][1] == s["trace"][3][1]
-    st = loader.stats().last
-    assert st.slow_samples == 6 and st.fast_samples == 18
 
 
 def test_failing_step_raises_with_index_step_and_traceback(no_leaks):

@@ -10,16 +10,9 @@ import headrace as hr
 from headrace.runtime.pool import HandOff, Progress, WorkerPool
 from headrace.runtime.threadworker import ThreadResults, ThreadRun, ThreadTasks, thread_main
 from headrace.runtime.worker import Task, WorkerSetup
+from tests.helpers import ArraySource
 
 CTX = multiprocessing.get_context("fork")
-
-
-class Zeros:
-    def __len__(self) -> int:
-        return 4
-
-    def load(self, i: int) -> np.ndarray:
-        return np.zeros(3)
 
 
 def bump(x: np.ndarray) -> np.ndarray:
@@ -28,14 +21,14 @@ def bump(x: np.ndarray) -> np.ndarray:
 
 
 def pipeline() -> hr.Pipeline:
-    return hr.Pipeline(Zeros(), [hr.step(lambda x: x, name="a"), hr.step(bump, name="bump")])
+    return hr.Pipeline(ArraySource(4), [hr.step(lambda x: x, name="a"), hr.step(bump, name="bump")])
 
 
 def test_each_resumed_attempt_runs_on_its_own_copy_of_the_partial_value():
     pipe = pipeline()
     setup = WorkerSetup(0, 1, 0, pipe, None, None, os.getpid(), False)
     tasks, results = ThreadTasks(), ThreadResults()
-    partial = np.zeros(3)
+    partial = np.zeros(1, np.float32)
     for tid in (1, 2):  # the same resumed sample twice: a retry after its first worker went away
         tasks.send(Task(tid, 0, 2, partial, 0, 0, False))
     tasks.send(None)
@@ -47,8 +40,8 @@ def test_each_resumed_attempt_runs_on_its_own_copy_of_the_partial_value():
     assert msgs[0] == ("ready", 0)
     assert [m[:2] for m in msgs[1:]] == [("done", 1), ("done", 2)]
     for m in msgs[1:]:
-        np.testing.assert_array_equal(m[2], np.ones(3))  # bump ran once on each attempt
-    np.testing.assert_array_equal(partial, np.zeros(3))  # the scheduler's copy is intact
+        np.testing.assert_array_equal(m[2], np.ones(1))  # bump ran once on each attempt
+    np.testing.assert_array_equal(partial, np.zeros(1))  # the scheduler's copy is intact
     results.close()
     run.close()
 
