@@ -76,6 +76,7 @@ def test_tiny_bench_writes_every_row_and_output(tmp_path):
 
     md = paths["markdown"].read_text()
     assert "headrace revision:" in md and "Consumer step: nominal" in md
+    assert md.count("headrace threads: its per-sample costs sum to") == 2  # one per workload
     for label in LABELS:
         assert f"| {label} |" in md
     assert "### speech-3s" in md and "### imseg" in md

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,15 @@ def workload_section(w: WorkloadResult, plots: dict[str, str] | None = None) -> 
             + (f", no batch ready in {100 * empty:.0f}% of queue samples" if empty is not None
                else "")
             + "."
+        )
+    threads = next((r for r in w.rows if r.spec.executor == "threads"), None)
+    if threads is not None and hr_row is not None and threads.runs and hr_row.runs:
+        a, b = (statistics.median(math.fsum(run.costs) for run in row.runs)
+                for row in (threads, hr_row))
+        parts.append(
+            f"headrace threads: its per-sample costs sum to {a:.2f} s, against {b:.2f} s for "
+            f"the headrace row ({100 * (a / b - 1):+.0f}%; medians over runs). Steps waiting for "
+            "the GIL count in its costs and raise its own ideal: compare its wall time."
         )
     steps = [r.metrics["consumer_step_ms"].median for r in w.rows]
     other = [r.metrics["machine_other_cpu_s"].median / r.metrics["wall_s"].median
