@@ -17,6 +17,9 @@ training loop reads. MinatoLoader Algorithm 1, done with processes:
 * batcher: the next samples to finish form the next batch, whichever lane they came through
   (``runtime/batcher.py``).
 
+Worker threads (``runtime/threadworker.py``) hand their results in through ``deliver``, in
+their own thread; that is why the scheduler's state changes under ``_lock``.
+
 Exactly-once: every task has a tid; a result is accepted only for a tid still outstanding, a
 position is completed once, and the training loop marks positions delivered one batch at a time.
 Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
@@ -24,6 +27,7 @@ Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -85,6 +89,10 @@ class Scheduler:
         self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         self._watched: dict[int, tuple[WorkerHandle, int, int]] = {}  # slot -> (w, pipe, sentinel)
         self._thread = threading.Thread(target=self._run, name="headrace-scheduler", daemon=True)
+        # Worker threads hand results in directly (``deliver``): the state below is shared with
+        # them, so every change to it happens under this lock.
+        self._lock = threading.RLock()
+        self._finished = False  # "end" or "error" is on ``out``: nothing more to do
 
     # -- control -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -129,21 +137,55 @@ class Scheduler:
         cpu0 = time.thread_time()
         try:
             while not self._stop.is_set() and not self.pool.closed:
-                self.counters.scheduler_cpu_s = time.thread_time() - cpu0
-                self._dispatch()
-                if self._emit():
-                    self.out.put(("end", None, None))
-                    return
-                self.hooks.on_tick(self)
-                if self.spec.sample_timeout_s is not None:
-                    self._kill_hung()
+                with self._lock:
+                    if self._finished:
+                        return
+                    self.counters.scheduler_cpu_s = time.thread_time() - cpu0
+                    if self._advance():
+                        return
+                    self.hooks.on_tick(self)
+                    if self.spec.sample_timeout_s is not None:
+                        self._kill_hung()
                 self._wait_and_handle()
-        except Fatal as f:
-            self.out.put(("error", f.error, None))
-        except BaseException as e:  # noqa: BLE001 - a scheduler bug must reach the user
-            self.out.put(("error", e, None))
+        except BaseException as e:  # noqa: BLE001 - Fatal, or a scheduler bug: to the user
+            with self._lock:
+                self._finish_with(e)
         finally:
+            self._detach_threads()
             self.counters.scheduler_cpu_s = time.thread_time() - cpu0
+
+    def deliver(self, w: WorkerHandle, msg: tuple[Any, ...]) -> bool:
+        """A worker thread's message, handled in that thread (no hand-over to this scheduler's
+        thread: a pipe write, a wake-up and a GIL hand-over per sample). False when this epoch
+        is over: the message then waits in the thread's result queue for the next one."""
+        with self._lock:
+            if self._finished or self._stop.is_set():
+                return False
+            try:
+                self._handle(w, msg)
+                self._advance()
+            except BaseException as e:  # noqa: BLE001 - as in _run
+                self._finish_with(e)
+            return True
+
+    def _advance(self) -> bool:
+        """Dispatch work and emit ready batches; True (and "end" put) when the epoch is done."""
+        self._dispatch()
+        if self._emit():
+            self.out.put(("end", None, None))
+            self._finished = True
+        return self._finished
+
+    def _finish_with(self, e: BaseException) -> None:
+        if not self._finished:
+            self._finished = True
+            self.out.put(("error", e.error if isinstance(e, Fatal) else e, None))
+
+    def _detach_threads(self) -> None:
+        for w in list(self.pool.workers.values()):
+            sink = getattr(w.conn, "sink", None)
+            if sink is not None and getattr(sink, "__self__", None) is self:
+                w.conn.sink = None
 
     def _sync_selector(self) -> None:
         """(Re)register worker pipes and sentinels when the pool changed (a persistent epoll set:
@@ -154,6 +196,8 @@ class Scheduler:
                 self._unwatch(w)
         for slot, w in current.items():
             if slot not in self._watched:
+                if w.ring is None:  # a worker thread: from now on it hands results in itself
+                    w.conn.sink = functools.partial(self.deliver, w)
                 conn_fd, sentinel = w.conn.fileno(), w.sentinel
                 self._sel.register(conn_fd, selectors.EVENT_READ, ("conn", w))
                 self._sel.register(sentinel, selectors.EVENT_READ, ("sentinel", w))
@@ -198,13 +242,17 @@ class Scheduler:
                     pass
             elif what == "conn":
                 try:  # one message per readiness: the selector is level-triggered
-                    self._handle(w, w.conn.recv())
+                    msg = w.conn.recv()
                 except (EOFError, OSError):
                     dead.append(w)
+                else:
+                    with self._lock:
+                        self._handle(w, msg)
             elif not w.process.is_alive():
                 dead.append(w)
-        for w in dict.fromkeys(dead):
-            self._on_death(w)
+        with self._lock:
+            for w in dict.fromkeys(dead):
+                self._on_death(w)
 
     # -- dispatch ------------------------------------------------------------------------------
     def _dispatch(self) -> None:

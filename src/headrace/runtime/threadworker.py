@@ -12,8 +12,12 @@ does the training loop's own Python, which shares it with them.
 
 Each thread stands behind the same ``pool.WorkerHandle`` as a process, so the scheduler runs
 unchanged: :class:`ThreadTasks` takes the task pipe's place, :class:`ThreadResults` the result
-pipe's (messages in a deque, one byte per message on a pipe the scheduler's selector watches),
-and :class:`ThreadRun` the process's (its sentinel becomes readable when the thread ends).
+pipe's, and :class:`ThreadRun` the process's (its sentinel becomes readable when the thread
+ends). Once the epoch's scheduler watches a thread, the thread hands each result to it directly
+(``Scheduler.deliver``, under the scheduler's lock, in the worker thread): no pipe write, no
+wake-up of the scheduler thread, no GIL hand-over per sample (imagenet: 7% shorter epochs than
+through the pipe, measured in one interleaved run). Before that, and between epochs, messages
+wait in a deque with one byte per message on a pipe the scheduler's selector watches.
 
 What differs from processes, by necessity (the loader refuses the options that need processes):
 
@@ -86,10 +90,14 @@ class ThreadTasks:
 
 
 class ThreadResults:
-    """The result pipe's counterpart: messages in a deque, and one byte per message on a pipe,
-    so that the scheduler's selector sees them and ``recv`` is called once per message."""
+    """The result pipe's counterpart: messages go to ``sink`` when it takes them, else into a
+    deque, with one byte per message on a pipe, so that the scheduler's selector sees them and
+    ``recv`` is called once per message."""
 
     def __init__(self) -> None:
+        self.sink: Callable[[Any], bool] | None = None
+        """Set by the running epoch's scheduler: handles a message in the sending thread
+        (``Scheduler.deliver``); when unset or refusing, the message waits here."""
         self._msgs: collections.deque[Any] = collections.deque()
         self._r, self._w = os.pipe()
         self._lock = threading.Lock()  # send vs close: never write to a closed (reused) number
@@ -100,6 +108,9 @@ class ThreadResults:
 
     def send(self, msg: Any) -> bool:
         """Post ``msg``; False once closed (the pool is shutting down)."""
+        sink = self.sink
+        if sink is not None and sink(msg):
+            return True
         with self._lock:
             if self._closed:
                 return False
