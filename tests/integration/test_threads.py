@@ -78,6 +78,8 @@ def test_break_and_del_stop_the_threads(no_leaks):
                                persistent_workers=True, options=THREADS)
     assert [sorted(flat(persistent)) for _ in range(2)] == [list(range(20))] * 2
     assert sum(t.name.startswith("headrace-worker") for t in threading.enumerate()) == 2
+    # between epochs no scheduler takes results: a late one waits in the thread's queue
+    assert all(w.conn.sink is None for w in persistent._pool.workers.values())
     del persistent  # no_leaks checks that no worker thread is left
 
 

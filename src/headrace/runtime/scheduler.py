@@ -111,6 +111,8 @@ class Scheduler:
     def stop(self) -> None:
         """Stop the thread (idempotent); the pool is the caller's to stop or keep."""
         self._stop.set()
+        with self._lock:
+            pass  # a worker thread's deliver() under way has finished; later ones refuse
         self.wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(5.0)
@@ -182,9 +184,11 @@ class Scheduler:
             self.out.put(("error", e.error if isinstance(e, Fatal) else e, None))
 
     def _detach_threads(self) -> None:
+        """Worker threads stop handing results to this scheduler (persistent workers keep
+        theirs in their queue for the next epoch's, unless it attached itself already)."""
         for w in list(self.pool.workers.values()):
             sink = getattr(w.conn, "sink", None)
-            if sink is not None and getattr(sink, "__self__", None) is self:
+            if isinstance(sink, functools.partial) and getattr(sink.func, "__self__", None) is self:
                 w.conn.sink = None
 
     def _sync_selector(self) -> None:
