@@ -93,6 +93,7 @@ class Scheduler:
         # them, so every change to it happens under this lock.
         self._lock = threading.RLock()
         self._finished = False  # "end" or "error" is on ``out``: nothing more to do
+        self._deliver_cpu_s = 0.0  # CPU seconds worker threads spent in deliver()
 
     # -- control -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -114,8 +115,13 @@ class Scheduler:
         with self._lock:
             pass  # a worker thread's deliver() under way has finished; later ones refuse
         self.wake()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+        # Not from inside deliver() (e.g. the garbage collector finalising the epoch in a worker
+        # thread): the scheduler thread may be waiting for the lock that thread holds.
+        inside = self._lock._is_owned()  # type: ignore[attr-defined]
+        if self._thread.is_alive() and threading.current_thread() is not self._thread \
+                and not inside:
             self._thread.join(5.0)
+        self._detach_threads()
         fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
         self._sel.close()
         for fd in fds:
@@ -142,7 +148,7 @@ class Scheduler:
                 with self._lock:
                     if self._finished:
                         return
-                    self.counters.scheduler_cpu_s = time.thread_time() - cpu0
+                    self.counters.scheduler_cpu_s = time.thread_time() - cpu0 + self._deliver_cpu_s
                     if self._advance():
                         return
                     self.hooks.on_tick(self)
@@ -154,20 +160,22 @@ class Scheduler:
                 self._finish_with(e)
         finally:
             self._detach_threads()
-            self.counters.scheduler_cpu_s = time.thread_time() - cpu0
+            self.counters.scheduler_cpu_s = time.thread_time() - cpu0 + self._deliver_cpu_s
 
     def deliver(self, w: WorkerHandle, msg: tuple[Any, ...]) -> bool:
         """A worker thread's message, handled in that thread (no hand-over to this scheduler's
         thread: a pipe write, a wake-up and a GIL hand-over per sample). False when this epoch
         is over: the message then waits in the thread's result queue for the next one."""
         with self._lock:
-            if self._finished or self._stop.is_set():
+            if self._finished or self._stop.is_set() or self.pool.closed:
                 return False
+            cpu0 = time.thread_time()
             try:
                 self._handle(w, msg)
                 self._advance()
             except BaseException as e:  # noqa: BLE001 - as in _run
                 self._finish_with(e)
+            self._deliver_cpu_s += time.thread_time() - cpu0
             return True
 
     def _advance(self) -> bool:
@@ -250,11 +258,14 @@ class Scheduler:
                 except (EOFError, OSError):
                     dead.append(w)
                 else:
-                    with self._lock:
-                        self._handle(w, msg)
+                    with self._lock:  # once a worker thread ended the epoch, only "ready" counts
+                        if not self._finished or msg[0] == "ready":
+                            self._handle(w, msg)
             elif not w.process.is_alive():
                 dead.append(w)
         with self._lock:
+            if self._finished:
+                return  # a death after the end is the next epoch's to handle (or nobody's)
             for w in dict.fromkeys(dead):
                 self._on_death(w)
 

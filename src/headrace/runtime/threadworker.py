@@ -174,7 +174,10 @@ class ThreadRun:
         return self.exitcode is None and self._thread.is_alive()
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for the thread; once given up on (``terminate``/``kill``), not at all."""
+        """Wait for the thread; once given up on (``terminate``/``kill``), or from the thread
+        itself (a shutdown it triggered, e.g. by finalising an epoch), not at all."""
+        if self._thread is threading.current_thread():
+            return
         self._thread.join(0.0 if self._given_up else timeout)
 
     def terminate(self) -> None:
