@@ -58,6 +58,12 @@ class LoaderSpec:
     in_order: bool = True
     executor: str = "processes"
 
+    @property
+    def is_headrace_default(self) -> bool:
+        """The row of headrace's defaults (out of order, worker processes): the one the notes
+        and plots single out."""
+        return self.kind == "headrace" and not self.in_order and self.executor == "processes"
+
     def describe(self) -> str:
         """Short configuration text: ``"12 workers, prefetch 2, in_order=False"``."""
         threads = ", threads" if self.executor == "threads" else ""

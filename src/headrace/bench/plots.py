@@ -59,7 +59,7 @@ def plot_timeline(w: WorkloadResult, path: Path) -> None:
         line = ax1.step(np.r_[0.0, c["t"], r.wall_s], np.r_[0, c["samples"], c["samples"][-1:]],
                         where="post", label=f"{row.label} ({r.wall_s:.1f} s, "
                         f"{r.vs_ideal:.2f}× ideal)")[0]
-        if row.spec.kind == "headrace" and not row.spec.in_order and r.ideal_batch_start_s:
+        if row.spec.is_headrace_default and r.ideal_batch_start_s:
             k = np.arange(1, len(r.ideal_batch_start_s) + 1)
             ideal_n = np.minimum(k * w.workload.batch_size, len(r.costs))
             ax1.step(np.r_[0.0, r.ideal_batch_start_s, r.ideal_s], np.r_[0, ideal_n, ideal_n[-1]],
@@ -101,7 +101,7 @@ def plot_cost_cdf(w: WorkloadResult, path: Path) -> None:
 
 def plot_headrace(w: WorkloadResult, path: Path) -> bool:
     """headrace's workers, timeout and queues over time; False when no headrace row ran."""
-    row = next((r for r in w.rows if r.spec.kind == "headrace" and not r.spec.in_order), None)
+    row = next((r for r in w.rows if r.spec.is_headrace_default), None)
     if row is None or row.typical.headrace is None:
         return False
     tr = row.typical.headrace

@@ -144,7 +144,7 @@ def workload_section(w: WorkloadResult, plots: dict[str, str] | None = None) -> 
     """Heading, description, table and notes (headrace's lanes, sweep, plots) of a workload."""
     wl = w.workload
     parts = [f"### {wl.name}", "", wl.description, "", workload_table(w), ""]
-    hr_row = next((r for r in w.rows if r.spec.kind == "headrace" and not r.spec.in_order), None)
+    hr_row = next((r for r in w.rows if r.spec.is_headrace_default), None)
     if hr_row is not None and (x := hr_row.extras()):
         empty = x["ready_batches_empty_share"]
         parts.append(

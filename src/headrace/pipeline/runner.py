@@ -81,6 +81,7 @@ class SampleRunner:
         for s in pipeline.steps:
             self._calls.append(s.__call__)
         self._random = [False, *(s.random for s in pipeline.steps)]
+        self._seeded = reseed_globals or any(self._random)  # else no step needs a seed
 
     def run(
         self,
@@ -107,12 +108,15 @@ class SampleRunner:
         if measure is not None and start > 0:
             bytes_in, sig = measure(x)
         spent = 0.0
-        root = sample_root(base_seed, epoch, index)
+        root = sample_root(base_seed, epoch, index) if self._seeded else 0
         for i in range(start, self.n):
-            seed = step_seed(root, self.keys[i])
-            if self.reseed_globals:
-                seed_globals(seed)
-            rng = step_rng(seed) if self._random[i] else None
+            rng = None
+            if self._seeded:
+                seed = step_seed(root, self.keys[i])
+                if self.reseed_globals:
+                    seed_globals(seed)
+                if self._random[i]:
+                    rng = step_rng(seed)
             if on_step is not None:
                 on_step(i)
             ws, cs = time.perf_counter(), time.thread_time()

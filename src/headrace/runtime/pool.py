@@ -8,7 +8,8 @@ Written once here; every loop that blocks points to it.
   exit when their parent is gone (the training process was SIGKILLed); the scheduler thread
   waits on result pipes, process sentinels and its wake-up pipe for at most ``scheduler.POLL_S``
   and exits when its stop event is set.
-* ``WorkerPool.shutdown()`` is idempotent. It sends ``None`` to every task pipe, gives workers
+* ``WorkerPool.shutdown()`` is idempotent. It sends ``None`` to every task pipe (and closes a
+  worker thread's queue, so it exits after the sample it runs), gives workers
   ``grace_s`` to exit on their own, then terminates and finally kills the rest, joins them, and
   closes every pipe and queue. Samples still in flight are discarded: they were never delivered,
   so nothing is lost (resume re-runs them) and nothing is duplicated.
@@ -91,10 +92,16 @@ class WorkerHandle:
         except OSError:
             pass  # the worker is gone: its death is handled by its sentinel, tasks re-run
 
+    @property
+    def is_thread(self) -> bool:
+        """A worker thread (``runtime/threadworker.py``): no ring, results are objects."""
+        return self.ring is None
+
     def send_exit(self, now: bool = False) -> None:
         """Ask the worker to exit once its queued tasks are done (best effort); ``now``: once
-        the sample it runs is done (a process also exits when its task pipe closes)."""
-        if now and isinstance(self.tasks, ThreadTasks):
+        the sample it runs is done. A process gets ``None`` either way: closing our end of its
+        pipe would not reach it, as workers forked later hold copies of that end."""
+        if now and self.is_thread:
             self.tasks.close()
             return
         try:
@@ -123,9 +130,7 @@ class WorkerPool:
         profile: bool = True,
         executor: str = "processes",
     ) -> None:
-        if executor not in ("processes", "threads"):
-            raise ValueError(f"executor must be 'processes' or 'threads', got {executor!r}")
-        self.executor = executor
+        self.executor = executor  # validated by Options
         self.pipeline = pipeline
         self.dataset = dataset
         self.ctx = ctx

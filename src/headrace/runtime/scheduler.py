@@ -94,6 +94,7 @@ class Scheduler:
         self._lock = threading.RLock()
         self._finished = False  # "end" or "error" is on ``out``: nothing more to do
         self._deliver_cpu_s = 0.0  # CPU seconds worker threads spent in deliver()
+        self._sinks: dict[int, Any] = {}  # slot -> the sink this scheduler gave that thread
 
     # -- control -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -195,8 +196,7 @@ class Scheduler:
         """Worker threads stop handing results to this scheduler (persistent workers keep
         theirs in their queue for the next epoch's, unless it attached itself already)."""
         for w in list(self.pool.workers.values()):
-            sink = getattr(w.conn, "sink", None)
-            if isinstance(sink, functools.partial) and getattr(sink.func, "__self__", None) is self:
+            if w.is_thread and w.conn.sink is self._sinks.get(w.slot):
                 w.conn.sink = None
 
     def _sync_selector(self) -> None:
@@ -208,8 +208,8 @@ class Scheduler:
                 self._unwatch(w)
         for slot, w in current.items():
             if slot not in self._watched:
-                if w.ring is None:  # a worker thread: from now on it hands results in itself
-                    w.conn.sink = functools.partial(self.deliver, w)
+                if w.is_thread:  # from now on it hands its results in itself
+                    w.conn.sink = self._sinks[slot] = functools.partial(self.deliver, w)
                 conn_fd, sentinel = w.conn.fileno(), w.sentinel
                 self._sel.register(conn_fd, selectors.EVENT_READ, ("conn", w))
                 self._sel.register(sentinel, selectors.EVENT_READ, ("sentinel", w))
@@ -300,13 +300,20 @@ class Scheduler:
         limit = self.hooks.slow_threshold_s()
         if not math.isfinite(limit):
             return {}
+        return {w.slot: started for w, _, started in self._running_longer_than(limit, workers)}
+
+    def _running_longer_than(
+        self, limit: float, workers: list[WorkerHandle]
+    ) -> list[tuple[WorkerHandle, int, float]]:
+        """(worker, tid, start) of each worker running a task of its own for over ``limit`` s."""
         prog = self.pool.progress
         now = time.monotonic()
-        slow = {}
+        out = []
         for w in workers:
-            if prog.tid[w.slot] in w.assigned and now - prog.started[w.slot] > limit:
-                slow[w.slot] = prog.started[w.slot]
-        return slow
+            tid, started = prog.tid[w.slot], prog.started[w.slot]
+            if tid in w.assigned and now - started > limit:
+                out.append((w, tid, started))
+        return out
 
     def _steal(
         self, idle: list[WorkerHandle], workers: list[WorkerHandle], slow_now: dict[int, float]
@@ -475,12 +482,9 @@ class Scheduler:
         """Replace workers stuck on one sample longer than ``sample_timeout_s``."""
         limit = self.spec.sample_timeout_s
         assert limit is not None
-        prog = self.pool.progress
-        now = time.monotonic()
-        for w in list(self.pool.workers.values()):
-            tid = prog.tid[w.slot]
-            if tid in w.assigned and w.slot not in self._hung and now - prog.started[w.slot] > limit:
-                self._hung[w.slot] = (tid, prog.step[w.slot])
+        for w, tid, _ in self._running_longer_than(limit, list(self.pool.workers.values())):
+            if w.slot not in self._hung:
+                self._hung[w.slot] = (tid, self.pool.progress.step[w.slot])
                 log.warning("headrace worker %d: sample over sample_timeout=%.3g s, replacing it",
                             w.slot, limit)
                 w.process.kill()  # the death is handled like any other (sentinel fires)

@@ -50,7 +50,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from headrace.runtime.worker import POLL_S, TaskRunner, WorkerSetup
+from headrace.runtime.worker import TaskRunner, WorkerSetup, _qualname
 
 log = logging.getLogger("headrace")
 
@@ -70,9 +70,9 @@ class ThreadTasks:
             raise OSError("the worker thread's task queue is closed")
         self._q.put(obj)
 
-    def get(self, timeout: float) -> Any:
-        """The next task; raises ``queue.Empty`` after ``timeout`` seconds without one."""
-        return self._q.get(timeout=timeout)
+    def get(self) -> Any:
+        """The next task, waiting for one (``close`` always queues a ``None``)."""
+        return self._q.get()
 
     @property
     def closed(self) -> bool:
@@ -203,15 +203,12 @@ def thread_main(
     try:
         runner = TaskRunner(setup, handoff, progress, reseed_globals=False)
     except Exception as e:  # noqa: BLE001 - reported to the scheduler
-        results.send(("init_error", setup.slot, type(e).__qualname__, str(e), traceback.format_exc()))
+        results.send(("init_error", setup.slot, _qualname(type(e)), str(e), traceback.format_exc()))
         return
     results.send(("ready", setup.slot))
-    while not tasks.closed:
-        try:
-            task = tasks.get(POLL_S)
-        except queue.Empty:
-            continue
-        if task is None:
+    while True:
+        task = tasks.get()
+        if task is None or tasks.closed:  # close() queues a None behind whatever waits
             return
         if runner.revoked(task):
             continue

@@ -16,6 +16,7 @@ See NOTE [headrace shutdown] in ``runtime/pool.py`` for how a worker exits.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import signal
@@ -146,6 +147,7 @@ class TaskRunner:
             return spent > t and remaining[next_step] >= HANDOFF_MIN_SHARE * t
 
         self.hand_off = hand_off
+        self.on_step = functools.partial(progress.step.__setitem__, setup.slot)
 
     def revoked(self, task: Task) -> bool:
         """The task moved to an idle worker while it waited behind a slow sample here."""
@@ -166,7 +168,7 @@ class TaskRunner:
             task.base_seed,
             task.epoch,
             hand_off=self.hand_off if task.may_hand_off else None,
-            on_step=lambda i: progress.step.__setitem__(slot, i),
+            on_step=self.on_step,
         )
 
     def message(

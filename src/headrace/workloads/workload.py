@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from headrace.pipeline import Pipeline
+from headrace.planner.workers import available_cpus
 
 CPU_BOUND_MAX_WORKERS = 4
 """Worker budget of the CPU-bound workloads (imseg, objdet, imagenet) on a machine with at
@@ -17,11 +17,7 @@ def cpu_bound_workers() -> int:
     :data:`CPU_BOUND_MAX_WORKERS`. More workers than cores only time-slice the same cores (torch
     itself warns above the core count) and make per-sample wall times depend on how many
     workers happen to be running, which the yardsticks take as given."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(CPU_BOUND_MAX_WORKERS, cores))
+    return min(CPU_BOUND_MAX_WORKERS, available_cpus())
 
 
 @dataclass(frozen=True)
