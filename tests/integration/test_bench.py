@@ -19,7 +19,8 @@ from headrace.cli import build_parser
 
 pytestmark = pytest.mark.integration
 
-LABELS = ["headrace", "headrace in_order", "headrace threads", "torch in_order", "torch out_of_order"]
+LABELS = ["headrace", "headrace in_order", "headrace threads", "torch in_order", "torch out_of_order",
+          "minimal (reference)"]
 
 
 def tiny_config(tmp_path, **kw) -> BenchConfig:
@@ -76,7 +77,8 @@ def test_tiny_bench_writes_every_row_and_output(tmp_path):
 
     md = paths["markdown"].read_text()
     assert "headrace revision:" in md and "Consumer step: nominal" in md
-    assert md.count("headrace threads: its per-sample costs sum to") == 2  # one per workload
+    for label in ("headrace threads", "minimal (reference)"):  # a note per workload
+        assert md.count(f"{label}: wall ") == 2
     for label in LABELS:
         assert f"| {label} |" in md
     assert "### speech-3s" in md and "### imseg" in md

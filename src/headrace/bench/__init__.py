@@ -7,6 +7,7 @@ module                  role
 ``config``              loader rows (:class:`LoaderSpec`), run settings, quick/full presets
 ``resources``           peak RSS and CPU-seconds of a run (sampling thread, getrusage)
 ``threads``             NumPy's OpenBLAS limited to one thread for the run (no oversubscription)
+``minimal``             the reference row: threads that only run the steps and fill batches
 ``measure``             one measured epoch with a simulated accelerator; exactly-once check
 ``summary``             median and min-max over repeats
 ``runner``              warm-up, torch sweep, round-robin repeats over every workload

@@ -14,7 +14,7 @@ from typing import Literal
 
 from headrace.workloads import WORKLOADS
 
-LoaderKind = Literal["headrace", "torch"]
+LoaderKind = Literal["headrace", "torch", "minimal"]
 
 FULL_SCALES: dict[str, float] = {
     "speech-3s": 1.0,
@@ -42,8 +42,10 @@ class LoaderSpec:
 
     Attributes:
         label: row name in tables, JSON and plots (unique within a workload).
-        kind: ``"headrace"`` (``headrace.DataLoader`` on the pipeline) or ``"torch"``
-            (``torch.utils.data.DataLoader`` on the pipeline as a map-style dataset).
+        kind: ``"headrace"`` (``headrace.DataLoader`` on the pipeline), ``"torch"``
+            (``torch.utils.data.DataLoader`` on the pipeline as a map-style dataset) or
+            ``"minimal"`` (the reference loader of ``bench/minimal.py``: threads that run the
+            steps and collate, nothing else).
         num_workers: worker processes.
         prefetch_factor: batches prefetched per worker (torch's meaning; headrace derives
             its in-flight bound from it).
@@ -74,7 +76,7 @@ class LoaderSpec:
 
 
 def standard_loaders(workers: int, prefetch_factor: int = 2) -> list[LoaderSpec]:
-    """The five rows every workload reports, all with the same worker budget."""
+    """The rows every workload reports, all with the same worker budget."""
     return [
         LoaderSpec("headrace", "headrace", workers, prefetch_factor, in_order=False),
         LoaderSpec("headrace in_order", "headrace", workers, prefetch_factor, in_order=True),
@@ -82,6 +84,8 @@ def standard_loaders(workers: int, prefetch_factor: int = 2) -> list[LoaderSpec]
                    executor="threads"),
         LoaderSpec("torch in_order", "torch", workers, prefetch_factor, in_order=True),
         LoaderSpec("torch out_of_order", "torch", workers, prefetch_factor, in_order=False),
+        LoaderSpec("minimal (reference)", "minimal", workers, prefetch_factor, in_order=False,
+                   executor="threads"),
     ]
 
 

@@ -6,6 +6,7 @@ order (``sampler=list(order)``), so the ideal pipeline is simulated on exactly t
 loader used, with the per-sample costs measured in that very run:
 
 * headrace rows: ``loader.add_sample_listener`` reports each sample's load + step time;
+* the minimal reference loader (``bench/minimal.py``) reports them as headrace does;
 * torch rows: :class:`CostTaggedDataset` runs the pipeline's steps inside the worker, sums their
   wall times as headrace does, and adds the sum to the sample as ``"cost_s"``, read back from
   the batches.
@@ -180,6 +181,11 @@ def make_loader(
         if spec.executor != "processes":
             options = dataclasses.replace(options or Options(), executor=spec.executor)
         return DataLoader(workload.pipeline, options=options, **common)
+    if spec.kind == "minimal":
+        from headrace.bench.minimal import MinimalLoader
+
+        return MinimalLoader(workload.pipeline, order, workload.batch_size, spec.num_workers,
+                             spec.prefetch_factor)
     return tud.DataLoader(CostTaggedDataset(workload.pipeline), **common)
 
 
@@ -206,7 +212,7 @@ def run_once(
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
         loader = make_loader(workload, spec, order, options)
         created = time.perf_counter()
-        if spec.kind == "headrace":
+        if spec.kind != "torch":
             loader.add_sample_listener(lambda i, s, _slow: costs.__setitem__(i, s))
         seen: Counter[int] = Counter()
         batch_times: list[tuple[float, float, int]] = []

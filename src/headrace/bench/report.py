@@ -156,15 +156,20 @@ def workload_section(w: WorkloadResult, plots: dict[str, str] | None = None) -> 
                else "")
             + "."
         )
-    threads = next((r for r in w.rows if r.spec.executor == "threads"), None)
-    if threads is not None and hr_row is not None and threads.runs and hr_row.runs:
-        a, b = (statistics.median(math.fsum(run.costs) for run in row.runs)
-                for row in (threads, hr_row))
-        parts.append(
-            f"headrace threads: its per-sample costs sum to {a:.2f} s, against {b:.2f} s for "
-            f"the headrace row ({100 * (a / b - 1):+.0f}%; medians over runs). Steps waiting for "
-            "the GIL count in its costs and raise its own ideal: compare its wall time."
-        )
+    for row in w.rows:
+        if row.spec.executor == "threads" and hr_row is not None and row.runs and hr_row.runs:
+            a, b = (statistics.median(math.fsum(run.costs) for run in r.runs)
+                    for r in (row, hr_row))
+            wall = row.metrics["wall_s"].median
+            walls = wall / hr_row.metrics["wall_s"].median
+            common = wall / statistics.median(r.ideal_s for r in hr_row.runs)
+            parts.append(
+                f"{row.label}: wall {walls:.2f}× the headrace row's, {common:.3f}× the headrace "
+                f"row's ideal; its per-sample costs sum "
+                f"to {a:.2f} s, against {b:.2f} s for the headrace row ({100 * (a / b - 1):+.0f}%; "
+                "medians over runs). Steps waiting for the GIL count in its costs and raise its "
+                "own ideal: compare its wall time."
+            )
     steps = [r.metrics["consumer_step_ms"].median for r in w.rows]
     other = [r.metrics["machine_other_cpu_s"].median / r.metrics["wall_s"].median
              for r in w.rows if r.metrics["wall_s"].median > 0]
