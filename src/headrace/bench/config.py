@@ -46,11 +46,12 @@ class LoaderSpec:
             (``torch.utils.data.DataLoader`` on the pipeline as a map-style dataset) or
             ``"minimal"`` (the reference loader of ``bench/minimal.py``: threads that run the
             steps and collate, nothing else).
-        num_workers: worker processes.
+        num_workers: workers (processes, or threads with ``executor="threads"``).
         prefetch_factor: batches prefetched per worker (torch's meaning; headrace derives
             its in-flight bound from it).
         in_order: torch's keyword: ``True`` yields batches in sampler order.
-        executor: headrace rows: ``"processes"`` or ``"threads"`` (``Options(executor=)``).
+        executor: ``"processes"`` or ``"threads"``: for headrace rows ``Options(executor=)``;
+            the minimal row always runs threads and says so.
     """
 
     label: str

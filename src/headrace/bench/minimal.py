@@ -1,31 +1,31 @@
-"""A reference loader for the benchmarks: the least work a loader that batches samples does.
+"""A reference loader for the benchmarks: threads that run the steps and fill batches, nothing else.
 
-Not a loader to use: it exists so that the benchmark can show, in the same run, how close to
-the ideal pipeline any loader can get on this machine. The ideal charges nothing but the
-steps; a real loader must at least run them somewhere and copy each finished sample into its
-batch. This one does only that:
+Not a loader to use: it exists so that the benchmark shows, in the same run, how close to the
+ideal pipeline a loader gets on this machine when all it does is run the steps in the training
+process and copy each finished sample into its batch. The ideal charges nothing but the steps;
+this charges the least a loader that hands over batches of arrays must add:
 
 * ``num_workers`` threads of the training process take sampler positions in order and run the
-  pipeline's steps on each (``SampleRunner``, no re-seeding of global generators), so a
-  finished sample is handed over as the object itself: no process, no pipe, no copy;
+  pipeline's steps on each (``SampleRunner``, no re-seeding of global generators; random steps
+  get generators seeded from base seed 0 and epoch 0 on every epoch: one epoch is measured), so
+  a finished sample is handed over as the object itself: no process, no pipe, no copy;
 * a finished sample joins the open batch (the next samples to finish form the next batch, as
-  headrace's default delivery): its arrays are copied into their row of the batch's tensors
+  in headrace's default delivery): its arrays are copied into their row of the batch's tensors
   right away (``runtime/assembly.py``: one copy per array, the same result as torch's
-  ``default_collate``, in memory of batches already let go of, ``runtime/bufferpool.py``:
-  fresh pages cost the kernel's zeroing); stacking a list of samples with ``default_collate`` instead was 3-5%
-  slower on objdet, as ``torch.stack`` wakes the training process's intra-op threads); the
-  thread that fills a batch queues it;
-* at most ``prefetch_factor × num_workers × batch_size`` samples are taken and not yet
-  yielded, the in-flight bound headrace's default uses.
+  ``default_collate``, in memory of batches already let go of: ``runtime/bufferpool.py``);
+  the thread that fills a batch queues it;
+* at most as many samples are taken and not yet handed to the consumer as headrace's default
+  in-flight bound allows (``runtime/loader.py``).
 
-There is no scheduler, slow lane, resume, worker scaling, error policy or worker process,
-and the global generators are shared by the threads: what it measures is the price of
-running the steps in this process and collating, nothing else. It is not a lower bound
-either: its threads wait for the GIL where a step holds it, which processes would not.
+There is no scheduler, slow lane, resume, worker scaling, error policy or worker process, and
+the global generators are shared by the threads. It is not a lower bound: its threads wait for
+the GIL where a step holds it, which processes would not, and those waits count in the
+per-sample costs it reports, which raise its own ideal.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import queue
 import threading
@@ -56,13 +56,15 @@ class MinimalLoader:
         num_workers: int,
         prefetch_factor: int = 2,
     ) -> None:
-        if num_workers < 1 or batch_size < 1:
-            raise ValueError("MinimalLoader needs num_workers >= 1 and batch_size >= 1")
+        if num_workers < 1 or batch_size < 1 or prefetch_factor < 1:
+            raise ValueError("MinimalLoader needs num_workers, batch_size and prefetch_factor >= 1")
         self.pipeline = pipeline
         self.order = list(order)
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.max_in_flight = prefetch_factor * num_workers * batch_size
+        self.max_in_flight = max(2 * batch_size + num_workers,
+                                 prefetch_factor * num_workers * batch_size)
+        """Samples taken and not yet handed to the consumer, at most (headrace's default)."""
         self._listeners: list[Listener] = []
         self.buffers = BufferPool()
 
@@ -74,6 +76,8 @@ class MinimalLoader:
         return math.ceil(len(self.order) / self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
+        if not self.order:
+            return
         epoch = _Epoch(self)
         try:
             yield from epoch.batches()
@@ -87,8 +91,9 @@ class _Epoch:
         self.runner = SampleRunner(loader.pipeline, reseed_globals=False)
         self.out: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.room = threading.Semaphore(loader.max_in_flight)
-        self.lock = threading.Lock()
-        self.next_position = 0
+        self.positions = itertools.count()
+        self.take = threading.Lock()  # taking a position (never waits for a copy)
+        self.lock = threading.Lock()  # the open batch and the counts below
         self.finished = 0
         self.open = self._new_batch()
         self.collating = 0  # batches taken out of ``open`` and not yet queued
@@ -112,9 +117,9 @@ class _Epoch:
             if isinstance(item, BaseException):
                 raise item
             batch, n = item
-            yield batch
-            for _ in range(n):
+            for _ in range(n):  # handed over: counted out of flight, as headrace counts it
                 self.room.release()
+            yield batch
 
     def stop(self) -> None:
         self.stopped.set()
@@ -124,14 +129,20 @@ class _Epoch:
             t.join()
 
     def _work(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - a listener, collation, a step's exit: to
+            self.out.put(e)  # the consumer, which would otherwise wait for the end forever
+            self.stopped.set()
+
+    def _loop(self) -> None:
         order, size = self.loader.order, self.loader.batch_size
         while True:
             self.room.acquire()
             if self.stopped.is_set():
                 return
-            with self.lock:
-                position = self.next_position
-                self.next_position += 1
+            with self.take:
+                position = next(self.positions)
             if position >= len(order):
                 return
             index = order[position]
@@ -148,22 +159,17 @@ class _Epoch:
             for fn in self.loader._listeners:
                 fn(index, seconds, False)
             full = None
-            try:
-                with self.lock:
-                    batch = self.open
-                    batch.put(len(batch.indices), index, out.value, None)
-                    self.finished += 1
-                    if len(batch.indices) == size or self.finished == len(order):
-                        full, self.open = batch, self._new_batch()
-                        self.collating += 1
-                if full is None:
-                    continue
-                rows = sorted(full.indices)
-                self.out.put((full.finish(rows), len(rows)))
-            except Exception as e:  # noqa: BLE001 - to the consumer
-                self.out.put(e)
-                self.stopped.set()
-                return
+            with self.lock:
+                batch = self.open
+                batch.put(len(batch.indices), index, out.value, None)
+                self.finished += 1
+                if len(batch.indices) == size or self.finished == len(order):
+                    full, self.open = batch, self._new_batch()
+                    self.collating += 1
+            if full is None:
+                continue
+            rows = sorted(full.indices)
+            self.out.put((full.finish(rows), len(rows)))
             with self.lock:
                 self.collating -= 1
                 end = self.finished == len(order) and not self.collating and not self.ended
