@@ -116,3 +116,52 @@ def test_options_that_need_processes_are_refused():
     # no workers, nothing to refuse: the loop runs in the training thread as with torch
     assert flat(hr.DataLoader(IndexDataset(4), num_workers=0, worker_init_fn=print,
                               options=THREADS)) == [0, 1, 2, 3]
+
+
+class Gated(torch.utils.data.Dataset):
+    """``ds[i] == i``; indices from ``first`` on wait until ``gate`` is set."""
+
+    def __init__(self, n: int, first: int) -> None:
+        self.n, self.first = n, first
+        self.gate = threading.Event()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i >= self.first:
+            assert self.gate.wait(30), "the test never opened the gate"
+        return i
+
+
+def test_an_epoch_finalised_inside_a_worker_thread_shuts_down(no_leaks, caplog):
+    # The last reference to an epoch can die in a worker thread (the garbage collector runs
+    # wherever an allocation triggers it) while that thread hands a result to the scheduler
+    # under its lock. Here a sample listener, which runs right there, drops it: closing the
+    # epoch must not deadlock on that lock or join the thread it runs in, and abandoning the
+    # other worker threads (they exit on their own) is no cause for a warning.
+    ds = Gated(64, first=4)
+    loader = hr.DataLoader(ds, batch_size=4, num_workers=2, options=THREADS)
+    holder: list = []
+    closed_in: list[str] = []
+    dropped = threading.Event()
+
+    def drop(index, seconds, slow):
+        if ds.gate.is_set() and holder:
+            closed_in.append(threading.current_thread().name)
+            holder.clear()  # the epoch's last reference: it is closed in this call
+            dropped.set()
+
+    loader.add_sample_listener(drop)
+    holder.append(iter(loader))
+    try:  # only these can finish before the gate opens (in the order they finish)
+        assert sorted(next(holder[0]).tolist()) == [0, 1, 2, 3]
+    finally:
+        ds.gate.set()
+    assert dropped.wait(30)
+    assert closed_in[0].startswith("headrace-worker")
+    for t in threading.enumerate():
+        if t.name.startswith("headrace-worker"):
+            t.join(10)
+            assert not t.is_alive(), f"{t.name} did not end"
+    assert not [r.getMessage() for r in caplog.records if "abandoned" in r.getMessage()]

@@ -11,8 +11,10 @@ Written once here; every loop that blocks points to it.
 * ``WorkerPool.shutdown()`` is idempotent. It sends ``None`` to every task pipe (and closes a
   worker thread's queue, so it exits after the sample it runs), gives workers
   ``grace_s`` to exit on their own, then terminates and finally kills the rest, joins them, and
-  closes every pipe and queue. Samples still in flight are discarded: they were never delivered,
-  so nothing is lost (resume re-runs them) and nothing is duplicated.
+  closes every pipe and queue (called in one of its own worker threads, which happens when the
+  garbage collector finalises an epoch there, it waits for no worker). Samples still in flight
+  are discarded: they were never delivered, so nothing is lost (resume re-runs them) and
+  nothing is duplicated.
 * Who calls it: the epoch iterator when the epoch ends (unless ``persistent_workers``), when it
   is garbage-collected (``break`` out of the loop, an exception in the training loop), the loader
   when it is deleted, and an ``atexit`` hook holding weak references at interpreter exit.
@@ -36,7 +38,13 @@ from typing import Any
 from headrace.pipeline import Pipeline
 from headrace.runtime.ring import Ring
 from headrace.runtime.taskpipe import TaskPipe
-from headrace.runtime.threadworker import ThreadResults, ThreadRun, ThreadTasks, thread_main
+from headrace.runtime.threadworker import (
+    ThreadResults,
+    ThreadRun,
+    ThreadTasks,
+    in_worker_thread,
+    thread_main,
+)
 from headrace.runtime.worker import Task, WorkerSetup, worker_main
 
 
@@ -235,7 +243,13 @@ class WorkerPool:
                 self._dispose(h, grace_s=1.0)
 
     def shutdown(self, grace_s: float = 0.5) -> None:
-        """Stop every worker (idempotent). See NOTE [headrace shutdown]."""
+        """Stop every worker (idempotent). See NOTE [headrace shutdown].
+
+        Called in one of its own worker threads (an epoch finalised there), it waits for none:
+        the others may be waiting for the scheduler lock that thread holds; they exit on their
+        own once their queues are closed."""
+        if in_worker_thread():
+            grace_s = 0.0
         with self._lock:
             if self._closed:
                 return

@@ -133,6 +133,15 @@ class ThreadResults:
                 os.close(fd)
 
 
+_here = threading.local()
+
+
+def in_worker_thread() -> bool:
+    """Whether the calling thread is a worker thread (e.g. shutting its own pool down after
+    the garbage collector finalised an epoch inside ``Scheduler.deliver``)."""
+    return getattr(_here, "worker", False)
+
+
 class ThreadRun:
     """A worker thread behind the part of ``multiprocessing.Process``'s interface the pool and
     the scheduler use. ``sentinel``: a descriptor readable once the thread has ended."""
@@ -182,8 +191,10 @@ class ThreadRun:
 
     def terminate(self) -> None:
         """Nothing can stop a thread inside a step: give up on it; it is abandoned (a daemon
-        thread) and exits after its current sample (its task queue is closed)."""
-        if self._thread.is_alive() and not self._given_up:
+        thread) and exits after its current sample (its task queue is closed). Said in a
+        warning, unless a worker thread itself shuts the pool down: it cannot wait for the
+        others (they may wait for the scheduler's lock it holds), so abandoning is expected."""
+        if self._thread.is_alive() and not self._given_up and not in_worker_thread():
             log.warning("headrace worker thread %s is still in a step at shutdown; abandoned",
                         self._thread.name)
         self._given_up = True
@@ -200,6 +211,7 @@ def thread_main(
     setup: WorkerSetup, tasks: ThreadTasks, results: ThreadResults, handoff: Any, progress: Any
 ) -> None:
     """Body of a worker thread: as ``worker.worker_main``, with samples handed over as objects."""
+    _here.worker = True
     try:
         runner = TaskRunner(setup, handoff, progress, reseed_globals=False)
     except Exception as e:  # noqa: BLE001 - reported to the scheduler
