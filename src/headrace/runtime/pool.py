@@ -11,8 +11,8 @@ Written once here; every loop that blocks points to it.
 * ``WorkerPool.shutdown()`` is idempotent. It sends ``None`` to every task pipe (and closes a
   worker thread's queue, so it exits after the sample it runs), gives workers
   ``grace_s`` to exit on their own, then terminates and finally kills the rest, joins them, and
-  closes every pipe and queue (called in one of its own worker threads, which happens when the
-  garbage collector finalises an epoch there, it waits for no worker). Samples still in flight
+  closes every pipe and queue (called in a worker thread, which happens when the garbage
+  collector finalises an epoch there, it waits for no worker). Samples still in flight
   are discarded: they were never delivered, so nothing is lost (resume re-runs them) and
   nothing is duplicated.
 * Who calls it: the epoch iterator when the epoch ends (unless ``persistent_workers``), when it
@@ -245,9 +245,9 @@ class WorkerPool:
     def shutdown(self, grace_s: float = 0.5) -> None:
         """Stop every worker (idempotent). See NOTE [headrace shutdown].
 
-        Called in one of its own worker threads (an epoch finalised there), it waits for none:
-        the others may be waiting for the scheduler lock that thread holds; they exit on their
-        own once their queues are closed."""
+        Called in a worker thread (its own, when the garbage collector finalised an epoch
+        there), it waits for none: the others may be waiting for the scheduler lock that thread
+        holds; they exit on their own once their queues are closed."""
         if in_worker_thread():
             grace_s = 0.0
         with self._lock:
