@@ -165,3 +165,32 @@ def test_an_epoch_finalised_inside_a_worker_thread_shuts_down(no_leaks, caplog):
             t.join(10)
             assert not t.is_alive(), f"{t.name} did not end"
     assert not [r.getMessage() for r in caplog.records if "abandoned" in r.getMessage()]
+
+
+class FailingSampler(torch.utils.data.Sampler):
+    """Yields 0, 1, ... and raises once ``fail_at`` indices were drawn."""
+
+    def __init__(self, n: int, fail_at: int) -> None:
+        self.n, self.fail_at = n, fail_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            if i == self.fail_at:
+                raise LookupError(f"sampler broke at {i}")
+            yield i
+
+
+@pytest.mark.parametrize("executor", ["processes", "threads"])
+def test_a_sampler_that_raises_mid_epoch_reaches_the_training_loop(executor, no_leaks):
+    # The sampler is drawn from wherever work is dispatched: the scheduler thread, a worker
+    # thread handing in its result, or (threads) the training loop taking a batch.
+    loader = hr.DataLoader(IndexDataset(40), batch_size=2, sampler=FailingSampler(40, 17),
+                           num_workers=2, options=hr.Options(executor=executor))
+    seen = []
+    with pytest.raises(LookupError, match="sampler broke at 17"):
+        for b in loader:
+            seen += b.tolist()
+    assert len(seen) == len(set(seen)) and set(seen) <= set(range(17))

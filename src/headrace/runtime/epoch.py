@@ -142,7 +142,7 @@ class EpochIterator(EpochBase):
             self.meter.batches += 1
             self.meter.samples += len(positions)
             self.scheduler.consumed += len(positions)
-            self.scheduler.wake()
+            self.scheduler.room_freed()
             self.meter.consumer_cpu_s += time.thread_time() - c0
             return value
         self.meter.t_end = time.perf_counter()
