@@ -49,8 +49,8 @@ class Options:
             ``"threads"``: threads of the training process, samples handed over without a copy
             or a message. It can only pay when the steps spend their time in code that
             releases the GIL (Pillow, OpenCV, NumPy on large arrays, I/O); on our 2-core
-            benchmarks it is level with processes in wall time on four workloads
-            and 11% faster on imagenet (docs/benchmarks.md). With
+            benchmarks it is level with processes in wall time on speech, 2-3% faster
+            on objdet and imseg and 11% faster on imagenet (docs/benchmarks.md). With
             threads, steps must draw randomness from their ``rng`` (the global generators are
             shared and not re-seeded), ``get_worker_info()`` is ``None``, ``worker_init_fn``
             and ``sample_timeout_s`` are refused (a thread cannot be killed), and dataset and
