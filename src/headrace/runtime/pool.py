@@ -11,8 +11,8 @@ Written once here; every loop that blocks points to it.
 * ``WorkerPool.shutdown()`` is idempotent. It sends ``None`` to every task pipe (and closes a
   worker thread's queue, so it exits after the sample it runs), gives workers
   ``grace_s`` to exit on their own, then terminates and finally kills the rest, joins them, and
-  closes every pipe and queue (called in a worker thread, which happens when the garbage
-  collector finalises an epoch there, it waits for no worker). Samples still in flight
+  closes every pipe and queue (called in one of its own worker threads, which happens when the
+  garbage collector finalises an epoch there, it waits for no worker). Samples still in flight
   are discarded: they were never delivered, so nothing is lost (resume re-runs them) and
   nothing is duplicated.
 * Who calls it: the epoch iterator when the epoch ends (unless ``persistent_workers``), when it
@@ -42,7 +42,7 @@ from headrace.runtime.threadworker import (
     ThreadResults,
     ThreadRun,
     ThreadTasks,
-    in_worker_thread,
+    current_run,
     thread_main,
 )
 from headrace.runtime.worker import Task, WorkerSetup, worker_main
@@ -245,25 +245,27 @@ class WorkerPool:
     def shutdown(self, grace_s: float = 0.5) -> None:
         """Stop every worker (idempotent). See NOTE [headrace shutdown].
 
-        Called in a worker thread (its own, when the garbage collector finalised an epoch
+        Called in one of its own worker threads (when the garbage collector finalised an epoch
         there), it waits for none: the others may be waiting for the scheduler lock that thread
         holds; they exit on their own once their queues are closed."""
-        if in_worker_thread():
-            grace_s = 0.0
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             handles = list(self.workers.values())
             self.workers.clear()
+        here = current_run()
+        inside = here is not None and any(h.process is here for h in handles)
         for h in handles:
             h.send_exit(now=True)
-        deadline = time.monotonic() + grace_s
+        deadline = time.monotonic() + (0.0 if inside else grace_s)
         for h in handles:
-            self._dispose(h, max(0.0, deadline - time.monotonic()))
+            self._dispose(h, max(0.0, deadline - time.monotonic()), quiet=inside)
         _live_pools.discard(self)
 
-    def _dispose(self, h: WorkerHandle, grace_s: float) -> None:
+    def _dispose(self, h: WorkerHandle, grace_s: float, quiet: bool = False) -> None:
+        """Stop one worker and close its pipes; ``quiet``: a worker thread is given up on
+        without a warning (see ``shutdown``)."""
         if self.workers.get(h.slot) is h:
             del self.workers[h.slot]
         p = h.process
@@ -271,6 +273,8 @@ class WorkerPool:
             return  # disposed already
         if grace_s > 0:
             p.join(grace_s)
+        if quiet and h.is_thread and p.is_alive():
+            p.give_up()
         if p.is_alive():
             p.terminate()
             p.join(1.0)

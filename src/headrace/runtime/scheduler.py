@@ -113,21 +113,24 @@ class Scheduler:
     def room_freed(self) -> None:
         """Called by the training loop after taking a batch: room for more work.
 
-        With worker threads the training thread dispatches that work itself, when no worker
-        thread holds the scheduler's lock. Waking the scheduler thread instead (a pipe write)
-        releases the GIL, the woken thread takes it, and the training loop waits for it to
-        give it back: on imseg that wait was 60-75 ms of a 1.8 s epoch, inside ``next()`` with
-        the batch already there. Taking a free lock never releases the GIL, and the worker
-        threads that get work take the GIL only when the training loop lets go of it. With
-        worker processes (sending their tasks is a pipe write too), or when a worker thread
-        holds the lock (its ``deliver`` then dispatches), the scheduler thread is woken.
+        With worker threads the training thread dispatches that work itself when the
+        scheduler's lock is free. Waking the scheduler thread instead (a pipe write) releases
+        the GIL, the woken thread takes it, and the training loop waits for it to give it
+        back: on imseg that wait was 53-76 ms of a 1.8 s epoch, inside ``next()`` with the
+        batch already there. Taking a free lock never releases the GIL, and the worker threads
+        that get work take the GIL only when the training loop lets go of it. With worker
+        processes (sending their tasks is a pipe write too), or when another thread holds the
+        lock (a worker thread in ``deliver``, or the scheduler thread), the scheduler thread is
+        woken, and its next pass sees the room. An error in the dispatch (the sampler, a
+        ``collate_fn``) ends the epoch as it would in the scheduler thread: the training loop
+        gets it after the batches already queued.
         """
         if self.pool.executor == "threads" and self._lock.acquire(blocking=False):
             try:
                 if not (self._finished or self._stop.is_set() or self.pool.closed):
                     self._advance()
-            except BaseException as e:  # noqa: BLE001 - as in _run: to the training loop
-                self._finish_with(e)
+            except Exception as e:  # noqa: BLE001 - Fatal or a scheduler bug, as in _run;
+                self._finish_with(e)  # a KeyboardInterrupt goes straight to the user
             finally:
                 self._lock.release()
             return
@@ -287,8 +290,9 @@ class Scheduler:
             elif not w.process.is_alive():
                 dead.append(w)
         with self._lock:
-            if self._finished:
-                return  # a death after the end is the next epoch's to handle (or nobody's)
+            if self._finished or self._stop.is_set():
+                return  # a death after the end (or a pool closed under a stopped scheduler)
+                # is the next epoch's to handle, or nobody's
             for w in dict.fromkeys(dead):
                 self._on_death(w)
 

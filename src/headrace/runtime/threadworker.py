@@ -25,8 +25,8 @@ What differs from processes, by necessity (the loader refuses the options that n
   re-seeded per step: steps must draw from the ``rng`` they receive to be deterministic;
 * ``get_worker_info()`` returns ``None`` and there is no ``worker_init_fn``;
 * a thread cannot be killed: there is no ``sample_timeout_s``, and at shutdown a thread still in
-  a step after the pool's grace period (0.5 s for all workers) is abandoned: it is a daemon
-  thread, finishes its sample and exits;
+  a step after the pool's grace period (0.5 s for all workers; none when one of the pool's own
+  threads shuts it down) is abandoned: it is a daemon thread, finishes its sample and exits;
 * torch's intra-op thread pool is the training process's own (a worker process limits its own
   to one thread);
 * objects are shared, not copied: the dataset and the step objects are the same for every
@@ -136,10 +136,9 @@ class ThreadResults:
 _here = threading.local()
 
 
-def in_worker_thread() -> bool:
-    """Whether the calling thread is a worker thread (e.g. shutting its own pool down after
-    the garbage collector finalised an epoch inside ``Scheduler.deliver``)."""
-    return getattr(_here, "worker", False)
+def current_run() -> ThreadRun | None:
+    """The :class:`ThreadRun` of the calling worker thread (``None`` in any other thread)."""
+    return getattr(_here, "run", None)
 
 
 class ThreadRun:
@@ -161,6 +160,7 @@ class ThreadRun:
         self._thread.start()
 
     def _main(self) -> None:
+        _here.run = self
         try:
             self._target(*self._args)
             self.exitcode = 0
@@ -192,14 +192,19 @@ class ThreadRun:
     def terminate(self) -> None:
         """Nothing can stop a thread inside a step: give up on it; it is abandoned (a daemon
         thread) and exits after its current sample (its task queue is closed). Said in a
-        warning, unless a worker thread itself shuts the pool down: it cannot wait for the
-        others (they may wait for the scheduler's lock it holds), so abandoning is expected."""
-        if self._thread.is_alive() and not self._given_up and not in_worker_thread():
+        warning."""
+        if self._thread.is_alive() and not self._given_up:
             log.warning("headrace worker thread %s is still in a step at shutdown; abandoned",
                         self._thread.name)
-        self._given_up = True
+        self.give_up()
 
     kill = terminate
+
+    def give_up(self) -> None:
+        """Stop waiting for the thread, without a warning: it exits on its own (its pool is
+        shut down from one of its own threads, which cannot wait for the others: they may be
+        waiting for the scheduler's lock that thread holds)."""
+        self._given_up = True
 
     def close(self) -> None:
         if not self._closed:
@@ -211,7 +216,6 @@ def thread_main(
     setup: WorkerSetup, tasks: ThreadTasks, results: ThreadResults, handoff: Any, progress: Any
 ) -> None:
     """Body of a worker thread: as ``worker.worker_main``, with samples handed over as objects."""
-    _here.worker = True
     try:
         runner = TaskRunner(setup, handoff, progress, reseed_globals=False)
     except Exception as e:  # noqa: BLE001 - reported to the scheduler
