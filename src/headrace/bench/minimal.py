@@ -15,7 +15,7 @@ this charges the least a loader that hands over batches of arrays must add:
   ``default_collate``, in memory of batches already let go of: ``runtime/bufferpool.py``);
   the thread that fills a batch queues it;
 * at most as many samples are taken and not yet handed to the consumer as headrace's default
-  in-flight bound allows (``runtime/loader.py``).
+  in-flight bound allows (``work.default_max_in_flight``).
 
 There is no scheduler, slow lane, resume, worker scaling, error policy or worker process, and
 the global generators are shared by the threads. It is not a lower bound: its threads wait for
@@ -38,6 +38,7 @@ from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import SampleRunner
 from headrace.runtime.assembly import BatchAssembly
 from headrace.runtime.bufferpool import BufferPool
+from headrace.runtime.work import default_max_in_flight
 
 Listener = Callable[[int, float, bool], None]
 """``listener(index, seconds, slow)``: a finished sample's load + step wall time (seconds)."""
@@ -62,8 +63,7 @@ class MinimalLoader:
         self.order = list(order)
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.max_in_flight = max(2 * batch_size + num_workers,
-                                 prefetch_factor * num_workers * batch_size)
+        self.max_in_flight = default_max_in_flight(batch_size, num_workers, prefetch_factor)
         """Samples taken and not yet handed to the consumer, at most (headrace's default)."""
         self._listeners: list[Listener] = []
         self.buffers = BufferPool()

@@ -39,7 +39,7 @@ from headrace.runtime.monitor import Monitor
 from headrace.runtime.options import Options
 from headrace.runtime.planning import Planning
 from headrace.runtime.pool import WorkerPool
-from headrace.runtime.work import EpochSpec
+from headrace.runtime.work import EpochSpec, default_max_in_flight
 from headrace.telemetry.stats import EpochStats, LoaderStats
 
 
@@ -356,9 +356,8 @@ class DataLoader:
         pool, owns = self._get_pool(base_seed)
         bs = self.batch_size or 1
         hi = self.options.autoscale.bounds()[1] if self.autoscale else self.num_workers
-        max_in_flight = opts.max_in_flight or max(
-            2 * bs + hi, (self.prefetch_factor or 2) * hi * bs
-        )
+        max_in_flight = opts.max_in_flight or default_max_in_flight(
+            bs, hi, self.prefetch_factor or 2)
         spec = EpochSpec(
             epoch=epoch,
             base_seed=base_seed,

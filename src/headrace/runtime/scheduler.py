@@ -127,7 +127,7 @@ class Scheduler:
         """
         if self.pool.executor == "threads" and self._lock.acquire(blocking=False):
             try:
-                if not (self._finished or self._stop.is_set() or self.pool.closed):
+                if not self._done:
                     self._advance()
             except Exception as e:  # noqa: BLE001 - Fatal or a scheduler bug, as in _run;
                 self._finish_with(e)  # a KeyboardInterrupt goes straight to the user
@@ -157,6 +157,11 @@ class Scheduler:
                     os.close(fd)
                 except OSError:
                     pass
+
+    @property
+    def _done(self) -> bool:
+        """No more work for this epoch: it ended, or it or the pool was stopped."""
+        return self._finished or self._stop.is_set() or self.pool.closed
 
     @property
     def in_flight(self) -> int:
@@ -194,7 +199,7 @@ class Scheduler:
         thread: a pipe write, a wake-up and a GIL hand-over per sample). False when this epoch
         is over: the message then waits in the thread's result queue for the next one."""
         with self._lock:
-            if self._finished or self._stop.is_set() or self.pool.closed:
+            if self._done:
                 return False
             cpu0 = time.thread_time()
             try:

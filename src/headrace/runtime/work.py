@@ -17,6 +17,13 @@ from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.worker import Task
 
 
+def default_max_in_flight(batch_size: int, workers: int, prefetch_factor: int) -> int:
+    """Samples pulled from the sampler and not yet yielded, at most, unless the user set
+    ``Options(max_in_flight=...)``: torch's ``prefetch_factor`` batches per worker, and never
+    less than two batches plus one sample per worker (so a batch can fill while one is out)."""
+    return max(2 * batch_size + workers, prefetch_factor * workers * batch_size)
+
+
 @dataclass
 class EpochSpec:
     """What one epoch is: the sampler stream and how to turn samples into batches."""
