@@ -53,14 +53,18 @@ def no_leaks():
 
 
 def _ours_or_orphaned(entry: str) -> bool:
-    """A torch segment (``torch_<pid>_...``) made by this process or by a process now dead.
+    """A torch or headrace segment (``torch_<pid>_...``, ``headrace-<what>-<pid>-...``) made by
+    this process or by a process now dead.
 
     Segments of live processes outside this test (another job on the machine) are not ours.
     """
     parts = entry.split("_")
-    if len(parts) < 2 or parts[0] != "torch" or not parts[1].isdigit():
-        return "headrace" in entry
-    pid = int(parts[1])
+    if len(parts) >= 2 and parts[0] == "torch" and parts[1].isdigit():
+        pid = int(parts[1])
+    elif "headrace" in entry:  # headrace-<what>-<pid>-...: another job's are not ours either
+        pid = next((int(p) for p in entry.split("-") if p.isdigit()), os.getpid())
+    else:
+        return False
     return pid == os.getpid() or not psutil.pid_exists(pid)
 
 

@@ -62,7 +62,7 @@ def test_a_sample_queued_behind_a_slow_one_moves_to_an_idle_worker(no_leaks):
                                          hr.step(Trace("b", slow_every=100, slow_s=1.5), name="b")])
     opts = hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.1), handoff=False)
     loader = hr.DataLoader(pipe, batch_size=1, sampler=list(range(12)), num_workers=2,
-                           collate_fn=lambda b: b, options=opts)
+                           collate_fn=lambda b: b, options=opts, in_order=False)
     order = [s["index"] for b in loader for s in b]
     assert sorted(order) == list(range(12))  # exactly once
     assert order[-1] == 0  # nothing waited behind the slow sample

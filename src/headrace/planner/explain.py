@@ -20,7 +20,7 @@ class Facts:
     samples: int
     batch_size: int | None
     workers: int | str
-    in_order: bool
+    batching: str  # which batching applies and why (runtime/ordering.py describe())
     declared: tuple[str, ...]
     executed: tuple[str, ...]
     order: OrderPlan | None
@@ -37,9 +37,7 @@ def explain_text(f: Facts) -> str:
     out = [
         f"headrace plan for pipeline {f.fingerprint}: {f.samples} samples, batch {f.batch_size}, "
         f"workers {f.workers}",
-        "batching: " + ("torch's order and batches (in_order=True)" if f.in_order else
-                        "sample-aware: batches filled by the first samples to finish, fast lane "
-                        "first (in_order=False)"),
+        "batching: " + f.batching,
         f"declared steps: {' -> '.join(f.declared)}",
     ]
     if f.executed != f.declared:

@@ -72,9 +72,25 @@ class EpochBase:
         self.origin: Any = None
         self.loader: Any = None
         self._closed = False
+        self._replaced = False
 
     def __iter__(self) -> EpochBase:
         return self
+
+    def __len__(self) -> int:
+        """Batches in an epoch of the loader (torch's iterators answer ``len()`` the same way)."""
+        return len(self.loader) if self.loader is not None else 0
+
+    def _check_open(self) -> None:
+        """``StopIteration`` once closed; a clear error if a newer ``iter(loader)`` took this
+        epoch's persistent workers (torch would silently reset the shared iterator)."""
+        if self._replaced:
+            raise RuntimeError(
+                "this DataLoader iterator was replaced by a newer iter(loader): with "
+                "persistent_workers=True the workers are shared, so only the newest iterator "
+                "runs. Finish one epoch before starting the next, or use "
+                "persistent_workers=False for independent iterators")
+        raise StopIteration
 
     def stats(self) -> EpochStats:
         raise NotImplementedError
@@ -90,11 +106,13 @@ class EpochBase:
     def closed(self) -> bool:
         return self._closed
 
-    def close(self) -> None:
-        """Release the epoch and record its stats (idempotent)."""
+    def close(self, replaced: bool = False) -> None:
+        """Release the epoch and record its stats (idempotent). ``replaced``: a newer iterator
+        took its persistent workers over; advancing this one then raises."""
         if self._closed:
             return
         self._closed = True
+        self._replaced = replaced
         self._release()
         self.hooks.on_epoch_closed(self.stats())
 
@@ -128,7 +146,7 @@ class EpochIterator(EpochBase):
 
     def __next__(self) -> Any:
         if self._closed:
-            raise StopIteration
+            self._check_open()
         c0 = time.thread_time()
         try:
             kind, value, positions = self._out.get_nowait()

@@ -53,6 +53,8 @@ class InProcessIterator(EpochBase):
         self._position = 0
 
     def __next__(self) -> Any:
+        if self._closed:
+            self._check_open()
         t0, c0 = time.perf_counter(), time.thread_time()
         while True:
             try:

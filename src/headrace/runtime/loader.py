@@ -1,15 +1,16 @@
-"""``headrace.DataLoader``: torch's DataLoader keywords, sample-level scheduling underneath.
+"""``headrace.DataLoader``: a ``torch.utils.data.DataLoader`` with sample-level scheduling.
 
-Every keyword of ``torch.utils.data.DataLoader`` (torch 2.13) is accepted with the same meaning.
-To get torch's validation and sampler construction exactly, the facade builds a real (idle)
-torch DataLoader from the same arguments and takes its resolved sampler, batch sampler and
-collate function; torch's loader never starts a worker here except for an ``IterableDataset``,
-which headrace iterates exactly as torch does.
+It is a subclass of torch's DataLoader (torch 2.13): torch's ``__init__`` validates the
+arguments and builds the sampler, batch sampler and collate function, so frameworks that check
+the type or rebuild a loader from its attributes (Lightning, Fabric, Accelerate) accept it and
+get a headrace loader back. An ``IterableDataset`` is iterated by torch's own code.
 
-The one difference in defaults: ``in_order=False``. Batches are filled with whichever samples
-finish first (sample-aware batching, MinatoLoader), so one slow sample never holds up a batch.
-Every sample of the epoch is still delivered exactly once; ``in_order=True`` gives torch's
-order and batches exactly.
+The one difference in defaults: ``in_order=None``. Where the sampler's order is random anyway
+(``shuffle=True``), batches are filled with whichever samples finish first (sample-aware
+batching, MinatoLoader), so one slow sample never holds up a batch; every sample of the epoch is
+still delivered exactly once. Where the user asked for an order (``shuffle=False``, any sampler
+that is not random) torch's order and batches are kept. ``in_order=True`` / ``False`` force one
+or the other (``runtime/ordering.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import itertools
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.utils.data as tud
@@ -28,7 +29,7 @@ from headrace.errors import StateDictError
 from headrace.pipeline import Pipeline
 from headrace.planner.explain import Facts, explain_text
 from headrace.profiler import sizes
-from headrace.runtime import checkpoint
+from headrace.runtime import checkpoint, ordering
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
@@ -36,21 +37,29 @@ from headrace.runtime.checkpoint import EpochOrigin, capture_rng
 from headrace.runtime.epoch import EpochIterator
 from headrace.runtime.inprocess import InProcessIterator
 from headrace.runtime.monitor import Monitor
-from headrace.runtime.options import Options
+from headrace.runtime.options import AutoWorkers, Options
 from headrace.runtime.planning import Planning
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.work import EpochSpec, default_max_in_flight
 from headrace.telemetry.stats import EpochStats, LoaderStats
 
+_T_co = TypeVar("_T_co", covariant=True)
 
-class DataLoader:
-    """Drop-in replacement for ``torch.utils.data.DataLoader``.
+_RUNTIME_ATTRS = ("pipeline", "monitor", "planning", "_pool", "_buffers", "_iterator_ref",
+                  "_finalizer")
+"""What a loader holds while it runs; left out of pickles and copies, rebuilt on load."""
+
+
+class DataLoader(tud.DataLoader[_T_co]):
+    """Drop-in replacement for ``torch.utils.data.DataLoader`` (and a subclass of it).
 
     ``dataset`` may be a :class:`headrace.Pipeline`, any map-style torch ``Dataset`` (a
-    ``transform`` with a ``transforms`` list is split into steps), or an ``IterableDataset``
-    (iterated exactly as torch does). ``num_workers`` is respected as given; ``"auto"`` starts
-    from the available cores and adapts (MinatoLoader Formulas 1-2). ``options`` holds headrace's
-    own settings (:class:`headrace.Options`).
+    ``transform`` with a ``transforms`` list is profiled step by step where the dataset calls
+    it), or an ``IterableDataset`` (iterated exactly as torch does). ``num_workers`` is
+    respected as given; ``"auto"`` starts from the available cores and adapts (MinatoLoader
+    Formulas 1-2; ``loader.num_workers`` is then an :class:`~headrace.runtime.options.AutoWorkers`,
+    an ``int`` that remembers it). ``in_order``: see the module docstring. ``options`` holds
+    headrace's own settings (:class:`headrace.Options`).
     """
 
     def __init__(
@@ -72,83 +81,92 @@ class DataLoader:
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
         pin_memory_device: str = "",
-        in_order: bool = False,
+        in_order: bool | None = None,
         options: Options | None = None,
     ) -> None:
-        self.options = options or Options()
-        self.autoscale = num_workers == "auto"
-        if isinstance(num_workers, str) and not self.autoscale:
-            raise ValueError(f"num_workers must be an int or 'auto', got {num_workers!r}")
-        workers = self.options.autoscale.start_count() if self.autoscale else int(num_workers)
-        if generator is None and self.options.seed is not None:
+        options = options or Options()
+        if isinstance(num_workers, str):
+            if num_workers != "auto":
+                raise ValueError(f"num_workers must be an int or 'auto', got {num_workers!r}")
+            num_workers = AutoWorkers(options.autoscale.start_count())
+        if generator is None and options.seed is not None:
             generator = torch.Generator()
-            generator.manual_seed(self.options.seed)
-        self._torch = tud.DataLoader(
-            dataset, batch_size, shuffle, sampler, batch_sampler, workers, collate_fn,
+            generator.manual_seed(options.seed)
+        iterable = isinstance(dataset, tud.IterableDataset)
+        super().__init__(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            pin_memory_device=pin_memory_device, in_order=in_order,
+            pin_memory_device=pin_memory_device, in_order=in_order is not False,
         )
-        t = self._torch
-        self.dataset = dataset
-        self.batch_size = t.batch_size
-        self.drop_last = t.drop_last
-        self.sampler = t.sampler
-        self.batch_sampler = t.batch_sampler
-        self.num_workers = workers
-        self.collate_fn = t.collate_fn
-        self.pin_memory = pin_memory
-        self.pin_memory_device = pin_memory_device
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = t.multiprocessing_context
-        self.generator = generator
-        self.prefetch_factor = t.prefetch_factor
-        self.persistent_workers = persistent_workers
-        self.in_order = in_order
-        self._iterable = isinstance(dataset, tud.IterableDataset)
-        if self.options.executor == "threads" and workers:
-            if self._iterable:
+        # torch's own iterators read in_order (an IterableDataset's): a bool there; for
+        # map-style datasets the user's value, None included, so a rebuilt loader keeps it.
+        self.in_order = (in_order is not False) if iterable else in_order
+        self.options = options
+        self._user_batch_sampler = batch_sampler is not None
+        if options.executor == "threads" and num_workers:
+            if iterable:
                 raise ValueError("Options(executor='threads') needs a map-style dataset; an "
                                  "IterableDataset is iterated by torch's own worker processes")
             if worker_init_fn is not None:
                 raise ValueError("worker_init_fn needs worker processes; with "
                                  "Options(executor='threads') there are none to initialise")
+        self._epoch = 0
+        self._base_seed: int | None = None
+        self._resume: checkpoint.ResumePoint | None = None
+        self._setup_runtime()
+
+    def _setup_runtime(self) -> None:
+        """Build what the loader holds while it runs (``_RUNTIME_ATTRS``): at construction and
+        after unpickling or copying."""
         self.pipeline: Pipeline | None = None
         if not self._iterable:
-            self.pipeline = dataset if isinstance(dataset, Pipeline) else Pipeline.from_dataset(dataset)
-        self._user_batch_sampler = batch_sampler is not None
+            ds = self.dataset
+            self.pipeline = ds if isinstance(ds, Pipeline) else Pipeline.from_dataset(ds)
         self.monitor = Monitor(self.options, self.autoscale,
                                self.pipeline.step_names if self.pipeline is not None else None)
         self.planning = Planning(self.pipeline, self.options, self.monitor) if self.pipeline else None
         if self.planning is not None:
             self.monitor.epoch_listeners.append(self.planning.after_epoch)
-        self._epoch = 0
-        self._base_seed: int | None = None
         self._pool: WorkerPool | None = None
         self._buffers = BufferPool()  # batch memory the training loop let go of, for reuse
-        self._iterator_ref: Callable[[], Any] = lambda: None
-        self._resume: checkpoint.ResumePoint | None = None
+        self._iterator_ref: Callable[[], Any] = _no_iterator
         self._finalizer = weakref.finalize(self, _close_pool, [None])
 
-    # -- torch API -----------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self._torch)
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling and ``copy.deepcopy`` (``ddp_spawn``, frameworks): the loader's arguments
+        and progress (epoch, a pending resume), not its workers, monitor or running epoch."""
+        state = {k: v for k, v in self.__dict__.items() if k not in _RUNTIME_ATTRS}
+        state["_iterator"] = None  # torch's persistent iterator (IterableDataset)
+        return state
 
-    def __iter__(self) -> Iterator[Any]:
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup_runtime()
+
+    @property
+    def autoscale(self) -> bool:
+        """``num_workers="auto"``: the worker count adapts while it runs."""
+        return isinstance(self.num_workers, AutoWorkers)
+
+    @property
+    def _iterable(self) -> bool:
+        return isinstance(self.dataset, tud.IterableDataset)
+
+    # -- torch API -----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        """A new epoch. As in torch, iterators are independent (each has its own workers),
+        except with ``persistent_workers=True``, where the newest one takes the workers over and
+        an older one raises if advanced."""
         if self._iterable:
-            return iter(self._torch)
+            return super().__iter__()
         old = self._iterator_ref()
-        if old is not None:
-            old.close()  # a new epoch abandons the previous one, as torch does
+        if old is not None and self.persistent_workers:
+            old.close(replaced=True)
         it = self._start_epoch()
         it.loader = self  # the epoch keeps its loader (and a persistent pool) alive, not the reverse
         self._iterator_ref = weakref.ref(it)  # weak: `break` must let the epoch be collected
         return it
-
-    @property
-    def _auto_collation(self) -> bool:
-        return self._torch._auto_collation
 
     # -- headrace API --------------------------------------------------------------------------
     def stats(self) -> LoaderStats:
@@ -220,7 +238,7 @@ class DataLoader:
             samples=len(self.pipeline),
             batch_size=self.batch_size,
             workers="auto" if self.autoscale else self.num_workers,
-            in_order=self.in_order,
+            batching=ordering.describe(self._batch_mode(), self.in_order),
             declared=tuple(self.pipeline.step_names),
             executed=tuple(pl.executed.step_names),
             order=pl.order,
@@ -274,7 +292,7 @@ class DataLoader:
                 self._base_seed = replay.base_seed
         try:
             rng = capture_rng(self.generator)
-            sampler_iter = iter(self._torch._index_sampler)
+            sampler_iter = iter(self._index_sampler)
             drew = self._base_seed is None or not self.persistent_workers
             if drew:
                 self._base_seed = int(
@@ -295,11 +313,8 @@ class DataLoader:
         return origin, groups
 
     def _batch_mode(self) -> Mode:
-        if self.in_order:
-            return "ordered"
-        if self._auto_collation and not self._user_batch_sampler:
-            return "regroup"
-        return "grouped"
+        return ordering.batch_mode(self.in_order, self._index_sampler, self._auto_collation,
+                                   self._user_batch_sampler)
 
     def _pin(self) -> Callable[[Any], Any] | None:
         if not self.pin_memory:
@@ -318,7 +333,7 @@ class DataLoader:
     def _total_positions(self) -> int | None:
         try:
             if not self._auto_collation:
-                return len(self._torch._index_sampler)
+                return len(self._index_sampler)
             if self._user_batch_sampler:
                 return None
             n = len(self.sampler)  # type: ignore[arg-type]
@@ -402,6 +417,10 @@ class DataLoader:
 
 
 _END = object()
+
+
+def _no_iterator() -> None:
+    return None
 
 
 def _close_pool(holder: list[WorkerPool | None]) -> None:

@@ -10,6 +10,19 @@ from headrace.planner.timeout import TimeoutConfig
 from headrace.planner.workers import AutoscaleConfig
 
 
+class AutoWorkers(int):
+    """``num_workers="auto"`` as a loader keeps it: an ``int`` (the workers it starts with)
+    that remembers it was ``"auto"``. Code written for torch reads ``loader.num_workers`` as a
+    number, and a loader rebuilt from its attributes (Lightning's and Accelerate's sampler
+    injection) adapts its workers too."""
+
+    def __repr__(self) -> str:
+        return f"AutoWorkers({int(self)})"
+
+    def __reduce__(self) -> tuple[type, tuple[int]]:
+        return (AutoWorkers, (int(self),))
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """What headrace adds to torch's DataLoader keywords.

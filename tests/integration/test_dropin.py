@@ -1,0 +1,112 @@
+"""headrace.DataLoader is a torch DataLoader: type, iterator protocol, pickling, rebuilding."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import headrace as hr
+from headrace.runtime.options import AutoWorkers
+from tests.helpers import IndexDataset
+
+pytestmark = pytest.mark.integration
+
+
+def flat(loader_or_iter):
+    return [i for b in loader_or_iter for i in b.tolist()]
+
+
+def test_is_a_torch_dataloader_and_generic():
+    loader = hr.DataLoader(IndexDataset(8), batch_size=2)
+    assert isinstance(loader, tud.DataLoader)
+    alias = hr.DataLoader[list[torch.Tensor]]  # a user module annotated this way must import
+    assert alias.__origin__ is hr.DataLoader
+
+
+@pytest.mark.parametrize("attr", ["batch_size", "batch_sampler", "sampler", "drop_last",
+                                  "dataset", "persistent_workers"])
+def test_frozen_attributes_raise_like_torch(attr):
+    loader = hr.DataLoader(IndexDataset(8), batch_size=2)
+    with pytest.raises(ValueError, match=f"{attr} attribute should not be set"):
+        setattr(loader, attr, None)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterators_are_independent(workers, no_leaks):
+    loader = hr.DataLoader(IndexDataset(24), batch_size=4, num_workers=workers)
+    pairs = list(zip(loader, loader, strict=True))
+    assert len(pairs) == 6
+    assert [a.tolist() for a, _ in pairs] == [b.tolist() for _, b in pairs]
+    first = iter(loader)
+    head = next(first).tolist()
+    rest_of_second = flat(iter(loader))  # a whole second epoch while the first is open
+    assert rest_of_second == list(range(24))
+    assert head + flat(first) == list(range(24))  # the first goes on where it was
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_len_of_an_iterator_is_the_loaders(workers, no_leaks):
+    loader = hr.DataLoader(IndexDataset(10), batch_size=3, num_workers=workers)
+    it = iter(loader)
+    assert len(it) == len(loader) == 4
+    del it
+
+
+def test_a_replaced_persistent_iterator_raises_instead_of_ending(no_leaks):
+    loader = hr.DataLoader(IndexDataset(16), batch_size=4, num_workers=2, persistent_workers=True)
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    with pytest.raises(RuntimeError, match="replaced by a newer iter"):
+        next(old)
+    assert sorted(flat(new)) == list(range(16))
+    loader.close()
+
+
+def test_shuffle_false_keeps_dataset_order_with_workers(no_leaks):
+    ds = IndexDataset(64, slow_every=5, slow_s=0.01)  # slow samples would be overtaken
+    loader = hr.DataLoader(ds, batch_size=4, num_workers=2)
+    assert flat(loader) == list(range(64))
+    assert "torch's order" in loader.explain()
+
+
+def test_random_order_is_regrouped_by_default(no_leaks):
+    loader = hr.DataLoader(IndexDataset(16), batch_size=4, shuffle=True, num_workers=2)
+    assert sorted(flat(loader)) == list(range(16))
+    assert "sample-aware" in loader.explain()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_pickle_and_deepcopy_give_a_working_loader(workers, how, no_leaks):
+    loader = hr.DataLoader(IndexDataset(20), batch_size=4, num_workers=workers, shuffle=True,
+                           options=hr.Options(seed=3))
+    it = iter(loader)
+    next(it)  # a running epoch and its workers are not part of the copy
+    clone = pickle.loads(pickle.dumps(loader)) if how == "pickle" else copy.deepcopy(loader)
+    assert type(clone) is hr.DataLoader and clone.options == loader.options
+    assert sorted(flat(clone)) == list(range(20))
+    del it
+    loader.close()
+
+
+def test_rebuilding_from_attributes_keeps_auto_workers_and_options(no_leaks):
+    """What Lightning and Accelerate do to inject a sampler: call the class again with the
+    instance's attributes named like ``__init__``'s parameters."""
+    opts = hr.Options(seed=5, on_error="skip")
+    loader = hr.DataLoader(IndexDataset(12), batch_size=3, num_workers="auto", options=opts)
+    assert isinstance(loader.num_workers, AutoWorkers) and loader.num_workers >= 1
+    attrs = {k: v for k, v in vars(loader).items() if not k.startswith("_")}
+    import inspect
+
+    params = inspect.signature(hr.DataLoader.__init__).parameters
+    kwargs = {k: v for k, v in attrs.items() if k in params and k not in ("sampler", "batch_sampler")}
+    kwargs["sampler"] = tud.SequentialSampler(range(6))
+    kwargs.pop("batch_size")
+    rebuilt = hr.DataLoader(batch_size=3, **kwargs)
+    assert type(rebuilt) is hr.DataLoader
+    assert rebuilt.autoscale and rebuilt.options == opts
+    assert flat(rebuilt) == list(range(6))
+    rebuilt.close()
