@@ -48,11 +48,17 @@ def test_grouped_yields_complete_groups_first_and_leaves_a_hole_for_a_skipped_sa
     assert b.ready_samples == 0
 
 
-def test_a_group_whose_samples_were_all_skipped_is_not_yielded():
+def test_a_group_whose_samples_were_all_dropped_comes_out_empty_in_its_turn():
     b = Batcher("ordered", 1)
     b.add_group(0, [0])
     b.add_group(1, [1])
-    b.drop(0)
+    assert b.drop(0) == 0  # the key of its sampler batch
     b.place(1)
+    assert b.pop(False) == (0, [], [])  # the caller yields nothing, or raises its error
     assert b.pop(False)[1:] == ([0], [1])
     assert b.pop(True) is None
+
+
+def test_regroup_drop_names_no_batch():
+    b = Batcher("regroup", 2)
+    assert b.drop(5) is None

@@ -92,13 +92,15 @@ class Batcher:
         self._check_group(gid)
         return Place(gid, row, len(self._groups[gid]))
 
-    def drop(self, position: int) -> None:
-        """A sample was skipped (``on_error="skip"``): its batch goes out without it."""
+    def drop(self, position: int) -> int | None:
+        """A sample failed or was skipped: its batch goes out without it. Returns the key of
+        the sampler batch it belonged to (``None`` in ``regroup``, where it had no batch yet)."""
         if self.mode == "regroup":
-            return
+            return None
         gid, _ = self._group_of.pop(position)
         self._dropped[gid] += 1
         self._check_group(gid)
+        return gid
 
     def _close_open(self) -> None:
         rows = list(range(len(self._open)))
@@ -123,7 +125,8 @@ class Batcher:
         """The next batch if one is ready, else ``None``.
 
         ``final``: no sample of the epoch is left to finish, so a short last batch may go out.
-        A batch whose every sample was skipped is never returned.
+        A sampler batch whose every sample was dropped comes out with no rows (the caller
+        yields nothing for it, or raises the error that dropped them).
         """
         if self.mode == "regroup":
             if not self._full and final and self._open:
@@ -144,8 +147,6 @@ class Batcher:
                 gid = self._complete.popleft()
             filled = self._filled.pop(gid)
             del self._groups[gid], self._dropped[gid]
-            if filled:
-                rows = sorted(filled)
-                self._placed -= len(rows)
-                return Ready(gid, rows, [filled[r] for r in rows])
-            # every sample of this batch was skipped: nothing to yield, look further
+            rows = sorted(filled)
+            self._placed -= len(rows)
+            return Ready(gid, rows, [filled[r] for r in rows])

@@ -35,7 +35,7 @@ class EpochMeter:
 
     def snapshot(
         self, fast: int, slow: int, skipped: int, retried: int, scheduler_cpu_s: float,
-        moved: int = 0,
+        moved: int = 0, failed: int = 0,
     ) -> EpochStats:
         end = self.t_end if self.t_end is not None else time.perf_counter()
         wall = end - self.t_start
@@ -54,6 +54,7 @@ class EpochMeter:
             main_cpu_per_batch_ms=1000.0 * cpu / self.batches if self.batches else 0.0,
             finished=self.t_end is not None,
             moved_samples=moved,
+            failed_samples=failed,
         )
 
 
@@ -154,6 +155,9 @@ class EpochIterator(EpochBase):
             t0 = time.perf_counter()
             kind, value, positions = self._get_blocking()
             self.meter.stall_s += time.perf_counter() - t0
+        if kind == "raise":  # one sample's (or batch's) error: raised, and the epoch goes on
+            self.meter.consumer_cpu_s += time.thread_time() - c0
+            raise value
         if kind == "batch":
             for p in positions:
                 self.delivered.set(p)
@@ -189,7 +193,8 @@ class EpochIterator(EpochBase):
 
     def stats(self) -> EpochStats:
         c = self.scheduler.counters
-        return self.meter.snapshot(c.fast, c.slow, c.skipped, c.retried, c.scheduler_cpu_s, c.moved)
+        return self.meter.snapshot(c.fast, c.slow, c.skipped, c.retried, c.scheduler_cpu_s, c.moved,
+                                   c.failed)
 
     def _release(self) -> None:
         """Stop the scheduler; stop the workers unless they persist."""

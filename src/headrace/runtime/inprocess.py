@@ -50,6 +50,7 @@ class InProcessIterator(EpochBase):
         self.pin = pin
         self.on_error = on_error
         self.skipped = 0
+        self.failed = 0
         self._position = 0
 
     def __next__(self) -> Any:
@@ -107,10 +108,11 @@ class InProcessIterator(EpochBase):
             type(exc), index, self.runner.names[step], type(exc).__qualname__, str(exc), tb
         )
         if self.on_error == "raise":
-            raise err from exc
+            self.failed += 1
+            raise err from exc  # for this batch only: the next next() goes on, as in torch
         self.skipped += 1
         self.hooks.on_skip(index, err)
         return False, None
 
     def stats(self) -> EpochStats:
-        return self.meter.snapshot(self.meter.samples, 0, self.skipped, 0, 0.0)
+        return self.meter.snapshot(self.meter.samples, 0, self.skipped, 0, 0.0, failed=self.failed)

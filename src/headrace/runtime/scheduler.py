@@ -81,6 +81,7 @@ class Scheduler:
         self._exhausted = False
         self._hung: dict[int, tuple[int, int]] = {}  # slot -> (tid, step) of a killed hung task
         self._batches: dict[int, BatchAssembly] = {}  # batch key -> batch being filled
+        self._raise_for: dict[int, BaseException] = {}  # sampler batch key -> its sample's error
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -165,8 +166,9 @@ class Scheduler:
 
     @property
     def in_flight(self) -> int:
-        """Samples pulled from the sampler and not yet yielded (or skipped)."""
-        return self._pulled - self.consumed - self.counters.skipped
+        """Samples pulled from the sampler and not yet yielded (or skipped, failed, discarded)."""
+        c = self.counters
+        return self._pulled - self.consumed - c.skipped - c.failed - c.discarded
 
     @property
     def slow_backlog(self) -> int:
@@ -502,12 +504,20 @@ class Scheduler:
             raise Fatal(collate_error(e, [rec.index])) from e
 
     def _fail(self, rec: Rec, err: StepError | WorkerDiedError) -> None:
+        """A sample failed. ``on_error="raise"``: as in torch, the training loop gets the error
+        in place of the sample's batch (at once when batches are regrouped, in the sampler
+        batch's turn otherwise) and the epoch goes on; ``"skip"``: dropped and counted."""
         self._recs.pop(rec.task.tid, None)
-        if self.spec.on_error == "raise":
-            raise Fatal(err)
-        self.counters.skipped += 1
         self._settled += 1
-        self.spec.batcher.drop(rec.position)
+        key = self.spec.batcher.drop(rec.position)
+        if self.spec.on_error == "raise":
+            self.counters.failed += 1
+            if key is None:
+                self.out.put(("raise", err, None))
+            else:
+                self._raise_for.setdefault(key, err)
+            return
+        self.counters.skipped += 1
         self.hooks.on_skip(rec.index, err)
 
     def _kill_hung(self) -> None:
@@ -569,13 +579,22 @@ class Scheduler:
             ready = self.spec.batcher.pop(final)
             if ready is None:
                 break
-            assembly = self._batches.pop(ready.key)
+            assembly = self._batches.pop(ready.key, None)
+            err = self._raise_for.pop(ready.key, None)
+            if assembly is None or err is not None:  # a batch that failed, or holds nothing
+                self.counters.discarded += len(ready.rows)
+                if err is not None:
+                    self.out.put(("raise", err, None))
+                continue
             try:
                 batch = assembly.finish(ready.rows)
                 if self.spec.pin is not None:
                     batch = self.spec.pin(batch)
-            except Exception as e:  # noqa: BLE001 - collate_fn is user code
-                raise Fatal(collate_error(e, [assembly.indices[r] for r in ready.rows])) from e
+            except Exception as e:  # noqa: BLE001 - collate_fn is user code: that batch raises
+                self.counters.discarded += len(ready.rows)
+                self.out.put(("raise", collate_error(e, [assembly.indices[r] for r in ready.rows]),
+                              None))
+                continue
             self.out.put(("batch", batch, ready.positions))
         return final and self.spec.batcher.ready_samples == 0
 

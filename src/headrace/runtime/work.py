@@ -68,6 +68,8 @@ class Counters:
         self.skipped = 0
         self.retried = 0
         self.moved = 0  # tasks moved from behind a slow sample to an idle worker
+        self.failed = 0  # samples whose error was raised to the training loop (on_error="raise")
+        self.discarded = 0  # finished samples of a batch that raised instead (as torch loses them)
         self.scheduler_cpu_s = 0.0
 
 
