@@ -71,6 +71,7 @@ class EpochBase:
         self.hooks = hooks
         self.delivered = delivered
         self.origin: Any = None
+        self.steps: tuple[str, ...] = ()  # the step order this epoch runs (set by the loader)
         self.loader: Any = None
         self._closed = False
         self._replaced = False

@@ -27,6 +27,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from headrace.errors import StateDictError
 from headrace.pipeline import Pipeline
+from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.planner.explain import Facts, explain_text
 from headrace.profiler import sizes
 from headrace.runtime import checkpoint, ordering
@@ -199,34 +200,49 @@ class DataLoader(tud.DataLoader[_T_co]):
         """
         if self.pipeline is None:
             raise StateDictError("state_dict is not supported for an IterableDataset")
+        assert self.planning is not None
         it = self._iterator_ref()
+        steps = self.planning.executed_names
         if it is not None and not it.closed:
-            origin, delivered, epoch = it.origin, it.delivered, it.origin.epoch
+            origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
         elif self._resume is not None:
             origin, delivered, epoch = self._resume.origin, self._resume.delivered, self._resume.epoch
+            steps = self._resume.steps or steps
         else:
             origin, delivered, epoch = None, None, self._epoch
         persistent = self._base_seed if self.persistent_workers else None
-        return checkpoint.build(self.pipeline.fingerprint(), len(self), epoch, origin, delivered,
-                                self.generator, persistent)
+        return checkpoint.build(self._identity(steps), epoch, origin, delivered, self.generator,
+                                persistent)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict()``: the next ``iter()`` delivers exactly what was left.
+        """Resume from ``state_dict()``: the next ``iter()`` delivers exactly what was left,
+        with the step order the saved epoch ran.
 
-        Rejects a state from another dataset, pipeline or batch layout with a clear error.
+        Refused (``StateDictError``) only when a resume would deliver other samples: another
+        dataset length or batch layout, or an unknown schema. Changed step or dataset code (an
+        edited script) is reported in a warning, and the resume goes on.
         """
-        if self.pipeline is None:
+        if self.pipeline is None or self.planning is None:
             raise StateDictError("load_state_dict is not supported for an IterableDataset")
-        point = checkpoint.parse(state, self.pipeline.fingerprint(), len(self))
+        point = checkpoint.parse(state, self._identity(self.planning.executed_names))
         it = self._iterator_ref()
         if it is not None:
             it.close()
+        if point.in_epoch and point.steps is not None:
+            self.planning.restore(point.steps)
         self._epoch = point.epoch
         if point.persistent_base_seed is not None:
             self._base_seed = point.persistent_base_seed
         if not point.in_epoch and point.generator_state is not None and self.generator is not None:
             self.generator.set_state(point.generator_state)
         self._resume = point if point.in_epoch else None
+
+    def _identity(self, steps: tuple[str, ...]) -> checkpoint.Identity:
+        assert self.pipeline is not None
+        return checkpoint.Identity(
+            samples=len(self.pipeline), batches=len(self), steps=steps,
+            dataset=source_fingerprint(self.pipeline.source),
+            step_code=step_digests(self.pipeline))
 
     def explain(self) -> str:
         """Every decision headrace made for this loader and the measured numbers behind it."""
@@ -243,7 +259,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             executed=tuple(pl.executed.step_names),
             order=pl.order,
             next_order=pl.decide(),
-            handoff=self.options.handoff and len(self.pipeline.step_names) > 1 and self.num_workers > 0,
+            handoff=self.options.handoff and self.pipeline.splittable and self.num_workers > 0,
             stats=self.stats(),
             timeout_samples=len(self.monitor.timeout._times),
             scale_decisions=tuple(self.monitor.scaler.decisions) if self.monitor.scaler else (),
@@ -357,6 +373,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         delivered = resume.delivered if resume is not None else Bitmap()
         it = self._make_iterator(epoch, base_seed, groups, delivered)
         it.origin = origin
+        it.steps = self.planning.executed_names
         return it
 
     def _make_iterator(self, epoch: int, base_seed: int, groups: Iterator[Any], delivered: Bitmap) -> Any:
@@ -382,7 +399,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             collate=self.collate_fn,
             pin=self._pin(),
             max_in_flight=max_in_flight,
-            handoff=opts.handoff and len(self.pipeline.step_names) > 1,
+            handoff=opts.handoff and self.pipeline.splittable,
             slow_lane_share=opts.slow_lane_share,
             on_error=opts.on_error,
             max_restarts=opts.max_worker_restarts,
