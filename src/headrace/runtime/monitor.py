@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,7 @@ class Monitor:
         self._last_scale = time.perf_counter()
         self._memory_budget: float | None = None
         self._pushed_timeout = float("nan")
+        self._warned_reseed = False
         if autoscale:
             psutil.cpu_percent(None)  # start the CPU-usage interval
 
@@ -103,6 +105,20 @@ class Monitor:
             return
         p.observe(timings, [t.bytes_out for t in timings], bytes_in,
                   [t.changed for t in timings], total=total, partial=partial)
+
+    def on_worker_reseeded(self, generators: tuple[str, ...]) -> None:
+        """A ``worker_init_fn`` seeded global generators: say once that per-sample seeding
+        overrides them (torch's loader would have used those seeds)."""
+        if self._warned_reseed:
+            return
+        self._warned_reseed = True
+        warnings.warn(
+            f"headrace: worker_init_fn seeded {', '.join(generators)}'s global generator, but "
+            "headrace re-seeds Python's, NumPy's and torch's global generators before each step "
+            "from (base seed, epoch, sample index, step), so a sample's content does not depend "
+            "on its worker: the seed set in worker_init_fn does not reach __getitem__. Use "
+            "DataLoader(generator=...) or Options(seed=...) to make a run reproducible "
+            "(README: differences from torch)", UserWarning, stacklevel=2)
 
     def on_worker_restart(self) -> None:
         self.worker_restarts += 1

@@ -441,6 +441,8 @@ class Scheduler:
         kind = msg[0]
         if kind == "ready":
             w.ready = True
+            if len(msg) > 2 and msg[2]:
+                self.hooks.on_worker_reseeded(msg[2])
             return
         if kind == "init_error":
             _, slot, cause, text, tb = msg
