@@ -116,6 +116,8 @@ class EpochBase:
         self._closed = True
         self._replaced = replaced
         self._release()
+        if self.loader is not None and not self.finished:
+            self.loader._abandoned(self)  # state_dict() still describes this epoch
         self.hooks.on_epoch_closed(self.stats())
 
     def __del__(self) -> None:

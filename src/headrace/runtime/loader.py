@@ -114,7 +114,8 @@ class DataLoader(tud.DataLoader[_T_co]):
                                  "Options(executor='threads') there are none to initialise")
         self._epoch = 0
         self._base_seed: int | None = None
-        self._resume: checkpoint.ResumePoint | None = None
+        self._resume: checkpoint.ResumePoint | None = None  # loaded, for the next iter()
+        self._unfinished: checkpoint.ResumePoint | None = None  # the last epoch, if abandoned
         self._setup_runtime()
 
     def _setup_runtime(self) -> None:
@@ -205,9 +206,11 @@ class DataLoader(tud.DataLoader[_T_co]):
         steps = self.planning.executed_names
         if it is not None and not it.closed:
             origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
-        elif self._resume is not None:
-            origin, delivered, epoch = self._resume.origin, self._resume.delivered, self._resume.epoch
-            steps = self._resume.steps or steps
+        elif self._resume is not None or self._unfinished is not None:
+            point = self._resume if self._resume is not None else self._unfinished
+            assert point is not None
+            origin, delivered, epoch = point.origin, point.delivered, point.epoch
+            steps = point.steps or steps
         else:
             origin, delivered, epoch = None, None, self._epoch
         persistent = self._base_seed if self.persistent_workers else None
@@ -228,6 +231,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         it = self._iterator_ref()
         if it is not None:
             it.close()
+        self._unfinished = None
         if point.in_epoch and point.steps is not None:
             self.planning.restore(point.steps)
         self._epoch = point.epoch
@@ -236,6 +240,15 @@ class DataLoader(tud.DataLoader[_T_co]):
         if not point.in_epoch and point.generator_state is not None and self.generator is not None:
             self.generator.set_state(point.generator_state)
         self._resume = point if point.in_epoch else None
+
+    def _abandoned(self, it: Any) -> None:
+        """An epoch closed before its end (``break``, an exception, a newer iterator): until
+        the next epoch starts, ``state_dict()`` describes where it stopped, as it would have
+        while it was open, so a checkpoint written after leaving the loop resumes it."""
+        if it.origin is not None and self._iterator_ref() in (None, it):
+            self._unfinished = checkpoint.ResumePoint(
+                epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
+                generator_state=None, persistent_base_seed=None, steps=it.steps)
 
     def _identity(self, steps: tuple[str, ...]) -> checkpoint.Identity:
         assert self.pipeline is not None
@@ -363,7 +376,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         if self.planning.before_epoch() and self._pool is not None:
             self._pool.shutdown()  # persistent workers run the old order: restart them
             self._pool = None
-        resume, self._resume = self._resume, None
+        resume, self._resume, self._unfinished = self._resume, None, None
         replay = resume.origin if resume is not None else None
         if replay is not None:
             self._epoch = replay.epoch
