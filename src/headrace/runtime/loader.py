@@ -28,7 +28,7 @@ from headrace.errors import StateDictError
 from headrace.pipeline import Pipeline
 from headrace.planner.explain import Facts, explain_text
 from headrace.profiler import sizes
-from headrace.runtime import checkpoint
+from headrace.runtime import checkpoint, pinning, prefetch
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
@@ -127,6 +127,8 @@ class DataLoader:
         self._base_seed: int | None = None
         self._pool: WorkerPool | None = None
         self._buffers = BufferPool()  # batch memory the training loop let go of, for reuse
+        self._device = prefetch.resolve_device(self.options.device)
+        self._copier = prefetch.copier_for(self._device)  # None: no device prefetch
         self._iterator_ref: Callable[[], Any] = lambda: None
         self._resume: checkpoint.ResumePoint | None = None
         self._finalizer = weakref.finalize(self, _close_pool, [None])
@@ -143,6 +145,8 @@ class DataLoader:
             old.close()  # a new epoch abandons the previous one, as torch does
         it = self._start_epoch()
         it.loader = self  # the epoch keeps its loader (and a persistent pool) alive, not the reverse
+        if self._copier is not None:
+            it = prefetch.DevicePrefetcher(it, self._copier, self._buffers.fence)
         self._iterator_ref = weakref.ref(it)  # weak: `break` must let the epoch be collected
         return it
 
@@ -302,7 +306,7 @@ class DataLoader:
         return "grouped"
 
     def _pin(self) -> Callable[[Any], Any] | None:
-        if not self.pin_memory:
+        if not self.pin_memory and self._device is None:
             return None
         if not torch.accelerator.is_available():
             warnings.warn(  # torch's own words, at the same moment (iterator creation)
@@ -311,9 +315,12 @@ class DataLoader:
                 stacklevel=3,
             )
             return None
-        acc = torch.accelerator.current_accelerator()
-        device = acc.type if acc is not None else None
-        return lambda b: _pin_memory(b, device)
+        device = pinning.pin_device(self.pin_memory_device, self._device)
+        memory = pinning.host_memory_for(device) if device is not None else None
+        if memory is not None and not self._buffers.pinned:
+            self._buffers = BufferPool(memory=memory)  # batches assembled in pinned memory
+        kind = device.type if device is not None else None
+        return lambda b: _pin_memory(b, kind)  # the rest: small or user-collated leaves
 
     def _total_positions(self) -> int | None:
         try:
@@ -353,6 +360,7 @@ class DataLoader:
                 self.collate_fn, self._pin(), delivered, opts.on_error, self.monitor,
                 measure=sizes.measure if opts.profile else None,
             )
+        pin = self._pin()  # before self._buffers is read: it may switch to pinned memory
         pool, owns = self._get_pool(base_seed)
         bs = self.batch_size or 1
         hi = self.options.autoscale.bounds()[1] if self.autoscale else self.num_workers
@@ -365,7 +373,7 @@ class DataLoader:
             auto_collation=self._auto_collation,
             batcher=Batcher(self._batch_mode(), self.batch_size),
             collate=self.collate_fn,
-            pin=self._pin(),
+            pin=pin,
             max_in_flight=max_in_flight,
             handoff=opts.handoff and len(self.pipeline.step_names) > 1,
             slow_lane_share=opts.slow_lane_share,
