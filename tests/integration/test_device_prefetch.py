@@ -10,23 +10,14 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 import headrace as hr
+from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.prefetch import DevicePrefetcher
+from tests.device_fakes import FakeFence, FakePinned
 from tests.helpers import ArraySource, noise
 
 pytestmark = pytest.mark.integration
 
 N = 40
-
-
-class FakeFence:
-    def __init__(self) -> None:
-        self.done = False
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.done = True
 
 
 class FakeCopier:
@@ -115,4 +106,41 @@ def test_break_with_batches_in_flight_shuts_down_cleanly(no_leaks):
     del it  # break out of the loop: the epoch and its workers go
     stats = loader.stats()
     assert stats.epochs[-1].batches == 1  # delivered: the one returned, not the one copied ahead
+    loader.close()
+
+
+class LazyCopier(FakeCopier):
+    """A copy's fence completes only once the next batch is handed over (a slow link);
+    remembers which host buffer each copy read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[tuple[int, FakeFence]] = []  # (host buffer address, fence of its copy)
+        self.last: FakeFence | None = None
+
+    def copy(self, batch):
+        out, fence = super().copy(batch)
+        addr = batch.untyped_storage().data_ptr()
+        busy = [f for a, f in self.reads if a == addr and not f.done]
+        assert not busy, "a pinned buffer was refilled while a copy still read it"
+        self.reads.append((addr, fence))
+        return out, fence
+
+    def hand_over(self, batch, fence) -> None:
+        self.handed += 1
+        if self.last is not None:
+            self.last.done = True
+        self.last = fence
+
+
+def test_pinned_batch_memory_is_refilled_only_after_its_copy(no_leaks):
+    copier = LazyCopier()
+    loader = make(copier, num_workers=2, batch_size=4, shuffle=True)
+    loader._buffers = BufferPool(min_bytes=0, memory=FakePinned())  # as _pin() makes on CUDA
+    for _ in range(2):
+        seen = Counter(i for b in loader for i in indices(b))
+        assert seen == Counter(range(N))
+    pool = loader._buffers
+    assert pool.reused > 0  # buffers did come back, each after its copy completed
+    assert len({a for a, _ in copier.reads}) < len(copier.reads)
     loader.close()

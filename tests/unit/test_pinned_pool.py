@@ -9,41 +9,7 @@ from torch.utils.data import default_collate
 
 from headrace.runtime.assembly import BatchAssembly
 from headrace.runtime.bufferpool import BufferPool
-
-
-class FakeFence:
-    """A device event that completes when the test says so."""
-
-    def __init__(self) -> None:
-        self.done = False
-        self.waited = 0
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.waited += 1
-        self.done = True
-
-
-class FakePinned:
-    """Stands for page-locked memory: records allocations and the fence of every release."""
-
-    pinned = True
-
-    def __init__(self) -> None:
-        self.allocations: list[int] = []
-        self.fences: list[FakeFence] = []
-
-    def allocate(self, nbytes: int) -> np.ndarray:
-        raw = np.empty(nbytes, dtype=np.uint8)
-        self.allocations.append(raw.ctypes.data)
-        return raw
-
-    def release_fence(self) -> FakeFence:
-        f = FakeFence()
-        self.fences.append(f)
-        return f
+from tests.device_fakes import FakeFence, FakePinned
 
 
 def _batch(pool: BufferPool, value: float) -> dict:

@@ -6,17 +6,7 @@ import pytest
 import torch
 
 from headrace.runtime.prefetch import DevicePrefetcher, resolve_device
-
-
-class FakeFence:
-    def __init__(self) -> None:
-        self.done = False
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.done = True
+from tests.device_fakes import FakeFence
 
 
 class FakeCopier:
