@@ -137,7 +137,7 @@ def _make_loader(kind: str, wl: Workload, order: list[int], workers: int, device
         "pin_memory": device.type == "cuda", "persistent_workers": workers > 0,
     }
     if kind == "torch":
-        return tud.DataLoader(wl.pipeline, **common)
+        return tud.DataLoader(wl.pipeline, **common)  # type: ignore[arg-type]  # map-style
     from headrace.runtime import DataLoader, Options
 
     opts = Options(seed=seed, profile_store=False,
@@ -199,8 +199,7 @@ def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int],
     # the sampler's clock starts a little before t_run: align on t_run
     shift = (sampler._t0 - t_run) if sampler is not None else 0.0
     util = [(t + shift, u) for t, u in util]
-    means = [mean_between(util, a, b) for a, b in runs["bounds"]] if util else \
-        [None] * cfg.epochs
+    means: list[float | None] = [mean_between(util, a, b) for a, b in runs["bounds"]]
     return TrainRun(wl.name, kind, runs["epoch_s"], runs["stall_s"], runs["losses"],
                     runs["samples"], util, runs["bounds"], means)
 

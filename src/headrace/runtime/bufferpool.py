@@ -130,7 +130,10 @@ class BufferPool:
             fence = self._fences.pop(addr, None)
             self._live.discard(addr)
         if fence is None:
-            fence = self.memory.release_fence()
+            try:
+                fence = self.memory.release_fence()
+            except Exception:  # noqa: BLE001 - e.g. CUDA torn down at exit: never reuse it
+                return
         with self._lock:
             self._idle.append((raw, fence))
             wait = self._evict()

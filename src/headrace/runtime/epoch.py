@@ -79,9 +79,10 @@ class EpochBase:
         return self
 
     def __next__(self) -> Any:
-        batch, positions = self.take()
-        self.mark(positions)
-        return batch
+        got = self.take()
+        assert got is not None  # a blocking take returns a batch or raises
+        self.mark(got[1])
+        return got[0]
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         """The next batch and its positions, not yet delivered (``mark`` delivers it).
