@@ -128,6 +128,9 @@ class DataLoader:
         self._pool: WorkerPool | None = None
         self._buffers = BufferPool()  # batch memory the training loop let go of, for reuse
         self._device = prefetch.resolve_device(self.options.device)
+        if self._device is not None and self._iterable:
+            raise ValueError("Options(device=) needs a map-style dataset; an IterableDataset "
+                             "is iterated by torch's own loader: use pin_memory=True instead")
         self._copier = prefetch.copier_for(self._device)  # None: no device prefetch
         self._iterator_ref: Callable[[], Any] = lambda: None
         self._resume: checkpoint.ResumePoint | None = None
