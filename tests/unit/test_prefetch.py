@@ -122,3 +122,19 @@ def test_device_must_be_cuda():
 def test_cuda_refused_without_cuda():
     with pytest.raises(ValueError, match="not available"):
         resolve_device("cuda")
+
+
+def test_options_device_validated():
+    import headrace as hr
+
+    with pytest.raises(RuntimeError):
+        hr.Options(device="nonsense")  # torch's own message for a malformed device
+    assert hr.Options(device=torch.device("cuda", 0)).device == torch.device("cuda", 0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_loader_refuses_a_device_it_cannot_reach():
+    import headrace as hr
+
+    with pytest.raises(ValueError, match="not available"):
+        hr.DataLoader(list(range(8)), batch_size=2, options=hr.Options(device="cuda"))
