@@ -97,7 +97,8 @@ class CudaPinnedMemory:
         err = cudart.cudaHostRegister(ptr, raw.nbytes, _HOST_REGISTER_PORTABLE)
         if int(err) != 0:
             raise RuntimeError(f"cudaHostRegister of {raw.nbytes} bytes failed (CUDA error "
-                               f"{int(err)}); the pinned-memory limit (ulimit -l) may be too low")
+                               f"{int(err)}): host memory could not be pinned; run with "
+                               "pin_memory=False (and no Options(device=)) to use pageable memory")
         # Weak-reference callbacks run before NumPy frees the data, so the range is
         # unregistered while it is still mapped. The pool drops a buffer only once its fence
         # has completed, so no copy reads it any more.
