@@ -2,7 +2,9 @@
 
 ``EpochIterator`` reads what the scheduler thread (``runtime/scheduler.py``) produces. It is the
 only writer of the delivered bitmap, so a ``state_dict()`` taken between two ``next()`` calls is
-exact. Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
+exact. A batch is marked when it reaches the training loop (``mark``), not when it is taken
+from the scheduler (``take``): the device prefetcher (``runtime/prefetch.py``) takes batches
+ahead, and those are not delivered yet. Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
 """
 
 from __future__ import annotations
@@ -94,6 +96,27 @@ class EpochBase:
                 "persistent_workers=False for independent iterators")
         raise StopIteration
 
+    def __next__(self) -> Any:
+        got = self.take()
+        assert got is not None  # a blocking take returns a batch or raises
+        self.mark(got[1])
+        return got[0]
+
+    def take(self, block: bool = True) -> tuple[Any, Any] | None:
+        """The next batch and its positions, not yet delivered (``mark`` delivers it).
+
+        ``block=False``: ``None`` when no batch is ready yet or the epoch's end is next (the
+        end is then kept for the next blocking call). Raises ``StopIteration`` at the end.
+        """
+        raise NotImplementedError
+
+    def mark(self, positions: Any) -> None:
+        """The batch at ``positions`` reached the training loop: it is delivered."""
+        for p in positions:
+            self.delivered.set(p)
+        self.meter.batches += 1
+        self.meter.samples += len(positions)
+
     def stats(self) -> EpochStats:
         raise NotImplementedError
 
@@ -145,31 +168,36 @@ class EpochIterator(EpochBase):
         self.spec = spec
         self.timeout_s = timeout_s
         self._out: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
+        self._held: tuple[str, Any, Any] | None = None  # an end seen by a non-blocking take
         self.scheduler = Scheduler(pool, spec, hooks, self._out)
         self.scheduler.start()
 
-    def __next__(self) -> Any:
+    def take(self, block: bool = True) -> tuple[Any, Any] | None:
         if self._closed:
             self._check_open()
         c0 = time.thread_time()
-        try:
-            kind, value, positions = self._out.get_nowait()
-        except queue.Empty:
-            t0 = time.perf_counter()
-            kind, value, positions = self._get_blocking()
-            self.meter.stall_s += time.perf_counter() - t0
-        if kind == "raise":  # one sample's (or batch's) error: raised, and the epoch goes on
-            self.meter.consumer_cpu_s += time.thread_time() - c0
-            raise value
+        item, self._held = self._held, None
+        if item is None:
+            try:
+                item = self._out.get_nowait()
+            except queue.Empty:
+                if not block:
+                    return None
+                t0 = time.perf_counter()
+                item = self._get_blocking()
+                self.meter.stall_s += time.perf_counter() - t0
+        kind, value, positions = item
         if kind == "batch":
-            for p in positions:
-                self.delivered.set(p)
-            self.meter.batches += 1
-            self.meter.samples += len(positions)
             self.scheduler.consumed += len(positions)
             self.scheduler.room_freed()
             self.meter.consumer_cpu_s += time.thread_time() - c0
-            return value
+            return value, positions
+        if not block:
+            self._held = item  # the end, or an error, comes after the batches taken ahead
+            return None
+        if kind == "raise":  # one sample's (or batch's) error: raised, and the epoch goes on
+            self.meter.consumer_cpu_s += time.thread_time() - c0
+            raise value
         self.meter.t_end = time.perf_counter()
         self.close()
         if kind == "end":

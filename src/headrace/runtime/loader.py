@@ -30,7 +30,7 @@ from headrace.pipeline import Pipeline
 from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.planner.explain import Facts, explain_text
 from headrace.profiler import sizes
-from headrace.runtime import checkpoint, ordering
+from headrace.runtime import checkpoint, ordering, pinning, prefetch
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
@@ -47,7 +47,7 @@ from headrace.telemetry.stats import EpochStats, LoaderStats
 _T_co = TypeVar("_T_co", covariant=True)
 
 _RUNTIME_ATTRS = ("pipeline", "monitor", "planning", "_pool", "_buffers", "_iterator_ref",
-                  "_finalizer")
+                  "_finalizer", "_device", "_copier")
 """What a loader holds while it runs; left out of pickles and copies, rebuilt on load."""
 
 
@@ -132,6 +132,11 @@ class DataLoader(tud.DataLoader[_T_co]):
             self.monitor.epoch_listeners.append(self.planning.after_epoch)
         self._pool: WorkerPool | None = None
         self._buffers = BufferPool()  # batch memory the training loop let go of, for reuse
+        self._device = prefetch.resolve_device(self.options.device)
+        if self._device is not None and self._iterable:
+            raise ValueError("Options(device=) needs a map-style dataset; an IterableDataset "
+                             "is iterated by torch's own loader: use pin_memory=True instead")
+        self._copier = prefetch.copier_for(self._device)  # None: no device prefetch
         self._iterator_ref: Callable[[], Any] = _no_iterator
         self._finalizer = weakref.finalize(self, _close_pool, [None])
 
@@ -167,6 +172,8 @@ class DataLoader(tud.DataLoader[_T_co]):
             old.close(replaced=True)
         it = self._start_epoch()
         it.loader = self  # the epoch keeps its loader (and a persistent pool) alive, not the reverse
+        if self._copier is not None:
+            it = prefetch.DevicePrefetcher(it, self._copier, self._buffers.fence)
         self._iterator_ref = weakref.ref(it)  # weak: `break` must let the epoch be collected
         return it
 
@@ -245,7 +252,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         """An epoch closed before its end (``break``, an exception, a newer iterator): until
         the next epoch starts, ``state_dict()`` describes where it stopped, as it would have
         while it was open, so a checkpoint written after leaving the loop resumes it."""
-        if it.origin is not None and self._iterator_ref() in (None, it):
+        latest = self._iterator_ref()
+        if it.origin is not None and (latest is None or it in (latest, getattr(latest, "epoch", None))):
             self._unfinished = checkpoint.ResumePoint(
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
                 generator_state=None, persistent_base_seed=None, steps=it.steps)
@@ -346,7 +354,7 @@ class DataLoader(tud.DataLoader[_T_co]):
                                    self._user_batch_sampler)
 
     def _pin(self) -> Callable[[Any], Any] | None:
-        if not self.pin_memory:
+        if not self.pin_memory and self._device is None:
             return None
         if not torch.accelerator.is_available():
             warnings.warn(  # torch's own words, at the same moment (iterator creation)
@@ -355,9 +363,12 @@ class DataLoader(tud.DataLoader[_T_co]):
                 stacklevel=3,
             )
             return None
-        acc = torch.accelerator.current_accelerator()
-        device = acc.type if acc is not None else None
-        return lambda b: _pin_memory(b, device)
+        device = pinning.pin_device(self.pin_memory_device, self._device)
+        memory = pinning.host_memory_for(device) if device is not None else None
+        if memory is not None and not self._buffers.pinned:
+            self._buffers = BufferPool(memory=memory)  # batches assembled in pinned memory
+        kind = device.type if device is not None else None
+        return lambda b: _pin_memory(b, kind)  # the rest: small or user-collated leaves
 
     def _total_positions(self) -> int | None:
         try:
@@ -398,6 +409,7 @@ class DataLoader(tud.DataLoader[_T_co]):
                 self.collate_fn, self._pin(), delivered, opts.on_error, self.monitor,
                 measure=sizes.measure if opts.profile else None,
             )
+        pin = self._pin()  # before self._buffers is read: it may switch to pinned memory
         pool, owns = self._get_pool(base_seed)
         bs = self.batch_size or 1
         hi = self.options.autoscale.bounds()[1] if self.autoscale else self.num_workers
@@ -410,7 +422,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             auto_collation=self._auto_collation,
             batcher=Batcher(self._batch_mode(), self.batch_size),
             collate=self.collate_fn,
-            pin=self._pin(),
+            pin=pin,
             max_in_flight=max_in_flight,
             handoff=opts.handoff and self.pipeline.splittable,
             slow_lane_share=opts.slow_lane_share,
