@@ -144,3 +144,23 @@ def test_pinned_batch_memory_is_refilled_only_after_its_copy(no_leaks):
     assert pool.reused > 0  # buffers did come back, each after its copy completed
     assert len({a for a, _ in copier.reads}) < len(copier.reads)
     loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_error_copied_ahead_comes_in_its_turn_and_the_epoch_goes_on(workers, no_leaks):
+    from tests.helpers import FailingDataset
+
+    loader = hr.DataLoader(FailingDataset(20, {9}), batch_size=2, num_workers=workers,
+                           in_order=True)
+    loader._copier = FakeCopier()
+    it = iter(loader)
+    seen = []
+    for _ in range(50):
+        try:
+            seen.append(next(it).tolist())
+        except StopIteration:
+            break
+        except hr.StepError as e:
+            seen.append(f"error {e.index}")
+    assert seen == [[0, 1], [2, 3], [4, 5], [6, 7], "error 9", [10, 11], [12, 13], [14, 15],
+                    [16, 17], [18, 19]]
