@@ -38,19 +38,22 @@ class Place(NamedTuple):
 
 class Ready(NamedTuple):
     """A batch ready to go out: its ``key``, the rows filled (ascending; a skipped sample
-    leaves a hole) and the epoch positions of those rows, in the same order."""
+    leaves a hole) and the epoch positions of those rows, in the same order. ``drop``: a short
+    last batch that ``drop_last`` forbids (its samples are not yielded)."""
 
     key: int
     rows: list[int]
     positions: list[int]
+    drop: bool = False
 
 
 class Batcher:
-    def __init__(self, mode: Mode, batch_size: int | None) -> None:
+    def __init__(self, mode: Mode, batch_size: int | None, drop_last: bool = False) -> None:
         if mode == "regroup" and not batch_size:
             raise ValueError("regroup needs a batch size")
         self.mode = mode
         self.batch_size = batch_size or 1
+        self.drop_last = drop_last  # regroup: a short last batch is dropped, as torch promises
         # regroup: the batch being filled
         self._keys = itertools.count()
         self._open_key = next(self._keys)
@@ -131,6 +134,8 @@ class Batcher:
         if self.mode == "regroup":
             if not self._full and final and self._open:
                 self._close_open()
+                if self.drop_last:  # short only because samples were skipped or failed
+                    self._full[-1] = self._full[-1]._replace(drop=True)
             if not self._full:
                 return None
             ready = self._full.popleft()

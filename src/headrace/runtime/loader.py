@@ -102,7 +102,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         )
         # torch's own iterators read in_order (an IterableDataset's): a bool there; for
         # map-style datasets the user's value, None included, so a rebuilt loader keeps it.
-        self.in_order = (in_order is not False) if iterable else in_order
+        self.in_order = (in_order is not False) if iterable else in_order  # type: ignore[assignment]
         self.options = options
         self._user_batch_sampler = batch_sampler is not None
         if options.executor == "threads" and num_workers:
@@ -420,7 +420,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             base_seed=base_seed,
             groups=groups,
             auto_collation=self._auto_collation,
-            batcher=Batcher(self._batch_mode(), self.batch_size),
+            batcher=Batcher(self._batch_mode(), self.batch_size, self.drop_last),
             collate=self.collate_fn,
             pin=pin,
             max_in_flight=max_in_flight,

@@ -583,7 +583,7 @@ class Scheduler:
                 break
             assembly = self._batches.pop(ready.key, None)
             err = self._raise_for.pop(ready.key, None)
-            if assembly is None or err is not None:  # a batch that failed, or holds nothing
+            if assembly is None or err is not None or ready.drop:  # failed, empty or dropped
                 self.counters.discarded += len(ready.rows)
                 if err is not None:
                     self.out.put(("raise", err, None))
