@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from headrace.errors import StepError, step_error_for
+from headrace.errors import StepError, WorkerDiedError, step_error_for
 from headrace.runtime.batcher import Batcher
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
@@ -90,3 +90,21 @@ def collate_error(e: Exception, indices: list[int]) -> StepError:
         "others is the usual cause)",
         traceback.format_exc(),
     )
+
+
+def death_error(rec: Rec, hung: tuple[int, int] | None, names: list[str], exitcode: int | None,
+                sample_timeout_s: float | None, slot: int) -> StepError | WorkerDiedError:
+    """The error of a sample whose worker died ``rec.attempts`` times while running it: a
+    ``TimeoutError``-flavoured ``StepError`` naming the step it hung in when ``hung`` (the
+    task id and step of a worker killed for ``sample_timeout_s``) is this sample's, else a
+    ``WorkerDiedError``."""
+    if hung is not None and hung[0] == rec.task.tid:
+        step = names[hung[1]] if 0 <= hung[1] < len(names) else "?"
+        return step_error_for(
+            TimeoutError, rec.index, step, "TimeoutError",
+            f"the sample ran longer than sample_timeout={sample_timeout_s} s in step {step!r} "
+            f"on {rec.attempts} attempt(s); its worker was replaced", "", slot)
+    return WorkerDiedError(
+        f"sample index {rec.index} was being processed by a worker that died {rec.attempts} "
+        f"times (last exit code {exitcode}); the sample likely crashes or exhausts memory in a "
+        "step. Skip it with options=headrace.Options(on_error='skip') or fix the step.")

@@ -1,0 +1,82 @@
+"""Finished samples into their batches; batches and errors onto the training loop's queue.
+
+Used by the scheduler thread (``runtime/scheduler.py``), under its lock. The batcher
+(``runtime/batcher.py``) decides a sample's batch and row when it arrives; the sample is copied
+straight into that row (``runtime/assembly.py``). What the training loop reads from ``out``:
+``("batch", batch, positions)``; ``("raise", error, None)`` for a failed sample or batch (the
+epoch goes on, as in torch); ``("end" | "error", ...)`` from the scheduler itself.
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import Any
+
+from headrace.errors import StepError, WorkerDiedError
+from headrace.runtime.assembly import BatchAssembly
+from headrace.runtime.ring import Ring
+from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error
+
+
+class BatchOutput:
+    def __init__(self, spec: EpochSpec, out: queue.Queue[tuple[str, Any, Any]],
+                 counters: Counters, hooks: Any) -> None:
+        self.spec = spec
+        self.out = out
+        self.counters = counters
+        self.hooks = hooks  # on_skip(index, error)
+        self._batches: dict[int, BatchAssembly] = {}  # batch key -> batch being filled
+        self._raise_for: dict[int, BaseException] = {}  # sampler batch key -> its sample's error
+
+    def place(self, rec: Rec, value: Any, ring: Ring | None) -> None:
+        """Copy a finished sample into its row of its batch (out of ``ring`` before it is freed)."""
+        key, row, capacity = self.spec.batcher.place(rec.position)
+        batch = self._batches.get(key)
+        if batch is None:
+            batch = self._batches[key] = BatchAssembly(
+                capacity, self.spec.collate, self.spec.auto_collation, self.spec.buffers)
+        try:
+            batch.put(row, rec.index, value, ring)
+        except Exception as e:  # noqa: BLE001 - a sample no batch can hold
+            raise Fatal(collate_error(e, [rec.index])) from e
+
+    def fail(self, rec: Rec, err: StepError | WorkerDiedError) -> None:
+        """A sample failed. ``on_error="raise"``: as in torch, the training loop gets the error
+        in place of the sample's batch (at once when batches are regrouped, in the sampler
+        batch's turn otherwise) and the epoch goes on; ``"skip"``: dropped and counted."""
+        key = self.spec.batcher.drop(rec.position)
+        if self.spec.on_error == "raise":
+            self.counters.failed += 1
+            if key is None:
+                self.out.put(("raise", err, None))
+            else:
+                self._raise_for.setdefault(key, err)
+            return
+        self.counters.skipped += 1
+        self.hooks.on_skip(rec.index, err)
+
+    def emit(self, final: bool) -> bool:
+        """Put every ready batch on the output queue; ``final``: no sample is left to finish.
+        True when the epoch's last batch went out."""
+        while True:
+            ready = self.spec.batcher.pop(final)
+            if ready is None:
+                break
+            assembly = self._batches.pop(ready.key, None)
+            err = self._raise_for.pop(ready.key, None)
+            if assembly is None or err is not None or ready.drop:  # failed, empty or dropped
+                self.counters.discarded += len(ready.rows)
+                if err is not None:
+                    self.out.put(("raise", err, None))
+                continue
+            try:
+                batch = assembly.finish(ready.rows)
+                if self.spec.pin is not None:
+                    batch = self.spec.pin(batch)
+            except Exception as e:  # noqa: BLE001 - collate_fn is user code: that batch raises
+                self.counters.discarded += len(ready.rows)
+                self.out.put(("raise", collate_error(e, [assembly.indices[r] for r in ready.rows]),
+                              None))
+                continue
+            self.out.put(("batch", batch, ready.positions))
+        return final and self.spec.batcher.ready_samples == 0
