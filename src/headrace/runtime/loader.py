@@ -29,7 +29,7 @@ from headrace.errors import StateDictError
 from headrace.pipeline import Pipeline
 from headrace.planner.explain import Facts, explain_text
 from headrace.profiler import sizes
-from headrace.runtime import checkpoint, ordering
+from headrace.runtime import checkpoint, distributed, ordering
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
@@ -165,6 +165,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             old.close(replaced=True)
         it = self._start_epoch()
         it.loader = self  # the epoch keeps its loader (and a persistent pool) alive, not the reverse
+        it = distributed.start_epoch(self, it)  # DDP ranks: a warning, an even batch count
         self._iterator_ref = weakref.ref(it)  # weak: `break` must let the epoch be collected
         return it
 
