@@ -25,7 +25,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from headrace.errors import StateDictError
+from headrace.errors import HeadraceError, StateDictError
 from headrace.pipeline import Pipeline
 from headrace.planner.explain import Facts, explain_text
 from headrace.profiler import sizes
@@ -148,6 +148,14 @@ class DataLoader(tud.DataLoader[_T_co]):
     def autoscale(self) -> bool:
         """``num_workers="auto"``: the worker count adapts while it runs."""
         return isinstance(self.num_workers, AutoWorkers)
+
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """Read only by Accelerate's ``prepare()``, which would swap headrace for a plain torch
+        loader: it raises, naming ``headrace.integrations.accelerate``."""
+        from headrace.integrations import ACCELERATE_PREPARE
+
+        raise HeadraceError(ACCELERATE_PREPARE)
 
     @property
     def _iterable(self) -> bool:
