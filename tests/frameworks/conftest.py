@@ -16,8 +16,9 @@ ROOT = Path(__file__).parents[2]
 
 
 def run_script(name: str, *args: str, timeout_s: float = 240, launcher: list[str] | None = None,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``scripts/<name>`` (optionally under ``launcher``, e.g. torchrun) with headrace and
+               env: dict[str, str] | None = None,
+               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``scripts/<name>`` (or the script at path ``name``; optionally under ``launcher``, e.g. torchrun) with headrace and
     the tests importable; fail the test with its output if it fails or runs past ``timeout_s``."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT),
@@ -26,7 +27,7 @@ def run_script(name: str, *args: str, timeout_s: float = 240, launcher: list[str
     cmd = [*(launcher or [sys.executable]), str(SCRIPTS / name), *args]
     try:
         proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True,
-                              timeout=timeout_s, cwd=ROOT)
+                              timeout=timeout_s, cwd=cwd or ROOT)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{name} ran past {timeout_s} s:\n{e.stdout}\n{e.stderr}")
     if proc.returncode != 0:

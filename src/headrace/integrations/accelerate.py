@@ -57,8 +57,8 @@ class _Guarded(tud.BatchSampler):
     def __init__(self, inner: Any, num_processes: int) -> None:  # no super(): nothing to build
         self.inner = inner
         self.num_processes = num_processes
-        self.sampler = getattr(inner, "sampler", None)
-        self.batch_size = getattr(inner, "batch_size", None)
+        self.sampler = getattr(inner, "sampler", None)  # type: ignore[assignment]
+        self.batch_size = getattr(inner, "batch_size", None)  # type: ignore[assignment]
         self.drop_last = getattr(inner, "drop_last", False)
 
     def __len__(self) -> int:
@@ -183,7 +183,7 @@ def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
     seed = [loader.options.seed if loader.options.seed is not None
             else int(torch.empty((), dtype=torch.int64).random_().item())]
     broadcast_object_list(seed, from_process=0)  # one permutation for all ranks
-    sampler = tud.DistributedSampler(loader.dataset, num_replicas=num_processes, rank=rank,
+    sampler: tud.DistributedSampler[Any] = tud.DistributedSampler(loader.dataset, num_replicas=num_processes, rank=rank,
                                      shuffle=isinstance(loader.sampler, tud.RandomSampler),
                                      seed=seed[0] % 2**63)
     return DataLoader(sampler=sampler, batch_size=loader.batch_size, drop_last=loader.drop_last,
