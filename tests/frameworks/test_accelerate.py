@@ -43,6 +43,7 @@ def test_prepared_loader_is_headrace_and_syncs_where_torch_does(no_leaks):
     model2, prepared = hr_accel.prepare(acc, torch.nn.Linear(1, 1), loader)
     assert prepared.base_dataloader is loader  # one process: nothing to shard
     assert prepared in acc._dataloaders  # registered: save_state and gather_for_metrics see it
+    assert prepared.device == acc.device  # batches are moved there by Accelerate's shard code
     got, seen = sync_pattern(acc, model2, prepared)
     assert got == want  # 10 batches, 3 per step: syncs at 3, 6, 9 and the epoch's last batch
     assert want[9] and want[19]  # end_of_dataloader was signalled at each epoch's last batch

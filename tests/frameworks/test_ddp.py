@@ -60,6 +60,9 @@ def test_ranks_take_equal_batches_and_their_exact_share(tmp_path, world):
             e0, e1 = (set(ranks[0]["cases"][case][e]["assigned"]) for e in (0, 1))
             assert e0 != e1  # set_epoch: a new split each epoch
     assert repeated > 0  # rank 0 lost two samples of the skip case: its last batch was repeated
+    for r in ranks:
+        assert r["in_order_same_as_torch"]
+        assert r["shuffled_is_sample_aware"]  # DistributedSampler(shuffle=True): regrouped
     for r in ranks:  # a default sampler: the whole dataset on every rank, and one warning
         assert r["plain"] == list(range(8))
         assert len(r["plain_warnings"]) == 1 and "DistributedSampler" in r["plain_warnings"][0]

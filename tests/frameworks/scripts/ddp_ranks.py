@@ -59,6 +59,15 @@ def main() -> None:
     result = {"world": dist.get_world_size(), "cases": {}}
     for name, *args in CASES:
         result["cases"][name] = run_case(name, *args)
+    # in_order=True: torch's own batches for this rank, batch for batch
+    ds = FailingDataset(30, set())
+    sampler = DistributedSampler(ds, shuffle=True, seed=5)
+    ordered = hr.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=1, in_order=True)
+    torch_loader = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler)
+    result["in_order_same_as_torch"] = [b.tolist() for b in ordered] == \
+        [b.tolist() for b in torch_loader]
+    shuffled = hr.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=1)
+    result["shuffled_is_sample_aware"] = "sample-aware" in shuffled.explain()
     # a loader with torch's default sampler: every rank iterates it whole, with a warning
     plain = hr.DataLoader(FailingDataset(8, set()), batch_size=4)
     with warnings.catch_warnings(record=True) as caught:
