@@ -21,7 +21,8 @@ to set ``end_of_dataloader`` (so gradient accumulation syncs at the epoch's last
 torch's loader) and snapshots ``state_dict()`` before each batch it fetches.
 
 Not supported (raise): ``split_batches=True`` and ``dispatch_batches=True`` (both need the
-global batch in one process); an ``IterableDataset``.
+global batch in one process); an ``IterableDataset``. ``even_batches=False`` is not honoured:
+``DistributedSampler`` always pads the ranks to the same number of samples.
 """
 
 from __future__ import annotations
