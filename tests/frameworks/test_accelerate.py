@@ -91,3 +91,15 @@ def test_skip_first_batches_keeps_headrace_or_raises(no_leaks):
     with pytest.raises(hr.HeadraceError, match="skip_first_batches"):
         next(iter(plain))
     loader.close()
+
+
+def test_a_prepared_loader_pickles_with_headrace_inside(no_leaks):
+    import pickle
+
+    acc = Accelerator(cpu=True)
+    loader = hr.DataLoader(IndexDataset(12), batch_size=4, num_workers=2)
+    clone = pickle.loads(pickle.dumps(hr_accel.prepare_data_loader(acc, loader)))
+    assert isinstance(clone, hr_accel.HeadraceShard)
+    assert type(clone.base_dataloader) is hr.DataLoader
+    assert [i for b in clone for i in b.tolist()] == list(range(12))
+    clone.base_dataloader.close()

@@ -125,8 +125,11 @@ class HeadraceShard(DataLoaderShard):
         self.dl_state_dict = self.base_dataloader.state_dict()
 
     def __reduce__(self) -> Any:
-        raise TypeError("a HeadraceShard is not picklable; pickle its headrace loader "
-                        "(shard.base_dataloader) and prepare it again")
+        """Pickles as its headrace loader and settings (``DataLoaderShard``'s own reduce
+        would rebuild a torch loader); the copy is not registered with any accelerator."""
+        return (HeadraceShard, (self.base_dataloader, self.device, self.num_processes,
+                                self.process_index, self._non_blocking, self.skip_batches,
+                                self.iteration))
 
 
 def prepare_data_loader(accelerator: Accelerator, loader: DataLoader,
