@@ -25,12 +25,12 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from headrace.errors import StateDictError
+from headrace.errors import HeadraceError, StateDictError
 from headrace.pipeline import Pipeline
 from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.planner.explain import Facts, explain_text
 from headrace.profiler import sizes
-from headrace.runtime import checkpoint, ordering, pinning, prefetch
+from headrace.runtime import checkpoint, distributed, ordering, pinning, prefetch
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
@@ -47,7 +47,7 @@ from headrace.telemetry.stats import EpochStats, LoaderStats
 _T_co = TypeVar("_T_co", covariant=True)
 
 _RUNTIME_ATTRS = ("pipeline", "monitor", "planning", "_pool", "_buffers", "_iterator_ref",
-                  "_finalizer", "_device", "_copier")
+                  "_epoch_ref", "_finalizer", "_device", "_copier")
 """What a loader holds while it runs; left out of pickles and copies, rebuilt on load."""
 
 
@@ -137,7 +137,8 @@ class DataLoader(tud.DataLoader[_T_co]):
             raise ValueError("Options(device=) needs a map-style dataset; an IterableDataset "
                              "is iterated by torch's own loader: use pin_memory=True instead")
         self._copier = prefetch.copier_for(self._device)  # None: no device prefetch
-        self._iterator_ref: Callable[[], Any] = _no_iterator
+        self._iterator_ref: Callable[[], Any] = _no_iterator  # the newest iter(), wrappers and all
+        self._epoch_ref: Callable[[], Any] = _no_iterator  # the epoch under those wrappers
         self._finalizer = weakref.finalize(self, _close_pool, [None])
 
     def __getstate__(self) -> dict[str, Any]:
@@ -157,6 +158,14 @@ class DataLoader(tud.DataLoader[_T_co]):
         return isinstance(self.num_workers, AutoWorkers)
 
     @property
+    def _is_accelerate_prepared(self) -> bool:
+        """Read only by Accelerate's ``prepare()``, which would swap headrace for a plain torch
+        loader: it raises, naming ``headrace.integrations.accelerate``."""
+        from headrace.integrations import ACCELERATE_PREPARE
+
+        raise HeadraceError(ACCELERATE_PREPARE)
+
+    @property
     def _iterable(self) -> bool:
         return isinstance(self.dataset, tud.IterableDataset)
 
@@ -172,8 +181,10 @@ class DataLoader(tud.DataLoader[_T_co]):
             old.close(replaced=True)
         it = self._start_epoch()
         it.loader = self  # the epoch keeps its loader (and a persistent pool) alive, not the reverse
+        self._epoch_ref = weakref.ref(it)
         if self._copier is not None:
             it = prefetch.DevicePrefetcher(it, self._copier, self._buffers.fence)
+        it = distributed.start_epoch(self, it)  # DDP ranks: a warning, an even batch count
         self._iterator_ref = weakref.ref(it)  # weak: `break` must let the epoch be collected
         return it
 
@@ -252,8 +263,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         """An epoch closed before its end (``break``, an exception, a newer iterator): until
         the next epoch starts, ``state_dict()`` describes where it stopped, as it would have
         while it was open, so a checkpoint written after leaving the loop resumes it."""
-        latest = self._iterator_ref()
-        if it.origin is not None and (latest is None or it in (latest, getattr(latest, "epoch", None))):
+        latest = self._epoch_ref()
+        if it.origin is not None and (latest is None or latest is it):
             self._unfinished = checkpoint.ResumePoint(
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
                 generator_state=None, persistent_base_seed=None, steps=it.steps)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from headrace.pipeline.runner import StepTiming
+from headrace.planner import ranks
 from headrace.planner.timeout import TimeoutPolicy
 from headrace.planner.workers import WorkerScaler
 from headrace.profiler.stats import Profiler
@@ -207,7 +208,9 @@ class Monitor:
         if self._memory_budget is None:
             cfg_budget = self.scaler.cfg.memory_budget_bytes
             self._memory_budget = float(
-                cfg_budget if cfg_budget is not None else psutil.virtual_memory().available / 2
+                cfg_budget if cfg_budget is not None
+                else ranks.memory_share(psutil.virtual_memory().available / 2,
+                                        ranks.local_world_size())
             )
         per_worker = sum(rss) / len(rss) if rss else None
         d = self.scaler.decide(len(live), psutil.cpu_percent(None) / 100.0, per_worker,
