@@ -13,6 +13,7 @@ import queue
 import time
 from typing import Any
 
+from headrace.errors import StepError
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.scheduler import Scheduler
@@ -168,7 +169,7 @@ class EpochIterator(EpochBase):
         self.spec = spec
         self.timeout_s = timeout_s
         self._out: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
-        self._held: tuple[str, Any, Any] | None = None  # an end seen by a non-blocking take
+        self._held: tuple[str, Any, Any] | None = None  # seen by a non-blocking take, for later
         self.scheduler = Scheduler(pool, spec, hooks, self._out)
         self.scheduler.start()
 
@@ -187,6 +188,20 @@ class EpochIterator(EpochBase):
                 item = self._get_blocking()
                 self.meter.stall_s += time.perf_counter() - t0
         kind, value, positions = item
+        if kind == "future":  # a batch a user collate_fn is collating on the collate threads
+            if not block and not value.done():
+                self._held = item
+                return None
+            t0 = time.perf_counter()
+            try:
+                value = value.result()
+            except StepError:
+                self.scheduler.consumed += len(positions)  # its samples leave with its error
+                self.scheduler.room_freed()
+                raise
+            finally:
+                self.meter.stall_s += time.perf_counter() - t0
+            kind = "batch"
         if kind == "batch":
             self.scheduler.consumed += len(positions)
             self.scheduler.room_freed()

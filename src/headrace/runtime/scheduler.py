@@ -71,7 +71,8 @@ class Scheduler:
         self.hooks = hooks  # runtime.monitor.Monitor: on_sample, on_tick, on_skip, ...
         self.out = out
         self.counters = Counters()
-        self.consumed = 0  # written by the training loop only: samples yielded
+        self.consumed = 0  # written by the training loop only: samples yielded (or dropped with
+        # their batch by a failing collate_fn)
         self.lanes = Lanes(spec, pool.tids)  # work not yet on a worker; samples in flight
         self._recs = self.lanes.recs
         self.output = BatchOutput(spec, out, self.counters, hooks)
@@ -138,6 +139,7 @@ class Scheduler:
             self._thread.join(5.0)
         self._detach_threads()
         self._waiter.close()
+        self.output.close()
 
     @property
     def _done(self) -> bool:
