@@ -14,6 +14,7 @@ order and batches exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import warnings
 import weakref
@@ -24,6 +25,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
+from headrace.cache.session import CacheSession
 from headrace.errors import StateDictError
 from headrace.pipeline import Pipeline
 from headrace.planner.explain import Facts, explain_text
@@ -130,6 +132,12 @@ class DataLoader:
         self._iterator_ref: Callable[[], Any] = lambda: None
         self._resume: checkpoint.ResumePoint | None = None
         self._finalizer = weakref.finalize(self, _close_pool, [None])
+        self.cache: CacheSession | None = None  # the sample cache (headrace.cache)
+        if self.pipeline is not None and self.options.cache is not None:
+            hi_slots = self.options.autoscale.slot_bound() if self.autoscale else workers
+            ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
+            self.cache = CacheSession(self.options.cache, ctx, hi_slots)
+            self.monitor.epoch_listeners.append(self.cache.epoch_listener(self.monitor))
 
     # -- torch API -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -155,8 +163,12 @@ class DataLoader:
         """Per-epoch wall, stall, throughput, lanes, timeout, workers, queues (see LoaderStats)."""
         it = self._iterator_ref()
         epochs: tuple[EpochStats, ...] = tuple(self.monitor.epochs)
+        if self.cache is not None:
+            epochs = self.cache.attach(epochs)
         if it is not None and not it.closed:
-            epochs += (it.stats(),)
+            running = it.stats()
+            epochs += (dataclasses.replace(running, cache=self.cache.current())
+                       if self.cache is not None else running,)
         pol = self.monitor.timeout
         pct = pol.config.fallback_percentile if pol.using_fallback else pol.config.percentile
         pool = self._pool if self._pool is not None else getattr(it, "pool", None)
@@ -231,6 +243,7 @@ class DataLoader:
             scale_decisions=tuple(self.monitor.scaler.decisions) if self.monitor.scaler else (),
             profile=pl.profile(),
             profile_note=pl.note + (f"; kept in {pl.store.path}" if pl.store is not None else ""),
+            cache_lines=tuple(self.cache.explain_lines(self.pipeline.opaque)) if self.cache else (),
         ))
 
     def add_sample_listener(self, fn: Callable[[int, float, bool], None]) -> None:
@@ -253,6 +266,8 @@ class DataLoader:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        if self.cache is not None:
+            self.cache.close()
 
     # -- epochs --------------------------------------------------------------------------------
     def _draw_epoch(self, replay: EpochOrigin | None = None) -> tuple[EpochOrigin, Iterator[Any]]:
@@ -347,11 +362,15 @@ class DataLoader:
     def _make_iterator(self, epoch: int, base_seed: int, groups: Iterator[Any], delivered: Bitmap) -> Any:
         assert self.pipeline is not None and self.planning is not None
         opts = self.options
+        if self.cache is not None:
+            self.cache.begin_epoch()
         if self.num_workers == 0:
             return InProcessIterator(
                 self.planning.executed, epoch, base_seed, groups, self._auto_collation,
                 self.collate_fn, self._pin(), delivered, opts.on_error, self.monitor,
                 measure=sizes.measure if opts.profile else None,
+                cache=self.cache.client(self.planning.executed, True) if self.cache else None,
+                cache_row=self.cache.row if self.cache else 0,
             )
         pool, owns = self._get_pool(base_seed)
         bs = self.batch_size or 1
@@ -392,7 +411,8 @@ class DataLoader:
         assert self.planning is not None
         pool = WorkerPool(self.planning.executed, self.dataset, ctx, self.worker_init_fn,
                           base_seed, hi, profile=self.options.profile,
-                          executor=self.options.executor)
+                          executor=self.options.executor,
+                          cache=self.cache.client(self.planning.executed) if self.cache else None)
         if self.persistent_workers:
             self._pool = pool
             self._finalizer.detach()

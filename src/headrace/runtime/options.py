@@ -6,6 +6,7 @@ import dataclasses
 import os
 from typing import Literal
 
+from headrace.cache.config import Cache
 from headrace.planner.timeout import TimeoutConfig
 from headrace.planner.workers import AutoscaleConfig
 
@@ -55,6 +56,11 @@ class Options:
             shared and not re-seeded), ``get_worker_info()`` is ``None``, ``worker_init_fn``
             and ``sample_timeout_s`` are refused (a thread cannot be killed), and dataset and
             step objects are shared by the threads. See ``runtime/threadworker.py``.
+        cache: Seneca's tiered sample cache (:class:`headrace.Cache`; ``None``: off). Default:
+            a memory cache whose budget is 25% of the available memory (see ``Cache``); it
+            caches a Pipeline's or split dataset's decoded form (else its encoded form), so
+            epochs after the first skip those steps. An opaque dataset caches nothing by
+            default (its only form, the final output, is exact only within one epoch).
     """
 
     seed: int | None = None
@@ -70,6 +76,7 @@ class Options:
     reorder: bool = True
     profile_store: str | os.PathLike[str] | bool = True
     executor: Literal["processes", "threads"] = "processes"
+    cache: Cache | None = dataclasses.field(default_factory=Cache)
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):

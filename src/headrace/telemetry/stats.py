@@ -13,6 +13,39 @@ import dataclasses
 
 
 @dataclasses.dataclass(frozen=True)
+class CacheStats:
+    """What the sample cache did in one epoch (``Options(cache=...)``, ``headrace.cache``).
+
+    Attributes:
+        lookups: fresh samples looked up (one lookup covers every tier).
+        hits: lookups that found a cached form; ``hits / lookups`` is the hit rate.
+        hits_by_tier: hits per form (``"encoded"``, ``"decoded"``, ``"augmented"``).
+        inserts: forms stored (at most one per sample run).
+        uncacheable: forms not stored because the raw format cannot hold them (a type other
+            than arrays, tensors, numbers, strings, bytes and tuples/lists/dicts of them).
+        full: inserts refused because their tier's budget was full (nothing stale to evict).
+        errors: backend failures; each such sample ran uncached.
+        bytes_by_tier: bytes held per tier when the numbers were taken (all epochs' entries).
+        budget_by_tier: each tier's share of the budget (bytes).
+    """
+
+    lookups: int
+    hits: int
+    hits_by_tier: dict[str, int]
+    inserts: int
+    uncacheable: int
+    full: int
+    errors: int
+    bytes_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
+    budget_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        """hits ÷ lookups (0 when nothing was looked up)."""
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class EpochStats:
     """One epoch (possibly still running).
 
@@ -29,6 +62,7 @@ class EpochStats:
         finished: the epoch ran to its end.
         moved_samples: samples that waited on a worker behind a slow sample and were given
             to an idle worker instead (never run twice; see ``Scheduler._steal``).
+        cache: what the sample cache did this epoch (``None``: no cache).
     """
 
     epoch: int
@@ -44,6 +78,7 @@ class EpochStats:
     main_cpu_per_batch_ms: float
     finished: bool
     moved_samples: int = 0
+    cache: CacheStats | None = None
 
     @property
     def stall_fraction(self) -> float:

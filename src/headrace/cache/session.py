@@ -1,0 +1,170 @@
+"""One loader's cache: owns the backend, splits the budget, counts per epoch, explains.
+
+Lives in the training process. ``client(executed)`` gives the picklable ``CacheClient`` that
+workers and the ``num_workers=0`` path use for one executed step order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any
+
+from headrace.cache.client import CacheClient, Counters
+from headrace.cache.config import Cache, default_budget_bytes
+from headrace.cache.tiers import TierLayout
+from headrace.pipeline.pipeline import Pipeline
+from headrace.telemetry.stats import CacheStats, EpochStats
+
+
+def default_split(layout: TierLayout, config: Cache) -> dict[str, float]:
+    """Shares of the budget per tier before the MDP model has measurements.
+
+    The whole budget goes to the most processed *exact* form (decoded, else encoded): it saves
+    the most CPU per cached sample among the forms every epoch can reuse. With
+    ``shared_augmented`` the augmented form gets half (all of it when it is the only form).
+    A seeded augmented form (not shared) gets nothing: no other epoch can use it.
+    """
+    exact = [t.name for t in layout.tiers if not (t.seeded and not t.shared)
+             and t.name != "augmented"]
+    aug = layout.get("augmented")
+    shared_aug = aug is not None and aug.shared
+    if config.split is not None:
+        return {k: v for k, v in config.split.items() if layout.get(k) is not None}
+    if shared_aug:
+        return {"augmented": 0.5, exact[0]: 0.5} if exact else {"augmented": 1.0}
+    return {exact[0]: 1.0} if exact else {}
+
+
+class CacheSession:
+    """The cache of one loader (``Options(cache=...)``)."""
+
+    def __init__(self, config: Cache, ctx: Any, worker_rows: int) -> None:
+        self.config = config
+        self.budget = config.budget_bytes if config.budget_bytes is not None else default_budget_bytes()
+        self.counters = Counters(ctx, worker_rows + 1)
+        self.row = worker_rows
+        """Counter row of the training process (``num_workers=0``)."""
+        self.backend: Any = None
+        self.layout: TierLayout | None = None
+        self.split: dict[str, float] = {}
+        self.closed_epochs: list[CacheStats] = []
+        self.epoch_numbers: list[int] = []
+        self._epoch_start: dict[str, int] = self.counters.totals()
+        self._finalizer: Any = None
+        self._main_uses = False
+
+    def _release(self) -> None:
+        if not self._main_uses and hasattr(self.backend, "close_here"):
+            self.backend.close_here()
+
+    def _open_backend(self) -> Any:
+        if self.backend is None:
+            if self.config.url == "memory":
+                from headrace.cache import memory_backend
+
+                path = memory_backend.make_dir()
+                self._finalizer = weakref.finalize(self, memory_backend.remove_dir, path)
+                self.backend = memory_backend.MemoryBackend(path, {}, self.counters.rows * 2)
+            else:
+                raise NotImplementedError(f"cache backend {self.config.url!r} is not available yet")
+        return self.backend
+
+    def client(self, executed: Pipeline, in_process: bool = False) -> CacheClient:
+        """The client for ``executed`` (the order this epoch runs); applies the budget split.
+
+        ``in_process``: samples run in this process (``num_workers=0``), which then keeps the
+        backend open; otherwise it is closed here before workers fork (see ``memory_backend``).
+        """
+        self._main_uses = in_process
+        layout = TierLayout.for_pipeline(executed, self.config.shared_augmented)
+        self.layout = layout
+        self.split = default_split(layout, self.config)
+        budgets = {t.name: int(self.budget * self.split.get(t.name, 0.0)) for t in layout.tiers}
+        active = tuple(n for n, b in budgets.items() if b > 0)
+        backend = self._open_backend()
+        if active:
+            backend.set_budgets(budgets)
+        self._release()
+        return CacheClient(layout, backend, self.counters, active)
+
+    # -- per-epoch numbers ---------------------------------------------------------------------
+    def begin_epoch(self) -> None:
+        self._epoch_start = self.counters.totals()
+
+    def epoch_listener(self, monitor: Any) -> Any:
+        """A ``Monitor.epoch_listeners`` entry that records each closed epoch's numbers."""
+        ref = weakref.ref(self)
+
+        def closed() -> None:
+            me = ref()
+            if me is not None and monitor.epochs:
+                me.end_epoch(monitor.epochs[-1].epoch)
+
+        return closed
+
+    def attach(self, epochs: tuple[EpochStats, ...]) -> tuple[EpochStats, ...]:
+        """``epochs`` (the monitor's closed ones, in order) with their cache numbers."""
+        n = len(self.closed_epochs)
+        return tuple(dataclasses.replace(e, cache=c)
+                     for e, c in zip(epochs[:n], self.closed_epochs, strict=True)) + epochs[n:]
+
+    def end_epoch(self, epoch: int) -> None:
+        self.closed_epochs.append(self.current())
+        self.epoch_numbers.append(epoch)
+
+    def current(self) -> CacheStats:
+        """What the cache did since the running epoch began."""
+        now = self.counters.totals()
+        d = {k: now[k] - self._epoch_start.get(k, 0) for k in now}
+        by_tier = {t: d[f"hit_{t}"] for t in ("encoded", "decoded", "augmented")
+                   if self.layout is None or self.layout.get(t) is not None}
+        used, budgets = {}, {}
+        if self.backend is not None and self.layout is not None:
+            try:
+                used = self.backend.usage()
+                budgets = {t.name: self.backend.budget(t.name) for t in self.layout.tiers}
+                self._release()
+            except Exception:  # noqa: BLE001 - stats must not fail on a broken backend
+                pass
+        return CacheStats(
+            lookups=d["lookups"], hits=sum(by_tier.values()), hits_by_tier=by_tier,
+            inserts=d["inserts"], uncacheable=d["uncacheable"], full=d["full"],
+            errors=d["errors"], bytes_by_tier=used, budget_by_tier=budgets,
+        )
+
+    def explain_lines(self, opaque: bool) -> list[str]:
+        from headrace import units
+
+        where = ("memory (LMDB on /dev/shm, shared by this job's workers)"
+                 if self.config.url == "memory" else self.config.url)
+        out = [f"cache: {where}, budget {units.size(self.budget)}"]
+        if self.layout is None:
+            return [*out, "  forms: decided when the first epoch starts"]
+        forms = ", ".join(f"{t.name} after step {t.position}"
+                          + (" (per base seed and epoch)" if t.seeded and not t.shared else "")
+                          for t in self.layout.tiers)
+        out.append(f"  forms: {forms}")
+        split = ", ".join(f"{k} {100 * v:.0f}%" for k, v in self.split.items()) or "nothing"
+        out.append(f"  split: {split}" + (" (Cache.split)" if self.config.split is not None
+                                          else " (default: the most processed exact form)"))
+        if opaque:
+            out.append("  opaque dataset: only its final output can be cached, and it is exact only "
+                       "within one (base seed, epoch); Cache(shared_augmented=True) reuses it across "
+                       "epochs")
+        aug = self.layout.get("augmented")
+        if aug is not None and aug.shared:
+            out.append("  shared_augmented: an augmented sample cached by another epoch or job is "
+                       "served in place of computing it: its content then depends on what that "
+                       "epoch or job drew (Seneca's trade), not only on this loader's seed")
+        for e, c in zip(self.epoch_numbers[-3:], self.closed_epochs[-3:], strict=True):
+            tiers = ", ".join(f"{k} {v}" for k, v in c.hits_by_tier.items())
+            out.append(f"  epoch {e}: "
+                       f"{c.hits} hits of {c.lookups} lookups ({100 * c.hit_rate:.0f}%: {tiers}), "
+                       f"{c.inserts} stored, {c.full} refused (full), {c.uncacheable} uncacheable, "
+                       f"{c.errors} errors")
+        return out
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
