@@ -43,9 +43,20 @@ SHM_ROOT = "/dev/shm"
 DIR_PREFIX = "headrace-cache-"
 
 _U64 = struct.Struct("<Q")
-_envs: dict[tuple[int, str], Any] = {}
+_envs: dict[tuple[int, str], tuple[Any, Any, Any]] = {}
 """Environments by (pid, path); entries of a parent process are kept, never closed (fork)."""
 _envs_lock = threading.Lock()
+_write_lock = threading.Lock()
+"""One LMDB write transaction at a time per process: py-lmdb waits for LMDB's writer mutex
+holding the GIL, so a second thread starting a write while the first is in one deadlocks."""
+
+
+def _reinit_locks() -> None:
+    global _envs_lock, _write_lock
+    _envs_lock, _write_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reinit_locks)  # a lock held by a thread at fork time
 
 
 def entry_cost(key_len: int, value_len: int) -> int:
@@ -85,65 +96,67 @@ def _remove_orphans(root: str) -> None:
 def remove_dir(path: str) -> None:
     """Delete a cache directory (called by the owning loader on close and at exit)."""
     with _envs_lock:
-        env = _envs.pop((os.getpid(), path), None)
-    if env is not None:
-        env.close()
+        dbs = _envs.pop((os.getpid(), path), None)
+    if dbs is not None:
+        dbs[0].close()
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _open(path: str, budget: int, readers: int) -> Any:
+def _open(path: str, budget: int, readers: int) -> tuple[Any, Any, Any]:
+    """This process's (environment, data db, meta db) for ``path``, opened once."""
     import lmdb
 
     key = (os.getpid(), path)
     with _envs_lock:
-        env = _envs.get(key)
-        if env is None:
+        dbs = _envs.get(key)
+        if dbs is None:
             env = lmdb.open(path, map_size=int(budget * MAP_SLACK) + MAP_EXTRA, max_dbs=2,
                             max_readers=readers, sync=False, metasync=False, readahead=False,
                             meminit=False)
-            _envs[key] = env
-        return env
+            with _write_lock:  # open_db writes
+                dbs = (env, env.open_db(b"data"), env.open_db(b"meta"))
+            _envs[key] = dbs
+        return dbs
 
 
 class MemoryBackend:
     """One job's LMDB cache at ``path``; picklable (each process opens the environment itself).
 
-    ``budgets``: bytes per tier name (their sum is the job's budget). ``readers``: the most
-    processes and threads reading at once (LMDB's reader table).
+    ``budget_bytes``: the job's budget, all tiers together; ``set_budgets`` splits it (kept in
+    LMDB, so every process sees the split at once). ``readers``: the most processes and threads
+    reading at once (LMDB's reader table).
     """
 
-    def __init__(self, path: str, budgets: dict[str, int], readers: int = 126) -> None:
+    def __init__(self, path: str, budget_bytes: int, readers: int = 126) -> None:
         self.path = path
-        self.budgets = dict(budgets)
+        self.total_budget = budget_bytes
+        self.budgets: dict[str, int] = {}
         self.readers = max(126, readers)
-        self._env: Any = None
+        self._dbs_here: tuple[Any, Any, Any] | None = None
         self._pid = -1
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "budgets": self.budgets, "readers": self.readers}
+        return {"path": self.path, "budget": self.total_budget, "readers": self.readers,
+                "budgets": self.budgets}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], state["budgets"], state["readers"])  # type: ignore[misc]
+        self.__init__(state["path"], state["budget"], state["readers"])  # type: ignore[misc]
+        self.budgets = state["budgets"]
 
     def close_here(self) -> None:
         """Close this process's environment (no transaction may be open); reopened on use."""
         with _envs_lock:
-            env = _envs.pop((os.getpid(), self.path), None)
-        if env is not None:
-            env.close()
-        self._env = None
-
-    @property
-    def total_budget(self) -> int:
-        return sum(self.budgets.values())
+            dbs = _envs.pop((os.getpid(), self.path), None)
+        if dbs is not None:
+            dbs[0].close()
+        self._dbs_here = None
 
     def _dbs(self) -> tuple[Any, Any, Any]:
-        if self._env is None or self._pid != os.getpid():
-            self._env = _open(self.path, self.total_budget, self.readers)
-            self._pid = os.getpid()
-            self._data = self._env.open_db(b"data")
-            self._meta = self._env.open_db(b"meta")
-        return self._env, self._data, self._meta
+        dbs = self._dbs_here
+        if dbs is None or self._pid != os.getpid():
+            dbs = _open(self.path, self.total_budget, self.readers)
+            self._dbs_here, self._pid = dbs, os.getpid()
+        return dbs
 
     # -- reads ---------------------------------------------------------------------------------
     def get(self, key: bytes, decode: Callable[[Any], Any]) -> Any | None:
@@ -156,7 +169,7 @@ class MemoryBackend:
     def take(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
         """As ``get``, and the entry is removed (an augmented form served once)."""
         env, data, meta = self._dbs()
-        with env.begin(write=True, buffers=True) as txn:
+        with _write_lock, env.begin(write=True, buffers=True) as txn:
             buf = txn.get(key, db=data)
             if buf is None:
                 return None
@@ -174,7 +187,7 @@ class MemoryBackend:
         """
         cost = entry_cost(len(key), len(blob))
         env, data, meta = self._dbs()
-        with env.begin(write=True) as txn:
+        with _write_lock, env.begin(write=True) as txn:
             budget = self._budget(txn, meta, tier)
             if cost > budget:
                 return "full"
@@ -192,8 +205,10 @@ class MemoryBackend:
     def set_budgets(self, budgets: dict[str, int]) -> None:
         """(Re-)split the budget, for every process at once (kept in LMDB); a tier over its
         new share drops entries until it fits."""
+        if sum(budgets.values()) > self.total_budget:
+            raise ValueError(f"tier budgets {budgets} exceed the cache's {self.total_budget} bytes")
         env, data, meta = self._dbs()
-        with env.begin(write=True) as txn:
+        with _write_lock, env.begin(write=True) as txn:
             for tier in set(self.budgets) | set(budgets):
                 b = budgets.get(tier, 0)
                 txn.put(b"b:" + tier.encode(), _U64.pack(b), db=meta)

@@ -65,7 +65,8 @@ class CacheSession:
 
                 path = memory_backend.make_dir()
                 self._finalizer = weakref.finalize(self, memory_backend.remove_dir, path)
-                self.backend = memory_backend.MemoryBackend(path, {}, self.counters.rows * 2)
+                self.backend = memory_backend.MemoryBackend(path, self.budget,
+                                                             self.counters.rows * 2)
             else:
                 raise NotImplementedError(f"cache backend {self.config.url!r} is not available yet")
         return self.backend
