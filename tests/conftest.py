@@ -58,6 +58,8 @@ def _ours_or_orphaned(entry: str) -> bool:
     Segments of live processes outside this test (another job on the machine) are not ours.
     """
     parts = entry.split("_")
+    if entry.startswith("headrace-cache-"):  # a memory cache: headrace-cache-<pid>-<random>
+        parts = ["torch", entry.split("-")[2]]
     if len(parts) < 2 or parts[0] != "torch" or not parts[1].isdigit():
         return "headrace" in entry
     pid = int(parts[1])

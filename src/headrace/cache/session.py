@@ -14,6 +14,13 @@ from headrace.cache.client import CacheClient, Counters
 from headrace.cache.config import Cache, default_budget_bytes
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.pipeline import Pipeline
+from headrace.planner.cache_partition import (
+    Split,
+    best_split,
+    params_from_profile,
+    single_tier_splits,
+)
+from headrace.profiler.report import PipelineProfile
 from headrace.telemetry.stats import CacheStats, EpochStats
 
 
@@ -53,6 +60,12 @@ class CacheSession:
         self._epoch_start: dict[str, int] = self.counters.totals()
         self._finalizer: Any = None
         self._main_uses = False
+        self._b_cache: float | None = None
+        self.plan: tuple[Split, list[Split]] | None = None
+        """MDP's choice for the running epoch and the single-form splits' predictions."""
+        self.predicted: list[float | None] = []
+        """MDP's predicted samples/s for each epoch started (None: no model yet)."""
+        self.active: tuple[str, ...] = ()
 
     def _release(self) -> None:
         if not self._main_uses and hasattr(self.backend, "close_here"):
@@ -71,8 +84,10 @@ class CacheSession:
                 raise NotImplementedError(f"cache backend {self.config.url!r} is not available yet")
         return self.backend
 
-    def client(self, executed: Pipeline, in_process: bool = False) -> CacheClient:
-        """The client for ``executed`` (the order this epoch runs); applies the budget split.
+    def replan(self, executed: Pipeline, profile: PipelineProfile | None, workers: int,
+               in_process: bool) -> None:
+        """Choose this epoch's forms and budget split (MDP once a profile of ``executed``
+        exists, else ``default_split``) and apply it to the backend.
 
         ``in_process``: samples run in this process (``num_workers=0``), which then keeps the
         backend open; otherwise it is closed here before workers fork (see ``memory_backend``).
@@ -81,13 +96,44 @@ class CacheSession:
         layout = TierLayout.for_pipeline(executed, self.config.shared_augmented)
         self.layout = layout
         self.split = default_split(layout, self.config)
+        self.plan = None
+        forms = tuple(t.name for t in layout.tiers if not (t.seeded and not t.shared))
+        if (self.config.split is None and forms and profile is not None
+                and profile.step_names == executed.step_names):
+            params = params_from_profile(profile, len(executed),
+                                         {t.name: t.position for t in layout.tiers},
+                                         max(1, workers), self.budget, self.cache_bandwidth())
+            if params is not None:
+                best = best_split(params, forms)
+                self.plan = (best, single_tier_splits(params, forms))
+                self.split = best.shares()
+        self.predicted.append(self.plan[0].predicted if self.plan else None)
         budgets = {t.name: int(self.budget * self.split.get(t.name, 0.0)) for t in layout.tiers}
-        active = tuple(n for n, b in budgets.items() if b > 0)
+        self.active = tuple(n for n, b in budgets.items() if b > 0)
         backend = self._open_backend()
-        if active:
+        if self.active:
             backend.set_budgets(budgets)
         self._release()
-        return CacheClient(layout, backend, self.counters, active)
+
+    def client(self) -> CacheClient:
+        """The client for the forms ``replan`` chose (picklable, for workers)."""
+        assert self.layout is not None, "replan() first"
+        return CacheClient(self.layout, self._open_backend(), self.counters, self.active)
+
+    def cache_bandwidth(self) -> float:
+        """B_cache in bytes/s: for the memory backend, a 32 MB copy timed once (memory
+        bandwidth; reads are in place, then copied once into the step's value)."""
+        if self._b_cache is None:
+            import time
+
+            import numpy as np
+
+            src = np.ones(32 << 20, np.uint8)
+            dst = np.empty_like(src)
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            self._b_cache = src.nbytes / max(1e-6, time.perf_counter() - t0)
+        return self._b_cache
 
     # -- per-epoch numbers ---------------------------------------------------------------------
     def begin_epoch(self) -> None:
@@ -134,7 +180,7 @@ class CacheSession:
             errors=d["errors"], bytes_by_tier=used, budget_by_tier=budgets,
         )
 
-    def explain_lines(self, opaque: bool) -> list[str]:
+    def explain_lines(self, opaque: bool, epochs: tuple[EpochStats, ...] = ()) -> list[str]:
         from headrace import units
 
         where = ("memory (LMDB on /dev/shm, shared by this job's workers)"
@@ -147,8 +193,19 @@ class CacheSession:
                           for t in self.layout.tiers)
         out.append(f"  forms: {forms}")
         split = ", ".join(f"{k} {100 * v:.0f}%" for k, v in self.split.items()) or "nothing"
-        out.append(f"  split: {split}" + (" (Cache.split)" if self.config.split is not None
-                                          else " (default: the most processed exact form)"))
+        if self.config.split is not None:
+            why = " (Cache.split)"
+        elif self.plan is not None:
+            why = f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted)"
+        else:
+            why = " (default until profiled: the most processed exact form)"
+        out.append(f"  split: {split}{why}")
+        if self.plan is not None:
+            out.append("  single-form splits: " + "; ".join(s.describe() for s in self.plan[1]))
+        for e, pred in zip(epochs, self.predicted, strict=False):
+            if pred is not None and e.finished:
+                out.append(f"  epoch {e.epoch}: measured {e.samples_per_s:.0f} samples/s, "
+                           f"MDP predicted {pred:.0f}")
         if opaque:
             out.append("  opaque dataset: only its final output can be cached, and it is exact only "
                        "within one (base seed, epoch); Cache(shared_augmented=True) reuses it across "

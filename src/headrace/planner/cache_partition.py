@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from headrace.profiler.report import PipelineProfile
+
 INF = math.inf
 
 
@@ -126,13 +128,13 @@ def best_split(p: DsiParams, forms: tuple[str, ...] = ("encoded", "decoded", "au
                step: float = 0.01) -> Split:
     """Brute force over the shares at ``step`` (1%) granularity; ``forms``: those allowed.
 
-    Ties go to the split found first, which puts the least into the augmented form and then
-    the decoded form (the cheaper forms to refill).
+    Ties (shares beyond what the dataset needs) go to the least augmented share (augmented
+    entries must be refilled) and then the most decoded one.
     """
     k = round(1 / step)
     best: Split | None = None
     for a in range(k + 1) if "augmented" in forms else (0,):
-        for d in range(k + 1 - a) if "decoded" in forms else (0,):
+        for d in range(k - a, -1, -1) if "decoded" in forms else (0,):
             e = k - a - d if "encoded" in forms else 0
             x = (e / k, d / k, a / k)
             s = Split(*x, dsi_overall(p, *x))
@@ -149,3 +151,43 @@ def single_tier_splits(p: DsiParams, forms: tuple[str, ...]) -> list[Split]:
         x = (float(f == "encoded"), float(f == "decoded"), float(f == "augmented"))
         out.append(Split(*x, dsi_overall(p, *x)))
     return out
+
+
+def params_from_profile(
+    profile: PipelineProfile,
+    n_total: int,
+    positions: dict[str, int],
+    workers: int,
+    cache_bytes: float,
+    b_cache: float,
+    t_gpu: float = INF,
+) -> DsiParams | None:
+    """The model's inputs from a measured profile (None until every step has been measured).
+
+    ``positions``: execution step of each form (``encoded``, ``decoded``, ``augmented``); a
+    missing form takes the size of the nearest processed one. CPU throughputs are ``workers``
+    divided by the summed mean wall time of the steps after the form; storage bandwidth is
+    what ``load`` delivered: encoded bytes per mean load time, times the workers.
+    """
+    steps = profile.steps
+    if not steps or any(s.count == 0 for s in steps) or profile.samples == 0:
+        return None
+    last = len(steps) - 1
+    enc = positions.get("encoded", 0)
+    dec = positions.get("decoded", enc)
+    size = [max(1.0, s.bytes_out_mean) for s in steps]
+    after = [sum(s.wall_mean for s in steps[i + 1:]) for i in range(len(steps))]
+    w = max(1, workers)
+    load = steps[0].wall_mean
+    return DsiParams(
+        n_total=n_total,
+        cache_bytes=cache_bytes,
+        size_encoded=size[enc],
+        size_decoded=size[dec],
+        size_augmented=size[positions.get("augmented", last)],
+        t_decode_augment=_div(w, after[enc]),
+        t_augment=_div(w, after[dec]),
+        t_gpu=t_gpu,
+        b_cache=b_cache,
+        b_storage=_div(size[0] * w, load),
+    )

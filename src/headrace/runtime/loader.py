@@ -243,7 +243,8 @@ class DataLoader:
             scale_decisions=tuple(self.monitor.scaler.decisions) if self.monitor.scaler else (),
             profile=pl.profile(),
             profile_note=pl.note + (f"; kept in {pl.store.path}" if pl.store is not None else ""),
-            cache_lines=tuple(self.cache.explain_lines(self.pipeline.opaque)) if self.cache else (),
+            cache_lines=tuple(self.cache.explain_lines(self.pipeline.opaque, self.monitor.epochs))
+            if self.cache else (),
         ))
 
     def add_sample_listener(self, fn: Callable[[int, float, bool], None]) -> None:
@@ -364,12 +365,14 @@ class DataLoader:
         opts = self.options
         if self.cache is not None:
             self.cache.begin_epoch()
+            self.cache.replan(self.planning.executed, self.planning.profile(),
+                              self.num_workers, self.num_workers == 0)
         if self.num_workers == 0:
             return InProcessIterator(
                 self.planning.executed, epoch, base_seed, groups, self._auto_collation,
                 self.collate_fn, self._pin(), delivered, opts.on_error, self.monitor,
                 measure=sizes.measure if opts.profile else None,
-                cache=self.cache.client(self.planning.executed, True) if self.cache else None,
+                cache=self.cache.client() if self.cache else None,
                 cache_row=self.cache.row if self.cache else 0,
             )
         pool, owns = self._get_pool(base_seed)
@@ -412,7 +415,7 @@ class DataLoader:
         pool = WorkerPool(self.planning.executed, self.dataset, ctx, self.worker_init_fn,
                           base_seed, hi, profile=self.options.profile,
                           executor=self.options.executor,
-                          cache=self.cache.client(self.planning.executed) if self.cache else None)
+                          cache=self.cache.client() if self.cache else None)
         if self.persistent_workers:
             self._pool = pool
             self._finalizer.detach()
