@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -22,11 +24,16 @@ class Raw:
         return N
 
     def load(self, i: int) -> bytes:
+        time.sleep(0.002)  # simulates a storage read (a lookup must cost less, see decode)
         return np.arange(i, i + 64, dtype=np.uint8).tobytes()
 
 
 def decode(b: bytes) -> np.ndarray:
-    """(9, 8) floats: the 64 bytes, then a row holding the index (the first byte)."""
+    """(9, 8) floats: the 64 bytes, then a row holding the index (the first byte).
+
+    Sleeps 8 ms to simulate a real decode: a lookup must cost less than the work it saves, or
+    the cache stops looking the form up (``CacheStats.not_worth``)."""
+    time.sleep(0.008)
     raw = np.frombuffer(b, np.uint8).astype(np.float32)
     return np.concatenate([raw.reshape(8, 8), np.full((1, 8), raw[0], np.float32)])
 

@@ -14,7 +14,10 @@ each written by one writer only, so no lock is needed; the loader sums them per 
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -24,17 +27,40 @@ from headrace.cache.tiers import TIERS, TierLayout, sample_key
 log = logging.getLogger("headrace")
 
 FIELDS = ("lookups", "hit_encoded", "hit_decoded", "hit_augmented", "inserts", "uncacheable",
-          "full", "errors")
+          "full", "errors", "not_worth")
 """Counter columns (see ``telemetry.stats.CacheStats`` for their meaning)."""
 _F = {n: i for i, n in enumerate(FIELDS)}
+PROBE_EVERY = 32
+"""A tier whose lookups cost more than recomputing its form is still looked up once in this
+many lookups, so the comparison follows changes (a cache that got faster)."""
+WINDOW = 15
+"""Lookup and compute times are the median of this many recent measurements (a reconnect or
+a page fault does not switch a tier off)."""
+MIN_MEASURED = 5
+"""Measurements needed before a tier's lookups may be judged not worth making."""
 
 
 class Counters:
-    """Shared per-slot counters: ``rows`` writers (worker slots, then the training process)."""
+    """Shared per-slot counters: ``rows`` writers (worker slots, then the training process).
+
+    ``costs``: per row and tier, the seconds of a lookup and of computing the form (medians a
+    process measured), so a new worker or a new epoch starts from what others measured.
+    """
 
     def __init__(self, ctx: Any, rows: int) -> None:
         self.rows = rows
         self.values = ctx.RawArray("q", rows * len(FIELDS))
+        self.costs = ctx.RawArray("d", rows * len(TIERS) * 2)
+
+    def set_cost(self, row: int, tier: str, which: int, seconds: float) -> None:
+        self.costs[(row * len(TIERS) + TIERS.index(tier)) * 2 + which] = seconds
+
+    def cost(self, tier: str, which: int) -> float | None:
+        """Mean over the rows that measured it (None: nobody has)."""
+        k = TIERS.index(tier)
+        xs = [self.costs[(r * len(TIERS) + k) * 2 + which] for r in range(self.rows)]
+        xs = [x for x in xs if x > 0]
+        return sum(xs) / len(xs) if xs else None
 
     def add(self, row: int, field: str, n: int = 1) -> None:
         self.values[row * len(FIELDS) + _F[field]] += n
@@ -108,8 +134,10 @@ class CacheClient:
         """Tiers found full in this process (not encoded again until the epoch changes)."""
         self._epoch_key: tuple[int, int] | None = None
         self._ns: dict[str, bytes] = {}
-        self._warned = False
         self._lock = threading.Lock()
+        self._times: dict[tuple[str, int], deque[float]] = {}
+        """(tier, 0) lookup seconds, (tier, 1) seconds of the steps the form saves."""
+        self._probe = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"layout": self.layout, "backend": self.backend, "counters": self.counters,
@@ -140,8 +168,13 @@ class CacheClient:
         """
         ns = self.namespaces(base_seed, epoch)
         self.counters.add(row, "lookups")
+        self._probe += 1
         for t in self.tiers:
+            if not self.worth_looking_up(t.name):
+                self.counters.add(row, "not_worth")
+                continue
             key = sample_key(ns[t.name], index)
+            t0 = time.perf_counter()
             try:
                 if t.shared:
                     value = self.backend.take(key, t.name, codec.decode)
@@ -152,10 +185,40 @@ class CacheClient:
             except Exception as e:  # noqa: BLE001 - continue uncached
                 self.failed(row, e)
                 return None
+            self._record(t.name, 0, time.perf_counter() - t0, row)
             if value is not None:
                 self.counters.add(row, f"hit_{t.name}")
                 return t.position + 1, value
         return None
+
+    def _median(self, tier: str, which: int) -> float | None:
+        d = self._times.get((tier, which))
+        if d is not None and len(d) >= MIN_MEASURED:
+            return statistics.median(d)
+        return self.counters.cost(tier, which)  # what other processes or epochs measured
+
+    def _record(self, tier: str, which: int, seconds: float, row: int) -> None:
+        d = self._times.setdefault((tier, which), deque(maxlen=WINDOW))
+        d.append(seconds)
+        if len(d) >= MIN_MEASURED:
+            self.counters.set_cost(row, tier, which, statistics.median(d))
+
+    def worth_looking_up(self, tier: str) -> bool:
+        """False when a lookup of ``tier`` costs more than computing its form (medians of
+        recent measurements), except one lookup in ``PROBE_EVERY``."""
+        lk, cp = self._median(tier, 0), self._median(tier, 1)
+        return lk is None or cp is None or lk <= cp or self._probe % PROBE_EVERY == 0
+
+    def observe(self, timings: list[Any], row: int) -> None:
+        """Learn what each form saves from a run that started at step 0."""
+        if not timings or timings[0].step != 0:
+            return
+        spent = 0.0
+        at = self.at_position
+        for t in timings:
+            spent += t.wall
+            if t.step in at:
+                self._record(at[t.step], 1, spent, row)
 
     def inserter(self, index: int, base_seed: int, epoch: int, start: int, row: int) -> Insert | None:
         """An ``Insert`` for a run starting at step ``start``; None when nothing can be stored."""
@@ -170,10 +233,15 @@ class CacheClient:
     def failed(self, row: int, e: BaseException) -> None:
         """A backend error: counted, warned about once per process; the sample runs uncached."""
         self.counters.add(row, "errors")
-        if not self._warned:
-            self._warned = True
+        url = getattr(self.backend, "url", getattr(self.backend, "path", ""))
+        if url not in _warned:
+            _warned.add(url)
             log.warning("headrace: the cache failed (%s: %s); continuing without it where it "
                         "fails (counted in stats().last.cache.errors)", type(e).__name__, e)
+
+
+_warned: set[str] = set()
+"""Backends this process has warned about (once each)."""
 
 
 def run_cached(
@@ -207,10 +275,12 @@ def run_cached(
                 return Outcome(value, None, [])
     ins = client.inserter(index, base_seed, epoch, start, row)
     if ins is None:
-        return run(index, start, value, base_seed, epoch, **kwargs)
-    out = run(index, start, value, base_seed, epoch, after_step=ins.after_step, **kwargs)
-    if out.error is None:
-        ins.commit()  # handed off or finished: the forms made so far
+        out = run(index, start, value, base_seed, epoch, **kwargs)
+    else:
+        out = run(index, start, value, base_seed, epoch, after_step=ins.after_step, **kwargs)
+        if out.error is None:
+            ins.commit()  # handed off or finished: the forms made so far
+    client.observe(out.timings, row)
     return out
 
 

@@ -81,7 +81,9 @@ class CacheSession:
                 self.backend = memory_backend.MemoryBackend(path, self.budget,
                                                              self.counters.rows * 2)
             else:
-                raise NotImplementedError(f"cache backend {self.config.url!r} is not available yet")
+                from headrace.cache.redis_backend import RedisBackend
+
+                self.backend = RedisBackend(self.config.url, self.budget)
         return self.backend
 
     def replan(self, executed: Pipeline, profile: PipelineProfile | None, workers: int,
@@ -177,14 +179,14 @@ class CacheSession:
         return CacheStats(
             lookups=d["lookups"], hits=sum(by_tier.values()), hits_by_tier=by_tier,
             inserts=d["inserts"], uncacheable=d["uncacheable"], full=d["full"],
-            errors=d["errors"], bytes_by_tier=used, budget_by_tier=budgets,
+            errors=d["errors"], not_worth=d["not_worth"], bytes_by_tier=used, budget_by_tier=budgets,
         )
 
     def explain_lines(self, opaque: bool, epochs: tuple[EpochStats, ...] = ()) -> list[str]:
         from headrace import units
 
         where = ("memory (LMDB on /dev/shm, shared by this job's workers)"
-                 if self.config.url == "memory" else self.config.url)
+                 if self.config.url == "memory" else f"{self.config.url} (shared; raw entries)")
         out = [f"cache: {where}, budget {units.size(self.budget)}"]
         if self.layout is None:
             return [*out, "  forms: decided when the first epoch starts"]

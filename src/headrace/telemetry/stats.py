@@ -24,7 +24,10 @@ class CacheStats:
         uncacheable: forms not stored because the raw format cannot hold them (a type other
             than arrays, tensors, numbers, strings, bytes and tuples/lists/dicts of them).
         full: inserts refused because their tier's budget was full (nothing stale to evict).
-        errors: backend failures; each such sample ran uncached.
+        errors: backend failures (or lookups while a failed backend is left alone for a
+            moment); each such sample ran uncached.
+        not_worth: tier lookups not made because they cost more than computing the form
+            (both measured per tier; one in 32 is still made, to keep measuring).
         bytes_by_tier: bytes held per tier when the numbers were taken (all epochs' entries).
         budget_by_tier: each tier's share of the budget (bytes).
     """
@@ -36,6 +39,7 @@ class CacheStats:
     uncacheable: int
     full: int
     errors: int
+    not_worth: int = 0
     bytes_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
     budget_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
 
