@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from headrace.cache.client import CacheClient, Counters
@@ -182,7 +183,7 @@ class CacheSession:
             errors=d["errors"], not_worth=d["not_worth"], bytes_by_tier=used, budget_by_tier=budgets,
         )
 
-    def explain_lines(self, opaque: bool, epochs: tuple[EpochStats, ...] = ()) -> list[str]:
+    def explain_lines(self, opaque: bool, epochs: Sequence[EpochStats] = ()) -> list[str]:
         from headrace import units
 
         where = ("memory (LMDB on /dev/shm, shared by this job's workers)"
@@ -217,9 +218,9 @@ class CacheSession:
             out.append("  shared_augmented: an augmented sample cached by another epoch or job is "
                        "served in place of computing it: its content then depends on what that "
                        "epoch or job drew (Seneca's trade), not only on this loader's seed")
-        for e, c in zip(self.epoch_numbers[-3:], self.closed_epochs[-3:], strict=True):
+        for n, c in zip(self.epoch_numbers[-3:], self.closed_epochs[-3:], strict=True):
             tiers = ", ".join(f"{k} {v}" for k, v in c.hits_by_tier.items())
-            out.append(f"  epoch {e}: "
+            out.append(f"  epoch {n}: "
                        f"{c.hits} hits of {c.lookups} lookups ({100 * c.hit_rate:.0f}%: {tiers}), "
                        f"{c.inserts} stored, {c.full} refused (full), {c.uncacheable} uncacheable, "
                        f"{c.errors} errors")
