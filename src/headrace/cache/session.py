@@ -227,5 +227,8 @@ class CacheSession:
         return out
 
     def close(self) -> None:
+        """Remove the memory backend's files (a later epoch starts an empty cache)."""
         if self._finalizer is not None:
             self._finalizer()
+            self._finalizer = None
+            self.backend = None
