@@ -208,7 +208,10 @@ def run(out_dir: str, samples: int, workers: int, epochs: int, redis_url: str | 
                 proc.kill()
                 proc.wait()
     pairs = [(r["mdp_predicted"], r["samples_per_s"]) for r in rows if "mdp_predicted" in r]
-    corr = float(np.corrcoef(*zip(*pairs, strict=True))[0, 1]) if len(pairs) >= 3 else None
+    corr = None
+    if len(pairs) >= 3:
+        pred, meas = np.array([p for p, _ in pairs]), np.array([m for _, m in pairs])
+        corr = float(np.corrcoef(pred, meas)[0, 1])
     result = {"samples": len(w), "workers": workers, "epochs": epochs,
               "decoded_bytes_per_sample": dec, "rows": rows, "mdp_correlation": corr}
     out = Path(out_dir)
