@@ -75,8 +75,12 @@ def decoded_bytes(w: Any, probe: int = 16) -> float:
     lay = TierLayout.for_pipeline(w.pipeline)
     pos = (lay.get("decoded") or lay.get("encoded")).position  # type: ignore[union-attr]
     runner, sizes = SampleRunner(w.pipeline), []
+
+    def stop_after_form(next_step: int, _spent: float) -> bool:
+        return next_step > pos
+
     for i in range(min(probe, len(w))):
-        out = runner.run(i, 0, None, 0, 0, hand_off=lambda nxt, _s, p=pos: nxt > p)
+        out = runner.run(i, 0, None, 0, 0, hand_off=stop_after_form)
         sizes.append(len(codec.encode(out.value)))
     return float(np.mean(sizes))
 
