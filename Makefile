@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PIP     := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: demo test lint bench venv clean
+.PHONY: demo test lint bench venv clean redis-server
 
 venv: $(STAMP)
 
@@ -15,13 +15,19 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) --upgrade pip
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[dev]'
+	$(PIP) -e '.[dev,redis]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/headrace demo
 
-test: $(STAMP)
+# The Redis tests run against a real server (Debian's redis-server), installed when missing.
+redis-server:
+	command -v redis-server >/dev/null || { \
+	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends redis-server; }
+
+test: $(STAMP) redis-server
 	$(BIN)/python -m pytest -q --timeout=300 tests
 
 lint: $(STAMP)

@@ -17,8 +17,9 @@ def _shm_entries() -> set[str]:
         return set()
 
 
-_HELPERS = ("resource_tracker", "forkserver")
-"""Python's own per-interpreter helper processes (started once by spawn/forkserver, by design)."""
+_HELPERS = ("resource_tracker", "forkserver", "redis-server")
+"""Python's own per-interpreter helper processes (started once by spawn/forkserver, by design),
+and the session's Redis server (the ``redis_server`` fixture; a test may restart it)."""
 
 
 def _children() -> set[int]:
@@ -66,6 +67,23 @@ def _ours_or_orphaned(entry: str) -> bool:
     else:
         return False
     return pid == os.getpid() or not psutil.pid_exists(pid)
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """One real ``redis-server`` for the test session (tests/redis_server.py), stopped after.
+
+    Skips when the Debian package is not installed (``make test`` installs it)."""
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    from tests.redis_server import RedisServer
+
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(autouse=True)

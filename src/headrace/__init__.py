@@ -1,12 +1,13 @@
 """headrace: a drop-in torch DataLoader that measures the input pipeline and keeps accelerators fed."""
 
 from headrace import sources
+from headrace.cache.config import Cache
 from headrace.errors import HeadraceError, PipelineError, StateDictError, StepError, WorkerDiedError
 from headrace.pipeline import Pipeline, Step, step
 from headrace.planner.timeout import TimeoutConfig
 from headrace.planner.workers import AutoscaleConfig
 from headrace.runtime import DataLoader, Options
-from headrace.telemetry.stats import EpochStats, LoaderStats
+from headrace.telemetry.stats import CacheStats, EpochStats, LoaderStats
 
 __version__ = "0.1.0"
 
@@ -19,6 +20,8 @@ def get_worker_info():  # noqa: ANN201 - same object as torch returns
 
 __all__ = [
     "AutoscaleConfig",
+    "Cache",
+    "CacheStats",
     "DataLoader",
     "EpochStats",
     "HeadraceError",

@@ -115,6 +115,34 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_cachebench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "cachebench",
+        help="the sample cache (Seneca) vs torch on imagenet, epochs 2+",
+        description="Epochs 2+ on the imagenet workload: torch's best configuration, headrace "
+        "without cache, with the decoded set fitting the budget, with 20%% fitting, MDP "
+        "predicted vs measured, and three concurrent jobs sharing a Redis cache.",
+    )
+    p.add_argument("--out", default="cachebench-out", metavar="DIR")
+    p.add_argument("--samples", type=int, default=1920, help="samples in the imagenet set")
+    p.add_argument("--workers", type=int, default=2, help="worker budget of every loader")
+    p.add_argument("--epochs", type=int, default=3, help="epochs per row (epoch 1 fills)")
+    p.add_argument("--redis", default=None, metavar="URL",
+                   help="a Redis server for the 3-job rows (default: start a local one)")
+    p.add_argument("--no-redis", action="store_true", help="skip the 3-job rows")
+    p.add_argument("--cache-dir", default=None, help="where generated JPEG sets are kept")
+    p.set_defaults(func=_run_cachebench)
+
+
+def _run_cachebench(args: argparse.Namespace) -> int:
+    from headrace.bench.cache import run
+
+    run(args.out, args.samples, args.workers, args.epochs, args.redis, not args.no_redis,
+        args.cache_dir, log=_log)
+    print((__import__("pathlib").Path(args.out) / "cache_results.md").read_text())
+    return 0
+
+
 # -- the command ------------------------------------------------------------------------------
 def _add_profile_and_plan(sub: argparse._SubParsersAction) -> None:
     from headrace.profiler.command import register
@@ -163,6 +191,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_bench,
+    _add_cachebench,
     _add_demo,
     _add_profile_and_plan,
     _add_train,

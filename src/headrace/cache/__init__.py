@@ -1,1 +1,6 @@
-"""headrace.cache."""
+"""headrace.cache: Seneca's tiered sample cache (encoded / decoded / augmented forms).
+
+``config`` (the user's ``Cache``), ``tiers`` (forms and keys, pure), ``codec`` (raw bytes, never
+pickles), ``memory_backend`` (LMDB on tmpfs), ``client`` (lookups and inserts where a sample
+runs), ``session`` (one loader's cache: backend, budget split, per-epoch numbers).
+"""

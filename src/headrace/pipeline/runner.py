@@ -95,6 +95,7 @@ class SampleRunner:
         epoch: int,
         hand_off: Callable[[int, float], bool] | None = None,
         on_step: Callable[[int], None] | None = None,
+        after_step: Callable[[int, Any], None] | None = None,
     ) -> Outcome:
         """Run steps ``start..n-1``; stop early when ``hand_off(next_step, seconds)`` says so.
 
@@ -102,7 +103,8 @@ class SampleRunner:
         ``hand_off`` is asked between steps with the next step's position and the step time this
         run has spent so far (the quantity the timeout is learned from; the runner's own
         bookkeeping is not counted); ``None`` means run to completion. ``on_step(i)`` is called
-        before step ``i`` starts.
+        before step ``i`` starts; ``after_step(i, output)`` after it (the cache copies a tier's
+        form there, before a later step could write into it).
         """
         x = index if start == 0 else value
         timings: list[StepTiming] = []
@@ -128,6 +130,8 @@ class SampleRunner:
                     out.bytes_in = bytes_in
                     return out
                 x, spent = out
+                if after_step is not None:
+                    after_step(0, x)
                 continue
             ws, cs = time.perf_counter(), time.thread_time()
             try:
@@ -142,6 +146,8 @@ class SampleRunner:
                 sig = new_sig
             else:
                 timings.append(StepTiming(i, we - ws, ce - cs))
+            if after_step is not None:
+                after_step(i, x)
             if hand_off is not None and i + 1 < self.n and hand_off(i + 1, spent):
                 return Outcome(x, i + 1, timings, None, bytes_in)
         return Outcome(x, None, timings, None, bytes_in)

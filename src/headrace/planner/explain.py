@@ -31,6 +31,8 @@ class Facts:
     scale_decisions: tuple[ScaleDecision, ...]
     profile: PipelineProfile | None
     profile_note: str
+    cache_lines: tuple[str, ...] = ()
+    """Lines about the sample cache (``CacheSession.explain_lines``)."""
 
 
 def explain_text(f: Facts) -> str:
@@ -86,6 +88,7 @@ def explain_text(f: Facts) -> str:
         p = f.profile
         out.append(f"  per-sample time p50 {units.duration(p.total_p50)}, p90 {units.duration(p.total_p90)}, "
                    f"p99 {units.duration(p.total_p99)}, max {units.duration(p.total_max)}")
+    out += f.cache_lines
     for e in st.epochs[-3:]:
         out.append(
             f"epoch {e.epoch}: {e.samples} samples in {e.wall_s:.2f} s ({e.samples_per_s:.1f}/s), "

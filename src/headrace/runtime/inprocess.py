@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from headrace.cache.client import run_cached
 from headrace.errors import StepError, step_error_for
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import SampleRunner
@@ -39,6 +40,8 @@ class InProcessIterator(EpochBase):
         on_error: str,
         hooks: Any,
         measure: Any = None,
+        cache: Any = None,
+        cache_row: int = 0,
     ) -> None:
         super().__init__(epoch, hooks, delivered)
         self.runner = SampleRunner(pipeline, measure=measure)
@@ -52,6 +55,8 @@ class InProcessIterator(EpochBase):
         self.skipped = 0
         self.failed = 0
         self._position = 0
+        self.cache = cache  # a cache.client.CacheClient, or None
+        self.cache_row = cache_row
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         if self._closed:
@@ -93,7 +98,8 @@ class InProcessIterator(EpochBase):
     def _one(self, index: int) -> tuple[bool, Any]:
         state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
         try:
-            out = self.runner.run(index, 0, None, self.base_seed, self.epoch)
+            out = run_cached(self.cache, self.runner.run, index, 0, None, self.base_seed,
+                             self.epoch, self.cache_row)
         finally:
             random.setstate(state[0])
             np.random.set_state(state[1])

@@ -15,6 +15,7 @@ or the other (``runtime/ordering.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import warnings
 import weakref
@@ -25,6 +26,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
+from headrace.cache.session import CacheSession
 from headrace.errors import HeadraceError, StateDictError
 from headrace.pipeline import Pipeline
 from headrace.pipeline.fingerprint import source_fingerprint, step_digests
@@ -47,7 +49,7 @@ from headrace.telemetry.stats import EpochStats, LoaderStats
 _T_co = TypeVar("_T_co", covariant=True)
 
 _RUNTIME_ATTRS = ("pipeline", "monitor", "planning", "_pool", "_buffers", "_iterator_ref",
-                  "_epoch_ref", "_finalizer", "_device", "_copier")
+                  "_epoch_ref", "_finalizer", "_device", "_copier", "cache")
 """What a loader holds while it runs; left out of pickles and copies, rebuilt on load."""
 
 
@@ -140,6 +142,12 @@ class DataLoader(tud.DataLoader[_T_co]):
         self._iterator_ref: Callable[[], Any] = _no_iterator  # the newest iter(), wrappers and all
         self._epoch_ref: Callable[[], Any] = _no_iterator  # the epoch under those wrappers
         self._finalizer = weakref.finalize(self, _close_pool, [None])
+        self.cache: CacheSession | None = None  # the sample cache (headrace.cache)
+        if self.pipeline is not None and self.options.cache is not None:
+            hi_slots = self.options.autoscale.slot_bound() if self.autoscale else self.num_workers
+            ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
+            self.cache = CacheSession(self.options.cache, ctx, hi_slots)
+            self.monitor.epoch_listeners.append(self.cache.epoch_listener(self.monitor))
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickling and ``copy.deepcopy`` (``ddp_spawn``, frameworks): the loader's arguments
@@ -193,8 +201,12 @@ class DataLoader(tud.DataLoader[_T_co]):
         """Per-epoch wall, stall, throughput, lanes, timeout, workers, queues (see LoaderStats)."""
         it = self._iterator_ref()
         epochs: tuple[EpochStats, ...] = tuple(self.monitor.epochs)
+        if self.cache is not None:
+            epochs = self.cache.attach(epochs)
         if it is not None and not it.closed:
-            epochs += (it.stats(),)
+            running = it.stats()
+            epochs += (dataclasses.replace(running, cache=self.cache.current())
+                       if self.cache is not None else running,)
         pol = self.monitor.timeout
         pct = pol.config.fallback_percentile if pol.using_fallback else pol.config.percentile
         pool = self._pool if self._pool is not None else getattr(it, "pool", None)
@@ -297,6 +309,9 @@ class DataLoader(tud.DataLoader[_T_co]):
             scale_decisions=tuple(self.monitor.scaler.decisions) if self.monitor.scaler else (),
             profile=pl.profile(),
             profile_note=pl.note + (f"; kept in {pl.store.path}" if pl.store is not None else ""),
+            cache_lines=tuple(self.cache.explain_lines(
+                self.pipeline.opaque or self.pipeline.embedded, self.monitor.epochs))
+            if self.cache else (),
         ))
 
     def add_sample_listener(self, fn: Callable[[int, float, bool], None]) -> None:
@@ -319,6 +334,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        if self.cache is not None:
+            self.cache.close()
 
     # -- epochs --------------------------------------------------------------------------------
     def _draw_epoch(self, replay: EpochOrigin | None = None) -> tuple[EpochOrigin, Iterator[Any]]:
@@ -414,11 +431,17 @@ class DataLoader(tud.DataLoader[_T_co]):
     def _make_iterator(self, epoch: int, base_seed: int, groups: Iterator[Any], delivered: Bitmap) -> Any:
         assert self.pipeline is not None and self.planning is not None
         opts = self.options
+        if self.cache is not None:
+            self.cache.begin_epoch()
+            self.cache.replan(self.planning.executed, self.planning.profile(),
+                              self.num_workers, self.num_workers == 0)
         if self.num_workers == 0:
             return InProcessIterator(
                 self.planning.executed, epoch, base_seed, groups, self._auto_collation,
                 self.collate_fn, self._pin(), delivered, opts.on_error, self.monitor,
                 measure=sizes.measure if opts.profile else None,
+                cache=self.cache.client() if self.cache else None,
+                cache_row=self.cache.row if self.cache else 0,
             )
         pin = self._pin()  # before self._buffers is read: it may switch to pinned memory
         pool, owns = self._get_pool(base_seed)
@@ -460,7 +483,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         assert self.planning is not None
         pool = WorkerPool(self.planning.executed, self.dataset, ctx, self.worker_init_fn,
                           base_seed, hi, profile=self.options.profile,
-                          executor=self.options.executor)
+                          executor=self.options.executor,
+                          cache=self.cache.client() if self.cache else None)
         if self.persistent_workers:
             self._pool = pool
             self._finalizer.detach()

@@ -8,6 +8,7 @@ from typing import Literal
 
 import torch
 
+from headrace.cache.config import Cache
 from headrace.planner.timeout import TimeoutConfig
 from headrace.planner.workers import AutoscaleConfig
 
@@ -75,6 +76,11 @@ class Options:
             batches are copied there on a side CUDA stream while the current one trains, from
             pinned batch memory (implied), and ``next()`` returns device tensors ready on the
             training loop's current stream. ``None`` (default): batches stay in host memory.
+        cache: Seneca's tiered sample cache (:class:`headrace.Cache`; ``None``: off). Default:
+            a memory cache whose budget is 25% of the available memory (see ``Cache``); it
+            caches a Pipeline's or split dataset's decoded form (else its encoded form), so
+            epochs after the first skip those steps. An opaque dataset caches nothing by
+            default (its only form, the final output, is exact only within one epoch).
     """
 
     seed: int | None = None
@@ -91,6 +97,7 @@ class Options:
     profile_store: str | os.PathLike[str] | bool = True
     executor: Literal["processes", "threads"] = "processes"
     device: str | torch.device | None = None
+    cache: Cache | None = dataclasses.field(default_factory=Cache)
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):

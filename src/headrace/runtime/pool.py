@@ -137,8 +137,10 @@ class WorkerPool:
         max_slots: int,
         profile: bool = True,
         executor: str = "processes",
+        cache: Any = None,
     ) -> None:
         self.executor = executor  # validated by Options
+        self.cache = cache  # a cache.client.CacheClient for the workers, or None
         self.pipeline = pipeline
         self.dataset = dataset
         self.ctx = ctx
@@ -193,6 +195,7 @@ class WorkerPool:
             worker_init_fn=self.worker_init_fn,
             parent_pid=os.getpid(),
             profile=self.profile,
+            cache=self.cache,
         )
         self.progress.tid[slot] = -1
         self.progress.revoked[slot] = -1  # a dead predecessor's revocation does not carry over

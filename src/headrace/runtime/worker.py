@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from headrace.cache.client import run_cached
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import Outcome, SampleRunner
 from headrace.profiler import sizes
@@ -67,6 +68,7 @@ class WorkerSetup(NamedTuple):
     worker_init_fn: Any
     parent_pid: int
     profile: bool  # measure bytes and type changes per step for the profiler
+    cache: Any = None  # headrace.cache.client.CacheClient, or None
 
 
 HANDOFF_MIN_SHARE = 0.5
@@ -143,6 +145,7 @@ class TaskRunner:
         self.measured = SampleRunner(setup.pipeline, measure, reseed_globals)
         self.plain = SampleRunner(setup.pipeline, None, reseed_globals)
         self.slot = setup.slot
+        self.cache = setup.cache
         self.progress = progress
         self.runs = 0
         limit, remaining = handoff.timeout, handoff.remaining
@@ -166,12 +169,15 @@ class TaskRunner:
         progress.tid[slot] = task.tid
         self.runs += 1
         measured = self.runs <= MEASURE_ALL or self.runs % MEASURE_EVERY == 0
-        return (self.measured if measured else self.plain).run(
+        return run_cached(
+            self.cache,
+            (self.measured if measured else self.plain).run,
             task.sample,
             task.start,
             value,
             task.base_seed,
             task.epoch,
+            slot,
             hand_off=self.hand_off if task.may_hand_off else None,
             on_step=self.on_step,
         )

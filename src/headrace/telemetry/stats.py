@@ -13,6 +13,43 @@ import dataclasses
 
 
 @dataclasses.dataclass(frozen=True)
+class CacheStats:
+    """What the sample cache did in one epoch (``Options(cache=...)``, ``headrace.cache``).
+
+    Attributes:
+        lookups: fresh samples looked up (one lookup covers every tier).
+        hits: lookups that found a cached form; ``hits / lookups`` is the hit rate.
+        hits_by_tier: hits per form (``"encoded"``, ``"decoded"``, ``"augmented"``).
+        inserts: forms stored (at most one per sample run).
+        uncacheable: forms not stored because the raw format cannot hold them (a type other
+            than arrays, tensors, numbers, strings, bytes and tuples/lists/dicts of them).
+        full: inserts refused because their tier's budget was full (nothing stale to evict).
+        errors: backend failures (or lookups while a failed backend is left alone for a
+            moment); each such sample ran uncached.
+        not_worth: tier lookups not made because they cost more than computing the form
+            (both measured per tier; one in 32 is still made, to keep measuring).
+        bytes_by_tier: bytes held per tier when the numbers were taken (all epochs' entries).
+        budget_by_tier: each tier's share of the budget (bytes).
+    """
+
+    lookups: int
+    hits: int
+    hits_by_tier: dict[str, int]
+    inserts: int
+    uncacheable: int
+    full: int
+    errors: int
+    not_worth: int = 0
+    bytes_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
+    budget_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        """hits ÷ lookups (0 when nothing was looked up)."""
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class EpochStats:
     """One epoch (possibly still running).
 
@@ -31,6 +68,7 @@ class EpochStats:
             to an idle worker instead (never run twice; see ``Scheduler._steal``).
         failed_samples: samples whose error was raised in the training loop
             (``on_error="raise"``; the epoch went on). Not delivered: a resume retries them.
+        cache: what the sample cache did this epoch (``None``: no cache).
     """
 
     epoch: int
@@ -47,6 +85,7 @@ class EpochStats:
     finished: bool
     moved_samples: int = 0
     failed_samples: int = 0
+    cache: CacheStats | None = None
 
     @property
     def stall_fraction(self) -> float:

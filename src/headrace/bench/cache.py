@@ -1,0 +1,248 @@
+"""``headrace cachebench``: the sample cache (Seneca) against torch, epochs 2+ on imagenet.
+
+Rows, all on the imagenet workload with the same worker budget, each measured over epochs
+``2..epochs`` (epoch 1 fills the cache), consuming batches as fast as they come (no simulated
+accelerator: this measures the input pipeline):
+
+* ``torch`` : torch's DataLoader, best of a small sweep (prefetch 2 and 4, persistent workers);
+* ``headrace, no cache``;
+* ``headrace, decoded set fits`` : a memory cache sized for the whole decoded set;
+* ``headrace, 20% fits`` : a memory cache holding 20% of the decoded set (MDP splits it);
+* ``MDP split ...`` : the 20% budget forced to single-form and mixed splits, the measured
+  throughput beside MDP's prediction for that split (Equation 9 on this run's profile);
+* ``3 jobs, Redis 20%`` vs ``3 torch jobs`` : three concurrent jobs (separate processes)
+  sharing one Redis cache holding 20% of the decoded set: hit rate and aggregate throughput
+  (no ODS yet: the jobs share entries, they do not yet replace misses by hits).
+
+Writes ``cache_results.json`` and ``cache_results.md``. Never run as a test (timings).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SPLITS = ({"encoded": 1.0}, {"decoded": 1.0}, {"encoded": 0.5, "decoded": 0.5})
+"""Splits of the 20% budget measured beside MDP's prediction."""
+
+
+def _workload(samples: int, workers: int, cache_dir: str | None) -> Any:
+    from headrace.workloads.images import imagenet_workload
+
+    return imagenet_workload(num_samples=samples, num_workers=workers, cache_dir=cache_dir)
+
+
+def _epochs(loader: Any, epochs: int) -> list[float]:
+    """Samples/s of each epoch."""
+    rates = []
+    for _ in range(epochs):
+        t0, n = time.perf_counter(), 0
+        for batch in loader:
+            n += len(batch["index"])
+        rates.append(n / (time.perf_counter() - t0))
+    return rates
+
+
+def torch_row(w: Any, epochs: int) -> dict[str, Any]:
+    import torch.utils.data as tud
+
+    best: dict[str, Any] = {}
+    for pf in (2, 4):
+        loader = tud.DataLoader(w.pipeline, batch_size=w.batch_size, shuffle=True,
+                                num_workers=w.num_workers, prefetch_factor=pf,
+                                persistent_workers=True)
+        rates = _epochs(loader, epochs)
+        del loader
+        later = float(np.mean(rates[1:]))
+        if not best or later > best["samples_per_s"]:
+            best = {"row": f"torch (prefetch {pf}, persistent)", "samples_per_s": later,
+                    "epochs": rates}
+    return best
+
+
+def decoded_bytes(w: Any, probe: int = 16) -> float:
+    """Mean bytes of a sample's decoded form (first ``probe`` samples, raw format)."""
+    from headrace.cache import codec
+    from headrace.cache.tiers import TierLayout
+    from headrace.pipeline.runner import SampleRunner
+
+    lay = TierLayout.for_pipeline(w.pipeline)
+    pos = (lay.get("decoded") or lay.get("encoded")).position  # type: ignore[union-attr]
+    runner, sizes = SampleRunner(w.pipeline), []
+
+    def stop_after_form(next_step: int, _spent: float) -> bool:
+        return next_step > pos
+
+    for i in range(min(probe, len(w))):
+        out = runner.run(i, 0, None, 0, 0, hand_off=stop_after_form)
+        sizes.append(len(codec.encode(out.value)))
+    return float(np.mean(sizes))
+
+
+def headrace_row(w: Any, epochs: int, label: str, cache: Any) -> dict[str, Any]:
+    import headrace as hr
+    from headrace.planner.cache_partition import dsi_overall, params_from_profile
+
+    loader: hr.DataLoader[Any] = hr.DataLoader(
+        w.pipeline, batch_size=w.batch_size, shuffle=True, num_workers=w.num_workers,
+        persistent_workers=True, options=hr.Options(seed=0, cache=cache))
+    rates = _epochs(loader, epochs)
+    row: dict[str, Any] = {"row": label, "samples_per_s": float(np.mean(rates[1:])),
+                           "epochs": rates}
+    st = loader.stats().epochs
+    if cache is not None and st[-1].cache is not None:
+        c = st[-1].cache
+        row["hit_rate"] = c.hit_rate
+        row["hits_by_tier"] = c.hits_by_tier
+        session = loader.cache
+        assert session is not None and session.layout is not None
+        prof = loader.planning.profile() if loader.planning else None
+        if prof is not None:
+            params = params_from_profile(
+                prof, len(w), {t.name: t.position for t in session.layout.tiers},
+                w.num_workers, session.budget, session.cache_bandwidth())
+            if params is not None:
+                x = session.split
+                row["split"] = x
+                row["mdp_predicted"] = dsi_overall(params, x.get("encoded", 0.0),
+                                                   x.get("decoded", 0.0), x.get("augmented", 0.0))
+    loader.close()
+    return row
+
+
+def _job(args: list[str]) -> None:
+    """One of the concurrent jobs (run in its own process): prints its row as JSON."""
+    samples, workers, epochs, url, budget, kind, cache_dir = args
+    w = _workload(int(samples), int(workers), cache_dir or None)
+    if kind == "torch":
+        row = torch_row(w, int(epochs))
+    else:
+        import headrace as hr
+
+        row = headrace_row(w, int(epochs), "job", hr.Cache(url=url, budget_bytes=int(float(budget)),
+                                                            split={"decoded": 1.0}))
+    print("ROW " + json.dumps(row))
+
+
+def concurrent_rows(samples: int, workers: int, epochs: int, url: str, budget: float,
+                    cache_dir: str | None) -> list[dict[str, Any]]:
+    out = []
+    for kind in ("torch", "headrace"):
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-m", "headrace.bench.cache", "--job",
+                                   str(samples), str(workers), str(epochs), url, str(budget),
+                                   kind, cache_dir or ""], stdout=subprocess.PIPE, text=True)
+                 for _ in range(3)]
+        rows = []
+        for p in procs:
+            stdout, _ = p.communicate()
+            rows += [json.loads(line[4:]) for line in stdout.splitlines() if line.startswith("ROW ")]
+        wall = time.perf_counter() - t0
+        row: dict[str, Any] = {
+            "row": f"3 {kind} jobs" + (", Redis 20%" if kind == "headrace" else ""),
+            "samples_per_s": sum(r["samples_per_s"] for r in rows),
+            "jobs": rows, "wall_s": wall}
+        if kind == "headrace" and rows:
+            row["hit_rate"] = float(np.mean([r.get("hit_rate", 0.0) for r in rows]))
+        out.append(row)
+    return out
+
+
+def _start_redis() -> tuple[Any, str]:
+    import shutil
+    import socket
+    import tempfile
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("redis-server is not installed; pass --redis URL or skip with --no-redis")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = tempfile.mkdtemp(prefix="hr-bench-redis-")
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
+                             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    import redis
+
+    r = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            r.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise
+            time.sleep(0.05)  # waiting for a server we started; bounded
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def run(out_dir: str, samples: int, workers: int, epochs: int, redis_url: str | None,
+        use_redis: bool, cache_dir: str | None, log: Any = print) -> dict[str, Any]:
+    import headrace as hr
+
+    w = _workload(samples, workers, cache_dir)
+    dec = decoded_bytes(w)
+    full = dec * len(w) * 1.3 + (1 << 20)  # entries, page rounding, headers
+    part = 0.2 * dec * len(w)
+    rows = [torch_row(w, epochs)]
+    log(f"torch: {rows[-1]['samples_per_s']:.0f} samples/s")
+    for label, cache in (("headrace, no cache", None),
+                         ("headrace, decoded set fits", hr.Cache(budget_bytes=int(full))),
+                         ("headrace, 20% of decoded set", hr.Cache(budget_bytes=int(part)))):
+        rows.append(headrace_row(w, epochs, label, cache))
+        log(f"{label}: {rows[-1]['samples_per_s']:.0f} samples/s")
+    for split in SPLITS:
+        rows.append(headrace_row(w, epochs, f"MDP check, 20%, split {split}",
+                                 hr.Cache(budget_bytes=int(part), split=split)))
+        log(f"{rows[-1]['row']}: {rows[-1]['samples_per_s']:.0f} samples/s")
+    if use_redis:
+        proc, url = (None, redis_url) if redis_url else _start_redis()
+        try:
+            rows += concurrent_rows(samples, workers, epochs, url, part, cache_dir)
+        finally:
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+    pairs = [(r["mdp_predicted"], r["samples_per_s"]) for r in rows if "mdp_predicted" in r]
+    corr = None
+    if len(pairs) >= 3:
+        pred, meas = np.array([p for p, _ in pairs]), np.array([m for _, m in pairs])
+        corr = float(np.corrcoef(pred, meas)[0, 1])
+    result = {"samples": len(w), "workers": workers, "epochs": epochs,
+              "decoded_bytes_per_sample": dec, "rows": rows, "mdp_correlation": corr}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cache_results.json").write_text(json.dumps(result, indent=2))
+    (out / "cache_results.md").write_text(markdown(result))
+    return result
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    torch_rate = rows[0]["samples_per_s"]
+    lines = [f"imagenet, {result['samples']} samples, {result['workers']} workers, epochs 2-"
+             f"{result['epochs']} (epoch 1 fills the cache); input pipeline only", "",
+             "| row | samples/s (epochs 2+) | vs torch | hit rate | MDP predicted |",
+             "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        hit = f"{100 * r['hit_rate']:.0f}%" if "hit_rate" in r else "-"
+        pred = f"{r['mdp_predicted']:.0f}" if "mdp_predicted" in r else "-"
+        lines.append(f"| {r['row']} | {r['samples_per_s']:.0f} | "
+                     f"{r['samples_per_s'] / torch_rate:.2f}x | {hit} | {pred} |")
+    if result["mdp_correlation"] is not None:
+        lines.append(f"\nMDP predicted vs measured, correlation over the rows with a prediction: "
+                     f"{result['mdp_correlation']:.2f}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--job"]:
+        _job(sys.argv[2:])

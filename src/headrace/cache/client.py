@@ -1,0 +1,287 @@
+"""The cache where a sample runs: look up before the steps, insert after a tier's step.
+
+One ``CacheClient`` per loader (and executed step order) is pickled into every worker (processes
+or threads) and used by the ``num_workers=0`` path. Lookups go from the most processed form down;
+the first hit gives the value and the step to resume at. Inserts: the forms a run produces are
+encoded (copied out) right after their step, before a later step could write into them, and
+when the sample is finished the most processed one that fits its tier's budget is stored (one
+form per sample, as in Seneca, where N_A + N_D + N_E <= N_total).
+
+Counters live in shared memory, one row per worker slot (plus one for the training process),
+each written by one writer only, so no lock is needed; the loader sums them per epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from headrace.cache import codec
+from headrace.cache.tiers import TIERS, TierLayout, sample_key
+
+log = logging.getLogger("headrace")
+
+FIELDS = ("lookups", "hit_encoded", "hit_decoded", "hit_augmented", "inserts", "uncacheable",
+          "full", "errors", "not_worth")
+"""Counter columns (see ``telemetry.stats.CacheStats`` for their meaning)."""
+_F = {n: i for i, n in enumerate(FIELDS)}
+PROBE_EVERY = 32
+"""A tier whose lookups cost more than recomputing its form is still looked up once in this
+many lookups, so the comparison follows changes (a cache that got faster)."""
+WINDOW = 15
+"""Lookup and compute times are the median of this many recent measurements (a reconnect or
+a page fault does not switch a tier off)."""
+MIN_MEASURED = 5
+"""Measurements needed before a tier's lookups may be judged not worth making."""
+
+
+class Counters:
+    """Shared per-slot counters: ``rows`` writers (worker slots, then the training process).
+
+    ``costs``: per row and tier, the seconds of a lookup and of computing the form (medians a
+    process measured), so a new worker or a new epoch starts from what others measured.
+    """
+
+    def __init__(self, ctx: Any, rows: int) -> None:
+        self.rows = rows
+        self.values = ctx.RawArray("q", rows * len(FIELDS))
+        self.costs = ctx.RawArray("d", rows * len(TIERS) * 2)
+
+    def set_cost(self, row: int, tier: str, which: int, seconds: float) -> None:
+        self.costs[(row * len(TIERS) + TIERS.index(tier)) * 2 + which] = seconds
+
+    def cost(self, tier: str, which: int) -> float | None:
+        """Mean over the rows that measured it (None: nobody has)."""
+        k = TIERS.index(tier)
+        xs = [self.costs[(r * len(TIERS) + k) * 2 + which] for r in range(self.rows)]
+        xs = [x for x in xs if x > 0]
+        return sum(xs) / len(xs) if xs else None
+
+    def add(self, row: int, field: str, n: int = 1) -> None:
+        self.values[row * len(FIELDS) + _F[field]] += n
+
+    def totals(self) -> dict[str, int]:
+        k = len(FIELDS)
+        v = self.values[:]
+        return {f: sum(v[r * k + i] for r in range(self.rows)) for i, f in enumerate(FIELDS)}
+
+
+class Insert:
+    """What one run of a sample will insert: collects tier forms as their steps finish."""
+
+    __slots__ = ("client", "forms", "index", "namespaces", "row")
+
+    def __init__(self, client: CacheClient, index: int, namespaces: dict[str, bytes], row: int):
+        self.client = client
+        self.index = index
+        self.namespaces = namespaces
+        self.row = row
+        self.forms: list[tuple[str, bytes]] = []  # (tier, blob), least processed first
+
+    def after_step(self, position: int, value: Any) -> None:
+        """Called by the runner after each step with its output."""
+        tier = self.client.at_position.get(position)
+        if tier is None or tier in self.client.full:
+            return
+        try:
+            self.forms.append((tier, codec.encode(value)))
+        except codec.Uncacheable:
+            self.client.counters.add(self.row, "uncacheable")
+
+    def commit(self) -> None:
+        """Store the most processed collected form whose tier has room."""
+        c = self.client
+        live = list(self.namespaces.values())
+        for tier, blob in reversed(self.forms):
+            key = sample_key(self.namespaces[tier], self.index)
+            try:
+                r = c.backend.put(key, tier, blob, live)
+            except Exception as e:  # noqa: BLE001 - a broken cache must not break training
+                c.failed(self.row, e)
+                return
+            if r == "stored":
+                c.counters.add(self.row, "inserts")
+                return
+            if r == "exists":
+                return
+            c.full.add(tier)
+            c.counters.add(self.row, "full")
+
+
+class CacheClient:
+    """Lookups and inserts for one executed step order (picklable).
+
+    ``budgets``: which tiers are active (a tier with no budget is neither looked up nor filled).
+    """
+
+    def __init__(
+        self, layout: TierLayout, backend: Any, counters: Counters, active: tuple[str, ...]
+    ) -> None:
+        self.layout = layout
+        self.backend = backend
+        self.counters = counters
+        self.tiers = tuple(t for t in layout.tiers if t.name in active)
+        self.at_position = {t.position: t.name for t in self.tiers}
+        self._init_local()
+
+    def _init_local(self) -> None:
+        self.full: set[str] = set()
+        """Tiers found full in this process (not encoded again until the epoch changes)."""
+        self._epoch_key: tuple[int, int] | None = None
+        self._ns: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._times: dict[tuple[str, int], deque[float]] = {}
+        """(tier, 0) lookup seconds, (tier, 1) seconds of the steps the form saves."""
+        self._probe = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"layout": self.layout, "backend": self.backend, "counters": self.counters,
+                "tiers": self.tiers}
+
+    def __setstate__(self, s: dict[str, Any]) -> None:
+        self.layout, self.backend, self.counters, self.tiers = (
+            s["layout"], s["backend"], s["counters"], s["tiers"])
+        self.at_position = {t.position: t.name for t in self.tiers}
+        self._init_local()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tiers)
+
+    def namespaces(self, base_seed: int, epoch: int) -> dict[str, bytes]:
+        if self._epoch_key != (base_seed, epoch):
+            with self._lock:
+                self._ns = {t.name: t.namespace(base_seed, epoch) for t in self.tiers}
+                self._epoch_key = (base_seed, epoch)
+                self.full = set()  # a new epoch may make older entries evictable
+        return self._ns
+
+    def lookup(self, index: int, base_seed: int, epoch: int, row: int) -> tuple[int, Any] | None:
+        """``(next step, value)`` from the most processed cached form, or None on a miss.
+
+        Raises ``codec.CorruptEntry`` when an entry under a valid key is not in the raw format.
+        """
+        ns = self.namespaces(base_seed, epoch)
+        self.counters.add(row, "lookups")
+        self._probe += 1
+        for t in self.tiers:
+            if not self.worth_looking_up(t.name):
+                self.counters.add(row, "not_worth")
+                continue
+            key = sample_key(ns[t.name], index)
+            t0 = time.perf_counter()
+            try:
+                if t.shared:
+                    value = self.backend.take(key, t.name, codec.decode)
+                else:
+                    value = self.backend.get(key, codec.decode)
+            except codec.CorruptEntry:
+                raise
+            except Exception as e:  # noqa: BLE001 - continue uncached
+                self.failed(row, e)
+                return None
+            self._record(t.name, 0, time.perf_counter() - t0, row)
+            if value is not None:
+                self.counters.add(row, f"hit_{t.name}")
+                return t.position + 1, value
+        return None
+
+    def _median(self, tier: str, which: int) -> float | None:
+        d = self._times.get((tier, which))
+        if d is not None and len(d) >= MIN_MEASURED:
+            return statistics.median(d)
+        return self.counters.cost(tier, which)  # what other processes or epochs measured
+
+    def _record(self, tier: str, which: int, seconds: float, row: int) -> None:
+        d = self._times.setdefault((tier, which), deque(maxlen=WINDOW))
+        d.append(seconds)
+        if len(d) >= MIN_MEASURED:
+            self.counters.set_cost(row, tier, which, statistics.median(d))
+
+    def worth_looking_up(self, tier: str) -> bool:
+        """False when a lookup of ``tier`` costs more than computing its form (medians of
+        recent measurements), except one lookup in ``PROBE_EVERY``."""
+        lk, cp = self._median(tier, 0), self._median(tier, 1)
+        return lk is None or cp is None or lk <= cp or self._probe % PROBE_EVERY == 0
+
+    def observe(self, timings: list[Any], row: int) -> None:
+        """Learn what each form saves from a run that started at step 0."""
+        if not timings or timings[0].step != 0:
+            return
+        spent = 0.0
+        at = self.at_position
+        for t in timings:
+            spent += t.wall
+            if t.step in at:
+                self._record(at[t.step], 1, spent, row)
+
+    def inserter(self, index: int, base_seed: int, epoch: int, start: int, row: int) -> Insert | None:
+        """An ``Insert`` for a run starting at step ``start``; None when nothing can be stored."""
+        if not any(p >= start for p in self.at_position):
+            return None
+        if all(t.name in self.full for t in self.tiers):
+            self.namespaces(base_seed, epoch)  # resets ``full`` when the epoch changed
+            if all(t.name in self.full for t in self.tiers):
+                return None
+        return Insert(self, index, self.namespaces(base_seed, epoch), row)
+
+    def failed(self, row: int, e: BaseException) -> None:
+        """A backend error: counted, warned about once per process; the sample runs uncached."""
+        self.counters.add(row, "errors")
+        url = getattr(self.backend, "url", getattr(self.backend, "path", ""))
+        if url not in _warned:
+            _warned.add(url)
+            log.warning("headrace: the cache failed (%s: %s); continuing without it where it "
+                        "fails (counted in stats().last.cache.errors)", type(e).__name__, e)
+
+
+_warned: set[str] = set()
+"""Backends this process has warned about (once each)."""
+
+
+def run_cached(
+    client: CacheClient | None,
+    run: Callable[..., Any],
+    index: int,
+    start: int,
+    value: Any,
+    base_seed: int,
+    epoch: int,
+    row: int,
+    **kwargs: Any,
+) -> Any:
+    """``run(index, start, value, base_seed, epoch, after_step=..., **kwargs)`` with the cache:
+    a fresh sample (``start == 0``) is looked up first; a hit resumes after its form's step
+    (or is the final value), and the forms the run produces are inserted."""
+    from headrace.pipeline.runner import Outcome
+
+    if client is None or not client.enabled:
+        return run(index, start, value, base_seed, epoch, **kwargs)
+    if start == 0:
+        try:
+            hit = client.lookup(index, base_seed, epoch, row)
+        except codec.CorruptEntry as e:
+            import traceback
+
+            return Outcome(None, None, [], (0, e, traceback.format_exc()))
+        if hit is not None:
+            start, value = hit
+            if start >= client.layout.steps:
+                return Outcome(value, None, [])
+    ins = client.inserter(index, base_seed, epoch, start, row)
+    if ins is None:
+        out = run(index, start, value, base_seed, epoch, **kwargs)
+    else:
+        out = run(index, start, value, base_seed, epoch, after_step=ins.after_step, **kwargs)
+        if out.error is None:
+            ins.commit()  # handed off or finished: the forms made so far
+    client.observe(out.timings, row)
+    return out
+
+
+__all__ = ["TIERS", "CacheClient", "Counters", "run_cached"]

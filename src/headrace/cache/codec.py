@@ -1,0 +1,235 @@
+"""Raw encoding of cached values: arrays and tensors as bytes plus a small header, never pickles.
+
+A cached value is decoded by this module only, so nothing a cache returns can execute code: the
+format has no way to name a class or a function. What it stores (recursively):
+
+* ``None``, ``bool``, ``int`` (64-bit), ``float``, ``str``, ``bytes``;
+* ``numpy.ndarray`` (any non-object dtype) and numpy scalars: dtype string, shape, raw bytes;
+* CPU ``torch.Tensor`` (no grad): dtype name, shape, raw bytes;
+* ``tuple``, ``list`` and ``dict`` with ``str`` keys (exact types, not subclasses).
+
+Anything else raises :class:`Uncacheable`; the cache then does not store the value (and counts
+it). A blob that does not follow the format raises :class:`CorruptEntry` (for example a pickle
+planted under a valid key in a shared Redis).
+
+Decoding copies each array once out of the backend's buffer, so the value handed to a step is
+private: a step that writes into its input cannot corrupt the cached entry.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from headrace.errors import HeadraceError
+
+MAGIC = b"HRC1"
+"""First four bytes of every blob (format version 1)."""
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+MAX_DEPTH = 32
+"""Nesting deeper than this is not cached (and not accepted when decoding)."""
+
+
+class Uncacheable(TypeError):
+    """The value holds something the raw format cannot store; it is simply not cached."""
+
+
+class CorruptEntry(HeadraceError, ValueError):
+    """A cached blob does not follow headrace's raw format (never unpickled, never executed)."""
+
+
+def encode(value: Any) -> bytes:
+    """The blob for ``value``; raises :class:`Uncacheable` for what the format cannot store."""
+    out: list[bytes] = [MAGIC]
+    _enc(value, out, 0)
+    return b"".join(out)
+
+
+def _enc(x: Any, out: list[bytes], depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise Uncacheable("nested deeper than MAX_DEPTH")
+    t = type(x)
+    if x is None:
+        out.append(b"N")
+    elif t is bool:
+        out.append(b"T" if x else b"F")
+    elif t is int:
+        if not -(2**63) <= x < 2**63:
+            raise Uncacheable("int outside 64 bits")
+        out += [b"i", _I64.pack(x)]
+    elif t is float:
+        out += [b"f", _F64.pack(x)]
+    elif t is str:
+        b = x.encode("utf-8")
+        out += [b"s", _U64.pack(len(b)), b]
+    elif t is bytes:
+        out += [b"b", _U64.pack(len(x)), x]
+    elif t is np.ndarray:
+        out.append(b"a")
+        _enc_array(x, out)
+    elif isinstance(x, np.generic) and not isinstance(x, np.object_):
+        out.append(b"S")
+        _enc_array(np.asarray(x), out)
+    elif t in (tuple, list):
+        out += [b"(" if t is tuple else b"[", _U32.pack(len(x))]
+        for v in x:
+            _enc(v, out, depth + 1)
+    elif t is dict:
+        out += [b"{", _U32.pack(len(x))]
+        for k, v in x.items():
+            if type(k) is not str:
+                raise Uncacheable("dict with a non-str key")
+            _enc(k, out, depth + 1)
+            _enc(v, out, depth + 1)
+    else:
+        _enc_other(x, out)
+
+
+def _enc_array(a: np.ndarray, out: list[bytes]) -> None:
+    if a.dtype.hasobject:
+        raise Uncacheable("array of Python objects")
+    dt = a.dtype.str.encode()
+    out += [bytes([len(dt)]), dt, bytes([a.ndim]), *(_U64.pack(d) for d in a.shape)]
+    data = np.ascontiguousarray(a).tobytes()
+    out += [_U64.pack(len(data)), data]
+
+
+def _enc_other(x: Any, out: list[bytes]) -> None:
+    import torch
+
+    if type(x) is not torch.Tensor:
+        raise Uncacheable(f"cannot store a {type(x).__qualname__} raw")
+    if x.device.type != "cpu" or x.requires_grad or x.is_sparse or x.is_quantized:
+        raise Uncacheable("only dense CPU tensors without grad are cached")
+    name = str(x.dtype).removeprefix("torch.").encode()
+    shape = tuple(x.shape)
+    t = x.contiguous()
+    try:
+        data = t.numpy().tobytes()
+    except TypeError:  # bfloat16 and friends: their bits through a same-size integer view
+        data = t.view(_int_view(t.element_size())).numpy().tobytes()
+    out += [b"t", bytes([len(name)]), name, bytes([len(shape)]), *(_U64.pack(d) for d in shape)]
+    out += [_U64.pack(len(data)), data]
+
+
+def _int_view(size: int) -> Any:
+    import torch
+
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
+
+
+def decode(blob: Any) -> Any:
+    """The value stored in ``blob`` (bytes or a buffer); raises :class:`CorruptEntry`."""
+    mv = memoryview(blob)
+    if mv[:4].tobytes() != MAGIC:
+        raise CorruptEntry(
+            "cached entry is not in headrace's raw format (bad magic); it was not decoded. "
+            "Another program wrote under headrace's keys: clear the cache"
+        )
+    try:
+        value, end = _dec(mv, 4, 0)
+    except CorruptEntry:
+        raise
+    except (struct.error, ValueError, TypeError, IndexError, KeyError, UnicodeDecodeError) as e:
+        raise CorruptEntry(f"cached entry is truncated or malformed: {e}") from e
+    if end != len(mv):
+        raise CorruptEntry("cached entry has trailing bytes")
+    return value
+
+
+def _dec(mv: memoryview, o: int, depth: int) -> tuple[Any, int]:
+    if depth > MAX_DEPTH:
+        raise CorruptEntry("cached entry nested too deep")
+    tag = mv[o : o + 1].tobytes()
+    o += 1
+    if tag == b"N":
+        return None, o
+    if tag in (b"T", b"F"):
+        return tag == b"T", o
+    if tag == b"i":
+        return _I64.unpack_from(mv, o)[0], o + 8
+    if tag == b"f":
+        return _F64.unpack_from(mv, o)[0], o + 8
+    if tag in (b"s", b"b"):
+        n = _U64.unpack_from(mv, o)[0]
+        o += 8
+        raw = _take(mv, o, n)
+        return (raw.decode("utf-8") if tag == b"s" else raw), o + n
+    if tag in (b"a", b"S"):
+        a, o = _dec_array(mv, o)
+        return (a if tag == b"a" else a[()]), o
+    if tag == b"t":
+        return _dec_tensor(mv, o)
+    if tag in (b"(", b"["):
+        n = _U32.unpack_from(mv, o)[0]
+        o += 4
+        items = []
+        for _ in range(n):
+            v, o = _dec(mv, o, depth + 1)
+            items.append(v)
+        return (tuple(items) if tag == b"(" else items), o
+    if tag == b"{":
+        n = _U32.unpack_from(mv, o)[0]
+        o += 4
+        d: dict[str, Any] = {}
+        for _ in range(n):
+            k, o = _dec(mv, o, depth + 1)
+            if type(k) is not str:
+                raise CorruptEntry("dict key is not a str")
+            d[k], o = _dec(mv, o, depth + 1)
+        return d, o
+    raise CorruptEntry(f"unknown tag {tag!r} in cached entry")
+
+
+def _take(mv: memoryview, o: int, n: int) -> bytes:
+    if o + n > len(mv):
+        raise CorruptEntry("cached entry is truncated")
+    return mv[o : o + n].tobytes()
+
+
+def _shape(mv: memoryview, o: int) -> tuple[tuple[int, ...], int]:
+    ndim = mv[o]
+    o += 1
+    shape = tuple(_U64.unpack_from(mv, o + 8 * i)[0] for i in range(ndim))
+    return shape, o + 8 * ndim
+
+
+def _dec_array(mv: memoryview, o: int) -> tuple[np.ndarray, int]:
+    n = mv[o]
+    dtype = np.dtype(_take(mv, o + 1, n).decode("ascii"))
+    if dtype.hasobject:
+        raise CorruptEntry("cached array claims an object dtype")
+    shape, o = _shape(mv, o + 1 + n)
+    size = _U64.unpack_from(mv, o)[0]
+    o += 8
+    if size != dtype.itemsize * int(np.prod(shape, dtype=np.int64)) or o + size > len(mv):
+        raise CorruptEntry("cached array's size does not match its header")
+    a = np.frombuffer(mv, dtype=dtype, count=size // dtype.itemsize if dtype.itemsize else 0,
+                      offset=o).reshape(shape).copy()  # the one copy: the step gets a private array
+    return a, o + size
+
+
+def _dec_tensor(mv: memoryview, o: int) -> tuple[Any, int]:
+    import torch
+
+    n = mv[o]
+    dtype = getattr(torch, _take(mv, o + 1, n).decode("ascii"), None)
+    if not isinstance(dtype, torch.dtype):
+        raise CorruptEntry("cached tensor names an unknown dtype")
+    shape, o = _shape(mv, o + 1 + n)
+    size = _U64.unpack_from(mv, o)[0]
+    o += 8
+    item = torch.empty((), dtype=dtype).element_size()
+    if size != item * int(np.prod(shape, dtype=np.int64)) or o + size > len(mv):
+        raise CorruptEntry("cached tensor's size does not match its header")
+    t = torch.empty(shape, dtype=dtype)
+    if size:
+        dst = t.view(_int_view(item)) if item in (1, 2, 4, 8) else t
+        dst.numpy().reshape(-1).view(np.uint8)[:] = np.frombuffer(mv, np.uint8, size, o)
+    return t, o + size

@@ -1,0 +1,296 @@
+"""The ``"memory"`` backend: an LMDB environment on tmpfs, shared by one job's worker processes.
+
+Why LMDB: it is a well-kept, multi-process-safe, memory-mapped store. Readers in every worker
+process read entries in place from the shared mapping (no pickles through a pipe, no copy
+before ``codec.decode`` makes the step's private value); writers are serialised by LMDB's
+own lock, so the byte accounting below is exact across processes. Its file lives on
+``/dev/shm`` (tmpfs): the cache is memory and goes away with the machine or with ``close()``.
+
+Budget: headrace counts every entry at what it occupies in LMDB (``entry_cost``: key, value and
+node header, page-rounded for large values, which LMDB keeps on their own pages) and keeps each
+tier's total under its share of ``budget_bytes``; LMDB's ``map_size`` is only a hard stop far
+above it. When an entry does not fit, entries of namespaces no longer live (a changed prefix
+after AutoOrder, an earlier epoch of a seeded form) are evicted first; live entries are never
+evicted for other live ones: under uniform random sampling every sample is equally likely to
+be asked for next, so swapping one cached sample for another gains nothing and costs a write.
+
+Fork safety: an LMDB environment must not be used across ``fork()``, and py-lmdb refuses to
+open in a child a file its parent had open at the fork. So each process opens its own
+(``_open``: one per process and path), and the training process closes its own (``close_here``)
+before worker processes fork, unless it runs samples itself (``num_workers=0``: no fork).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+PAGE = 4096
+"""LMDB page size on Linux (bytes)."""
+NODE_MAX = 2000
+"""Entries larger than this (key + value, bytes) go to their own overflow pages in LMDB."""
+NODE_HEADER = 16
+"""Per-entry overhead of an LMDB leaf node plus its slot pointer (bytes, rounded up)."""
+MAP_SLACK = 2.0
+"""``map_size`` is this times the budget plus ``MAP_EXTRA``: room for LMDB's copy-on-write
+pages and free list; the budget, not the map, bounds what headrace stores."""
+MAP_EXTRA = 64 << 20
+SHM_ROOT = "/dev/shm"
+DIR_PREFIX = "headrace-cache-"
+
+_U64 = struct.Struct("<Q")
+_envs: dict[tuple[int, str], tuple[Any, Any, Any]] = {}
+"""Environments by (pid, path); entries of a parent process are kept, never closed (fork)."""
+_envs_lock = threading.Lock()
+_write_lock = threading.Lock()
+"""One LMDB write transaction at a time per process: py-lmdb waits for LMDB's writer mutex
+holding the GIL, so a second thread starting a write while the first is in one deadlocks."""
+
+
+def _reinit_locks() -> None:
+    global _envs_lock, _write_lock
+    _envs_lock, _write_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reinit_locks)  # a lock held by a thread at fork time
+
+
+def entry_cost(key_len: int, value_len: int) -> int:
+    """Bytes an entry occupies in LMDB: small ones in a leaf page, large ones on whole pages."""
+    size = key_len + value_len + NODE_HEADER
+    if size <= NODE_MAX:
+        return size
+    return key_len + NODE_HEADER + -(-(value_len + 16) // PAGE) * PAGE
+
+
+def make_dir(owner_pid: int | None = None) -> str:
+    """A fresh private directory on tmpfs for one job's cache; removes dead owners' dirs."""
+    root = SHM_ROOT if os.path.isdir(SHM_ROOT) else None
+    import tempfile
+
+    _remove_orphans(root or tempfile.gettempdir())
+    pid = owner_pid or os.getpid()
+    return tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{pid}-", dir=root)
+
+
+def _remove_orphans(root: str) -> None:
+    """Remove cache dirs left by a process that was killed (its pid is in the name)."""
+    import psutil
+
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for n in names:
+        if not n.startswith(DIR_PREFIX):
+            continue
+        pid = n[len(DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(os.path.join(root, n), ignore_errors=True)
+
+
+def remove_dir(path: str) -> None:
+    """Delete a cache directory (called by the owning loader on close and at exit)."""
+    with _envs_lock:
+        dbs = _envs.pop((os.getpid(), path), None)
+    if dbs is not None:
+        dbs[0].close()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _open(path: str, budget: int, readers: int) -> tuple[Any, Any, Any]:
+    """This process's (environment, data db, meta db) for ``path``, opened once."""
+    import lmdb
+
+    key = (os.getpid(), path)
+    with _envs_lock:
+        dbs = _envs.get(key)
+        if dbs is None:
+            env = lmdb.open(path, map_size=int(budget * MAP_SLACK) + MAP_EXTRA, max_dbs=2,
+                            max_readers=readers, sync=False, metasync=False, readahead=False,
+                            meminit=False)
+            with _write_lock:  # open_db writes
+                dbs = (env, env.open_db(b"data"), env.open_db(b"meta"))
+            _envs[key] = dbs
+        return dbs
+
+
+class MemoryBackend:
+    """One job's LMDB cache at ``path``; picklable (each process opens the environment itself).
+
+    ``budget_bytes``: the job's budget, all tiers together; ``set_budgets`` splits it (kept in
+    LMDB, so every process sees the split at once). ``readers``: the most processes and threads
+    reading at once (LMDB's reader table).
+    """
+
+    def __init__(self, path: str, budget_bytes: int, readers: int = 126) -> None:
+        self.path = path
+        self.total_budget = budget_bytes
+        self.budgets: dict[str, int] = {}
+        self.readers = max(126, readers)
+        self._dbs_here: tuple[Any, Any, Any] | None = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "budget": self.total_budget, "readers": self.readers,
+                "budgets": self.budgets}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], state["budget"], state["readers"])  # type: ignore[misc]
+        self.budgets = state["budgets"]
+
+    def close_here(self) -> None:
+        """Close this process's environment (no transaction may be open); reopened on use."""
+        with _envs_lock:
+            dbs = _envs.pop((os.getpid(), self.path), None)
+        if dbs is not None:
+            dbs[0].close()
+        self._dbs_here = None
+
+    def _dbs(self) -> tuple[Any, Any, Any]:
+        dbs = self._dbs_here
+        if dbs is None or self._pid != os.getpid():
+            dbs = _open(self.path, self.total_budget, self.readers)
+            self._dbs_here, self._pid = dbs, os.getpid()
+        return dbs
+
+    # -- reads ---------------------------------------------------------------------------------
+    def get(self, key: bytes, decode: Callable[[Any], Any]) -> Any | None:
+        """``decode(buffer)`` of the entry at ``key`` read in place, or None on a miss."""
+        env, data, _ = self._dbs()
+        with env.begin(db=data, buffers=True) as txn:
+            buf = txn.get(key)
+            return None if buf is None else decode(buf)
+
+    def take(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
+        """As ``get``, and the entry is removed (an augmented form served once)."""
+        env, data, meta = self._dbs()
+        with _write_lock, env.begin(write=True, buffers=True) as txn:
+            buf = txn.get(key, db=data)
+            if buf is None:
+                return None
+            value = decode(buf)
+            cost = entry_cost(len(key), len(buf))
+            txn.delete(key, db=data)
+            self._add(txn, meta, tier, key[:16], -cost)
+            return value
+
+    # -- writes --------------------------------------------------------------------------------
+    def put(self, key: bytes, tier: str, blob: bytes, live: Iterable[bytes]) -> str:
+        """Store ``blob``; ``"stored"``, ``"exists"`` or ``"full"`` (over the tier's budget).
+
+        ``live``: namespaces still in use; others of this tier are evicted to make room.
+        """
+        cost = entry_cost(len(key), len(blob))
+        env, data, meta = self._dbs()
+        with _write_lock, env.begin(write=True) as txn:
+            budget = self._budget(txn, meta, tier)
+            if cost > budget:
+                return "full"
+            if txn.get(key, db=data) is not None:
+                return "exists"
+            used = self._used(txn, meta, tier)
+            if used + cost > budget:
+                used -= self._evict_stale(txn, data, meta, tier, set(live), used + cost - budget)
+                if used + cost > budget:
+                    return "full"
+            txn.put(key, blob, db=data)
+            self._add(txn, meta, tier, key[:16], cost)
+            return "stored"
+
+    def set_budgets(self, budgets: dict[str, int]) -> None:
+        """(Re-)split the budget, for every process at once (kept in LMDB); a tier over its
+        new share drops entries until it fits."""
+        if sum(budgets.values()) > self.total_budget:
+            raise ValueError(f"tier budgets {budgets} exceed the cache's {self.total_budget} bytes")
+        env, data, meta = self._dbs()
+        with _write_lock, env.begin(write=True) as txn:
+            for tier in set(self.budgets) | set(budgets):
+                b = budgets.get(tier, 0)
+                txn.put(b"b:" + tier.encode(), _U64.pack(b), db=meta)
+                over = self._used(txn, meta, tier) - b
+                if over > 0:
+                    self._evict_stale(txn, data, meta, tier, set(), over)
+        self.budgets = dict(budgets)
+
+    def budget(self, tier: str) -> int:
+        """The tier's current share of the budget (bytes)."""
+        env, _, meta = self._dbs()
+        with env.begin(db=meta) as txn:
+            return self._budget(txn, meta, tier)
+
+    def usage(self) -> dict[str, int]:
+        """Bytes held per tier (headrace's accounting: ``entry_cost`` summed)."""
+        env, _, meta = self._dbs()
+        with env.begin(db=meta) as txn:
+            return {t: self._used(txn, meta, t) for t in self.budgets}
+
+    def scan_bytes(self) -> int:
+        """Bytes of every entry recomputed by reading them all (for tests and checks)."""
+        env, data, _ = self._dbs()
+        total = 0
+        with env.begin(db=data, buffers=True) as txn:
+            for k, v in txn.cursor():
+                total += entry_cost(len(k), len(v))
+        return total
+
+    def mapped_bytes(self) -> int:
+        """Bytes of the LMDB file in use (pages up to the highest written one)."""
+        env, _, _ = self._dbs()
+        return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+
+    # -- accounting ----------------------------------------------------------------------------
+    @staticmethod
+    def _budget(txn: Any, meta: Any, tier: str) -> int:
+        v = txn.get(b"b:" + tier.encode(), db=meta)
+        return _U64.unpack(v)[0] if v is not None else 0
+
+    @staticmethod
+    def _used(txn: Any, meta: Any, tier: str) -> int:
+        v = txn.get(b"u:" + tier.encode(), db=meta)
+        return _U64.unpack(v)[0] if v is not None else 0
+
+    def _add(self, txn: Any, meta: Any, tier: str, ns: bytes, delta: int) -> None:
+        tkey = b"u:" + tier.encode()
+        txn.put(tkey, _U64.pack(max(0, self._used(txn, meta, tier) + delta)), db=meta)
+        nkey = b"n:" + ns
+        v = txn.get(nkey, db=meta)
+        n_used = (_U64.unpack(v[:8])[0] if v is not None else 0) + delta
+        if n_used <= 0:
+            txn.delete(nkey, db=meta)
+        else:
+            txn.put(nkey, _U64.pack(n_used) + tier.encode(), db=meta)
+
+    def _evict_stale(
+        self, txn: Any, data: Any, meta: Any, tier: str, live: set[bytes], need: int
+    ) -> int:
+        """Delete entries of this tier's namespaces not in ``live`` (all of them when ``live``
+        is empty: a budget cut) until ``need`` bytes are freed; returns the bytes freed."""
+        victims = []
+        with txn.cursor(db=meta) as cur:
+            if cur.set_range(b"n:"):
+                for k, v in cur:
+                    if not k.startswith(b"n:"):
+                        break
+                    ns = bytes(k[2:])
+                    if bytes(v[8:]).decode() == tier and ns not in live:
+                        victims.append(ns)
+        freed = 0
+        for ns in victims:
+            with txn.cursor(db=data) as cur:
+                if not cur.set_range(ns):
+                    continue
+                while freed < need and bytes(cur.key()[:16]) == ns:
+                    k, v = cur.item()
+                    c = entry_cost(len(k), len(v))
+                    self._add(txn, meta, tier, ns, -c)
+                    freed += c
+                    if not cur.delete():
+                        break
+            if freed >= need:
+                break
+        return freed

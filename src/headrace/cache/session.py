@@ -1,0 +1,235 @@
+"""One loader's cache: owns the backend, splits the budget, counts per epoch, explains.
+
+Lives in the training process. ``client(executed)`` gives the picklable ``CacheClient`` that
+workers and the ``num_workers=0`` path use for one executed step order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from headrace.cache.client import CacheClient, Counters
+from headrace.cache.config import Cache, default_budget_bytes
+from headrace.cache.tiers import TierLayout
+from headrace.pipeline.pipeline import Pipeline
+from headrace.planner.cache_partition import (
+    Split,
+    best_split,
+    params_from_profile,
+    single_tier_splits,
+)
+from headrace.profiler.report import PipelineProfile
+from headrace.telemetry.stats import CacheStats, EpochStats
+
+
+def default_split(layout: TierLayout, config: Cache) -> dict[str, float]:
+    """Shares of the budget per tier before the MDP model has measurements.
+
+    The whole budget goes to the most processed *exact* form (decoded, else encoded): it saves
+    the most CPU per cached sample among the forms every epoch can reuse. With
+    ``shared_augmented`` the augmented form gets half (all of it when it is the only form).
+    A seeded augmented form (not shared) gets nothing: no other epoch can use it.
+    """
+    exact = [t.name for t in layout.tiers if not (t.seeded and not t.shared)
+             and t.name != "augmented"]
+    aug = layout.get("augmented")
+    shared_aug = aug is not None and aug.shared
+    if config.split is not None:
+        return {k: v for k, v in config.split.items() if layout.get(k) is not None}
+    if shared_aug:
+        return {"augmented": 0.5, exact[0]: 0.5} if exact else {"augmented": 1.0}
+    return {exact[0]: 1.0} if exact else {}
+
+
+class CacheSession:
+    """The cache of one loader (``Options(cache=...)``)."""
+
+    def __init__(self, config: Cache, ctx: Any, worker_rows: int) -> None:
+        self.config = config
+        self.budget = config.budget_bytes if config.budget_bytes is not None else default_budget_bytes()
+        self.counters = Counters(ctx, worker_rows + 1)
+        self.row = worker_rows
+        """Counter row of the training process (``num_workers=0``)."""
+        self.backend: Any = None
+        self.layout: TierLayout | None = None
+        self.split: dict[str, float] = {}
+        self.closed_epochs: list[CacheStats] = []
+        self.epoch_numbers: list[int] = []
+        self._epoch_start: dict[str, int] = self.counters.totals()
+        self._finalizer: Any = None
+        self._main_uses = False
+        self._b_cache: float | None = None
+        self.plan: tuple[Split, list[Split]] | None = None
+        """MDP's choice for the running epoch and the single-form splits' predictions."""
+        self.predicted: list[float | None] = []
+        """MDP's predicted samples/s for each epoch started (None: no model yet)."""
+        self.active: tuple[str, ...] = ()
+
+    def _release(self) -> None:
+        if not self._main_uses and hasattr(self.backend, "close_here"):
+            self.backend.close_here()
+
+    def _open_backend(self) -> Any:
+        if self.backend is None:
+            if self.config.url == "memory":
+                from headrace.cache import memory_backend
+
+                path = memory_backend.make_dir()
+                self._finalizer = weakref.finalize(self, memory_backend.remove_dir, path)
+                self.backend = memory_backend.MemoryBackend(path, self.budget,
+                                                             self.counters.rows * 2)
+            else:
+                from headrace.cache.redis_backend import RedisBackend
+
+                self.backend = RedisBackend(self.config.url, self.budget)
+        return self.backend
+
+    def replan(self, executed: Pipeline, profile: PipelineProfile | None, workers: int,
+               in_process: bool) -> None:
+        """Choose this epoch's forms and budget split (MDP once a profile of ``executed``
+        exists, else ``default_split``) and apply it to the backend.
+
+        ``in_process``: samples run in this process (``num_workers=0``), which then keeps the
+        backend open; otherwise it is closed here before workers fork (see ``memory_backend``).
+        """
+        self._main_uses = in_process
+        layout = TierLayout.for_pipeline(executed, self.config.shared_augmented)
+        self.layout = layout
+        self.split = default_split(layout, self.config)
+        self.plan = None
+        forms = tuple(t.name for t in layout.tiers if not (t.seeded and not t.shared))
+        if (self.config.split is None and forms and profile is not None
+                and profile.step_names == executed.step_names):
+            params = params_from_profile(profile, len(executed),
+                                         {t.name: t.position for t in layout.tiers},
+                                         max(1, workers), self.budget, self.cache_bandwidth())
+            if params is not None:
+                best = best_split(params, forms)
+                self.plan = (best, single_tier_splits(params, forms))
+                self.split = best.shares()
+        self.predicted.append(self.plan[0].predicted if self.plan else None)
+        budgets = {t.name: int(self.budget * self.split.get(t.name, 0.0)) for t in layout.tiers}
+        self.active = tuple(n for n, b in budgets.items() if b > 0)
+        backend = self._open_backend()
+        if self.active:
+            backend.set_budgets(budgets)
+        self._release()
+
+    def client(self) -> CacheClient:
+        """The client for the forms ``replan`` chose (picklable, for workers)."""
+        assert self.layout is not None, "replan() first"
+        return CacheClient(self.layout, self._open_backend(), self.counters, self.active)
+
+    def cache_bandwidth(self) -> float:
+        """B_cache in bytes/s: for the memory backend, a 32 MB copy timed once (memory
+        bandwidth; reads are in place, then copied once into the step's value)."""
+        if self._b_cache is None:
+            import time
+
+            import numpy as np
+
+            src = np.ones(32 << 20, np.uint8)
+            dst = np.empty_like(src)
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            self._b_cache = src.nbytes / max(1e-6, time.perf_counter() - t0)
+        return self._b_cache
+
+    # -- per-epoch numbers ---------------------------------------------------------------------
+    def begin_epoch(self) -> None:
+        self._epoch_start = self.counters.totals()
+
+    def epoch_listener(self, monitor: Any) -> Any:
+        """A ``Monitor.epoch_listeners`` entry that records each closed epoch's numbers."""
+        ref = weakref.ref(self)
+
+        def closed() -> None:
+            me = ref()
+            if me is not None and monitor.epochs:
+                me.end_epoch(monitor.epochs[-1].epoch)
+
+        return closed
+
+    def attach(self, epochs: tuple[EpochStats, ...]) -> tuple[EpochStats, ...]:
+        """``epochs`` (the monitor's closed ones, in order) with their cache numbers."""
+        n = len(self.closed_epochs)
+        return tuple(dataclasses.replace(e, cache=c)
+                     for e, c in zip(epochs[:n], self.closed_epochs, strict=True)) + epochs[n:]
+
+    def end_epoch(self, epoch: int) -> None:
+        self.closed_epochs.append(self.current())
+        self.epoch_numbers.append(epoch)
+
+    def current(self) -> CacheStats:
+        """What the cache did since the running epoch began."""
+        now = self.counters.totals()
+        d = {k: now[k] - self._epoch_start.get(k, 0) for k in now}
+        by_tier = {t: d[f"hit_{t}"] for t in ("encoded", "decoded", "augmented")
+                   if self.layout is None or self.layout.get(t) is not None}
+        used, budgets = {}, {}
+        if self.backend is not None and self.layout is not None:
+            try:
+                used = self.backend.usage()
+                budgets = {t.name: self.backend.budget(t.name) for t in self.layout.tiers}
+                self._release()
+            except Exception:  # noqa: BLE001 - stats must not fail on a broken backend
+                pass
+        return CacheStats(
+            lookups=d["lookups"], hits=sum(by_tier.values()), hits_by_tier=by_tier,
+            inserts=d["inserts"], uncacheable=d["uncacheable"], full=d["full"],
+            errors=d["errors"], not_worth=d["not_worth"], bytes_by_tier=used, budget_by_tier=budgets,
+        )
+
+    def explain_lines(self, opaque: bool, epochs: Sequence[EpochStats] = ()) -> list[str]:
+        from headrace import units
+
+        where = ("memory (LMDB on /dev/shm, shared by this job's workers)"
+                 if self.config.url == "memory" else f"{self.config.url} (shared; raw entries)")
+        out = [f"cache: {where}, budget {units.size(self.budget)}"]
+        if self.layout is None:
+            return [*out, "  forms: decided when the first epoch starts"]
+        forms = ", ".join(f"{t.name} after step {t.position}"
+                          + (" (per base seed and epoch)" if t.seeded and not t.shared else "")
+                          for t in self.layout.tiers)
+        out.append(f"  forms: {forms}")
+        split = ", ".join(f"{k} {100 * v:.0f}%" for k, v in self.split.items()) or "nothing"
+        if self.config.split is not None:
+            why = " (Cache.split)"
+        elif self.plan is not None:
+            why = f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted)"
+        else:
+            why = " (default until profiled: the most processed exact form)"
+        out.append(f"  split: {split}{why}")
+        if self.plan is not None:
+            out.append("  single-form splits: " + "; ".join(s.describe() for s in self.plan[1]))
+        for e, pred in zip(epochs, self.predicted, strict=False):
+            if pred is not None and e.finished:
+                out.append(f"  epoch {e.epoch}: measured {e.samples_per_s:.0f} samples/s, "
+                           f"MDP predicted {pred:.0f}")
+        if opaque:
+            out.append("  a Dataset (not a Pipeline): only __getitem__'s output can be cached, "
+                       "as its steps run inside it, and it is exact only "
+                       "within one (base seed, epoch); Cache(shared_augmented=True) reuses it across "
+                       "epochs")
+        aug = self.layout.get("augmented")
+        if aug is not None and aug.shared:
+            out.append("  shared_augmented: an augmented sample cached by another epoch or job is "
+                       "served in place of computing it: its content then depends on what that "
+                       "epoch or job drew (Seneca's trade), not only on this loader's seed")
+        for n, c in zip(self.epoch_numbers[-3:], self.closed_epochs[-3:], strict=True):
+            tiers = ", ".join(f"{k} {v}" for k, v in c.hits_by_tier.items())
+            out.append(f"  epoch {n}: "
+                       f"{c.hits} hits of {c.lookups} lookups ({100 * c.hit_rate:.0f}%: {tiers}), "
+                       f"{c.inserts} stored, {c.full} refused (full), {c.uncacheable} uncacheable, "
+                       f"{c.errors} errors")
+        return out
+
+    def close(self) -> None:
+        """Remove the memory backend's files (a later epoch starts an empty cache)."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+            self.backend = None

@@ -1,0 +1,130 @@
+"""Which forms of a sample are cached, after which step, and under which key (pure).
+
+Positions are execution steps (0 = ``Source.load``, then the pipeline's steps in the *executed*
+order, after AutoOrder):
+
+* **encoded**: the source's output (after step 0);
+* **decoded**: the output of the last deterministic step before the first random step;
+* **augmented**: the final output.
+
+A hit on a form at position ``p`` skips steps ``0..p`` and runs ``p+1..`` as usual with the same
+per-sample seeds, so it is identical to a miss. Forms that fall on the same position merge into
+the most processed one (no random step: the final output is deterministic and is the *decoded*
+form; a random first step: no decoded form). An opaque dataset (one step) has only its final
+output, which is the *augmented* form.
+
+A key is ``namespace (16 bytes) + sample index (8 bytes)``. The namespace hashes the tier, the
+fingerprint of the prefix (each step up to the form: name, traits, code identity) and of the
+source, so a changed step never serves stale data. Forms after a random step are exact only for
+one (base seed, epoch): their namespace includes both, unless ``shared_augmented`` (Seneca's
+trade: content then depends on what other epochs or jobs drew).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import TYPE_CHECKING
+
+from headrace.pipeline.fingerprint import code_identity, source_fingerprint
+
+if TYPE_CHECKING:
+    from headrace.pipeline.pipeline import Pipeline
+
+TIERS = ("encoded", "decoded", "augmented")
+"""Tier names, least processed first."""
+
+NS_BYTES = 16
+"""Length of a key's namespace prefix (bytes)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Tier:
+    """One cached form.
+
+    Attributes:
+        name: ``"encoded"``, ``"decoded"`` or ``"augmented"``.
+        position: the execution step whose output this form is (0 = load).
+        seeded: the form comes after a random step, so it is exact only for one (base seed,
+            epoch): its namespace includes them unless ``shared``.
+        shared: (augmented only) served across epochs and jobs (opt-in, Seneca's trade); an
+            entry is then served once and dropped.
+        prefix: fingerprint of steps ``0..position`` and of the source (hex).
+    """
+
+    name: str
+    position: int
+    seeded: bool
+    shared: bool
+    prefix: str
+
+    def namespace(self, base_seed: int, epoch: int) -> bytes:
+        """The key prefix for this form's entries in (base seed, epoch)."""
+        h = hashlib.blake2b(digest_size=NS_BYTES)
+        h.update(f"{self.name}|{self.prefix}".encode())
+        if self.seeded and not self.shared:
+            h.update(f"|{base_seed}|{epoch}".encode())
+        return h.digest()
+
+
+@dataclasses.dataclass(frozen=True)
+class TierLayout:
+    """The forms a pipeline can cache, most processed first (the lookup order)."""
+
+    tiers: tuple[Tier, ...]
+    steps: int
+    """Number of execution steps (load included)."""
+
+    @classmethod
+    def for_pipeline(cls, pipeline: Pipeline, shared_augmented: bool = False) -> TierLayout:
+        whole = pipeline.opaque or pipeline.embedded  # one unit of work: __getitem__
+        n = 1 if whole else len(pipeline.step_names)
+        randoms = [False, *(s.random for s in pipeline.steps)]
+        first_random = next((i for i, r in enumerate(randoms) if r), None)
+        last = n - 1
+        positions: dict[str, int] = {"encoded": 0}
+        if whole:
+            positions = {"augmented": last}
+        elif first_random is None:
+            positions["decoded"] = last
+        else:
+            if first_random - 1 > 0:
+                positions["decoded"] = first_random - 1
+            positions["augmented"] = last
+        # merge forms that fall on the same position into the most processed one
+        by_pos: dict[int, str] = {}
+        for name in TIERS:
+            if name in positions:
+                by_pos[positions[name]] = name
+        fps = _prefix_fingerprints(pipeline)
+        tiers = []
+        for pos, name in sorted(by_pos.items(), reverse=True):
+            seeded = first_random is not None and pos >= first_random or whole
+            tiers.append(Tier(name, pos, seeded, shared_augmented and name == "augmented",
+                              fps[pos]))
+        return cls(tuple(tiers), n)
+
+    def get(self, name: str) -> Tier | None:
+        return next((t for t in self.tiers if t.name == name), None)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tiers)
+
+
+def _prefix_fingerprints(pipeline: Pipeline) -> list[str]:
+    """``fps[p]``: hash of the source and of execution steps ``1..p`` (name, traits, code)."""
+    h = hashlib.sha256(source_fingerprint(pipeline.source).encode())
+    h.update(f"|opaque={pipeline.opaque}".encode())
+    out = [h.hexdigest()[:16]]
+    for s in pipeline.steps:
+        h.update(f"{s.name}|{s.random}|{s.keep_position}|{s.kind}|{s.commutes}|".encode())
+        h.update(code_identity(s.fn).encode())
+        h.update(b"\x00")
+        out.append(h.copy().hexdigest()[:16])
+    return out
+
+
+def sample_key(namespace: bytes, index: int) -> bytes:
+    """The key of sample ``index`` in ``namespace``."""
+    return namespace + index.to_bytes(8, "big")

@@ -1,0 +1,204 @@
+"""The sample cache in a running loader: hits identical to misses, budgets, clean shutdown."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import headrace as hr
+from headrace.cache import codec
+from headrace.cache.tiers import sample_key
+from tests.helpers import IndexDataset
+
+pytestmark = pytest.mark.integration
+N = 48
+
+
+class Raw:
+    """Encoded form: bytes whose content depends on the index."""
+
+    def __len__(self) -> int:
+        return N
+
+    def load(self, i: int) -> bytes:
+        time.sleep(0.002)  # simulates a storage read (a lookup must cost less, see decode)
+        return np.arange(i, i + 64, dtype=np.uint8).tobytes()
+
+
+def decode(b: bytes) -> np.ndarray:
+    """(9, 8) floats: the 64 bytes, then a row holding the index (the first byte).
+
+    Sleeps 8 ms to simulate a real decode: a lookup must cost less than the work it saves, or
+    the cache stops looking the form up (``CacheStats.not_worth``)."""
+    time.sleep(0.008)
+    raw = np.frombuffer(b, np.uint8).astype(np.float32)
+    return np.concatenate([raw.reshape(8, 8), np.full((1, 8), raw[0], np.float32)])
+
+
+def scale(x: np.ndarray) -> np.ndarray:
+    x[:8] *= 0.5  # writes into its input: a cached value must not be corrupted by it
+    return x
+
+
+def jitter(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    x[:8] += rng.random((8, 8)).astype(np.float32)  # in place too
+    return x
+
+
+def to_tensor(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(x)
+
+
+def pipeline() -> hr.Pipeline:
+    return hr.Pipeline(Raw(), [hr.step(decode, kind="decode"), hr.step(scale),
+                               hr.step(jitter, random=True), hr.step(to_tensor)])
+
+
+def samples(loader) -> dict[int, torch.Tensor]:
+    """One epoch by sample index (row 8 holds it); each index exactly once."""
+    out = {}
+    for batch in loader:
+        for row in batch:
+            i = int(row[8, 0])
+            assert i not in out
+            out[i] = row.clone()
+    assert sorted(out) == list(range(N))
+    return out
+
+
+def run(cache, num_workers, epochs=3, executor="processes"):
+    opts = hr.Options(seed=7, cache=cache, executor=executor)
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=num_workers, options=opts)
+    try:
+        got = [samples(loader) for _ in range(epochs)]
+        return got, [e.cache for e in loader.stats().epochs], loader.explain()
+    finally:
+        loader.close()
+
+
+def _equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k  # element for element
+
+
+@pytest.mark.parametrize("tier", ["encoded", "decoded"])
+@pytest.mark.parametrize("workers,executor", [(0, "processes"), (2, "processes"), (2, "threads")])
+def test_a_hit_is_identical_to_a_miss(no_leaks, tier, workers, executor) -> None:
+    ref, _, _ = run(None, workers, executor=executor)
+    got, stats, text = run(hr.Cache(budget_bytes=1 << 20, split={tier: 1.0}), workers,
+                           executor=executor)
+    for e in range(3):
+        _equal(got[e], ref[e])
+    assert stats[0].hits == 0 and stats[0].inserts == N and stats[0].lookups == N
+    for s in stats[1:]:
+        assert s.hits == s.lookups == N and s.hits_by_tier[tier] == N
+    assert f"{tier} 100%" in text
+
+
+def test_an_augmented_hit_is_identical_for_the_same_seed_and_epoch(no_leaks) -> None:
+    opts = hr.Options(seed=3, cache=hr.Cache(budget_bytes=1 << 20, split={"augmented": 1.0}))
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=2, options=opts)
+    start = loader.state_dict()
+    first = samples(loader)
+    second = samples(loader)  # another epoch: its augmented forms are other ones
+    assert loader.stats().epochs[1].cache.hits == 0
+    loader.load_state_dict(start)  # epoch 0 again, same base seed
+    again = samples(loader)
+    _equal(again, first)
+    assert any(not torch.equal(first[k], second[k]) for k in first)
+    c = loader.stats().last.cache
+    assert c.hits_by_tier["augmented"] == c.lookups == N
+    loader.close()
+
+
+def test_shared_augmented_serves_another_epochs_sample_once(no_leaks) -> None:
+    cache = hr.Cache(budget_bytes=1 << 20, shared_augmented=True, split={"augmented": 1.0})
+    got, stats, text = run(cache, 2, epochs=3)
+    assert stats[0].hits == 0 and stats[0].inserts == N
+    assert stats[1].hits_by_tier["augmented"] == N  # served once...
+    _equal(got[1], got[0])  # ...with epoch 0's content: Seneca's trade
+    assert stats[2].hits == 0  # ...then gone
+    assert "depends on what that epoch or job drew" in text
+
+
+def test_budget_holds_a_share_and_is_never_exceeded(no_leaks) -> None:
+    entry = len(codec.encode(np.zeros((9, 8), np.float32))) + 24 + 16
+    budget = 12 * entry
+    ref, _, _ = run(None, 2)
+    got, stats, _ = run(hr.Cache(budget_bytes=budget, split={"decoded": 1.0}), 2)
+    for e in range(3):
+        _equal(got[e], ref[e])
+    s0, s1 = stats[0], stats[1]
+    assert s0.inserts == 12 and s0.full >= 1
+    assert s1.hits == 12 and s1.bytes_by_tier["decoded"] <= budget
+    assert s1.budget_by_tier["decoded"] == budget
+
+
+def test_backend_is_measured_within_budget(no_leaks) -> None:
+    budget = 30_000
+    opts = hr.Options(seed=1, cache=hr.Cache(budget_bytes=budget))
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=2, options=opts)
+    for _ in loader:
+        pass
+    backend = loader.cache.backend
+    assert backend.scan_bytes() <= budget  # every entry read back and counted
+    assert backend.mapped_bytes() <= budget * 1.15 + 64 * 4096
+    loader.close()
+
+
+def test_a_planted_pickle_is_an_error_not_execution(no_leaks, tmp_path) -> None:
+    import pickle
+
+    marker = tmp_path / "executed"
+
+    class Touch:
+        def __reduce__(self):
+            return (type(marker).touch, (marker,))
+
+    opts = hr.Options(seed=1, cache=hr.Cache(budget_bytes=1 << 20), on_error="raise")
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=0, options=opts)
+    samples(loader)
+    ns = loader.cache.layout.get("decoded").namespace(0, 0)
+    backend = loader.cache.backend
+    env, data, _ = backend._dbs()
+    with env.begin(write=True, db=data) as txn:
+        txn.put(sample_key(ns, 5), pickle.dumps(Touch()))
+    with pytest.raises(hr.StepError) as e:
+        samples(loader)
+    assert "raw format" in str(e.value) and e.value.index == 5
+    assert not marker.exists()
+    loader.close()
+
+
+def test_default_cache_is_on_for_pipelines_off_for_opaque(no_leaks) -> None:
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=0, options=hr.Options(seed=1))
+    samples(loader)
+    samples(loader)
+    assert loader.stats().last.cache.hits_by_tier["decoded"] == N
+    assert "split: decoded 100%" in loader.explain()
+    loader.close()
+    opaque = hr.DataLoader(IndexDataset(16), batch_size=4, num_workers=0)
+    assert sorted(int(v) for b in opaque for v in b) == list(range(16))
+    c = opaque.stats().last.cache
+    assert c.lookups == 0 and c.inserts == 0
+    assert "only __getitem__'s output can be cached" in opaque.explain()
+    opaque.close()
+
+
+def test_uncacheable_forms_are_counted_and_skipped(no_leaks) -> None:
+    class Thing:
+        def __init__(self, v):
+            self.v = v
+
+    src = hr.Pipeline(Raw(), [hr.step(Thing, name="wrap"), hr.step(lambda t: t.v, name="unwrap")])
+    loader = hr.DataLoader(src, batch_size=8, num_workers=0,
+                           options=hr.Options(cache=hr.Cache(budget_bytes=1 << 20)))
+    list(loader)
+    c = loader.stats().last.cache
+    # encoded (bytes) cannot be the decoded form... the final output is bytes again: stored
+    assert c.inserts == N and c.uncacheable == 0
+    loader.close()

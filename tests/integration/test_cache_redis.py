@@ -1,0 +1,151 @@
+"""The Redis backend against a real redis-server: exact hits, budget, pickles, outages."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import headrace as hr
+from headrace.cache.redis_backend import PREFIX
+from headrace.cache.tiers import sample_key
+from tests.integration.test_cache import N, pipeline, samples
+
+pytestmark = [pytest.mark.integration, pytest.mark.redis]
+
+
+@pytest.fixture
+def server(redis_server):
+    redis_server.flush()
+    return redis_server
+
+
+def _equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_hits_from_redis_are_identical_and_within_budget(server, no_leaks) -> None:
+    import redis
+
+    r = redis.Redis.from_url(server.url)
+    entry = 24 + 3 + 9 * 8 * 4 + 30 + 64  # key, prefix, floats, header, overhead (about)
+    budget = 20 * entry
+    ref = hr.DataLoader(pipeline(), batch_size=8, num_workers=2,
+                        options=hr.Options(seed=5, cache=None))
+    want = [samples(ref) for _ in range(2)]
+    cache = hr.Cache(url=server.url, budget_bytes=budget, split={"decoded": 1.0})
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=2,
+                           options=hr.Options(seed=5, cache=cache))
+    got = [samples(loader) for _ in range(2)]
+    for a, b in zip(got, want, strict=True):
+        _equal(a, b)
+    e0, e1 = (e.cache for e in loader.stats().epochs)
+    assert 0 < e0.inserts < N and e0.full > 0  # the budget held a share only
+    assert e1.hits == e0.inserts and e1.hits_by_tier["decoded"] == e1.hits
+    measured = loader.cache.backend.scan_bytes()  # every entry read back from the server
+    assert measured <= budget and measured == loader.cache.backend.usage()["decoded"]
+    # the server's own count of each entry's memory (allocator rounding included)
+    server_bytes = sum(r.memory_usage(k) for k in r.scan_iter(match=PREFIX + b"*")
+                       if k != PREFIX + b"used")
+    assert 0 < server_bytes <= budget * 1.25
+    loader.close()
+    ref.close()
+
+
+def test_a_planted_pickle_is_an_error_not_execution(server, no_leaks, tmp_path) -> None:
+    import redis
+
+    marker = tmp_path / "executed"
+
+    class Touch:
+        def __reduce__(self):
+            return (type(marker).touch, (marker,))
+
+    cache = hr.Cache(url=server.url, budget_bytes=1 << 20)
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=2,
+                           options=hr.Options(seed=1, cache=cache))
+    samples(loader)
+    ns = loader.cache.layout.get("decoded").namespace(0, 0)
+    redis.Redis.from_url(server.url).set(PREFIX + sample_key(ns, 9), pickle.dumps(Touch()))
+    with pytest.raises(hr.StepError) as e:
+        samples(loader)
+    assert "raw format" in str(e.value) and e.value.index == 9
+    assert not marker.exists()
+    loader.close()
+
+
+class KillAt:
+    """A training loop that kills the server after ``kill_at`` batches, restarts it after
+    ``start_at``."""
+
+    def __init__(self, server, kill_at: int, start_at: int) -> None:
+        self.server, self.kill_at, self.start_at = server, kill_at, start_at
+
+    def epoch(self, loader) -> dict[int, torch.Tensor]:
+        out = {}
+        for b, batch in enumerate(loader):
+            if b == self.kill_at:
+                self.server.kill()
+            if b == self.start_at:
+                self.server.start()
+            for row in batch:
+                i = int(row[8, 0])
+                assert i not in out
+                out[i] = row.clone()
+        assert sorted(out) == list(range(N))
+        return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_redis_killed_and_restarted_mid_epoch(server, no_leaks, workers, caplog) -> None:
+    ref = hr.DataLoader(pipeline(), batch_size=4, num_workers=workers,
+                        options=hr.Options(seed=2, cache=None))
+    want = [samples(ref) for _ in range(4)]
+    cache = hr.Cache(url=server.url, budget_bytes=1 << 20, split={"decoded": 1.0})
+    loader = hr.DataLoader(pipeline(), batch_size=4, num_workers=workers,
+                           options=hr.Options(seed=2, cache=cache))
+    _equal(samples(loader), want[0])  # fills the cache
+    try:
+        _equal(KillAt(server, kill_at=2, start_at=7).epoch(loader), want[1])
+    finally:
+        if server.proc is None:
+            server.start()
+    c = loader.stats().last.cache
+    assert c.errors > 0  # counted, and the epoch completed exactly once with the same content
+    assert c.hits > 0  # before the kill
+    _equal(samples(loader), want[2])  # reconnected (each process after SKIP_CALLS calls)...
+    _equal(samples(loader), want[3])  # ...so what epoch 2 stored hits now, however late epoch
+    assert loader.stats().last.cache.hits > 0  # 1's restart came under load
+    if workers == 0:  # warned once (in this process; workers warn in theirs)
+        assert sum("the cache failed" in r.getMessage() for r in caplog.records) == 1
+    loader.close()
+    ref.close()
+
+
+class Cheap:
+    def __len__(self) -> int:
+        return 200
+
+    def load(self, i: int) -> np.ndarray:
+        return np.full(4, i, np.float32)
+
+
+def ident(x):
+    return x
+
+
+def test_a_lookup_costing_more_than_recomputing_is_not_made(server, no_leaks) -> None:
+    pipe = hr.Pipeline(Cheap(), [hr.step(ident)])  # microseconds of work; a lookup is a round trip
+    cache = hr.Cache(url=server.url, budget_bytes=1 << 20)
+    loader = hr.DataLoader(pipe, batch_size=10, num_workers=0,
+                           options=hr.Options(seed=1, cache=cache))
+    for _ in range(2):
+        assert sorted(int(v[0]) for b in loader for v in b) == list(range(200))
+    c = loader.stats().last.cache
+    assert c.not_worth > 150  # measured: the lookups stopped (one in 32 still probes)
+    assert c.lookups == 200
+    loader.close()

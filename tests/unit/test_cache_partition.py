@@ -1,0 +1,85 @@
+"""MDP (Seneca §5.1) on synthetic numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from headrace.planner.cache_partition import (
+    DsiParams,
+    best_split,
+    cached_counts,
+    dsi_augmented,
+    dsi_decoded,
+    dsi_encoded,
+    dsi_overall,
+    dsi_storage,
+    single_tier_splits,
+)
+
+KB, MB, GB = 1e3, 1e6, 1e9
+
+
+def params(**kw) -> DsiParams:
+    """ImageNet-like: 110 KB JPEGs inflated 5.12x (the paper's M), 1M samples."""
+    base = dict(n_total=1_000_000, cache_bytes=64 * GB, size_encoded=110 * KB,
+                size_decoded=5.12 * 110 * KB, size_augmented=5.12 * 110 * KB,
+                t_decode_augment=1500.0, t_augment=6000.0, t_gpu=8000.0, b_cache=10 * GB,
+                b_storage=500 * MB, b_nic=1.25 * GB, b_pcie=16 * GB)
+    base.update(kw)
+    return DsiParams(**base)
+
+
+def test_equations_by_hand() -> None:
+    p = params()
+    m_s = 5.12 * 110 * KB
+    assert dsi_augmented(p) == pytest.approx(min(10 * GB / m_s, 1.25 * GB / m_s, 16 * GB / m_s, 8000))
+    assert dsi_decoded(p) == pytest.approx(min(dsi_augmented(p), 6000))
+    assert dsi_encoded(p) == pytest.approx(min(1.25 * GB / (110 * KB), 1500))
+    assert dsi_storage(p) == pytest.approx(min(dsi_encoded(p), 500 * MB / (110 * KB)))
+    # Equations 2, 4, 6, 8: half the cache augmented, the rest encoded
+    n_a, n_d, n_e, n_s = cached_counts(p, 0.5, 0.0, 0.5)
+    assert n_a == pytest.approx(32 * GB / m_s) and n_d == 0
+    assert n_e == pytest.approx(min(1e6 - n_a, 32 * GB / (110 * KB)))
+    assert n_a + n_d + n_e + n_s == pytest.approx(1e6)
+    want = (n_a * dsi_augmented(p) + n_e * dsi_encoded(p) + n_s * dsi_storage(p)) / 1e6
+    assert dsi_overall(p, 0.5, 0.0, 0.5) == pytest.approx(want)
+
+
+def test_cpu_bound_with_a_large_cache_prefers_processed_forms() -> None:
+    # everything fits augmented: no CPU work at all is best (the accelerator is the limit)
+    p = params(cache_bytes=10_000 * GB, b_nic=math.inf)
+    s = best_split(p)
+    assert cached_counts(p, s.encoded, s.decoded, s.augmented)[0] == p.n_total
+    assert s.predicted == pytest.approx(dsi_augmented(p)) == pytest.approx(8000)
+    # augmented not allowed (one job, per-epoch randomness): every sample decoded
+    s = best_split(p, ("encoded", "decoded"))
+    assert cached_counts(p, s.encoded, s.decoded, 0.0)[1] == p.n_total
+    assert s.predicted == pytest.approx(6000)  # T_A
+
+
+def test_a_small_cache_holds_more_samples_encoded() -> None:
+    # the cache holds 5% of the dataset encoded; storage is slow: encoded wins by count
+    p = params(cache_bytes=5.5 * GB, b_storage=50 * MB, t_decode_augment=3000)
+    s = best_split(p)
+    assert s.encoded == 1.0
+    singles = {x.describe().split(" ")[0]: x.predicted for x in single_tier_splits(p, ("encoded", "decoded", "augmented"))}
+    assert singles["encoded"] > singles["decoded"]
+
+
+def test_mixed_split_beats_every_single_form() -> None:
+    # decoded saves CPU, encoded holds 5x more samples: the best keeps every sample cached,
+    # as many decoded as room allows (a corner of the linear model is not always best)
+    p = params(n_total=100_000, cache_bytes=25 * GB, size_decoded=550 * KB,
+               b_storage=40 * MB, t_decode_augment=2500, t_augment=5000, b_nic=math.inf)
+    s = best_split(p, ("encoded", "decoded"))
+    assert 0 < s.encoded < 1 and 0 < s.decoded < 1
+    for single in single_tier_splits(p, ("encoded", "decoded")):
+        assert s.predicted > single.predicted
+    assert s.predicted == pytest.approx(dsi_overall(p, s.encoded, s.decoded, 0.0))
+
+
+def test_the_accelerator_caps_every_prediction() -> None:
+    p = params(t_gpu=100.0, cache_bytes=10_000 * GB)
+    assert best_split(p).predicted == pytest.approx(100.0)

@@ -1,0 +1,83 @@
+"""Which forms a pipeline caches and how their keys change (pure)."""
+
+from __future__ import annotations
+
+import headrace as hr
+from headrace.cache.tiers import TierLayout
+from tests.helpers import IndexDataset
+
+
+class Src:
+    def __len__(self) -> int:
+        return 10
+
+    def load(self, i: int) -> int:
+        return i
+
+
+def dec(x):
+    return x
+
+
+def crop(x, rng):
+    return x
+
+
+def flip(x, rng):
+    return x
+
+
+def norm(x):
+    return x
+
+
+def norm2(x):
+    return x + 0
+
+
+def _layout(steps, shared=False, opaque=False):
+    return TierLayout.for_pipeline(hr.Pipeline(Src(), steps, opaque=opaque), shared)
+
+
+def _pos(layout):
+    return {t.name: t.position for t in layout.tiers}
+
+
+def test_positions_follow_the_executed_order() -> None:
+    steps = [hr.step(dec, kind="decode"), hr.step(crop, random=True), hr.step(flip, random=True),
+             hr.step(norm)]
+    lay = _layout(steps)
+    assert lay.names == ("augmented", "decoded", "encoded")  # lookup order
+    assert _pos(lay) == {"encoded": 0, "decoded": 1, "augmented": 4}
+    # AutoOrder moved a deterministic step before the first random one: decoded covers it
+    moved = _layout([steps[0], steps[3], steps[1], steps[2]])
+    assert _pos(moved) == {"encoded": 0, "decoded": 2, "augmented": 4}
+    assert [t.seeded for t in lay.tiers] == [True, False, False]
+
+
+def test_forms_on_one_position_merge() -> None:
+    assert _pos(_layout([hr.step(dec), hr.step(norm)])) == {"encoded": 0, "decoded": 2}
+    assert _pos(_layout([hr.step(crop, random=True), hr.step(norm)])) == {"encoded": 0, "augmented": 2}
+    assert _pos(_layout([])) == {"decoded": 0}
+    opaque = TierLayout.for_pipeline(hr.Pipeline.from_dataset(IndexDataset(5)))
+    assert _pos(opaque) == {"augmented": 0} and opaque.tiers[0].seeded
+
+
+def test_keys_change_with_the_prefix_only() -> None:
+    a = _layout([hr.step(dec), hr.step(crop, random=True), hr.step(norm)])
+    b = _layout([hr.step(dec), hr.step(crop, random=True), hr.step(norm2, name="norm")])
+    assert a.get("decoded").namespace(1, 0) == b.get("decoded").namespace(1, 0)
+    assert a.get("augmented").namespace(1, 0) != b.get("augmented").namespace(1, 0)
+    c = _layout([hr.step(norm2, name="dec"), hr.step(crop, random=True), hr.step(norm)])
+    assert a.get("decoded").namespace(1, 0) != c.get("decoded").namespace(1, 0)
+    assert a.get("encoded").namespace(1, 0) == c.get("encoded").namespace(1, 0)
+
+
+def test_seeded_forms_are_keyed_by_seed_and_epoch_unless_shared() -> None:
+    steps = [hr.step(dec), hr.step(crop, random=True)]
+    aug = _layout(steps).get("augmented")
+    assert aug.namespace(1, 0) != aug.namespace(1, 1) != aug.namespace(2, 0)
+    dec_t = _layout(steps).get("decoded")
+    assert dec_t.namespace(1, 0) == dec_t.namespace(2, 5)
+    shared = _layout(steps, shared=True).get("augmented")
+    assert shared.shared and shared.namespace(1, 0) == shared.namespace(2, 5)
