@@ -226,3 +226,19 @@ class VecSource:
 
     def load(self, i: int) -> np.ndarray:
         return np.full(self.dim, i, dtype=np.float32)
+
+
+def jitter(x: np.ndarray, rng: np.random.Generator) -> dict:
+    """A random step drawing from its ``rng`` and from the global generators (re-seeded per
+    step in worker processes and remote workers): a sample of a tensor, an array and a number."""
+    import random
+
+    time.sleep(0.02)  # simulated work
+    return {"t": torch.from_numpy(x) + torch.rand(3), "a": x * rng.random(1).astype(np.float32),
+            "n": random.random(), "i": int(x[0])}
+
+
+def fail_on_7(x: Any) -> Any:
+    if int(np.asarray(x["i"])) == 7:
+        raise ValueError("bad sample 7")
+    return x

@@ -28,6 +28,7 @@ from headrace.errors import StateDictError
 from headrace.pipeline import Pipeline
 from headrace.planner.explain import Facts, explain_text
 from headrace.profiler import sizes
+from headrace.remote.session import remote_session
 from headrace.runtime import checkpoint
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
@@ -114,6 +115,9 @@ class DataLoader:
             if worker_init_fn is not None:
                 raise ValueError("worker_init_fn needs worker processes; with "
                                  "Options(executor='threads') there are none to initialise")
+        if self.options.remote is not None and (self._iterable or not workers):
+            raise ValueError("Options(remote=...) needs a map-style dataset and num_workers >= 1 "
+                             "(remote workers join the local ones)")
         self.pipeline: Pipeline | None = None
         if not self._iterable:
             self.pipeline = dataset if isinstance(dataset, Pipeline) else Pipeline.from_dataset(dataset)
@@ -130,6 +134,8 @@ class DataLoader:
         self._iterator_ref: Callable[[], Any] = lambda: None
         self._resume: checkpoint.ResumePoint | None = None
         self._finalizer = weakref.finalize(self, _close_pool, [None])
+        self.remote = remote_session(self.options.remote, self.monitor)
+        """Remote workers (``headrace.remote``), or None without ``Options(remote=...)``."""
 
     # -- torch API -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -356,6 +362,8 @@ class DataLoader:
         pool, owns = self._get_pool(base_seed)
         bs = self.batch_size or 1
         hi = self.options.autoscale.bounds()[1] if self.autoscale else self.num_workers
+        if self.remote is not None and self.remote.available:
+            hi += self.remote.max_workers  # remote workers need samples in flight too
         max_in_flight = opts.max_in_flight or default_max_in_flight(
             bs, hi, self.prefetch_factor or 2)
         spec = EpochSpec(
@@ -380,6 +388,8 @@ class DataLoader:
         if not pool.workers:
             # Fork after the scheduler started: it feeds the first workers while later ones fork.
             pool.start(self.num_workers, on_added=it.scheduler.wake)
+            if self.remote is not None:
+                self.remote.attach(pool, on_added=it.scheduler.wake)
             self.monitor.record_workers(pool.size)
         return it
 
@@ -389,6 +399,8 @@ class DataLoader:
         assert self.pipeline is not None
         ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
         hi = self.options.autoscale.slot_bound() if self.autoscale else self.num_workers
+        if self.remote is not None:
+            hi += self.remote.open()  # joins the cluster on the first epoch
         assert self.planning is not None
         pool = WorkerPool(self.planning.executed, self.dataset, ctx, self.worker_init_fn,
                           base_seed, hi, profile=self.options.profile,

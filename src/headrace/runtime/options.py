@@ -8,6 +8,7 @@ from typing import Literal
 
 from headrace.planner.timeout import TimeoutConfig
 from headrace.planner.workers import AutoscaleConfig
+from headrace.remote.config import Remote
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Options:
     reorder: bool = True
     profile_store: str | os.PathLike[str] | bool = True
     executor: Literal["processes", "threads"] = "processes"
+    remote: Remote | None = None
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
@@ -85,5 +87,7 @@ class Options:
         if self.executor == "threads" and self.sample_timeout_s is not None:
             raise ValueError("sample_timeout_s needs executor='processes': a worker thread stuck "
                              "in a step cannot be killed and replaced")
+        if self.remote is not None and not isinstance(self.remote, Remote):
+            raise ValueError(f"remote must be a headrace.Remote, got {self.remote!r}")
         if self.max_worker_restarts < 1:
             raise ValueError("max_worker_restarts must be >= 1")

@@ -1,0 +1,58 @@
+"""``Remote``: where remote workers run and what they cost (plain data; imports no Ray)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class Remote:
+    """Offload samples to Ray actors on other nodes (``Options(remote=Remote(...))``).
+
+    Attributes:
+        address: the Ray cluster to join (``ray.init(address=...)``): ``"auto"`` finds a
+            running cluster on this machine, ``"ray://host:10001"`` a remote one. When this
+            process is already connected to Ray (``ray.is_initialized()``), that connection is
+            used and ``address`` is only named in messages.
+        max_workers: remote workers (one Ray actor each, ``num_cpus`` CPUs) at most. ``None``:
+            the cluster's CPUs outside this node, divided by ``num_cpus`` (at least 1).
+        cost_per_worker_hour: what one remote worker costs per hour (any currency; ``c_w`` of
+            Pecan's bpc). ``None``: no cost known; AutoPlacement then minimises workers at equal
+            batch time.
+        local_cost_per_hour: what the training host costs per hour (``c_a``).
+        required: ``True``: an unreachable cluster is an error naming ``address``. ``False``:
+            the loader warns and runs on local workers only.
+        read_source: remote workers read a sample themselves (step 0, ``Source.load``): the
+            source is reachable from their nodes (shared storage). ``False``: the training
+            host loads the sample and ships the loaded value.
+        num_cpus: CPUs a remote worker reserves (Ray's ``num_cpus``).
+        resources: Ray custom resources a remote worker requires (e.g. ``{"cpu_node": 0.01}``
+            to keep workers off the training host).
+        workers: remote workers to start when no policy decides (``None``: ``max_workers``).
+    """
+
+    address: str = "auto"
+    max_workers: int | None = None
+    cost_per_worker_hour: float | None = None
+    local_cost_per_hour: float | None = None
+    required: bool = True
+    read_source: bool = True
+    num_cpus: float = 1.0
+    resources: Mapping[str, float] | None = None
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_workers is not None and self.max_workers < 0:
+            raise ValueError("Remote(max_workers=...) must be >= 0 (or None)")
+        if self.workers is not None and self.workers < 0:
+            raise ValueError("Remote(workers=...) must be >= 0 (or None)")
+        if (self.workers is not None and self.max_workers is not None
+                and self.workers > self.max_workers):
+            raise ValueError("Remote(workers=...) must be <= max_workers")
+        for name in ("cost_per_worker_hour", "local_cost_per_hour"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ValueError(f"Remote({name}=...) must be >= 0 (or None)")
+        if self.num_cpus <= 0:
+            raise ValueError("Remote(num_cpus=...) must be > 0")

@@ -1,0 +1,164 @@
+"""A loader's remote workers: joining the cluster, starting them in a pool, counting them.
+
+Imports no Ray itself: ``remote/ray_backend.py`` is imported when ``open()`` is first called,
+that is when a loader with ``Options(remote=Remote(...))`` starts its first epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+
+from headrace.remote.config import Remote
+from headrace.runtime.pool import WorkerHandle, WorkerPool
+from headrace.runtime.threadworker import ThreadResults, ThreadRun
+from headrace.runtime.worker import WorkerSetup
+
+log = logging.getLogger("headrace")
+
+REPLACE_EVERY_S = 1.0
+"""Seconds between two replacements of remote workers that died."""
+
+
+class RemoteSession:
+    """The remote side of one loader.
+
+    ``target``: remote workers wanted now (set by the placement controller, or
+    ``Remote.workers`` / ``max_workers``); ``remote_samples``: samples finished remotely since
+    the loader started; ``lost``: remote workers that died (their samples were re-run).
+    """
+
+    def __init__(self, cfg: Remote) -> None:
+        self.cfg = cfg
+        self.available = False
+        self.error: str | None = None
+        """Why the cluster is not used (``Remote(required=False)`` and it was unreachable)."""
+        self.max_workers = 0
+        self.target = 0
+        self.remote_samples = 0
+        self.lost = 0
+        self.stop: int | None = None
+        """Remote part ends before this step (the offload split; None: the whole sample)."""
+        self._opened = False
+        self._replaced = 0  # deaths answered by a replacement (or found not to need one)
+        self._replaced_at = 0.0  # time.monotonic() of the last replacement
+        self._lock = threading.Lock()
+        self._add_lock = threading.Lock()
+        self._pool_opts: tuple[Any, Any] = (lambda: None, None)  # (weakref to pool, options)
+
+    # -- cluster -------------------------------------------------------------------------------
+    def open(self) -> int:
+        """Join the cluster once; the number of remote worker slots to reserve (0: none)."""
+        if self._opened:
+            return self.max_workers if self.available else 0
+        self._opened = True
+        from headrace.remote import ray_backend  # the one place Ray gets imported
+
+        try:
+            ray_backend.connect(self.cfg)
+        except ray_backend.ClusterUnreachable as e:
+            if self.cfg.required:
+                raise
+            self.error = str(e).split(". Start one")[0]
+            log.warning("%s; running on local workers only (Remote(required=False))", self.error)
+            return 0
+        self.available = True
+        cfg = self.cfg
+        if cfg.max_workers is not None:
+            self.max_workers = cfg.max_workers
+        else:
+            self.max_workers = max(1, int(ray_backend.cluster_cpus() // cfg.num_cpus))
+        self.target = self.max_workers if cfg.workers is None else min(cfg.workers,
+                                                                       self.max_workers)
+        return self.max_workers
+
+    # -- workers -------------------------------------------------------------------------------
+    def remote_workers(self, pool: WorkerPool) -> list[WorkerHandle]:
+        """This pool's remote workers (not being retired)."""
+        return [w for w in list(pool.workers.values()) if w.external and not w.retiring]
+
+    def attach(self, pool: WorkerPool, on_added: Any = None) -> None:
+        """Start remote workers in ``pool`` up to ``target``."""
+        if not self.available:
+            return
+        while len(self.remote_workers(pool)) < self.target and len(pool.workers) < pool.max_slots:
+            if self.add(pool) is None:
+                return
+            if on_added is not None:
+                on_added()
+
+    def add(self, pool: WorkerPool) -> WorkerHandle | None:
+        """Start one remote worker in ``pool`` (None once the pool is closed or full). Called
+        by the training thread (``attach``) and the scheduler thread (``on_tick``): one at a
+        time."""
+        with self._add_lock:
+            if pool.closed or len(pool.workers) >= pool.max_slots:
+                return None
+            return pool.add_worker(start=lambda setup: self._start(pool, setup))
+
+    def retire(self, pool: WorkerPool) -> bool:
+        """Retire the remote worker holding the fewest samples (False: none left)."""
+        live = self.remote_workers(pool)
+        if not live:
+            return False
+        pool.retire(min(live, key=lambda w: len(w.assigned)))
+        return True
+
+    def _options(self, pool: WorkerPool) -> Any:
+        from headrace.remote import ray_backend
+
+        with self._lock:
+            ref, opts = self._pool_opts
+            if ref() is not pool:
+                steps = len(pool.pipeline.step_names)
+                opts = ray_backend.ProxyOptions(
+                    self.cfg, ray_backend.put(pool.pipeline), steps,
+                    processes=pool.executor != "threads", on_result=self._count,
+                    on_lost=self._lost)
+                self._pool_opts = (weakref.ref(pool), opts)
+            opts.stop = self.stop if self.stop is not None else opts.steps
+            return opts
+
+    def _count(self) -> None:
+        with self._lock:
+            self.remote_samples += 1
+
+    def _lost(self) -> None:
+        with self._lock:
+            self.lost += 1
+
+    def _start(self, pool: WorkerPool, setup: WorkerSetup) -> WorkerHandle:
+        from headrace.remote import ray_backend
+
+        tasks, results = ray_backend.RemoteTasks(), ThreadResults()
+        run = ThreadRun(ray_backend.proxy_main,
+                        (setup, tasks, results, pool.progress, self._options(pool)),
+                        name=f"headrace-worker-remote-{setup.slot}")
+        run.start()
+        return WorkerHandle(setup.slot, run, tasks, results, None, external=True)
+
+    def on_tick(self, pool: WorkerPool) -> None:
+        """Replace remote workers that died, up to ``target`` (Ray places them on live nodes),
+        at most one every ``REPLACE_EVERY_S`` (a worker that cannot start is not retried in a
+        tight loop)."""
+        if not self.available or pool.closed or self._replaced >= self.lost:
+            return
+        now = time.monotonic()
+        if now - self._replaced_at < REPLACE_EVERY_S:
+            return
+        self._replaced_at = now
+        self._replaced += 1
+        if len(self.remote_workers(pool)) < self.target:
+            self.add(pool)
+
+def remote_session(cfg: Remote | None, monitor: Any) -> RemoteSession | None:
+    """The loader's remote session (None without ``Options(remote=...)``), ticked by the
+    scheduler through ``monitor.tick_listeners``. Joins no cluster yet (see ``open``)."""
+    if cfg is None:
+        return None
+    session = RemoteSession(cfg)
+    monitor.tick_listeners.append(lambda sched: session.on_tick(sched.pool))
+    return session
