@@ -1,10 +1,18 @@
 """headrace: a drop-in torch DataLoader that measures the input pipeline and keeps accelerators fed."""
 
 from headrace import sources
-from headrace.errors import HeadraceError, PipelineError, StateDictError, StepError, WorkerDiedError
+from headrace.errors import (
+    HeadraceError,
+    PipelineError,
+    RemoteUnavailableError,
+    StateDictError,
+    StepError,
+    WorkerDiedError,
+)
 from headrace.pipeline import Pipeline, Step, step
 from headrace.planner.timeout import TimeoutConfig
 from headrace.planner.workers import AutoscaleConfig
+from headrace.remote.config import Remote
 from headrace.runtime import DataLoader, Options
 from headrace.telemetry.stats import EpochStats, LoaderStats
 
@@ -26,6 +34,8 @@ __all__ = [
     "Options",
     "Pipeline",
     "PipelineError",
+    "Remote",
+    "RemoteUnavailableError",
     "StateDictError",
     "Step",
     "StepError",

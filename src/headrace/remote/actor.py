@@ -45,9 +45,11 @@ class RemoteWorker:
 
         self.runner.hand_off = split
 
-    def where(self) -> tuple[str, int]:
-        """(host name, process id): which node and process this worker runs in."""
-        return socket.gethostname(), os.getpid()
+    def where(self) -> tuple[str, int, str]:
+        """(host name, process id, Ray node id): where this worker runs."""
+        import ray  # in the actor's process, which Ray started
+
+        return socket.gethostname(), os.getpid(), ray.get_runtime_context().get_node_id()
 
     def run(self, task: Task, stop: int, value: Any) -> tuple[Any, ...]:
         """Run steps ``task.start..stop-1`` of ``task.sample`` and return the worker message

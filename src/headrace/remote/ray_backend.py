@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
-from headrace.errors import HeadraceError
+from headrace.errors import RemoteUnavailableError
 from headrace.pipeline.runner import SampleRunner
 from headrace.remote.actor import RemoteWorker
 from headrace.remote.config import Remote
@@ -45,14 +46,12 @@ log = logging.getLogger("headrace")
 
 POLL_S = 0.05
 """Longest a proxy waits on Ray before checking its task queue again (seconds)."""
+CONNECT_TIMEOUT_S = 5.0
+"""How long joining a cluster may wait for its address to answer (seconds)."""
 START_WARN_S = 30.0
 """A remote worker not placed after this many seconds is reported (the cluster lacks room)."""
 
 _ActorClass = ray.remote(RemoteWorker)
-
-
-class ClusterUnreachable(HeadraceError, ConnectionError):
-    """The Ray cluster named by ``Remote(address=...)`` could not be joined."""
 
 
 def connect(cfg: Remote) -> None:
@@ -60,14 +59,26 @@ def connect(cfg: Remote) -> None:
     if ray.is_initialized():
         return
     try:
+        _check_reachable(cfg.address)
         ray.init(address=cfg.address, log_to_driver=False, include_dashboard=False,
                  configure_logging=False)
     except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ...
-        raise ClusterUnreachable(
+        raise RemoteUnavailableError(
             f"headrace could not join the Ray cluster at address {cfg.address!r}: {e}. Start "
             "one (`ray start --head`), pass its address as Remote(address='host:6379' or "
             "'ray://host:10001'), or use Remote(required=False) to run on local workers only."
         ) from e
+
+
+def _check_reachable(address: str) -> None:
+    """Fail within ``CONNECT_TIMEOUT_S`` when ``host:port`` takes no TCP connection (Ray itself
+    retries for minutes before giving up). ``"auto"`` and ``"local"`` are Ray's to resolve."""
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S):
+        pass
 
 
 def cluster_cpus() -> float:
@@ -112,6 +123,8 @@ class ProxyOptions:
         self.processes = processes
         self.on_result = on_result
         self.on_lost = on_lost
+        self.placed: dict[int, str] = {}
+        """Slot -> Ray node id of the remote worker in it (the latest one)."""
 
 
 def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, progress: Any,
@@ -126,7 +139,7 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
     actor = _ActorClass.options(**actor_opts).remote(opts.pipeline_ref, setup.base_seed,
                                                      setup.profile)
     try:
-        if not _wait_placed(actor, tasks, slot):
+        if not _wait_placed(actor, tasks, slot, opts):
             return
         results.send(("ready", slot))
         _forward(actor, tasks, results, progress, opts, setup)
@@ -143,21 +156,22 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
             pass
 
 
-def _wait_placed(actor: Any, tasks: RemoteTasks, slot: int) -> bool:
+def _wait_placed(actor: Any, tasks: RemoteTasks, slot: int, opts: ProxyOptions) -> bool:
     """Wait until the actor runs (True), or the proxy is told to exit (False)."""
     ref = actor.where.remote()
     t0 = time.monotonic()
     warned = False
     while not tasks.closed:
         try:
-            host, pid = ray.get(ref, timeout=POLL_S)
+            host, pid, node = ray.get(ref, timeout=POLL_S)
         except GetTimeoutError:
             if not warned and time.monotonic() - t0 > START_WARN_S:
                 warned = True
                 log.warning("headrace remote worker %d not placed after %.0f s: the cluster "
                             "lacks the CPUs or resources it asks for", slot, START_WARN_S)
             continue
-        log.info("headrace remote worker %d runs on %s (pid %d)", slot, host, pid)
+        log.info("headrace remote worker %d runs on %s (node %s, pid %d)", slot, host, node, pid)
+        opts.placed[slot] = node
         return True
     return False
 

@@ -12,6 +12,7 @@ import time
 import weakref
 from typing import Any
 
+from headrace.errors import RemoteUnavailableError
 from headrace.remote.config import Remote
 from headrace.runtime.pool import WorkerHandle, WorkerPool
 from headrace.runtime.threadworker import ThreadResults, ThreadRun
@@ -59,7 +60,7 @@ class RemoteSession:
 
         try:
             ray_backend.connect(self.cfg)
-        except ray_backend.ClusterUnreachable as e:
+        except RemoteUnavailableError as e:
             if self.cfg.required:
                 raise
             self.error = str(e).split(". Start one")[0]
@@ -121,6 +122,11 @@ class RemoteSession:
                 self._pool_opts = (weakref.ref(pool), opts)
             opts.stop = self.stop if self.stop is not None else opts.steps
             return opts
+
+    def placements(self) -> dict[int, str]:
+        """Slot -> Ray node id of each remote worker placed so far (the latest pool's)."""
+        opts = self._pool_opts[1]
+        return dict(opts.placed) if opts is not None else {}
 
     def _count(self) -> None:
         with self._lock:
