@@ -22,7 +22,7 @@ def test_node_killed_mid_epoch_loses_no_sample(ray_cluster, no_actor_leaks):
     loader = hr.DataLoader(pipe, batch_size=4, shuffle=True, num_workers=1, options=hr.Options(
         seed=5, remote=hr.Remote(max_workers=2, resources=ON_CPU_NODES)))
     it = iter(loader)
-    wait_until(lambda: remote_ready(it, 2))
+    wait_until(lambda it=it: remote_ready(it, 2))
     seen: Counter[int] = Counter()
     for _ in range(5):  # mid-epoch: some batches delivered, remote workers busy
         seen.update(int(i) for i in next(it)["i"])
@@ -48,7 +48,7 @@ def test_del_loader_mid_epoch_leaves_no_actor(ray_cluster, no_actor_leaks):
     loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, options=hr.Options(
         remote=hr.Remote(max_workers=2, resources=ON_CPU_NODES)))
     it = iter(loader)
-    wait_until(lambda: remote_ready(it, 2))
+    wait_until(lambda it=it: remote_ready(it, 2))
     next(it)
     assert len(live_headrace_actors()) == 2
     del it, loader  # no_actor_leaks checks that the actors are gone
