@@ -242,3 +242,9 @@ def fail_on_7(x: Any) -> Any:
     if int(np.asarray(x["i"])) == 7:
         raise ValueError("bad sample 7")
     return x
+
+
+def busy(x: np.ndarray) -> np.ndarray:
+    """30 ms of simulated work (a sleep: more Ray workers add real capacity on 2 cores)."""
+    time.sleep(0.03)
+    return x * 2

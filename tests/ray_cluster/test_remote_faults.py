@@ -27,7 +27,7 @@ def test_node_killed_mid_epoch_loses_no_sample(ray_cluster, no_actor_leaks):
     for _ in range(5):  # mid-epoch: some batches delivered, remote workers busy
         seen.update(int(i) for i in next(it)["i"])
     wait_until(lambda: loader.remote.remote_samples > 0)
-    victim_id = next(iter(loader.remote.placements().values()))
+    victim_id = next(iter(loader.remote.nodes().values()))
     victim = next(n for n in ray_cluster.cpu_nodes if n.node_id == victim_id)
     try:
         ray_cluster.remove_node(victim, allow_graceful=False)  # SIGKILL its raylet and workers

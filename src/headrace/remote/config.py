@@ -29,7 +29,14 @@ class Remote:
         num_cpus: CPUs a remote worker reserves (Ray's ``num_cpus``).
         resources: Ray custom resources a remote worker requires (e.g. ``{"cpu_node": 0.01}``
             to keep workers off the training host).
-        workers: remote workers to start when no policy decides (``None``: ``max_workers``).
+        workers: remote workers to start with (``None``: ``max_workers``, or 0 with
+            ``autoplace``).
+        autoplace: scale remote and local workers at run time to the cheapest configuration
+            without data stalls (Pecan's AutoPlacement, ``planner/placement.py``), between 0
+            and ``max_workers`` remote and 1 and the loader's local worker slots
+            (``num_workers``, or the autoscaler's bound with ``num_workers="auto"``).
+        window: batches per AutoPlacement measurement (Pecan's X).
+        threshold: relative batch-time change AutoPlacement acts on (Pecan's T).
     """
 
     address: str = "auto"
@@ -41,6 +48,9 @@ class Remote:
     num_cpus: float = 1.0
     resources: Mapping[str, float] | None = None
     workers: int | None = None
+    autoplace: bool = False
+    window: int = 20
+    threshold: float = 0.03
 
     def __post_init__(self) -> None:
         if self.max_workers is not None and self.max_workers < 0:
@@ -54,5 +64,7 @@ class Remote:
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ValueError(f"Remote({name}=...) must be >= 0 (or None)")
+        if self.window < 1 or not 0 < self.threshold < 1:
+            raise ValueError("Remote(window=...) must be >= 1 and threshold in (0, 1)")
         if self.num_cpus <= 0:
             raise ValueError("Remote(num_cpus=...) must be > 0")

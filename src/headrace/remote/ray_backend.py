@@ -181,13 +181,17 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
     slot = setup.slot
     local = None if opts.cfg.read_source else SampleRunner(setup.pipeline, None, False)
     inflight: dict[Any, tuple[Task, list[Any]]] = {}  # object ref -> (task, local timings)
+    retiring = False  # told to exit (retired): finish what the actor holds first
     while not tasks.closed:
-        while True:  # take what the scheduler queued; wait for it only when the actor idles
+        while not retiring:  # take what the scheduler queued; wait only when the actor idles
             task = tasks.take(0.0 if inflight else POLL_S)
             if task is RemoteTasks._EMPTY:
                 break
-            if task is None or tasks.closed:
-                return
+            if tasks.closed:
+                return  # shutdown: in-flight samples are discarded (never delivered)
+            if task is None:
+                retiring = True
+                break
             if task.tid == progress.revoked[slot]:
                 continue  # moved to an idle worker while queued here (Scheduler._steal)
             sent = _submit(actor, task, opts, local)
@@ -200,6 +204,8 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
                 progress.tid[slot] = task.tid
             inflight[sent[1]] = (task, sent[2])
         if not inflight:
+            if retiring:
+                return
             continue
         ready, _ = ray.wait(list(inflight), num_returns=1, timeout=POLL_S)
         for ref in ready:

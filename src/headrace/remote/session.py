@@ -44,6 +44,8 @@ class RemoteSession:
         self.stop: int | None = None
         """Remote part ends before this step (the offload split; None: the whole sample)."""
         self._opened = False
+        self.placement: Any = None
+        """The AutoPlacement controller (``remote/autoplace.py``) once running."""
         self._replaced = 0  # deaths answered by a replacement (or found not to need one)
         self._replaced_at = 0.0  # time.monotonic() of the last replacement
         self._lock = threading.Lock()
@@ -72,8 +74,8 @@ class RemoteSession:
             self.max_workers = cfg.max_workers
         else:
             self.max_workers = max(1, int(ray_backend.cluster_cpus() // cfg.num_cpus))
-        self.target = self.max_workers if cfg.workers is None else min(cfg.workers,
-                                                                       self.max_workers)
+        default = 0 if cfg.autoplace else self.max_workers
+        self.target = default if cfg.workers is None else min(cfg.workers, self.max_workers)
         return self.max_workers
 
     # -- workers -------------------------------------------------------------------------------
@@ -123,7 +125,7 @@ class RemoteSession:
             opts.stop = self.stop if self.stop is not None else opts.steps
             return opts
 
-    def placements(self) -> dict[int, str]:
+    def nodes(self) -> dict[int, str]:
         """Slot -> Ray node id of each remote worker placed so far (the latest pool's)."""
         opts = self._pool_opts[1]
         return dict(opts.placed) if opts is not None else {}
@@ -146,6 +148,26 @@ class RemoteSession:
         run.start()
         return WorkerHandle(setup.slot, run, tasks, results, None, external=True)
 
+    def on_tick_scheduler(self, sched: Any) -> None:
+        """Every scheduler pass: replace dead remote workers; run AutoPlacement."""
+        self.on_tick(sched.pool)
+        if not self.cfg.autoplace or not self.available:
+            return
+        if self.placement is None:
+            from headrace.planner.placement import PlacementConfig
+            from headrace.remote.autoplace import PlacementController
+
+            pool = sched.pool
+            local = sum(not w.external for w in pool.workers.values())
+            cfg = PlacementConfig(
+                max_remote=self.max_workers, max_local=max(1, pool.max_slots - self.max_workers),
+                window=self.cfg.window, threshold=self.cfg.threshold,
+                local_cost=self.cfg.local_cost_per_hour,
+                remote_cost=self.cfg.cost_per_worker_hour)
+            self.placement = PlacementController(self, cfg, max(1, local),
+                                                 sched.spec.batcher.batch_size or 1)
+        self.placement.on_tick(sched)
+
     def on_tick(self, pool: WorkerPool) -> None:
         """Replace remote workers that died, up to ``target`` (Ray places them on live nodes),
         at most one every ``REPLACE_EVERY_S`` (a worker that cannot start is not retried in a
@@ -166,5 +188,5 @@ def remote_session(cfg: Remote | None, monitor: Any) -> RemoteSession | None:
     if cfg is None:
         return None
     session = RemoteSession(cfg)
-    monitor.tick_listeners.append(lambda sched: session.on_tick(sched.pool))
+    monitor.tick_listeners.append(session.on_tick_scheduler)
     return session
