@@ -248,3 +248,8 @@ def busy(x: np.ndarray) -> np.ndarray:
     """30 ms of simulated work (a sleep: more Ray workers add real capacity on 2 cores)."""
     time.sleep(0.03)
     return x * 2
+
+
+def tweak(d: dict, rng: np.random.Generator) -> dict:
+    """A second random step on ``jitter``'s output (run locally after a split)."""
+    return {**d, "t": d["t"] * float(rng.random()), "n2": float(np.random.random())}

@@ -12,7 +12,7 @@ import torch
 
 import headrace as hr
 from headrace.remote import Remote
-from tests.helpers import ArraySource, fail_on_7, ident_collate, jitter
+from tests.helpers import ArraySource, fail_on_7, ident_collate, jitter, tweak
 
 pytestmark = pytest.mark.ray
 
@@ -110,3 +110,29 @@ def test_remote_step_error_names_sample_and_step(ray_cluster, no_actor_leaks):
                              max_workers=2, resources=ON_CPU_NODES)))
     assert sorted(s["i"] for b in skip for s in b) == [i for i in range(40) if i != 7]
     skip.close()
+
+
+def test_split_remote_prefix_local_suffix(ray_cluster, no_actor_leaks):
+    # FastFlow's split: remote workers run steps [0, 2) (load, jitter) and hand the sample
+    # back; local workers run the rest from there. Same samples as all-local. (Worker
+    # processes: these steps draw from the global generators too, which threads share.)
+    def pipe():
+        return hr.Pipeline(ArraySource(40), [hr.step(jitter, name="jitter", random=True),
+                                             hr.step(tweak, name="tweak", random=True)])
+
+    local = hr.DataLoader(pipe(), batch_size=4, num_workers=1, collate_fn=ident_collate,
+                          options=hr.Options(seed=2))
+    expected = by_index(list(local))
+    loader = hr.DataLoader(pipe(), batch_size=4, num_workers=1, collate_fn=ident_collate,
+                           options=hr.Options(seed=2, remote=Remote(
+                               max_workers=2, resources=ON_CPU_NODES)))
+    loader.remote.stop = 2
+    it = iter(loader)
+    wait_until(lambda: remote_ready(it, 2))
+    got = by_index(list(it))
+    assert sorted(got) == list(range(40))
+    assert it.stats().slow_samples > 0  # handed back at the split point, finished locally
+    for i, s in expected.items():
+        assert torch.equal(got[i]["t"], s["t"]) and got[i]["n2"] == s["n2"]
+        assert got[i]["n"] == s["n"]
+    loader.close()

@@ -81,3 +81,18 @@ def test_workers_needed():
     assert 1 <= n <= 16
     assert n == min(16, math.ceil(d.ratio * d.predicted / 25.0))
     assert decide(inputs(gthp=100.0)).workers_needed(25.0, 16) == 0
+
+
+def test_inputs_from_a_measured_profile():
+    from headrace.planner.offload import inputs_from_profile
+    from headrace.profiler.report import PipelineProfile, StepStats
+
+    def st(name, cpu, out):
+        return StepStats(name, 100, cpu, cpu, cpu, cpu, 0.0, out, None, None, None, None, None)
+
+    prof = PipelineProfile((st("load", 0.001, 1e5), st("decode", 0.01, 6e5)), 100, 0.011, 0.02,
+                           ())
+    x = inputs_from_profile(prof, gthp=400.0, lthp=90.0, remote_workers=4)
+    assert [s.name for s in x.steps] == ["load", "decode"]
+    assert x.steps[1].cpu_s == 0.01 and x.steps[1].bytes_out == 6e5
+    assert decide(x).offload

@@ -22,6 +22,8 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from headrace.profiler.report import PipelineProfile
+
 SPEEDUP_THRESHOLD = 1.1
 """Offload only when removing the stall could speed training up by at least 10% (FastFlow)."""
 
@@ -172,3 +174,15 @@ def decide(x: OffloadInputs) -> OffloadDecision:
            else "no accelerator bound known")
     return OffloadDecision(True, why, best=best, lower=lower, upper=upper, ratio=ratio,
                            predicted=predicted, candidates=tuple(cands), **base)
+
+
+def inputs_from_profile(profile: PipelineProfile, gthp: float, lthp: float,
+                        remote_workers: int, bandwidth: float = math.inf,
+                        overhead_s: float = 0.0, remote_thp: float | None = None
+                        ) -> OffloadInputs:
+    """The decision's inputs from a measured profile (per-step mean CPU seconds and output
+    bytes) and throughputs in samples/s (``ProbeResult``'s batches/s × batch size)."""
+    steps = tuple(StepCost(s.name, s.cpu_mean, max(0.0, s.bytes_out_mean))
+                  for s in profile.steps)
+    return OffloadInputs(gthp=gthp, lthp=lthp, steps=steps, remote_workers=remote_workers,
+                         bandwidth=bandwidth, overhead_s=overhead_s, remote_thp=remote_thp)

@@ -120,6 +120,7 @@ class ProxyOptions:
         self.pipeline_ref = pipeline_ref
         self.steps = steps
         self.stop = steps
+        self.read_local = not cfg.read_source
         self.processes = processes
         self.on_result = on_result
         self.on_lost = on_lost
@@ -179,7 +180,7 @@ def _wait_placed(actor: Any, tasks: RemoteTasks, slot: int, opts: ProxyOptions) 
 def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: Any,
              opts: ProxyOptions, setup: WorkerSetup) -> None:
     slot = setup.slot
-    local = None if opts.cfg.read_source else SampleRunner(setup.pipeline, None, False)
+    local = SampleRunner(setup.pipeline, None, False) if opts.read_local else None
     inflight: dict[Any, tuple[Task, list[Any]]] = {}  # object ref -> (task, local timings)
     retiring = False  # told to exit (retired): finish what the actor holds first
     while not tasks.closed:

@@ -44,6 +44,10 @@ class RemoteSession:
         self.stop: int | None = None
         """Remote part ends before this step (the offload split; None: the whole sample)."""
         self._opened = False
+        self.offload: Any = None
+        """The last FastFlow decision applied (``apply_offload``), for ``explain()``."""
+        self.read_local: bool = not cfg.read_source
+        """This host reads samples for the remote workers (the source is not reachable there)."""
         self.placement: Any = None
         """The AutoPlacement controller (``remote/autoplace.py``) once running."""
         self._replaced = 0  # deaths answered by a replacement (or found not to need one)
@@ -123,6 +127,7 @@ class RemoteSession:
                     on_lost=self._lost)
                 self._pool_opts = (weakref.ref(pool), opts)
             opts.stop = self.stop if self.stop is not None else opts.steps
+            opts.read_local = self.read_local
             return opts
 
     def nodes(self) -> dict[int, str]:
@@ -147,6 +152,21 @@ class RemoteSession:
                         name=f"headrace-worker-remote-{setup.slot}")
         run.start()
         return WorkerHandle(setup.slot, run, tasks, results, None, external=True)
+
+    def apply_offload(self, decision: Any, per_worker_thp: float | None = None) -> None:
+        """Apply a FastFlow decision (``planner/offload.py``) from the next epoch on: the remote
+        range's end becomes the split point, its start says who reads the source, and the
+        remote worker count follows the ratio (``workers_needed``; all available workers
+        when one worker's rate is unknown; none when offloading does not pay)."""
+        self.offload = decision
+        if not decision.offload:
+            self.target = 0
+            return
+        best = decision.best
+        self.stop = best.stop
+        self.read_local = best.start > 0
+        rate = per_worker_thp or (decision.best.rthp / max(1, self.max_workers))
+        self.target = decision.workers_needed(rate, self.max_workers)
 
     def on_tick_scheduler(self, sched: Any) -> None:
         """Every scheduler pass: replace dead remote workers; run AutoPlacement."""
