@@ -27,4 +27,6 @@ def test_autoplace_adds_remote_workers_when_local_ones_stall(ray_cluster, no_act
     assert added[0].bpt > 0
     assert loader.remote.remote_samples > 0
     assert ctl.timeline and all(p.bpt > 0 for p in ctl.timeline)
+    text = loader.explain()
+    assert "AutoPlacement (Pecan)" in text and "finished remotely" in text
     loader.close()

@@ -130,6 +130,28 @@ class RemoteSession:
             opts.read_local = self.read_local
             return opts
 
+    def facts(self, pool: WorkerPool | None, steps: list[str], measured_thp: float | None
+              ) -> Any:
+        """What ``explain()`` says about the remote side (``planner.explain.RemoteFacts``)."""
+        from headrace.planner.explain import RemoteFacts
+
+        workers = list(pool.workers.values()) if pool is not None and not pool.closed else []
+        remote = sum(w.external and not w.retiring for w in workers)
+        local = sum(not w.external and not w.retiring for w in workers)
+        cost = None
+        cfg = self.cfg
+        if cfg.local_cost_per_hour is not None and cfg.cost_per_worker_hour is not None:
+            n = remote if workers else self.target
+            cost = cfg.local_cost_per_hour + cfg.cost_per_worker_hour * n
+        moves = tuple((t, m.local, m.remote, m.bpt, m.reason)
+                      for t, m in (self.placement.moves if self.placement else []))
+        return RemoteFacts(
+            address=cfg.address, error=self.error, max_workers=self.max_workers,
+            remote_workers=remote if workers else self.target, local_workers=local,
+            remote_samples=self.remote_samples, lost=self.lost, split=self.stop,
+            steps=tuple(steps), offload=self.offload, autoplace=cfg.autoplace, moves=moves,
+            measured_thp=measured_thp, cost_per_hour=cost)
+
     def nodes(self) -> dict[int, str]:
         """Slot -> Ray node id of each remote worker placed so far (the latest pool's)."""
         opts = self._pool_opts[1]

@@ -237,7 +237,18 @@ class DataLoader:
             scale_decisions=tuple(self.monitor.scaler.decisions) if self.monitor.scaler else (),
             profile=pl.profile(),
             profile_note=pl.note + (f"; kept in {pl.store.path}" if pl.store is not None else ""),
+            remote=self._remote_facts(),
         ))
+
+    def _remote_facts(self) -> Any:
+        if self.remote is None or not self.remote._opened:
+            return None
+        it = self._iterator_ref()
+        pool = it.pool if it is not None and hasattr(it, "pool") else self._pool
+        last = self.monitor.epochs[-1] if self.monitor.epochs else None
+        assert self.planning is not None
+        return self.remote.facts(pool, self.planning.executed.step_names,
+                                 last.samples_per_s if last is not None else None)
 
     def add_sample_listener(self, fn: Callable[[int, float, bool], None]) -> None:
         """Call ``fn(index, seconds, slow)`` in the training process for every finished sample.
