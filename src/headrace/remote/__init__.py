@@ -5,5 +5,6 @@ its workers: without ``Options(remote=...)`` nothing of Ray is imported or start
 """
 
 from headrace.remote.config import Remote
+from headrace.remote.offload_plan import plan_offload
 
-__all__ = ["Remote"]
+__all__ = ["Remote", "plan_offload"]
