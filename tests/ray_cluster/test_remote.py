@@ -52,7 +52,7 @@ def test_remote_samples_equal_local_ones(ray_cluster, no_actor_leaks):
     loader = hr.DataLoader(pipeline(), batch_size=4, shuffle=True, num_workers=1,
                            collate_fn=ident_collate, options=remote_opts())
     it = iter(loader)
-    wait_until(lambda: remote_ready(it, 3))
+    wait_until(lambda it=it: remote_ready(it, 3))
     got = by_index(list(it))
     assert loader.remote.remote_samples > 0
     assert sorted(got) == sorted(expected) == list(range(48))
@@ -86,7 +86,7 @@ def test_source_read_locally_when_not_reachable(ray_cluster, no_actor_leaks):
     loader = hr.DataLoader(pipeline(), batch_size=4, num_workers=1, collate_fn=ident_collate,
                            options=remote_opts(read_source=False))
     it = iter(loader)
-    wait_until(lambda: remote_ready(it, 3))
+    wait_until(lambda it=it: remote_ready(it, 3))
     got = by_index(list(it))
     assert loader.remote.remote_samples > 0
     for i, s in expected.items():
@@ -136,3 +136,40 @@ def test_split_remote_prefix_local_suffix(ray_cluster, no_actor_leaks):
         assert torch.equal(got[i]["t"], s["t"]) and got[i]["n2"] == s["n2"]
         assert got[i]["n"] == s["n"]
     loader.close()
+
+
+def test_persistent_remote_workers_serve_later_epochs(ray_cluster, no_actor_leaks):
+    loader = hr.DataLoader(pipeline(40), batch_size=4, num_workers=1, persistent_workers=True,
+                           options=remote_opts())
+    it = iter(loader)
+    wait_until(lambda it=it: remote_ready(it, 3))
+    assert Counter(int(i) for b in it for i in b["i"]) == Counter(range(40))
+    first = loader.remote.remote_samples
+    it = iter(loader)
+    assert remote_ready(it, 3)  # the same actors, already placed
+    assert Counter(int(i) for b in it for i in b["i"]) == Counter(range(40))
+    assert loader.remote.remote_samples > first
+    del it
+    loader.close()
+
+
+def test_resume_mid_epoch_from_a_remote_run(ray_cluster, no_actor_leaks):
+    expected = by_index(list(hr.DataLoader(pipeline(), batch_size=4, shuffle=True,
+                                           num_workers=1, collate_fn=ident_collate,
+                                           options=hr.Options(seed=11))))
+    loader = hr.DataLoader(pipeline(), batch_size=4, shuffle=True, num_workers=1,
+                           collate_fn=ident_collate, options=remote_opts())
+    it = iter(loader)
+    wait_until(lambda it=it: remote_ready(it, 3))
+    first = by_index([next(it) for _ in range(5)])
+    state = loader.state_dict()
+    del it
+    loader.close()
+    # resumed on local workers only: the samples not yet delivered, with the same content
+    resumed = hr.DataLoader(pipeline(), batch_size=4, shuffle=True, num_workers=1,
+                            collate_fn=ident_collate, options=hr.Options(seed=11))
+    resumed.load_state_dict(state)
+    rest = by_index(list(resumed))
+    assert sorted([*first, *rest]) == list(range(48)) and not set(first) & set(rest)
+    for i, s in {**first, **rest}.items():
+        assert torch.equal(s["t"], expected[i]["t"]) and s["n"] == expected[i]["n"]

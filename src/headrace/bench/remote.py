@@ -64,6 +64,11 @@ class TorchSim(torch.utils.data.Dataset):
         return augment(self.src.load(i), np.random.default_rng(i))
 
 
+def _session(loader: hr.DataLoader) -> Any:
+    assert loader.remote is not None
+    return loader.remote
+
+
 def pipeline(n: int, work_ms: float, kb: int = 4) -> hr.Pipeline:
     return hr.Pipeline(SimSource(n, work_ms, kb), [hr.step(augment, name="augment", random=True)])
 
@@ -83,29 +88,37 @@ def consume(loader: Any, model_s: float, epochs: int = 1,
 
 
 def scaling(args: argparse.Namespace, remote_kw: dict[str, Any]) -> list[dict[str, Any]]:
+    """One warm-up epoch (untimed: worker and actor start-up; remote workers are waited for),
+    then one timed epoch per row; workers persist between the two."""
     n, bs, model_s = args.samples, args.batch_size, args.model_ms / 1000.0
-    rows = []
     bound = bs / model_s if model_s > 0 else float("inf")
+
+    def timed(label: str, loader: Any, remote: int) -> dict[str, Any]:
+        consume(loader, model_s)
+        if remote and not _session(loader).wait_ready(remote):
+            raise RuntimeError(f"{label}: the remote workers were not placed within 120 s")
+        r0 = _session(loader).remote_samples if remote else 0
+        wall, got = consume(loader, model_s)
+        row = {"loader": label, "remote": remote, "samples_per_s": got / wall,
+               "accelerator_bound": bound}
+        if remote:
+            row["remote_samples"] = _session(loader).remote_samples - r0
+        return row
+
     tl = torch.utils.data.DataLoader(TorchSim(SimSource(n, args.work_ms)), batch_size=bs,
-                                     num_workers=1)
-    wall, got = consume(tl, model_s)
-    rows.append({"loader": "torch DataLoader, 1 worker", "remote": 0, "samples_per_s": got / wall})
-    local = hr.DataLoader(pipeline(n, args.work_ms), batch_size=bs, num_workers=1)
-    wall, got = consume(local, model_s)
-    rows.append({"loader": "headrace, 1 local worker", "remote": 0, "samples_per_s": got / wall})
+                                     num_workers=1, persistent_workers=True)
+    rows = [timed("torch DataLoader, 1 worker", tl, 0)]
+    del tl
+    local = hr.DataLoader(pipeline(n, args.work_ms), batch_size=bs, num_workers=1,
+                          persistent_workers=True)
+    rows.append(timed("headrace, 1 local worker", local, 0))
     local.close()
     for k in args.remote_workers:
         opts = hr.Options(remote=hr.Remote(max_workers=k, workers=k, **remote_kw))
         loader = hr.DataLoader(pipeline(n, args.work_ms), batch_size=bs, num_workers=1,
-                               options=opts)
-        if args.warm:
-            consume(loader, model_s)
-        wall, got = consume(loader, model_s)
-        rows.append({"loader": f"headrace, 1 local + {k} remote", "remote": k,
-                     "samples_per_s": got / wall, "remote_samples": loader.remote.remote_samples})
+                               persistent_workers=True, options=opts)
+        rows.append(timed(f"headrace, 1 local + {k} remote", loader, k))
         loader.close()
-    for r in rows:
-        r["accelerator_bound"] = bound
     return rows
 
 
@@ -114,9 +127,9 @@ def autoplace(args: argparse.Namespace, remote_kw: dict[str, Any], out: Path) ->
                                        window=args.window, cost_per_worker_hour=1.0,
                                        local_cost_per_hour=4.0, **remote_kw))
     loader = hr.DataLoader(pipeline(args.samples, args.work_ms), batch_size=args.batch_size,
-                           num_workers=1, options=opts)
+                           num_workers=1, persistent_workers=True, options=opts)
     wall, got = consume(loader, args.model_ms / 1000.0, epochs=args.epochs)
-    ctl = loader.remote.placement
+    ctl = _session(loader).placement
     timeline = [vars(p) for p in ctl.timeline] if ctl is not None else []
     moves = [(t, m.local, m.remote, m.bpt, m.reason) for t, m in (ctl.moves if ctl else [])]
     explain = loader.explain()
@@ -173,7 +186,7 @@ def decisions(args: argparse.Namespace, remote_kw: dict[str, Any]) -> list[dict[
                      "split": [d.best.start, d.best.stop] if d.best else None,
                      "ratio": d.ratio, "gthp": d.gthp, "lthp": d.lthp, "lower": d.lower,
                      "upper": d.upper, "predicted": d.predicted,
-                     "remote_workers": loader.remote.target, "describe": d.describe()})
+                     "remote_workers": _session(loader).target, "describe": d.describe()})
         loader.close()
     return rows
 
@@ -211,7 +224,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--probe-batches", type=int, default=20)
     p.add_argument("--bandwidth", type=float, default=20e6, help="I/O-bound link, bytes/s")
-    p.add_argument("--warm", action="store_true", help="one untimed epoch per remote row")
     p.add_argument("--tiny", action="store_true", help="prove the harness runs (no timings)")
     args = p.parse_args(argv)
     if args.tiny:

@@ -145,16 +145,17 @@ def _estimate(lthp: float, pcycle: float, rthp: float, ocycle: float) -> float:
 def decide(x: OffloadInputs) -> OffloadDecision:
     """FastFlow's Algorithm 1 over every step boundary."""
     pcycle = sum(max(0.0, s.cpu_s) for s in x.steps)
-    base = dict(gthp=x.gthp, lthp=x.lthp, pcycle=pcycle)
+    g, lt = x.gthp, x.lthp
     if x.remote_workers <= 0:
-        return OffloadDecision(False, "no remote worker available", predicted=x.lthp, **base)
-    if x.gthp <= x.lthp or x.gthp / x.lthp < SPEEDUP_THRESHOLD:
+        return OffloadDecision(False, "no remote worker available", g, lt, pcycle,
+                               predicted=lt)
+    if g <= lt or g / lt < SPEEDUP_THRESHOLD:
         return OffloadDecision(
-            False, f"no stall worth removing: Gthp/Lthp = {x.gthp / x.lthp:.2f} < "
-            f"{SPEEDUP_THRESHOLD}", predicted=min(x.gthp, x.lthp), **base)
+            False, f"no stall worth removing: Gthp/Lthp = {g / lt:.2f} < {SPEEDUP_THRESHOLD}",
+            g, lt, pcycle, predicted=min(g, lt))
     cands = candidates(x)
     if not cands:
-        return OffloadDecision(False, "no step has work to offload", predicted=x.lthp, **base)
+        return OffloadDecision(False, "no step has work to offload", g, lt, pcycle, predicted=lt)
     best = max(cands, key=lambda c: (c.estimate, -c.ocycle))  # line 7
     upper = best.rthp  # line 8
     share = best.ocycle / pcycle if pcycle > 0 else 1.0
@@ -169,11 +170,12 @@ def decide(x: OffloadInputs) -> OffloadDecision:
         return OffloadDecision(
             False, f"the best range [{best.start}, {best.stop}) would reach "
             f"{predicted:.1f}/s against {x.lthp:.1f}/s local: under {SPEEDUP_THRESHOLD}x",
-            best=best, lower=lower, upper=upper, predicted=x.lthp, candidates=tuple(cands), **base)
+            g, lt, pcycle, best=best, lower=lower, upper=upper, predicted=lt,
+            candidates=tuple(cands))
     why = (f"Gthp/Lthp = {x.gthp / x.lthp:.2f}" if math.isfinite(x.gthp)
            else "no accelerator bound known")
-    return OffloadDecision(True, why, best=best, lower=lower, upper=upper, ratio=ratio,
-                           predicted=predicted, candidates=tuple(cands), **base)
+    return OffloadDecision(True, why, g, lt, pcycle, best=best, lower=lower, upper=upper,
+                           ratio=ratio, predicted=predicted, candidates=tuple(cands))
 
 
 def inputs_from_profile(profile: PipelineProfile, gthp: float, lthp: float,

@@ -40,7 +40,7 @@ class RemoteWorker:
         self.steps = len(pipeline.step_names)
         self._stop = self.steps
 
-        def split(next_step: int, _spent: float) -> bool:
+        def split(next_step: int, spent: float) -> bool:
             return next_step >= self._stop  # hand the sample back at the split point
 
         self.runner.hand_off = split

@@ -137,7 +137,7 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
                                   "max_task_retries": 0}
     if cfg.resources:
         actor_opts["resources"] = dict(cfg.resources)
-    actor = _ActorClass.options(**actor_opts).remote(opts.pipeline_ref, setup.base_seed,
+    actor: Any = _ActorClass.options(**actor_opts).remote(opts.pipeline_ref, setup.base_seed,
                                                      setup.profile)
     try:
         if not _wait_placed(actor, tasks, slot, opts):

@@ -152,6 +152,24 @@ class RemoteSession:
             steps=tuple(steps), offload=self.offload, autoplace=cfg.autoplace, moves=moves,
             measured_thp=measured_thp, cost_per_hour=cost)
 
+    def ready_workers(self) -> int:
+        """Remote workers of the latest pool that are placed and take samples."""
+        pool = self._pool_opts[0]()
+        if pool is None or pool.closed:
+            return 0
+        return sum(w.ready for w in self.remote_workers(pool))
+
+    def wait_ready(self, n: int, timeout_s: float = 120.0) -> bool:
+        """Wait (bounded) until ``n`` remote workers of the latest pool are ready (benchmarks:
+        start-up kept out of the timed epoch). False on timeout."""
+        tick = threading.Event()
+        deadline = time.monotonic() + timeout_s
+        while self.ready_workers() < n:
+            if time.monotonic() > deadline:
+                return False
+            tick.wait(0.05)
+        return True
+
     def nodes(self) -> dict[int, str]:
         """Slot -> Ray node id of each remote worker placed so far (the latest pool's)."""
         opts = self._pool_opts[1]
