@@ -94,5 +94,5 @@ def test_inputs_from_a_measured_profile():
                            ())
     x = inputs_from_profile(prof, gthp=400.0, lthp=90.0, remote_workers=4)
     assert [s.name for s in x.steps] == ["load", "decode"]
-    assert x.steps[1].cpu_s == 0.01 and x.steps[1].bytes_out == 6e5
+    assert x.steps[1].work_s == 0.01 and x.steps[1].bytes_out == 6e5  # wall_mean
     assert decide(x).offload

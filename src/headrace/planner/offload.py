@@ -9,10 +9,11 @@ the loaded value (p'1); ``b`` is any later boundary (the remote worker hands the
 there and local workers finish it). p'3 (remote batching) does not exist: batches are formed
 by the scheduler.
 
-Throughputs are in samples per second, CPU in seconds per sample, bytes per sample. The model
-of a candidate's remote throughput ``Rthp(a, b)`` is the smaller of the remote CPU capacity
-(workers ÷ the range's CPU seconds, scaled by how fast the remote workers really ran in the
-probe) and the network (bandwidth ÷ the bytes the range moves: the shipped input when
+Throughputs are in samples per second, work in worker-seconds per sample (a step's mean wall
+time: a worker is held for it whether it computes or waits on I/O; FastFlow's cycles would call
+a step that waits free), bytes per sample. The model of a candidate's remote throughput
+``Rthp(a, b)`` is the smaller of the remote capacity (workers ÷ the range's worker-seconds,
+scaled by how fast the remote workers really ran in the probe) and the network (bandwidth ÷ the bytes the range moves: the shipped input when
 ``a = 1`` plus the value handed back at ``b``).
 """
 
@@ -30,10 +31,11 @@ SPEEDUP_THRESHOLD = 1.1
 
 @dataclasses.dataclass(frozen=True)
 class StepCost:
-    """One step's mean cost per sample: ``cpu_s`` CPU seconds, ``bytes_out`` output bytes."""
+    """One step's mean cost per sample: ``work_s`` worker-seconds (its wall time),
+    ``bytes_out`` output bytes."""
 
     name: str
-    cpu_s: float
+    work_s: float
     bytes_out: float
 
 
@@ -109,9 +111,9 @@ class OffloadDecision:
 def candidates(x: OffloadInputs) -> list[Candidate]:
     """Every range a remote worker can run, with its modelled throughput (FastFlow line 6)."""
     n = len(x.steps)
-    cpu = [max(0.0, s.cpu_s) for s in x.steps]
+    cpu = [max(0.0, s.work_s) for s in x.steps]
     pcycle = sum(cpu)
-    speed = 1.0  # remote CPU seconds per profiled CPU second (from the probe)
+    speed = 1.0  # remote worker-seconds per profiled second (from the probe)
     if x.remote_thp is not None and x.remote_thp > 0 and pcycle > 0 and x.remote_workers > 0:
         speed = (x.remote_workers / pcycle) / x.remote_thp  # >1: remote slower than modelled
     out = []
@@ -144,7 +146,7 @@ def _estimate(lthp: float, pcycle: float, rthp: float, ocycle: float) -> float:
 
 def decide(x: OffloadInputs) -> OffloadDecision:
     """FastFlow's Algorithm 1 over every step boundary."""
-    pcycle = sum(max(0.0, s.cpu_s) for s in x.steps)
+    pcycle = sum(max(0.0, s.work_s) for s in x.steps)
     g, lt = x.gthp, x.lthp
     if x.remote_workers <= 0:
         return OffloadDecision(False, "no remote worker available", g, lt, pcycle,
@@ -182,9 +184,9 @@ def inputs_from_profile(profile: PipelineProfile, gthp: float, lthp: float,
                         remote_workers: int, bandwidth: float = math.inf,
                         overhead_s: float = 0.0, remote_thp: float | None = None
                         ) -> OffloadInputs:
-    """The decision's inputs from a measured profile (per-step mean CPU seconds and output
+    """The decision's inputs from a measured profile (per-step mean wall seconds and output
     bytes) and throughputs in samples/s (``ProbeResult``'s batches/s × batch size)."""
-    steps = tuple(StepCost(s.name, s.cpu_mean, max(0.0, s.bytes_out_mean))
+    steps = tuple(StepCost(s.name, s.wall_mean, max(0.0, s.bytes_out_mean))
                   for s in profile.steps)
     return OffloadInputs(gthp=gthp, lthp=lthp, steps=steps, remote_workers=remote_workers,
                          bandwidth=bandwidth, overhead_s=overhead_s, remote_thp=remote_thp)

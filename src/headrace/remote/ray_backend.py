@@ -125,7 +125,7 @@ class ProxyOptions:
         self.on_result = on_result
         self.on_lost = on_lost
         self.placed: dict[int, str] = {}
-        """Slot -> Ray node id of the remote worker in it (the latest one)."""
+        """Slot -> Ray node id of the running remote worker in it (removed when it ends)."""
 
 
 def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, progress: Any,
@@ -151,6 +151,7 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
             opts.on_lost()
     finally:
         progress.tid[slot] = -1
+        opts.placed.pop(slot, None)
         try:
             ray.kill(actor, no_restart=True)
         except Exception:  # noqa: BLE001 - the actor or the connection is already gone

@@ -153,11 +153,13 @@ class RemoteSession:
             measured_thp=measured_thp, cost_per_hour=cost)
 
     def ready_workers(self) -> int:
-        """Remote workers of the latest pool that are placed and take samples."""
-        pool = self._pool_opts[0]()
-        if pool is None or pool.closed:
+        """Remote workers of the latest pool whose actor is placed and running (between
+        epochs of persistent workers too, before a scheduler has seen their ``ready``)."""
+        pool, opts = self._pool_opts[0](), self._pool_opts[1]
+        if pool is None or pool.closed or opts is None:
             return 0
-        return sum(w.ready for w in self.remote_workers(pool))
+        placed = dict(opts.placed)
+        return sum(w.slot in placed for w in self.remote_workers(pool))
 
     def wait_ready(self, n: int, timeout_s: float = 120.0) -> bool:
         """Wait (bounded) until ``n`` remote workers of the latest pool are ready (benchmarks:
