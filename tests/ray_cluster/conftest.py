@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -68,4 +69,9 @@ def no_actor_leaks(ray_cluster):
     gc.collect()
     threads = [t.name for t in threading.enumerate() if t.name.startswith("headrace-worker")]
     assert not threads, f"worker threads left behind: {threads}"
+    # ray.kill is asynchronous: the GCS marks a killed actor DEAD within milliseconds; one
+    # still alive after 10 s was not killed
+    tick, deadline = threading.Event(), time.monotonic() + 10.0
+    while live_headrace_actors() and time.monotonic() < deadline:
+        tick.wait(0.05)
     assert not live_headrace_actors(), "Ray actors left behind"

@@ -88,3 +88,16 @@ def test_unreachable_cluster(required):
     else:
         assert "batches 2" in out.stdout, out.stderr
         assert f"'127.0.0.1:{port}'" in out.stderr and "local workers only" in out.stderr
+
+
+def test_ctrl_c_in_the_training_loop_leaves_no_actor(ray_cluster, no_actor_leaks):
+    pipe = hr.Pipeline(ArraySource(200), [hr.step(jitter, name="jitter", random=True)])
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, options=hr.Options(
+        remote=hr.Remote(max_workers=2, resources=ON_CPU_NODES)))
+    it = iter(loader)
+    wait_until(lambda it=it: remote_ready(it, 2))
+    with pytest.raises(KeyboardInterrupt):
+        for i, _ in enumerate(it):
+            if i == 3:
+                raise KeyboardInterrupt  # what Ctrl-C raises in the training loop
+    del it, loader  # the traceback let go: the epoch is finalised, its actors killed
