@@ -150,7 +150,9 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
         if opts.on_lost is not None:
             opts.on_lost()
     finally:
-        progress.tid[slot] = -1
+        # progress.tid keeps the task at the head of the actor's queue: the scheduler counts
+        # an attempt against that sample (a sample that keeps killing actors is failed per
+        # the error policy, not retried for ever)
         opts.placed.pop(slot, None)
         try:
             ray.kill(actor, no_restart=True)
