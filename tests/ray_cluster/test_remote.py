@@ -173,3 +173,20 @@ def test_resume_mid_epoch_from_a_remote_run(ray_cluster, no_actor_leaks):
     assert sorted([*first, *rest]) == list(range(48)) and not set(first) & set(rest)
     for i, s in {**first, **rest}.items():
         assert torch.equal(s["t"], expected[i]["t"]) and s["n"] == expected[i]["n"]
+
+
+def test_offload_ratio_caps_the_remote_share(ray_cluster, no_actor_leaks):
+    loader = hr.DataLoader(pipeline(120), batch_size=4, num_workers=1, persistent_workers=True,
+                           options=remote_opts())
+    try:
+        it = iter(loader)
+        wait_until(lambda it=it: remote_ready(it, 3))
+        list(it)  # first epoch: no limit
+        loader.remote.ratio = 0.25
+        base = loader.remote.remote_samples
+        got = Counter(int(i) for b in loader for i in b["i"])
+        assert got == Counter(range(120))
+        share = loader.remote.remote_samples - base
+        assert 0 < share <= 0.25 * 120 + 3  # the ratio plus one sample per remote worker
+    finally:
+        loader.close()

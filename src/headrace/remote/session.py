@@ -45,6 +45,10 @@ class RemoteSession:
         """Remote part ends before this step (the offload split; None: the whole sample)."""
         self._opened = False
         self.offload: Any = None
+        self.ratio = 1.0
+        """Share of samples remote workers may finish (the offload ratio; 1: no limit)."""
+        self._counters: Any = None  # the running epoch's scheduler counters
+        self._epoch_base = 0  # remote_samples when that epoch started
         """The last FastFlow decision applied (``apply_offload``), for ``explain()``."""
         self.read_local: bool = not cfg.read_source
         """This host reads samples for the remote workers (the source is not reachable there)."""
@@ -193,7 +197,20 @@ class RemoteSession:
                         (setup, tasks, results, pool.progress, self._options(pool)),
                         name=f"headrace-worker-remote-{setup.slot}")
         run.start()
-        return WorkerHandle(setup.slot, run, tasks, results, None, external=True)
+        return WorkerHandle(setup.slot, run, tasks, results, None, external=True,
+                            gate=self._within_ratio)
+
+    def _within_ratio(self) -> bool:
+        """May remote workers take more samples now? FastFlow's ApplyOffRatio by counters:
+        samples finished or held remotely this epoch stay within ``ratio`` of all finished
+        ones (plus one per remote worker, so they can start). The scheduler asks before
+        dispatching."""
+        c, pool = self._counters, self._pool_opts[0]()
+        if self.ratio >= 1.0 or c is None or pool is None:
+            return True
+        held = sum(len(w.assigned) for w in self.remote_workers(pool))
+        remote = self.remote_samples - self._epoch_base + held
+        return remote < self.ratio * (c.fast + c.slow + held) + self.target
 
     def apply_offload(self, decision: Any, per_worker_thp: float | None = None) -> None:
         """Apply a FastFlow decision (``planner/offload.py``) from the next epoch on: the remote
@@ -204,6 +221,7 @@ class RemoteSession:
         if not decision.offload:
             self.target = 0
             return
+        self.ratio = decision.ratio
         best = decision.best
         self.stop = best.stop
         self.read_local = best.start > 0
@@ -212,6 +230,8 @@ class RemoteSession:
 
     def on_tick_scheduler(self, sched: Any) -> None:
         """Every scheduler pass: replace dead remote workers; run AutoPlacement."""
+        if sched.counters is not self._counters:  # a new epoch: the ratio counts from here
+            self._counters, self._epoch_base = sched.counters, self.remote_samples
         self.on_tick(sched.pool)
         if not self.cfg.autoplace or not self.available:
             return

@@ -90,6 +90,7 @@ class WorkerHandle:
     ready: bool = False
     retiring: bool = False
     external: bool = False  # started by a backend (remote/): the pool does not restart it
+    gate: Callable[[], bool] | None = None  # a backend's dispatch limit (remote/: offload ratio)
 
     @property
     def sentinel(self) -> int:

@@ -303,7 +303,8 @@ class Scheduler:
 
     # -- dispatch ------------------------------------------------------------------------------
     def _dispatch(self) -> None:
-        workers = [w for w in list(self.pool.workers.values()) if w.ready and not w.retiring]
+        workers = [w for w in list(self.pool.workers.values()) if w.ready and not w.retiring
+                   and (w.gate is None or w.gate())]
         if not workers:
             return
         # The slow lane gets its share of the workers; a backlog longer than the pool means that
