@@ -253,3 +253,10 @@ def busy(x: np.ndarray) -> np.ndarray:
 def tweak(d: dict, rng: np.random.Generator) -> dict:
     """A second random step on ``jitter``'s output (run locally after a split)."""
     return {**d, "t": d["t"] * float(rng.random()), "n2": float(np.random.random())}
+
+
+def slow_on_4(x: Any) -> Any:
+    """Slow (100 ms) on every 4th sample, instant on the others."""
+    if int(np.asarray(x["i"] if isinstance(x, dict) else x[0])) % 4 == 0:
+        time.sleep(0.1)
+    return x

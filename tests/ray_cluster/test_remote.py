@@ -12,7 +12,7 @@ import torch
 
 import headrace as hr
 from headrace.remote import Remote
-from tests.helpers import ArraySource, fail_on_7, ident_collate, jitter, tweak
+from tests.helpers import ArraySource, fail_on_7, ident_collate, jitter, slow_on_4, tweak
 
 pytestmark = pytest.mark.ray
 
@@ -188,5 +188,33 @@ def test_offload_ratio_caps_the_remote_share(ray_cluster, no_actor_leaks):
         assert got == Counter(range(120))
         share = loader.remote.remote_samples - base
         assert 0 < share <= 0.25 * 120 + 3  # the ratio plus one sample per remote worker
+    finally:
+        loader.close()
+
+
+def test_slow_lane_samples_finish_on_remote_workers(ray_cluster, no_actor_leaks):
+    # every 4th sample takes 100 ms in "slow1" (over the fixed 30 ms timeout) and is handed off
+    # with jitter and slow2 left; remote workers take such samples first (Remote(slow_lane))
+    def pipe():
+        return hr.Pipeline(ArraySource(80), [hr.step(slow_on_4, name="slow1"),
+                                             hr.step(jitter, name="jitter", random=True),
+                                             hr.step(slow_on_4, name="slow2")])
+
+    timeout = hr.TimeoutConfig(fixed_s=0.03)
+    expected = by_index(list(hr.DataLoader(pipe(), batch_size=4, num_workers=1,
+                                           collate_fn=ident_collate,
+                                           options=hr.Options(seed=4, timeout=timeout))))
+    loader = hr.DataLoader(pipe(), batch_size=4, num_workers=1, collate_fn=ident_collate,
+                           options=hr.Options(seed=4, timeout=timeout, remote=Remote(
+                               max_workers=2, resources=ON_CPU_NODES, slow_lane=True)))
+    try:
+        it = iter(loader)
+        wait_until(lambda it=it: remote_ready(it, 2))
+        got = by_index(list(it))
+        assert sorted(got) == list(range(80))
+        assert loader.stats().last.slow_samples > 0
+        assert loader.remote.resumed_remote > 0
+        for i, s in expected.items():
+            assert torch.equal(got[i]["t"], s["t"]) and got[i]["n"] == s["n"]
     finally:
         loader.close()

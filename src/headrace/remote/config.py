@@ -35,6 +35,10 @@ class Remote:
             without data stalls (Pecan's AutoPlacement, ``planner/placement.py``), between 0
             and ``max_workers`` remote and 1 and the loader's local worker slots
             (``num_workers``, or the autoscaler's bound with ``num_workers="auto"``).
+        slow_lane: remote workers take slow-lane samples (MinatoLoader: handed off over the
+            timeout, resumed at their next step) before fresh ones, beyond the slow-lane share
+            of the local pool, so the local workers keep serving the fast lane. The partial
+            value crosses the network: it pays when the steps left cost more than moving it.
         window: batches per AutoPlacement measurement (Pecan's X).
         threshold: relative batch-time change AutoPlacement acts on (Pecan's T).
     """
@@ -49,6 +53,7 @@ class Remote:
     resources: Mapping[str, float] | None = None
     workers: int | None = None
     autoplace: bool = False
+    slow_lane: bool = False
     window: int = 20
     threshold: float = 0.03
 

@@ -110,12 +110,14 @@ class ProxyOptions:
     ``stop``: the step the remote part ends at (the offload split point; the pipeline's step
     count: the whole sample). ``processes``: the local workers are processes, so partial values
     they exchange are ``runtime/transport.py``-encoded. ``on_result()``: a sample finished
-    remotely; ``on_lost()``: an actor died.
+    remotely; ``on_lost()``: an actor died; ``on_resumed()``: a sample resumed at a later
+    step was sent.
     """
 
     def __init__(self, cfg: Remote, pipeline_ref: Any, steps: int, processes: bool,
                  on_result: Callable[[], None] | None = None,
-                 on_lost: Callable[[], None] | None = None) -> None:
+                 on_lost: Callable[[], None] | None = None,
+                 on_resumed: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
         self.pipeline_ref = pipeline_ref
         self.steps = steps
@@ -124,6 +126,7 @@ class ProxyOptions:
         self.processes = processes
         self.on_result = on_result
         self.on_lost = on_lost
+        self.on_resumed = on_resumed
         self.placed: dict[int, str] = {}
         """Slot -> Ray node id of the running remote worker in it (removed when it ends)."""
 
@@ -230,8 +233,10 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
     message)`` when nothing is left to run remotely (a local load failed, or was all)."""
     value = None
     before: list[Any] = []
-    if task.start > 0:
+    if task.start > 0:  # a slow-lane sample (or one handed back at a split) resumed here
         value = decode(task.payload) if opts.processes else task.payload
+        if opts.on_resumed is not None:
+            opts.on_resumed()
     elif local is not None:  # the source is not reachable remotely: load here
         out = local.run(task.sample, 0, None, task.base_seed, task.epoch,
                         hand_off=lambda _next, _spent: True)

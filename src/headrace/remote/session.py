@@ -40,6 +40,8 @@ class RemoteSession:
         self.max_workers = 0
         self.target = 0
         self.remote_samples = 0
+        self.resumed_remote = 0
+        """Slow-lane samples (resumed at a later step) sent to remote workers."""
         self.lost = 0
         self.stop: int | None = None
         """Remote part ends before this step (the offload split; None: the whole sample)."""
@@ -128,7 +130,7 @@ class RemoteSession:
                 opts = ray_backend.ProxyOptions(
                     self.cfg, ray_backend.put(pool.pipeline), steps,
                     processes=pool.executor != "threads", on_result=self._count,
-                    on_lost=self._lost)
+                    on_lost=self._lost, on_resumed=self._resumed)
                 self._pool_opts = (weakref.ref(pool), opts)
             opts.stop = self.stop if self.stop is not None else opts.steps
             opts.read_local = self.read_local
@@ -185,6 +187,10 @@ class RemoteSession:
         with self._lock:
             self.remote_samples += 1
 
+    def _resumed(self) -> None:
+        with self._lock:
+            self.resumed_remote += 1
+
     def _lost(self) -> None:
         with self._lock:
             self.lost += 1
@@ -198,7 +204,7 @@ class RemoteSession:
                         name=f"headrace-worker-remote-{setup.slot}")
         run.start()
         return WorkerHandle(setup.slot, run, tasks, results, None, external=True,
-                            gate=self._within_ratio)
+                            gate=self._within_ratio, prefers_slow=self.cfg.slow_lane)
 
     def _within_ratio(self) -> bool:
         """May remote workers take more samples now? FastFlow's ApplyOffRatio by counters:

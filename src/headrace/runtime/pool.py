@@ -91,6 +91,7 @@ class WorkerHandle:
     retiring: bool = False
     external: bool = False  # started by a backend (remote/): the pool does not restart it
     gate: Callable[[], bool] | None = None  # a backend's dispatch limit (remote/: offload ratio)
+    prefers_slow: bool = False  # takes slow-lane samples first, beyond the slow-lane share
 
     @property
     def sentinel(self) -> int:

@@ -79,6 +79,7 @@ class Scheduler:
         self._pulled = 0  # positions pulled and not already delivered (counted in flight)
         self._settled = 0  # positions completed or skipped
         self._exhausted = False
+        self._slow_takers = False  # a worker with prefers_slow is dispatched to (see _dispatch)
         self._hung: dict[int, tuple[int, int]] = {}  # slot -> (tid, step) of a killed hung task
         self._batches: dict[int, BatchAssembly] = {}  # batch key -> batch being filled
         self._stop = threading.Event()
@@ -314,6 +315,9 @@ class Scheduler:
         if len(self._backlog) > len(workers):
             slow_cap = len(workers) * DEPTH
         slow_now = self._over_timeout(workers)
+        # workers that take slow-lane samples first (remote ones with Remote(slow_lane=True)):
+        # the others then leave the backlog to them unless nothing fresh may start
+        self._slow_takers = any(w.prefers_slow for w in workers)
         for depth in range(1, DEPTH + 1):
             for w in workers:
                 if depth > 1 and w.slot in slow_now:
@@ -385,7 +389,8 @@ class Scheduler:
     def _choose(self, w: WorkerHandle, depth: int, slow_cap: int) -> Rec | None:
         if self._retry:
             return self._retry.popleft()
-        if self._backlog and self._slow_running() < slow_cap:
+        if self._backlog and (w.prefers_slow or (
+                self._slow_running() < slow_cap and not self._slow_takers)):
             return self._backlog.popleft()
         if depth == 1 or not self._near_end():
             rec = self._next_fresh()
