@@ -11,6 +11,8 @@ no CPUs for actors, and ``--nodes`` CPU nodes of ``--node-cpus`` slots each):
    timeline of local and remote workers and batch time is plotted (Pecan Figure 7 style).
 3. **FastFlow's decision table** for a CPU-bound, an I/O-bound (large samples over a
    ``--bandwidth`` link) and a GPU-bound variant: offload or not, split, ratio, the numbers.
+4. **Slow lane to remote**: a heavy-tailed pipeline with ``Remote(slow_lane=False)`` vs
+   ``True``: does finishing handed-off samples on remote workers pay?
 
 Writes ``results.json``, ``results.md`` and ``autoplace-timeline.png`` to ``--out``. Timings
 must come from a quiet machine; ``--tiny`` only proves that the harness runs.
@@ -62,6 +64,13 @@ class TorchSim(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> np.ndarray:
         return augment(self.src.load(i), np.random.default_rng(i))
+
+
+def heavy_tail(x: np.ndarray) -> np.ndarray:
+    """150 ms of simulated work on one sample in 8 (by its value), none on the others."""
+    if int(x[0]) % 8 == 0:
+        time.sleep(0.15)
+    return x
 
 
 def _session(loader: hr.DataLoader) -> Any:
@@ -118,6 +127,32 @@ def scaling(args: argparse.Namespace, remote_kw: dict[str, Any]) -> list[dict[st
         loader = hr.DataLoader(pipeline(n, args.work_ms), batch_size=bs, num_workers=1,
                                persistent_workers=True, options=opts)
         rows.append(timed(f"headrace, 1 local + {k} remote", loader, k))
+        loader.close()
+    return rows
+
+
+def slow_lane(args: argparse.Namespace, remote_kw: dict[str, Any]) -> list[dict[str, Any]]:
+    """Does finishing slow-lane samples remotely pay? A heavy-tailed pipeline (one sample in 8
+    spends 2 x 150 ms in two steps, handed off between them), 1 local + 2 remote workers,
+    ``Remote(slow_lane=False)`` vs ``True``; warm-up epoch, then a timed one."""
+    rows = []
+    model_s = args.model_ms / 1000.0
+    for flag in (False, True):
+        pipe = hr.Pipeline(SimSource(args.samples, args.work_ms / 4), [
+            hr.step(heavy_tail, name="heavy1"), hr.step(augment, name="augment", random=True),
+            hr.step(heavy_tail, name="heavy2")])
+        opts = hr.Options(remote=hr.Remote(max_workers=2, workers=2, slow_lane=flag, **remote_kw))
+        loader = hr.DataLoader(pipe, batch_size=args.batch_size, num_workers=1,
+                               persistent_workers=True, options=opts)
+        consume(loader, model_s)
+        if not _session(loader).wait_ready(2):
+            raise RuntimeError("slow lane rows: the remote workers were not placed within 120 s")
+        r0 = _session(loader).resumed_remote
+        wall, got = consume(loader, model_s)
+        last = loader.stats().last
+        rows.append({"slow_lane_to_remote": flag, "samples_per_s": got / wall,
+                     "slow_samples": last.slow_samples if last else None,
+                     "resumed_remotely": _session(loader).resumed_remote - r0})
         loader.close()
     return rows
 
@@ -206,6 +241,11 @@ def markdown(res: dict[str, Any]) -> str:
         out.append(f"| {d['variant']} | {'yes' if d['offload'] else 'no'} | {d['split']} | "
                    f"{d['ratio']:.2f} | {d['gthp']:.1f} | {d['lthp']:.1f} | "
                    f"{d['remote_workers']} |")
+    out += ["", "| slow lane to remote | samples/s | slow samples | resumed remotely |",
+            "|---|---|---|---|"]
+    for r in res["slow_lane"]:
+        out.append(f"| {'yes' if r['slow_lane_to_remote'] else 'no'} | "
+                   f"{r['samples_per_s']:.1f} | {r['slow_samples']} | {r['resumed_remotely']} |")
     return "\n".join(out) + "\n"
 
 
@@ -256,7 +296,8 @@ def main(argv: list[str] | None = None) -> None:
                  f"{args.nodes} Ray CPU nodes x {args.node_cpus} slots")
         res = {"setup": setup, "args": vars(args), "scaling": scaling(args, remote_kw),
                "autoplace": autoplace(args, remote_kw, out),
-               "decisions": decisions(args, remote_kw)}
+               "decisions": decisions(args, remote_kw),
+               "slow_lane": slow_lane(args, remote_kw)}
     finally:
         ray.shutdown()
         if cluster is not None:
