@@ -73,6 +73,13 @@ def heavy_tail(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def heavy_tail_then_light(x: np.ndarray) -> np.ndarray:
+    """150 ms on one sample in 8, 10 ms on the others: the step's median is 10 ms, so a sample
+    late after ``heavy_tail`` has work left worth moving (the hand-off rule)."""
+    time.sleep(0.15 if int(x[0]) % 8 == 0 else 0.01)
+    return x
+
+
 def _session(loader: hr.DataLoader) -> Any:
     assert loader.remote is not None
     return loader.remote
@@ -133,14 +140,15 @@ def scaling(args: argparse.Namespace, remote_kw: dict[str, Any]) -> list[dict[st
 
 def slow_lane(args: argparse.Namespace, remote_kw: dict[str, Any]) -> list[dict[str, Any]]:
     """Does finishing slow-lane samples remotely pay? A heavy-tailed pipeline (one sample in 8
-    spends 2 x 150 ms in two steps, handed off between them), 1 local + 2 remote workers,
+    spends 2 x 150 ms in two steps, handed off between them; the others 10 ms in the second),
+    1 local + 2 remote workers,
     ``Remote(slow_lane=False)`` vs ``True``; warm-up epoch, then a timed one."""
     rows = []
     model_s = args.model_ms / 1000.0
     for flag in (False, True):
         pipe = hr.Pipeline(SimSource(args.samples, args.work_ms / 4), [
             hr.step(heavy_tail, name="heavy1"), hr.step(augment, name="augment", random=True),
-            hr.step(heavy_tail, name="heavy2")])
+            hr.step(heavy_tail_then_light, name="heavy2")])
         opts = hr.Options(remote=hr.Remote(max_workers=2, workers=2, slow_lane=flag, **remote_kw))
         loader = hr.DataLoader(pipe, batch_size=args.batch_size, num_workers=1,
                                persistent_workers=True, options=opts)
