@@ -226,3 +226,37 @@ class VecSource:
 
     def load(self, i: int) -> np.ndarray:
         return np.full(self.dim, i, dtype=np.float32)
+
+
+def jitter(x: np.ndarray, rng: np.random.Generator) -> dict:
+    """A random step drawing from its ``rng`` and from the global generators (re-seeded per
+    step in worker processes and remote workers): a sample of a tensor, an array and a number."""
+    import random
+
+    time.sleep(0.02)  # simulated work
+    return {"t": torch.from_numpy(x) + torch.rand(3), "a": x * rng.random(1).astype(np.float32),
+            "n": random.random(), "i": int(x[0])}
+
+
+def fail_on_7(x: Any) -> Any:
+    if int(np.asarray(x["i"])) == 7:
+        raise ValueError("bad sample 7")
+    return x
+
+
+def busy(x: np.ndarray) -> np.ndarray:
+    """30 ms of simulated work (a sleep: more Ray workers add real capacity on 2 cores)."""
+    time.sleep(0.03)
+    return x * 2
+
+
+def tweak(d: dict, rng: np.random.Generator) -> dict:
+    """A second random step on ``jitter``'s output (run locally after a split)."""
+    return {**d, "t": d["t"] * float(rng.random()), "n2": float(np.random.random())}
+
+
+def slow_on_4(x: Any) -> Any:
+    """Slow (100 ms) on every 4th sample, instant on the others."""
+    if int(np.asarray(x["i"] if isinstance(x, dict) else x[0])) % 4 == 0:
+        time.sleep(0.1)
+    return x

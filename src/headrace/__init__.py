@@ -2,10 +2,18 @@
 
 from headrace import sources
 from headrace.cache.config import Cache
-from headrace.errors import HeadraceError, PipelineError, StateDictError, StepError, WorkerDiedError
+from headrace.errors import (
+    HeadraceError,
+    PipelineError,
+    RemoteUnavailableError,
+    StateDictError,
+    StepError,
+    WorkerDiedError,
+)
 from headrace.pipeline import Pipeline, Step, step
 from headrace.planner.timeout import TimeoutConfig
 from headrace.planner.workers import AutoscaleConfig
+from headrace.remote.config import Remote
 from headrace.runtime import DataLoader, Options
 from headrace.telemetry.stats import CacheStats, EpochStats, LoaderStats
 
@@ -29,6 +37,8 @@ __all__ = [
     "Options",
     "Pipeline",
     "PipelineError",
+    "Remote",
+    "RemoteUnavailableError",
     "StateDictError",
     "Step",
     "StepError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "HeadraceError",
     "PipelineError",
+    "RemoteUnavailableError",
     "StateDictError",
     "StepError",
     "WorkerDiedError",
@@ -21,6 +22,11 @@ class PipelineError(HeadraceError, ValueError):
 
 class StateDictError(HeadraceError, ValueError):
     """A state dict cannot be loaded into this loader (other dataset, other version, corrupt)."""
+
+
+class RemoteUnavailableError(HeadraceError, ConnectionError):
+    """The Ray cluster named by ``Remote(address=...)`` could not be joined (the message names
+    the address and how to fix it; ``Remote(required=False)`` runs on local workers instead)."""
 
 
 class WorkerDiedError(HeadraceError, RuntimeError):

@@ -44,9 +44,9 @@ def test_retry_first_then_the_slow_lane_within_its_share_then_fresh():
     slow, again = rec(7), rec(8)
     lanes.backlog.append(slow)
     lanes.retry.append(again)
-    assert lanes.choose(True, lambda: 0, 1, 0) is again
-    assert lanes.choose(True, lambda: 1, 1, 0).index == 0  # the slow lane's share is taken
-    assert lanes.choose(False, lambda: 1, 1, 0) is slow  # nothing fresh may start: work-conserving
+    assert lanes.choose(True, lambda: True, 0) is again
+    assert lanes.choose(True, lambda: False, 0).index == 0  # the slow lane's share is taken
+    assert lanes.choose(False, lambda: False, 0) is slow  # nothing fresh may start: work-conserving
 
 
 def test_near_end_and_complete():

@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 from headrace import units
+from headrace.planner.offload import OffloadDecision
 from headrace.planner.order import OrderPlan
 from headrace.planner.workers import ScaleDecision
 from headrace.profiler.report import PipelineProfile
@@ -33,6 +34,67 @@ class Facts:
     profile_note: str
     cache_lines: tuple[str, ...] = ()
     """Lines about the sample cache (``CacheSession.explain_lines``)."""
+    remote: RemoteFacts | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteFacts:
+    """What the remote side (``headrace.remote``) did, for ``explain()``.
+
+    ``measured_thp``: samples/s of the last finished epoch; ``cost_per_hour``: the training host
+    plus the remote workers now (None without costs); ``moves``: AutoPlacement's last moves as
+    (seconds since start, local delta, remote delta, window batch time in s, reason).
+    """
+
+    address: str
+    error: str | None
+    max_workers: int
+    remote_workers: int
+    local_workers: int
+    remote_samples: int
+    lost: int
+    split: int | None
+    steps: tuple[str, ...]
+    offload: OffloadDecision | None
+    autoplace: bool
+    moves: tuple[tuple[float, int, int, float, str], ...]
+    measured_thp: float | None
+    cost_per_hour: float | None
+
+
+def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
+    """The remote side in a few lines: offload decision, split, counts, throughput, cost."""
+    if r.error is not None:
+        return [f"remote: not used ({r.error}; Remote(required=False))"]
+    share = f"{r.remote_samples} of {total_samples} samples" if total_samples else \
+        f"{r.remote_samples} samples"
+    out = [f"remote: Ray cluster {r.address!r}: {r.remote_workers} remote worker(s) now (at most "
+           f"{r.max_workers}), {r.local_workers} local; {share} finished remotely"
+           + (f"; {r.lost} remote worker(s) lost, their samples re-run" if r.lost else "")]
+    if r.offload is not None:
+        out.append("  " + r.offload.describe())
+    if r.split is not None and r.split < len(r.steps):
+        out.append(f"  split: remote workers run {' -> '.join(r.steps[:r.split])}, local "
+                   f"workers {' -> '.join(r.steps[r.split:])}")
+    if r.offload is not None and r.offload.offload and r.measured_thp is not None:
+        out.append(f"  throughput: predicted {r.offload.predicted:.1f} samples/s, measured "
+                   f"{r.measured_thp:.1f} samples/s (last epoch)")
+    elif r.measured_thp is not None:
+        out.append(f"  throughput: measured {r.measured_thp:.1f} samples/s (last epoch)")
+    if r.cost_per_hour is not None:
+        per = ""
+        if r.measured_thp:
+            per = f", {1e6 * r.cost_per_hour / 3600 / r.measured_thp:.3f} per million samples"
+        out.append(f"  cost: {r.cost_per_hour:.2f} per hour{per}")
+    if r.autoplace:
+        if not r.moves:
+            out.append("  AutoPlacement (Pecan): measuring, no move yet")
+        else:
+            out.append(f"  AutoPlacement (Pecan): {len(r.moves)} move(s); last:")
+            for t, dl, dr, bpt, why in r.moves[-3:]:
+                out.append(f"    at {t:.1f} s: local {dl:+d}, remote {dr:+d} (window batch time "
+                           f"{units.duration(bpt)}): {why}")
+    return out
 
 
 def explain_text(f: Facts) -> str:
@@ -76,6 +138,9 @@ def explain_text(f: Facts) -> str:
         out.append(f"workers: {f.workers} as given (never changed by headrace)")
     if st.worker_restarts:
         out.append(f"workers replaced after dying or hanging: {st.worker_restarts}")
+    if f.remote is not None:
+        done = sum(e.samples for e in st.epochs)
+        out += remote_lines(f.remote, done)
     out.append(f"profile: {f.profile_note}")
     if f.profile is not None and f.profile.samples:
         out.append(f"  {'step':<22}{'p50':>10}{'p90':>10}{'bytes in':>12}{'bytes out':>12}{'inflation':>11}")

@@ -39,14 +39,14 @@ class Lanes:
         """Every position of the epoch was pulled and settled."""
         return self.exhausted and not self.fresh and self.settled == self.pulled
 
-    def choose(self, fresh_ok: bool, slow_running: Callable[[], int], slow_cap: int,
-               in_flight: int) -> Rec | None:
-        """The next sample for a worker: a retry, else the slow lane while it has less than its
-        share (``slow_running()`` < ``slow_cap``), else a fresh sample (when ``fresh_ok``), else
-        the slow lane anyway (nothing fresh may start: stay work-conserving)."""
+    def choose(self, fresh_ok: bool, slow_first: Callable[[], bool], in_flight: int) -> Rec | None:
+        """The next sample for a worker: a retry, else the slow lane when ``slow_first()`` (the
+        scheduler's rule: the slow lane has less than its share of the workers), else a fresh
+        sample (when ``fresh_ok``), else the slow lane anyway (nothing fresh may start: stay
+        work-conserving)."""
         if self.retry:
             return self.retry.popleft()
-        if self.backlog and slow_running() < slow_cap:
+        if self.backlog and slow_first():
             return self.backlog.popleft()
         if fresh_ok:
             rec = self.next_fresh(in_flight)

@@ -32,6 +32,7 @@ from headrace.pipeline import Pipeline
 from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.planner.explain import Facts, explain_text
 from headrace.profiler import sizes
+from headrace.remote.session import remote_session
 from headrace.runtime import checkpoint, distributed, ordering, pinning, prefetch
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
@@ -49,7 +50,7 @@ from headrace.telemetry.stats import EpochStats, LoaderStats
 _T_co = TypeVar("_T_co", covariant=True)
 
 _RUNTIME_ATTRS = ("pipeline", "monitor", "planning", "_pool", "_buffers", "_iterator_ref",
-                  "_epoch_ref", "_finalizer", "_device", "_copier", "cache")
+                  "_epoch_ref", "_finalizer", "_device", "_copier", "cache", "remote")
 """What a loader holds while it runs; left out of pickles and copies, rebuilt on load."""
 
 
@@ -114,6 +115,9 @@ class DataLoader(tud.DataLoader[_T_co]):
             if worker_init_fn is not None:
                 raise ValueError("worker_init_fn needs worker processes; with "
                                  "Options(executor='threads') there are none to initialise")
+        if options.remote is not None and (iterable or not num_workers):
+            raise ValueError("Options(remote=...) needs a map-style dataset and num_workers >= 1 "
+                             "(remote workers join the local ones)")
         self._epoch = 0
         self._base_seed: int | None = None
         self._resume: checkpoint.ResumePoint | None = None  # loaded, for the next iter()
@@ -148,6 +152,8 @@ class DataLoader(tud.DataLoader[_T_co]):
             ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
             self.cache = CacheSession(self.options.cache, ctx, hi_slots)
             self.monitor.epoch_listeners.append(self.cache.epoch_listener(self.monitor))
+        self.remote = remote_session(self.options.remote, self.monitor)
+        """Remote workers (``headrace.remote``), or None without ``Options(remote=...)``."""
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickling and ``copy.deepcopy`` (``ddp_spawn``, frameworks): the loader's arguments
@@ -312,7 +318,18 @@ class DataLoader(tud.DataLoader[_T_co]):
             cache_lines=tuple(self.cache.explain_lines(
                 self.pipeline.opaque or self.pipeline.embedded, self.monitor.epochs))
             if self.cache else (),
+            remote=self._remote_facts(),
         ))
+
+    def _remote_facts(self) -> Any:
+        if self.remote is None or not self.remote._opened:
+            return None
+        it = self._iterator_ref()
+        pool = it.pool if it is not None and hasattr(it, "pool") else self._pool
+        last = self.monitor.epochs[-1] if self.monitor.epochs else None
+        assert self.planning is not None
+        return self.remote.facts(pool, self.planning.executed.step_names,
+                                 last.samples_per_s if last is not None else None)
 
     def add_sample_listener(self, fn: Callable[[int, float, bool], None]) -> None:
         """Call ``fn(index, seconds, slow)`` in the training process for every finished sample.
@@ -447,6 +464,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         pool, owns = self._get_pool(base_seed)
         bs = self.batch_size or 1
         hi = self.options.autoscale.bounds()[1] if self.autoscale else self.num_workers
+        if self.remote is not None and self.remote.available:
+            hi += self.remote.max_workers  # remote workers need samples in flight too
         max_in_flight = opts.max_in_flight or default_max_in_flight(
             bs, hi, self.prefetch_factor or 2)
         spec = EpochSpec(
@@ -471,6 +490,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         if not pool.workers:
             # Fork after the scheduler started: it feeds the first workers while later ones fork.
             pool.start(self.num_workers, on_added=it.scheduler.wake)
+            if self.remote is not None:
+                self.remote.attach(pool, on_added=it.scheduler.wake)
             self.monitor.record_workers(pool.size)
         return it
 
@@ -480,6 +501,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         assert self.pipeline is not None
         ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
         hi = self.options.autoscale.slot_bound() if self.autoscale else self.num_workers
+        if self.remote is not None:
+            hi += self.remote.open()  # joins the cluster on the first epoch
         assert self.planning is not None
         pool = WorkerPool(self.planning.executed, self.dataset, ctx, self.worker_init_fn,
                           base_seed, hi, profile=self.options.profile,

@@ -59,6 +59,8 @@ class Monitor:
         """Callables ``f()`` run when an epoch ends or is abandoned (the profile store)."""
         self.sample_listeners: list[Any] = []
         """Callables ``f(index, step_s, slow, timings)`` (the profiler attaches here)."""
+        self.tick_listeners: list[Any] = []
+        """Callables ``f(scheduler)`` run on every scheduler pass (remote workers, placement)."""
         self._last_queue = 0.0
         self._last_remaining = 0.0
         self._remaining_pool: Any = lambda: None  # weakref to the pool whose workers last got them
@@ -160,6 +162,8 @@ class Monitor:
         if self.scaler is not None and now - self._last_scale >= self.scaler.cfg.interval_s:
             self._last_scale = now
             self._autoscale(sched)
+        for f in self.tick_listeners:
+            f(sched)
 
     def _push_remaining(self, pool: Any) -> None:
         """Typical seconds from each step to the end: the sum of the remaining steps' median
@@ -196,7 +200,7 @@ class Monitor:
     def _autoscale(self, sched: Scheduler) -> None:
         assert self.scaler is not None
         pool = sched.pool
-        live = [w for w in list(pool.workers.values()) if not w.retiring]
+        live = [w for w in list(pool.workers.values()) if not w.retiring and not w.external]
         rss = []
         for w in live:
             if w.process.pid is None:

@@ -11,6 +11,7 @@ import torch
 from headrace.cache.config import Cache
 from headrace.planner.timeout import TimeoutConfig
 from headrace.planner.workers import AutoscaleConfig
+from headrace.remote.config import Remote
 
 
 class AutoWorkers(int):
@@ -98,6 +99,7 @@ class Options:
     executor: Literal["processes", "threads"] = "processes"
     device: str | torch.device | None = None
     cache: Cache | None = dataclasses.field(default_factory=Cache)
+    remote: Remote | None = None
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
@@ -115,5 +117,7 @@ class Options:
                              "in a step cannot be killed and replaced")
         if self.device is not None:
             torch.device(self.device)  # a malformed device string fails here, with torch's words
+        if self.remote is not None and not isinstance(self.remote, Remote):
+            raise ValueError(f"remote must be a headrace.Remote, got {self.remote!r}")
         if self.max_worker_restarts < 1:
             raise ValueError("max_worker_restarts must be >= 1")

@@ -32,6 +32,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,9 @@ class WorkerHandle:
     assigned: dict[int, Task] = field(default_factory=dict)
     ready: bool = False
     retiring: bool = False
+    external: bool = False  # started by a backend (remote/): the pool does not restart it
+    gate: Callable[[], bool] | None = None  # a backend's dispatch limit (remote/: offload ratio)
+    prefers_slow: bool = False  # takes slow-lane samples first, beyond the slow-lane share
 
     @property
     def sentinel(self) -> int:
@@ -176,14 +180,18 @@ class WorkerPool:
             if on_added is not None:
                 on_added()
 
-    def add_worker(self, slot: int | None = None, num_workers: int | None = None) -> WorkerHandle | None:
-        """Start one worker in ``slot`` (default: the lowest free slot); None once closed."""
+    def add_worker(self, slot: int | None = None, num_workers: int | None = None,
+                   start: Callable[[WorkerSetup], WorkerHandle] | None = None
+                   ) -> WorkerHandle | None:
+        """Start one worker in ``slot`` (default: the lowest free slot); None once closed.
+        ``start(setup)``: a backend's own kind of worker (``remote/``) instead of the pool's."""
         with self._lock:
             if self._closed:
                 return None
-            return self._add_worker(slot, num_workers)
+            return self._add_worker(slot, num_workers, start)
 
-    def _add_worker(self, slot: int | None, num_workers: int | None) -> WorkerHandle:
+    def _add_worker(self, slot: int | None, num_workers: int | None,
+                    start: Callable[[WorkerSetup], WorkerHandle] | None = None) -> WorkerHandle:
         if slot is None:
             slot = next(i for i in range(self.max_slots) if i not in self.workers)
         setup = WorkerSetup(
@@ -199,7 +207,8 @@ class WorkerPool:
         )
         self.progress.tid[slot] = -1
         self.progress.revoked[slot] = -1  # a dead predecessor's revocation does not carry over
-        start = self._start_thread if self.executor == "threads" else self._start_process
+        if start is None:
+            start = self._start_thread if self.executor == "threads" else self._start_process
         h = self.workers[slot] = start(setup)
         return h
 
@@ -227,11 +236,14 @@ class WorkerPool:
         return WorkerHandle(setup.slot, run, tasks, results, None)
 
     def replace(self, dead: WorkerHandle) -> WorkerHandle | None:
-        """Discard a dead worker and start a fresh one in its slot (None once closed)."""
+        """Discard a dead worker and start a fresh one in its slot (None once closed, or for a
+        backend's worker: its backend decides whether and where to start another)."""
         with self._lock:
             if self._closed:
                 return None
             self._dispose(dead, grace_s=0.0)
+            if dead.external:
+                return None
             return self._add_worker(dead.slot, None)
 
     def retire(self, h: WorkerHandle) -> None:

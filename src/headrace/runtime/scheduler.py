@@ -76,6 +76,7 @@ class Scheduler:
         self.lanes = Lanes(spec, pool.tids)  # work not yet on a worker; samples in flight
         self._recs = self.lanes.recs
         self.output = BatchOutput(spec, out, self.counters, hooks)
+        self._slow_takers = False  # a worker with prefers_slow is dispatched to (see _dispatch)
         self._hung: dict[int, tuple[int, int]] = {}  # slot -> (tid, step) of a killed hung task
         self._stop = threading.Event()
         self._waiter = Waiter()
@@ -243,7 +244,8 @@ class Scheduler:
 
     # -- dispatch ------------------------------------------------------------------------------
     def _dispatch(self) -> None:
-        workers = [w for w in list(self.pool.workers.values()) if w.ready and not w.retiring]
+        workers = [w for w in list(self.pool.workers.values()) if w.ready and not w.retiring
+                   and (w.gate is None or w.gate())]
         if not workers:
             return
         # The slow lane gets its share of the workers; a backlog longer than the pool means that
@@ -253,13 +255,17 @@ class Scheduler:
         if len(self.lanes.backlog) > len(workers):
             slow_cap = len(workers) * DEPTH
         slow_now = self._over_timeout(workers)
+        # workers that take slow-lane samples first (remote ones with Remote(slow_lane=True)):
+        # the others then leave the backlog to them unless nothing fresh may start
+        self._slow_takers = any(w.prefers_slow for w in workers)
         for depth in range(1, DEPTH + 1):
             for w in workers:
                 if depth > 1 and w.slot in slow_now:
                     continue  # nothing queues behind a sample already over the timeout
                 while len(w.assigned) < depth:
                     fresh_ok = depth == 1 or not self.lanes.near_end(DEPTH * len(self.pool.workers))
-                    rec = self.lanes.choose(fresh_ok, self._slow_running, slow_cap, self.in_flight)
+                    rec = self.lanes.choose(fresh_ok, functools.partial(
+                        self._may_take_slow, w, slow_cap), self.in_flight)
                     if rec is None:
                         break
                     rec.worker = w.slot
@@ -267,6 +273,12 @@ class Scheduler:
         idle = [w for w in workers if not w.assigned]
         if idle and slow_now:
             self._steal(idle, workers, slow_now)
+
+    def _may_take_slow(self, w: WorkerHandle, slow_cap: int) -> bool:
+        """Whether ``w`` may take a slow-lane sample before fresh ones: a worker that prefers
+        them (remote, ``Remote(slow_lane=True)``) always; the others while the slow lane has
+        less than its share and no such worker is there to take it."""
+        return w.prefers_slow or (not self._slow_takers and self._slow_running() < slow_cap)
 
     def _over_timeout(self, workers: list[WorkerHandle]) -> dict[int, float]:
         """Workers running a task of theirs for longer than the timeout: slot -> its start."""

@@ -1,0 +1,192 @@
+"""Smart offloading (FastFlow, Algorithm 1), generalised to every step boundary. Pure.
+
+FastFlow decides *whether* to offload (a prep stall worth at least 10%), *which* operators
+(three candidate pipelines) and *how much* data (the offload ratio, between Lower and Upper).
+headrace's pipelines are lists of steps, so the candidates are every range ``[a, b)`` of steps
+a remote worker can run: ``a = 0`` the remote worker reads the sample itself (FastFlow's p'2:
+the source is reachable from the remote node), ``a = 1`` the training host reads it and ships
+the loaded value (p'1); ``b`` is any later boundary (the remote worker hands the sample back
+there and local workers finish it). p'3 (remote batching) does not exist: batches are formed
+by the scheduler.
+
+Throughputs are in samples per second, work in worker-seconds per sample (a step's mean wall
+time: a worker is held for it whether it computes or waits on I/O; FastFlow's cycles would call
+a step that waits free), bytes per sample. The model of a candidate's remote throughput
+``Rthp(a, b)`` is the smaller of the remote capacity (workers ÷ the range's worker-seconds,
+scaled by how fast the remote workers really ran in the probe) and the network (bandwidth ÷ the bytes the range moves: the shipped input when
+``a = 1`` plus the value handed back at ``b``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from headrace.profiler.report import PipelineProfile
+
+SPEEDUP_THRESHOLD = 1.1
+"""Offload only when removing the stall could speed training up by at least 10% (FastFlow)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """One step's mean cost per sample: ``work_s`` worker-seconds (its wall time),
+    ``bytes_out`` output bytes."""
+
+    name: str
+    work_s: float
+    bytes_out: float
+
+
+@dataclasses.dataclass(frozen=True)
+class OffloadInputs:
+    """What the decision is made from (FastFlow's Table 1, per sample).
+
+    ``gthp``: what the accelerator consumes at most (samples/s; ``profiler/probe.py``; ``inf``
+    when unknown: no accelerator bound). ``lthp``: training throughput with local workers only
+    (samples/s). ``steps``: per-step cost, step 0 the load. ``remote_workers``: workers
+    available. ``remote_thp``: samples/s the remote workers delivered in the probe running the
+    whole pipeline (``None``: not probed; the profile's CPU times are trusted as they are).
+    ``bandwidth``: bytes/s between the remote workers and this host. ``overhead_s``: local CPU
+    seconds an offloaded sample costs here (receiving, unpacking, copying).
+    """
+
+    gthp: float
+    lthp: float
+    steps: Sequence[StepCost]
+    remote_workers: int
+    bandwidth: float
+    overhead_s: float = 0.0
+    remote_thp: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A range ``[start, stop)`` of steps run remotely, with the model's numbers for it."""
+
+    start: int
+    stop: int
+    rthp: float  # samples/s the remote workers sustain on this range
+    ocycle: float  # local CPU seconds per offloaded sample (overhead + steps outside the range)
+    estimate: float  # training samples/s with this range (see ``_estimate``)
+
+
+@dataclasses.dataclass(frozen=True)
+class OffloadDecision:
+    """Offload or not, where, how much, and the numbers that decided it."""
+
+    offload: bool
+    reason: str
+    gthp: float
+    lthp: float
+    pcycle: float  # local CPU seconds per sample without offloading
+    best: Candidate | None = None
+    lower: float = 0.0  # samples/s to offload at least, else the local CPUs stay the bottleneck
+    upper: float = 0.0  # samples/s to offload at most, else the remote side becomes it
+    ratio: float = 0.0  # share of samples to offload (0..1)
+    predicted: float = 0.0  # training samples/s predicted with this decision
+    candidates: tuple[Candidate, ...] = ()
+
+    def workers_needed(self, per_worker_thp: float, available: int) -> int:
+        """Remote workers for the offloaded share: ⌈ratio·predicted ÷ one worker's rate⌉
+        (FastFlow §7), at most ``available``."""
+        if not self.offload or per_worker_thp <= 0:
+            return 0
+        return min(available, max(1, math.ceil(self.ratio * self.predicted / per_worker_thp)))
+
+    def describe(self) -> str:
+        if not self.offload:
+            return f"offload: no ({self.reason})"
+        b = self.best
+        assert b is not None
+        where = "remote workers read the source" if b.start == 0 else "this host reads the source"
+        return (f"offload: yes ({self.reason}); steps [{b.start}, {b.stop}) remote ({where}); "
+                f"ratio {self.ratio:.2f} (Lower {self.lower:.1f}/s, Upper {self.upper:.1f}/s); "
+                f"Gthp {self.gthp:.1f}/s, Lthp {self.lthp:.1f}/s, Rthp {b.rthp:.1f}/s, Ocycle "
+                f"{1e3 * b.ocycle:.2f} ms, Pcycle {1e3 * self.pcycle:.2f} ms; predicted "
+                f"{self.predicted:.1f} samples/s")
+
+
+def candidates(x: OffloadInputs) -> list[Candidate]:
+    """Every range a remote worker can run, with its modelled throughput (FastFlow line 6)."""
+    n = len(x.steps)
+    cpu = [max(0.0, s.work_s) for s in x.steps]
+    pcycle = sum(cpu)
+    speed = 1.0  # remote worker-seconds per profiled second (from the probe)
+    if x.remote_thp is not None and x.remote_thp > 0 and pcycle > 0 and x.remote_workers > 0:
+        speed = (x.remote_workers / pcycle) / x.remote_thp  # >1: remote slower than modelled
+    out = []
+    for start in (0, 1):
+        for stop in range(start + 1, n + 1):
+            work = sum(cpu[start:stop]) * speed
+            moved = (x.steps[start - 1].bytes_out if start > 0 else 0.0) \
+                + (x.steps[stop - 1].bytes_out if stop > 0 else 0.0)
+            cpu_bound = x.remote_workers / work if work > 0 else math.inf
+            net_bound = x.bandwidth / moved if moved > 0 else math.inf
+            rthp = min(cpu_bound, net_bound)
+            if not math.isfinite(rthp):
+                continue  # a range of no work moving no bytes: nothing to offload
+            ocycle = x.overhead_s + pcycle - sum(cpu[start:stop])
+            out.append(Candidate(start, stop, rthp, ocycle, _estimate(x.lthp, pcycle, rthp, ocycle)))
+    return out
+
+
+def _estimate(lthp: float, pcycle: float, rthp: float, ocycle: float) -> float:
+    """Training samples/s with remote workers at ``rthp`` on a range: the local CPUs (worth
+    ``lthp × pcycle`` CPU-seconds per second) spend ``ocycle`` on each offloaded sample and
+    ``pcycle`` on each local one. FastFlow writes ``Lthp·(1 − Ocycle/Pcycle) + Rthp`` with
+    whole-run cycle counts and whole-pipeline offloading; per sample, with ranges that leave
+    steps to the local workers, the local work of offloaded samples must be counted."""
+    capacity = lthp * pcycle
+    remote = min(rthp, capacity / ocycle) if ocycle > 0 else rthp
+    local = max(0.0, capacity - remote * ocycle) / pcycle if pcycle > 0 else 0.0
+    return remote + local
+
+
+def decide(x: OffloadInputs) -> OffloadDecision:
+    """FastFlow's Algorithm 1 over every step boundary."""
+    pcycle = sum(max(0.0, s.work_s) for s in x.steps)
+    g, lt = x.gthp, x.lthp
+    if x.remote_workers <= 0:
+        return OffloadDecision(False, "no remote worker available", g, lt, pcycle,
+                               predicted=lt)
+    if g <= lt or g / lt < SPEEDUP_THRESHOLD:
+        return OffloadDecision(
+            False, f"no stall worth removing: Gthp/Lthp = {g / lt:.2f} < {SPEEDUP_THRESHOLD}",
+            g, lt, pcycle, predicted=min(g, lt))
+    cands = candidates(x)
+    if not cands:
+        return OffloadDecision(False, "no step has work to offload", g, lt, pcycle, predicted=lt)
+    best = max(cands, key=lambda c: (c.estimate, -c.ocycle))  # line 7
+    upper = best.rthp  # line 8
+    share = best.ocycle / pcycle if pcycle > 0 else 1.0
+    # line 9: FastFlow's (Gthp − Lthp)·(1 + O/P) is the first-order form of the exact
+    # (Gthp − Lthp) ÷ (1 − O/P): what must go remote for the local CPUs to keep up
+    lower = (x.gthp - x.lthp) / (1 - share) if share < 1 else math.inf
+    # lines 10-13: enough remote capacity: offload what it takes; else a bottleneck either
+    # way, balanced by capacity
+    ratio = min(1.0, upper / x.gthp if lower < upper else best.rthp / (x.lthp + best.rthp))
+    predicted = min(x.gthp, best.estimate)
+    if predicted < SPEEDUP_THRESHOLD * x.lthp:
+        return OffloadDecision(
+            False, f"the best range [{best.start}, {best.stop}) would reach "
+            f"{predicted:.1f}/s against {x.lthp:.1f}/s local: under {SPEEDUP_THRESHOLD}x",
+            g, lt, pcycle, best=best, lower=lower, upper=upper, predicted=lt,
+            candidates=tuple(cands))
+    why = (f"Gthp/Lthp = {x.gthp / x.lthp:.2f}" if math.isfinite(x.gthp)
+           else "no accelerator bound known")
+    return OffloadDecision(True, why, g, lt, pcycle, best=best, lower=lower, upper=upper,
+                           ratio=ratio, predicted=predicted, candidates=tuple(cands))
+
+
+def inputs_from_profile(profile: PipelineProfile, gthp: float, lthp: float,
+                        remote_workers: int, bandwidth: float = math.inf,
+                        overhead_s: float = 0.0, remote_thp: float | None = None
+                        ) -> OffloadInputs:
+    """The decision's inputs from a measured profile (per-step mean wall seconds and output
+    bytes) and throughputs in samples/s (``ProbeResult``'s batches/s × batch size)."""
+    steps = tuple(StepCost(s.name, s.wall_mean, max(0.0, s.bytes_out_mean))
+                  for s in profile.steps)
+    return OffloadInputs(gthp=gthp, lthp=lthp, steps=steps, remote_workers=remote_workers,
+                         bandwidth=bandwidth, overhead_s=overhead_s, remote_thp=remote_thp)

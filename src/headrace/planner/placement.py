@@ -1,0 +1,184 @@
+"""AutoPlacement (Pecan §5.1, Algorithm 1): how many workers, local and remote. Pure.
+
+The policy sees batch times only (``bpt``, seconds per batch the training loop waited for plus
+spent on, as the runtime measures them), averaged over windows of ``window`` batches (Pecan's
+X); the ``unstable_windows`` windows after every change are discarded (workers starting, queues
+refilling). Two window means differ when their ratio is off by at least ``threshold`` (T).
+
+1. add remote workers while batch time improves (Cachew's autoscaling; Algorithm 1 line 2):
+   the batch time it settles at is ``bpt_conv``, the model-bound time;
+2. add local workers until batch time gets worse than ``bpt_conv`` by T (contention on the
+   training host), then remove the last one (lines 8-10);
+3. remove remote workers while the batch cost ``bpc = bpt · (c_a·n_a + c_w·n_w)`` does not rise
+   (without costs: while batch time stays within T of ``bpt_conv``: fewest workers at equal
+   batch time), and re-add the last one removed if it did (lines 12-14);
+4. repeat 2-3 until a round changes nothing (line 15); then keep watching: a batch time that
+   leaves ``bpt_conv`` by more than T (the workload changed phase) starts the policy again.
+
+:func:`observe` is the whole policy: (config, state, one batch time) -> (new state, move).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementConfig:
+    """AutoPlacement's parameters. Costs per hour in any currency (``None``: unknown)."""
+
+    max_remote: int
+    max_local: int
+    min_local: int = 1
+    window: int = 20
+    """Batches averaged per measurement (Pecan's X = 500 on jobs of many thousand batches)."""
+    threshold: float = 0.03
+    """T: relative batch-time change that counts (Pecan: 0.03)."""
+    unstable_windows: int = 1
+    """Windows discarded after each change."""
+    local_cost: float | None = None
+    """c_a: the training host per hour (n_a = 1)."""
+    remote_cost: float | None = None
+    """c_w: one remote worker per hour."""
+
+    def bpc(self, bpt: float, remote: int) -> float | None:
+        """Cost of one batch (currency), None without both costs."""
+        if self.local_cost is None or self.remote_cost is None:
+            return None
+        return bpt * (self.local_cost + self.remote_cost * remote) / 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementState:
+    """Where the policy is. ``local``/``remote``: worker counts it asked for."""
+
+    local: int
+    remote: int
+    phase: str = "add_remote"  # add_remote | add_local | remove_remote | watch
+    conv: float = math.inf  # bpt_conv: the model-bound batch time (s)
+    base: float = math.inf  # batch time before the last change (s)
+    round_start: tuple[int, int] = (-1, -1)
+    skip: int = 0  # windows still to discard
+    acc: float = 0.0  # sum of this window's batch times so far (s)
+    n: int = 0  # batches in this window so far
+    last_bpt: float = math.nan  # the last window's mean (s)
+    settled: float = math.inf  # batch time of the converged configuration (s; watch phase)
+
+
+@dataclasses.dataclass(frozen=True)
+class Move:
+    """A change of worker counts, with why (for ``explain()``)."""
+
+    local: int
+    remote: int
+    reason: str
+    bpt: float  # the window mean (s) that led to it
+
+
+def observe(cfg: PlacementConfig, s: PlacementState, batch_s: float
+            ) -> tuple[PlacementState, Move | None]:
+    """Fold one batch time (seconds) in; at the end of a window, maybe move."""
+    s = dataclasses.replace(s, acc=s.acc + batch_s, n=s.n + 1)
+    if s.n < cfg.window:
+        return s, None
+    bpt = s.acc / s.n
+    s = dataclasses.replace(s, acc=0.0, n=0, last_bpt=bpt)
+    if s.skip > 0:
+        return dataclasses.replace(s, skip=s.skip - 1), None
+    s, move = _decide(cfg, s, bpt)
+    if move is not None:
+        s = dataclasses.replace(s, local=s.local + move.local, remote=s.remote + move.remote,
+                                skip=cfg.unstable_windows)
+    return s, move
+
+
+def _worse(cfg: PlacementConfig, bpt: float, ref: float) -> bool:
+    return bpt > ref * (1 + cfg.threshold)
+
+
+def _better(cfg: PlacementConfig, bpt: float, ref: float) -> bool:
+    return bpt < ref * (1 - cfg.threshold)
+
+
+def _decide(cfg: PlacementConfig, s: PlacementState, bpt: float
+            ) -> tuple[PlacementState, Move | None]:
+    r = dataclasses.replace
+    if s.phase == "add_remote":
+        if math.isinf(s.base) or _better(cfg, bpt, s.base):
+            s = r(s, base=bpt, conv=min(s.conv, bpt))
+            if s.remote < cfg.max_remote:
+                return s, Move(0, +1, "batch time still improving: add a remote worker", bpt)
+        s = r(s, conv=min(s.conv, bpt), base=bpt)
+        return _start_round(cfg, s, bpt, "batch time stopped improving with remote workers")
+    if s.phase == "add_local":
+        if _worse(cfg, bpt, s.conv):
+            s = r(s, phase="remove_remote")
+            return _remove_remote(cfg, s, bpt, local=-1, base=s.conv,
+                                  why="the last local worker made batches slower (contention)")
+        s = r(s, conv=min(s.conv, bpt), base=bpt)
+        if s.local < cfg.max_local:
+            return s, Move(+1, 0, "no contention yet: add a local worker", bpt)
+        s = r(s, phase="remove_remote")
+        return _remove_remote(cfg, s, bpt, local=0, why="local workers at their maximum")
+    if s.phase == "remove_remote":
+        costs = cfg.bpc(bpt, s.remote), cfg.bpc(s.base, s.remote + 1)
+        if costs[0] is not None and costs[1] is not None:
+            rose = costs[0] > costs[1]
+        else:
+            rose = _worse(cfg, bpt, s.conv)
+        if rose:
+            return _end_round(cfg, r(s, base=bpt), bpt, remote=+1,
+                              why="removing that remote worker made batches costlier: re-add it")
+        s = r(s, base=bpt)
+        return _remove_remote(cfg, s, bpt, local=0, why="cost did not rise")
+    # watch: compared with the converged configuration's own batch time (with costs it may be
+    # slower than bpt_conv on purpose), measured in the first window after convergence
+    if math.isinf(s.settled):
+        return r(s, settled=bpt), None
+    if _worse(cfg, bpt, s.settled):
+        s = r(s, phase="add_remote", base=bpt, conv=bpt)
+        if s.remote < cfg.max_remote:
+            return s, Move(0, +1, "batch time rose (phase change): add a remote worker", bpt)
+        return _start_round(cfg, s, bpt, "batch time rose, no remote worker left")
+    if _better(cfg, bpt, s.settled):
+        s = r(s, phase="remove_remote", conv=bpt, base=bpt)
+        return _remove_remote(cfg, s, bpt, local=0, why="batch time fell (phase change)")
+    return s, None
+
+
+def _start_round(cfg: PlacementConfig, s: PlacementState, bpt: float, why: str
+                 ) -> tuple[PlacementState, Move | None]:
+    s = dataclasses.replace(s, phase="add_local", round_start=(s.local, s.remote))
+    if s.local < cfg.max_local:
+        return s, Move(+1, 0, f"{why}: add a local worker", bpt)
+    s = dataclasses.replace(s, phase="remove_remote")
+    return _remove_remote(cfg, s, bpt, local=0, why=f"{why}; local workers at their maximum")
+
+
+def _remove_remote(cfg: PlacementConfig, s: PlacementState, bpt: float, local: int, why: str,
+                   base: float | None = None) -> tuple[PlacementState, Move | None]:
+    """Remove one remote worker (and apply ``local``); ``base``: the batch time the next
+    window is compared with (default ``bpt``)."""
+    if s.remote > 0:
+        s = dataclasses.replace(s, base=bpt if base is None else base)
+        return s, Move(local, -1, f"{why}: remove a remote worker", bpt)
+    return _end_round(cfg, s, bpt, remote=0, why=why, local=local)
+
+
+def _end_round(cfg: PlacementConfig, s: PlacementState, bpt: float, remote: int, why: str,
+               local: int = 0) -> tuple[PlacementState, Move | None]:
+    """Line 15: converged when the round changed nothing, else another round."""
+    after = (s.local + local, s.remote + remote)
+    if after == s.round_start:
+        s = dataclasses.replace(s, phase="watch", settled=math.inf)
+        move = Move(local, remote, f"{why}; converged", bpt) if (local or remote) else None
+        return s, move
+    s = dataclasses.replace(s, phase="add_local", round_start=after)
+    if after[0] < cfg.max_local:
+        return s, Move(local + 1, remote, f"{why}; next round: add a local worker", bpt)
+    s = dataclasses.replace(s, phase="remove_remote")
+    if after[1] > 0:
+        return s, Move(local, remote - 1, f"{why}; next round: remove a remote worker", bpt)
+    s = dataclasses.replace(s, phase="watch", settled=math.inf)
+    return s, (Move(local, remote, why, bpt) if (local or remote) else None)

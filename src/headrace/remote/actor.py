@@ -1,0 +1,61 @@
+"""What a remote worker runs: the pipeline's steps ``[start, stop)`` of one sample.
+
+A plain class (no Ray import): ``ray_backend`` wraps it with ``ray.remote``. It runs in a Ray
+worker process on some node, with the same ``TaskRunner`` a local worker process uses, so the
+per-(sample, step) seeds, the re-seeding of the global generators, the timings and size
+measurements and the error messages are those of a local worker: a sample finished remotely is
+the sample a local worker would have finished.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from types import SimpleNamespace
+from typing import Any
+
+from headrace.pipeline import Pipeline
+from headrace.remote.payload import pack, unpack
+from headrace.runtime.worker import Task, TaskRunner, WorkerSetup
+
+
+def _progress() -> SimpleNamespace:
+    """The one-slot ``pool.Progress`` a ``TaskRunner`` writes (nobody reads it here)."""
+    return SimpleNamespace(tid=[-1], started=[0.0], step=[0], revoked=[-1])
+
+
+class RemoteWorker:
+    """One remote worker: runs tasks one after another (Ray runs an actor's calls in order)."""
+
+    def __init__(self, pipeline: Pipeline, base_seed: int, profile: bool) -> None:
+        import torch
+
+        torch.set_num_threads(1)  # as a local worker process: one core per worker
+        setup = WorkerSetup(slot=0, num_workers=1, base_seed=base_seed, pipeline=pipeline,
+                            dataset=None, worker_init_fn=None, parent_pid=os.getppid(),
+                            profile=profile)
+        handoff = SimpleNamespace(timeout=SimpleNamespace(value=float("inf")),
+                                  remaining=[float("inf")] * (len(pipeline.step_names) + 1))
+        self.runner = TaskRunner(setup, handoff, _progress())
+        self.steps = len(pipeline.step_names)
+        self._stop = self.steps
+
+        def split(next_step: int, spent: float) -> bool:
+            return next_step >= self._stop  # hand the sample back at the split point
+
+        self.runner.hand_off = split
+
+    def where(self) -> tuple[str, int, str]:
+        """(host name, process id, Ray node id): where this worker runs."""
+        import ray  # in the actor's process, which Ray started
+
+        return socket.gethostname(), os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def run(self, task: Task, stop: int, value: Any) -> tuple[Any, ...]:
+        """Run steps ``task.start..stop-1`` of ``task.sample`` and return the worker message
+        (``runtime/worker.py``'s ``done`` / ``partial`` / ``error``) with the value packed as
+        arrays. ``value``: the packed partial value when ``task.start > 0``."""
+        self._stop = stop
+        task = task._replace(may_hand_off=stop < self.steps)
+        out = self.runner.run(task, unpack(value) if task.start > 0 else None)
+        return self.runner.message(task.tid, out, lambda v: (pack(v), None))

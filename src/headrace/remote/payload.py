@@ -1,0 +1,64 @@
+"""Samples crossing to and from remote workers as arrays, not pickles of torch objects.
+
+Ray stores NumPy arrays in its object store as raw buffers (pickle protocol 5, out of band):
+the receiver maps them without a copy. A torch tensor is pickled through torch's own
+reduction instead (a storage object, more metadata, one more copy). ``pack`` turns every CPU
+tensor of a sample (inside dicts, lists and tuples) into a :class:`TensorLeaf` holding its
+array; ``unpack`` turns them back, so the training process gets the same tensors (dtype,
+shape, values) it would get from a local worker. Other leaves travel as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class TensorLeaf:
+    """A CPU tensor carried as its NumPy array (``unpack`` makes it a tensor again)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TensorLeaf, (self.array,))
+
+
+def _packable(t: torch.Tensor) -> bool:
+    return (type(t) is torch.Tensor and t.device.type == "cpu" and t.layout == torch.strided
+            and not t.requires_grad and t.dtype != torch.bfloat16 and not t.is_conj()
+            and not t.is_neg())
+
+
+def pack(x: Any) -> Any:
+    """``x`` with CPU tensors replaced by :class:`TensorLeaf` (plain containers only)."""
+    if isinstance(x, torch.Tensor):
+        return TensorLeaf(x.contiguous().numpy()) if _packable(x) else x
+    t = type(x)
+    if t is dict:
+        return {k: pack(v) for k, v in x.items()}
+    if t is list:
+        return [pack(v) for v in x]
+    if t is tuple:
+        return tuple(pack(v) for v in x)
+    return x
+
+
+def unpack(x: Any) -> Any:
+    """The inverse of :func:`pack`. Arrays from Ray's object store are read-only views of
+    shared memory: they are copied once into writable tensors (what a local worker's sample
+    is), so the user may change them in place."""
+    if isinstance(x, TensorLeaf):
+        return torch.from_numpy(np.array(x.array, copy=True))
+    t = type(x)
+    if t is dict:
+        return {k: unpack(v) for k, v in x.items()}
+    if t is list:
+        return [unpack(v) for v in x]
+    if t is tuple:
+        return tuple(unpack(v) for v in x)
+    return x

@@ -1,0 +1,268 @@
+"""The Ray backend: the ONLY module of headrace that imports ``ray``.
+
+A remote worker is a Ray actor (``remote/actor.py``) on some node of the cluster, and, in the
+training process, a proxy thread that stands behind the same ``pool.WorkerHandle`` as a local
+worker thread (``runtime/threadworker.py``): a task queue, a result queue the scheduler's
+selector watches (or that hands results straight to the scheduler), and a sentinel readable
+when the proxy ends. To the scheduler a remote worker is one more worker: exactly-once (task
+ids), the retries of a dead worker's samples, the error policy and the state dict are the same
+code.
+
+The proxy keeps at most the scheduler's ``DEPTH`` (2) calls queued at its actor (Ray runs one
+caller's calls in order), so the actor never waits for the round trip. Results come back
+through Ray's object store, with tensors as arrays (``remote/payload.py``).
+
+Faults: when the actor's node or process dies, ``ray.get`` raises; the proxy then ends, its
+sentinel fires, and the scheduler re-runs the samples it held on other workers exactly as for
+a dead local process (``Scheduler._on_death``). The pool does not restart a remote worker in
+place (``WorkerHandle.external``): its node may be gone; ``remote/session.py`` starts new ones.
+Shutdown (NOTE [headrace shutdown] in ``runtime/pool.py``): closing the task queue ends the
+proxy within ``POLL_S`` and it kills its actor; actors are not detached, so Ray also ends them
+when the training process exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+
+from headrace.errors import RemoteUnavailableError
+from headrace.pipeline.runner import SampleRunner
+from headrace.remote.actor import RemoteWorker
+from headrace.remote.config import Remote
+from headrace.remote.payload import pack, unpack
+from headrace.runtime.threadworker import ThreadResults, ThreadTasks
+from headrace.runtime.transport import decode, encode
+from headrace.runtime.worker import Task, WorkerSetup, _picklable_class, _qualname
+
+log = logging.getLogger("headrace")
+
+POLL_S = 0.05
+"""Longest a proxy waits on Ray before checking its task queue again (seconds)."""
+CONNECT_TIMEOUT_S = 5.0
+"""How long joining a cluster may wait for its address to answer (seconds)."""
+START_WARN_S = 30.0
+"""A remote worker not placed after this many seconds is reported (the cluster lacks room)."""
+
+_ActorClass = ray.remote(RemoteWorker)
+
+
+def connect(cfg: Remote) -> None:
+    """Join the cluster (or use this process's existing connection to one)."""
+    if ray.is_initialized():
+        return
+    try:
+        _check_reachable(cfg.address)
+        ray.init(address=cfg.address, log_to_driver=False, include_dashboard=False,
+                 configure_logging=False)
+    except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ...
+        raise RemoteUnavailableError(
+            f"headrace could not join the Ray cluster at address {cfg.address!r}: {e}. Start "
+            "one (`ray start --head`), pass its address as Remote(address='host:6379' or "
+            "'ray://host:10001'), or use Remote(required=False) to run on local workers only."
+        ) from e
+
+
+def _check_reachable(address: str) -> None:
+    """Fail within ``CONNECT_TIMEOUT_S`` when ``host:port`` takes no TCP connection (Ray itself
+    retries for minutes before giving up). ``"auto"`` and ``"local"`` are Ray's to resolve."""
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S):
+        pass
+
+
+def cluster_cpus() -> float:
+    """CPUs of the live nodes of the cluster (Ray's view)."""
+    return float(ray.cluster_resources().get("CPU", 0.0))
+
+
+def put(obj: Any) -> Any:
+    """``obj`` in the object store (shipped to each actor once, by reference)."""
+    return ray.put(obj)
+
+
+class RemoteTasks(ThreadTasks):
+    """A proxy's task queue: the scheduler ``send``s, the proxy ``take``s with a timeout."""
+
+    _EMPTY = object()
+
+    def take(self, timeout: float) -> Any:
+        """The next task, ``None`` (exit), or ``_EMPTY`` after ``timeout`` seconds."""
+        try:
+            return self._q.get(timeout=timeout) if timeout > 0 else self._q.get_nowait()
+        except queue.Empty:
+            return self._EMPTY
+
+
+class ProxyOptions:
+    """What every proxy of one pool shares (set by ``remote/session.py``).
+
+    ``stop``: the step the remote part ends at (the offload split point; the pipeline's step
+    count: the whole sample). ``processes``: the local workers are processes, so partial values
+    they exchange are ``runtime/transport.py``-encoded. ``on_result()``: a sample finished
+    remotely; ``on_lost()``: an actor died; ``on_resumed()``: a sample resumed at a later
+    step was sent.
+    """
+
+    def __init__(self, cfg: Remote, pipeline_ref: Any, steps: int, processes: bool,
+                 on_result: Callable[[], None] | None = None,
+                 on_lost: Callable[[], None] | None = None,
+                 on_resumed: Callable[[], None] | None = None) -> None:
+        self.cfg = cfg
+        self.pipeline_ref = pipeline_ref
+        self.steps = steps
+        self.stop = steps
+        self.read_local = not cfg.read_source
+        self.processes = processes
+        self.on_result = on_result
+        self.on_lost = on_lost
+        self.on_resumed = on_resumed
+        self.placed: dict[int, str] = {}
+        """Slot -> Ray node id of the running remote worker in it (removed when it ends)."""
+
+
+def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, progress: Any,
+               opts: ProxyOptions) -> None:
+    """Body of a proxy thread: start the actor, forward tasks, post results, until told to
+    exit (``None`` or a closed queue) or the actor dies."""
+    cfg, slot = opts.cfg, setup.slot
+    actor_opts: dict[str, Any] = {"num_cpus": cfg.num_cpus, "max_restarts": 0,
+                                  "max_task_retries": 0}
+    if cfg.resources:
+        actor_opts["resources"] = dict(cfg.resources)
+    actor: Any = _ActorClass.options(**actor_opts).remote(opts.pipeline_ref, setup.base_seed,
+                                                     setup.profile)
+    try:
+        if not _wait_placed(actor, tasks, slot, opts):
+            return
+        results.send(("ready", slot))
+        _forward(actor, tasks, results, progress, opts, setup)
+    except RayError as e:
+        log.warning("headrace remote worker %d lost (%s); its samples are re-run",
+                    slot, type(e).__name__)
+        if opts.on_lost is not None:
+            opts.on_lost()
+    finally:
+        # progress.tid keeps the task at the head of the actor's queue: the scheduler counts
+        # an attempt against that sample (a sample that keeps killing actors is failed per
+        # the error policy, not retried for ever)
+        opts.placed.pop(slot, None)
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - the actor or the connection is already gone
+            pass
+
+
+def _wait_placed(actor: Any, tasks: RemoteTasks, slot: int, opts: ProxyOptions) -> bool:
+    """Wait until the actor runs (True), or the proxy is told to exit (False)."""
+    ref = actor.where.remote()
+    t0 = time.monotonic()
+    warned = False
+    while not tasks.closed:
+        try:
+            host, pid, node = ray.get(ref, timeout=POLL_S)
+        except GetTimeoutError:
+            if not warned and time.monotonic() - t0 > START_WARN_S:
+                warned = True
+                log.warning("headrace remote worker %d not placed after %.0f s: the cluster "
+                            "lacks the CPUs or resources it asks for", slot, START_WARN_S)
+            continue
+        log.info("headrace remote worker %d runs on %s (node %s, pid %d)", slot, host, node, pid)
+        opts.placed[slot] = node
+        return True
+    return False
+
+
+def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: Any,
+             opts: ProxyOptions, setup: WorkerSetup) -> None:
+    slot = setup.slot
+    local = SampleRunner(setup.pipeline, None, False) if opts.read_local else None
+    inflight: dict[Any, tuple[Task, list[Any]]] = {}  # object ref -> (task, local timings)
+    retiring = False  # told to exit (retired): finish what the actor holds first
+    while not tasks.closed:
+        while not retiring:  # take what the scheduler queued; wait only when the actor idles
+            task = tasks.take(0.0 if inflight else POLL_S)
+            if task is RemoteTasks._EMPTY:
+                break
+            if tasks.closed:
+                return  # shutdown: in-flight samples are discarded (never delivered)
+            if task is None:
+                retiring = True
+                break
+            if task.tid == progress.revoked[slot]:
+                continue  # moved to an idle worker while queued here (Scheduler._steal)
+            sent = _submit(actor, task, opts, local)
+            if sent[0] == "msg":
+                if not results.send(sent[1]):
+                    return
+                continue
+            if not inflight:
+                progress.started[slot] = time.monotonic()
+                progress.tid[slot] = task.tid
+            inflight[sent[1]] = (task, sent[2])
+        if not inflight:
+            if retiring:
+                return
+            continue
+        ready, _ = ray.wait(list(inflight), num_returns=1, timeout=POLL_S)
+        for ref in ready:
+            task, before = inflight.pop(ref)
+            msg = ray.get(ref)  # raises when the actor died: the scheduler re-runs its samples
+            head = next(iter(inflight.values()), None)
+            progress.started[slot] = time.monotonic()
+            progress.tid[slot] = head[0].tid if head is not None else -1
+            if opts.on_result is not None and msg[0] == "done":
+                opts.on_result()
+            if not results.send(_local_message(msg, before, opts)):
+                return
+
+
+def _submit(actor: Any, task: Task, opts: ProxyOptions,
+            local: SampleRunner | None) -> tuple[Any, ...]:
+    """Call the actor for ``task``: ``("ref", object ref, local timings)``, or ``("msg",
+    message)`` when nothing is left to run remotely (a local load failed, or was all)."""
+    value = None
+    before: list[Any] = []
+    if task.start > 0:  # a slow-lane sample (or one handed back at a split) resumed here
+        value = decode(task.payload) if opts.processes else task.payload
+        if opts.on_resumed is not None:
+            opts.on_resumed()
+    elif local is not None:  # the source is not reachable remotely: load here
+        out = local.run(task.sample, 0, None, task.base_seed, task.epoch,
+                        hand_off=lambda _next, _spent: True)
+        if out.error is not None:
+            step, exc, tb = out.error
+            return ("msg", ("error", task.tid, step, _picklable_class(type(exc)),
+                            _qualname(type(exc)), str(exc), tb))
+        if out.next_step is None:  # the load is the whole pipeline
+            return ("msg", ("done", task.tid, out.value, out.timings, 0, None))
+        value, before = out.value, out.timings
+        task = task._replace(start=out.next_step)
+    ref = actor.run.remote(task._replace(payload=None), max(opts.stop, task.start + 1),
+                           pack(value) if value is not None else None)
+    return ("ref", ref, before)
+
+
+def _local_message(msg: tuple[Any, ...], before: list[Any], opts: ProxyOptions) -> tuple[Any, ...]:
+    """The actor's message as a local worker thread's: values unpacked (a partial one encoded
+    for worker processes), timings of a local load in front."""
+    kind = msg[0]
+    if kind == "done":
+        _, tid, payload, timings, bytes_in, _ = msg
+        return ("done", tid, unpack(payload), before + list(timings), bytes_in, None)
+    if kind == "partial":
+        _, tid, next_step, payload, timings, bytes_in, _ = msg
+        value = unpack(payload)
+        return ("partial", tid, next_step, encode(value) if opts.processes else value,
+                before + list(timings), bytes_in, None)
+    return msg

@@ -1,0 +1,280 @@
+"""A loader's remote workers: joining the cluster, starting them in a pool, counting them.
+
+Imports no Ray itself: ``remote/ray_backend.py`` is imported when ``open()`` is first called,
+that is when a loader with ``Options(remote=Remote(...))`` starts its first epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+
+from headrace.errors import RemoteUnavailableError
+from headrace.remote.config import Remote
+from headrace.runtime.pool import WorkerHandle, WorkerPool
+from headrace.runtime.threadworker import ThreadResults, ThreadRun
+from headrace.runtime.worker import WorkerSetup
+
+log = logging.getLogger("headrace")
+
+REPLACE_EVERY_S = 1.0
+"""Seconds between two replacements of remote workers that died."""
+
+
+class RemoteSession:
+    """The remote side of one loader.
+
+    ``target``: remote workers wanted now (set by the placement controller, or
+    ``Remote.workers`` / ``max_workers``); ``remote_samples``: samples finished remotely since
+    the loader started; ``lost``: remote workers that died (their samples were re-run).
+    """
+
+    def __init__(self, cfg: Remote) -> None:
+        self.cfg = cfg
+        self.available = False
+        self.error: str | None = None
+        """Why the cluster is not used (``Remote(required=False)`` and it was unreachable)."""
+        self.max_workers = 0
+        self.target = 0
+        self.remote_samples = 0
+        self.resumed_remote = 0
+        """Slow-lane samples (resumed at a later step) sent to remote workers."""
+        self.lost = 0
+        self.stop: int | None = None
+        """Remote part ends before this step (the offload split; None: the whole sample)."""
+        self._opened = False
+        self.offload: Any = None
+        self.ratio = 1.0
+        """Share of samples remote workers may finish (the offload ratio; 1: no limit)."""
+        self._counters: Any = None  # the running epoch's scheduler counters
+        self._epoch_base = 0  # remote_samples when that epoch started
+        """The last FastFlow decision applied (``apply_offload``), for ``explain()``."""
+        self.read_local: bool = not cfg.read_source
+        """This host reads samples for the remote workers (the source is not reachable there)."""
+        self.placement: Any = None
+        """The AutoPlacement controller (``remote/autoplace.py``) once running."""
+        self._replaced = 0  # deaths answered by a replacement (or found not to need one)
+        self._replaced_at = 0.0  # time.monotonic() of the last replacement
+        self._lock = threading.Lock()
+        self._add_lock = threading.Lock()
+        self._pool_opts: tuple[Any, Any] = (lambda: None, None)  # (weakref to pool, options)
+
+    # -- cluster -------------------------------------------------------------------------------
+    def open(self) -> int:
+        """Join the cluster once; the number of remote worker slots to reserve (0: none)."""
+        if self._opened:
+            return self.max_workers if self.available else 0
+        self._opened = True
+        from headrace.remote import ray_backend  # the one place Ray gets imported
+
+        try:
+            ray_backend.connect(self.cfg)
+        except RemoteUnavailableError as e:
+            if self.cfg.required:
+                raise
+            self.error = str(e).split(". Start one")[0]
+            log.warning("%s; running on local workers only (Remote(required=False))", self.error)
+            return 0
+        self.available = True
+        cfg = self.cfg
+        if cfg.max_workers is not None:
+            self.max_workers = cfg.max_workers
+        else:
+            self.max_workers = max(1, int(ray_backend.cluster_cpus() // cfg.num_cpus))
+        default = 0 if cfg.autoplace else self.max_workers
+        self.target = default if cfg.workers is None else min(cfg.workers, self.max_workers)
+        return self.max_workers
+
+    # -- workers -------------------------------------------------------------------------------
+    def remote_workers(self, pool: WorkerPool) -> list[WorkerHandle]:
+        """This pool's remote workers (not being retired)."""
+        return [w for w in list(pool.workers.values()) if w.external and not w.retiring]
+
+    def attach(self, pool: WorkerPool, on_added: Any = None) -> None:
+        """Start remote workers in ``pool`` up to ``target``."""
+        if not self.available:
+            return
+        while len(self.remote_workers(pool)) < self.target and len(pool.workers) < pool.max_slots:
+            if self.add(pool) is None:
+                return
+            if on_added is not None:
+                on_added()
+
+    def add(self, pool: WorkerPool) -> WorkerHandle | None:
+        """Start one remote worker in ``pool`` (None once the pool is closed or full). Called
+        by the training thread (``attach``) and the scheduler thread (``on_tick``): one at a
+        time."""
+        with self._add_lock:
+            if pool.closed or len(pool.workers) >= pool.max_slots:
+                return None
+            return pool.add_worker(start=lambda setup: self._start(pool, setup))
+
+    def retire(self, pool: WorkerPool) -> bool:
+        """Retire the remote worker holding the fewest samples (False: none left)."""
+        live = self.remote_workers(pool)
+        if not live:
+            return False
+        pool.retire(min(live, key=lambda w: len(w.assigned)))
+        return True
+
+    def _options(self, pool: WorkerPool) -> Any:
+        from headrace.remote import ray_backend
+
+        with self._lock:
+            ref, opts = self._pool_opts
+            if ref() is not pool:
+                steps = len(pool.pipeline.step_names)
+                opts = ray_backend.ProxyOptions(
+                    self.cfg, ray_backend.put(pool.pipeline), steps,
+                    processes=pool.executor != "threads", on_result=self._count,
+                    on_lost=self._lost, on_resumed=self._resumed)
+                self._pool_opts = (weakref.ref(pool), opts)
+            opts.stop = self.stop if self.stop is not None else opts.steps
+            opts.read_local = self.read_local
+            return opts
+
+    def facts(self, pool: WorkerPool | None, steps: list[str], measured_thp: float | None
+              ) -> Any:
+        """What ``explain()`` says about the remote side (``planner.explain.RemoteFacts``)."""
+        from headrace.planner.explain import RemoteFacts
+
+        workers = list(pool.workers.values()) if pool is not None and not pool.closed else []
+        remote = sum(w.external and not w.retiring for w in workers)
+        local = sum(not w.external and not w.retiring for w in workers)
+        cost = None
+        cfg = self.cfg
+        if cfg.local_cost_per_hour is not None and cfg.cost_per_worker_hour is not None:
+            n = remote if workers else self.target
+            cost = cfg.local_cost_per_hour + cfg.cost_per_worker_hour * n
+        moves = tuple((t, m.local, m.remote, m.bpt, m.reason)
+                      for t, m in (self.placement.moves if self.placement else []))
+        return RemoteFacts(
+            address=cfg.address, error=self.error, max_workers=self.max_workers,
+            remote_workers=remote if workers else self.target, local_workers=local,
+            remote_samples=self.remote_samples, lost=self.lost, split=self.stop,
+            steps=tuple(steps), offload=self.offload, autoplace=cfg.autoplace, moves=moves,
+            measured_thp=measured_thp, cost_per_hour=cost)
+
+    def ready_workers(self) -> int:
+        """Remote workers of the latest pool whose actor is placed and running (between
+        epochs of persistent workers too, before a scheduler has seen their ``ready``)."""
+        pool, opts = self._pool_opts[0](), self._pool_opts[1]
+        if pool is None or pool.closed or opts is None:
+            return 0
+        placed = dict(opts.placed)
+        return sum(w.slot in placed for w in self.remote_workers(pool))
+
+    def wait_ready(self, n: int, timeout_s: float = 120.0) -> bool:
+        """Wait (bounded) until ``n`` remote workers of the latest pool are ready (benchmarks:
+        start-up kept out of the timed epoch). False on timeout."""
+        tick = threading.Event()
+        deadline = time.monotonic() + timeout_s
+        while self.ready_workers() < n:
+            if time.monotonic() > deadline:
+                return False
+            tick.wait(0.05)
+        return True
+
+    def nodes(self) -> dict[int, str]:
+        """Slot -> Ray node id of each remote worker placed so far (the latest pool's)."""
+        opts = self._pool_opts[1]
+        return dict(opts.placed) if opts is not None else {}
+
+    def _count(self) -> None:
+        with self._lock:
+            self.remote_samples += 1
+
+    def _resumed(self) -> None:
+        with self._lock:
+            self.resumed_remote += 1
+
+    def _lost(self) -> None:
+        with self._lock:
+            self.lost += 1
+
+    def _start(self, pool: WorkerPool, setup: WorkerSetup) -> WorkerHandle:
+        from headrace.remote import ray_backend
+
+        tasks, results = ray_backend.RemoteTasks(), ThreadResults()
+        run = ThreadRun(ray_backend.proxy_main,
+                        (setup, tasks, results, pool.progress, self._options(pool)),
+                        name=f"headrace-worker-remote-{setup.slot}")
+        run.start()
+        return WorkerHandle(setup.slot, run, tasks, results, None, external=True,
+                            gate=self._within_ratio, prefers_slow=self.cfg.slow_lane)
+
+    def _within_ratio(self) -> bool:
+        """May remote workers take more samples now? FastFlow's ApplyOffRatio by counters:
+        samples finished or held remotely this epoch stay within ``ratio`` of all finished
+        ones (plus one per remote worker, so they can start). The scheduler asks before
+        dispatching."""
+        c, pool = self._counters, self._pool_opts[0]()
+        if self.ratio >= 1.0 or c is None or pool is None:
+            return True
+        held = sum(len(w.assigned) for w in self.remote_workers(pool))
+        remote = self.remote_samples - self._epoch_base + held
+        return remote < self.ratio * (c.fast + c.slow + held) + self.target
+
+    def apply_offload(self, decision: Any, per_worker_thp: float | None = None) -> None:
+        """Apply a FastFlow decision (``planner/offload.py``) from the next epoch on: the remote
+        range's end becomes the split point, its start says who reads the source, and the
+        remote worker count follows the ratio (``workers_needed``; all available workers
+        when one worker's rate is unknown; none when offloading does not pay)."""
+        self.offload = decision
+        if not decision.offload:
+            self.target = 0
+            return
+        self.ratio = decision.ratio
+        best = decision.best
+        self.stop = best.stop
+        self.read_local = best.start > 0
+        rate = per_worker_thp or (decision.best.rthp / max(1, self.max_workers))
+        self.target = decision.workers_needed(rate, self.max_workers)
+
+    def on_tick_scheduler(self, sched: Any) -> None:
+        """Every scheduler pass: replace dead remote workers; run AutoPlacement."""
+        if sched.counters is not self._counters:  # a new epoch: the ratio counts from here
+            self._counters, self._epoch_base = sched.counters, self.remote_samples
+        self.on_tick(sched.pool)
+        if not self.cfg.autoplace or not self.available:
+            return
+        if self.placement is None:
+            from headrace.planner.placement import PlacementConfig
+            from headrace.remote.autoplace import PlacementController
+
+            pool = sched.pool
+            local = sum(not w.external for w in pool.workers.values())
+            cfg = PlacementConfig(
+                max_remote=self.max_workers, max_local=max(1, pool.max_slots - self.max_workers),
+                window=self.cfg.window, threshold=self.cfg.threshold,
+                local_cost=self.cfg.local_cost_per_hour,
+                remote_cost=self.cfg.cost_per_worker_hour)
+            self.placement = PlacementController(self, cfg, max(1, local),
+                                                 sched.spec.batcher.batch_size or 1)
+        self.placement.on_tick(sched)
+
+    def on_tick(self, pool: WorkerPool) -> None:
+        """Replace remote workers that died, up to ``target`` (Ray places them on live nodes),
+        at most one every ``REPLACE_EVERY_S`` (a worker that cannot start is not retried in a
+        tight loop)."""
+        if not self.available or pool.closed or self._replaced >= self.lost:
+            return
+        now = time.monotonic()
+        if now - self._replaced_at < REPLACE_EVERY_S:
+            return
+        self._replaced_at = now
+        self._replaced += 1
+        if len(self.remote_workers(pool)) < self.target:
+            self.add(pool)
+
+def remote_session(cfg: Remote | None, monitor: Any) -> RemoteSession | None:
+    """The loader's remote session (None without ``Options(remote=...)``), ticked by the
+    scheduler through ``monitor.tick_listeners``. Joins no cluster yet (see ``open``)."""
+    if cfg is None:
+        return None
+    session = RemoteSession(cfg)
+    monitor.tick_listeners.append(session.on_tick_scheduler)
+    return session

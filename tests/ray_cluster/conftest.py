@@ -1,0 +1,77 @@
+"""One real local Ray cluster for the whole test session: a head node (the "training host")
+and two CPU nodes, each its own raylet with its own CPUs and a custom resource ``cpu_node``
+that remote workers ask for, so they run on the CPU nodes only."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STORE_BYTES = 100 * 1024 * 1024
+"""Object store per node (Ray's minimum is about 75 MB): the tests move a few MB."""
+NODE_CPUS = 2
+"""CPUs each CPU node declares (Ray slots, not cores: the machine has 2 cores)."""
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    # Ray's worker processes import headrace and the tests' helpers by name.
+    paths = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "include_dashboard": False,
+            "object_store_memory": STORE_BYTES,
+            "_system_config": {  # notice a killed node within ~2 s, not 30 s
+                "health_check_period_ms": 300,
+                "health_check_failure_threshold": 3,
+                "health_check_initial_delay_ms": 0,
+            },
+        },
+    )
+    nodes = [cluster.add_node(num_cpus=NODE_CPUS, resources={"cpu_node": 100},
+                              object_store_memory=STORE_BYTES) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.cpu_nodes = nodes
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def live_headrace_actors() -> list[str]:
+    """Actors of headrace's remote worker class that are not dead (per Ray's GCS)."""
+    import ray
+
+    table = ray._private.state.actors()  # the GCS's table: no dashboard needed
+    return [a for a, info in table.items()
+            if "RemoteWorker" in info.get("ActorClassName", "") and info.get("State") != "DEAD"]
+
+
+@pytest.fixture
+def no_actor_leaks(ray_cluster):
+    """Fails the test if a headrace actor or proxy thread is still alive after it."""
+    import threading
+
+    yield
+    gc.collect()
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("headrace-worker")]
+    assert not threads, f"worker threads left behind: {threads}"
+    # ray.kill is asynchronous: the GCS marks a killed actor DEAD within milliseconds; one
+    # still alive after 10 s was not killed
+    tick, deadline = threading.Event(), time.monotonic() + 10.0
+    while live_headrace_actors() and time.monotonic() < deadline:
+        tick.wait(0.05)
+    assert not live_headrace_actors(), "Ray actors left behind"

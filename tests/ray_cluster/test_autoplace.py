@@ -1,0 +1,32 @@
+"""AutoPlacement at run time: remote workers are added while they shorten batch time."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import headrace as hr
+from tests.helpers import ArraySource, busy
+from tests.ray_cluster.test_remote import ON_CPU_NODES
+
+pytestmark = pytest.mark.ray
+
+
+def test_autoplace_adds_remote_workers_when_local_ones_stall(ray_cluster, no_actor_leaks):
+    pipe = hr.Pipeline(ArraySource(400), [hr.step(busy, name="busy")])
+    remote = hr.Remote(max_workers=2, resources=ON_CPU_NODES, autoplace=True, window=4)
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, options=hr.Options(remote=remote))
+    assert loader.remote.target == 0  # before the first epoch nothing is started
+    seen = Counter(int(v) // 2 for b in loader for v in b.flatten().tolist())
+    assert seen == Counter(range(400))
+    ctl = loader.remote.placement
+    assert ctl is not None
+    added = [m for _, m in ctl.moves if m.remote > 0]
+    assert added, ctl.moves  # 1 local worker is the bottleneck: remote workers must be tried
+    assert added[0].bpt > 0
+    assert loader.remote.remote_samples > 0
+    assert ctl.timeline and all(p.bpt > 0 for p in ctl.timeline)
+    text = loader.explain()
+    assert "AutoPlacement (Pecan)" in text and "finished remotely" in text
+    loader.close()

@@ -1,0 +1,103 @@
+"""Remote faults: a Ray node killed mid-epoch, an unreachable cluster, shutdown."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+
+import pytest
+
+import headrace as hr
+from tests.helpers import ArraySource, jitter
+from tests.ray_cluster.conftest import NODE_CPUS, ROOT, STORE_BYTES, live_headrace_actors
+from tests.ray_cluster.test_remote import ON_CPU_NODES, remote_ready, wait_until
+
+pytestmark = pytest.mark.ray
+
+
+def test_node_killed_mid_epoch_loses_no_sample(ray_cluster, no_actor_leaks):
+    pipe = hr.Pipeline(ArraySource(120), [hr.step(jitter, name="jitter", random=True)])
+    loader = hr.DataLoader(pipe, batch_size=4, shuffle=True, num_workers=1, options=hr.Options(
+        seed=5, remote=hr.Remote(max_workers=2, resources=ON_CPU_NODES)))
+    it = iter(loader)
+    wait_until(lambda it=it: remote_ready(it, 2))
+    seen: Counter[int] = Counter()
+    for _ in range(5):  # mid-epoch: some batches delivered, remote workers busy
+        seen.update(int(i) for i in next(it)["i"])
+    wait_until(lambda: loader.remote.remote_samples > 0)
+    victim_id = next(iter(loader.remote.nodes().values()))
+    victim = next(n for n in ray_cluster.cpu_nodes if n.node_id == victim_id)
+    try:
+        ray_cluster.remove_node(victim, allow_graceful=False)  # SIGKILL its raylet and workers
+        seen.update(int(i) for b in it for i in b["i"])
+        assert seen == Counter(range(120))  # every sample exactly once
+        assert loader.remote.lost >= 1
+    finally:
+        ray_cluster.cpu_nodes.remove(victim)
+        ray_cluster.cpu_nodes.append(ray_cluster.add_node(
+            num_cpus=NODE_CPUS, resources={"cpu_node": 100}, object_store_memory=STORE_BYTES))
+        ray_cluster.wait_for_nodes()
+    del it
+    loader.close()
+
+
+def test_del_loader_mid_epoch_leaves_no_actor(ray_cluster, no_actor_leaks):
+    pipe = hr.Pipeline(ArraySource(200), [hr.step(jitter, name="jitter", random=True)])
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, options=hr.Options(
+        remote=hr.Remote(max_workers=2, resources=ON_CPU_NODES)))
+    it = iter(loader)
+    wait_until(lambda it=it: remote_ready(it, 2))
+    next(it)
+    assert len(live_headrace_actors()) == 2
+    del it, loader  # no_actor_leaks checks that the actors are gone
+
+
+UNREACHABLE = textwrap.dedent("""
+    import headrace as hr
+    from tests.helpers import ArraySource
+    pipe = hr.Pipeline(ArraySource(8), [])
+    remote = hr.Remote(address="127.0.0.1:{port}", required={required})
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, options=hr.Options(remote=remote))
+    try:
+        print("batches", len(list(loader)))
+    except hr.RemoteUnavailableError as e:
+        print("error", e)
+""")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nobody listens there once closed
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_unreachable_cluster(required):
+    # a fresh interpreter: this one is connected to the session's cluster already
+    port = free_port()
+    env = {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", UNREACHABLE.format(port=port, required=required)],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    if required:
+        assert f"error headrace could not join the Ray cluster at address '127.0.0.1:{port}'" \
+            in out.stdout, out.stderr
+    else:
+        assert "batches 2" in out.stdout, out.stderr
+        assert f"'127.0.0.1:{port}'" in out.stderr and "local workers only" in out.stderr
+
+
+def test_ctrl_c_in_the_training_loop_leaves_no_actor(ray_cluster, no_actor_leaks):
+    pipe = hr.Pipeline(ArraySource(200), [hr.step(jitter, name="jitter", random=True)])
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, options=hr.Options(
+        remote=hr.Remote(max_workers=2, resources=ON_CPU_NODES)))
+    it = iter(loader)
+    wait_until(lambda it=it: remote_ready(it, 2))
+    with pytest.raises(KeyboardInterrupt):
+        for i, _ in enumerate(it):
+            if i == 3:
+                raise KeyboardInterrupt  # what Ctrl-C raises in the training loop
+    del it, loader  # the traceback let go: the epoch is finalised, its actors killed

@@ -1,0 +1,41 @@
+"""The remote lines of ``explain()`` (planner/explain.py), from plain facts."""
+
+import math
+
+from headrace.planner.explain import RemoteFacts, remote_lines
+from headrace.planner.offload import OffloadInputs, StepCost, decide
+
+
+def facts(**kw):
+    base = dict(address="auto", error=None, max_workers=4, remote_workers=2, local_workers=1,
+                remote_samples=30, lost=0, split=None, steps=("load", "decode", "augment"),
+                offload=None, autoplace=False, moves=(), measured_thp=50.0, cost_per_hour=None)
+    base.update(kw)
+    return RemoteFacts(**base)
+
+
+def test_counts_and_measured_throughput():
+    text = "\n".join(remote_lines(facts(lost=1), 100))
+    assert "2 remote worker(s) now (at most 4), 1 local" in text
+    assert "30 of 100 samples finished remotely" in text
+    assert "1 remote worker(s) lost" in text
+    assert "measured 50.0 samples/s" in text
+
+
+def test_offload_decision_split_prediction_and_cost():
+    d = decide(OffloadInputs(gthp=math.inf, lthp=20.0, remote_workers=4, bandwidth=1e9,
+                             steps=(StepCost("load", 0.001, 1e4), StepCost("decode", 0.05, 1e5),
+                                    StepCost("augment", 0.01, 1e5))))
+    text = "\n".join(remote_lines(facts(offload=d, split=2, cost_per_hour=3.0), 100))
+    assert "offload: yes" in text and "ratio" in text and "Lower" in text
+    assert "remote workers run load -> decode, local workers augment" in text
+    assert f"predicted {d.predicted:.1f} samples/s, measured 50.0" in text
+    assert "cost: 3.00 per hour" in text and "per million samples" in text
+
+
+def test_autoplace_moves_and_unreachable_cluster():
+    text = "\n".join(remote_lines(facts(autoplace=True, moves=(
+        (3.0, 0, 1, 0.25, "batch time still improving: add a remote worker"),)), 0))
+    assert "AutoPlacement (Pecan): 1 move(s)" in text and "remote +1" in text
+    text = "\n".join(remote_lines(facts(error="could not join 'x:1'"), 0))
+    assert text.startswith("remote: not used (could not join 'x:1'")

@@ -1,0 +1,98 @@
+"""FastFlow's smart offloading policy (planner/offload.py) on synthetic profiles."""
+
+import math
+
+import pytest
+
+from headrace.planner.offload import OffloadInputs, StepCost, candidates, decide
+
+MB = 1e6
+
+
+def profile(load_cpu=0.001, prep_cpu=0.020, raw=0.1 * MB, decoded=0.6 * MB, out=0.6 * MB):
+    return (StepCost("load", load_cpu, raw), StepCost("decode", prep_cpu / 2, decoded),
+            StepCost("augment", prep_cpu / 2, out))
+
+
+def inputs(**kw):
+    base = dict(gthp=400.0, lthp=100.0, steps=profile(), remote_workers=8,
+                bandwidth=1000 * MB, overhead_s=0.0005)
+    base.update(kw)
+    return OffloadInputs(**base)
+
+
+def test_no_stall_no_offload():
+    d = decide(inputs(gthp=100.0, lthp=100.0))
+    assert not d.offload and "no stall" in d.reason
+    d = decide(inputs(gthp=105.0, lthp=100.0))  # a 5% gain is under the 10% threshold
+    assert not d.offload and d.ratio == 0.0
+
+
+def test_no_remote_worker_no_offload():
+    assert not decide(inputs(remote_workers=0)).offload
+
+
+def test_cpu_bound_offloads_a_large_share():
+    d = decide(inputs(bandwidth=10_000 * MB, remote_workers=16))
+    assert d.offload
+    assert d.ratio >= 0.7
+    assert d.best is not None and d.best.stop == 3  # the whole CPU-heavy part runs remotely
+    assert d.predicted > 1.1 * d.lthp
+
+
+def test_network_bound_offloads_a_small_share():
+    # 10 MB/s to the remote nodes; a sample moves >= 0.6 MB back: at most ~16 samples/s
+    d = decide(inputs(bandwidth=10 * MB))
+    assert d.offload
+    assert d.ratio < 0.2
+    assert d.lower > d.upper  # a bottleneck either way: balanced by capacity (line 13)
+    assert d.ratio == pytest.approx(d.best.rthp / (d.lthp + d.best.rthp))
+
+
+def test_split_point_follows_the_bytes():
+    # decode inflates 0.1 MB to 6 MB and augment shrinks it to 0.1 MB: with a slow network the
+    # best range keeps decode and augment together remotely (ship 0.1 MB, get 0.1 MB back),
+    # never stopping after decode (6 MB back)
+    steps = profile(raw=0.1 * MB, decoded=6 * MB, out=0.1 * MB)
+    d = decide(inputs(steps=steps, bandwidth=50 * MB))
+    assert d.offload and d.best.stop == 3
+    cands = {(c.start, c.stop): c for c in candidates(inputs(steps=steps, bandwidth=50 * MB))}
+    assert cands[(0, 2)].rthp < cands[(0, 3)].rthp
+
+
+def test_slow_remote_probe_lowers_remote_throughput():
+    fast = candidates(inputs())
+    slow = candidates(inputs(remote_thp=50.0))  # the probe saw remote workers deliver 50/s
+    assert all(s.rthp <= f.rthp for s, f in zip(slow, fast, strict=True))
+    full = next(c for c in slow if (c.start, c.stop) == (0, 3))
+    assert full.rthp == pytest.approx(50.0)
+
+
+def test_unknown_accelerator_bound_balances_by_capacity():
+    d = decide(inputs(gthp=math.inf))
+    assert d.offload and 0 < d.ratio < 1
+    assert d.ratio == pytest.approx(d.best.rthp / (d.lthp + d.best.rthp))
+    assert "ratio" in d.describe() and "Lower" in d.describe()
+
+
+def test_workers_needed():
+    d = decide(inputs(bandwidth=10_000 * MB, remote_workers=16))
+    n = d.workers_needed(per_worker_thp=25.0, available=16)
+    assert 1 <= n <= 16
+    assert n == min(16, math.ceil(d.ratio * d.predicted / 25.0))
+    assert decide(inputs(gthp=100.0)).workers_needed(25.0, 16) == 0
+
+
+def test_inputs_from_a_measured_profile():
+    from headrace.planner.offload import inputs_from_profile
+    from headrace.profiler.report import PipelineProfile, StepStats
+
+    def st(name, cpu, out):
+        return StepStats(name, 100, cpu, cpu, cpu, cpu, 0.0, out, None, None, None, None, None)
+
+    prof = PipelineProfile((st("load", 0.001, 1e5), st("decode", 0.01, 6e5)), 100, 0.011, 0.02,
+                           ())
+    x = inputs_from_profile(prof, gthp=400.0, lthp=90.0, remote_workers=4)
+    assert [s.name for s in x.steps] == ["load", "decode"]
+    assert x.steps[1].work_s == 0.01 and x.steps[1].bytes_out == 6e5  # wall_mean
+    assert decide(x).offload
