@@ -16,35 +16,25 @@ or the other (``runtime/ordering.py``).
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
 import torch.utils.data as tud
-from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from headrace.cache.session import CacheSession
 from headrace.errors import HeadraceError, StateDictError
 from headrace.pipeline import Pipeline
 from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.planner.explain import Facts, explain_text
-from headrace.profiler import sizes
 from headrace.remote.session import remote_session
-from headrace.runtime import checkpoint, distributed, ordering, pinning, prefetch
-from headrace.runtime.batcher import Batcher, Mode
-from headrace.runtime.bitmap import Bitmap
+from headrace.runtime import checkpoint, distributed, epochs, ordering, prefetch
 from headrace.runtime.bufferpool import BufferPool
-from headrace.runtime.checkpoint import EpochOrigin, capture_rng
-from headrace.runtime.epoch import EpochIterator
-from headrace.runtime.inprocess import InProcessIterator
 from headrace.runtime.monitor import Monitor
 from headrace.runtime.options import AutoWorkers, Options
 from headrace.runtime.planning import Planning
 from headrace.runtime.pool import WorkerPool
-from headrace.runtime.work import EpochSpec, default_max_in_flight
 from headrace.telemetry.stats import EpochStats, LoaderStats
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -145,7 +135,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         self._copier = prefetch.copier_for(self._device)  # None: no device prefetch
         self._iterator_ref: Callable[[], Any] = _no_iterator  # the newest iter(), wrappers and all
         self._epoch_ref: Callable[[], Any] = _no_iterator  # the epoch under those wrappers
-        self._finalizer = weakref.finalize(self, _close_pool, [None])
+        self._finalizer = weakref.finalize(self, epochs.close_pool, [None])
         self.cache: CacheSession | None = None  # the sample cache (headrace.cache)
         if self.pipeline is not None and self.options.cache is not None:
             hi_slots = self.options.autoscale.slot_bound() if self.autoscale else self.num_workers
@@ -193,7 +183,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         old = self._iterator_ref()
         if old is not None and self.persistent_workers:
             old.close(replaced=True)
-        it = self._start_epoch()
+        it = epochs.start_epoch(self)
         it.loader = self  # the epoch keeps its loader (and a persistent pool) alive, not the reverse
         self._epoch_ref = weakref.ref(it)
         if self._copier is not None:
@@ -304,7 +294,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             samples=len(self.pipeline),
             batch_size=self.batch_size,
             workers="auto" if self.autoscale else self.num_workers,
-            batching=ordering.describe(self._batch_mode(), self.in_order),
+            batching=ordering.describe(epochs.batch_mode(self), self.in_order),
             declared=tuple(self.pipeline.step_names),
             executed=tuple(pl.executed.step_names),
             order=pl.order,
@@ -354,176 +344,5 @@ class DataLoader(tud.DataLoader[_T_co]):
         if self.cache is not None:
             self.cache.close()
 
-    # -- epochs --------------------------------------------------------------------------------
-    def _draw_epoch(self, replay: EpochOrigin | None = None) -> tuple[EpochOrigin, Iterator[Any]]:
-        """Sampler stream and base seed, drawing random numbers in torch's own order.
-
-        The sampler's first element is taken here, in the training thread, because samplers
-        draw their permutation lazily from the RNG: done later in the scheduler thread it would
-        race the training loop's own use of torch's global generator.
-        ``replay`` redraws a saved epoch from its saved RNG state (exact resume).
-        """
-        user_rng = None
-        if replay is not None:
-            if self.generator is not None:
-                self.generator.set_state(replay.rng)
-            else:
-                user_rng = torch.get_rng_state()
-                torch.set_rng_state(replay.rng)
-            if not replay.drew_base_seed:
-                self._base_seed = replay.base_seed
-        try:
-            rng = capture_rng(self.generator)
-            sampler_iter = iter(self._index_sampler)
-            drew = self._base_seed is None or not self.persistent_workers
-            if drew:
-                self._base_seed = int(
-                    torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
-                )
-            first = next(sampler_iter, _END)
-        finally:
-            if user_rng is not None:
-                torch.set_rng_state(user_rng)  # the training loop's RNG is not ours to move
-        assert self._base_seed is not None
-        if replay is not None and self._base_seed != replay.base_seed:
-            raise StateDictError(
-                "replaying the saved epoch drew another base seed: the sampler or generator "
-                "does not reproduce its order from the saved RNG state"
-            )
-        origin = EpochOrigin(self._epoch, rng, self._base_seed, drew)
-        groups = sampler_iter if first is _END else itertools.chain([first], sampler_iter)
-        return origin, groups
-
-    def _batch_mode(self) -> Mode:
-        return ordering.batch_mode(self.in_order, self._index_sampler, self._auto_collation,
-                                   self._user_batch_sampler)
-
-    def _pin(self) -> Callable[[Any], Any] | None:
-        if not self.pin_memory and self._device is None:
-            return None
-        if not torch.accelerator.is_available():
-            warnings.warn(  # torch's own words, at the same moment (iterator creation)
-                "'pin_memory' argument is set as true but no accelerator is found, "
-                "then device pinned memory won't be used.",
-                stacklevel=3,
-            )
-            return None
-        device = pinning.pin_device(self.pin_memory_device, self._device)
-        memory = pinning.host_memory_for(device) if device is not None else None
-        if memory is not None and not self._buffers.pinned:
-            self._buffers = BufferPool(memory=memory)  # batches assembled in pinned memory
-        kind = device.type if device is not None else None
-        return lambda b: _pin_memory(b, kind)  # the rest: small or user-collated leaves
-
-    def _total_positions(self) -> int | None:
-        try:
-            if not self._auto_collation:
-                return len(self._index_sampler)
-            if self._user_batch_sampler:
-                return None
-            n = len(self.sampler)  # type: ignore[arg-type]
-            bs = self.batch_size or 1
-            return n - n % bs if self.drop_last else n
-        except TypeError:
-            return None
-
-    def _start_epoch(self) -> Any:
-        assert self.pipeline is not None and self.planning is not None
-        if self.planning.before_epoch() and self._pool is not None:
-            self._pool.shutdown()  # persistent workers run the old order: restart them
-            self._pool = None
-        resume, self._resume, self._unfinished = self._resume, None, None
-        replay = resume.origin if resume is not None else None
-        if replay is not None:
-            self._epoch = replay.epoch
-        origin, groups = self._draw_epoch(replay)
-        epoch, base_seed = origin.epoch, origin.base_seed
-        self._epoch = epoch + 1
-        delivered = resume.delivered if resume is not None else Bitmap()
-        it = self._make_iterator(epoch, base_seed, groups, delivered)
-        it.origin = origin
-        it.steps = self.planning.executed_names
-        return it
-
-    def _make_iterator(self, epoch: int, base_seed: int, groups: Iterator[Any], delivered: Bitmap) -> Any:
-        assert self.pipeline is not None and self.planning is not None
-        opts = self.options
-        if self.cache is not None:
-            self.cache.begin_epoch()
-            self.cache.replan(self.planning.executed, self.planning.profile(),
-                              self.num_workers, self.num_workers == 0)
-        if self.num_workers == 0:
-            return InProcessIterator(
-                self.planning.executed, epoch, base_seed, groups, self._auto_collation,
-                self.collate_fn, self._pin(), delivered, opts.on_error, self.monitor,
-                measure=sizes.measure if opts.profile else None,
-                cache=self.cache.client() if self.cache else None,
-                cache_row=self.cache.row if self.cache else 0,
-            )
-        pin = self._pin()  # before self._buffers is read: it may switch to pinned memory
-        pool, owns = self._get_pool(base_seed)
-        bs = self.batch_size or 1
-        hi = self.options.autoscale.bounds()[1] if self.autoscale else self.num_workers
-        if self.remote is not None and self.remote.available:
-            hi += self.remote.max_workers  # remote workers need samples in flight too
-        max_in_flight = opts.max_in_flight or default_max_in_flight(
-            bs, hi, self.prefetch_factor or 2)
-        spec = EpochSpec(
-            epoch=epoch,
-            base_seed=base_seed,
-            groups=groups,
-            auto_collation=self._auto_collation,
-            batcher=Batcher(self._batch_mode(), self.batch_size, self.drop_last),
-            collate=self.collate_fn,
-            pin=pin,
-            max_in_flight=max_in_flight,
-            handoff=opts.handoff and self.pipeline.splittable,
-            slow_lane_share=opts.slow_lane_share,
-            on_error=opts.on_error,
-            max_restarts=opts.max_worker_restarts,
-            delivered=delivered,
-            total_positions=self._total_positions(),
-            sample_timeout_s=opts.sample_timeout_s,
-            buffers=self._buffers,
-        )
-        it = EpochIterator(pool, owns, spec, self.monitor, delivered, self.timeout)
-        if not pool.workers:
-            # Fork after the scheduler started: it feeds the first workers while later ones fork.
-            pool.start(self.num_workers, on_added=it.scheduler.wake)
-            if self.remote is not None:
-                self.remote.attach(pool, on_added=it.scheduler.wake)
-            self.monitor.record_workers(pool.size)
-        return it
-
-    def _get_pool(self, base_seed: int) -> tuple[WorkerPool, bool]:
-        if self._pool is not None:
-            return self._pool, False
-        assert self.pipeline is not None
-        ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
-        hi = self.options.autoscale.slot_bound() if self.autoscale else self.num_workers
-        if self.remote is not None:
-            hi += self.remote.open()  # joins the cluster on the first epoch
-        assert self.planning is not None
-        pool = WorkerPool(self.planning.executed, self.dataset, ctx, self.worker_init_fn,
-                          base_seed, hi, profile=self.options.profile,
-                          executor=self.options.executor,
-                          cache=self.cache.client() if self.cache else None)
-        if self.persistent_workers:
-            self._pool = pool
-            self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, _close_pool, [pool])
-            return pool, False
-        return pool, True
-
-
-_END = object()
-
-
 def _no_iterator() -> None:
     return None
-
-
-def _close_pool(holder: list[WorkerPool | None]) -> None:
-    for pool in holder:
-        if pool is not None:
-            pool.shutdown()

@@ -1,0 +1,220 @@
+"""How ``iter(loader)`` becomes a running epoch: draw the order and base seed in torch's
+order, choose the step order, the batching and the worker pool, and build the epoch iterator.
+
+Called by ``runtime/loader.py`` (``DataLoader.__iter__``); functions over the loader, whose
+attributes are torch's arguments and headrace's runtime state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
+
+from headrace.errors import StateDictError
+from headrace.profiler import sizes
+from headrace.runtime import ordering, pinning
+from headrace.runtime.batcher import Batcher, Mode
+from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.bufferpool import BufferPool
+from headrace.runtime.checkpoint import EpochOrigin, capture_rng
+from headrace.runtime.epoch import EpochIterator
+from headrace.runtime.inprocess import InProcessIterator
+from headrace.runtime.pool import WorkerPool
+from headrace.runtime.work import EpochSpec, default_max_in_flight
+
+if TYPE_CHECKING:
+    from headrace.runtime.loader import DataLoader
+
+_END = object()
+
+
+def draw_epoch(
+    loader: DataLoader, replay: EpochOrigin | None = None
+) -> tuple[EpochOrigin, Iterator[Any]]:
+    """Sampler stream and base seed, drawing random numbers in torch's own order.
+
+    The sampler's first element is taken here, in the training thread, because samplers
+    draw their permutation lazily from the RNG: done later in the scheduler thread it would
+    race the training loop's own use of torch's global generator.
+    ``replay`` redraws a saved epoch from its saved RNG state (exact resume).
+    """
+    user_rng = None
+    if replay is not None:
+        if loader.generator is not None:
+            loader.generator.set_state(replay.rng)
+        else:
+            user_rng = torch.get_rng_state()
+            torch.set_rng_state(replay.rng)
+        if not replay.drew_base_seed:
+            loader._base_seed = replay.base_seed
+    try:
+        rng = capture_rng(loader.generator)
+        sampler_iter = iter(loader._index_sampler)
+        drew = loader._base_seed is None or not loader.persistent_workers
+        if drew:
+            loader._base_seed = int(
+                torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+            )
+        first = next(sampler_iter, _END)
+    finally:
+        if user_rng is not None:
+            torch.set_rng_state(user_rng)  # the training loop's RNG is not ours to move
+    assert loader._base_seed is not None
+    if replay is not None and loader._base_seed != replay.base_seed:
+        raise StateDictError(
+            "replaying the saved epoch drew another base seed: the sampler or generator "
+            "does not reproduce its order from the saved RNG state"
+        )
+    origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew)
+    groups = sampler_iter if first is _END else itertools.chain([first], sampler_iter)
+    return origin, groups
+
+
+def batch_mode(loader: DataLoader) -> Mode:
+    """The batcher's mode for this loader's arguments (``runtime/ordering.py``)."""
+    return ordering.batch_mode(loader.in_order, loader._index_sampler, loader._auto_collation,
+                               loader._user_batch_sampler)
+
+
+def pin_fn(loader: DataLoader) -> Callable[[Any], Any] | None:
+    """What pins a finished batch (``None``: no pinning); switches the loader's batch memory
+    to pinned buffers when an accelerator is there (``runtime/pinning.py``)."""
+    if not loader.pin_memory and loader._device is None:
+        return None
+    if not torch.accelerator.is_available():
+        warnings.warn(  # torch's own words, at the same moment (iterator creation)
+            "'pin_memory' argument is set as true but no accelerator is found, "
+            "then device pinned memory won't be used.",
+            stacklevel=3,
+        )
+        return None
+    device = pinning.pin_device(loader.pin_memory_device, loader._device)
+    memory = pinning.host_memory_for(device) if device is not None else None
+    if memory is not None and not loader._buffers.pinned:
+        loader._buffers = BufferPool(memory=memory)  # batches assembled in pinned memory
+    kind = device.type if device is not None else None
+    return lambda b: _pin_memory(b, kind)  # the rest: small or user-collated leaves
+
+
+def total_positions(loader: DataLoader) -> int | None:
+    """Samples in an epoch when the sampler knows its length, else ``None``."""
+    try:
+        if not loader._auto_collation:
+            return len(loader._index_sampler)
+        if loader._user_batch_sampler:
+            return None
+        n = len(loader.sampler)  # type: ignore[arg-type]
+        bs = loader.batch_size or 1
+        return n - n % bs if loader.drop_last else n
+    except TypeError:
+        return None
+
+
+def start_epoch(loader: DataLoader) -> Any:
+    """A new epoch (or the rest of a resumed one): its step order, order and seeds, iterator."""
+    assert loader.pipeline is not None and loader.planning is not None
+    if loader.planning.before_epoch() and loader._pool is not None:
+        loader._pool.shutdown()  # persistent workers run the old order: restart them
+        loader._pool = None
+    resume, loader._resume, loader._unfinished = loader._resume, None, None
+    replay = resume.origin if resume is not None else None
+    if replay is not None:
+        loader._epoch = replay.epoch
+    origin, groups = draw_epoch(loader, replay)
+    epoch, base_seed = origin.epoch, origin.base_seed
+    loader._epoch = epoch + 1
+    delivered = resume.delivered if resume is not None else Bitmap()
+    it = make_iterator(loader, epoch, base_seed, groups, delivered)
+    it.origin = origin
+    it.steps = loader.planning.executed_names
+    return it
+
+
+def make_iterator(
+    loader: DataLoader, epoch: int, base_seed: int, groups: Iterator[Any], delivered: Bitmap
+) -> Any:
+    """The epoch iterator: in this process (``num_workers=0``) or fed by the worker pool."""
+    assert loader.pipeline is not None and loader.planning is not None
+    opts = loader.options
+    if loader.cache is not None:
+        loader.cache.begin_epoch()
+        loader.cache.replan(loader.planning.executed, loader.planning.profile(),
+                            loader.num_workers, loader.num_workers == 0)
+    if loader.num_workers == 0:
+        return InProcessIterator(
+            loader.planning.executed, epoch, base_seed, groups, loader._auto_collation,
+            loader.collate_fn, pin_fn(loader), delivered, opts.on_error, loader.monitor,
+            measure=sizes.measure if opts.profile else None,
+            cache=loader.cache.client() if loader.cache else None,
+            cache_row=loader.cache.row if loader.cache else 0,
+        )
+    pin = pin_fn(loader)  # before loader._buffers is read: it may switch to pinned memory
+    pool, owns = get_pool(loader, base_seed)
+    bs = loader.batch_size or 1
+    hi = loader.options.autoscale.bounds()[1] if loader.autoscale else loader.num_workers
+    if loader.remote is not None and loader.remote.available:
+        hi += loader.remote.max_workers  # remote workers need samples in flight too
+    max_in_flight = opts.max_in_flight or default_max_in_flight(
+        bs, hi, loader.prefetch_factor or 2)
+    spec = EpochSpec(
+        epoch=epoch,
+        base_seed=base_seed,
+        groups=groups,
+        auto_collation=loader._auto_collation,
+        batcher=Batcher(batch_mode(loader), loader.batch_size, loader.drop_last),
+        collate=loader.collate_fn,
+        pin=pin,
+        max_in_flight=max_in_flight,
+        handoff=opts.handoff and loader.pipeline.splittable,
+        slow_lane_share=opts.slow_lane_share,
+        on_error=opts.on_error,
+        max_restarts=opts.max_worker_restarts,
+        delivered=delivered,
+        total_positions=total_positions(loader),
+        sample_timeout_s=opts.sample_timeout_s,
+        buffers=loader._buffers,
+    )
+    it = EpochIterator(pool, owns, spec, loader.monitor, delivered, loader.timeout)
+    if not pool.workers:
+        # Fork after the scheduler started: it feeds the first workers while later ones fork.
+        pool.start(loader.num_workers, on_added=it.scheduler.wake)
+        if loader.remote is not None:
+            loader.remote.attach(pool, on_added=it.scheduler.wake)
+        loader.monitor.record_workers(pool.size)
+    return it
+
+
+def get_pool(loader: DataLoader, base_seed: int) -> tuple[WorkerPool, bool]:
+    """The worker pool and whether the epoch owns it (``False``: persistent workers)."""
+    if loader._pool is not None:
+        return loader._pool, False
+    assert loader.pipeline is not None
+    ctx = loader.multiprocessing_context or torch.multiprocessing.get_context()
+    hi = loader.options.autoscale.slot_bound() if loader.autoscale else loader.num_workers
+    if loader.remote is not None:
+        hi += loader.remote.open()  # joins the cluster on the first epoch
+    assert loader.planning is not None
+    pool = WorkerPool(loader.planning.executed, loader.dataset, ctx, loader.worker_init_fn,
+                      base_seed, hi, profile=loader.options.profile,
+                      executor=loader.options.executor,
+                      cache=loader.cache.client() if loader.cache else None)
+    if loader.persistent_workers:
+        loader._pool = pool
+        loader._finalizer.detach()
+        loader._finalizer = weakref.finalize(loader, close_pool, [pool])
+        return pool, False
+    return pool, True
+
+
+
+def close_pool(holder: list[WorkerPool | None]) -> None:
+    """The loader's finalizer: stop a persistent pool (see NOTE [headrace shutdown])."""
+    for pool in holder:
+        if pool is not None:
+            pool.shutdown()
