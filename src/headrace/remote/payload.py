@@ -3,7 +3,7 @@
 Ray stores NumPy arrays in its object store as raw buffers (pickle protocol 5, out of band):
 the receiver maps them without a copy. A torch tensor is pickled through torch's own
 reduction instead (a storage object, more metadata, one more copy). ``pack`` turns every CPU
-tensor of a sample (inside dicts, lists and tuples) into a :class:`TensorLeaf` holding its
+tensor of a sample (inside dicts, lists, tuples and named tuples) into a :class:`TensorLeaf` holding its
 array; ``unpack`` turns them back, so the training process gets the same tensors (dtype,
 shape, values) it would get from a local worker. Other leaves travel as they are.
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_map_only
 
 
 class TensorLeaf:
@@ -35,30 +36,21 @@ def _packable(t: torch.Tensor) -> bool:
 
 
 def pack(x: Any) -> Any:
-    """``x`` with CPU tensors replaced by :class:`TensorLeaf` (plain containers only)."""
-    if isinstance(x, torch.Tensor):
-        return TensorLeaf(x.contiguous().numpy()) if _packable(x) else x
-    t = type(x)
-    if t is dict:
-        return {k: pack(v) for k, v in x.items()}
-    if t is list:
-        return [pack(v) for v in x]
-    if t is tuple:
-        return tuple(pack(v) for v in x)
-    return x
+    """``x`` with CPU tensors replaced by :class:`TensorLeaf` (inside the containers torch's
+    pytree walks: dicts, lists, tuples, named tuples)."""
+    return tree_map_only(torch.Tensor, _pack_tensor, x)
 
 
 def unpack(x: Any) -> Any:
     """The inverse of :func:`pack`. Arrays from Ray's object store are read-only views of
     shared memory: they are copied once into writable tensors (what a local worker's sample
     is), so the user may change them in place."""
-    if isinstance(x, TensorLeaf):
-        return torch.from_numpy(np.array(x.array, copy=True))
-    t = type(x)
-    if t is dict:
-        return {k: unpack(v) for k, v in x.items()}
-    if t is list:
-        return [unpack(v) for v in x]
-    if t is tuple:
-        return tuple(unpack(v) for v in x)
-    return x
+    return tree_map_only(TensorLeaf, _unpack_leaf, x)
+
+
+def _pack_tensor(t: torch.Tensor) -> Any:
+    return TensorLeaf(t.contiguous().numpy()) if _packable(t) else t
+
+
+def _unpack_leaf(leaf: TensorLeaf) -> torch.Tensor:
+    return torch.from_numpy(np.array(leaf.array, copy=True))
