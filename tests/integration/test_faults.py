@@ -27,11 +27,14 @@ def flat(loader):
 
 
 def worker_pids():
-    """Live worker processes (a worker killed a moment ago may still be a zombie: not live)."""
+    """Live worker processes (a worker killed a moment ago may still be a zombie: not live; the
+    test session's redis-server is a child too, and not a worker)."""
     out = []
     for p in psutil.Process().children():
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
+            if p.status() == psutil.STATUS_ZOMBIE or p.name().startswith("redis"):
+                continue
+            if "resource_tracker" not in " ".join(p.cmdline()):
                 out.append(p.pid)
         except psutil.NoSuchProcess:
             pass
