@@ -145,3 +145,23 @@ def where_collated(batch: list[Any]) -> tuple[bool, int, list[Any]]:
 def receives(sample: Any) -> tuple[str, Any]:
     """A ``collate_fn`` for ``batch_size=None``: reports the type it received."""
     return type(sample).__name__, sample
+
+
+class Gated(Dataset):
+    """Sample ``gated`` waits until ``gate`` (an event of the fork context) opens: the training
+    loop opens it, or the sample ``opener`` does when it is loaded (in whichever worker). A
+    gated sample whose gate stayed shut for ``wait_s`` seconds comes out as ``-1``."""
+
+    def __init__(self, n: int, gated: int, gate: Any, opener: int = -1,
+                 wait_s: float = 30.0) -> None:
+        self.n, self.gated, self.gate, self.opener, self.wait_s = n, gated, gate, opener, wait_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.opener:
+            self.gate.set()
+        if i == self.gated and not self.gate.wait(self.wait_s):
+            return -1
+        return i
