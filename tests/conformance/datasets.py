@@ -165,3 +165,19 @@ class Gated(Dataset):
         if i == self.gated and not self.gate.wait(self.wait_s):
             return -1
         return i
+
+
+class CountsStarts(WhoRanMe):
+    """``WhoRanMe`` with a shared counter that ``count_start`` (a ``worker_init_fn``) bumps once
+    per worker process started."""
+
+    def __init__(self, n: int, counter: Any) -> None:
+        super().__init__(n)
+        self.counter = counter
+
+
+def count_start(worker_id: int) -> None:
+    info = get_worker_info()
+    assert info is not None
+    with info.dataset.counter.get_lock():
+        info.dataset.counter.value += 1

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conformance.conftest import flat, is_headrace
-from tests.conformance.datasets import Counted, Mutable, Squares, WhoRanMe
+from tests.conformance.datasets import Counted, CountsStarts, Mutable, Squares, count_start
 from tests.helpers import IndexDataset
 
 pytestmark = pytest.mark.integration
@@ -60,13 +60,21 @@ def test_persistent_workers_need_workers(Loader):
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_worker_processes_across_epochs(Loader, persistent, no_leaks):
-    loader = Loader(WhoRanMe(8), batch_size=None, num_workers=2, persistent_workers=persistent)
-    pids = [{r[2] for r in loader} for _ in range(2)]
-    if persistent:
-        assert pids[0] == pids[1]
-    else:
-        assert not pids[0] & pids[1]
-    if is_headrace(Loader):
+    started = multiprocessing.get_context("fork").Value("i", 0)
+    loader = Loader(CountsStarts(8, started), batch_size=None, num_workers=2,
+                    persistent_workers=persistent, worker_init_fn=count_start)
+    try:
+        pids = [{r[2] for r in loader} for _ in range(2)]
+        assert started.value == (2 if persistent else 4)  # worker starts over two epochs
+        if not persistent:
+            assert not pids[0] & pids[1]
+    finally:
+        _shut(loader)
+
+
+def _shut(loader):
+    """Stop persistent workers now (torch's through its iterator, headrace's with close())."""
+    if is_headrace(type(loader)):
         loader.close()
     elif loader._iterator is not None:
         loader._iterator._shutdown_workers()
@@ -77,12 +85,11 @@ def test_persistent_workers_keep_their_dataset_copy(Loader, no_leaks):
     ds = Mutable()
     loader = Loader(ds, batch_size=4, num_workers=2, persistent_workers=True)
     assert flat(loader) == [0] * 8
-    ds.version = 1
-    assert flat(loader) == [0] * 8
-    if is_headrace(Loader):
-        loader.close()
-    else:
-        loader._iterator._shutdown_workers()
+    try:
+        ds.version = 1
+        assert flat(loader) == [0] * 8
+    finally:
+        _shut(loader)
 
 
 @pytest.mark.parametrize("how", ["pickle", "deepcopy"])
