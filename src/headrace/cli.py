@@ -122,10 +122,50 @@ def _add_profile_and_plan(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
+# -- train ------------------------------------------------------------------------------------
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a ResNet (imagenet) and a 3D U-Net (imseg) with torch's DataLoader and "
+        "headrace: epoch time, loss curve, GPU utilization",
+        description="A real training run per workload and loader, same samples and model "
+        "initialisation; on CUDA with nvidia-ml-py (headrace[gpu]) GPU utilization is "
+        "sampled. Without CUDA it runs tiny models on the CPU.",
+    )
+    p.add_argument("workloads", nargs="*", metavar="WORKLOAD",
+                   help="imagenet and/or imseg (default: both)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--scale", type=float, default=1.0, help="factor on samples per epoch")
+    p.add_argument("--samples", type=int, default=None, help="exact samples per epoch")
+    p.add_argument("--workers", type=int, default=None, help="worker budget of both loaders")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if present)")
+    p.add_argument("--width", type=int, default=None, help="model width (default by device)")
+    p.add_argument("--no-amp", action="store_true", help="fp32 on CUDA (default: bf16 autocast)")
+    p.add_argument("--interval", type=float, default=0.1, help="utilization sampling period, s")
+    p.add_argument("--out", default="train-out", metavar="DIR")
+    p.add_argument("--cache-dir", default=None, help="where generated JPEG sets are kept")
+    p.set_defaults(func=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from headrace.bench.train import TRAIN_WORKLOADS, TrainConfig, run_train
+
+    cfg = TrainConfig(
+        workloads=tuple(args.workloads) or TRAIN_WORKLOADS, scale=args.scale,
+        samples=args.samples, epochs=args.epochs, workers=args.workers, device=args.device,
+        width=args.width, amp=not args.no_amp, interval_s=args.interval, out_dir=args.out,
+        cache_dir=args.cache_dir,
+    )
+    run_train(cfg, log=_log)
+    _log(f"written: {args.out}/train.json, train.md, train.png")
+    return 0
+
+
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_bench,
     _add_demo,
     _add_profile_and_plan,
+    _add_train,
 )
 """One adder per subcommand, in ``--help`` order."""
 

@@ -110,3 +110,32 @@ def test_rebuilding_from_attributes_keeps_auto_workers_and_options(no_leaks):
     assert rebuilt.autoscale and rebuilt.options == opts
     assert flat(rebuilt) == list(range(6))
     rebuilt.close()
+
+
+class SeedOfSample(tud.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.initial_seed()
+
+
+def seeds_torch(worker_id):
+    torch.manual_seed(12345)
+
+
+def draws_only(worker_id):
+    torch.rand(3)
+
+
+def test_a_seed_set_in_worker_init_fn_is_overridden_and_said_once(no_leaks):
+    with pytest.warns(UserWarning, match="worker_init_fn seeded torch's global generator") as rec:
+        got = [s for b in hr.DataLoader(SeedOfSample(), batch_size=2, num_workers=2,
+                                        worker_init_fn=seeds_torch) for s in b.tolist()]
+    assert 12345 not in got  # per-sample seeding reached __getitem__ instead
+    assert sum("worker_init_fn seeded" in str(w.message) for w in rec) == 1
+
+
+def test_drawing_in_worker_init_fn_is_not_taken_for_seeding(no_leaks, recwarn):
+    list(hr.DataLoader(SeedOfSample(), batch_size=2, num_workers=2, worker_init_fn=draws_only))
+    assert not [w for w in recwarn if "worker_init_fn seeded" in str(w.message)]

@@ -109,9 +109,9 @@ def test_state_dict_is_small_versioned_and_checked():
     it = iter(loader)
     next(it)
     sd = loader.state_dict()
-    assert sd["schema_version"] == 1 and sd["in_epoch"] and sd["delivered_count"] == 4
+    assert sd["schema_version"] == 2 and sd["in_epoch"] and sd["delivered_count"] == 4
     assert len(json.dumps(sd)) < 20_000
-    with pytest.raises(hr.StateDictError, match="dataset/pipeline"):
+    with pytest.raises(hr.StateDictError, match=f"dataset of {N} samples"):
         hr.DataLoader(hr.Pipeline(ArraySource(N + 1), [hr.step(noise, random=True)]),
                       batch_size=4).load_state_dict(sd)
     with pytest.raises(hr.StateDictError, match="batches per epoch"):

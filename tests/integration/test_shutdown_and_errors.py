@@ -7,6 +7,7 @@ import textwrap
 
 import psutil
 import pytest
+import torch
 
 import headrace as hr
 from tests.helpers import FailingDataset, IndexDataset
@@ -88,3 +89,43 @@ def test_skip_policy_drops_and_counts_failing_samples(workers, no_leaks):
     got = sorted(i for b in loader for i in b.tolist())
     assert got == sorted(set(range(20)) - {3, 13})
     assert loader.stats().last.skipped_samples == 2
+
+
+def _drain(it):
+    """Batches and errors of one epoch, as a training loop that catches errors sees them."""
+    out, errors = [], []
+    for _ in range(100):  # bounded: a loop that never ends is a failure, not a hang
+        try:
+            out.append(next(it).tolist())
+        except StopIteration:
+            return out, errors
+        except hr.StepError as e:
+            errors.append(e.index)
+    raise AssertionError("the epoch did not end")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_error_raises_for_its_batch_and_the_epoch_goes_on_like_torch(workers, no_leaks):
+    ds = FailingDataset(40, {13})
+    torch_batches, torch_errors = [], 0
+    it = iter(torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers))
+    for _ in range(100):
+        try:
+            torch_batches.append(next(it).tolist())
+        except StopIteration:
+            break
+        except ValueError:
+            torch_errors += 1
+    loader = hr.DataLoader(ds, batch_size=4, num_workers=workers, in_order=True)
+    got, errors = _drain(iter(loader))
+    assert (got, len(errors)) == (torch_batches, torch_errors) == (got, 1)
+    assert len(got) == 9 and errors == [13]
+    assert loader.stats().last.failed_samples == 1
+
+
+def test_sample_aware_batching_raises_once_and_delivers_every_other_sample(no_leaks):
+    loader = hr.DataLoader(FailingDataset(40, {13, 27}), batch_size=4, num_workers=2,
+                           shuffle=True)
+    got, errors = _drain(iter(loader))
+    assert sorted(errors) == [13, 27]
+    assert sorted(i for b in got for i in b) == sorted(set(range(40)) - {13, 27})

@@ -139,3 +139,50 @@ def test_pin_memory_without_accelerator_still_delivers(no_leaks):
     with pytest.warns(UserWarning):
         got = batches(hr.DataLoader(IndexDataset(6), batch_size=3, num_workers=1, pin_memory=True, in_order=True))
     assert got == [[0, 1, 2], [3, 4, 5]]
+
+
+class MeetInCollate:
+    """A collate_fn that returns only once two collations run at the same time (a rendezvous,
+    not a timing): proof that a user collate_fn is not run one batch after another."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.barrier = threading.Barrier(2, timeout=20)
+        self.met = 0
+
+    def __call__(self, samples):
+        if self.met < 2:
+            self.barrier.wait()  # raises BrokenBarrierError if the other never comes
+            self.met += 1
+        return torch.tensor(samples)
+
+
+def test_a_user_collate_fn_runs_beside_the_scheduler_not_one_batch_at_a_time(no_leaks):
+    collate = MeetInCollate()
+    loader = hr.DataLoader(IndexDataset(32), batch_size=4, num_workers=2, shuffle=True,
+                           collate_fn=collate)
+    got = sorted(i for b in loader for i in b.tolist())
+    assert got == list(range(32)) and collate.met == 2
+
+
+def failing_collate(samples):
+    if 13 in samples:
+        raise ValueError("cannot collate 13")
+    return torch.tensor(samples)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_collate_fn_error_raises_for_its_batch_and_the_epoch_goes_on(workers, no_leaks):
+    loader = hr.DataLoader(IndexDataset(20), batch_size=4, num_workers=workers, in_order=True,
+                           collate_fn=failing_collate)
+    it, got, errors = iter(loader), [], []
+    for _ in range(50):
+        try:
+            got.append(next(it).tolist())
+        except StopIteration:
+            break
+        except hr.StepError as e:
+            errors.append((e.step, e.index))
+    assert errors == [("collate_fn", 12)]
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [16, 17, 18, 19]]

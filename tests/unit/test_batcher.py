@@ -27,8 +27,8 @@ def test_ordered_yields_groups_in_sampler_order_with_rows_by_sampler_position():
     assert b.pop(False) is None  # group 0 not complete
     assert b.place(1) == Place(0, 1, 2)
     assert b.place(0) == Place(0, 0, 2)
-    assert b.pop(False)[1:] == ([0, 1], [0, 1])
-    assert b.pop(False)[1:] == ([0, 1], [2, 3])
+    assert b.pop(False)[1:3] == ([0, 1], [0, 1])
+    assert b.pop(False)[1:3] == ([0, 1], [2, 3])
     assert b.pop(True) is None
 
 
@@ -38,7 +38,7 @@ def test_grouped_yields_complete_groups_first_and_leaves_a_hole_for_a_skipped_sa
     b.add_group(3, [3, 4])
     b.place(3)
     b.place(4)
-    assert b.pop(False)[1:] == ([0, 1], [3, 4])
+    assert b.pop(False)[1:3] == ([0, 1], [3, 4])
     b.place(2)
     b.drop(1)
     assert b.pop(False) is None  # position 0 still running
@@ -48,11 +48,26 @@ def test_grouped_yields_complete_groups_first_and_leaves_a_hole_for_a_skipped_sa
     assert b.ready_samples == 0
 
 
-def test_a_group_whose_samples_were_all_skipped_is_not_yielded():
+def test_a_group_whose_samples_were_all_dropped_comes_out_empty_in_its_turn():
     b = Batcher("ordered", 1)
     b.add_group(0, [0])
     b.add_group(1, [1])
-    b.drop(0)
+    assert b.drop(0) == 0  # the key of its sampler batch
     b.place(1)
-    assert b.pop(False)[1:] == ([0], [1])
+    assert b.pop(False)[:3] == (0, [], [])  # the caller yields nothing, or raises its error
+    assert b.pop(False)[1:3] == ([0], [1])
     assert b.pop(True) is None
+
+
+def test_regroup_drop_names_no_batch():
+    b = Batcher("regroup", 2)
+    assert b.drop(5) is None
+
+
+def test_regroup_with_drop_last_drops_a_short_last_batch():
+    b = Batcher("regroup", 3, drop_last=True)
+    for p in range(5):  # six positions pulled, one skipped: the last batch would be short
+        b.place(p)
+    assert b.pop(False) == (0, [0, 1, 2], [0, 1, 2], False)
+    assert b.pop(True).drop
+    assert b.ready_samples == 0

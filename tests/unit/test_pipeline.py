@@ -58,13 +58,29 @@ def test_step_traits_and_validation():
         hr.Pipeline(ArraySource(3), [hr.step(add_one, name="load")])
 
 
-def test_compose_dataset_is_split_into_steps_on_the_input_element():
-    ds = TupleDataset(Compose([add_one, double]))
+def test_compose_dataset_runs_its_transforms_in_place_measured_per_step():
+    tf = Compose([add_one, double])
+    ds = TupleDataset(tf)
     p = hr.Pipeline.from_dataset(ds)
-    assert p.step_names == ["load", "add_one", "double"] and not p.opaque
-    assert ds.transform is not None  # the user's object is untouched
+    assert p.step_names == ["load", "add_one", "double"] and p.embedded and not p.splittable
+    assert ds.transform is tf and tf.transforms == [add_one, double]  # the user's objects untouched
     x, y = p[3]
     assert y == 3 and np.array_equal(x, ds[3][0])
+    from headrace.profiler import sizes
+
+    out = SampleRunner(p, sizes.measure).run(3, 0, None, base_seed=1, epoch=0)
+    assert [t.step for t in out.timings] == [0, 1, 2]
+    assert all(t.bytes_out == 8 for t in out.timings)  # two float32s in, after each transform
+
+
+def test_an_error_inside_an_embedded_transform_names_that_transform():
+    def broken(x):
+        raise KeyError("no such key")
+
+    p = hr.Pipeline.from_dataset(TupleDataset(Compose([add_one, broken])))
+    out = SampleRunner(p).run(2, 0, None, base_seed=1, epoch=0)
+    step, exc, _tb = out.error
+    assert p.step_names[step] == "broken" and isinstance(exc, KeyError)
 
 
 def test_plain_dataset_is_opaque():

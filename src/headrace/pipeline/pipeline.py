@@ -8,6 +8,7 @@ from typing import Any
 
 from headrace.errors import PipelineError
 from headrace.pipeline.fingerprint import pipeline_fingerprint
+from headrace.pipeline.inplace import instrumented_copy, transform_list
 from headrace.pipeline.seeding import step_keys
 from headrace.pipeline.source import DatasetSource, Source
 from headrace.pipeline.step import Step, callable_name, step
@@ -22,13 +23,19 @@ class Pipeline:
 
     ``opaque`` marks a pipeline built from a plain Dataset: one step per sample (``__getitem__``),
     which headrace still schedules per sample but cannot reorder or split.
+    ``embedded`` marks a dataset whose Compose-like transform stays inside it: ``steps`` describe
+    its transforms, which run where ``source.load`` (the dataset's ``__getitem__``) calls them,
+    measured per step but never split out, handed off between or reordered
+    (``pipeline/inplace.py``).
     """
 
     source: Source
     steps: tuple[Step, ...] = ()
     opaque: bool = False
+    embedded: bool = False
 
-    def __init__(self, source: Source, steps: Sequence[Step | Any] = (), opaque: bool = False):
+    def __init__(self, source: Source, steps: Sequence[Step | Any] = (), opaque: bool = False,
+                 embedded: bool = False):
         if not hasattr(source, "load") or not hasattr(source, "__len__"):
             raise PipelineError(
                 f"source {type(source).__name__} must have __len__ and load(index); "
@@ -41,6 +48,7 @@ class Pipeline:
         object.__setattr__(self, "source", source)
         object.__setattr__(self, "steps", norm)
         object.__setattr__(self, "opaque", opaque)
+        object.__setattr__(self, "embedded", embedded)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -67,9 +75,14 @@ class Pipeline:
         """Seed keys of the executed steps (``load`` included), stable under reordering."""
         return step_keys(self.step_names)
 
+    @property
+    def splittable(self) -> bool:
+        """Its steps run one by one in the runner: a sample can be handed off between them."""
+        return not self.embedded and len(self.steps) > 0
+
     def with_steps(self, steps: Sequence[Step]) -> Pipeline:
         """A new pipeline with the same source and another step order (used by the planner)."""
-        return Pipeline(self.source, steps, opaque=self.opaque)
+        return Pipeline(self.source, steps, opaque=self.opaque, embedded=self.embedded)
 
     def fingerprint(self) -> str:
         """Identity of the steps' code and order plus the source's identity (hex, 16 chars)."""
@@ -77,37 +90,18 @@ class Pipeline:
 
     @classmethod
     def from_dataset(cls, dataset: Any) -> Pipeline:
-        """Adapt a map-style ``torch.utils.data.Dataset``.
+        """Adapt a map-style ``torch.utils.data.Dataset``; what ``dataset[i]`` computes never
+        changes.
 
-        A dataset whose ``transform`` attribute is Compose-like (has a ``transforms`` list) is
-        split: ``dataset[i]`` without its transform is the source, each transform is a step. As
-        in torchvision, when the dataset returns a tuple the transforms apply to its first
-        element. Any other dataset is opaque: ``dataset[i]`` is the single unit of work.
+        A dataset whose ``transform`` attribute is Compose-like (has a ``transforms`` list) runs
+        as it is, on a copy whose transforms are measured step by step where the dataset calls
+        them (``pipeline/inplace.py``): ``steps`` name them for the profiler and ``explain()``.
+        Any other dataset (or one whose objects cannot be copied that way) is opaque:
+        ``dataset[i]`` is the single unit of work.
         """
-        tf = getattr(dataset, "transform", None)
-        parts = getattr(tf, "transforms", None)
-        if tf is not None and isinstance(parts, (list, tuple)) and parts:
-            steps = [_input_step(t) for t in parts]
-            return cls(DatasetSource(dataset, strip_transform=True), steps)
+        parts = transform_list(dataset)
+        copied = instrumented_copy(dataset) if parts is not None else None
+        if parts is not None and copied is not None:
+            steps = [t if isinstance(t, Step) else Step(fn=t, name=callable_name(t)) for t in parts]
+            return cls(DatasetSource(copied), steps, embedded=True)
         return cls(DatasetSource(dataset), (), opaque=True)
-
-
-class _OnInput:
-    """Apply a transform to element 0 of a tuple sample (torchvision convention), else to all."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def __call__(self, x: Any) -> Any:
-        if isinstance(x, tuple) and x:
-            return (self.fn(x[0]), *x[1:])
-        return self.fn(x)
-
-    def __repr__(self) -> str:
-        return f"_OnInput({self.fn!r})"
-
-
-def _input_step(t: Any) -> Step:
-    if isinstance(t, Step):
-        return t
-    return Step(fn=_OnInput(t), name=callable_name(t))

@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from headrace.pipeline.inplace import Probe, probing
 from headrace.pipeline.seeding import sample_root, seed_globals, step_rng, step_seed
 
 if TYPE_CHECKING:
@@ -75,11 +76,13 @@ class SampleRunner:
         self.measure = measure
         self.names = pipeline.step_names
         self.keys = pipeline.keys
-        self.n = len(self.names)
+        self.embedded = pipeline.embedded
         load = pipeline.source.load
         self._calls: list[Callable[[Any, Any], Any]] = [lambda _x, _rng: load(_x)]
-        for s in pipeline.steps:
-            self._calls.append(s.__call__)
+        if not self.embedded:  # embedded steps run inside load, where the dataset calls them
+            for s in pipeline.steps:
+                self._calls.append(s.__call__)
+        self.n = len(self._calls)
         self._random = [False, *(s.random for s in pipeline.steps)]
         self._seeded = reseed_globals or any(self._random)  # else no step needs a seed
 
@@ -119,6 +122,13 @@ class SampleRunner:
                     rng = step_rng(seed)
             if on_step is not None:
                 on_step(i)
+            if i == 0 and self.embedded:
+                out = self._load_embedded(x, root, timings)
+                if isinstance(out, Outcome):
+                    out.bytes_in = bytes_in
+                    return out
+                x, spent = out
+                continue
             ws, cs = time.perf_counter(), time.thread_time()
             try:
                 x = self._calls[i](x, rng)
@@ -135,3 +145,35 @@ class SampleRunner:
             if hand_off is not None and i + 1 < self.n and hand_off(i + 1, spent):
                 return Outcome(x, i + 1, timings, None, bytes_in)
         return Outcome(x, None, timings, None, bytes_in)
+
+    def _load_embedded(
+        self, index: int, root: int, timings: list[StepTiming]
+    ) -> tuple[Any, float] | Outcome:
+        """``load`` of a dataset whose transforms run inside it (``pipeline/inplace.py``):
+        append a timing for ``load`` itself (its time less its transforms') and one per
+        transform; an error inside a transform is reported at that transform's step."""
+        n = len(self.names) - 1
+        keys = self.keys
+
+        def rngs(position: int, call: int) -> Any:
+            return step_rng(step_seed(root, keys[position + 1] + 0x9E3779B1 * call))
+
+        probe = Probe(n, self.measure, rngs)
+        ws, cs = time.perf_counter(), time.thread_time()
+        try:
+            with probing(probe):
+                x = self._calls[0](index, None)
+        except Exception as e:  # noqa: BLE001 - reported with its place
+            step = 0 if probe.failed is None else probe.failed + 1
+            return Outcome(None, None, timings, (step, e, traceback.format_exc()))
+        wall, cpu = time.perf_counter() - ws, time.thread_time() - cs
+        measured = self.measure is not None
+        load_bytes = probe.bytes_in
+        if measured and load_bytes < 0:  # the dataset never called its transform
+            load_bytes = self.measure(x)[0]  # type: ignore[misc]
+        timings.append(StepTiming(0, max(0.0, wall - sum(probe.wall)),
+                                  max(0.0, cpu - sum(probe.cpu)), load_bytes if measured else -1))
+        for k in range(n):
+            timings.append(StepTiming(k + 1, probe.wall[k], probe.cpu[k],
+                                      probe.bytes_out[k] if measured else -1, probe.changed[k]))
+        return x, wall

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 import os
 from pathlib import Path
@@ -60,16 +59,9 @@ class Files:
 
 
 class DatasetSource:
-    """A map-style dataset seen as a source: ``load(i) = dataset[i]``.
+    """A map-style dataset seen as a source: ``load(i) = dataset[i]``."""
 
-    ``strip_transform`` removes the dataset's ``transform`` attribute on a shallow copy, so its
-    Compose-like transform list can run as separate steps.
-    """
-
-    def __init__(self, dataset: Any, strip_transform: bool = False) -> None:
-        if strip_transform:
-            dataset = copy.copy(dataset)
-            dataset.transform = None
+    def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
 
     def __len__(self) -> int:
@@ -82,4 +74,6 @@ class DatasetSource:
         fp = getattr(self.dataset, "fingerprint", None)
         if callable(fp):
             return str(fp())
-        return f"{type(self.dataset).__module__}.{type(self.dataset).__qualname__}:{len(self)}"
+        from headrace.pipeline.fingerprint import qualified_name
+
+        return f"{qualified_name(type(self.dataset))}:{len(self)}"

@@ -52,7 +52,8 @@ def explain_text(f: Facts) -> str:
                 for i, line in enumerate(f.next_order.lines())]
     st = f.stats
     if not f.handoff:
-        out.append("slow lane: off (a single step per sample, or handoff=False)")
+        out.append("slow lane: off (a single step per sample, steps inside the dataset's "
+                   "__getitem__, or handoff=False)")
     elif math.isinf(st.timeout_s):
         out.append(f"slow lane: warming up, no hand-off yet ({f.timeout_samples} samples timed)")
     else:

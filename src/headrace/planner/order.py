@@ -40,13 +40,19 @@ def plan_order(
     profile_source: str,
     enabled: bool,
     min_samples: int = MIN_PROFILE_SAMPLES,
+    embedded: bool = False,
 ) -> OrderPlan:
     """The order for the next epoch.
 
     ``declared``: the user's order; ``current``: the order run so far; ``profile``: the freshest
     profile (``profile_source`` says where it comes from: "this run", "stored profile").
+    ``embedded``: the steps run inside a dataset's ``__getitem__`` (never moved).
     """
     declared, current = tuple(declared), tuple(current)
+    if embedded:
+        return OrderPlan(declared, None, "order: as the dataset calls its transforms (measured "
+                         "where its __getitem__ runs them; never split or reordered, so what it "
+                         "computes is unchanged)")
     if not enabled:
         return OrderPlan(declared, None, "order: as declared (reorder=False)")
     if not any(s.movable for s in declared):

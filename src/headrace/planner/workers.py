@@ -15,6 +15,8 @@ import dataclasses
 import math
 import os
 
+from headrace.planner import ranks
+
 
 def available_cpus() -> int:
     """CPU cores this process may run on (affinity-aware)."""
@@ -22,6 +24,12 @@ def available_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def rank_cpus() -> int:
+    """Cores this process may plan workers for: :func:`available_cpus` divided among the
+    data-parallel ranks of this node (``planner/ranks.py``)."""
+    return ranks.cpu_share(available_cpus(), ranks.local_world_size())
 
 
 AUTO_MAX_WORKERS_PER_CORE = 16
@@ -33,7 +41,8 @@ class AutoscaleConfig:
     """Settings of the worker scaler (used only with ``num_workers="auto"``).
 
     Attributes:
-        initial: workers at start (``None``: the available cores).
+        initial: workers at start (``None``: the available cores, divided among the
+            data-parallel ranks of the node: ``LOCAL_WORLD_SIZE``, see ``planner/ranks.py``).
         min_workers / max_workers: bounds. ``max_workers=None``: 2 × available cores, since
             workers often wait on I/O, raised once the profile shows how much of a sample's
             time is CPU: about ``cores / cpu_share`` workers keep the cores busy when samples
@@ -45,7 +54,7 @@ class AutoscaleConfig:
         interval_s: seconds between two decisions.
         ema: weight of the newest queue sample in the moving average (0..1].
         memory_budget_bytes: total RSS the workers may use (``None``: half of the memory
-            available when the loader starts).
+            available when the loader starts, divided among the node's data-parallel ranks).
     """
 
     initial: int | None = None
@@ -73,7 +82,7 @@ class AutoscaleConfig:
         if self.max_workers is not None:
             hi = self.max_workers
         else:
-            cores = available_cpus()
+            cores = rank_cpus()
             hi = 2 * cores
             if cpu_share is not None and cpu_share > 0:
                 wanted = math.ceil(cores / cpu_share)
@@ -84,11 +93,11 @@ class AutoscaleConfig:
         """The most workers ``bounds`` can ever allow (the pool's slots)."""
         if self.max_workers is not None:
             return max(self.min_workers, self.max_workers)
-        return max(self.min_workers, AUTO_MAX_WORKERS_PER_CORE * available_cpus())
+        return max(self.min_workers, AUTO_MAX_WORKERS_PER_CORE * rank_cpus())
 
     def start_count(self) -> int:
         lo, hi = self.bounds()
-        n = self.initial if self.initial is not None else available_cpus()
+        n = self.initial if self.initial is not None else rank_cpus()
         return min(hi, max(lo, n))
 
 

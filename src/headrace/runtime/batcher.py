@@ -38,19 +38,22 @@ class Place(NamedTuple):
 
 class Ready(NamedTuple):
     """A batch ready to go out: its ``key``, the rows filled (ascending; a skipped sample
-    leaves a hole) and the epoch positions of those rows, in the same order."""
+    leaves a hole) and the epoch positions of those rows, in the same order. ``drop``: a short
+    last batch that ``drop_last`` forbids (its samples are not yielded)."""
 
     key: int
     rows: list[int]
     positions: list[int]
+    drop: bool = False
 
 
 class Batcher:
-    def __init__(self, mode: Mode, batch_size: int | None) -> None:
+    def __init__(self, mode: Mode, batch_size: int | None, drop_last: bool = False) -> None:
         if mode == "regroup" and not batch_size:
             raise ValueError("regroup needs a batch size")
         self.mode = mode
         self.batch_size = batch_size or 1
+        self.drop_last = drop_last  # regroup: a short last batch is dropped, as torch promises
         # regroup: the batch being filled
         self._keys = itertools.count()
         self._open_key = next(self._keys)
@@ -92,13 +95,15 @@ class Batcher:
         self._check_group(gid)
         return Place(gid, row, len(self._groups[gid]))
 
-    def drop(self, position: int) -> None:
-        """A sample was skipped (``on_error="skip"``): its batch goes out without it."""
+    def drop(self, position: int) -> int | None:
+        """A sample failed or was skipped: its batch goes out without it. Returns the key of
+        the sampler batch it belonged to (``None`` in ``regroup``, where it had no batch yet)."""
         if self.mode == "regroup":
-            return
+            return None
         gid, _ = self._group_of.pop(position)
         self._dropped[gid] += 1
         self._check_group(gid)
+        return gid
 
     def _close_open(self) -> None:
         rows = list(range(len(self._open)))
@@ -123,11 +128,14 @@ class Batcher:
         """The next batch if one is ready, else ``None``.
 
         ``final``: no sample of the epoch is left to finish, so a short last batch may go out.
-        A batch whose every sample was skipped is never returned.
+        A sampler batch whose every sample was dropped comes out with no rows (the caller
+        yields nothing for it, or raises the error that dropped them).
         """
         if self.mode == "regroup":
             if not self._full and final and self._open:
                 self._close_open()
+                if self.drop_last:  # short only because samples were skipped or failed
+                    self._full[-1] = self._full[-1]._replace(drop=True)
             if not self._full:
                 return None
             ready = self._full.popleft()
@@ -144,8 +152,6 @@ class Batcher:
                 gid = self._complete.popleft()
             filled = self._filled.pop(gid)
             del self._groups[gid], self._dropped[gid]
-            if filled:
-                rows = sorted(filled)
-                self._placed -= len(rows)
-                return Ready(gid, rows, [filled[r] for r in rows])
-            # every sample of this batch was skipped: nothing to yield, look further
+            rows = sorted(filled)
+            self._placed -= len(rows)
+            return Ready(gid, rows, [filled[r] for r in rows])

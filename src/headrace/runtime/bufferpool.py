@@ -15,6 +15,13 @@ on that array returns the buffer. A batch the user keeps is never overwritten; t
 allocates anew. At most ``max_idle`` buffers wait for reuse, whatever their sizes (the oldest
 is freed first), so the pool holds at most that many batch arrays beyond what the user holds,
 even when every batch has a shape of its own.
+
+With pinned memory (``runtime/pinning.py``) a buffer may still be read by an asynchronous copy
+to the device after its batch died: each released buffer then carries a fence (the event the
+device prefetcher recorded after its copy, :meth:`BufferPool.fence`, else one from the memory
+source), and the pool neither reuses nor frees it before that fence has completed. A buffer
+whose copy is still running is skipped (a new one is allocated) rather than waited for; only
+when more than ``2 × max_idle`` buffers wait does releasing one wait for the oldest copy.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import weakref
 from typing import Any
 
 import numpy as np
+
+from headrace.runtime.pinning import Fence, HostMemory, PageableMemory
 
 MIN_BYTES = 1 << 20
 """Arrays smaller than this (bytes) are plain ``np.empty``: malloc reuses their memory already."""
@@ -41,15 +50,26 @@ class BufferPool:
     whichever thread drops a batch's last reference (usually the training loop).
     """
 
-    def __init__(self, max_idle: int = MAX_IDLE, min_bytes: int = MIN_BYTES) -> None:
+    def __init__(
+        self, max_idle: int = MAX_IDLE, min_bytes: int = MIN_BYTES, memory: HostMemory | None = None,
+    ) -> None:
         if max_idle < 0:
             raise ValueError(f"max_idle must be >= 0, got {max_idle}")
         self.max_idle = max_idle
         self.min_bytes = min_bytes
-        self._idle: list[np.ndarray] = []  # free raw buffers, oldest first
+        self.memory: HostMemory = memory if memory is not None else PageableMemory()
+        self._idle: list[tuple[np.ndarray, Fence | None]] = []  # free raw buffers, oldest first
+        self._live: set[int] = set()  # addresses of buffers handed out
+        self._fences: dict[int, Fence] = {}  # address -> fence set while its batch is alive
         self._lock = threading.Lock()
         self.reused = 0  # arrays served from a recycled buffer
         self.allocated = 0  # arrays that needed a new buffer (at least min_bytes)
+        self.skipped_busy = 0  # times a free buffer of the right size was still being copied
+
+    @property
+    def pinned(self) -> bool:
+        """Whether pooled arrays are page-locked (see ``runtime/pinning.py``)."""
+        return self.memory.pinned
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An uninitialised C-contiguous array of ``shape`` and ``dtype``."""
@@ -60,14 +80,22 @@ class BufferPool:
         raw = None
         with self._lock:
             for i in range(len(self._idle) - 1, -1, -1):  # the most recently freed first
-                if self._idle[i].nbytes == nbytes:
-                    raw = self._idle.pop(i)
-                    break
+                buf, fence = self._idle[i]
+                if buf.nbytes != nbytes:
+                    continue
+                if fence is not None and not fence.query():
+                    self.skipped_busy += 1  # a copy still reads it: never reused early
+                    continue
+                raw = buf
+                del self._idle[i]
+                break
         if raw is None:
-            raw = np.empty(nbytes, dtype=np.uint8)
+            raw = self.memory.allocate(nbytes)
             self.allocated += 1
         else:
             self.reused += 1
+        with self._lock:
+            self._live.add(raw.ctypes.data)
         # An array over a memoryview: views of it keep *it* alive (NumPy stops collapsing
         # ``base`` at an array whose base is not an array), so its finalizer runs only when
         # no tensor or view of the batch is left.
@@ -75,14 +103,56 @@ class BufferPool:
         weakref.finalize(handle, self._release, raw).atexit = False
         return handle.reshape(shape)
 
+    def fence(self, tensors: Any, fence: Fence) -> int:
+        """Guard the pooled buffers under ``tensors`` with ``fence`` (the event recorded after
+        the copy that reads them): once released, they are not reused before it completes.
+
+        Tensors not over a pooled buffer are ignored. Returns how many buffers were fenced.
+        """
+        n = 0
+        with self._lock:
+            for t in tensors:
+                addr = t.untyped_storage().data_ptr()
+                if addr in self._live:
+                    self._fences[addr] = fence
+                    n += 1
+        return n
+
     @property
     def idle_bytes(self) -> int:
         """Bytes held in buffers waiting for reuse."""
         with self._lock:
-            return sum(raw.nbytes for raw in self._idle)
+            return sum(raw.nbytes for raw, _ in self._idle)
 
     def _release(self, raw: np.ndarray) -> None:
+        addr = raw.ctypes.data
         with self._lock:
-            self._idle.append(raw)
-            if len(self._idle) > self.max_idle:
-                del self._idle[0]
+            fence = self._fences.pop(addr, None)
+            self._live.discard(addr)
+        if fence is None:
+            try:
+                fence = self.memory.release_fence()
+            except Exception:  # noqa: BLE001 - e.g. CUDA torn down at exit: never reuse it
+                return
+        with self._lock:
+            self._idle.append((raw, fence))
+            wait = self._evict()
+        if wait is not None:  # far more buffers idle than allowed, all still being copied
+            wait.synchronize()
+            with self._lock:
+                self._evict()
+
+    def _evict(self) -> Fence | None:
+        """Free the oldest idle buffers beyond ``max_idle`` whose fence completed (lock held).
+
+        Returns the fence to wait for when even ``2 × max_idle`` buffers are exceeded."""
+        i = 0
+        while len(self._idle) > self.max_idle and i < len(self._idle):
+            fence = self._idle[i][1]
+            if fence is None or fence.query():
+                del self._idle[i]
+            else:
+                i += 1
+        if len(self._idle) > 2 * self.max_idle:
+            return self._idle[0][1]
+        return None

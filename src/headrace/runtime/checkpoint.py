@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
@@ -18,7 +19,10 @@ import torch
 from headrace.errors import StateDictError
 from headrace.runtime.bitmap import Bitmap
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 added the executed step order and what identifies the dataset and steps (for warnings);
+a version-1 state dict still loads."""
+READABLE_VERSIONS = (1, 2)
 
 
 def rng_to_str(state: torch.Tensor) -> str:
@@ -32,6 +36,24 @@ def rng_from_str(s: str) -> torch.Tensor:
 def capture_rng(generator: torch.Generator | None) -> torch.Tensor:
     """The state the epoch's draws come from: the loader's generator, else torch's global one."""
     return generator.get_state() if generator is not None else torch.get_rng_state()
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """What a state dict must match, and what it only reports.
+
+    A resume is refused only when it would deliver other samples: another ``samples`` (the
+    dataset's length) or ``batches`` (batches per epoch: batch size, ``drop_last``, sampler
+    length). Another dataset identity or changed step code (an edited script) is reported in a
+    warning and the resume goes on: positions, seeds and the step order are what decide which
+    samples come and with what content.
+    """
+
+    samples: int
+    batches: int
+    dataset: str  # the source's fingerprint (its class and length, or its own fingerprint())
+    steps: tuple[str, ...]  # the executed step order (names; "load" excluded)
+    step_code: dict[str, str]  # step name -> digest of its traits and code (fingerprint.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +76,11 @@ class ResumePoint:
     delivered: Bitmap
     generator_state: torch.Tensor | None
     persistent_base_seed: int | None
+    steps: tuple[str, ...] | None = None  # the step order the saved epoch ran (None: unknown)
 
 
 def build(
-    fingerprint: str,
-    batches: int,
+    ident: Identity,
     epoch: int,
     origin: EpochOrigin | None,
     delivered: Bitmap | None,
@@ -68,8 +90,11 @@ def build(
     in_epoch = origin is not None
     return {
         "schema_version": SCHEMA_VERSION,
-        "dataset_fingerprint": fingerprint,
-        "batches_per_epoch": batches,
+        "samples": ident.samples,
+        "batches_per_epoch": ident.batches,
+        "dataset": ident.dataset,
+        "steps": list(ident.steps),
+        "step_code": dict(ident.step_code),
         "epoch": epoch,
         "in_epoch": in_epoch,
         "epoch_rng": rng_to_str(origin.rng) if origin else None,
@@ -82,31 +107,40 @@ def build(
     }
 
 
-def parse(sd: dict[str, Any], fingerprint: str, batches: int) -> ResumePoint:
-    """Validate a state dict against this loader; raise StateDictError saying what differs."""
+def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
+    """Validate a state dict against this loader: raise StateDictError when a resume would
+    deliver other samples, warn (``UserWarning``) when only the dataset's identity or the steps'
+    code changed."""
     if not isinstance(sd, dict) or "schema_version" not in sd:
         raise StateDictError("not a headrace DataLoader state dict (no schema_version)")
-    if sd["schema_version"] != SCHEMA_VERSION:
+    if sd["schema_version"] not in READABLE_VERSIONS:
         raise StateDictError(
             f"state dict schema_version {sd['schema_version']} is not supported by this headrace "
-            f"(expects {SCHEMA_VERSION}); resume with the headrace version that saved it"
+            f"(reads {', '.join(map(str, READABLE_VERSIONS))}); resume with the headrace version "
+            "that saved it"
         )
-    if sd["dataset_fingerprint"] != fingerprint:
+    if "samples" in sd and sd["samples"] != ident.samples:
         raise StateDictError(
-            f"state dict was saved for dataset/pipeline {sd['dataset_fingerprint']}, this loader "
-            f"has {fingerprint}: a resume would deliver other samples. Use the same dataset, "
-            "steps and sampler as the run that saved it"
+            f"state dict was saved for a dataset of {sd['samples']} samples, this loader's has "
+            f"{ident.samples}: a resume would deliver other samples. Use the dataset of the run "
+            "that saved it"
         )
-    if sd["batches_per_epoch"] != batches:
+    if sd["batches_per_epoch"] != ident.batches:
         raise StateDictError(
             f"state dict was saved with {sd['batches_per_epoch']} batches per epoch, this loader "
-            f"has {batches}: batch_size, drop_last or the sampler differ"
+            f"has {ident.batches}: batch_size, drop_last or the sampler differ"
         )
+    changes = _changes(sd, ident)
+    if changes:
+        warnings.warn("headrace: resuming a state dict saved by other code (" + "; ".join(changes)
+                      + "). Positions and seeds are restored; samples whose steps changed will "
+                      "differ from the saved run's", UserWarning, stacklevel=3)
     origin = None
     if sd["in_epoch"]:
         origin = EpochOrigin(sd["epoch"], rng_from_str(sd["epoch_rng"]), int(sd["base_seed"]),
                              bool(sd["drew_base_seed"]))
     gen = sd.get("generator_state")
+    steps = sd.get("steps")
     return ResumePoint(
         epoch=int(sd["epoch"]),
         in_epoch=bool(sd["in_epoch"]),
@@ -114,4 +148,23 @@ def parse(sd: dict[str, Any], fingerprint: str, batches: int) -> ResumePoint:
         delivered=Bitmap.from_str(sd["delivered"]) if sd["in_epoch"] else Bitmap(),
         generator_state=rng_from_str(gen) if gen else None,
         persistent_base_seed=sd.get("persistent_base_seed"),
+        steps=tuple(steps) if steps is not None else None,
     )
+
+
+def _changes(sd: dict[str, Any], ident: Identity) -> list[str]:
+    """What differs between the saved run and this loader, in words (empty: nothing)."""
+    out = []
+    if sd.get("dataset") is not None and sd["dataset"] != ident.dataset:
+        out.append(f"dataset {sd['dataset']} then, {ident.dataset} now")
+    saved = sd.get("step_code")
+    if saved is None:
+        return out
+    now = ident.step_code
+    changed = [n for n in now if n in saved and saved[n] != now[n]]
+    added = [n for n in now if n not in saved]
+    removed = [n for n in saved if n not in now]
+    for what, names in (("changed", changed), ("new", added), ("gone", removed)):
+        if names:
+            out.append(f"steps {what}: {', '.join(names)}")
+    return out

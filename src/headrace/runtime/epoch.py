@@ -2,7 +2,9 @@
 
 ``EpochIterator`` reads what the scheduler thread (``runtime/scheduler.py``) produces. It is the
 only writer of the delivered bitmap, so a ``state_dict()`` taken between two ``next()`` calls is
-exact. Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
+exact. A batch is marked when it reaches the training loop (``mark``), not when it is taken
+from the scheduler (``take``): the device prefetcher (``runtime/prefetch.py``) takes batches
+ahead, and those are not delivered yet. Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import queue
 import time
 from typing import Any
 
+from headrace.errors import StepError
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.scheduler import Scheduler
@@ -35,7 +38,7 @@ class EpochMeter:
 
     def snapshot(
         self, fast: int, slow: int, skipped: int, retried: int, scheduler_cpu_s: float,
-        moved: int = 0,
+        moved: int = 0, failed: int = 0,
     ) -> EpochStats:
         end = self.t_end if self.t_end is not None else time.perf_counter()
         wall = end - self.t_start
@@ -54,6 +57,7 @@ class EpochMeter:
             main_cpu_per_batch_ms=1000.0 * cpu / self.batches if self.batches else 0.0,
             finished=self.t_end is not None,
             moved_samples=moved,
+            failed_samples=failed,
         )
 
 
@@ -70,6 +74,7 @@ class EpochBase:
         self.hooks = hooks
         self.delivered = delivered
         self.origin: Any = None
+        self.steps: tuple[str, ...] = ()  # the step order this epoch runs (set by the loader)
         self.loader: Any = None
         self._closed = False
         self._replaced = False
@@ -91,6 +96,27 @@ class EpochBase:
                 "runs. Finish one epoch before starting the next, or use "
                 "persistent_workers=False for independent iterators")
         raise StopIteration
+
+    def __next__(self) -> Any:
+        got = self.take()
+        assert got is not None  # a blocking take returns a batch or raises
+        self.mark(got[1])
+        return got[0]
+
+    def take(self, block: bool = True) -> tuple[Any, Any] | None:
+        """The next batch and its positions, not yet delivered (``mark`` delivers it).
+
+        ``block=False``: ``None`` when no batch is ready yet or the epoch's end is next (the
+        end is then kept for the next blocking call). Raises ``StopIteration`` at the end.
+        """
+        raise NotImplementedError
+
+    def mark(self, positions: Any) -> None:
+        """The batch at ``positions`` reached the training loop: it is delivered."""
+        for p in positions:
+            self.delivered.set(p)
+        self.meter.batches += 1
+        self.meter.samples += len(positions)
 
     def stats(self) -> EpochStats:
         raise NotImplementedError
@@ -114,6 +140,8 @@ class EpochBase:
         self._closed = True
         self._replaced = replaced
         self._release()
+        if self.loader is not None and not self.finished:
+            self.loader._abandoned(self)  # state_dict() still describes this epoch
         self.hooks.on_epoch_closed(self.stats())
 
     def __del__(self) -> None:
@@ -141,28 +169,50 @@ class EpochIterator(EpochBase):
         self.spec = spec
         self.timeout_s = timeout_s
         self._out: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
+        self._held: tuple[str, Any, Any] | None = None  # seen by a non-blocking take, for later
         self.scheduler = Scheduler(pool, spec, hooks, self._out)
         self.scheduler.start()
 
-    def __next__(self) -> Any:
+    def take(self, block: bool = True) -> tuple[Any, Any] | None:
         if self._closed:
             self._check_open()
         c0 = time.thread_time()
-        try:
-            kind, value, positions = self._out.get_nowait()
-        except queue.Empty:
+        item, self._held = self._held, None
+        if item is None:
+            try:
+                item = self._out.get_nowait()
+            except queue.Empty:
+                if not block:
+                    return None
+                t0 = time.perf_counter()
+                item = self._get_blocking()
+                self.meter.stall_s += time.perf_counter() - t0
+        kind, value, positions = item
+        if kind == "future":  # a batch a user collate_fn is collating on the collate threads
+            if not block and not value.done():
+                self._held = item
+                return None
             t0 = time.perf_counter()
-            kind, value, positions = self._get_blocking()
-            self.meter.stall_s += time.perf_counter() - t0
+            try:
+                value = value.result()
+            except StepError:
+                self.scheduler.consumed += len(positions)  # its samples leave with its error
+                self.scheduler.room_freed()
+                raise
+            finally:
+                self.meter.stall_s += time.perf_counter() - t0
+            kind = "batch"
         if kind == "batch":
-            for p in positions:
-                self.delivered.set(p)
-            self.meter.batches += 1
-            self.meter.samples += len(positions)
             self.scheduler.consumed += len(positions)
             self.scheduler.room_freed()
             self.meter.consumer_cpu_s += time.thread_time() - c0
-            return value
+            return value, positions
+        if not block:
+            self._held = item  # the end, or an error, comes after the batches taken ahead
+            return None
+        if kind == "raise":  # one sample's (or batch's) error: raised, and the epoch goes on
+            self.meter.consumer_cpu_s += time.thread_time() - c0
+            raise value
         self.meter.t_end = time.perf_counter()
         self.close()
         if kind == "end":
@@ -189,7 +239,8 @@ class EpochIterator(EpochBase):
 
     def stats(self) -> EpochStats:
         c = self.scheduler.counters
-        return self.meter.snapshot(c.fast, c.slow, c.skipped, c.retried, c.scheduler_cpu_s, c.moved)
+        return self.meter.snapshot(c.fast, c.slow, c.skipped, c.retried, c.scheduler_cpu_s, c.moved,
+                                   c.failed)
 
     def _release(self) -> None:
         """Stop the scheduler; stop the workers unless they persist."""

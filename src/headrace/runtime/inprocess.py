@@ -50,11 +50,14 @@ class InProcessIterator(EpochBase):
         self.pin = pin
         self.on_error = on_error
         self.skipped = 0
+        self.failed = 0
         self._position = 0
 
-    def __next__(self) -> Any:
+    def take(self, block: bool = True) -> tuple[Any, Any] | None:
         if self._closed:
             self._check_open()
+        if not block:
+            return None  # samples load in the training thread: nothing is ever ready ahead
         t0, c0 = time.perf_counter(), time.thread_time()
         while True:
             try:
@@ -82,14 +85,10 @@ class InProcessIterator(EpochBase):
             raise collate_error(e, indices) from e
         if self.pin is not None:
             batch = self.pin(batch)
-        for p in done:
-            self.delivered.set(p)
         m = self.meter
-        m.batches += 1
-        m.samples += len(done)
         m.stall_s += time.perf_counter() - t0  # every second in here is the loop waiting
         m.consumer_cpu_s += time.thread_time() - c0
-        return batch
+        return batch, done
 
     def _one(self, index: int) -> tuple[bool, Any]:
         state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
@@ -107,10 +106,11 @@ class InProcessIterator(EpochBase):
             type(exc), index, self.runner.names[step], type(exc).__qualname__, str(exc), tb
         )
         if self.on_error == "raise":
-            raise err from exc
+            self.failed += 1
+            raise err from exc  # for this batch only: the next next() goes on, as in torch
         self.skipped += 1
         self.hooks.on_skip(index, err)
         return False, None
 
     def stats(self) -> EpochStats:
-        return self.meter.snapshot(self.meter.samples, 0, self.skipped, 0, 0.0)
+        return self.meter.snapshot(self.meter.samples, 0, self.skipped, 0, 0.0, failed=self.failed)

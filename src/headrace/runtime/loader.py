@@ -25,11 +25,12 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from headrace.errors import StateDictError
+from headrace.errors import HeadraceError, StateDictError
 from headrace.pipeline import Pipeline
+from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.planner.explain import Facts, explain_text
 from headrace.profiler import sizes
-from headrace.runtime import checkpoint, ordering
+from headrace.runtime import checkpoint, distributed, ordering, pinning, prefetch
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
@@ -46,7 +47,7 @@ from headrace.telemetry.stats import EpochStats, LoaderStats
 _T_co = TypeVar("_T_co", covariant=True)
 
 _RUNTIME_ATTRS = ("pipeline", "monitor", "planning", "_pool", "_buffers", "_iterator_ref",
-                  "_finalizer")
+                  "_epoch_ref", "_finalizer", "_device", "_copier")
 """What a loader holds while it runs; left out of pickles and copies, rebuilt on load."""
 
 
@@ -101,7 +102,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         )
         # torch's own iterators read in_order (an IterableDataset's): a bool there; for
         # map-style datasets the user's value, None included, so a rebuilt loader keeps it.
-        self.in_order = (in_order is not False) if iterable else in_order
+        self.in_order = (in_order is not False) if iterable else in_order  # type: ignore[assignment]
         self.options = options
         self._user_batch_sampler = batch_sampler is not None
         if options.executor == "threads" and num_workers:
@@ -113,7 +114,8 @@ class DataLoader(tud.DataLoader[_T_co]):
                                  "Options(executor='threads') there are none to initialise")
         self._epoch = 0
         self._base_seed: int | None = None
-        self._resume: checkpoint.ResumePoint | None = None
+        self._resume: checkpoint.ResumePoint | None = None  # loaded, for the next iter()
+        self._unfinished: checkpoint.ResumePoint | None = None  # the last epoch, if abandoned
         self._setup_runtime()
 
     def _setup_runtime(self) -> None:
@@ -130,7 +132,13 @@ class DataLoader(tud.DataLoader[_T_co]):
             self.monitor.epoch_listeners.append(self.planning.after_epoch)
         self._pool: WorkerPool | None = None
         self._buffers = BufferPool()  # batch memory the training loop let go of, for reuse
-        self._iterator_ref: Callable[[], Any] = _no_iterator
+        self._device = prefetch.resolve_device(self.options.device)
+        if self._device is not None and self._iterable:
+            raise ValueError("Options(device=) needs a map-style dataset; an IterableDataset "
+                             "is iterated by torch's own loader: use pin_memory=True instead")
+        self._copier = prefetch.copier_for(self._device)  # None: no device prefetch
+        self._iterator_ref: Callable[[], Any] = _no_iterator  # the newest iter(), wrappers and all
+        self._epoch_ref: Callable[[], Any] = _no_iterator  # the epoch under those wrappers
         self._finalizer = weakref.finalize(self, _close_pool, [None])
 
     def __getstate__(self) -> dict[str, Any]:
@@ -150,6 +158,14 @@ class DataLoader(tud.DataLoader[_T_co]):
         return isinstance(self.num_workers, AutoWorkers)
 
     @property
+    def _is_accelerate_prepared(self) -> bool:
+        """Read only by Accelerate's ``prepare()``, which would swap headrace for a plain torch
+        loader: it raises, naming ``headrace.integrations.accelerate``."""
+        from headrace.integrations import ACCELERATE_PREPARE
+
+        raise HeadraceError(ACCELERATE_PREPARE)
+
+    @property
     def _iterable(self) -> bool:
         return isinstance(self.dataset, tud.IterableDataset)
 
@@ -165,6 +181,10 @@ class DataLoader(tud.DataLoader[_T_co]):
             old.close(replaced=True)
         it = self._start_epoch()
         it.loader = self  # the epoch keeps its loader (and a persistent pool) alive, not the reverse
+        self._epoch_ref = weakref.ref(it)
+        if self._copier is not None:
+            it = prefetch.DevicePrefetcher(it, self._copier, self._buffers.fence)
+        it = distributed.start_epoch(self, it)  # DDP ranks: a warning, an even batch count
         self._iterator_ref = weakref.ref(it)  # weak: `break` must let the epoch be collected
         return it
 
@@ -199,34 +219,62 @@ class DataLoader(tud.DataLoader[_T_co]):
         """
         if self.pipeline is None:
             raise StateDictError("state_dict is not supported for an IterableDataset")
+        assert self.planning is not None
         it = self._iterator_ref()
+        steps = self.planning.executed_names
         if it is not None and not it.closed:
-            origin, delivered, epoch = it.origin, it.delivered, it.origin.epoch
-        elif self._resume is not None:
-            origin, delivered, epoch = self._resume.origin, self._resume.delivered, self._resume.epoch
+            origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
+        elif self._resume is not None or self._unfinished is not None:
+            point = self._resume if self._resume is not None else self._unfinished
+            assert point is not None
+            origin, delivered, epoch = point.origin, point.delivered, point.epoch
+            steps = point.steps or steps
         else:
             origin, delivered, epoch = None, None, self._epoch
         persistent = self._base_seed if self.persistent_workers else None
-        return checkpoint.build(self.pipeline.fingerprint(), len(self), epoch, origin, delivered,
-                                self.generator, persistent)
+        return checkpoint.build(self._identity(steps), epoch, origin, delivered, self.generator,
+                                persistent)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict()``: the next ``iter()`` delivers exactly what was left.
+        """Resume from ``state_dict()``: the next ``iter()`` delivers exactly what was left,
+        with the step order the saved epoch ran.
 
-        Rejects a state from another dataset, pipeline or batch layout with a clear error.
+        Refused (``StateDictError``) only when a resume would deliver other samples: another
+        dataset length or batch layout, or an unknown schema. Changed step or dataset code (an
+        edited script) is reported in a warning, and the resume goes on.
         """
-        if self.pipeline is None:
+        if self.pipeline is None or self.planning is None:
             raise StateDictError("load_state_dict is not supported for an IterableDataset")
-        point = checkpoint.parse(state, self.pipeline.fingerprint(), len(self))
+        point = checkpoint.parse(state, self._identity(self.planning.executed_names))
         it = self._iterator_ref()
         if it is not None:
             it.close()
+        self._unfinished = None
+        if point.in_epoch and point.steps is not None:
+            self.planning.restore(point.steps)
         self._epoch = point.epoch
         if point.persistent_base_seed is not None:
             self._base_seed = point.persistent_base_seed
         if not point.in_epoch and point.generator_state is not None and self.generator is not None:
             self.generator.set_state(point.generator_state)
         self._resume = point if point.in_epoch else None
+
+    def _abandoned(self, it: Any) -> None:
+        """An epoch closed before its end (``break``, an exception, a newer iterator): until
+        the next epoch starts, ``state_dict()`` describes where it stopped, as it would have
+        while it was open, so a checkpoint written after leaving the loop resumes it."""
+        latest = self._epoch_ref()
+        if it.origin is not None and (latest is None or latest is it):
+            self._unfinished = checkpoint.ResumePoint(
+                epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
+                generator_state=None, persistent_base_seed=None, steps=it.steps)
+
+    def _identity(self, steps: tuple[str, ...]) -> checkpoint.Identity:
+        assert self.pipeline is not None
+        return checkpoint.Identity(
+            samples=len(self.pipeline), batches=len(self), steps=steps,
+            dataset=source_fingerprint(self.pipeline.source),
+            step_code=step_digests(self.pipeline))
 
     def explain(self) -> str:
         """Every decision headrace made for this loader and the measured numbers behind it."""
@@ -243,7 +291,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             executed=tuple(pl.executed.step_names),
             order=pl.order,
             next_order=pl.decide(),
-            handoff=self.options.handoff and len(self.pipeline.step_names) > 1 and self.num_workers > 0,
+            handoff=self.options.handoff and self.pipeline.splittable and self.num_workers > 0,
             stats=self.stats(),
             timeout_samples=len(self.monitor.timeout._times),
             scale_decisions=tuple(self.monitor.scaler.decisions) if self.monitor.scaler else (),
@@ -317,7 +365,7 @@ class DataLoader(tud.DataLoader[_T_co]):
                                    self._user_batch_sampler)
 
     def _pin(self) -> Callable[[Any], Any] | None:
-        if not self.pin_memory:
+        if not self.pin_memory and self._device is None:
             return None
         if not torch.accelerator.is_available():
             warnings.warn(  # torch's own words, at the same moment (iterator creation)
@@ -326,9 +374,12 @@ class DataLoader(tud.DataLoader[_T_co]):
                 stacklevel=3,
             )
             return None
-        acc = torch.accelerator.current_accelerator()
-        device = acc.type if acc is not None else None
-        return lambda b: _pin_memory(b, device)
+        device = pinning.pin_device(self.pin_memory_device, self._device)
+        memory = pinning.host_memory_for(device) if device is not None else None
+        if memory is not None and not self._buffers.pinned:
+            self._buffers = BufferPool(memory=memory)  # batches assembled in pinned memory
+        kind = device.type if device is not None else None
+        return lambda b: _pin_memory(b, kind)  # the rest: small or user-collated leaves
 
     def _total_positions(self) -> int | None:
         try:
@@ -347,7 +398,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         if self.planning.before_epoch() and self._pool is not None:
             self._pool.shutdown()  # persistent workers run the old order: restart them
             self._pool = None
-        resume, self._resume = self._resume, None
+        resume, self._resume, self._unfinished = self._resume, None, None
         replay = resume.origin if resume is not None else None
         if replay is not None:
             self._epoch = replay.epoch
@@ -357,6 +408,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         delivered = resume.delivered if resume is not None else Bitmap()
         it = self._make_iterator(epoch, base_seed, groups, delivered)
         it.origin = origin
+        it.steps = self.planning.executed_names
         return it
 
     def _make_iterator(self, epoch: int, base_seed: int, groups: Iterator[Any], delivered: Bitmap) -> Any:
@@ -368,6 +420,7 @@ class DataLoader(tud.DataLoader[_T_co]):
                 self.collate_fn, self._pin(), delivered, opts.on_error, self.monitor,
                 measure=sizes.measure if opts.profile else None,
             )
+        pin = self._pin()  # before self._buffers is read: it may switch to pinned memory
         pool, owns = self._get_pool(base_seed)
         bs = self.batch_size or 1
         hi = self.options.autoscale.bounds()[1] if self.autoscale else self.num_workers
@@ -378,11 +431,11 @@ class DataLoader(tud.DataLoader[_T_co]):
             base_seed=base_seed,
             groups=groups,
             auto_collation=self._auto_collation,
-            batcher=Batcher(self._batch_mode(), self.batch_size),
+            batcher=Batcher(self._batch_mode(), self.batch_size, self.drop_last),
             collate=self.collate_fn,
-            pin=self._pin(),
+            pin=pin,
             max_in_flight=max_in_flight,
-            handoff=opts.handoff and len(self.pipeline.step_names) > 1,
+            handoff=opts.handoff and self.pipeline.splittable,
             slow_lane_share=opts.slow_lane_share,
             on_error=opts.on_error,
             max_restarts=opts.max_worker_restarts,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from headrace.pipeline.runner import StepTiming
+from headrace.planner import ranks
 from headrace.planner.timeout import TimeoutPolicy
 from headrace.planner.workers import WorkerScaler
 from headrace.profiler.stats import Profiler
@@ -65,6 +67,7 @@ class Monitor:
         self._last_scale = time.perf_counter()
         self._memory_budget: float | None = None
         self._pushed_timeout = float("nan")
+        self._warned_reseed = False
         if autoscale:
             psutil.cpu_percent(None)  # start the CPU-usage interval
 
@@ -103,6 +106,20 @@ class Monitor:
             return
         p.observe(timings, [t.bytes_out for t in timings], bytes_in,
                   [t.changed for t in timings], total=total, partial=partial)
+
+    def on_worker_reseeded(self, generators: tuple[str, ...]) -> None:
+        """A ``worker_init_fn`` seeded global generators: say once that per-sample seeding
+        overrides them (torch's loader would have used those seeds)."""
+        if self._warned_reseed:
+            return
+        self._warned_reseed = True
+        warnings.warn(
+            f"headrace: worker_init_fn seeded {', '.join(generators)}'s global generator, but "
+            "headrace re-seeds Python's, NumPy's and torch's global generators before each step "
+            "from (base seed, epoch, sample index, step), so a sample's content does not depend "
+            "on its worker: the seed set in worker_init_fn does not reach __getitem__. Use "
+            "DataLoader(generator=...) or Options(seed=...) to make a run reproducible "
+            "(README: differences from torch)", UserWarning, stacklevel=2)
 
     def on_worker_restart(self) -> None:
         self.worker_restarts += 1
@@ -191,7 +208,9 @@ class Monitor:
         if self._memory_budget is None:
             cfg_budget = self.scaler.cfg.memory_budget_bytes
             self._memory_budget = float(
-                cfg_budget if cfg_budget is not None else psutil.virtual_memory().available / 2
+                cfg_budget if cfg_budget is not None
+                else ranks.memory_share(psutil.virtual_memory().available / 2,
+                                        ranks.local_world_size())
             )
         per_worker = sum(rss) / len(rss) if rss else None
         d = self.scaler.decide(len(live), psutil.cpu_percent(None) / 100.0, per_worker,

@@ -6,6 +6,8 @@ import dataclasses
 import os
 from typing import Literal
 
+import torch
+
 from headrace.planner.timeout import TimeoutConfig
 from headrace.planner.workers import AutoscaleConfig
 
@@ -68,6 +70,11 @@ class Options:
             shared and not re-seeded), ``get_worker_info()`` is ``None``, ``worker_init_fn``
             and ``sample_timeout_s`` are refused (a thread cannot be killed), and dataset and
             step objects are shared by the threads. See ``runtime/threadworker.py``.
+        device: device prefetch (``runtime/prefetch.py``): ``"cuda"``, ``"cuda:N"`` or a
+            ``torch.device`` (e.g. ``torch.accelerator.current_accelerator()``). The next
+            batches are copied there on a side CUDA stream while the current one trains, from
+            pinned batch memory (implied), and ``next()`` returns device tensors ready on the
+            training loop's current stream. ``None`` (default): batches stay in host memory.
     """
 
     seed: int | None = None
@@ -83,6 +90,7 @@ class Options:
     reorder: bool = True
     profile_store: str | os.PathLike[str] | bool = True
     executor: Literal["processes", "threads"] = "processes"
+    device: str | torch.device | None = None
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
@@ -98,5 +106,7 @@ class Options:
         if self.executor == "threads" and self.sample_timeout_s is not None:
             raise ValueError("sample_timeout_s needs executor='processes': a worker thread stuck "
                              "in a step cannot be killed and replaced")
+        if self.device is not None:
+            torch.device(self.device)  # a malformed device string fails here, with torch's words
         if self.max_worker_restarts < 1:
             raise ValueError("max_worker_restarts must be >= 1")

@@ -52,9 +52,11 @@ def batch_mode(
 
 def describe(mode: Mode, in_order: bool | None) -> str:
     """One line for ``explain()``: which batching applies, and why."""
-    why = {True: "in_order=True", False: "in_order=False"}.get(
-        in_order, "in_order=None: the sampler's order is " +
-        ("random" if mode != "ordered" else "not random, so it is kept"))
+    if in_order is None:
+        why = "in_order=None: the sampler's order is " + (
+            "random" if mode != "ordered" else "not random, so it is kept")
+    else:
+        why = f"in_order={in_order}"
     if mode == "ordered":
         return f"torch's order and batches ({why})"
     if mode == "grouped":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from headrace.pipeline import Pipeline
+from headrace.pipeline import Pipeline, Step
 from headrace.planner.order import MIN_PROFILE_SAMPLES, OrderPlan, plan_order
 from headrace.profiler.report import PipelineProfile
 from headrace.profiler.stats import Profiler
@@ -34,6 +34,7 @@ class Planning:
             self.store = ProfileStore(path)
         self._key: ProfileKey | None = None
         self._looked_up = False
+        self._pinned: tuple[Step, ...] | None = None  # an order a state dict restored
         self.note = "measured this run" if options.profile else "off (Options(profile=False))"
 
     @property
@@ -56,19 +57,43 @@ class Planning:
         else:
             profile, source = None, ""
         return plan_order(self.declared.steps, self.executed.steps, profile, source,
-                          self.options.reorder, min_samples=need)
+                          self.options.reorder, min_samples=need, embedded=self.declared.embedded)
+
+    @property
+    def executed_names(self) -> tuple[str, ...]:
+        """The executed step order, by name (``load`` excluded)."""
+        return tuple(s.name for s in self.executed.steps)
+
+    def restore(self, names: tuple[str, ...]) -> None:
+        """Run the next epoch in the order a state dict saved (an exact resume needs the order
+        the saved epoch ran); AutoOrder decides again from the epoch after. An order that is not
+        a permutation of this pipeline's steps (the script changed them) is ignored: the
+        loader warned about the change already."""
+        by_name = {s.name: s for s in self.declared.steps}
+        if sorted(names) != sorted(by_name) or len(by_name) != len(self.declared.steps):
+            return
+        self._pinned = tuple(by_name[n] for n in names)
 
     def before_epoch(self) -> bool:
         """Choose this epoch's step order; True when it differs from the previous epoch's."""
-        plan = self.decide()
-        if plan is None:
+        pinned, self._pinned = self._pinned, None
+        if pinned is not None:
+            steps = pinned
+        else:
+            plan = self.decide()
+            if plan is None:
+                return False
+            self.order = plan
+            steps = plan.steps
+        if tuple(s.name for s in steps) == self.executed_names:
             return False
-        self.order = plan
-        if tuple(s.name for s in plan.steps) == tuple(s.name for s in self.executed.steps):
-            return False
-        self.executed = self.declared.with_steps(plan.steps)
+        self.executed = self.declared.with_steps(steps)
         self.monitor.profiler = Profiler(self.executed.step_names)  # a new order, a new profile
-        log.info("headrace: %s", "; ".join(plan.lines()))
+        if pinned is not None:
+            log.info("headrace: resumed epoch runs the saved step order %s", " -> ".join(
+                s.name for s in steps))
+        else:
+            log.info("headrace: %s", "; ".join(self.order.lines() if self.order else ()))
         return True
 
     def after_epoch(self) -> None:

@@ -17,6 +17,10 @@ training loop reads. MinatoLoader Algorithm 1, done with processes:
 * batcher: the next samples to finish form the next batch, whichever lane they came through
   (``runtime/batcher.py``).
 
+Its parts: the queues of work not yet on a worker (``runtime/lanes.py``), batches going out
+(``runtime/output.py``), what its thread waits on (``runtime/waiter.py``); here: dispatching
+to workers, results, worker deaths.
+
 Worker threads (``runtime/threadworker.py``) hand their results in through ``deliver``, in
 their own thread; that is why the scheduler's state changes under ``_lock``.
 
@@ -30,22 +34,19 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import queue
-import selectors
 import threading
 import time
-from collections import deque
 from typing import Any
 
 from headrace.errors import StepError, WorkerDiedError, step_error_for
-from headrace.runtime.assembly import BatchAssembly
+from headrace.runtime.lanes import Lanes
+from headrace.runtime.output import BatchOutput
 from headrace.runtime.pool import WorkerHandle, WorkerPool
-from headrace.runtime.ring import Ring
 from headrace.runtime.ring import decode as ring_decode
 from headrace.runtime.transport import decode, encode
-from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error
-from headrace.runtime.worker import Task
+from headrace.runtime.waiter import Waiter
+from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, death_error
 
 log = logging.getLogger("headrace")
 
@@ -70,24 +71,14 @@ class Scheduler:
         self.hooks = hooks  # runtime.monitor.Monitor: on_sample, on_tick, on_skip, ...
         self.out = out
         self.counters = Counters()
-        self.consumed = 0  # written by the training loop only: samples yielded
-        self._recs: dict[int, Rec] = {}
-        self._retry: deque[Rec] = deque()
-        self._backlog: deque[Rec] = deque()
-        self._fresh: deque[tuple[int, int]] = deque()
-        self._positions = 0  # positions pulled from the sampler so far
-        self._pulled = 0  # positions pulled and not already delivered (counted in flight)
-        self._settled = 0  # positions completed or skipped
-        self._exhausted = False
+        self.consumed = 0  # written by the training loop only: samples yielded (or dropped with
+        # their batch by a failing collate_fn)
+        self.lanes = Lanes(spec, pool.tids)  # work not yet on a worker; samples in flight
+        self._recs = self.lanes.recs
+        self.output = BatchOutput(spec, out, self.counters, hooks)
         self._hung: dict[int, tuple[int, int]] = {}  # slot -> (tid, step) of a killed hung task
-        self._batches: dict[int, BatchAssembly] = {}  # batch key -> batch being filled
         self._stop = threading.Event()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        os.set_blocking(self._wake_r, False)
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
-        self._watched: dict[int, tuple[WorkerHandle, int, int]] = {}  # slot -> (w, pipe, sentinel)
+        self._waiter = Waiter()
         self._thread = threading.Thread(target=self._run, name="headrace-scheduler", daemon=True)
         # Worker threads hand results in directly (``deliver``): the state below is shared with
         # them, so every change to it happens under this lock.
@@ -102,13 +93,11 @@ class Scheduler:
 
     def wake(self) -> None:
         """Wake the scheduler thread (a byte on its wake-up pipe): work to dispatch."""
-        fd = self._wake_w
-        if fd < 0:
-            return  # stopped: the descriptor is closed (and its number may be reused)
-        try:
-            os.write(fd, b"x")
-        except (BlockingIOError, OSError):
-            pass  # a wake-up is already pending
+        self._waiter.wake()
+
+    @property
+    def _wake_r(self) -> int:
+        return self._waiter.wake_fd
 
     def room_freed(self) -> None:
         """Called by the training loop after taking a batch: room for more work.
@@ -149,14 +138,8 @@ class Scheduler:
                 and not inside:
             self._thread.join(5.0)
         self._detach_threads()
-        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
-        self._sel.close()
-        for fd in fds:
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        self._waiter.close()
+        self.output.close()
 
     @property
     def _done(self) -> bool:
@@ -165,12 +148,13 @@ class Scheduler:
 
     @property
     def in_flight(self) -> int:
-        """Samples pulled from the sampler and not yet yielded (or skipped)."""
-        return self._pulled - self.consumed - self.counters.skipped
+        """Samples pulled from the sampler and not yet yielded (or skipped, failed, discarded)."""
+        c = self.counters
+        return self.lanes.pulled - self.consumed - c.skipped - c.failed - c.discarded
 
     @property
     def slow_backlog(self) -> int:
-        return len(self._backlog)
+        return len(self.lanes.backlog)
 
     # -- thread body ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -213,7 +197,7 @@ class Scheduler:
     def _advance(self) -> bool:
         """Dispatch work and emit ready batches; True (and "end" put) when the epoch is done."""
         self._dispatch()
-        if self._emit():
+        if self.output.emit(self.lanes.complete):
             self.out.put(("end", None, None))
             self._finished = True
         return self._finished
@@ -230,60 +214,16 @@ class Scheduler:
             if w.is_thread and w.conn.sink is self._sinks.get(w.slot):
                 w.conn.sink = None
 
-    def _sync_selector(self) -> None:
-        """(Re)register worker pipes and sentinels when the pool changed (a persistent epoll set:
-        building a selector per wait cost more CPU than the rest of the scheduler)."""
-        current = dict(self.pool.workers)  # a C-level copy: the training thread may be adding
-        for slot, (w, _, _) in list(self._watched.items()):
-            if current.get(slot) is not w:
-                self._unwatch(w)
-        for slot, w in current.items():
-            if slot not in self._watched:
-                if w.is_thread:  # from now on it hands its results in itself
-                    w.conn.sink = self._sinks[slot] = functools.partial(self.deliver, w)
-                conn_fd, sentinel = w.conn.fileno(), w.sentinel
-                self._sel.register(conn_fd, selectors.EVENT_READ, ("conn", w))
-                self._sel.register(sentinel, selectors.EVENT_READ, ("sentinel", w))
-                self._watched[slot] = (w, conn_fd, sentinel)
-
-    def _unwatch(self, w: WorkerHandle) -> None:
-        """Forget a worker's descriptors; call before the pool closes them (numbers get reused)."""
-        entry = self._watched.get(w.slot)
-        if entry is None or entry[0] is not w:
-            return
-        del self._watched[w.slot]
-        for fd in entry[1:]:
-            try:
-                self._sel.unregister(fd)
-            except (KeyError, ValueError, OSError):
-                pass
-
     def _wait_and_handle(self) -> None:
-        if self._wake_r < 0:
+        """Wait for results, deaths or a wake-up (``runtime/waiter.py``), then handle them."""
+        if self._waiter.closed:
             return
-        self._sync_selector()
-        # A task pipe still full (rare: a large hand-off payload) is watched until it drains;
-        # the next loop flushes it.
-        full = [w for w in list(self.pool.workers.values()) if w.tasks.pending and not w.tasks.flush()]
-        for w in full:
-            self._sel.register(w.tasks.fileno(), selectors.EVENT_WRITE, ("drained", w))
-        try:
-            events = self._sel.select(timeout=POLL_S)
-        finally:
-            for w in full:
-                self._sel.unregister(w.tasks.fileno())
+        for w in self._waiter.sync(dict(self.pool.workers)):  # a C-level copy: may be growing
+            if w.is_thread:  # from now on it hands its results in itself
+                w.conn.sink = self._sinks[w.slot] = functools.partial(self.deliver, w)
         dead: list[WorkerHandle] = []
-        for key, _ in events:
-            what, w = key.data
-            if what == "drained":
-                continue
-            if what == "wake":
-                try:
-                    while os.read(self._wake_r, 4096):
-                        pass
-                except (BlockingIOError, OSError):
-                    pass
-            elif what == "conn":
+        for what, w in self._waiter.wait(list(self.pool.workers.values()), POLL_S):
+            if what == "conn":
                 try:  # one message per readiness: the selector is level-triggered
                     msg = w.conn.recv()
                 except (EOFError, OSError):
@@ -310,7 +250,7 @@ class Scheduler:
         # share is too small for this workload (slow samples carry most of the work), and
         # starving it would only fill the in-flight budget with waiting samples: lift the cap.
         slow_cap = max(1, int(self.spec.slow_lane_share * len(workers)))
-        if len(self._backlog) > len(workers):
+        if len(self.lanes.backlog) > len(workers):
             slow_cap = len(workers) * DEPTH
         slow_now = self._over_timeout(workers)
         for depth in range(1, DEPTH + 1):
@@ -318,7 +258,8 @@ class Scheduler:
                 if depth > 1 and w.slot in slow_now:
                     continue  # nothing queues behind a sample already over the timeout
                 while len(w.assigned) < depth:
-                    rec = self._choose(w, depth, slow_cap)
+                    fresh_ok = depth == 1 or not self.lanes.near_end(DEPTH * len(self.pool.workers))
+                    rec = self.lanes.choose(fresh_ok, self._slow_running, slow_cap, self.in_flight)
                     if rec is None:
                         break
                     rec.worker = w.slot
@@ -381,64 +322,13 @@ class Scheduler:
             1 for w in list(self.pool.workers.values()) for t in w.assigned.values() if t.start > 0
         )
 
-    def _choose(self, w: WorkerHandle, depth: int, slow_cap: int) -> Rec | None:
-        if self._retry:
-            return self._retry.popleft()
-        if self._backlog and self._slow_running() < slow_cap:
-            return self._backlog.popleft()
-        if depth == 1 or not self._near_end():
-            rec = self._next_fresh()
-            if rec is not None:
-                return rec
-        if self._backlog:
-            return self._backlog.popleft()  # nothing fresh may start: stay work-conserving
-        return None
-
-    def _near_end(self) -> bool:
-        """Few fresh samples left: queue none behind a running one (no tail behind a slow one)."""
-        total = self.spec.total_positions
-        if total is None:
-            return False
-        left = total - self._positions + len(self._fresh)
-        return left <= DEPTH * len(self.pool.workers)
-
-    def _next_fresh(self) -> Rec | None:
-        # The cap applies when pulling a sampler batch, never inside one: a batch that is only
-        # partly dispatched could never complete (in ``ordered``/``grouped`` mode).
-        while not self._fresh:
-            if self._exhausted or self.in_flight >= self.spec.max_in_flight:
-                return None
-            self._pull_group()
-        position, index = self._fresh.popleft()
-        tid = next(self.pool.tids)
-        task = Task(tid, index, 0, None, self.spec.base_seed, self.spec.epoch, self.spec.handoff)
-        rec = Rec(position, index, task)
-        self._recs[tid] = rec
-        return rec
-
-    def _pull_group(self) -> None:
-        """Pull one sampler element (a batch of indices, or one index) into the fresh queue."""
-        try:
-            group = next(self.spec.groups)
-        except StopIteration:
-            self._exhausted = True
-            return
-        indices = list(group) if self.spec.auto_collation else [group]
-        start = self._positions
-        self._positions += len(indices)
-        positions = list(range(start, start + len(indices)))
-        delivered = self.spec.delivered
-        todo = [(p, i) for p, i in zip(positions, indices, strict=True) if p not in delivered]
-        if todo:
-            self.spec.batcher.add_group(start, [p for p, _ in todo])
-        self._fresh.extend(todo)
-        self._pulled += len(todo)
-
     # -- results -------------------------------------------------------------------------------
     def _handle(self, w: WorkerHandle, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "ready":
             w.ready = True
+            if len(msg) > 2 and msg[2]:
+                self.hooks.on_worker_reseeded(msg[2])
             return
         if kind == "init_error":
             _, slot, cause, text, tb = msg
@@ -459,13 +349,13 @@ class Scheduler:
         if kind == "done":
             _, _, payload, timings, bytes_in, ring_end = msg
             if ring is None:
-                self._place(rec, payload, None)
+                self.output.place(rec, payload, None)
             else:
-                self._place(rec, decode(payload), ring)
+                self.output.place(rec, decode(payload), ring)
                 ring.read_pos.value = ring_end
             del self._recs[tid]
             rec.step_s += sum(t.wall for t in timings)
-            self._settled += 1
+            self.lanes.settled += 1
             if rec.slow:
                 self.counters.slow += 1
             else:
@@ -481,7 +371,7 @@ class Scheduler:
             rec.slow = True
             self.hooks.on_sample_partial(rec.index, timings, bytes_in)
             rec.task = rec.task._replace(start=next_step, payload=payload, may_hand_off=False)
-            self._backlog.append(rec)
+            self.lanes.backlog.append(rec)
         elif kind == "error":
             _, _, step, exc_cls, cause, text, tb = msg
             names = self.pool.pipeline.step_names
@@ -489,26 +379,11 @@ class Scheduler:
             err = step_error_for(exc_cls, rec.index, step_name, cause, text, tb, w.slot)
             self._fail(rec, err)
 
-    def _place(self, rec: Rec, value: Any, ring: Ring | None) -> None:
-        """Copy a finished sample into its row of its batch (out of ``ring`` before it is freed)."""
-        key, row, capacity = self.spec.batcher.place(rec.position)
-        batch = self._batches.get(key)
-        if batch is None:
-            batch = self._batches[key] = BatchAssembly(
-                capacity, self.spec.collate, self.spec.auto_collation, self.spec.buffers)
-        try:
-            batch.put(row, rec.index, value, ring)
-        except Exception as e:  # noqa: BLE001 - a sample no batch can hold
-            raise Fatal(collate_error(e, [rec.index])) from e
-
     def _fail(self, rec: Rec, err: StepError | WorkerDiedError) -> None:
+        """A sample failed: it is settled, and raised or skipped (``BatchOutput.fail``)."""
         self._recs.pop(rec.task.tid, None)
-        if self.spec.on_error == "raise":
-            raise Fatal(err)
-        self.counters.skipped += 1
-        self._settled += 1
-        self.spec.batcher.drop(rec.position)
-        self.hooks.on_skip(rec.index, err)
+        self.lanes.settled += 1
+        self.output.fail(rec, err)
 
     def _kill_hung(self) -> None:
         """Replace workers stuck on one sample longer than ``sample_timeout_s``."""
@@ -523,9 +398,9 @@ class Scheduler:
 
     def _on_death(self, w: WorkerHandle) -> None:
         """A worker died (OOM killer, SIGKILL, segfault): re-run what it held, replace it."""
-        self._unwatch(w)
+        self._waiter.unwatch(w)
         if w.retiring:  # a worker the scaler retired has exited
-            self._retry.extend(self._recs[t] for t in w.assigned if t in self._recs)
+            self.lanes.retry.extend(self._recs[t] for t in w.assigned if t in self._recs)
             w.assigned.clear()
             self.pool.reap(w)
             return
@@ -540,43 +415,11 @@ class Scheduler:
             if rec.task.tid == running or len(lost) == 1:
                 rec.attempts += 1  # only the sample it was running is suspect
             if rec.attempts >= self.spec.max_restarts:
-                if hung is not None and hung[0] == rec.task.tid:
-                    names = self.pool.pipeline.step_names
-                    step = names[hung[1]] if 0 <= hung[1] < len(names) else "?"
-                    err: StepError | WorkerDiedError = step_error_for(
-                        TimeoutError, rec.index, step, "TimeoutError",
-                        f"the sample ran longer than sample_timeout={self.spec.sample_timeout_s} s "
-                        f"in step {step!r} on {rec.attempts} attempt(s); its worker was replaced",
-                        "", w.slot)
-                else:
-                    err = WorkerDiedError(
-                        f"sample index {rec.index} was being processed by a worker that died "
-                        f"{rec.attempts} times (last exit code {exitcode}); the sample likely "
-                        "crashes or exhausts memory in a step. Skip it with "
-                        "options=headrace.Options(on_error='skip') or fix the step.")
+                err = death_error(rec, hung, self.pool.pipeline.step_names, exitcode,
+                                  self.spec.sample_timeout_s, w.slot)
                 self._fail(rec, err)
             else:
                 self.counters.retried += 1
-                self._retry.append(rec)
+                self.lanes.retry.append(rec)
         if self.pool.replace(w) is not None:  # None once the pool is shutting down
             self.hooks.on_worker_restart()
-
-    # -- output --------------------------------------------------------------------------------
-    def _emit(self) -> bool:
-        """Put every ready batch on the output queue; True when the epoch is complete."""
-        final = self._exhausted and not self._fresh and self._settled == self._pulled
-        while True:
-            ready = self.spec.batcher.pop(final)
-            if ready is None:
-                break
-            assembly = self._batches.pop(ready.key)
-            try:
-                batch = assembly.finish(ready.rows)
-                if self.spec.pin is not None:
-                    batch = self.spec.pin(batch)
-            except Exception as e:  # noqa: BLE001 - collate_fn is user code
-                raise Fatal(collate_error(e, [assembly.indices[r] for r in ready.rows])) from e
-            self.out.put(("batch", batch, ready.positions))
-        return final and self.spec.batcher.ready_samples == 0
-
-

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from headrace.errors import StepError, step_error_for
+from headrace.errors import StepError, WorkerDiedError, step_error_for
 from headrace.runtime.batcher import Batcher
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
@@ -68,6 +68,8 @@ class Counters:
         self.skipped = 0
         self.retried = 0
         self.moved = 0  # tasks moved from behind a slow sample to an idle worker
+        self.failed = 0  # samples whose error was raised to the training loop (on_error="raise")
+        self.discarded = 0  # finished samples of a batch that raised instead (as torch loses them)
         self.scheduler_cpu_s = 0.0
 
 
@@ -88,3 +90,21 @@ def collate_error(e: Exception, indices: list[int]) -> StepError:
         "others is the usual cause)",
         traceback.format_exc(),
     )
+
+
+def death_error(rec: Rec, hung: tuple[int, int] | None, names: list[str], exitcode: int | None,
+                sample_timeout_s: float | None, slot: int) -> StepError | WorkerDiedError:
+    """The error of a sample whose worker died ``rec.attempts`` times while running it: a
+    ``TimeoutError``-flavoured ``StepError`` naming the step it hung in when ``hung`` (the
+    task id and step of a worker killed for ``sample_timeout_s``) is this sample's, else a
+    ``WorkerDiedError``."""
+    if hung is not None and hung[0] == rec.task.tid:
+        step = names[hung[1]] if 0 <= hung[1] < len(names) else "?"
+        return step_error_for(
+            TimeoutError, rec.index, step, "TimeoutError",
+            f"the sample ran longer than sample_timeout={sample_timeout_s} s in step {step!r} "
+            f"on {rec.attempts} attempt(s); its worker was replaced", "", slot)
+    return WorkerDiedError(
+        f"sample index {rec.index} was being processed by a worker that died {rec.attempts} "
+        f"times (last exit code {exitcode}); the sample likely crashes or exhausts memory in a "
+        "step. Skip it with options=headrace.Options(on_error='skip') or fix the step.")

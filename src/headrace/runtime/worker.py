@@ -5,7 +5,8 @@ Messages (tuples, to keep pickling cheap):
 * main -> worker, on the worker's task pipe (``runtime/taskpipe.py``): ``Task`` or ``None``
   (exit).
 * worker -> main, on the worker's result pipe:
-  ``("ready", slot)`` once initialised, or ``("init_error", slot, cause_type, message, tb)``;
+  ``("ready", slot, reseeded)`` once initialised (``reseeded``: the global generators that
+  ``worker_init_fn`` seeded, which per-sample seeding overrides), or ``("init_error", slot, cause_type, message, tb)``;
   ``("done", tid, payload, timings, bytes_in, ring_end)``; ``("partial", tid, next_step, payload,
   timings, bytes_in, ring_end)`` when the sample is handed off (timings: ``StepTiming`` per step
   run; bytes_in: size of the value a resumed run started from; ring_end: the worker's ring write
@@ -25,6 +26,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from headrace.pipeline import Pipeline
@@ -92,14 +94,17 @@ def worker_main(
         seed = setup.base_seed + slot
         _seed_like_torch(setup.base_seed, slot, seed)
         _set_worker_info(slot, setup.num_workers, seed, setup.dataset)
+        reseeded: tuple[str, ...] = ()
         if setup.worker_init_fn is not None:
+            before = _global_states()
             setup.worker_init_fn(slot)
+            reseeded = _reseeded(before, _global_states())
         runner = TaskRunner(setup, handoff, progress)
         writer = RingWriter(ring, setup.parent_pid)
     except Exception as e:  # noqa: BLE001 - reported to the main process
         _send(results, ("init_error", slot, _qualname(type(e)), str(e), traceback.format_exc()))
         return
-    _send(results, ("ready", slot))
+    _send(results, ("ready", slot, reseeded))
 
     def to_ring(value: Any) -> tuple[Any, int]:
         return encode(ring_encode(value, writer)), writer.write_pos
@@ -240,6 +245,28 @@ def _seed_like_torch(base_seed: int, worker_id: int, seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
     np.random.seed(_generate_state(base_seed, worker_id))
+
+
+def _global_states() -> tuple[Any, Any, int]:
+    import random
+
+    import numpy as np
+
+    return random.getstate(), np.random.get_state(), torch.initial_seed()
+
+
+def _reseeded(before: tuple[Any, Any, int], after: tuple[Any, Any, int]) -> tuple[str, ...]:
+    """The global generators ``worker_init_fn`` seeded (not merely drew from): torch's initial
+    seed changed; Python's or NumPy's state changed and sits at a freshly seeded position
+    (Mersenne Twister: 624, where drawing would have moved it)."""
+    out = []
+    if after[0] != before[0] and after[0][1][-1] == 624:
+        out.append("random")
+    if not np.array_equal(after[1][1], before[1][1]) and after[1][2] == 624:
+        out.append("numpy")
+    if after[2] != before[2]:
+        out.append("torch")
+    return tuple(out)
 
 
 def _set_worker_info(slot: int, num_workers: int, seed: int, dataset: Any) -> None:

@@ -29,6 +29,8 @@ class EpochStats:
         finished: the epoch ran to its end.
         moved_samples: samples that waited on a worker behind a slow sample and were given
             to an idle worker instead (never run twice; see ``Scheduler._steal``).
+        failed_samples: samples whose error was raised in the training loop
+            (``on_error="raise"``; the epoch went on). Not delivered: a resume retries them.
     """
 
     epoch: int
@@ -44,6 +46,7 @@ class EpochStats:
     main_cpu_per_batch_ms: float
     finished: bool
     moved_samples: int = 0
+    failed_samples: int = 0
 
     @property
     def stall_fraction(self) -> float:

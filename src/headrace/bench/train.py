@@ -1,0 +1,276 @@
+"""``headrace train``: a real training run, torch's DataLoader vs headrace, with GPU utilization.
+
+The simulated accelerator of ``headrace bench`` sleeps a fixed time per batch; here a model
+trains: a ResNet on the imagenet workload, a 3D U-Net on imseg (``bench/models.py``). For each
+workload and loader, the same model initialisation, the same sampler order (hence the same
+samples each epoch), the same worker budget; per epoch it records the wall time (until the
+device finished the last step), the time ``next()`` blocked, the loss of every step and, on a
+CUDA device with ``nvidia-ml-py``, the GPU utilization over time (``bench/gpu_util.py``).
+
+Both loaders use the last mile as a user would: torch's with ``pin_memory=True`` and
+``batch.to(device, non_blocking=True)``; headrace with ``pin_memory=True`` and
+``Options(device=...)`` (batches assembled in pinned memory, copied ahead on a side stream).
+On the CPU (no CUDA) it runs the same code with tiny models and no utilization: the CI smoke
+test. Losses stay on the device until an epoch ends, so logging never synchronizes a step.
+Timings are only meaningful on a quiet machine; tests never assert them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils.data as tud
+from torch import nn
+from torch.nn import functional as F
+
+from headrace.bench.gpu_util import UtilizationSampler, mean_between, nvml_available
+from headrace.bench.models import ResNet, UNet3D
+from headrace.bench.runner import machine_info, sampler_order
+from headrace.workloads import Workload, get_workload
+
+TRAIN_WORKLOADS = ("imagenet", "imseg")
+"""Workloads with a model here: imagenet (ResNet, 10 classes), imseg (3D U-Net, 3 classes)."""
+
+LOADERS = ("torch", "headrace")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Settings of ``headrace train``.
+
+    Attributes:
+        workloads: among :data:`TRAIN_WORKLOADS`.
+        scale: factor on each workload's preset samples per epoch.
+        samples: exact samples per epoch (overrides ``scale``).
+        epochs: epochs per loader (the first includes worker start-up and warm-up).
+        workers: worker budget for both loaders (``None``: the workload's).
+        device: ``"cuda"``, ``"cuda:N"`` or ``"cpu"`` (``None``: CUDA when present).
+        width: model width (``None``: GPU-sized when training on CUDA, tiny on the CPU).
+        amp: bfloat16 autocast on CUDA.
+        seed: dataset, sampler order and model initialisation seed.
+        interval_s: GPU utilization sampling period, seconds.
+        loaders: which loaders to run, among :data:`LOADERS`.
+        out_dir: where ``train.json``, ``train.md`` and ``train.png`` go.
+        cache_dir: where generated JPEG sets are kept (``None``: the workloads' default).
+    """
+
+    workloads: tuple[str, ...] = TRAIN_WORKLOADS
+    scale: float = 1.0
+    samples: int | None = None
+    epochs: int = 2
+    workers: int | None = None
+    device: str | None = None
+    width: int | None = None
+    amp: bool = True
+    seed: int = 0
+    interval_s: float = 0.1
+    loaders: tuple[str, ...] = LOADERS
+    out_dir: str = "train-out"
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        bad = [w for w in self.workloads if w not in TRAIN_WORKLOADS]
+        if bad:
+            raise ValueError(f"no model for workload(s) {bad}; choose from {TRAIN_WORKLOADS}")
+        bad = [x for x in self.loaders if x not in LOADERS]
+        if bad:
+            raise ValueError(f"unknown loader(s) {bad}; choose from {LOADERS}")
+        if self.epochs < 1:
+            raise ValueError("epochs must be >= 1")
+
+    def resolved_device(self) -> torch.device:
+        if self.device is not None:
+            return torch.device(self.device)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainRun:
+    """One loader training one model on one workload.
+
+    Attributes:
+        epoch_s: wall time of each epoch, seconds (``iter()`` until the device finished).
+        stall_s: per epoch, seconds the training loop waited in ``next()``.
+        losses: per epoch, the loss of every step, in order.
+        samples: per epoch, samples trained on.
+        utilization: ``(seconds since the run started, GPU utilization %)``; empty without NVML.
+        epoch_bounds: per epoch, ``(start, end)`` in the same seconds as ``utilization``.
+        mean_utilization: per epoch, mean GPU utilization (%), ``None`` without NVML.
+    """
+
+    workload: str
+    loader: str
+    epoch_s: list[float]
+    stall_s: list[float]
+    losses: list[list[float]]
+    samples: list[int]
+    utilization: list[tuple[float, int]]
+    epoch_bounds: list[tuple[float, float]]
+    mean_utilization: list[float | None]
+
+
+def make_model(workload: str, width: int | None, on_gpu: bool) -> nn.Module:
+    """The model for ``workload``; ``width`` ``None``: GPU-sized on a GPU, tiny on the CPU."""
+    if workload == "imagenet":
+        return ResNet(10, width or (32 if on_gpu else 4), blocks=2 if on_gpu else 1)
+    return UNet3D(3, width or (16 if on_gpu else 4), depth=3 if on_gpu else 2)
+
+
+def _inputs(workload: str, batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = batch["image"], batch["label"]
+    x = torch.as_tensor(x).to(device, non_blocking=True)  # no-op for headrace's device batches
+    y = torch.as_tensor(y).to(device, non_blocking=True).long()
+    return x, (y if workload == "imagenet" else y.squeeze(1))
+
+
+def _make_loader(kind: str, wl: Workload, order: list[int], workers: int, device: torch.device,
+                 seed: int) -> Any:
+    common: dict[str, Any] = {
+        "batch_size": wl.batch_size, "sampler": order, "num_workers": workers,
+        "pin_memory": device.type == "cuda", "persistent_workers": workers > 0,
+    }
+    if kind == "torch":
+        return tud.DataLoader(wl.pipeline, **common)  # type: ignore[arg-type]  # map-style
+    from headrace.runtime import DataLoader, Options
+
+    opts = Options(seed=seed, profile_store=False,
+                   device=device if device.type == "cuda" else None)
+    return DataLoader(wl.pipeline, options=opts, **common)
+
+
+def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int],
+              log: Callable[[str], None] = lambda _m: None) -> TrainRun:
+    """Train a fresh model on ``wl`` for ``cfg.epochs`` epochs with loader ``kind``."""
+    device = cfg.resolved_device()
+    on_gpu = device.type == "cuda"
+    torch.manual_seed(cfg.seed)
+    model = make_model(wl.name, cfg.width, on_gpu).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    workers = cfg.workers if cfg.workers is not None else wl.num_workers
+    loader = _make_loader(kind, wl, order, workers, device, cfg.seed)
+    sampler = UtilizationSampler(device, cfg.interval_s) if on_gpu and nvml_available() else None
+    runs: dict[str, list[Any]] = {"epoch_s": [], "stall_s": [], "losses": [], "samples": [],
+                                  "bounds": []}
+    if sampler is not None:
+        sampler.start()
+    t_run = time.perf_counter()
+    try:
+        for epoch in range(cfg.epochs):
+            t0, stall, n = time.perf_counter(), 0.0, 0
+            losses: list[torch.Tensor] = []
+            it = iter(loader)
+            while True:
+                a = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                stall += time.perf_counter() - a
+                x, y = _inputs(wl.name, batch, device)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu and cfg.amp):
+                    loss = F.cross_entropy(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach().float())
+                n += len(y)
+            if on_gpu:
+                torch.cuda.synchronize(device)
+            t1 = time.perf_counter()
+            runs["epoch_s"].append(t1 - t0)
+            runs["stall_s"].append(stall)
+            runs["losses"].append(torch.stack(losses).cpu().tolist() if losses else [])
+            runs["samples"].append(n)
+            runs["bounds"].append((t0 - t_run, t1 - t_run))
+            log(f"  {wl.name:<9} {kind:<9} epoch {epoch}: {t1 - t0:7.2f} s, stall {stall:6.2f} s, "
+                f"last loss {runs['losses'][-1][-1] if losses else float('nan'):.3f}")
+    finally:
+        util = sampler.stop() if sampler is not None else []
+        if hasattr(loader, "close"):
+            loader.close()
+        del loader
+    # the sampler's clock starts a little before t_run: align on t_run
+    shift = (sampler._t0 - t_run) if sampler is not None else 0.0
+    util = [(t + shift, u) for t, u in util]
+    means: list[float | None] = [mean_between(util, a, b) for a, b in runs["bounds"]]
+    return TrainRun(wl.name, kind, runs["epoch_s"], runs["stall_s"], runs["losses"],
+                    runs["samples"], util, runs["bounds"], means)
+
+
+def run_train(cfg: TrainConfig, log: Callable[[str], None] = print) -> list[TrainRun]:
+    """Every workload × loader of ``cfg``; writes ``train.json`` and ``train.md`` (and
+    ``train.png`` when matplotlib is installed) into ``cfg.out_dir``."""
+    device = cfg.resolved_device()
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    sampled = "sampled" if device.type == "cuda" and nvml_available() else "not sampled"
+    log(f"headrace train on {device} ({gpu}), GPU utilization {sampled}")
+    runs = []
+    for name in cfg.workloads:
+        wl = get_workload(name, scale=cfg.scale, seed=cfg.seed, cache_dir=cfg.cache_dir,
+                          num_samples=cfg.samples)
+        order = sampler_order(len(wl), cfg.seed)
+        for kind in cfg.loaders:
+            runs.append(train_one(wl, kind, cfg, order, log))
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "config": dataclasses.asdict(cfg),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "machine": machine_info(),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "runs": [dataclasses.asdict(r) for r in runs],
+    }
+    (out / "train.json").write_text(json.dumps(doc, indent=1))
+    (out / "train.md").write_text(markdown(runs, doc))
+    _plot(runs, out / "train.png")
+    return runs
+
+
+def markdown(runs: list[TrainRun], doc: dict[str, Any]) -> str:
+    """A table: per workload and loader, epoch times, stall, GPU utilization, final loss."""
+    lines = [f"device: {doc['device']} ({doc['gpu'] or 'no GPU'}), revision "
+             f"{doc['machine'].get('headrace_revision')}", "",
+             "| workload | loader | epoch s (each) | stall s (each) | GPU util % (each) "
+             "| last-epoch mean loss |", "|---|---|---|---|---|---|"]
+    for r in runs:
+        util = ", ".join("–" if u is None else f"{u:.0f}" for u in r.mean_utilization)
+        last = r.losses[-1]
+        lines.append(
+            f"| {r.workload} | {r.loader} | {', '.join(f'{s:.2f}' for s in r.epoch_s)} "
+            f"| {', '.join(f'{s:.2f}' for s in r.stall_s)} | {util} "
+            f"| {sum(last) / len(last) if last else float('nan'):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(runs: list[TrainRun], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    names = sorted({r.workload for r in runs})
+    fig, axes = plt.subplots(2, len(names), figsize=(6 * len(names), 7), squeeze=False)
+    for col, name in enumerate(names):
+        for r in (r for r in runs if r.workload == name):
+            if r.utilization:
+                axes[0][col].plot([t for t, _ in r.utilization], [u for _, u in r.utilization],
+                                  label=r.loader)
+            axes[1][col].plot([v for epoch in r.losses for v in epoch], label=r.loader)
+        axes[0][col].set(title=f"{name}: GPU utilization", xlabel="s", ylabel="%")
+        axes[1][col].set(title=f"{name}: loss per step", xlabel="step", ylabel="loss")
+        for ax in axes[:, col] if hasattr(axes, "shape") else ():
+            if ax.has_data():
+                ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

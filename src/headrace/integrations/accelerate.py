@@ -1,0 +1,207 @@
+"""Hugging Face Accelerate with a headrace loader: sharded per rank, batches on the device,
+``end_of_dataloader`` signalled, the loader's state in ``save_state`` / ``load_state``.
+
+``accelerator.prepare(loader)`` rebuilds any ``torch.utils.data.DataLoader`` as a plain torch
+loader from its attributes, so a bare headrace loader would silently lose headrace; it raises
+instead (``headrace.integrations.ACCELERATE_PREPARE``). :func:`prepare_data_loader` builds the
+prepared loader itself and hands it to Accelerate through the hook Accelerate offers for
+already-prepared loaders (``_is_accelerate_prepared``), so Accelerate registers it (for
+``save_state``, ``gather_for_metrics``, gradient accumulation) without rebuilding it::
+
+    from headrace.integrations.accelerate import prepare
+
+    model, optimizer, loader = prepare(accelerator, model, optimizer, loader)
+
+How: the headrace loader is rebuilt with a ``DistributedSampler`` for this rank (its seed from
+rank 0, so every rank splits the same permutation; ``set_epoch`` is called by Accelerate each
+epoch), or, for a custom batch sampler, with Accelerate's own ``BatchSamplerShard``. It is then
+wrapped in :class:`HeadraceShard`, an Accelerate ``DataLoaderShard`` whose inner loader is the
+headrace one: Accelerate's own iteration code moves batches to the device, looks one batch ahead
+to set ``end_of_dataloader`` (so gradient accumulation syncs at the epoch's last batch, as with
+torch's loader) and snapshots ``state_dict()`` before each batch it fetches.
+
+Not supported (raise): ``split_batches=True`` and ``dispatch_batches=True`` (both need the
+global batch in one process); an ``IterableDataset``. ``even_batches=False`` is not honoured:
+``DistributedSampler`` always pads the ranks to the same number of samples.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.utils.data as tud
+from accelerate import Accelerator
+from accelerate.data_loader import BatchSamplerShard, DataLoaderShard
+from accelerate.utils import broadcast_object_list
+
+from headrace.errors import HeadraceError
+from headrace.runtime import distributed
+from headrace.runtime.loader import DataLoader
+
+__all__ = ["HeadraceShard", "prepare", "prepare_data_loader", "skip_first_batches"]
+
+_SKIP_OUTSIDE = (
+    "this headrace loader's batches were requested outside headrace: accelerate's "
+    "skip_first_batches() rebuilds a plain torch DataLoader. Resume with accelerator.load_state() "
+    "(headrace's state is exact, nothing to skip), or use "
+    "headrace.integrations.accelerate.skip_first_batches(loader, n)."
+)
+
+
+class _Guarded(tud.BatchSampler):
+    """What :class:`HeadraceShard` shows Accelerate as its batch sampler: the headrace loader's
+    own, for reading (``batch_size``, ``sampler.set_epoch``, ``len``), but iterating it raises,
+    since only code that replaces headrace by a torch loader iterates it (``skip_first_batches``)."""
+
+    def __init__(self, inner: Any, num_processes: int) -> None:  # no super(): nothing to build
+        self.inner = inner
+        self.num_processes = num_processes
+        self.sampler = getattr(inner, "sampler", None)  # type: ignore[assignment]
+        self.batch_size = getattr(inner, "batch_size", None)  # type: ignore[assignment]
+        self.drop_last = getattr(inner, "drop_last", False)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Any:
+        raise HeadraceError(_SKIP_OUTSIDE)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class HeadraceShard(DataLoaderShard):
+    """Accelerate's ``DataLoaderShard`` over a headrace loader (``base_dataloader``).
+
+    Accelerate saves and restores its ``state_dict()`` (the headrace loader's, taken before
+    each batch is fetched, so it counts exactly the batches the training loop received).
+    """
+
+    def __init__(self, loader: DataLoader, device: torch.device | None, num_processes: int,
+                 process_index: int = 0, non_blocking: bool = False, skip_batches: int = 0,
+                 iteration: int = 0) -> None:
+        # DataLoaderShard builds a torch DataLoader over the dataset (idle: no worker starts
+        # before iter()); it is replaced by the headrace loader right away.
+        super().__init__(loader.dataset, device=device, rng_types=None,
+                         skip_batches=skip_batches, _drop_last=loader.drop_last,
+                         _non_blocking=non_blocking, iteration=iteration)
+        self.base_dataloader = loader
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.use_stateful_dataloader = True  # makes save_state / load_state keep state_dict()
+        self._is_accelerate_prepared = True  # Accelerate's hook: registered, never rebuilt
+        self.dl_state_dict = loader.state_dict()
+
+    @property
+    def batch_sampler(self) -> Any:
+        return _Guarded(self.base_dataloader.batch_sampler, self.num_processes)
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples per step over all processes (``gather_for_metrics`` trims with it)."""
+        return (self.base_dataloader.batch_size or 1) * self.num_processes
+
+    def state_dict(self) -> dict[str, Any]:
+        """The headrace loader's state as of the last batch handed out. With several
+        processes, every rank's (a collective: call it on all ranks, as ``save_state`` is):
+        Accelerate writes one ``dl_state_dict.bin`` for all ranks, and each rank's share of the
+        epoch is its own, so each rank restores its entry."""
+        state = super().state_dict()
+        if self.num_processes == 1:
+            return state
+        ranks: list[Any] = [None] * self.num_processes
+        torch.distributed.all_gather_object(ranks, state)
+        return {"headrace_ranks": ranks}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "headrace_ranks" in state_dict:
+            state_dict = state_dict["headrace_ranks"][self.process_index]
+        state = {k: v for k, v in state_dict.items() if k != "_iterator_finished"}  # Accelerate's key
+        self.base_dataloader.load_state_dict(state)
+        self.dl_state_dict = self.base_dataloader.state_dict()
+
+    def __reduce__(self) -> Any:
+        """Pickles as its headrace loader and settings (``DataLoaderShard``'s own reduce
+        would rebuild a torch loader); the copy is not registered with any accelerator."""
+        return (HeadraceShard, (self.base_dataloader, self.device, self.num_processes,
+                                self.process_index, self._non_blocking, self.skip_batches,
+                                self.iteration))
+
+
+def prepare_data_loader(accelerator: Accelerator, loader: DataLoader,
+                        device_placement: bool | None = None) -> HeadraceShard:
+    """``accelerator.prepare_data_loader`` for a headrace loader: this rank's share, batches on
+    ``accelerator.device`` (unless ``device_placement=False``), registered with the accelerator."""
+    if not isinstance(loader, DataLoader):
+        raise TypeError(f"expected a headrace.DataLoader, got {type(loader).__name__}; "
+                        "use accelerator.prepare() for torch loaders")
+    if isinstance(loader.dataset, tud.IterableDataset):
+        raise HeadraceError("an IterableDataset is iterated by torch's own code; prepare a "
+                            "torch DataLoader over it with accelerator.prepare()")
+    if accelerator.split_batches or accelerator.dispatch_batches:
+        raise HeadraceError("split_batches / dispatch_batches need the global batch in one "
+                            "process; headrace shards samples per rank: leave both off")
+    n, rank = accelerator.num_processes, accelerator.process_index
+    sharded = _shard(loader, n, rank) if n > 1 else loader
+    if device_placement is None:
+        device_placement = accelerator.device_placement
+    shard = HeadraceShard(sharded, accelerator.device if device_placement else None, n, rank,
+                          non_blocking=accelerator.non_blocking)
+    return accelerator.prepare_data_loader(shard)  # already prepared: only registered
+
+
+def prepare(accelerator: Accelerator, *objects: Any, **kwargs: Any) -> Any:
+    """``accelerator.prepare(*objects)`` with every headrace loader among them prepared by
+    :func:`prepare_data_loader` first (the others are Accelerate's as usual)."""
+    objs = [prepare_data_loader(accelerator, o) if isinstance(o, DataLoader) else o
+            for o in objects]
+    return accelerator.prepare(*objs, **kwargs)
+
+
+def skip_first_batches(loader: HeadraceShard, num_batches: int = 0) -> HeadraceShard:
+    """Accelerate's ``skip_first_batches`` for a prepared headrace loader: the next epoch of the
+    same headrace loader, without its first ``num_batches`` batches (they are still loaded).
+    After ``accelerator.load_state()`` nothing needs skipping: headrace resumes exactly."""
+    if not isinstance(loader, HeadraceShard):
+        raise TypeError("expected a loader returned by headrace's prepare_data_loader")
+    return HeadraceShard(loader.base_dataloader, loader.device, loader.num_processes,
+                         loader.process_index, non_blocking=loader._non_blocking, skip_batches=num_batches,
+                         iteration=loader.iteration)
+
+
+def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
+    """The loader rebuilt to load this rank's share only."""
+    if distributed.is_sharded(loader._index_sampler):
+        return loader  # the user sharded it already
+    kwargs = _init_kwargs(loader)
+    if loader._user_batch_sampler or not isinstance(
+            loader.sampler, (tud.SequentialSampler, tud.RandomSampler)):
+        # Any other order: Accelerate's own batch sharding (whole batches per rank)
+        shard = BatchSamplerShard(loader.batch_sampler, num_processes=num_processes,
+                                  process_index=rank, even_batches=True)
+        return DataLoader(batch_sampler=shard, **kwargs)
+    seed = [loader.options.seed if loader.options.seed is not None
+            else int(torch.empty((), dtype=torch.int64).random_().item())]
+    broadcast_object_list(seed, from_process=0)  # one permutation for all ranks
+    sampler: tud.DistributedSampler[Any] = tud.DistributedSampler(loader.dataset, num_replicas=num_processes, rank=rank,
+                                     shuffle=isinstance(loader.sampler, tud.RandomSampler),
+                                     seed=seed[0] % 2**63)
+    return DataLoader(sampler=sampler, batch_size=loader.batch_size, drop_last=loader.drop_last,
+                      **kwargs)
+
+
+_REPLACED = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+
+
+def _init_kwargs(loader: DataLoader) -> dict[str, Any]:
+    """The loader's ``__init__`` arguments read back from its attributes (``options`` and
+    ``num_workers="auto"`` included), minus those that decide the order."""
+    params = inspect.signature(DataLoader.__init__).parameters
+    kwargs = {k: getattr(loader, k) for k in params if k != "self" and k not in _REPLACED
+              and hasattr(loader, k)}
+    kwargs["dataset"] = loader.dataset
+    return kwargs

@@ -1,0 +1,97 @@
+"""The epoch's work not yet on a worker, and how far the sampler has been read.
+
+Plain bookkeeping for the scheduler thread (``runtime/scheduler.py``), no threads or processes:
+
+* ``fresh``: positions pulled from the sampler, not yet dispatched (the fast lane's input);
+* ``retry``: samples whose worker died, run again first;
+* ``backlog``: the slow lane, samples handed off over the learned timeout, waiting to resume at
+  their next step (MinatoLoader Algorithm 1);
+* ``recs``: every sample dispatched and not finished, by task id.
+
+The cap on samples in flight applies when a sampler batch is pulled, never inside one: with
+``in_order=True`` or a user batch sampler a half-dispatched batch could never complete.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from headrace.runtime.work import EpochSpec, Rec
+from headrace.runtime.worker import Task
+
+
+class Lanes:
+    def __init__(self, spec: EpochSpec, tids: Iterator[int]) -> None:
+        self.spec = spec
+        self.tids = tids  # task ids, unique over the pool's life
+        self.recs: dict[int, Rec] = {}
+        self.retry: deque[Rec] = deque()
+        self.backlog: deque[Rec] = deque()
+        self.fresh: deque[tuple[int, int]] = deque()  # (position, dataset index)
+        self.positions = 0  # positions pulled from the sampler so far
+        self.pulled = 0  # positions pulled and not already delivered (counted in flight)
+        self.settled = 0  # positions completed, skipped or failed
+        self.exhausted = False
+
+    @property
+    def complete(self) -> bool:
+        """Every position of the epoch was pulled and settled."""
+        return self.exhausted and not self.fresh and self.settled == self.pulled
+
+    def choose(self, fresh_ok: bool, slow_running: Callable[[], int], slow_cap: int,
+               in_flight: int) -> Rec | None:
+        """The next sample for a worker: a retry, else the slow lane while it has less than its
+        share (``slow_running()`` < ``slow_cap``), else a fresh sample (when ``fresh_ok``), else
+        the slow lane anyway (nothing fresh may start: stay work-conserving)."""
+        if self.retry:
+            return self.retry.popleft()
+        if self.backlog and slow_running() < slow_cap:
+            return self.backlog.popleft()
+        if fresh_ok:
+            rec = self.next_fresh(in_flight)
+            if rec is not None:
+                return rec
+        if self.backlog:
+            return self.backlog.popleft()
+        return None
+
+    def near_end(self, margin: int) -> bool:
+        """At most ``margin`` fresh samples are left: queue none behind a running one (no tail
+        waiting behind a slow sample)."""
+        total = self.spec.total_positions
+        if total is None:
+            return False
+        return total - self.positions + len(self.fresh) <= margin
+
+    def next_fresh(self, in_flight: int) -> Rec | None:
+        """A new task for the next fresh position, pulling a sampler batch when none is left and
+        fewer than ``spec.max_in_flight`` samples are in flight."""
+        while not self.fresh:
+            if self.exhausted or in_flight >= self.spec.max_in_flight:
+                return None
+            self.pull_group()
+        position, index = self.fresh.popleft()
+        s = self.spec
+        task = Task(next(self.tids), index, 0, None, s.base_seed, s.epoch, s.handoff)
+        rec = Rec(position, index, task)
+        self.recs[task.tid] = rec
+        return rec
+
+    def pull_group(self) -> None:
+        """Pull one sampler element (a batch of indices, or one index) into ``fresh``."""
+        try:
+            group = next(self.spec.groups)
+        except StopIteration:
+            self.exhausted = True
+            return
+        indices = list(group) if self.spec.auto_collation else [group]
+        start = self.positions
+        self.positions += len(indices)
+        positions = list(range(start, start + len(indices)))
+        delivered = self.spec.delivered
+        todo = [(p, i) for p, i in zip(positions, indices, strict=True) if p not in delivered]
+        if todo:
+            self.spec.batcher.add_group(start, [p for p, _ in todo])
+        self.fresh.extend(todo)
+        self.pulled += len(todo)

@@ -1,0 +1,116 @@
+"""Finished samples into their batches; batches and errors onto the training loop's queue.
+
+Used by the scheduler thread (``runtime/scheduler.py``), under its lock. The batcher
+(``runtime/batcher.py``) decides a sample's batch and row when it arrives; the sample is copied
+straight into that row (``runtime/assembly.py``). What the training loop reads from ``out``:
+``("batch", batch, positions)``; ``("future", future, positions)`` for a batch a user
+``collate_fn`` is collating on the collate threads (its result is the batch, its exception the
+batch's error); ``("raise", error, None)`` for a failed sample or batch (the epoch goes on, as in
+torch); ``("end" | "error", ...)`` from the scheduler itself.
+
+A user ``collate_fn`` runs on a few threads of the training process, not in the scheduler
+thread: torch's workers collate their batches in parallel, and one expensive ``collate_fn`` run
+batch after batch in the scheduler (under its lock, so nothing is dispatched meanwhile) made it
+the pipeline's bottleneck. Threads help where it spends its time outside the GIL (torch and NumPy
+kernels, I/O); a pure-Python ``collate_fn`` still waits for the GIL (docs/design.md).
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from headrace.errors import StepError, WorkerDiedError
+from headrace.planner.workers import available_cpus
+from headrace.runtime.assembly import BatchAssembly
+from headrace.runtime.ring import Ring
+from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error
+
+COLLATE_THREADS = 4
+"""Threads that run a user ``collate_fn`` (at most; never more than the available cores)."""
+
+
+class BatchOutput:
+    def __init__(self, spec: EpochSpec, out: queue.Queue[tuple[str, Any, Any]],
+                 counters: Counters, hooks: Any) -> None:
+        self.spec = spec
+        self.out = out
+        self.counters = counters
+        self.hooks = hooks  # on_skip(index, error)
+        self._batches: dict[int, BatchAssembly] = {}  # batch key -> batch being filled
+        self._raise_for: dict[int, BaseException] = {}  # sampler batch key -> its sample's error
+        self._collators: ThreadPoolExecutor | None = None  # for a user collate_fn, made on use
+
+    def place(self, rec: Rec, value: Any, ring: Ring | None) -> None:
+        """Copy a finished sample into its row of its batch (out of ``ring`` before it is freed)."""
+        key, row, capacity = self.spec.batcher.place(rec.position)
+        batch = self._batches.get(key)
+        if batch is None:
+            batch = self._batches[key] = BatchAssembly(
+                capacity, self.spec.collate, self.spec.auto_collation, self.spec.buffers)
+        try:
+            batch.put(row, rec.index, value, ring)
+        except Exception as e:  # noqa: BLE001 - a sample no batch can hold
+            raise Fatal(collate_error(e, [rec.index])) from e
+
+    def fail(self, rec: Rec, err: StepError | WorkerDiedError) -> None:
+        """A sample failed. ``on_error="raise"``: as in torch, the training loop gets the error
+        in place of the sample's batch (at once when batches are regrouped, in the sampler
+        batch's turn otherwise) and the epoch goes on; ``"skip"``: dropped and counted."""
+        key = self.spec.batcher.drop(rec.position)
+        if self.spec.on_error == "raise":
+            self.counters.failed += 1
+            if key is None:
+                self.out.put(("raise", err, None))
+            else:
+                self._raise_for.setdefault(key, err)
+            return
+        self.counters.skipped += 1
+        self.hooks.on_skip(rec.index, err)
+
+    def emit(self, final: bool) -> bool:
+        """Put every ready batch on the output queue; ``final``: no sample is left to finish.
+        True when the epoch's last batch went out."""
+        while True:
+            ready = self.spec.batcher.pop(final)
+            if ready is None:
+                break
+            assembly = self._batches.pop(ready.key, None)
+            err = self._raise_for.pop(ready.key, None)
+            if assembly is None or err is not None or ready.drop:  # failed, empty or dropped
+                self.counters.discarded += len(ready.rows)
+                if err is not None:
+                    self.out.put(("raise", err, None))
+                continue
+            if not assembly.in_place:  # a user collate_fn: on the collate threads
+                if self._collators is None:
+                    self._collators = ThreadPoolExecutor(
+                        min(COLLATE_THREADS, available_cpus()), "headrace-collate")
+                future = self._collators.submit(_collate, assembly, ready.rows, self.spec.pin)
+                self.out.put(("future", future, ready.positions))
+                continue
+            try:
+                batch = _collate(assembly, ready.rows, self.spec.pin)
+            except StepError as e:
+                self.counters.discarded += len(ready.rows)
+                self.out.put(("raise", e, None))
+                continue
+            self.out.put(("batch", batch, ready.positions))
+        return final and self.spec.batcher.ready_samples == 0
+
+    def close(self) -> None:
+        """Stop the collate threads (batches not yet collated are never delivered)."""
+        if self._collators is not None:
+            self._collators.shutdown(wait=False, cancel_futures=True)
+
+
+def _collate(assembly: BatchAssembly, rows: list[int], pin: Callable[[Any], Any] | None) -> Any:
+    """The batch of ``rows``; a failure is a ``StepError`` at step ``collate_fn`` naming the
+    batch's sample indices."""
+    try:
+        batch = assembly.finish(rows)
+        return pin(batch) if pin is not None else batch
+    except Exception as e:  # noqa: BLE001 - collate_fn is user code: that batch raises
+        raise collate_error(e, [assembly.indices[r] for r in rows]) from e

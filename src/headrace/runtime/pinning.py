@@ -1,0 +1,142 @@
+"""Where batch memory comes from: pageable, or page-locked (pinned) for an accelerator.
+
+torch's DataLoader pins a finished batch: a pin-memory thread copies every tensor into memory
+from torch's caching host allocator, holding the GIL while it walks the batch (torch users
+report ~50 ms GPU bubbles from it, pytorch/pytorch#77139). headrace assembles batches in place
+(``runtime/assembly.py``) in buffers from ``runtime/bufferpool.py``; with ``pin_memory=True``
+on a CUDA machine those buffers are pinned once, when the pool allocates them, so a batch is
+born pinned and pinning it costs no copy at all.
+
+The buffers are ordinary NumPy allocations registered with the driver (``cudaHostRegister``)
+rather than torch's pinned allocations: torch's caching host allocator rounds every request up
+to a power of two (a 38.5 MB imagenet batch would take 64 MB of locked memory) and its own
+"do not reuse before the copy is done" bookkeeping only covers memory it handed out.
+
+A pinned buffer may still be read by an asynchronous host-to-device copy after the training
+loop dropped the batch, so the pool reuses (or frees) it only once a :class:`Fence` recorded
+after that copy has completed. The device prefetcher (``runtime/prefetch.py``) gives the pool
+the event it recorded right after its copy; for a copy the training loop issued itself the pool
+records one on the current stream of the releasing thread when the batch is let go of (the
+stream ``batch.to(device, non_blocking=True)`` used, unless the loop switched streams).
+
+Allocation and fences are behind :class:`HostMemory`, so CPU tests drive the pool with fakes.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Protocol
+
+import numpy as np
+import torch
+
+
+class Fence(Protocol):
+    """Marks the device work queued before it (``torch.cuda.Event`` is one)."""
+
+    def query(self) -> bool:
+        """True once every operation queued before the fence has completed (never blocks)."""
+        ...
+
+    def synchronize(self) -> None:
+        """Block until the fence has completed."""
+        ...
+
+
+class HostMemory(Protocol):
+    """Raw host memory for the buffer pool, and what guards its reuse."""
+
+    pinned: bool
+    """Whether :meth:`allocate` returns page-locked memory."""
+
+    def allocate(self, nbytes: int) -> np.ndarray:
+        """A new, writable, 1-D ``uint8`` array of ``nbytes`` bytes."""
+        ...
+
+    def release_fence(self) -> Fence | None:
+        """A fence after the device work that may still read a buffer being let go of now
+        (``None``: nothing reads host memory asynchronously)."""
+        ...
+
+
+class PageableMemory:
+    """Ordinary memory (``np.empty``); nothing reads it after its batch is gone."""
+
+    pinned = False
+
+    def allocate(self, nbytes: int) -> np.ndarray:
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def release_fence(self) -> Fence | None:
+        return None
+
+
+_HOST_REGISTER_PORTABLE = 1
+"""``cudaHostRegisterPortable``: the range is pinned for every CUDA context, not one device's."""
+
+
+class CudaPinnedMemory:
+    """NumPy memory page-locked with ``cudaHostRegister``, unregistered when it is freed.
+
+    ``device``: the CUDA device whose current stream fences a buffer let go of by the training
+    loop (pinned memory itself serves every device).
+    """
+
+    pinned = True
+
+    def __init__(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise ValueError(f"CudaPinnedMemory needs a CUDA device, got {device}")
+        self.device = device
+
+    def allocate(self, nbytes: int) -> np.ndarray:
+        raw = np.empty(max(nbytes, 1), dtype=np.uint8)
+        cudart = torch.cuda.cudart()
+        ptr = raw.ctypes.data
+        err = cudart.cudaHostRegister(ptr, raw.nbytes, _HOST_REGISTER_PORTABLE)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister of {raw.nbytes} bytes failed (CUDA error "
+                               f"{int(err)}): host memory could not be pinned; run with "
+                               "pin_memory=False (and no Options(device=)) to use pageable memory")
+        # Weak-reference callbacks run before NumPy frees the data, so the range is
+        # unregistered while it is still mapped. The pool drops a buffer only once its fence
+        # has completed, so no copy reads it any more.
+        weakref.finalize(raw, cudart.cudaHostUnregister, ptr).atexit = False
+        return raw
+
+    def release_fence(self) -> Fence | None:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+
+def pin_device(pin_memory_device: str, device: torch.device | None) -> torch.device | None:
+    """The accelerator batches are pinned for, or ``None`` when none is present.
+
+    ``device``: ``Options(device=)`` when set (batches are copied there). Else
+    ``pin_memory_device`` when given (torch 2.13 deprecates and ignores it; headrace fences
+    released buffers on that device's stream), else the current accelerator, as torch does.
+    """
+    if device is not None:
+        return device
+    if not torch.accelerator.is_available():
+        return None
+    acc = torch.accelerator.current_accelerator()
+    if pin_memory_device:
+        wanted = torch.device(pin_memory_device)
+        if acc is not None and wanted.type != acc.type:
+            warnings.warn(
+                f"pin_memory_device={pin_memory_device!r} is not the current accelerator "
+                f"({acc.type}); memory is pinned for {acc.type}, as torch does",
+                stacklevel=4,
+            )
+            return torch.device(acc.type)
+        return wanted
+    return torch.device(acc.type) if acc is not None else None
+
+
+def host_memory_for(device: torch.device) -> HostMemory | None:
+    """Pinned memory the pool can allocate for ``device``; ``None``: this accelerator has no
+    such allocator here, and torch's helper pins finished batches instead."""
+    return CudaPinnedMemory(device) if device.type == "cuda" else None

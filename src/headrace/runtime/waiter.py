@@ -1,0 +1,108 @@
+"""What the scheduler thread waits on, between two passes over its work.
+
+Worker result pipes and process sentinels (a message, or a death), a wake-up pipe (work to
+dispatch: room freed by the training loop, a worker added), and task pipes still full (rare: a
+large hand-off payload; watched until they drain). One persistent selector (epoll): building a
+selector per wait cost more CPU than the rest of the scheduler. Waits at most the caller's
+timeout, so the scheduler sees its stop event (NOTE [headrace shutdown] in ``runtime/pool.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+from typing import Any
+
+from headrace.runtime.pool import WorkerHandle
+
+
+class Waiter:
+    def __init__(self) -> None:
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._watched: dict[int, tuple[WorkerHandle, int, int]] = {}  # slot -> (w, pipe, sentinel)
+
+    @property
+    def wake_fd(self) -> int:
+        """Read end of the wake-up pipe (−1 once closed)."""
+        return self._wake_r
+
+    @property
+    def closed(self) -> bool:
+        return self._wake_r < 0
+
+    def wake(self) -> None:
+        """A byte on the wake-up pipe: the next (or current) wait returns."""
+        fd = self._wake_w
+        if fd < 0:
+            return  # closed: the descriptor number may be reused by now
+        try:
+            os.write(fd, b"x")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is already pending
+
+    def sync(self, workers: dict[int, WorkerHandle]) -> list[WorkerHandle]:
+        """Watch exactly ``workers`` (slot -> handle); returns the ones newly watched."""
+        for slot, (w, _, _) in list(self._watched.items()):
+            if workers.get(slot) is not w:
+                self.unwatch(w)
+        added = []
+        for slot, w in workers.items():
+            if slot not in self._watched:
+                conn_fd, sentinel = w.conn.fileno(), w.sentinel
+                self._sel.register(conn_fd, selectors.EVENT_READ, ("conn", w))
+                self._sel.register(sentinel, selectors.EVENT_READ, ("sentinel", w))
+                self._watched[slot] = (w, conn_fd, sentinel)
+                added.append(w)
+        return added
+
+    def unwatch(self, w: WorkerHandle) -> None:
+        """Forget a worker's descriptors; call before the pool closes them (numbers get reused)."""
+        entry = self._watched.get(w.slot)
+        if entry is None or entry[0] is not w:
+            return
+        del self._watched[w.slot]
+        for fd in entry[1:]:
+            try:
+                self._sel.unregister(fd)
+            except (KeyError, ValueError, OSError):
+                pass
+
+    def wait(self, workers: list[WorkerHandle], timeout_s: float) -> list[tuple[str, Any]]:
+        """Block up to ``timeout_s`` seconds; returns ``("conn", w)`` for a result pipe with a
+        message (or at EOF) and ``("sentinel", w)`` for a worker that may have died. Flushes
+        full task pipes of ``workers`` first and watches those still full."""
+        full = [w for w in workers if w.tasks.pending and not w.tasks.flush()]
+        for w in full:
+            self._sel.register(w.tasks.fileno(), selectors.EVENT_WRITE, ("drained", w))
+        try:
+            events = self._sel.select(timeout=timeout_s)
+        finally:
+            for w in full:
+                self._sel.unregister(w.tasks.fileno())
+        out = []
+        for key, _ in events:
+            what, w = key.data
+            if what == "wake":
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+            elif what != "drained":
+                out.append((what, w))
+        return out
+
+    def close(self) -> None:
+        """Close the pipes and the selector (idempotent)."""
+        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        self._sel.close()
+        for fd in fds:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass

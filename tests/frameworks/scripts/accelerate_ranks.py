@@ -1,0 +1,78 @@
+"""One rank of an Accelerate run under ``torchrun`` (gloo, CPU), recording what it saw in
+``<out>/<phase>_rank<r>.json``.
+    torchrun --standalone --nproc_per_node=2 accelerate_ranks.py OUT train|resume
+train: gradient-accumulation sync pattern with torch's loader and with headrace's (two epochs),
+the indices headrace gave this rank; then a second loader: two batches, ``save_state``, stop.
+resume: a fresh loader and accelerator, ``load_state``, the rest of that epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.utils.data as tud
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from tests.helpers import IndexDataset
+
+import headrace as hr
+from headrace.integrations.accelerate import prepare, prepare_data_loader
+
+N, BS = 44, 4
+
+
+def run_epochs(acc, model, loader, epochs=2):
+    syncs, seen = [], []
+    for _ in range(epochs):
+        seen.append([])
+        for batch in loader:
+            with acc.accumulate(model):
+                seen[-1].extend(batch.tolist())
+                syncs.append(acc.sync_gradients)
+    return syncs, seen
+
+
+def resumable_loader():
+    return hr.DataLoader(IndexDataset(N), batch_size=BS, shuffle=True, num_workers=1,
+                         options=hr.Options(seed=11))
+
+
+def main() -> None:
+    out, phase = Path(sys.argv[1]), sys.argv[2]
+    set_seed(0)
+    acc = Accelerator(gradient_accumulation_steps=3, cpu=True)
+    result = {"world": acc.num_processes}
+    if phase == "train":
+        model = torch.nn.Linear(1, 1)
+        model, torch_loader = acc.prepare(model, tud.DataLoader(IndexDataset(N), batch_size=BS,
+                                                                shuffle=True))
+        result["torch_syncs"], _ = run_epochs(acc, model, torch_loader)
+        loader = hr.DataLoader(IndexDataset(N), batch_size=BS, shuffle=True, num_workers=1)
+        model2, prepared = prepare(acc, torch.nn.Linear(1, 1), loader)
+        result["type"] = type(prepared.base_dataloader).__name__
+        result["syncs"], result["seen"] = run_epochs(acc, model2, prepared)
+        loader.close()
+        second = prepare_data_loader(acc, resumable_loader())
+        it = iter(second)
+        result["before"] = [i for _ in range(2) for i in next(it).tolist()]
+        acc.save_state(out / "ckpt")
+        del it
+        second.base_dataloader.close()
+    else:
+        # Accelerate matches saved loader states to loaders by the order they were prepared in
+        acc.prepare(tud.DataLoader(IndexDataset(N), batch_size=BS))
+        prepare_data_loader(acc, hr.DataLoader(IndexDataset(N), batch_size=BS))
+        prepared = prepare_data_loader(acc, resumable_loader())
+        acc.load_state(out / "ckpt")
+        result["after"] = [i for b in prepared for i in b.tolist()]
+        prepared.base_dataloader.close()
+    (out / f"{phase}_rank{acc.process_index}.json").write_text(json.dumps(result))
+    acc.wait_for_everyone()
+    acc.end_training()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""A tiny Lightning training run over a headrace loader, recording which samples each rank
+trained on in each epoch (``<out>/rank<r>_epoch<e>.json``).
+
+Run by tests/frameworks/test_lightning.py in a fresh process:
+    python lightning_train.py MODE OUT [N]
+MODE: fit (1 process), ddp / ddp_spawn (2 CPU processes, gloo), crash (1 process, saves a
+checkpoint mid-epoch then stops as a crash would), resume (a new process resumes from it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import Dataset
+
+import headrace as hr
+
+CRASH_AT = 3  # the batch (0-based) of epoch 0 after which "crash" saves and stops
+
+
+class Indexed(Dataset):
+    """Sample ``i`` is ``(features, i)``: the index travels with the batch."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((4,), float(i) / self.n), i
+
+
+class Tiny(L.LightningModule):
+    def __init__(self, out: Path) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.out = out
+        self.seen: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        x, idx = batch
+        self.seen.extend(idx.tolist())
+        return self.layer(x).pow(2).mean()
+
+    def on_train_epoch_end(self) -> None:
+        name = f"rank{self.global_rank}_epoch{self.current_epoch}.json"
+        (self.out / name).write_text(json.dumps(self.seen))
+        self.seen = []
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashMidEpoch(L.Callback):
+    """Saves a checkpoint after batch ``CRASH_AT`` of epoch 0, records what was trained, stops."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx == CRASH_AT:
+            trainer.save_checkpoint(self.out / "mid.ckpt")
+            (self.out / "before_crash.json").write_text(json.dumps(pl_module.seen))
+            raise Crash
+
+
+def main() -> None:
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    n = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+    out.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(7, verbose=False)
+    if mode == "ddp_spawn":  # workers are spawned too and import this script (and Lightning)
+        loader = hr.DataLoader(Indexed(n), batch_size=4, shuffle=True, num_workers=1,
+                               persistent_workers=True)
+    else:
+        loader = hr.DataLoader(Indexed(n), batch_size=4, shuffle=True, num_workers=2)
+    common = dict(accelerator="cpu", logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, max_epochs=2)
+    if mode in ("ddp", "ddp_spawn"):
+        trainer = L.Trainer(devices=2, strategy=mode, **common)
+    elif mode == "crash":
+        trainer = L.Trainer(devices=1, callbacks=[CrashMidEpoch(out)], **common)
+    else:
+        trainer = L.Trainer(devices=1, **common)
+    model = Tiny(out)
+    try:
+        trainer.fit(model, loader, ckpt_path=out / "mid.ckpt" if mode == "resume" else None)
+    except Crash:
+        pass
+    (out / f"loader_type_rank{trainer.global_rank}.txt").write_text(
+        type(trainer.train_dataloader).__module__ + "." + type(trainer.train_dataloader).__name__
+        if trainer.train_dataloader is not None else "none")
+    if os.environ.get("HEADRACE_TEST_VERBOSE"):
+        print(mode, "done", trainer.global_rank)
+
+
+if __name__ == "__main__":
+    main()

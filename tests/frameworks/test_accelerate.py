@@ -1,0 +1,105 @@
+"""Accelerate 1.15 with a headrace loader, in one process: the prepared loader keeps headrace,
+gradient accumulation syncs at the same batches as with torch's loader (``end_of_dataloader``),
+``save_state`` / ``load_state`` resume exactly, ``skip_first_batches`` never drops headrace
+silently, and a bare ``accelerator.prepare(headrace_loader)`` raises. Two processes:
+test_accelerate_ddp.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import headrace as hr
+from tests.helpers import IndexDataset
+
+accelerate = pytest.importorskip("accelerate")
+from accelerate import Accelerator  # noqa: E402
+from accelerate.utils import set_seed  # noqa: E402
+
+from headrace.integrations import accelerate as hr_accel  # noqa: E402
+
+pytestmark = [pytest.mark.frameworks, pytest.mark.integration]
+
+
+def sync_pattern(accelerator, model, loader, epochs=2):
+    """``sync_gradients`` after each batch of ``epochs`` epochs, and the indices seen."""
+    syncs, seen = [], []
+    for _ in range(epochs):
+        for batch in loader:
+            with accelerator.accumulate(model):
+                seen.extend(batch.tolist())
+                syncs.append(accelerator.sync_gradients)
+    return syncs, seen
+
+
+def test_prepared_loader_is_headrace_and_syncs_where_torch_does(no_leaks):
+    set_seed(0)
+    acc = Accelerator(gradient_accumulation_steps=3, cpu=True)
+    model = torch.nn.Linear(1, 1)
+    torch_loader = acc.prepare(tud.DataLoader(IndexDataset(40), batch_size=4, shuffle=True))
+    want, _ = sync_pattern(acc, model, torch_loader)
+    loader = hr.DataLoader(IndexDataset(40), batch_size=4, shuffle=True, num_workers=2)
+    model2, prepared = hr_accel.prepare(acc, torch.nn.Linear(1, 1), loader)
+    assert prepared.base_dataloader is loader  # one process: nothing to shard
+    assert prepared in acc._dataloaders  # registered: save_state and gather_for_metrics see it
+    assert prepared.device == acc.device  # batches are moved there by Accelerate's shard code
+    got, seen = sync_pattern(acc, model2, prepared)
+    assert got == want  # 10 batches, 3 per step: syncs at 3, 6, 9 and the epoch's last batch
+    assert want[9] and want[19]  # end_of_dataloader was signalled at each epoch's last batch
+    assert sorted(seen[:40]) == sorted(seen[40:]) == list(range(40))
+    loader.close()
+
+
+def test_a_bare_prepare_raises_naming_the_helper():
+    acc = Accelerator(cpu=True)
+    loader = hr.DataLoader(IndexDataset(8), batch_size=4)
+    with pytest.raises(hr.HeadraceError, match="headrace.integrations.accelerate"):
+        acc.prepare(loader)
+
+
+def test_save_state_and_load_state_resume_exactly(tmp_path, no_leaks):
+    set_seed(1)
+    acc = Accelerator(cpu=True)
+    loader = hr.DataLoader(IndexDataset(32), batch_size=4, shuffle=True, num_workers=2,
+                           options=hr.Options(seed=9))
+    prepared = hr_accel.prepare_data_loader(acc, loader)
+    it = iter(prepared)
+    before = [i for _ in range(3) for i in next(it).tolist()]
+    acc.save_state(tmp_path / "ckpt")
+    del it
+    loader.close()
+    # a fresh accelerator and loader, as after a crash
+    acc2 = Accelerator(cpu=True)
+    loader2 = hr.DataLoader(IndexDataset(32), batch_size=4, shuffle=True, num_workers=2,
+                            options=hr.Options(seed=9))
+    prepared2 = hr_accel.prepare_data_loader(acc2, loader2)
+    acc2.load_state(tmp_path / "ckpt")
+    after = [i for b in prepared2 for i in b.tolist()]
+    assert len(before) == 12 and sorted(before + after) == list(range(32))
+    loader2.close()
+
+
+def test_skip_first_batches_keeps_headrace_or_raises(no_leaks):
+    acc = Accelerator(cpu=True)
+    loader = hr.DataLoader(IndexDataset(20), batch_size=4, num_workers=2)
+    prepared = hr_accel.prepare_data_loader(acc, loader)
+    skipped = hr_accel.skip_first_batches(prepared, 2)
+    assert skipped.base_dataloader is loader
+    assert [i for b in skipped for i in b.tolist()] == list(range(8, 20))
+    plain = acc.skip_first_batches(prepared, 2)  # Accelerate's own: a torch loader, so it raises
+    with pytest.raises(hr.HeadraceError, match="skip_first_batches"):
+        next(iter(plain))
+    loader.close()
+
+
+def test_a_prepared_loader_pickles_with_headrace_inside(no_leaks):
+    import pickle
+
+    acc = Accelerator(cpu=True)
+    loader = hr.DataLoader(IndexDataset(12), batch_size=4, num_workers=2)
+    clone = pickle.loads(pickle.dumps(hr_accel.prepare_data_loader(acc, loader)))
+    assert isinstance(clone, hr_accel.HeadraceShard)
+    assert type(clone.base_dataloader) is hr.DataLoader
+    assert [i for b in clone for i in b.tolist()] == list(range(12))
+    clone.base_dataloader.close()

@@ -1,0 +1,42 @@
+"""Accelerate on 2 CPU processes (torchrun, gloo) with headrace: each rank gets its share
+(disjoint, covering the dataset, a new split each epoch), gradient accumulation syncs at the
+same batches as with torch's loader prepared by Accelerate, and ``save_state`` mid-epoch then
+``load_state`` in new processes delivers exactly the rest on every rank."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.frameworks.conftest import load_json, run_script
+
+pytest.importorskip("accelerate")
+
+pytestmark = [pytest.mark.frameworks, pytest.mark.integration]
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+N = 44
+
+
+def test_two_processes_shard_sync_and_resume(tmp_path):
+    run_script("accelerate_ranks.py", str(tmp_path), "train", launcher=TORCHRUN, timeout_s=400)
+    ranks = [load_json(tmp_path / f"train_rank{r}.json") for r in (0, 1)]
+    for r in ranks:
+        assert r["world"] == 2 and r["type"] == "DataLoader"
+        assert r["syncs"] == r["torch_syncs"]  # same batches per epoch, end_of_dataloader at the end
+        assert r["syncs"][5] and r["syncs"][11]  # 6 batches per epoch: the last one syncs
+    for epoch in (0, 1):
+        shares = [r["seen"][epoch] for r in ranks]
+        assert all(len(s) == len(set(s)) == N // 2 for s in shares)
+        assert set(shares[0]) | set(shares[1]) == set(range(N))
+    assert set(ranks[0]["seen"][0]) != set(ranks[0]["seen"][1])  # set_epoch: a new split
+    run_script("accelerate_ranks.py", str(tmp_path), "resume", launcher=TORCHRUN, timeout_s=400)
+    everything = []
+    for r in (0, 1):
+        before = ranks[r]["before"]
+        after = load_json(tmp_path / f"resume_rank{r}.json")["after"]
+        assert len(before) == 8 and len(before) + len(after) == N // 2
+        assert not set(before) & set(after)
+        everything += before + after
+    assert sorted(everything) == list(range(N))  # each rank resumed its own share exactly

@@ -1,0 +1,74 @@
+"""Lightning 2.6 with a headrace loader: fit, DDP on 2 CPU processes, ddp_spawn, mid-epoch
+checkpoint and resume in a new process, Fabric. Each run is a fresh process
+(``scripts/lightning_train.py``) that records which samples each rank trained on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import headrace as hr
+from tests.frameworks.conftest import load_json as load
+from tests.frameworks.conftest import run_script
+from tests.helpers import IndexDataset
+
+pytest.importorskip("lightning")
+
+pytestmark = [pytest.mark.frameworks, pytest.mark.integration]
+
+N = 64
+
+
+def test_fit_single_process_trains_on_every_sample_each_epoch(tmp_path):
+    run_script("lightning_train.py", "fit", str(tmp_path), str(N))
+    assert (tmp_path / "loader_type_rank0.txt").read_text() == "headrace.runtime.loader.DataLoader"
+    for epoch in (0, 1):
+        assert sorted(load(tmp_path / f"rank0_epoch{epoch}.json")) == list(range(N))
+
+
+def check_ddp_split(out, world=2):
+    shares = {}
+    for epoch in (0, 1):
+        ranks = [load(out / f"rank{r}_epoch{epoch}.json") for r in range(world)]
+        for seen in ranks:
+            assert len(seen) == len(set(seen)) == N // world  # its share, each sample once
+        assert set().union(*ranks) == set(range(N))  # disjoint shares covering the dataset
+        shares[epoch] = set(ranks[0])
+    assert shares[0] != shares[1]  # DistributedSampler.set_epoch: a new split each epoch
+
+
+def test_ddp_two_cpu_processes_split_the_dataset(tmp_path):
+    run_script("lightning_train.py", "ddp", str(tmp_path), str(N))
+    for r in range(2):  # Lightning's sampler injection rebuilt a headrace loader on each rank
+        assert (tmp_path / f"loader_type_rank{r}.txt").read_text() == \
+            "headrace.runtime.loader.DataLoader"
+    check_ddp_split(tmp_path)
+
+
+def test_ddp_spawn_pickles_the_loader_to_its_processes(tmp_path):
+    run_script("lightning_train.py", "ddp_spawn", str(tmp_path), str(N), timeout_s=400)
+    check_ddp_split(tmp_path)
+
+
+def test_mid_epoch_checkpoint_resumes_exactly_the_rest_in_a_new_process(tmp_path):
+    run_script("lightning_train.py", "crash", str(tmp_path), str(N))
+    before = load(tmp_path / "before_crash.json")
+    assert len(before) == 4 * 4  # CRASH_AT=3: four batches of 4 trained before the crash
+    run_script("lightning_train.py", "resume", str(tmp_path), str(N))
+    after = load(tmp_path / "rank0_epoch0.json")  # the rest of epoch 0, after the resume
+    assert sorted(before + after) == list(range(N))
+    assert len(before) + len(after) == N
+    assert sorted(load(tmp_path / "rank0_epoch1.json")) == list(range(N))
+
+
+def test_fabric_setup_dataloaders_keeps_headrace(no_leaks):
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu", devices=1)
+    loader = hr.DataLoader(IndexDataset(20), batch_size=4, shuffle=True, num_workers=2)
+    wrapped = fabric.setup_dataloaders(loader)  # refused the pre-subclass loader
+    assert wrapped._dataloader is loader or isinstance(wrapped._dataloader, hr.DataLoader)
+    seen = [i for b in wrapped for i in b.tolist()]
+    assert sorted(seen) == list(range(20))
+    assert all(isinstance(b, torch.Tensor) for b in wrapped)
+    loader.close()

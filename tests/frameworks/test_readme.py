@@ -1,0 +1,76 @@
+"""The README's "Use with Lightning / Accelerate / torchrun" snippets, run as written on 2 CPU
+processes: each is written to a script after a preamble that defines ``dataset`` and ``model``
+(and ``optimizer``), followed by an epilogue that records what the rank got."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from tests.frameworks.conftest import ROOT, load_json, run_script
+
+pytestmark = [pytest.mark.frameworks, pytest.mark.integration]
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+N = 96
+
+PREAMBLE = f'''
+import json, os
+import torch
+import lightning as L
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return {N}
+    def __getitem__(self, i):
+        return torch.full((4,), float(i))
+
+class Module(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.seen = []
+    def training_step(self, batch, batch_idx):
+        self.seen += batch[:, 0].long().tolist()
+        return self.layer(batch).pow(2).mean()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+dataset = Data()
+model = Module() if os.environ.get("SNIPPET") == "lightning" else torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+'''
+
+EPILOGUE = {
+    "lightning": "open(f'out{trainer.global_rank}.json', 'w').write(json.dumps("
+                 "{'n': len(model.seen), 'type': type(trainer.train_dataloader).__name__}))\n",
+    "accelerate": "open(f'out{accelerator.process_index}.json', 'w').write(json.dumps("
+                  "{'n': len(loader), 'type': type(loader.base_dataloader).__name__}))\n",
+    "torchrun": "open(f'out{sampler.rank}.json', 'w').write(json.dumps("
+                "{'n': len(loader), 'type': type(loader).__name__}))\n",
+}
+
+
+def snippet(name: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(rf"<!-- snippet: {name} -->\n```python\n(.*?)```", text, re.S)
+    assert m, f"README has no '{name}' snippet"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("name", ["lightning", "accelerate", "torchrun"])
+def test_readme_snippet_runs_as_written(tmp_path, name):
+    script = tmp_path / f"{name}_snippet.py"
+    script.write_text(PREAMBLE + snippet(name) + EPILOGUE[name])
+    launcher = [sys.executable] if name == "lightning" else TORCHRUN
+    # ACCELERATE_USE_CPU: what `accelerate launch --cpu` sets (multi-process on CPUs)
+    run_script(str(script), launcher=launcher, timeout_s=400, cwd=tmp_path,
+               env={"SNIPPET": name, "ACCELERATE_USE_CPU": "true"})
+    outs = [load_json(tmp_path / f"out{r}.json") for r in (0, 1)]
+    assert {o["type"] for o in outs} == {"DataLoader"}  # headrace's, on both ranks
+    if name == "lightning":
+        assert [o["n"] for o in outs] == [N, N]  # two epochs of half the dataset each
+    else:
+        assert [o["n"] for o in outs] == [2, 2]  # 48 samples per rank, batches of 32

@@ -1,0 +1,60 @@
+"""Lanes: the scheduler's queues of work, as plain bookkeeping (no threads, no processes)."""
+
+import itertools
+
+from headrace.runtime.batcher import Batcher
+from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.lanes import Lanes
+from headrace.runtime.work import EpochSpec, Rec
+from headrace.runtime.worker import Task
+
+
+def spec(groups, max_in_flight=100, delivered=None, total=None):
+    return EpochSpec(epoch=0, base_seed=1, groups=iter(groups), auto_collation=True,
+                     batcher=Batcher("regroup", 2), collate=list, pin=None,
+                     max_in_flight=max_in_flight, handoff=True, slow_lane_share=0.25,
+                     on_error="raise", max_restarts=2, delivered=delivered or Bitmap(),
+                     total_positions=total)
+
+
+def rec(i):
+    return Rec(i, i, Task(100 + i, i, 1, None, 1, 0, False))
+
+
+def test_fresh_samples_come_in_sampler_order_and_skip_delivered_positions():
+    done = Bitmap()
+    done.set(1)
+    lanes = Lanes(spec([[10, 11], [12, 13]], delivered=done), itertools.count())
+    got = [lanes.next_fresh(0) for _ in range(4)]
+    assert [r.index for r in got[:3]] == [10, 12, 13] and got[3] is None
+    assert lanes.pulled == 3 and lanes.exhausted and set(lanes.recs) == {0, 1, 2}
+
+
+def test_the_in_flight_cap_applies_between_sampler_batches_only():
+    lanes = Lanes(spec([[0, 1, 2], [3]], max_in_flight=2), itertools.count())
+    assert lanes.next_fresh(0).index == 0
+    assert lanes.next_fresh(5).index == 1  # inside a pulled batch: no cap
+    assert lanes.next_fresh(5).index == 2
+    assert lanes.next_fresh(2) is None  # pulling the next batch would exceed the cap
+    assert lanes.next_fresh(1).index == 3
+
+
+def test_retry_first_then_the_slow_lane_within_its_share_then_fresh():
+    lanes = Lanes(spec([[0, 1]]), itertools.count())
+    slow, again = rec(7), rec(8)
+    lanes.backlog.append(slow)
+    lanes.retry.append(again)
+    assert lanes.choose(True, lambda: 0, 1, 0) is again
+    assert lanes.choose(True, lambda: 1, 1, 0).index == 0  # the slow lane's share is taken
+    assert lanes.choose(False, lambda: 1, 1, 0) is slow  # nothing fresh may start: work-conserving
+
+
+def test_near_end_and_complete():
+    lanes = Lanes(spec([[0, 1], [2, 3]], total=4), itertools.count())
+    assert not lanes.near_end(1)
+    for _ in range(4):
+        lanes.next_fresh(0)
+    assert lanes.near_end(0) and not lanes.complete
+    lanes.next_fresh(0)  # finds the sampler exhausted
+    lanes.settled = 4
+    assert lanes.complete

@@ -1,0 +1,140 @@
+"""Device prefetch bookkeeping with a fake device: order, in-flight bound, delivery on return."""
+
+from collections import deque
+
+import pytest
+import torch
+
+from headrace.runtime.prefetch import DevicePrefetcher, resolve_device
+from tests.device_fakes import FakeFence
+
+
+class FakeCopier:
+    """A 'device' copy is a clone; records the order of copies and hand-overs."""
+
+    def __init__(self) -> None:
+        self.copies: list[int] = []
+        self.handed: list[int] = []
+        self.fences: dict[int, FakeFence] = {}
+
+    def copy(self, batch):
+        out = {"x": batch["x"].clone(), "id": batch["id"]}
+        fence = FakeFence()
+        self.copies.append(batch["id"])
+        self.fences[batch["id"]] = fence
+        return out, fence
+
+    def hand_over(self, batch, fence) -> None:
+        assert fence is self.fences[batch["id"]]  # the fence of this very batch's copy
+        fence.done = True
+        self.handed.append(batch["id"])
+
+
+class FakeEpoch:
+    """Batches become ready when the test releases them; the end is reached after ``n``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.ready: deque = deque()
+        self.released = 0
+        self.delivered: list[int] = []
+        self.closed = False
+        self.finished = False
+        self.origin = "origin"
+
+    def release(self, k: int) -> None:
+        for _ in range(k):
+            i = self.released
+            self.ready.append(({"x": torch.full((2,), float(i)), "id": i}, [2 * i, 2 * i + 1]))
+            self.released += 1
+
+    def take(self, block: bool = True):
+        if self.ready:
+            return self.ready.popleft()
+        if self.released < self.n and block:
+            self.release(1)  # the blocking call waits for the next batch
+            return self.ready.popleft()
+        if not block:
+            return None
+        self.closed = self.finished = True
+        raise StopIteration
+
+    def mark(self, positions) -> None:
+        self.delivered.extend(positions)
+
+    def stats(self):
+        return "stats"
+
+    def close(self, replaced: bool = False) -> None:
+        self.closed = True
+
+
+def test_order_kept_and_in_flight_bounded():
+    epoch, copier = FakeEpoch(10), FakeCopier()
+    fenced = []
+    pf = DevicePrefetcher(epoch, copier, lambda ts, f: fenced.append((len(ts), f)), depth=2)
+    epoch.release(6)  # more ready than the depth allows
+    first = next(pf)
+    assert first["id"] == 0
+    assert pf.in_flight == 2 and copier.copies == [0, 1, 2]  # DEPTH behind the returned one
+    assert epoch.delivered == [0, 1]  # copied ahead is not delivered
+    got = [first["id"]] + [b["id"] for b in pf]
+    assert got == list(range(10)) and copier.handed == list(range(10))
+    assert epoch.delivered == list(range(20))
+    assert len(fenced) == 10 and all(n == 1 for n, _ in fenced)  # each copy fences its host batch
+    assert epoch.closed
+
+
+def test_next_never_waits_for_batches_behind_the_one_it_returns():
+    epoch, copier = FakeEpoch(3), FakeCopier()
+    pf = DevicePrefetcher(epoch, copier, depth=2)
+    b = next(pf)  # nothing ready: the blocking take gets batch 0 only
+    assert b["id"] == 0 and pf.in_flight == 0
+    epoch.release(1)
+    assert pf.fill() and pf.in_flight == 1 and not pf.fill()
+    assert next(pf)["id"] == 1 and epoch.delivered == [0, 1, 2, 3]
+    assert [x["id"] for x in pf] == [2]
+
+
+def test_close_drops_batches_copied_ahead_undelivered():
+    epoch, copier = FakeEpoch(5), FakeCopier()
+    pf = DevicePrefetcher(epoch, copier, depth=3)
+    epoch.release(4)
+    next(pf)
+    assert pf.in_flight == 3
+    pf.close()
+    assert pf.closed and pf.in_flight == 0 and epoch.delivered == [0, 1]
+    assert pf.origin == "origin" and pf.stats() == "stats" and pf.delivered is epoch.delivered
+
+
+def test_depth_validated():
+    with pytest.raises(ValueError, match="depth"):
+        DevicePrefetcher(FakeEpoch(1), FakeCopier(), depth=0)
+
+
+def test_device_must_be_cuda():
+    assert resolve_device(None) is None
+    with pytest.raises(ValueError, match="CUDA device"):
+        resolve_device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_refused_without_cuda():
+    with pytest.raises(ValueError, match="not available"):
+        resolve_device("cuda")
+
+
+def test_options_device_validated():
+    import headrace as hr
+
+    with pytest.raises(RuntimeError):
+        hr.Options(device="nonsense")  # torch's own message for a malformed device
+    assert hr.Options(device=torch.device("cuda", 0)).device == torch.device("cuda", 0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_loader_refuses_a_device_it_cannot_reach():
+    import headrace as hr
+
+    with pytest.raises(ValueError, match="not available"):
+        hr.DataLoader(list(range(8)), batch_size=2, options=hr.Options(device="cuda"))
