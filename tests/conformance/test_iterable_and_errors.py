@@ -3,13 +3,10 @@
 import pytest
 import torch.utils.data as tud
 
-from tests.conformance.conftest import flat, is_headrace
+from tests.conformance.conftest import SAMPLE_AWARE, flat, is_headrace
 from tests.conformance.datasets import Failing, Shards, Squares, Unsharded
 
 pytestmark = pytest.mark.integration
-
-D1 = ("defect (findings D1, issue 12 item 7): with workers, an error in one sample ends "
-      "headrace's epoch; torch raises for that batch and goes on")
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -61,21 +58,33 @@ def drain(it):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_an_error_raises_for_its_batch_and_the_epoch_goes_on(Loader, workers, request,
-                                                             no_leaks):
-    if is_headrace(Loader) and workers:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=D1))
+def test_an_error_raises_for_its_batch_and_the_epoch_goes_on(Loader, workers, no_leaks):
     got = drain(iter(Loader(Failing(12, {5}), batch_size=2, num_workers=workers)))
     assert got == [[0, 1], [2, 3], "ERR", [6, 7], [8, 9], [10, 11]]
 
 
-def test_every_bad_batch_raises_once(Loader, request, no_leaks):
-    """torch's test_error_workers: one error per batch, then StopIteration."""
-    if is_headrace(Loader):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=D1))
-    got = drain(iter(Loader(Failing(9, set(range(9))), batch_size=2, shuffle=True,
-                            num_workers=2)))
-    assert got == ["ERR"] * 5
+def test_when_every_sample_fails(Loader, no_leaks):
+    """torch's test_error_workers: with torch, one error per batch, then StopIteration."""
+    def errors(**kw):
+        return drain(iter(Loader(Failing(9, set(range(9))), batch_size=2, shuffle=True,
+                                 num_workers=2, **kw)))
+
+    if is_headrace(Loader):  # difference: SAMPLE_AWARE: a failed sample belongs to no batch
+        assert errors() == ["ERR"] * 9, SAMPLE_AWARE  # one error per failing sample
+        assert errors(in_order=True) == ["ERR"] * 5  # torch's batches: one per batch
+    else:
+        assert errors() == ["ERR"] * 5
+
+
+def test_one_bad_sample_in_a_random_order(Loader, no_leaks):
+    """torch drops the bad sample's whole batch; sample-aware batching loses only the sample."""
+    got = drain(iter(Loader(Failing(12, {5}), batch_size=2, shuffle=True, num_workers=2)))
+    assert got.count("ERR") == 1
+    good = sorted(i for b in got if b != "ERR" for i in b)
+    if is_headrace(Loader):  # difference: SAMPLE_AWARE
+        assert good == [i for i in range(12) if i != 5], SAMPLE_AWARE
+    else:
+        assert len(good) == 10 and 5 not in good  # its batch-mate went with it
 
 
 def bad_collate(batch):
@@ -85,9 +94,7 @@ def bad_collate(batch):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_an_error_in_collate_fn_raises_for_its_batch(Loader, workers, request, no_leaks):
-    if is_headrace(Loader) and workers:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=D1))
+def test_an_error_in_collate_fn_raises_for_its_batch(Loader, workers, no_leaks):
     it = iter(Loader(Squares(8), batch_size=2, num_workers=workers, collate_fn=bad_collate))
     assert drain(it) == [[0, 1], "ERR", [16, 25], [36, 49]]
 

@@ -77,9 +77,8 @@ def test_manual_seed_in_worker_init_fn(Loader, no_leaks):
         assert got == [12345] * 4
 
 
-@pytest.mark.xfail(strict=True, reason="defect (issue 12 item 7, findings D2): headrace does "
-                   "not warn that per-sample seeding overrides a seed set in worker_init_fn")
 def test_headrace_warns_when_worker_init_fn_seeds_are_overridden(no_leaks):
+    """The difference above would silently change results: headrace says so, once."""
     import headrace as hr
 
     with pytest.warns(UserWarning, match="worker_init_fn"):
