@@ -81,7 +81,8 @@ def run(workers: int, rounds: int, samples: int, batch: int, sample_ms: float,
 
     ds = CostlySamples(samples, sample_ms / 1000, work)
     collate = CostlyCollate(collate_ms / 1000, work)
-    kw = {"batch_size": batch, "num_workers": workers, "collate_fn": collate, "shuffle": True}
+    kw: dict[str, Any] = {"batch_size": batch, "num_workers": workers, "collate_fn": collate,
+                          "shuffle": True}
     makers: dict[str, Callable[[], Any]] = {
         "torch": lambda: tud.DataLoader(ds, **kw),
         "headrace in_order=True": lambda: hr.DataLoader(ds, in_order=True, **kw),
