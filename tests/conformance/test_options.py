@@ -128,3 +128,9 @@ def test_the_class_is_generic(Loader):
 def test_invalid_arguments_raise_torchs_errors(Loader, kw, error):
     with pytest.raises(error):
         Loader(Squares(4), **kw)
+
+
+@pytest.mark.parametrize("ctx", ["spawn", "forkserver"])
+def test_multiprocessing_context(Loader, ctx, no_leaks):
+    loader = Loader(Squares(9), batch_size=4, num_workers=1, multiprocessing_context=ctx)
+    assert [b.tolist() for b in loader] == [SQ[0:4], SQ[4:8], SQ[8:9]]
