@@ -1,0 +1,136 @@
+"""timeout, prefetch_factor, persistent_workers, pickling and copying, frozen attributes,
+DataLoader[T], argument validation."""
+
+import copy
+import multiprocessing
+import pickle
+
+import pytest
+import torch
+
+from tests.conformance.conftest import flat, is_headrace
+from tests.conformance.datasets import Counted, CountsStarts, Mutable, Squares, count_start
+from tests.helpers import IndexDataset
+
+pytestmark = pytest.mark.integration
+
+SQ = [i * i for i in range(20)]
+
+
+def test_timeout_raises_when_a_batch_is_late(Loader, no_leaks):
+    loader = Loader(IndexDataset(4, slow_every=1, slow_s=3.0), batch_size=2, num_workers=1,
+                    timeout=1)
+    with pytest.raises(RuntimeError, match=r"DataLoader timed out after \d+ seconds"):
+        next(iter(loader))
+
+
+def test_timeout_is_validated(Loader):
+    with pytest.raises(ValueError, match="timeout option should be non-negative"):
+        Loader(Squares(4), timeout=-1)
+
+
+def test_prefetch_factor_needs_workers_and_defaults_to_two(Loader):
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        Loader(Squares(4), prefetch_factor=2)
+    assert Loader(Squares(4), num_workers=2).prefetch_factor == 2
+    assert Loader(Squares(4)).prefetch_factor is None
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_prefetch_factor_bounds_the_samples_ahead(Loader, prefetch, no_leaks):
+    """At any time, samples started <= (batches taken + prefetch_factor x workers) x batch."""
+    counter = multiprocessing.get_context("fork").Value("i", 0)
+    bs, workers = 2, 2
+    loader = Loader(Counted(40, counter), batch_size=bs, num_workers=workers,
+                    prefetch_factor=prefetch)
+    taken = 0
+    for batch in loader:
+        taken += 1
+        with counter.get_lock():
+            started = counter.value
+        assert started <= (taken + prefetch * workers) * bs
+        assert len(batch) == bs
+    assert taken == 20 and counter.value == 40
+
+
+def test_persistent_workers_need_workers(Loader):
+    with pytest.raises(ValueError, match="persistent_workers option needs num_workers > 0"):
+        Loader(Squares(4), persistent_workers=True)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_worker_processes_across_epochs(Loader, persistent, no_leaks):
+    started = multiprocessing.get_context("fork").Value("i", 0)
+    loader = Loader(CountsStarts(8, started), batch_size=None, num_workers=2,
+                    persistent_workers=persistent, worker_init_fn=count_start)
+    try:
+        pids = [{r[2] for r in loader} for _ in range(2)]
+        assert started.value == (2 if persistent else 4)  # worker starts over two epochs
+        if not persistent:
+            assert not pids[0] & pids[1]
+    finally:
+        _shut(loader)
+
+
+def _shut(loader):
+    """Stop persistent workers now (torch's through its iterator, headrace's with close())."""
+    if is_headrace(type(loader)):
+        loader.close()
+    elif loader._iterator is not None:
+        loader._iterator._shutdown_workers()
+
+
+def test_persistent_workers_keep_their_dataset_copy(Loader, no_leaks):
+    """torch's test_dataset_not_reset: workers hold the dataset as it was when they started."""
+    ds = Mutable()
+    loader = Loader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    assert flat(loader) == [0] * 8
+    try:
+        ds.version = 1
+        assert flat(loader) == [0] * 8
+    finally:
+        _shut(loader)
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_pickles_and_copies(Loader, how, workers, no_leaks):
+    loader = Loader(Squares(9), batch_size=4, num_workers=workers)
+    assert flat(loader) == SQ[:9]  # after an epoch, too
+    clone = pickle.loads(pickle.dumps(loader)) if how == "pickle" else copy.deepcopy(loader)
+    assert type(clone) is type(loader)
+    assert clone.batch_size == 4 and clone.num_workers == workers
+    assert flat(clone) == SQ[:9]
+
+
+@pytest.mark.parametrize("attr", ["batch_size", "batch_sampler", "sampler", "drop_last",
+                                  "dataset", "persistent_workers"])
+def test_frozen_attributes_raise(Loader, attr):
+    loader = Loader(Squares(8), batch_size=2)
+    with pytest.raises(ValueError, match=f"{attr} attribute should not be set"):
+        setattr(loader, attr, None)
+
+
+def test_the_class_is_generic(Loader):
+    alias = Loader[list[torch.Tensor]]
+    assert alias.__origin__ is Loader
+
+
+@pytest.mark.parametrize("kw, error", [
+    ({"num_workers": -1}, ValueError),
+    ({"batch_size": None, "drop_last": True}, ValueError),
+    ({"sampler": [0, 1], "shuffle": True}, ValueError),
+    ({"batch_sampler": [[0]], "batch_size": 2}, ValueError),
+    ({"num_workers": 0, "multiprocessing_context": "spawn"}, ValueError),
+    ({"num_workers": 1, "multiprocessing_context": "bad"}, ValueError),
+    ({"num_workers": 1, "multiprocessing_context": object()}, TypeError),
+])
+def test_invalid_arguments_raise_torchs_errors(Loader, kw, error):
+    with pytest.raises(error):
+        Loader(Squares(4), **kw)
+
+
+@pytest.mark.parametrize("ctx", ["spawn", "forkserver"])
+def test_multiprocessing_context(Loader, ctx, no_leaks):
+    loader = Loader(Squares(9), batch_size=4, num_workers=1, multiprocessing_context=ctx)
+    assert [b.tolist() for b in loader] == [SQ[0:4], SQ[4:8], SQ[8:9]]
