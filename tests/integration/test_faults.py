@@ -26,17 +26,16 @@ def flat(loader):
     return [i for b in loader for i in b.tolist()]
 
 
-def worker_pids():
-    """Live worker processes (a worker killed a moment ago may still be a zombie: not live; the
-    test session's redis-server is a child too, and not a worker)."""
+def worker_pids(it):
+    """This epoch's live worker processes (not every child of the test process: an earlier
+    test's workers may still be waiting for the garbage collector, the session's redis-server
+    is a child too, and a worker killed a moment ago may still be a zombie)."""
     out = []
-    for p in psutil.Process().children():
+    for w in list(it.pool.workers.values()):
         try:
-            if p.status() == psutil.STATUS_ZOMBIE or p.name().startswith("redis"):
-                continue
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                out.append(p.pid)
-        except psutil.NoSuchProcess:
+            if psutil.Process(w.process.pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(w.process.pid)
+        except (psutil.NoSuchProcess, ValueError):
             pass
     return out
 
@@ -45,11 +44,11 @@ def worker_pids():
 def test_sigkill_a_worker_mid_epoch(in_order, no_leaks):
     loader = hr.DataLoader(IndexDataset(60, slow_every=1, slow_s=0.01), batch_size=4, num_workers=2,
                            shuffle=True, in_order=in_order)
-    got = []
-    for k, b in enumerate(loader):
+    got, it = [], iter(loader)
+    for k, b in enumerate(it):
         got += b.tolist()
         if k == 2:
-            os.kill(worker_pids()[0], signal.SIGKILL)  # as the OOM killer would
+            os.kill(worker_pids(it)[0], signal.SIGKILL)  # as the OOM killer would
     assert Counter(got) == Counter(range(60))
     st = loader.stats()
     assert st.worker_restarts >= 1
@@ -60,11 +59,11 @@ def test_kill_every_worker_several_times_in_a_row(no_leaks):
     # deaths; kills from outside are not its fault, so this test allows more.
     loader = hr.DataLoader(IndexDataset(80, slow_every=1, slow_s=0.005), batch_size=4, num_workers=3,
                            shuffle=True, options=hr.Options(max_worker_restarts=5))
-    got, kills = [], 0
-    for k, b in enumerate(loader):
+    got, kills, it = [], 0, iter(loader)
+    for k, b in enumerate(it):
         got += b.tolist()
         if k in (1, 2, 3, 6):
-            for pid in worker_pids():  # the workers alive now (replacements may be starting)
+            for pid in worker_pids(it):  # the workers alive now (replacements may be starting)
                 os.kill(pid, signal.SIGKILL)
                 kills += 1
     assert Counter(got) == Counter(range(80))
