@@ -118,8 +118,10 @@ def test_truncated_jpeg_names_the_sample_and_the_decode_step(no_leaks):
     blobs = [_jpeg(16, i) for i in range(10)]
     blobs[6] = blobs[6][: len(blobs[6]) // 3]
     pipe = hr.Pipeline(JpegSource(blobs), [hr.step(decode_jpeg, kind="decode")])
+    loader = hr.DataLoader(pipe, batch_size=2, num_workers=2)
     with pytest.raises(hr.StepError) as ei:
-        list(hr.DataLoader(pipe, batch_size=2, num_workers=2))
+        list(loader)
+    loader.close()  # the epoch list() left (its traceback keeps it alive until then)
     assert ei.value.index == 6 and ei.value.step == "decode_jpeg"
     skipping = hr.DataLoader(pipe, batch_size=2, num_workers=2, options=hr.Options(on_error="skip"))
     assert sum(len(b) for b in skipping) == 9
@@ -129,8 +131,10 @@ def test_wrong_shape_names_the_samples_of_the_batch(no_leaks):
     blobs = [_jpeg(16, i) for i in range(8)]
     blobs[3] = _jpeg(20, 3)
     pipe = hr.Pipeline(JpegSource(blobs), [hr.step(decode_jpeg, kind="decode")])
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=2, in_order=True)
     with pytest.raises(hr.StepError) as ei:
-        list(hr.DataLoader(pipe, batch_size=4, num_workers=2, in_order=True))
+        list(loader)
+    loader.close()  # the epoch list() left (its traceback keeps it alive until then)
     assert ei.value.step == "collate_fn" and "3" in str(ei.value) and "shape" in str(ei.value)
 
 
@@ -143,8 +147,10 @@ def test_nan_caught_by_a_validation_step(no_leaks):
             return np.array([np.nan if i == 4 else float(i)])
 
     pipe = hr.Pipeline(Src(), [hr.step(check_finite)])
+    loader = hr.DataLoader(pipe, batch_size=5, num_workers=2)
     with pytest.raises(hr.StepError) as ei:
-        list(hr.DataLoader(pipe, batch_size=5, num_workers=2))
+        list(loader)  # the error raises for its batch; the epoch would go on, list() stops
+    loader.close()  # the epoch list() left (its traceback keeps it alive until then)
     assert ei.value.index == 4 and ei.value.step == "check_finite" and isinstance(ei.value, ValueError)
 
 

@@ -76,6 +76,7 @@ def test_failing_step_raises_with_index_step_and_traceback(workers, no_leaks):
     loader = hr.DataLoader(FailingDataset(20, {13}), batch_size=4, num_workers=workers)
     with pytest.raises(hr.StepError) as ei:
         list(loader)
+    loader.close()  # the epoch list() left (its traceback keeps it alive until then)
     e = ei.value
     assert isinstance(e, ValueError)  # `except ValueError` keeps working, as with torch
     assert e.index == 13 and e.step == "load"
