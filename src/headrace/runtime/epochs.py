@@ -181,9 +181,12 @@ def make_iterator(
         buffers=loader._buffers,
     )
     it = EpochIterator(pool, owns, spec, loader.monitor, delivered, loader.timeout)
+    loader.monitor.meter = it.meter
     if not pool.workers:
         # Fork after the scheduler started: it feeds the first workers while later ones fork.
-        pool.start(loader.num_workers, on_added=it.scheduler.wake)
+        # num_workers="auto" starts where the last epoch's scaler left off, not from scratch.
+        n = loader.monitor.last_workers(loader.num_workers) if loader.autoscale else loader.num_workers
+        pool.start(n, on_added=it.scheduler.wake)
         if loader.remote is not None:
             loader.remote.attach(pool, on_added=it.scheduler.wake)
         loader.monitor.record_workers(pool.size)
