@@ -119,8 +119,13 @@ def total_positions(loader: DataLoader) -> int | None:
 def start_epoch(loader: DataLoader) -> Any:
     """A new epoch (or the rest of a resumed one): its step order, order and seeds, iterator."""
     assert loader.pipeline is not None and loader.planning is not None
-    if loader.planning.before_epoch() and loader._pool is not None:
-        loader._pool.shutdown()  # persistent workers run the old order: restart them
+    restart = loader.planning.before_epoch()  # persistent workers run the old order
+    d = loader.monitor.executor_decision
+    if d is not None and d.executor != loader._executor:  # executor="auto" decided
+        loader._executor = d.executor
+        restart = True
+    if restart and loader._pool is not None:
+        loader._pool.shutdown()
         loader._pool = None
     resume, loader._resume, loader._unfinished = loader._resume, None, None
     replay = resume.origin if resume is not None else None
@@ -205,7 +210,8 @@ def get_pool(loader: DataLoader, base_seed: int) -> tuple[WorkerPool, bool]:
     assert loader.planning is not None
     pool = WorkerPool(loader.planning.executed, loader.dataset, ctx, loader.worker_init_fn,
                       base_seed, hi, profile=loader.options.profile,
-                      executor=loader.options.executor,
+                      executor=loader._executor,
+                      probe_gil=loader.monitor.probe_gil and loader.monitor.executor_decision is None,
                       cache=loader.cache.client() if loader.cache else None)
     if loader.persistent_workers:
         loader._pool = pool

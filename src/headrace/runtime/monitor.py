@@ -17,6 +17,7 @@ import psutil
 
 from headrace.pipeline.runner import StepTiming
 from headrace.planner import ranks
+from headrace.planner.executor import ExecutorDecision, choose_executor
 from headrace.planner.timeout import TimeoutPolicy
 from headrace.planner.workers import WorkerScaler, rank_cpus
 from headrace.profiler.stats import Profiler
@@ -73,6 +74,13 @@ class Monitor:
         self._memory_budget: float | None = None
         self._pushed_timeout = float("nan")
         self._warned_reseed = False
+        self.probe_gil = False
+        """``executor="auto"`` measures the GIL share of worker processes' steps."""
+        self.executor_decision: ExecutorDecision | None = None
+        """What ``executor="auto"`` chose (None: still measuring, or not auto)."""
+        self._gil_pool: Any = lambda: None  # weakref to the pool whose probes were read last
+        self._gil_last = (0.0, 0.0)  # (held, probed) seconds read from that pool
+        self._gil_banked = (0.0, 0.0)  # the same, from earlier pools
         self.meter: Any = None
         """The running epoch's ``EpochMeter`` (the consumer's side: samples taken, stall)."""
         if autoscale:
@@ -172,8 +180,23 @@ class Monitor:
         if self.scaler is not None and now - self._last_scale >= self.scaler.cfg.interval_s:
             self._last_scale = now
             self._autoscale(sched)
+        if self.probe_gil and self.executor_decision is None and pool.executor == "processes":
+            self._decide_executor(pool)
         for f in self.tick_listeners:
             f(sched)
+
+    def _decide_executor(self, pool: Any) -> None:
+        """``executor="auto"``: add up what the GIL probes of this pool (and earlier epochs'
+        pools) measured, and decide once enough was probed (``planner/executor.py``)."""
+        if self._gil_pool() is not pool:
+            self._gil_banked = (self._gil_banked[0] + self._gil_last[0],
+                                self._gil_banked[1] + self._gil_last[1])
+            self._gil_pool = weakref.ref(pool)
+        prog = pool.progress
+        self._gil_last = (sum(prog.gil_held), sum(prog.gil_probed))
+        self.executor_decision = choose_executor(
+            self._gil_banked[0] + self._gil_last[0], self._gil_banked[1] + self._gil_last[1],
+            max(1, pool.size), rank_cpus())
 
     def _push_remaining(self, pool: Any) -> None:
         """Typical seconds from each step to the end: the sum of the remaining steps' median
