@@ -28,7 +28,7 @@ redis-server:
 	  $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends redis-server; }
 
 test: $(STAMP) redis-server
-	$(BIN)/python -m pytest -q --timeout=300 tests
+	$(BIN)/python -m pytest -q --timeout=300 --durations=20 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
