@@ -38,9 +38,9 @@ class Module(L.LightningModule):
     def __init__(self):
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)
-        self.seen = []
+        self.seen = {}
     def training_step(self, batch, batch_idx):
-        self.seen += batch[:, 0].long().tolist()
+        self.seen.setdefault(self.current_epoch, []).extend(batch[:, 0].long().tolist())
         return self.layer(batch).pow(2).mean()
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -52,7 +52,7 @@ other snippets' processes seconds."""
 
 EPILOGUE = {
     "lightning": "open(f'out{trainer.global_rank}.json', 'w').write(json.dumps("
-                 "{'n': len(model.seen), 'type': type(trainer.train_dataloader).__name__}))\n",
+                 "{'seen': model.seen, 'type': type(trainer.train_dataloader).__name__}))\n",
     "accelerate": "open(f'out{accelerator.process_index}.json', 'w').write(json.dumps("
                   "{'n': len(loader), 'type': type(loader.base_dataloader).__name__}))\n",
     "torchrun": "open(f'out{sampler.rank}.json', 'w').write(json.dumps("
@@ -78,7 +78,14 @@ def test_readme_snippet_runs_as_written(tmp_path, name):
                env={"ACCELERATE_USE_CPU": "true"})
     outs = [load_json(tmp_path / f"out{r}.json") for r in (0, 1)]
     assert {o["type"] for o in outs} == {"DataLoader"}  # headrace's, on both ranks
-    if name == "lightning":
-        assert [o["n"] for o in outs] == [N, N]  # two epochs of half the dataset each
+    if name == "lightning":  # DDP on 2 CPU processes (tests/frameworks/test_lightning.py: more)
+        shares = []
+        for epoch in ("0", "1"):
+            ranks = [o["seen"][epoch] for o in outs]
+            for seen in ranks:
+                assert len(seen) == len(set(seen)) == N // 2  # its share, each sample once
+            assert set().union(*ranks) == set(range(N))  # disjoint shares covering the dataset
+            shares.append(set(ranks[0]))
+        assert shares[0] != shares[1]  # DistributedSampler.set_epoch: a new split each epoch
     else:
         assert [o["n"] for o in outs] == [2, 2]  # 48 samples per rank, batches of 32
