@@ -22,6 +22,10 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from headrace.cache import ods_board
+from headrace.cache.ods_board import META as ODS_META
+from headrace.cache.ods_board import TIER_BIT
+
 OVERHEAD = 64
 """Bytes Redis spends per key beside its name and value (dict entry, object headers)."""
 SKIP_CALLS = 16
@@ -66,13 +70,20 @@ class RedisBackend:
         self._client: Any = None
         self._pid = -1
         self._skip = 0
+        self.scripts: dict[str, Any] = {}
+        self.ods: Any = None
+        """``ods_board.OdsKeys`` when ODS is on (``Cache(ods=True)``), else None."""
+        self.ods_tiers: frozenset[str] = frozenset()
+        """Tiers whose entries ODS tracks (reference-counted reads, status on insert)."""
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "budget": self.total_budget, "budgets": self.budgets}
+        return {"url": self.url, "budget": self.total_budget, "budgets": self.budgets,
+                "ods": self.ods, "ods_tiers": self.ods_tiers}
 
     def __setstate__(self, s: dict[str, Any]) -> None:
         self.__init__(s["url"], s["budget"])  # type: ignore[misc]
         self.budgets = s["budgets"]
+        self.ods, self.ods_tiers = s.get("ods"), s.get("ods_tiers", frozenset())
 
     def _r(self) -> Any:
         if self._skip > 0:
@@ -86,6 +97,9 @@ class RedisBackend:
                 socket_connect_timeout=SOCKET_TIMEOUT_S, health_check_interval=0)
             self._put = self._client.register_script(_PUT)
             self._take = self._client.register_script(_TAKE)
+            self.scripts = {name: self._client.register_script(text) for name, text in (
+                ("ods_ask", ods_board.ASK), ("ods_get", ods_board.GET),
+                ("ods_put", ods_board.PUT))}
             self._pid = os.getpid()
         return self._client
 
@@ -102,6 +116,10 @@ class RedisBackend:
         return None if blob is None else decode(blob)
 
     def take(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
+        """Read and drop the entry (a shared augmented form is served once); with ODS on,
+        read it and count a reference (dropped once every live job used it)."""
+        if tier in self.ods_tiers:
+            return self._ods_get(key, tier, decode)
         self._r()
         blob = self._call(lambda: self._take(keys=[PREFIX + key, PREFIX + b"used"],
                                              args=[tier, OVERHEAD + len(PREFIX + key)]))
@@ -117,11 +135,29 @@ class RedisBackend:
         k = PREFIX + key
         cost = entry_cost(len(k), len(blob))
         budget = self.budgets.get(tier, 0)
+        if tier in self.ods_tiers:
+            cost += ODS_META
         if cost > budget:
             return "full"
+        if tier in self.ods_tiers:
+            script = self.scripts["ods_put"]
+            r = self._call(lambda: script(
+                keys=[k, PREFIX + b"used", self.ods.status],
+                args=[tier, cost, budget, blob, int.from_bytes(key[-8:], "big"), TIER_BIT[tier]]))
+            return r.decode() if isinstance(r, bytes) else str(r)
         r = self._call(lambda: self._put(keys=[k, PREFIX + b"used"],
                                          args=[tier, cost, budget, blob]))
         return r.decode() if isinstance(r, bytes) else str(r)
+
+    def _ods_get(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
+        self._r()
+        k = PREFIX + key
+        script = self.scripts["ods_get"]
+        blob = self._call(lambda: script(
+            keys=[k, PREFIX + b"used", self.ods.status, self.ods.jobs],
+            args=[tier, len(k) + OVERHEAD + ODS_META, int.from_bytes(key[-8:], "big"),
+                  TIER_BIT[tier]]))
+        return None if blob is None else decode(blob)
 
     def set_budgets(self, budgets: dict[str, int]) -> None:
         if sum(budgets.values()) > self.total_budget:
@@ -141,9 +177,9 @@ class RedisBackend:
         r = self._r()
         total = 0
         for k in r.scan_iter(match=PREFIX + b"*", count=1000):
-            if k == PREFIX + b"used":
+            if k == PREFIX + b"used" or k.startswith(PREFIX + b"ods:"):
                 continue
-            total += entry_cost(len(k), r.strlen(k))
+            total += entry_cost(len(k), r.strlen(k)) + (ODS_META if self.ods else 0)
         return total
 
     def close_here(self) -> None:

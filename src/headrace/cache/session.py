@@ -25,6 +25,14 @@ from headrace.profiler.report import PipelineProfile
 from headrace.telemetry.stats import CacheStats, EpochStats
 
 
+def _fresh_job_name() -> str:
+    import os
+    import socket
+    import uuid
+
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
 def default_split(layout: TierLayout, config: Cache) -> dict[str, float]:
     """Shares of the budget per tier before the MDP model has measurements.
 
@@ -67,6 +75,13 @@ class CacheSession:
         self.predicted: list[float | None] = []
         """MDP's predicted samples/s for each epoch started (None: no model yet)."""
         self.active: tuple[str, ...] = ()
+        self.job = config.job or _fresh_job_name()
+        """This job's name among the jobs sharing a Redis cache (``Cache.job``)."""
+        self.ods_off: str | None = None if config.ods else "not asked for (Cache(ods=False))"
+        """Why ODS is off (``None``: on); set by the loader from its sampler."""
+        self.ods_epoch: Any = None
+        """The running epoch's ``ods_epoch.OdsEpoch`` (None without ODS)."""
+        self._board: Any = None
 
     def _release(self) -> None:
         if not self._main_uses and hasattr(self.backend, "close_here"):
@@ -114,9 +129,31 @@ class CacheSession:
         budgets = {t.name: int(self.budget * self.split.get(t.name, 0.0)) for t in layout.tiers}
         self.active = tuple(n for n, b in budgets.items() if b > 0)
         backend = self._open_backend()
+        if self.ods_off is None:
+            from headrace.cache.ods_board import OdsKeys, group_of
+            from headrace.cache.redis_backend import PREFIX
+
+            tracked = [t for t in layout.tiers if not (t.seeded and not t.shared)]
+            backend.ods = OdsKeys(PREFIX, group_of([f"{t.name}|{t.prefix}" for t in tracked]))
+            backend.ods_tiers = frozenset(t.name for t in tracked if t.name in self.active)
         if self.active:
             backend.set_budgets(budgets)
         self._release()
+
+    def start_ods(self, epoch: int, delivered: Any) -> Any:
+        """The ``OdsEpoch`` of a starting epoch (``delivered``: indices delivered before, when
+        it resumes), or None when ODS is off."""
+        self.ods_epoch = None
+        if self.ods_off is not None or not self.active:
+            return None
+        from headrace.cache.ods_board import OdsBoard
+        from headrace.cache.ods_epoch import OdsEpoch
+
+        if self._board is None:
+            self._board = OdsBoard(self.backend, self.backend.ods, self.job, self.config.ods_ttl_s)
+        self.ods_epoch = OdsEpoch(self._board, epoch, delivered)
+        self._release()
+        return self.ods_epoch
 
     def client(self) -> CacheClient:
         """The client for the forms ``replan`` chose (picklable, for workers)."""
@@ -177,10 +214,13 @@ class CacheSession:
                 self._release()
             except Exception:  # noqa: BLE001 - stats must not fail on a broken backend
                 pass
+        ods = self.ods_epoch
         return CacheStats(
             lookups=d["lookups"], hits=sum(by_tier.values()), hits_by_tier=by_tier,
             inserts=d["inserts"], uncacheable=d["uncacheable"], full=d["full"],
-            errors=d["errors"], not_worth=d["not_worth"], bytes_by_tier=used, budget_by_tier=budgets,
+            errors=d["errors"] + (ods.board.errors - ods.errors0 if ods else 0),
+            not_worth=d["not_worth"], bytes_by_tier=used, budget_by_tier=budgets,
+            substituted=ods.substituted if ods else 0, jobs=ods.board.jobs if ods else 0,
         )
 
     def explain_lines(self, opaque: bool, epochs: Sequence[EpochStats] = ()) -> list[str]:
@@ -214,6 +254,7 @@ class CacheSession:
                        "as its steps run inside it, and it is exact only "
                        "within one (base seed, epoch); Cache(shared_augmented=True) reuses it across "
                        "epochs")
+        out.extend(self._ods_lines())
         aug = self.layout.get("augmented")
         if aug is not None and aug.shared:
             out.append("  shared_augmented: an augmented sample cached by another epoch or job is "
@@ -224,11 +265,32 @@ class CacheSession:
             out.append(f"  epoch {n}: "
                        f"{c.hits} hits of {c.lookups} lookups ({100 * c.hit_rate:.0f}%: {tiers}), "
                        f"{c.inserts} stored, {c.full} refused (full), {c.uncacheable} uncacheable, "
-                       f"{c.errors} errors")
+                       f"{c.errors} errors"
+                       + (f", {c.substituted} substituted (ODS, {c.jobs} jobs)" if c.jobs else ""))
         return out
 
+    def _ods_lines(self) -> list[str]:
+        if not self.config.ods:
+            return []
+        if self.ods_off is not None:
+            return [f"  ODS: off: {self.ods_off}"]
+        aug = self.layout.get("augmented") if self.layout is not None else None
+        lines = [f"  ODS (Seneca 5.2): on, job {self.job!r}: a sample the shared cache lacks is "
+                 "replaced by a cached one this job has not seen this epoch (the missed one "
+                 "comes later; each sample still once per epoch); an entry is evicted once every "
+                 "live job used it. Which sample fills a position, so batch composition, "
+                 "depends on what the other jobs cached"]
+        if aug is not None and aug.shared:
+            lines.append("  ODS with shared_augmented: augmented samples made by other jobs "
+                         "are served, so a sample's content depends on the other jobs' seeds")
+        return lines
+
     def close(self) -> None:
-        """Remove the memory backend's files (a later epoch starts an empty cache)."""
+        """Remove the memory backend's files (a later epoch starts an empty cache); leave the
+        ODS group (a killed job expires instead)."""
+        if self._board is not None:
+            self._board.leave()
+            self._board = None
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None
