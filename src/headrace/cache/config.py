@@ -58,6 +58,10 @@ class Cache:
             stays off and ``explain()`` says why. With ``shared_augmented`` the augmented
             samples other jobs made are served too (Seneca's trade: content then depends on
             other jobs). Numbers per epoch: ``stats().last.cache.substituted`` and ``.jobs``.
+        t_gpu: the accelerator's ingestion rate in samples per second, MDP's T_GPU (e.g.
+            ``headrace.profiler.probe.probe(...).gthp`` times the batch size). ``None``:
+            measured on the training loop, samples per second of its own time (outside
+            ``next()``) in the last finished epoch; before one finished, no limit.
         ods_ttl_s: seconds a job's ODS state (its registration in the group's live jobs and
             its seen bits) outlives its last request to the server. A live job refreshes it
             with every sampler batch; a killed job stops counting among the live jobs (whose
@@ -71,6 +75,7 @@ class Cache:
     split: Mapping[str, float] | None = None
     ods: bool = False
     ods_ttl_s: float = 60.0
+    t_gpu: float | None = None
 
     def __post_init__(self) -> None:
         if self.url != "memory" and not self.url.startswith("redis://"):
@@ -80,6 +85,8 @@ class Cache:
         if self.ods and not self.url.startswith("redis://"):
             raise ValueError("Cache(ods=True) shares a cache between jobs: it needs "
                              "url='redis://host:port/db'")
+        if self.t_gpu is not None and not self.t_gpu > 0:
+            raise ValueError("t_gpu must be > 0 samples/s (or None: measured)")
         if self.ods_ttl_s <= 0:
             raise ValueError("ods_ttl_s must be > 0 (seconds)")
         if self.split is not None:

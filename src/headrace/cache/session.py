@@ -16,8 +16,10 @@ from headrace.cache.config import Cache, default_budget_bytes
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.pipeline import Pipeline
 from headrace.planner.cache_partition import (
+    INF,
     Split,
     best_split,
+    consumer_rate,
     params_from_profile,
     single_tier_splits,
 )
@@ -82,6 +84,10 @@ class CacheSession:
         self.ods_epoch: Any = None
         """The running epoch's ``ods_epoch.OdsEpoch`` (None without ODS)."""
         self._board: Any = None
+        self.measured_t_gpu = INF
+        self.plan_t_gpu = INF
+        """The T_GPU the running epoch's MDP plan used (samples/s)."""
+        """The training loop's rate in the last finished epoch (``consumer_rate``), samples/s."""
 
     def _release(self) -> None:
         if not self._main_uses and hasattr(self.backend, "close_here"):
@@ -120,8 +126,10 @@ class CacheSession:
                 and profile.step_names == executed.step_names):
             params = params_from_profile(profile, len(executed),
                                          {t.name: t.position for t in layout.tiers},
-                                         max(1, workers), self.budget, self.cache_bandwidth())
+                                         max(1, workers), self.budget, self.cache_bandwidth(),
+                                         self.t_gpu)
             if params is not None:
+                self.plan_t_gpu = params.t_gpu
                 best = best_split(params, forms)
                 self.plan = (best, single_tier_splits(params, forms))
                 self.split = best.shares()
@@ -160,6 +168,11 @@ class CacheSession:
         assert self.layout is not None, "replan() first"
         return CacheClient(self.layout, self._open_backend(), self.counters, self.active)
 
+    @property
+    def t_gpu(self) -> float:
+        """MDP's T_GPU, samples/s: ``Cache.t_gpu``, else the training loop's measured rate."""
+        return self.config.t_gpu if self.config.t_gpu is not None else self.measured_t_gpu
+
     def cache_bandwidth(self) -> float:
         """B_cache in bytes/s: for the memory backend, a 32 MB copy timed once (memory
         bandwidth; reads are in place, then copied once into the step's value)."""
@@ -186,7 +199,10 @@ class CacheSession:
         def closed() -> None:
             me = ref()
             if me is not None and monitor.epochs:
-                me.end_epoch(monitor.epochs[-1].epoch)
+                last = monitor.epochs[-1]
+                if last.finished:
+                    me.measured_t_gpu = consumer_rate(last.samples, last.wall_s, last.stall_s)
+                me.end_epoch(last.epoch)
 
         return closed
 
@@ -239,7 +255,12 @@ class CacheSession:
         if self.config.split is not None:
             why = " (Cache.split)"
         elif self.plan is not None:
-            why = f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted)"
+            gpu = ("unlimited (not measured yet)" if self.plan_t_gpu == INF else
+                   f"{self.plan_t_gpu:.0f} samples/s, "
+                   + ("Cache.t_gpu" if self.config.t_gpu is not None else
+                      "the training loop's own rate last epoch"))
+            why = (f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted; "
+                   f"accelerator T_GPU {gpu})")
         else:
             why = " (default until profiled: the most processed exact form)"
         out.append(f"  split: {split}{why}")
