@@ -62,6 +62,11 @@ class Cache:
             ``headrace.profiler.probe.probe(...).gthp`` times the batch size). ``None``:
             measured on the training loop, samples per second of its own time (outside
             ``next()``) in the last finished epoch; before one finished, no limit.
+        redis_ttl_s: (Redis) seconds an entry, and its namespace's share of the budget, outlive
+            the last insert or hit of that namespace (6 hours by default). Entries of a changed
+            pipeline (another prefix fingerprint) or of a dataset no job reads any more then
+            leave the server and stop holding the budget; a live job's entries are hit every
+            epoch, which keeps them (an epoch longer than this loses entries not hit since).
         ods_ttl_s: seconds a job's ODS state (its registration in the group's live jobs and
             its seen bits) outlives its last request to the server. A live job refreshes it
             with every sampler batch; a killed job stops counting among the live jobs (whose
@@ -76,6 +81,7 @@ class Cache:
     ods: bool = False
     ods_ttl_s: float = 60.0
     t_gpu: float | None = None
+    redis_ttl_s: float = 6 * 3600.0
 
     def __post_init__(self) -> None:
         if self.url != "memory" and not self.url.startswith("redis://"):
@@ -87,6 +93,8 @@ class Cache:
                              "url='redis://host:port/db'")
         if self.t_gpu is not None and not self.t_gpu > 0:
             raise ValueError("t_gpu must be > 0 samples/s (or None: measured)")
+        if self.redis_ttl_s <= 0:
+            raise ValueError("redis_ttl_s must be > 0 (seconds)")
         if self.ods_ttl_s <= 0:
             raise ValueError("ods_ttl_s must be > 0 (seconds)")
         if self.split is not None:

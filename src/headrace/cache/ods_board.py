@@ -17,9 +17,9 @@ tiers' fingerprints) share, under ``hr:ods:<group>:``:
 Everything is changed by Lua scripts, so a read-modify-write is atomic across workers and jobs:
 ``ASK`` (the scheduler, once per sampler batch): register, mark what was chosen since the last
 request seen, answer which requested samples are cached and draw unseen cached ones at random
-(``HRANDFIELD``). ``GET`` (a worker's lookup): read the entry and count a reference; the entry
-is evicted when its references reach the live jobs (Seneca's threshold), its bytes returned to
-the budget. ``PUT`` (a worker's insert): the budget check of ``redis_backend`` plus the status.
+(``HRANDFIELD``). In ``redis_scripts``: ``ODS_GET`` (a worker's lookup) reads the entry and
+counts a use; the entry is evicted when its uses reach the live jobs (Seneca's threshold), its
+bytes returned to the budget; ``PUT`` (a worker's insert) also sets the status.
 No module here imports ``redis``: scripts run on the backend's client.
 """
 
@@ -67,42 +67,6 @@ if want > 0 then
 end
 return {hits, cands, redis.call('ZCARD', KEYS[2])}
 """.replace("DRAWS", str(CANDIDATE_DRAWS)).replace("MOST", str(MAX_DRAW))
-
-GET = _NOW + """
-local v = redis.call('GET', KEYS[1])
-if not v then return nil end
-local jobs = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
-if jobs < 1 then jobs = 1 end
-local s = tonumber(redis.call('HGET', KEYS[3], ARGV[3]) or '0')
-local refs, mask = math.floor(s / 8) + 1, s % 8
-if refs >= jobs then
-  redis.call('DEL', KEYS[1])
-  redis.call('HINCRBY', KEYS[2], ARGV[1], -(string.len(v) + tonumber(ARGV[2])))
-  local bit = tonumber(ARGV[4])
-  if math.floor(mask / bit) % 2 == 1 then mask = mask - bit end
-  if mask == 0 then redis.call('HDEL', KEYS[3], ARGV[3])
-  else redis.call('HSET', KEYS[3], ARGV[3], mask) end
-else
-  redis.call('HSET', KEYS[3], ARGV[3], refs * 8 + mask)
-end
-return v
-"""
-
-PUT = """
-local used = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-if redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
-if used + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return 'full' end
-redis.call('SET', KEYS[1], ARGV[4])
-redis.call('HINCRBY', KEYS[2], ARGV[1], ARGV[2])
-local s = tonumber(redis.call('HGET', KEYS[3], ARGV[5]) or '0')
-local refs, mask = math.floor(s / 8), s % 8
-if refs < 1 then refs = 1 end
-local bit = tonumber(ARGV[6])
-if math.floor(mask / bit) % 2 == 0 then mask = mask + bit end
-redis.call('HSET', KEYS[3], ARGV[5], refs * 8 + mask)
-return 'stored'
-"""
-
 
 def group_of(prefixes: Sequence[str]) -> str:
     """The ODS group of a pipeline: jobs whose tracked forms have these prefix fingerprints."""

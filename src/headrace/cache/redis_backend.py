@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from headrace.cache import ods_board
+from headrace.cache import ods_board, redis_scripts
 from headrace.cache.ods_board import META as ODS_META
 from headrace.cache.ods_board import TIER_BIT
 
@@ -34,22 +34,13 @@ SOCKET_TIMEOUT_S = 1.0
 """Connect and read timeout of every call (seconds): a dead server costs at most this."""
 PREFIX = b"hr:"
 
-_PUT = """
-local used = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-if redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
-if used + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return 'full' end
-redis.call('SET', KEYS[1], ARGV[4])
-redis.call('HINCRBY', KEYS[2], ARGV[1], ARGV[2])
-return 'stored'
-"""
-_TAKE = """
-local v = redis.call('GET', KEYS[1])
-if v then
-  redis.call('DEL', KEYS[1])
-  redis.call('HINCRBY', KEYS[2], ARGV[1], -(string.len(v) + tonumber(ARGV[2])))
-end
-return v
-"""
+USED = PREFIX + b"used"
+NAMESPACES = PREFIX + b"ns"
+NS_USED = PREFIX + b"nsused:"
+ENTRY_KEY_LEN = len(PREFIX) + 24
+"""An entry's key: the prefix, a 16-byte namespace and an 8-byte index (``tiers.sample_key``)."""
+DEFAULT_TTL_S = 6 * 3600.0
+"""Entries and namespaces expire this long after their last insert or hit (``Cache.redis_ttl_s``)."""
 
 
 class BackendDown(ConnectionError):
@@ -63,9 +54,10 @@ def entry_cost(key_len: int, value_len: int) -> int:
 class RedisBackend:
     """A Redis cache at ``url`` (``redis://host:port/db``); picklable, one client per process."""
 
-    def __init__(self, url: str, budget_bytes: int) -> None:
+    def __init__(self, url: str, budget_bytes: int, ttl_s: float = DEFAULT_TTL_S) -> None:
         self.url = url
         self.total_budget = budget_bytes
+        self.ttl_ms = max(1, int(ttl_s * 1000))
         self.budgets: dict[str, int] = {}
         self._client: Any = None
         self._pid = -1
@@ -78,10 +70,10 @@ class RedisBackend:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "budget": self.total_budget, "budgets": self.budgets,
-                "ods": self.ods, "ods_tiers": self.ods_tiers}
+                "ods": self.ods, "ods_tiers": self.ods_tiers, "ttl_ms": self.ttl_ms}
 
     def __setstate__(self, s: dict[str, Any]) -> None:
-        self.__init__(s["url"], s["budget"])  # type: ignore[misc]
+        self.__init__(s["url"], s["budget"], s["ttl_ms"] / 1000)  # type: ignore[misc]
         self.budgets = s["budgets"]
         self.ods, self.ods_tiers = s.get("ods"), s.get("ods_tiers", frozenset())
 
@@ -95,11 +87,10 @@ class RedisBackend:
             self._client = redis.Redis.from_url(
                 self.url, socket_timeout=SOCKET_TIMEOUT_S,
                 socket_connect_timeout=SOCKET_TIMEOUT_S, health_check_interval=0)
-            self._put = self._client.register_script(_PUT)
-            self._take = self._client.register_script(_TAKE)
             self.scripts = {name: self._client.register_script(text) for name, text in (
-                ("ods_ask", ods_board.ASK), ("ods_get", ods_board.GET),
-                ("ods_put", ods_board.PUT))}
+                ("put", redis_scripts.PUT), ("get", redis_scripts.GET),
+                ("take", redis_scripts.TAKE), ("ods_get", redis_scripts.ODS_GET),
+                ("ods_ask", ods_board.ASK))}
             self._pid = os.getpid()
         return self._client
 
@@ -110,54 +101,50 @@ class RedisBackend:
             self._skip = SKIP_CALLS
             raise
 
+    def _run(self, script: str, key: bytes, tier: str, *args: Any, ods: bool = False) -> Any:
+        """Run an entry script (``redis_scripts``: its calling convention) on ``key``."""
+        self._r()
+        ns = key[:-8]
+        keys = [PREFIX + key, USED, NAMESPACES, NS_USED + ns]
+        if ods:
+            keys += [self.ods.status, self.ods.jobs]
+        f = self.scripts[script]
+        return self._call(lambda: f(keys=keys, args=[tier, self.ttl_ms, ns, NS_USED, *args]))
+
     def get(self, key: bytes, decode: Callable[[Any], Any]) -> Any | None:
-        r = self._r()
-        blob = self._call(lambda: r.get(PREFIX + key))
+        """The entry (its TTL refreshed), or None."""
+        blob = self._run("get", key, "")
         return None if blob is None else decode(blob)
 
     def take(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
         """Read and drop the entry (a shared augmented form is served once); with ODS on,
-        read it and count a reference (dropped once every live job used it)."""
+        read it and count a use (dropped once every live job used it)."""
+        extra = len(PREFIX + key) + OVERHEAD
         if tier in self.ods_tiers:
-            return self._ods_get(key, tier, decode)
-        self._r()
-        blob = self._call(lambda: self._take(keys=[PREFIX + key, PREFIX + b"used"],
-                                             args=[tier, OVERHEAD + len(PREFIX + key)]))
+            blob = self._run("ods_get", key, tier, extra + ODS_META,
+                             int.from_bytes(key[-8:], "big"), TIER_BIT[tier], ods=True)
+        else:
+            blob = self._run("take", key, tier, extra)
         return None if blob is None else decode(blob)
 
     def put(self, key: bytes, tier: str, blob: bytes, live: Iterable[bytes]) -> str:
         """Store ``blob`` within the tier's budget: ``"stored"``, ``"exists"`` or ``"full"``.
 
         Entries of other namespaces are not evicted here (``live`` is unused): a shared server's
-        namespaces belong to several jobs.
+        namespaces belong to several jobs; those no job uses any more expire (``ttl``).
         """
-        self._r()
-        k = PREFIX + key
-        cost = entry_cost(len(k), len(blob))
+        cost = entry_cost(len(PREFIX + key), len(blob))
         budget = self.budgets.get(tier, 0)
-        if tier in self.ods_tiers:
+        ods = tier in self.ods_tiers
+        if ods:
             cost += ODS_META
         if cost > budget:
             return "full"
-        if tier in self.ods_tiers:
-            script = self.scripts["ods_put"]
-            r = self._call(lambda: script(
-                keys=[k, PREFIX + b"used", self.ods.status],
-                args=[tier, cost, budget, blob, int.from_bytes(key[-8:], "big"), TIER_BIT[tier]]))
-            return r.decode() if isinstance(r, bytes) else str(r)
-        r = self._call(lambda: self._put(keys=[k, PREFIX + b"used"],
-                                         args=[tier, cost, budget, blob]))
+        args: list[Any] = [cost, budget, blob]
+        if ods:
+            args += [int.from_bytes(key[-8:], "big"), TIER_BIT[tier]]
+        r = self._run("put", key, tier, *args, ods=ods)
         return r.decode() if isinstance(r, bytes) else str(r)
-
-    def _ods_get(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
-        self._r()
-        k = PREFIX + key
-        script = self.scripts["ods_get"]
-        blob = self._call(lambda: script(
-            keys=[k, PREFIX + b"used", self.ods.status, self.ods.jobs],
-            args=[tier, len(k) + OVERHEAD + ODS_META, int.from_bytes(key[-8:], "big"),
-                  TIER_BIT[tier]]))
-        return None if blob is None else decode(blob)
 
     def set_budgets(self, budgets: dict[str, int]) -> None:
         if sum(budgets.values()) > self.total_budget:
@@ -169,7 +156,7 @@ class RedisBackend:
 
     def usage(self) -> dict[str, int]:
         r = self._r()
-        raw = self._call(lambda: r.hgetall(PREFIX + b"used"))
+        raw = self._call(lambda: r.hgetall(USED))
         return {k.decode(): int(v) for k, v in raw.items()}
 
     def scan_bytes(self) -> int:
@@ -177,8 +164,8 @@ class RedisBackend:
         r = self._r()
         total = 0
         for k in r.scan_iter(match=PREFIX + b"*", count=1000):
-            if k == PREFIX + b"used" or k.startswith(PREFIX + b"ods:"):
-                continue
+            if len(k) != ENTRY_KEY_LEN:
+                continue  # bookkeeping: used, ns, nsused:*, ods:*
             total += entry_cost(len(k), r.strlen(k)) + (ODS_META if self.ods else 0)
         return total
 

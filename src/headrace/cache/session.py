@@ -105,7 +105,7 @@ class CacheSession:
             else:
                 from headrace.cache.redis_backend import RedisBackend
 
-                self.backend = RedisBackend(self.config.url, self.budget)
+                self.backend = RedisBackend(self.config.url, self.budget, self.config.redis_ttl_s)
         return self.backend
 
     def replan(self, executed: Pipeline, profile: PipelineProfile | None, workers: int,
