@@ -76,17 +76,16 @@ class Substitution:
             if unseen and k < len(answer.hits) and answer.hits[k]:
                 self.hits += 1
                 chosen = i
+            elif (sub := self._candidate(cands)) is not None:
+                self.substituted += 1
+                chosen = sub
+                if unseen:
+                    self.deferred.append(i)
+            elif unseen:
+                chosen = i
             else:
-                chosen = self._candidate(cands)
-                if chosen is not None:
-                    self.substituted += 1
-                    if unseen:
-                        self.deferred.append(i)
-                elif unseen:
-                    chosen = i
-                else:
-                    chosen = self._deferred()
-                    self.from_deferred += 1
+                chosen = self._deferred()
+                self.from_deferred += 1
             self.seen.set(chosen)
             out.append(chosen)
         return out
