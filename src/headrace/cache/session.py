@@ -150,9 +150,10 @@ class CacheSession:
 
     def start_ods(self, epoch: int, delivered: Any) -> Any:
         """The ``OdsEpoch`` of a starting epoch (``delivered``: indices delivered before, when
-        it resumes), or None when ODS is off."""
+        it resumes), or None when ODS is off. With no tier active (no budget) it still runs,
+        answering misses, so that delivery is recorded by sample as the state dict says."""
         self.ods_epoch = None
-        if self.ods_off is not None or not self.active:
+        if self.ods_off is not None:
             return None
         from headrace.cache.ods_board import OdsBoard
         from headrace.cache.ods_epoch import OdsEpoch
