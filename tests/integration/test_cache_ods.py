@@ -187,3 +187,36 @@ def test_ods_stays_off_with_a_sharded_sampler_and_says_why(server, no_leaks) -> 
     assert ld.stats().last.cache.jobs == 0  # no ODS request was made
     assert "ODS: off: sampler DistributedSampler" in ld.explain()
     ld.close()
+
+
+def test_one_job_whose_decoded_set_fits_hits_every_epoch(server, no_leaks) -> None:
+    """An exact form every live job used stays while its tier has room (no alternation of
+    full and empty epochs)."""
+    cache = hr.Cache(url=server.url, budget_bytes=1 << 20, ods=True, split={"decoded": 1.0})
+    ld = hr.DataLoader(ods_jobs.pipeline(), batch_size=4, shuffle=True,
+                       options=hr.Options(seed=1, cache=cache))
+    for _ in range(3):
+        samples(ld)
+    e = [x.cache for x in ld.stats().epochs]
+    assert e[0].inserts == N and e[1].hits == N and e[2].hits == N
+    assert e[2].jobs == 1
+    ld.close()
+
+
+def test_shared_augmented_with_ods_serves_another_jobs_samples_once(server, no_leaks) -> None:
+    cache = hr.Cache(url=server.url, budget_bytes=1 << 20, ods=True, shared_augmented=True,
+                     split={"augmented": 0.5, "decoded": 0.5})
+    a, b = (hr.DataLoader(ods_jobs.pipeline(), batch_size=4, shuffle=True,
+                          options=hr.Options(seed=s, cache=cache)) for s in (1, 2))
+    iter(b)  # b joins the group before a fills the cache: two live jobs
+    got_a = samples(a)
+    assert a.stats().last.cache.inserts == N
+    got_b = samples(b)  # every sample once, each one a's augmented sample
+    c = b.stats().last.cache
+    assert c.hits_by_tier["augmented"] == N and c.jobs == 2
+    for i in range(N):
+        assert torch.equal(got_a[i], got_b[i])  # content depends on the other job (the trade)
+    assert b.cache.backend.scan_bytes() == 0  # both jobs used each: all evicted
+    assert "depends on the other jobs' seeds" in b.explain()
+    a.close()
+    b.close()

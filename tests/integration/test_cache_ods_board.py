@@ -23,6 +23,7 @@ def backend(redis_server):
     be.set_budgets({"augmented": 1 << 20})
     be.ods = OdsKeys(PREFIX, "g")
     be.ods_tiers = frozenset({"augmented"})
+    be.ods_always = frozenset({"augmented"})  # a shared augmented form: never kept for later
     yield be
     be.close_here()
 
@@ -57,6 +58,23 @@ def test_an_entry_is_evicted_once_every_live_job_used_it(backend, jobs) -> None:
     ans = board.ask(0, [7], 4, [])
     assert ans.hits == [False] and 7 not in ans.candidates  # no longer offered
     assert backend.scan_bytes() == 0
+
+
+def test_an_exact_form_every_job_used_is_evicted_only_when_its_tier_is_full(backend) -> None:
+    _boards(backend, 2)
+    blob = codec.encode(b"d" * 100)
+    cost = len(PREFIX) + 24 + len(blob) + 64 + 32  # key, value, overhead, ODS status
+    backend.set_budgets({"decoded": 2 * cost})
+    backend.ods_tiers, backend.ods_always = frozenset({"decoded"}), frozenset()
+    assert backend.put(sample_key(NS, 1), "decoded", blob, []) == "stored"
+    assert backend.take(sample_key(NS, 1), "decoded", codec.decode) == b"d" * 100
+    assert backend.scan_bytes() == cost  # every job used it, but there is room: kept
+    assert backend.put(sample_key(NS, 2), "decoded", blob, []) == "stored"
+    assert backend.put(sample_key(NS, 3), "decoded", blob, []) == "full"  # now it is needed
+    assert backend.take(sample_key(NS, 1), "decoded", codec.decode) == b"d" * 100
+    assert backend.scan_bytes() == cost  # evicted: entry 2 is left
+    assert backend.put(sample_key(NS, 3), "decoded", blob, []) == "stored"  # the refill
+    assert backend.scan_bytes() == sum(backend.usage().values()) == 2 * cost
 
 
 def test_answers_say_what_is_cached_and_offer_only_unseen_samples(backend) -> None:

@@ -50,9 +50,9 @@ class Cache:
             gets every sample exactly once per epoch (and a mid-epoch ``state_dict()`` resumes
             exactly: it records delivered samples, not positions), but *which* sample fills a
             position, and so batch composition, then depends on what the other jobs cached.
-            An entry is evicted once every live job used it (the job that stored it counts),
-            freeing its bytes for the next sample a job computes (the jobs' samplers' random
-            order makes that a pseudo-random refill). Needs torch's ``RandomSampler`` (without
+            An entry is evicted once every live job used it (the job that stored it counts;
+            an exact form only while its tier is full), freeing its bytes for the next sample
+            a job computes (the jobs' samplers' random order makes that a pseudo-random refill). Needs torch's ``RandomSampler`` (without
             replacement) or ``SequentialSampler`` over the whole dataset and no dropped tail
             (a ``DistributedSampler`` shard would receive other ranks' samples); otherwise it
             stays off and ``explain()`` says why. With ``shared_augmented`` the augmented

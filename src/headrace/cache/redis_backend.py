@@ -67,15 +67,19 @@ class RedisBackend:
         """``ods_board.OdsKeys`` when ODS is on (``Cache(ods=True)``), else None."""
         self.ods_tiers: frozenset[str] = frozenset()
         """Tiers whose entries ODS tracks (reference-counted reads, status on insert)."""
+        self.ods_always: frozenset[str] = frozenset()
+        """ODS tiers evicted at the threshold even when not full (a shared augmented form)."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "budget": self.total_budget, "budgets": self.budgets,
-                "ods": self.ods, "ods_tiers": self.ods_tiers, "ttl_ms": self.ttl_ms}
+                "ods": self.ods, "ods_tiers": self.ods_tiers, "ods_always": self.ods_always,
+                "ttl_ms": self.ttl_ms}
 
     def __setstate__(self, s: dict[str, Any]) -> None:
         self.__init__(s["url"], s["budget"], s["ttl_ms"] / 1000)  # type: ignore[misc]
         self.budgets = s["budgets"]
         self.ods, self.ods_tiers = s.get("ods"), s.get("ods_tiers", frozenset())
+        self.ods_always = s.get("ods_always", frozenset())
 
     def _r(self) -> Any:
         if self._skip > 0:
@@ -122,7 +126,8 @@ class RedisBackend:
         extra = len(PREFIX + key) + OVERHEAD
         if tier in self.ods_tiers:
             blob = self._run("ods_get", key, tier, extra + ODS_META,
-                             int.from_bytes(key[-8:], "big"), TIER_BIT[tier], ods=True)
+                             int.from_bytes(key[-8:], "big"), TIER_BIT[tier],
+                             "1" if tier in self.ods_always else "0", ods=True)
         else:
             blob = self._run("take", key, tier, extra)
         return None if blob is None else decode(blob)

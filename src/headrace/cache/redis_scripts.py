@@ -16,9 +16,18 @@ An expired entry still counted in a live namespace (not hit for ``ttl``) keeps i
 ``used`` until its namespace expires: the budget errs on the side of holding less. Key names
 are built inside the scripts (``ns_used_prefix .. namespace``): a single server, not a Redis
 Cluster. Nothing here imports ``redis``.
+
+ODS evicts an entry once every live job used it. A shared augmented form always (Seneca: never
+served in another epoch); an exact form (encoded, decoded) only while its tier is under
+pressure, i.e. an insert was refused in the last ``PRESSURE_S``: when everything fits, an entry
+every job used this epoch is what every job needs next epoch, and evicting it would only make
+the next epoch miss; when the tier is full, its room goes to a sample no job has yet.
 """
 
 from __future__ import annotations
+
+PRESSURE_S = 10.0
+"""An exact tier counts as under pressure this long after an insert was refused (seconds)."""
 
 _PRELUDE = """
 local t = redis.call('TIME')
@@ -58,7 +67,10 @@ PUT = _PRELUDE + """
 reap()
 if redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
 local used = tonumber(redis.call('HGET', KEYS[2], tier) or '0')
-if used + tonumber(ARGV[5]) > tonumber(ARGV[6]) then return 'full' end
+if used + tonumber(ARGV[5]) > tonumber(ARGV[6]) then
+  redis.call('SET', KEYS[2] .. ':full:' .. tier, 1, 'PX', PRESSURE_MS)  -- see ODS_GET
+  return 'full'
+end
 redis.call('SET', KEYS[1], ARGV[7], 'PX', ttl)
 charge(tonumber(ARGV[5]))
 touch()
@@ -68,7 +80,7 @@ if ARGV[8] then
   else status(ARGV[8], tonumber(ARGV[9]), 0, false) end
 end
 return 'stored'
-"""
+""".replace("PRESSURE_MS", str(int(PRESSURE_S * 1000)))
 
 GET = _PRELUDE + """
 local v = redis.call('GET', KEYS[1])
@@ -90,8 +102,10 @@ return v
 """
 
 ODS_GET = _PRELUDE + """
--- ARGV[5] bytes beside the value, ARGV[6] index, ARGV[7] tier bit. A read counts one use;
--- once every live job used the entry, it is evicted and its bytes return to the budget.
+-- ARGV[5] bytes beside the value, ARGV[6] index, ARGV[7] tier bit, ARGV[8] '1': evict at the
+-- threshold always (a shared augmented form), else only while the tier refuses inserts.
+-- A read counts one use; once every live job used the entry, it is evicted and its bytes
+-- return to the budget.
 local index, bit = ARGV[6], tonumber(ARGV[7])
 local v = redis.call('GET', KEYS[1])
 if not v then
@@ -100,7 +114,8 @@ if not v then
 end
 local jobs = math.max(1, redis.call('ZCOUNT', KEYS[6], '(' .. now, '+inf'))
 local refs = math.floor(tonumber(redis.call('HGET', KEYS[5], index) or '0') / 8) + 1
-if refs >= jobs then
+local pressed = ARGV[8] == '1' or redis.call('EXISTS', KEYS[2] .. ':full:' .. tier) == 1
+if refs >= jobs and pressed then
   redis.call('DEL', KEYS[1])
   charge(-(string.len(v) + tonumber(ARGV[5])))
   status(index, bit, 1, true)

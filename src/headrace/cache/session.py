@@ -144,6 +144,7 @@ class CacheSession:
             tracked = [t for t in layout.tiers if not (t.seeded and not t.shared)]
             backend.ods = OdsKeys(PREFIX, group_of([f"{t.name}|{t.prefix}" for t in tracked]))
             backend.ods_tiers = frozenset(t.name for t in tracked if t.name in self.active)
+            backend.ods_always = frozenset(t.name for t in tracked if t.shared)
         if self.active:
             backend.set_budgets(budgets)
         self._release()
