@@ -147,6 +147,7 @@ def test_a_mid_epoch_state_dict_resumes_exactly_in_a_new_process(server, no_leak
     assert first["cache"]["substituted"] > 0  # the saved part had swapped samples
     sd = torch.load(state)
     assert sd["delivered_by"] == "index" and sd["delivered_count"] == 24
+    assert sd["schema_version"] == 3  # a headrace reading only 1-2 refuses it
     _join(_spawn(ctx, url=server.url, job="a2", seed=4, epochs=1, out=rest, resume=state,
                  rows=True))
     second = _read(rest)[0]

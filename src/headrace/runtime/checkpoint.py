@@ -22,7 +22,10 @@ from headrace.runtime.bitmap import Bitmap
 SCHEMA_VERSION = 2
 """2 added the executed step order and what identifies the dataset and steps (for warnings);
 a version-1 state dict still loads."""
-READABLE_VERSIONS = (1, 2)
+BY_INDEX_VERSION = 3
+"""3: the delivered bitmap is over sample indices (``delivered_by: "index"``, ODS); only such
+state dicts carry it, so a headrace that reads 2 refuses them instead of misreading the bits."""
+READABLE_VERSIONS = (1, 2, 3)
 
 
 def rng_to_str(state: torch.Tensor) -> str:
@@ -91,7 +94,7 @@ def build(
 ) -> dict[str, Any]:
     in_epoch = origin is not None
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSION if ident.delivered_by == "position" else BY_INDEX_VERSION,
         "samples": ident.samples,
         "batches_per_epoch": ident.batches,
         "dataset": ident.dataset,
