@@ -221,3 +221,20 @@ def test_shared_augmented_with_ods_serves_another_jobs_samples_once(server, no_l
     assert "depends on the other jobs' seeds" in b.explain()
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_redis_killed_and_restarted_mid_epoch_under_ods(server, no_leaks, workers) -> None:
+    from tests.integration.test_cache_redis import KillAt
+
+    ld = ods_jobs.loader(server.url, "outage", seed=6, workers=workers)
+    samples(ld)  # fills the cache
+    try:
+        KillAt(server, kill_at=2, start_at=7).epoch(ld)  # asserts every sample exactly once
+    finally:
+        if server.proc is None:
+            server.start()
+    c = ld.stats().last.cache
+    assert c.errors > 0 and c.jobs >= 1  # requests failed meanwhile: served as asked
+    assert sorted(samples(ld)) == list(range(N))  # and the next epoch runs with ODS again
+    ld.close()
