@@ -52,8 +52,9 @@ class Cache:
             position, and so batch composition, then depends on what the other jobs cached.
             An entry is evicted once every live job used it (the job that stored it counts;
             an exact form only while its tier is full), freeing its bytes for the next sample
-            a job computes (the jobs' samplers' random order makes that a pseudo-random refill). Needs torch's ``RandomSampler`` (without
-            replacement) or ``SequentialSampler`` over the whole dataset and no dropped tail
+            a job computes (the jobs' samplers' random order makes that a pseudo-random
+            refill). Needs torch's ``RandomSampler`` (without replacement) or
+            ``SequentialSampler`` over the whole dataset and no dropped tail
             (a ``DistributedSampler`` shard would receive other ranks' samples); otherwise it
             stays off and ``explain()`` says why. With ``shared_augmented`` the augmented
             samples other jobs made are served too (Seneca's trade: content then depends on
