@@ -103,6 +103,9 @@ class KillAt:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_redis_killed_and_restarted_mid_epoch(server, no_leaks, workers, caplog) -> None:
+    from headrace.cache import client
+
+    client._warned.discard(server.url)  # warned once per process: not by an earlier test
     ref = hr.DataLoader(pipeline(), batch_size=4, num_workers=workers,
                         options=hr.Options(seed=2, cache=None))
     want = [samples(ref) for _ in range(4)]
@@ -184,6 +187,8 @@ def test_a_changed_pipelines_entries_expire_and_stop_holding_the_budget(server, 
     samples(new)  # its first insert reaps the expired namespace: the budget is free again
     c = new.stats().last.cache
     assert c.inserts > 0 and c.full > 0
-    assert new.cache.backend.scan_bytes() == new.cache.backend.usage()["decoded"] <= budget
+    # what the server holds is within what is counted (entries that expired in a namespace
+    # still live stay counted until it expires: with a 1 s TTL some do), within the budget
+    assert 0 < new.cache.backend.scan_bytes() <= new.cache.backend.usage()["decoded"] <= budget
     assert r.zscore(PREFIX + b"ns", old_ns) is None and not r.exists(PREFIX + b"nsused:" + old_ns)
     new.close()
