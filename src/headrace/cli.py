@@ -125,7 +125,8 @@ def _add_cachebench(sub: argparse._SubParsersAction) -> None:
         help="the sample cache (Seneca) vs torch on imagenet, epochs 2+",
         description="Epochs 2+ on the imagenet workload: torch's best configuration, headrace "
         "without cache, with the decoded set fitting the budget, with 20%% fitting, MDP "
-        "predicted vs measured, and three concurrent jobs sharing a Redis cache.",
+        "predicted vs measured, and three concurrent jobs sharing a Redis cache, without and "
+        "with ODS (Seneca's opportunistic sampling), beside three torch jobs.",
     )
     p.add_argument("--out", default="cachebench-out", metavar="DIR")
     p.add_argument("--samples", type=int, default=1920, help="samples in the imagenet set")

@@ -147,17 +147,21 @@ def make_iterator(
     """The epoch iterator: in this process (``num_workers=0``) or fed by the worker pool."""
     assert loader.pipeline is not None and loader.planning is not None
     opts = loader.options
+    ods = None
     if loader.cache is not None:
         loader.cache.begin_epoch()
+        if loader.cache.config.ods:
+            loader.cache.ods_off = ods_eligible(loader)
         loader.cache.replan(loader.planning.executed, loader.planning.profile(),
                             loader.num_workers, loader.num_workers == 0)
+        ods = loader.cache.start_ods(epoch, delivered)
     if loader.num_workers == 0:
         return InProcessIterator(
             loader.planning.executed, epoch, base_seed, groups, loader._auto_collation,
             loader.collate_fn, pin_fn(loader), delivered, opts.on_error, loader.monitor,
             measure=sizes.measure if opts.profile else None,
             cache=loader.cache.client() if loader.cache else None,
-            cache_row=loader.cache.row if loader.cache else 0,
+            cache_row=loader.cache.row if loader.cache else 0, ods=ods,
         )
     pin = pin_fn(loader)  # before loader._buffers is read: it may switch to pinned memory
     pool, owns = get_pool(loader, base_seed)
@@ -184,9 +188,11 @@ def make_iterator(
         total_positions=total_positions(loader),
         sample_timeout_s=opts.sample_timeout_s,
         buffers=loader._buffers,
+        ods=ods,
     )
     it = EpochIterator(pool, owns, spec, loader.monitor, delivered, loader.timeout)
     loader.monitor.meter = it.meter
+    it.ods = ods
     if not pool.workers:
         # Fork after the scheduler started: it feeds the first workers while later ones fork.
         # num_workers="auto" starts where the last epoch's scaler left off, not from scratch.
@@ -196,6 +202,15 @@ def make_iterator(
             loader.remote.attach(pool, on_added=it.scheduler.wake)
         loader.monitor.record_workers(pool.size)
     return it
+
+
+def ods_eligible(loader: DataLoader) -> str | None:
+    """Why ODS cannot run with this loader's sampler (``cache/ods.py``); None: it can."""
+    from headrace.cache.ods import eligible
+
+    assert loader.pipeline is not None
+    return eligible(loader.sampler, loader._user_batch_sampler, loader.drop_last,
+                    loader.batch_size, len(loader.pipeline))
 
 
 def get_pool(loader: DataLoader, base_seed: int) -> tuple[WorkerPool, bool]:

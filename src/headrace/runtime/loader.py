@@ -293,7 +293,9 @@ class DataLoader(tud.DataLoader[_T_co]):
         return checkpoint.Identity(
             samples=len(self.pipeline), batches=len(self), steps=steps,
             dataset=source_fingerprint(self.pipeline.source),
-            step_code=step_digests(self.pipeline))
+            step_code=step_digests(self.pipeline),
+            delivered_by="index" if self.cache is not None and self.cache.config.ods
+            and epochs.ods_eligible(self) is None else "position")
 
     def _threads_blocked(self) -> str | None:
         """Why ``executor="auto"`` may not choose threads here (None: it may)."""
