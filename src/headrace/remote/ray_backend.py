@@ -19,6 +19,21 @@ place (``WorkerHandle.external``): its node may be gone; ``remote/session.py`` s
 Shutdown (NOTE [headrace shutdown] in ``runtime/pool.py``): closing the task queue ends the
 proxy within ``POLL_S`` and it kills its actor; actors are not detached, so Ray also ends them
 when the training process exits.
+
+NOTE [no driver-owned objects]: the training process puts nothing in Ray's object store itself.
+Ray 2.60's raylet on the training host aborted twice in the remote benchmark (``id.h: Check
+failed: binary.size() == T::Size() expected size is 28, but got data size is 75`` in
+``NodeManager::HandleFreeLocalObjects``), each time just as one loader's remote workers were
+killed and the next loader's were created: the previous loader's ``ray.put`` pipeline was being
+freed (Ray 2.60 frees an object by a ``FreeLocalObjects`` call from its owner to each node
+holding it) while the next one was put and pinned (``PinObjectIDs``). 75 bytes is the size of
+the driver's serialized address here, ``PinObjectIDs``' first field: our reading (not
+confirmed in Ray's code) is that a pin request reached the free handler. A
+raylet abort on the training host ends every actor of the job and the driver's connection.
+Passing the pipeline to each actor's constructor by value lets Ray inline it in the task
+(under ``max_direct_call_object_size``, 100 KiB: no object-store entry, nothing to pin or
+free); a larger pipeline Ray stores itself, as it does for any large argument. Samples cross
+as call arguments and return values, inlined under the same size.
 """
 
 from __future__ import annotations
@@ -86,11 +101,6 @@ def cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 0.0))
 
 
-def put(obj: Any) -> Any:
-    """``obj`` in the object store (shipped to each actor once, by reference)."""
-    return ray.put(obj)
-
-
 class RemoteTasks(ThreadTasks):
     """A proxy's task queue: the scheduler ``send``s, the proxy ``take``s with a timeout."""
 
@@ -107,19 +117,20 @@ class RemoteTasks(ThreadTasks):
 class ProxyOptions:
     """What every proxy of one pool shares (set by ``remote/session.py``).
 
-    ``stop``: the step the remote part ends at (the offload split point; the pipeline's step
-    count: the whole sample). ``processes``: the local workers are processes, so partial values
+    ``pipeline``: what every actor runs, passed to each actor's constructor by value (NOTE [no
+    driver-owned objects]). ``stop``: the step the remote part ends at (the offload split
+    point; the pipeline's step count: the whole sample). ``processes``: the local workers are processes, so partial values
     they exchange are ``runtime/transport.py``-encoded. ``on_result()``: a sample finished
     remotely; ``on_lost()``: an actor died; ``on_resumed()``: a sample resumed at a later
     step was sent.
     """
 
-    def __init__(self, cfg: Remote, pipeline_ref: Any, steps: int, processes: bool,
+    def __init__(self, cfg: Remote, pipeline: Any, steps: int, processes: bool,
                  on_result: Callable[[], None] | None = None,
                  on_lost: Callable[[], None] | None = None,
                  on_resumed: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
-        self.pipeline_ref = pipeline_ref
+        self.pipeline = pipeline
         self.steps = steps
         self.stop = steps
         self.read_local = not cfg.read_source
@@ -140,7 +151,7 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
                                   "max_task_retries": 0}
     if cfg.resources:
         actor_opts["resources"] = dict(cfg.resources)
-    actor: Any = _ActorClass.options(**actor_opts).remote(opts.pipeline_ref, setup.base_seed,
+    actor: Any = _ActorClass.options(**actor_opts).remote(opts.pipeline, setup.base_seed,
                                                      setup.profile)
     try:
         if not _wait_placed(actor, tasks, slot, opts):

@@ -128,7 +128,7 @@ class RemoteSession:
             if ref() is not pool:
                 steps = len(pool.pipeline.step_names)
                 opts = ray_backend.ProxyOptions(
-                    self.cfg, ray_backend.put(pool.pipeline), steps,
+                    self.cfg, pool.pipeline, steps,
                     processes=pool.executor != "threads", on_result=self._count,
                     on_lost=self._lost, on_resumed=self._resumed)
                 self._pool_opts = (weakref.ref(pool), opts)
