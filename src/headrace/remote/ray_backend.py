@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
@@ -52,6 +53,7 @@ from headrace.errors import RemoteUnavailableError
 from headrace.pipeline.runner import SampleRunner
 from headrace.remote.actor import RemoteWorker
 from headrace.remote.config import Remote
+from headrace.remote.link import PROBE_BUDGET_S, PROBE_BYTES, LinkEcho, LinkMeasure
 from headrace.remote.payload import pack, unpack
 from headrace.runtime.threadworker import ThreadResults, ThreadTasks
 from headrace.runtime.transport import decode, encode
@@ -67,6 +69,7 @@ START_WARN_S = 30.0
 """A remote worker not placed after this many seconds is reported (the cluster lacks room)."""
 
 _ActorClass = ray.remote(RemoteWorker)
+_EchoClass = ray.remote(LinkEcho)
 
 
 def connect(cfg: Remote) -> None:
@@ -99,6 +102,56 @@ def _check_reachable(address: str) -> None:
 def cluster_cpus() -> float:
     """CPUs of the live nodes of the cluster (Ray's view)."""
     return float(ray.cluster_resources().get("CPU", 0.0))
+
+
+def capacity(cfg: Remote) -> int:
+    """Remote workers the live nodes can hold now: the cluster's CPUs divided by
+    ``num_cpus``, and each custom resource a worker requires divided by its amount (Ray's
+    view; one call to the GCS)."""
+    total = ray.cluster_resources()
+    fits = [total.get("CPU", 0.0) / cfg.num_cpus]
+    fits += [total.get(k, 0.0) / v for k, v in (cfg.resources or {}).items() if v > 0]
+    return max(0, int(min(fits) + 1e-9))
+
+
+def probe_link(cfg: Remote, start_timeout_s: float = 30.0) -> LinkMeasure | None:
+    """Measure the link to a remote worker's node and the local cost of receiving (see
+    ``remote/link.py``); None when no echo actor could be placed within ``start_timeout_s``."""
+    opts: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0}
+    if cfg.resources:
+        opts["resources"] = dict(cfg.resources)
+    echo: Any = _EchoClass.options(**opts).remote()
+    try:
+        try:
+            ray.get(echo.ping.remote(), timeout=start_timeout_s)
+        except GetTimeoutError:
+            log.warning("headrace: the link probe's actor was not placed within %.0f s; "
+                        "bandwidth and offload overhead not measured", start_timeout_s)
+            return None
+        lat, cpu = [], []
+        for _ in range(5):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            ray.get(echo.ping.remote())
+            lat.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+        latency, call_cpu = sorted(lat)[len(lat) // 2], sorted(cpu)[len(cpu) // 2]
+        walls: list[float] = []
+        cpus: list[float] = []
+        deadline = time.perf_counter() + PROBE_BUDGET_S
+        while not walls or (time.perf_counter() < deadline and len(walls) < 8):
+            ref = echo.blob.remote(PROBE_BYTES)
+            ray.wait([ref], fetch_local=False)  # made remotely; the transfer is timed below
+            t0, c0 = time.perf_counter(), time.thread_time()
+            np.array(ray.get(ref), copy=True)  # what receiving a sample does: get, copy out
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.thread_time() - c0)
+            del ref
+        wall = min(walls)
+        return LinkMeasure(bandwidth=PROBE_BYTES / max(wall - latency / 2, 1e-6),
+                           latency_s=latency, call_cpu_s=call_cpu,
+                           cpu_per_byte_s=min(cpus) / PROBE_BYTES, samples=len(walls))
+    finally:
+        ray.kill(echo, no_restart=True)
 
 
 class RemoteTasks(ThreadTasks):

@@ -56,6 +56,11 @@ class RemoteSession:
         """This host reads samples for the remote workers (the source is not reachable there)."""
         self.placement: Any = None
         """The AutoPlacement controller (``remote/autoplace.py``) once running."""
+        self.link: Any = None
+        """What ``plan_offload``'s link probe measured (``remote/link.py``), or None."""
+        self.watcher: Any = None
+        """Makes the offloading decision again when it goes stale (``remote/replan.py``; armed
+        by ``plan_offload``)."""
         self._replaced = 0  # deaths answered by a replacement (or found not to need one)
         self._replaced_at = 0.0  # time.monotonic() of the last replacement
         self._lock = threading.Lock()
@@ -151,12 +156,16 @@ class RemoteSession:
             cost = cfg.local_cost_per_hour + cfg.cost_per_worker_hour * n
         moves = tuple((t, m.local, m.remote, m.bpt, m.reason)
                       for t, m in (self.placement.moves if self.placement else []))
+        replans = tuple((r.t, r.reason, r.decision.describe(), r.remote_workers)
+                        for r in (self.watcher.history if self.watcher else []))
         return RemoteFacts(
             address=cfg.address, error=self.error, max_workers=self.max_workers,
             remote_workers=remote if workers else self.target, local_workers=local,
             remote_samples=self.remote_samples, lost=self.lost, split=self.stop,
             steps=tuple(steps), offload=self.offload, autoplace=cfg.autoplace, moves=moves,
-            measured_thp=measured_thp, cost_per_hour=cost)
+            measured_thp=measured_thp, cost_per_hour=cost, replans=replans,
+            link=self.link.describe() if self.link is not None else None,
+            watching=self.watcher is not None)
 
     def ready_workers(self) -> int:
         """Remote workers of the latest pool whose actor is placed and running (between
@@ -218,11 +227,14 @@ class RemoteSession:
         remote = self.remote_samples - self._epoch_base + held
         return remote < self.ratio * (c.fast + c.slow + held) + self.target
 
-    def apply_offload(self, decision: Any, per_worker_thp: float | None = None) -> None:
-        """Apply a FastFlow decision (``planner/offload.py``) from the next epoch on: the remote
-        range's end becomes the split point, its start says who reads the source, and the
-        remote worker count follows the ratio (``workers_needed``; all available workers
-        when one worker's rate is unknown; none when offloading does not pay)."""
+    def apply_offload(self, decision: Any, per_worker_thp: float | None = None,
+                      available: int | None = None) -> None:
+        """Apply a FastFlow decision (``planner/offload.py``): the remote range's end becomes
+        the split point, its start says who reads the source, and the remote worker count
+        follows the ratio (``workers_needed``; all available workers when one worker's rate is
+        unknown; none when offloading does not pay). ``available``: remote workers the cluster
+        holds now (default ``max_workers``). New samples follow it at once; the worker count
+        from the next epoch on, or at once through ``remote/replan.py``."""
         self.offload = decision
         if not decision.offload:
             self.target = 0
@@ -231,14 +243,28 @@ class RemoteSession:
         best = decision.best
         self.stop = best.stop
         self.read_local = best.start > 0
-        rate = per_worker_thp or (decision.best.rthp / max(1, self.max_workers))
-        self.target = decision.workers_needed(rate, self.max_workers)
+        room = self.max_workers if available is None else min(available, self.max_workers)
+        rate = per_worker_thp or (decision.best.rthp / max(1, room))
+        self.target = decision.workers_needed(rate, room)
+        opts = self._pool_opts[1]
+        if opts is not None:  # the running pool's proxies read these for every new sample
+            opts.stop, opts.read_local = self.stop, self.read_local
+
+    def capacity(self) -> int:
+        """Remote workers the cluster can hold now, at most ``max_workers`` (0: not joined)."""
+        if not self.available:
+            return 0
+        from headrace.remote import ray_backend
+
+        return min(self.max_workers, ray_backend.capacity(self.cfg))
 
     def on_tick_scheduler(self, sched: Any) -> None:
         """Every scheduler pass: replace dead remote workers; run AutoPlacement."""
         if sched.counters is not self._counters:  # a new epoch: the ratio counts from here
             self._counters, self._epoch_base = sched.counters, self.remote_samples
         self.on_tick(sched.pool)
+        if self.watcher is not None:
+            self.watcher.on_tick(sched)
         if not self.cfg.autoplace or not self.available:
             return
         if self.placement is None:
