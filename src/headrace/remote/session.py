@@ -58,6 +58,8 @@ class RemoteSession:
         """The AutoPlacement controller (``remote/autoplace.py``) once running."""
         self.link: Any = None
         """What ``plan_offload``'s link probe measured (``remote/link.py``), or None."""
+        self.local_started: int | None = None
+        """Local workers the latest pool started with (``num_workers``), once ``attach`` ran."""
         self.watcher: Any = None
         """Makes the offloading decision again when it goes stale (``remote/replan.py``; armed
         by ``plan_offload``)."""
@@ -99,9 +101,13 @@ class RemoteSession:
         return [w for w in list(pool.workers.values()) if w.external and not w.retiring]
 
     def attach(self, pool: WorkerPool, on_added: Any = None) -> None:
-        """Start remote workers in ``pool`` up to ``target``."""
+        """Start remote workers in ``pool`` up to ``target``; a new pool also gets the local
+        worker count AutoPlacement had reached (``PlacementController.adopt``)."""
         if not self.available:
             return
+        self.local_started = sum(not w.external for w in list(pool.workers.values()))
+        if self.placement is not None:
+            self.placement.adopt(pool)
         while len(self.remote_workers(pool)) < self.target and len(pool.workers) < pool.max_slots:
             if self.add(pool) is None:
                 return
@@ -268,11 +274,13 @@ class RemoteSession:
         if not self.cfg.autoplace or not self.available:
             return
         if self.placement is None:
+            if self.local_started is None:
+                return  # the pool is still starting its local workers: count them after
             from headrace.planner.placement import PlacementConfig
             from headrace.remote.autoplace import PlacementController
 
             pool = sched.pool
-            local = sum(not w.external for w in pool.workers.values())
+            local = self.local_started
             cfg = PlacementConfig(
                 max_remote=self.max_workers, max_local=max(1, pool.max_slots - self.max_workers),
                 window=self.cfg.window, threshold=self.cfg.threshold,
