@@ -175,13 +175,14 @@ class ProxyOptions:
     point; the pipeline's step count: the whole sample). ``processes``: the local workers are processes, so partial values
     they exchange are ``runtime/transport.py``-encoded. ``on_result()``: a sample finished
     remotely; ``on_lost()``: an actor died; ``on_resumed()``: a sample resumed at a later
-    step was sent.
+    step was sent; ``on_handed_off()``: a remote worker handed a sample off over the timeout.
     """
 
     def __init__(self, cfg: Remote, pipeline: Any, steps: int, processes: bool,
                  on_result: Callable[[], None] | None = None,
                  on_lost: Callable[[], None] | None = None,
-                 on_resumed: Callable[[], None] | None = None) -> None:
+                 on_resumed: Callable[[], None] | None = None,
+                 on_handed_off: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
         self.pipeline = pipeline
         self.steps = steps
@@ -191,6 +192,10 @@ class ProxyOptions:
         self.on_result = on_result
         self.on_lost = on_lost
         self.on_resumed = on_resumed
+        self.on_handed_off = on_handed_off
+        self.handoff: Any = None
+        """The pool's ``HandOff`` (timeout, typical seconds left per step), sent with each
+        task that may be handed off (None: remote workers never hand samples off)."""
         self.placed: dict[int, str] = {}
         """Slot -> Ray node id of the running remote worker in it (removed when it ends)."""
 
@@ -287,6 +292,9 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
             progress.tid[slot] = head[0].tid if head is not None else -1
             if opts.on_result is not None and msg[0] == "done":
                 opts.on_result()
+            elif opts.on_handed_off is not None and msg[0] == "partial" \
+                    and msg[2] < opts.stop:
+                opts.on_handed_off()  # over the timeout, before the split point
             if not results.send(_local_message(msg, before, opts)):
                 return
 
@@ -312,8 +320,12 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
             return ("msg", ("done", task.tid, out.value, out.timings, 0, None))
         value, before = out.value, out.timings
         task = task._replace(start=out.next_step)
+    handoff = None
+    if task.may_hand_off and opts.handoff is not None:  # the local workers' rule, now
+        h = opts.handoff
+        handoff = (float(h.timeout.value), tuple(float(r) for r in h.remaining))
     ref = actor.run.remote(task._replace(payload=None), max(opts.stop, task.start + 1),
-                           pack(value) if value is not None else None)
+                           pack(value) if value is not None else None, handoff)
     return ("ref", ref, before)
 
 

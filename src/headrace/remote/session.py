@@ -43,6 +43,8 @@ class RemoteSession:
         self.resumed_remote = 0
         """Slow-lane samples (resumed at a later step) sent to remote workers."""
         self.lost = 0
+        self.handed_off_remote = 0
+        """Samples remote workers handed off over the timeout (finished in the slow lane)."""
         self.stop: int | None = None
         """Remote part ends before this step (the offload split; None: the whole sample)."""
         self._opened = False
@@ -141,7 +143,9 @@ class RemoteSession:
                 opts = ray_backend.ProxyOptions(
                     self.cfg, pool.pipeline, steps,
                     processes=pool.executor != "threads", on_result=self._count,
-                    on_lost=self._lost, on_resumed=self._resumed)
+                    on_lost=self._lost, on_resumed=self._resumed,
+                    on_handed_off=self._handed_off)
+                opts.handoff = pool.handoff
                 self._pool_opts = (weakref.ref(pool), opts)
             opts.stop = self.stop if self.stop is not None else opts.steps
             opts.read_local = self.read_local
@@ -205,6 +209,10 @@ class RemoteSession:
     def _resumed(self) -> None:
         with self._lock:
             self.resumed_remote += 1
+
+    def _handed_off(self) -> None:
+        with self._lock:
+            self.handed_off_remote += 1
 
     def _lost(self) -> None:
         with self._lock:
