@@ -15,7 +15,8 @@ def facts(**kw):
 
 
 def test_counts_and_measured_throughput():
-    text = "\n".join(remote_lines(facts(lost=1), 100))
+    text = "\n".join(remote_lines(facts(lost=1, handed_off=3), 100))
+    assert "3 handed off by remote workers over the timeout" in text
     assert "2 remote worker(s) now (at most 4), 1 local" in text
     assert "30 of 100 samples finished remotely" in text
     assert "1 remote worker(s) lost" in text

@@ -64,6 +64,8 @@ class RemoteFacts:
     measured_thp: float | None
     cost_per_hour: float | None
     replans: tuple[tuple[float, str, str, int], ...] = ()
+    handed_off: int = 0
+    """Samples remote workers handed off over the timeout (finished in the slow lane)."""
     link: str | None = None
     watching: bool = False
 
@@ -76,6 +78,8 @@ def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
         f"{r.remote_samples} samples"
     out = [f"remote: Ray cluster {r.address!r}: {r.remote_workers} remote worker(s) now (at most "
            f"{r.max_workers}), {r.local_workers} local; {share} finished remotely"
+           + (f"; {r.handed_off} handed off by remote workers over the timeout"
+              if r.handed_off else "")
            + (f"; {r.lost} remote worker(s) lost, their samples re-run" if r.lost else "")]
     if r.offload is not None:
         out.append("  " + r.offload.describe())

@@ -174,6 +174,7 @@ class RemoteSession:
             remote_samples=self.remote_samples, lost=self.lost, split=self.stop,
             steps=tuple(steps), offload=self.offload, autoplace=cfg.autoplace, moves=moves,
             measured_thp=measured_thp, cost_per_hour=cost, replans=replans,
+            handed_off=self.handed_off_remote,
             link=self.link.describe() if self.link is not None else None,
             watching=self.watcher is not None)
 
