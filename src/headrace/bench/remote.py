@@ -179,12 +179,12 @@ def guarded(label: str, run: Any, cluster: BenchCluster, failed: dict[str, Any])
 def slow_lane(args: argparse.Namespace, cluster: BenchCluster) -> list[dict[str, Any]]:
     """Does finishing slow-lane samples remotely pay? A heavy-tailed pipeline (one sample in 8
     spends 2 x 150 ms in two steps, handed off between them; the others 10 ms in the second),
-    1 local + 2 remote workers,
-    ``Remote(slow_lane=False)`` vs ``True``; warm-up epoch, then a timed one."""
+    half the samples of the other sections (it is the slowest per sample), 1 local + 2 remote
+    workers, ``Remote(slow_lane=False)`` vs ``True``; warm-up epoch, then a timed one."""
     model_s = args.model_ms / 1000.0
 
     def row(flag: bool) -> dict[str, Any]:
-        pipe = hr.Pipeline(SimSource(args.samples, args.work_ms / 4), [
+        pipe = hr.Pipeline(SimSource(max(96, args.samples // 2), args.work_ms / 4), [
             hr.step(heavy_tail, name="heavy1"), hr.step(augment, name="augment", random=True),
             hr.step(heavy_tail_then_light, name="heavy2")])
         opts = hr.Options(cache=None, remote=hr.Remote(
