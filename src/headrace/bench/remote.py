@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-ms", type=float, default=20.0)
     p.add_argument("--model-ms", type=float, default=40.0)
     p.add_argument("--remote-workers", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--probe-batches", type=int, default=20)
     p.add_argument("--bandwidth", type=float, default=20e6, help="I/O-bound link, bytes/s")
