@@ -4,7 +4,8 @@
 decision was made from. The scheduler thread ticks it (``RemoteSession.on_tick_scheduler``):
 
 - every ``CLUSTER_POLL_S`` seconds it asks Ray how many remote workers the cluster can hold now
-  (``ray_backend.capacity``): a node that joined or left changes the decision at once;
+  (``ray_backend.capacity``, one GCS call on the scheduler thread): a node that joined or left
+  changes the decision at once (the link is not probed again: ``plan_offload`` measured it);
 - when an epoch has ended it folds that epoch in (samples/s, the share finished remotely, the
   profile's per-step cost now): a changed profile, or a throughput far from the prediction for
   ``ReplanConfig.patience`` epochs, changes it too.
@@ -17,6 +18,7 @@ or retired), so the epoch in progress benefits. Every re-decision is kept for ``
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,6 +39,8 @@ from headrace.planner.replan import (
     local_capacity,
     revise,
 )
+
+log = logging.getLogger("headrace")
 
 CLUSTER_POLL_S = 2.0
 """Seconds between two looks at the cluster's capacity (one call to Ray's GCS each)."""
@@ -80,7 +84,11 @@ class OffloadWatcher:
         now = time.monotonic()
         if now - self._polled >= CLUSTER_POLL_S:
             self._polled = now
-            workers = self.session.capacity()
+            try:
+                workers = self.session.capacity()
+            except Exception as e:  # noqa: BLE001 - Ray's GCS unreachable for a moment
+                log.warning("headrace: could not read the Ray cluster's capacity: %s", e)
+                workers = self.watch.inputs.remote_workers
             why = check_cluster(self.watch, workers)
             if why is not None:
                 self._replan(sched.pool, why, revise(self.watch.inputs, remote_workers=workers))
