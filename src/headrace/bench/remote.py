@@ -318,7 +318,9 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{len(a['moves'])} moves; timeline in `autoplace-timeline.png`."]
         if a.get("final") is not None:
             f = a["final"]
-            out.append(f"Converged to {f['local']} local + {f['remote']} remote worker(s), "
+            where = "Converged to" if f["phase"] == "watch" else \
+                f"Not converged (phase {f['phase']}) at the end, at"
+            out.append(f"{where} {f['local']} local + {f['remote']} remote worker(s), "
                        f"window batch time {1e3 * f['bpt']:.1f} ms.")
     out += ["", "| variant | offload | split [a, b) | ratio | Gthp | Lthp | remote workers |",
             "|---|---|---|---|---|---|---|"]
