@@ -217,8 +217,15 @@ def autoplace(args: argparse.Namespace, cluster: BenchCluster, out: Path) -> dic
     loader: hr.DataLoader[Any] = hr.DataLoader(pipeline(args.samples, args.work_ms),
                                                batch_size=args.batch_size, num_workers=1,
                                                persistent_workers=True, options=opts)
+    wall, got, epochs, settled = 0.0, 0, 0, 0
     try:
-        wall, got = consume(loader, args.model_ms / 1000.0, epochs=args.epochs)
+        # epochs until the policy has watched one whole epoch after converging (Pecan's
+        # figure shows the steady state), at most --epochs
+        while epochs < args.epochs and settled < 2:
+            w, n = consume(loader, args.model_ms / 1000.0)
+            wall, got, epochs = wall + w, got + n, epochs + 1
+            ctl = _session(loader).placement
+            settled = settled + 1 if ctl is not None and ctl.state.phase == "watch" else 0
         ctl = _session(loader).placement
         explain = loader.explain()
     finally:
@@ -231,8 +238,8 @@ def autoplace(args: argparse.Namespace, cluster: BenchCluster, out: Path) -> dic
         final = {"local": st.local, "remote": st.remote, "phase": st.phase, "bpt": st.last_bpt}
     if timeline:
         _plot_timeline(timeline, args.model_ms / 1000.0, out / "autoplace-timeline.png")
-    return {"samples_per_s": got / wall, "timeline": timeline, "moves": moves, "final": final,
-            "explain": explain}
+    return {"samples_per_s": got / wall, "epochs": epochs, "timeline": timeline, "moves": moves,
+            "final": final, "explain": explain}
 
 
 def _plot_timeline(points: list[dict[str, Any]], model_s: float, path: Path) -> None:
@@ -314,8 +321,9 @@ def markdown(res: dict[str, Any]) -> str:
     if a is not None and "error" in a:
         out += ["", f"AutoPlacement: **failed**: {a['error']}"]
     elif a is not None:
-        out += ["", f"AutoPlacement: {a['samples_per_s']:.1f} samples/s over the run, "
-                f"{len(a['moves'])} moves; timeline in `autoplace-timeline.png`."]
+        out += ["", f"AutoPlacement: {a['samples_per_s']:.1f} samples/s over "
+                f"{a.get('epochs', '?')} epochs, {len(a['moves'])} moves; timeline in "
+                "`autoplace-timeline.png`."]
         if a.get("final") is not None:
             f = a["final"]
             where = "Converged to" if f["phase"] == "watch" else \
@@ -362,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-ms", type=float, default=20.0)
     p.add_argument("--model-ms", type=float, default=40.0)
     p.add_argument("--remote-workers", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, default=12,
+                   help="AutoPlacement: epochs at most (it stops one epoch after converging)")
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--probe-batches", type=int, default=20)
     p.add_argument("--bandwidth", type=float, default=20e6, help="I/O-bound link, bytes/s")
