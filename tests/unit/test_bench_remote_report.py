@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from headrace.bench.remote import markdown, write
+from headrace.bench.remote_report import markdown, write
 
 
 def _results() -> dict:
