@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -29,4 +30,22 @@ def test_autoplace_adds_remote_workers_when_local_ones_stall(ray_cluster, no_act
     assert ctl.timeline and all(p.bpt > 0 for p in ctl.timeline)
     text = loader.explain()
     assert "AutoPlacement (Pecan)" in text and "finished remotely" in text
+    loader.close()
+
+
+def test_local_count_survives_a_new_pool(ray_cluster, no_actor_leaks):
+    """Without persistent workers every epoch has a new pool of ``num_workers`` local workers:
+    it starts at the local count the policy had reached instead."""
+    pipe = hr.Pipeline(ArraySource(40), [hr.step(busy, name="busy")])
+    remote = hr.Remote(max_workers=1, resources=ON_CPU_NODES, autoplace=True, window=1000)
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=2, options=hr.Options(remote=remote))
+    assert sum(len(b) for b in loader) == 40
+    ctl = loader.remote.placement
+    assert ctl is not None and ctl.state.local == 2 and not ctl.moves  # window never ends
+    ctl.state = dataclasses.replace(ctl.state, local=1)  # as a "remove a local worker" move
+    it = iter(loader)
+    local = [w for w in it.pool.workers.values() if not w.external and not w.retiring]
+    assert len(local) == 1
+    seen = Counter(int(v) // 2 for b in it for v in b.flatten().tolist())
+    assert seen == Counter(range(40))
     loader.close()

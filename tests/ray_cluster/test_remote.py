@@ -218,3 +218,32 @@ def test_slow_lane_samples_finish_on_remote_workers(ray_cluster, no_actor_leaks)
             assert torch.equal(got[i]["t"], s["t"]) and got[i]["n"] == s["n"]
     finally:
         loader.close()
+
+
+def test_remote_workers_hand_slow_samples_off(ray_cluster, no_actor_leaks):
+    # every 4th sample takes 100 ms in "slow1" (over the fixed 30 ms timeout) with jitter and
+    # slow2 left: a remote worker hands it back after slow1, as a local worker would, and it
+    # finishes in the slow lane (on whichever worker takes slow-lane samples)
+    def pipe():
+        return hr.Pipeline(ArraySource(80), [hr.step(slow_on_4, name="slow1"),
+                                             hr.step(jitter, name="jitter", random=True),
+                                             hr.step(slow_on_4, name="slow2")])
+
+    timeout = hr.TimeoutConfig(fixed_s=0.03)
+    expected = by_index(list(hr.DataLoader(pipe(), batch_size=4, num_workers=1,
+                                           collate_fn=ident_collate,
+                                           options=hr.Options(seed=4, timeout=timeout))))
+    loader = hr.DataLoader(pipe(), batch_size=4, num_workers=1, collate_fn=ident_collate,
+                           options=hr.Options(seed=4, timeout=timeout, remote=Remote(
+                               max_workers=2, resources=ON_CPU_NODES)))
+    try:
+        it = iter(loader)
+        wait_until(lambda it=it: remote_ready(it, 2))
+        got = by_index(list(it))
+        assert sorted(got) == list(range(80))  # exactly once
+        assert loader.remote.handed_off_remote > 0
+        assert loader.stats().last.slow_samples >= loader.remote.handed_off_remote
+        for i, s in expected.items():  # same content, wherever each part ran
+            assert torch.equal(got[i]["t"], s["t"]) and got[i]["n"] == s["n"]
+    finally:
+        loader.close()

@@ -15,7 +15,8 @@ def facts(**kw):
 
 
 def test_counts_and_measured_throughput():
-    text = "\n".join(remote_lines(facts(lost=1), 100))
+    text = "\n".join(remote_lines(facts(lost=1, handed_off=3), 100))
+    assert "3 handed off by remote workers over the timeout" in text
     assert "2 remote worker(s) now (at most 4), 1 local" in text
     assert "30 of 100 samples finished remotely" in text
     assert "1 remote worker(s) lost" in text
@@ -39,3 +40,17 @@ def test_autoplace_moves_and_unreachable_cluster():
     assert "AutoPlacement (Pecan): 1 move(s)" in text and "remote +1" in text
     text = "\n".join(remote_lines(facts(error="could not join 'x:1'"), 0))
     assert text.startswith("remote: not used (could not join 'x:1'")
+
+
+def test_replans_and_link_measure():
+    text = "\n".join(remote_lines(facts(watching=True), 0))
+    assert "offloading watched" in text and "not yet" in text
+    text = "\n".join(remote_lines(facts(
+        watching=True, link="link measured: 900 MB/s, round trip 0.40 ms",
+        replans=((12.5, "cluster changed (capacity joined): 0 -> 2 remote workers",
+                  "offload: yes (no accelerator bound known); ratio 0.80", 2),)), 0))
+    assert "link measured: 900 MB/s" in text
+    assert "offloading decided again 1 time(s) at run time" in text
+    assert "at 12.5 s: cluster changed (capacity joined): 0 -> 2 remote workers -> offload: yes" \
+        in text and "2 remote worker(s)" in text
+    assert "not yet" not in text

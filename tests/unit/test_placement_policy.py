@@ -81,3 +81,18 @@ def test_reacts_to_a_phase_change():
     assert heavy(s.local, s.remote) == pytest.approx(0.1)
     assert (s.local, s.remote) == (2, 10)
     assert any("phase change" in m.reason for m in moves)
+
+
+def test_local_workers_at_their_maximum_keep_the_re_added_remote_worker():
+    """The remote benchmark's case: 1 local worker and no room for another, costs 4 (host) and
+    1 (remote worker) per hour, 0.32 worker-seconds per batch, model 40 ms. The cheapest
+    stall-free point is 7 remote workers. Removing the 7th makes batches costlier: it is
+    re-added and the policy converges there, instead of removing another one in the same move
+    (a net-zero move that kept the costlier configuration and ratcheted down to none)."""
+    cfg = PlacementConfig(max_remote=8, max_local=1, window=10, local_cost=4.0,
+                          remote_cost=1.0)
+    bpt = system(model_s=0.04, work_s=0.32, cores=1)
+    s, moves = run(cfg, bpt)
+    assert s.phase == "watch"
+    assert (s.local, s.remote) == (1, 7)
+    assert all(m.local or m.remote for m in moves)  # no move that changes nothing

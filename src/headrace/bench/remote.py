@@ -14,15 +14,19 @@ no CPUs for actors, and ``--nodes`` CPU nodes of ``--node-cpus`` slots each):
 4. **Slow lane to remote**: a heavy-tailed pipeline with ``Remote(slow_lane=False)`` vs
    ``True``: does finishing handed-off samples on remote workers pay?
 
-Writes ``results.json``, ``results.md`` and ``autoplace-timeline.png`` to ``--out``. Timings
-must come from a quiet machine; ``--tiny`` only proves that the harness runs.
+Every headrace loader here runs without the sample cache (``Options(cache=None)``): the
+simulated work must be done again every epoch, as torch does it, or the local-only row is
+served from memory after its warm-up epoch. Writes ``results.json``, ``results.md`` and
+``autoplace-timeline.png`` to ``--out``, after every row: a row or section that fails is
+recorded with its error (a Ray cluster that lost a node is replaced, ``bench/ray_cluster.py``)
+and the others still run; the exit status is 1 when one failed. Timings must come from a quiet
+machine; ``--tiny`` only proves that the harness runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import logging
 import threading
 import time
 from pathlib import Path
@@ -32,6 +36,10 @@ import numpy as np
 import torch
 
 import headrace as hr
+from headrace.bench.ray_cluster import BenchCluster
+from headrace.bench.remote_report import markdown, write
+
+log = logging.getLogger("headrace")
 
 
 class SimSource:
@@ -103,9 +111,12 @@ def consume(loader: Any, model_s: float, epochs: int = 1,
     return time.perf_counter() - t0, n
 
 
-def scaling(args: argparse.Namespace, remote_kw: dict[str, Any]) -> list[dict[str, Any]]:
+def scaling(args: argparse.Namespace, cluster: BenchCluster,
+            on_row: Any = None) -> list[dict[str, Any]]:
     """One warm-up epoch (untimed: worker and actor start-up; remote workers are waited for),
-    then one timed epoch per row; workers persist between the two."""
+    then one timed epoch per row; workers persist between the two. A row that fails is
+    recorded with its error (and a broken cluster replaced) and the next row runs.
+    ``on_row(rows)``: called after every row (the harness writes what it has)."""
     n, bs, model_s = args.samples, args.batch_size, args.model_ms / 1000.0
     bound = bs / model_s if model_s > 0 else float("inf")
 
@@ -121,66 +132,113 @@ def scaling(args: argparse.Namespace, remote_kw: dict[str, Any]) -> list[dict[st
             row["remote_samples"] = _session(loader).remote_samples - r0
         return row
 
-    tl = torch.utils.data.DataLoader(TorchSim(SimSource(n, args.work_ms)), batch_size=bs,
-                                     num_workers=1, persistent_workers=True)
-    rows = [timed("torch DataLoader, 1 worker", tl, 0)]
-    del tl
-    local: hr.DataLoader[Any] = hr.DataLoader(pipeline(n, args.work_ms), batch_size=bs, num_workers=1,
-                          persistent_workers=True)
-    rows.append(timed("headrace, 1 local worker", local, 0))
-    local.close()
-    for k in args.remote_workers:
-        opts = hr.Options(remote=hr.Remote(max_workers=k, workers=k, **remote_kw))
-        loader: hr.DataLoader[Any] = hr.DataLoader(pipeline(n, args.work_ms), batch_size=bs, num_workers=1,
-                               persistent_workers=True, options=opts)
-        rows.append(timed(f"headrace, 1 local + {k} remote", loader, k))
-        loader.close()
+    def torch_row() -> dict[str, Any]:
+        tl = torch.utils.data.DataLoader(TorchSim(SimSource(n, args.work_ms)), batch_size=bs,
+                                         num_workers=1, persistent_workers=True)
+        return timed("torch DataLoader, 1 worker", tl, 0)
+
+    def headrace_row(k: int) -> dict[str, Any]:
+        opts = hr.Options(cache=None, remote=hr.Remote(max_workers=k, workers=k,
+                                                       **cluster.remote_kw())) \
+            if k else hr.Options(cache=None)
+        label = f"headrace, 1 local + {k} remote" if k else "headrace, 1 local worker"
+        loader: hr.DataLoader[Any] = hr.DataLoader(pipeline(n, args.work_ms), batch_size=bs,
+                                                   num_workers=1, persistent_workers=True,
+                                                   options=opts)
+        try:
+            return timed(label, loader, k)
+        finally:
+            loader.close()
+
+    rows: list[dict[str, Any]] = []
+    plan: list[tuple[str, Any]] = [("torch DataLoader, 1 worker", torch_row),
+                                   ("headrace, 1 local worker", lambda: headrace_row(0))]
+    plan += [(f"headrace, 1 local + {k} remote", lambda k=k: headrace_row(k))
+             for k in args.remote_workers]
+    for label, run in plan:
+        rows.append(guarded(label, run, cluster, {"loader": label}))
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
-def slow_lane(args: argparse.Namespace, remote_kw: dict[str, Any]) -> list[dict[str, Any]]:
+def guarded(label: str, run: Any, cluster: BenchCluster, failed: dict[str, Any]) -> Any:
+    """``run()``, or, when it raises, ``failed`` with the error (and a fresh cluster when
+    Ray lost a node: the next row or section starts whole)."""
+    try:
+        cluster.ensure()
+        return run()
+    except Exception as e:  # noqa: BLE001 - one row's failure must not lose the others
+        log.exception("bench remote: %s failed", label)
+        restarted = cluster.ensure()
+        return {**failed, "error": f"{type(e).__name__}: {e}"[:500],
+                "cluster_restarted": restarted}
+
+
+def slow_lane(args: argparse.Namespace, cluster: BenchCluster) -> list[dict[str, Any]]:
     """Does finishing slow-lane samples remotely pay? A heavy-tailed pipeline (one sample in 8
     spends 2 x 150 ms in two steps, handed off between them; the others 10 ms in the second),
-    1 local + 2 remote workers,
-    ``Remote(slow_lane=False)`` vs ``True``; warm-up epoch, then a timed one."""
-    rows = []
+    half the samples of the other sections (it is the slowest per sample), 1 local + 2 remote
+    workers, ``Remote(slow_lane=False)`` vs ``True``; warm-up epoch, then a timed one."""
     model_s = args.model_ms / 1000.0
-    for flag in (False, True):
-        pipe = hr.Pipeline(SimSource(args.samples, args.work_ms / 4), [
+
+    def row(flag: bool) -> dict[str, Any]:
+        pipe = hr.Pipeline(SimSource(max(96, args.samples // 2), args.work_ms / 4), [
             hr.step(heavy_tail, name="heavy1"), hr.step(augment, name="augment", random=True),
             hr.step(heavy_tail_then_light, name="heavy2")])
-        opts = hr.Options(remote=hr.Remote(max_workers=2, workers=2, slow_lane=flag, **remote_kw))
-        loader: hr.DataLoader[Any] = hr.DataLoader(pipe, batch_size=args.batch_size, num_workers=1,
-                               persistent_workers=True, options=opts)
-        consume(loader, model_s)
-        if not _session(loader).wait_ready(2):
-            raise RuntimeError("slow lane rows: the remote workers were not placed within 120 s")
-        r0 = _session(loader).resumed_remote
-        wall, got = consume(loader, model_s)
-        last = loader.stats().last
-        rows.append({"slow_lane_to_remote": flag, "samples_per_s": got / wall,
-                     "slow_samples": last.slow_samples if last else None,
-                     "resumed_remotely": _session(loader).resumed_remote - r0})
+        opts = hr.Options(cache=None, remote=hr.Remote(
+            max_workers=2, workers=2, slow_lane=flag, **cluster.remote_kw()))
+        loader: hr.DataLoader[Any] = hr.DataLoader(pipe, batch_size=args.batch_size,
+                                                   num_workers=1, persistent_workers=True,
+                                                   options=opts)
+        try:
+            consume(loader, model_s)
+            if not _session(loader).wait_ready(2):
+                raise RuntimeError("slow lane rows: the remote workers were not placed "
+                                   "within 120 s")
+            r0 = _session(loader).resumed_remote
+            wall, got = consume(loader, model_s)
+            last = loader.stats().last
+            return {"slow_lane_to_remote": flag, "samples_per_s": got / wall,
+                    "slow_samples": last.slow_samples if last else None,
+                    "resumed_remotely": _session(loader).resumed_remote - r0}
+        finally:
+            loader.close()
+
+    return [guarded(f"slow lane {flag}", lambda f=flag: row(f), cluster,
+                    {"slow_lane_to_remote": flag}) for flag in (False, True)]
+
+
+def autoplace(args: argparse.Namespace, cluster: BenchCluster, out: Path) -> dict[str, Any]:
+    opts = hr.Options(cache=None, remote=hr.Remote(
+        max_workers=max(args.remote_workers), autoplace=True, window=args.window,
+        cost_per_worker_hour=1.0, local_cost_per_hour=4.0, **cluster.remote_kw()))
+    loader: hr.DataLoader[Any] = hr.DataLoader(pipeline(args.samples, args.work_ms),
+                                               batch_size=args.batch_size, num_workers=1,
+                                               persistent_workers=True, options=opts)
+    wall, got, epochs, settled = 0.0, 0, 0, 0
+    try:
+        # epochs until the policy has watched one whole epoch after converging (Pecan's
+        # figure shows the steady state), at most --epochs
+        while epochs < args.epochs and settled < 2:
+            w, n = consume(loader, args.model_ms / 1000.0)
+            wall, got, epochs = wall + w, got + n, epochs + 1
+            ctl = _session(loader).placement
+            settled = settled + 1 if ctl is not None and ctl.state.phase == "watch" else 0
+        ctl = _session(loader).placement
+        explain = loader.explain()
+    finally:
         loader.close()
-    return rows
-
-
-def autoplace(args: argparse.Namespace, remote_kw: dict[str, Any], out: Path) -> dict[str, Any]:
-    opts = hr.Options(remote=hr.Remote(max_workers=max(args.remote_workers), autoplace=True,
-                                       window=args.window, cost_per_worker_hour=1.0,
-                                       local_cost_per_hour=4.0, **remote_kw))
-    loader: hr.DataLoader[Any] = hr.DataLoader(pipeline(args.samples, args.work_ms), batch_size=args.batch_size,
-                           num_workers=1, persistent_workers=True, options=opts)
-    wall, got = consume(loader, args.model_ms / 1000.0, epochs=args.epochs)
-    ctl = _session(loader).placement
     timeline = [vars(p) for p in ctl.timeline] if ctl is not None else []
     moves = [(t, m.local, m.remote, m.bpt, m.reason) for t, m in (ctl.moves if ctl else [])]
-    explain = loader.explain()
-    loader.close()
+    final = None
+    if ctl is not None:
+        st = ctl.state
+        final = {"local": st.local, "remote": st.remote, "phase": st.phase, "bpt": st.last_bpt}
     if timeline:
         _plot_timeline(timeline, args.model_ms / 1000.0, out / "autoplace-timeline.png")
-    return {"samples_per_s": got / wall, "timeline": timeline, "moves": moves,
-            "explain": explain}
+    return {"samples_per_s": got / wall, "epochs": epochs, "timeline": timeline, "moves": moves,
+            "final": final, "explain": explain}
 
 
 def _plot_timeline(points: list[dict[str, Any]], model_s: float, path: Path) -> None:
@@ -208,7 +266,7 @@ def _plot_timeline(points: list[dict[str, Any]], model_s: float, path: Path) -> 
     plt.close(fig)
 
 
-def decisions(args: argparse.Namespace, remote_kw: dict[str, Any]) -> list[dict[str, Any]]:
+def decisions(args: argparse.Namespace, cluster: BenchCluster) -> list[dict[str, Any]]:
     """FastFlow's decision for CPU-, I/O- and GPU-bound variants of the workload."""
     from headrace.remote import plan_offload
 
@@ -217,47 +275,30 @@ def decisions(args: argparse.Namespace, remote_kw: dict[str, Any]) -> list[dict[
         ("I/O-bound", args.work_ms, 1024, 1.0, args.bandwidth),
         ("GPU-bound", args.work_ms, 4, 1.5 * args.work_ms * args.batch_size, float("inf")),
     ]
-    rows = []
-    for name, work_ms, kb, model_ms, bw in variants:
-        opts = hr.Options(remote=hr.Remote(max_workers=max(args.remote_workers), **remote_kw))
-        loader: hr.DataLoader[Any] = hr.DataLoader(pipeline(args.samples, work_ms, kb), batch_size=args.batch_size,
-                               num_workers=1, options=opts)
-        pause = threading.Event()
-        d, local = plan_offload(loader, lambda _b, s=model_ms / 1000.0, e=pause: e.wait(s),
-                                batches=args.probe_batches, warmup=2, bandwidth=bw)
-        rows.append({"variant": name, "offload": d.offload, "reason": d.reason,
-                     "split": [d.best.start, d.best.stop] if d.best else None,
-                     "ratio": d.ratio, "gthp": d.gthp, "lthp": d.lthp, "lower": d.lower,
-                     "upper": d.upper, "predicted": d.predicted,
-                     "remote_workers": _session(loader).target, "describe": d.describe()})
-        loader.close()
-    return rows
+
+    def row(name: str, work_ms: float, kb: int, model_ms: float, bw: float) -> dict[str, Any]:
+        opts = hr.Options(cache=None, remote=hr.Remote(max_workers=max(args.remote_workers),
+                                                       **cluster.remote_kw()))
+        loader: hr.DataLoader[Any] = hr.DataLoader(pipeline(args.samples, work_ms, kb),
+                                                   batch_size=args.batch_size, num_workers=1,
+                                                   options=opts)
+        try:
+            pause = threading.Event()
+            d, local = plan_offload(loader, lambda _b, s=model_ms / 1000.0, e=pause: e.wait(s),
+                                    batches=args.probe_batches, warmup=2, bandwidth=bw)
+            return {"variant": name, "offload": d.offload, "reason": d.reason,
+                    "split": [d.best.start, d.best.stop] if d.best else None,
+                    "ratio": d.ratio, "gthp": d.gthp, "lthp": d.lthp, "lower": d.lower,
+                    "upper": d.upper, "predicted": d.predicted,
+                    "remote_workers": _session(loader).target, "describe": d.describe()}
+        finally:
+            loader.close()
+
+    return [guarded(f"decision {v[0]}", lambda v=v: row(*v), cluster, {"variant": v[0]})
+            for v in variants]
 
 
-def markdown(res: dict[str, Any]) -> str:
-    out = ["## Remote workers (Ray)", "", res["setup"], "",
-           "| loader | remote workers | samples/s | accelerator bound |", "|---|---|---|---|"]
-    for r in res["scaling"]:
-        out.append(f"| {r['loader']} | {r['remote']} | {r['samples_per_s']:.1f} | "
-                   f"{r['accelerator_bound']:.1f} |")
-    a = res["autoplace"]
-    out += ["", f"AutoPlacement: {a['samples_per_s']:.1f} samples/s over the run, "
-            f"{len(a['moves'])} moves; timeline in `autoplace-timeline.png`.", "",
-            "| variant | offload | split [a, b) | ratio | Gthp | Lthp | remote workers |",
-            "|---|---|---|---|---|---|---|"]
-    for d in res["decisions"]:
-        out.append(f"| {d['variant']} | {'yes' if d['offload'] else 'no'} | {d['split']} | "
-                   f"{d['ratio']:.2f} | {d['gthp']:.1f} | {d['lthp']:.1f} | "
-                   f"{d['remote_workers']} |")
-    out += ["", "| slow lane to remote | samples/s | slow samples | resumed remotely |",
-            "|---|---|---|---|"]
-    for r in res["slow_lane"]:
-        out.append(f"| {'yes' if r['slow_lane_to_remote'] else 'no'} | "
-                   f"{r['samples_per_s']:.1f} | {r['slow_samples']} | {r['resumed_remotely']} |")
-    return "\n".join(out) + "\n"
-
-
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="bench-remote")
     p.add_argument("--address", default=None, help="a running cluster (default: start one)")
@@ -268,10 +309,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--work-ms", type=float, default=20.0)
     p.add_argument("--model-ms", type=float, default=40.0)
     p.add_argument("--remote-workers", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=12,
+                   help="AutoPlacement: epochs at most (it stops one epoch after converging)")
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--probe-batches", type=int, default=20)
     p.add_argument("--bandwidth", type=float, default=20e6, help="I/O-bound link, bytes/s")
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS),
+                   help="sections to run (default: all)")
     p.add_argument("--tiny", action="store_true", help="prove the harness runs (no timings)")
     args = p.parse_args(argv)
     if args.tiny:
@@ -279,41 +323,42 @@ def main(argv: list[str] | None = None) -> None:
         args.node_cpus, args.probe_batches, args.window = 2, 3, 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    import ray
-
-    cluster = None
-    if args.address is None:
-        from ray.cluster_utils import Cluster
-
-        src = str(Path(hr.__file__).resolve().parents[1])
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            x for x in (src, os.environ.get("PYTHONPATH", "")) if x)
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 0, "include_dashboard": False, "object_store_memory": 200 << 20})
-        for _ in range(args.nodes):
-            cluster.add_node(num_cpus=args.node_cpus, resources={"cpu_node": 1000},
-                             object_store_memory=200 << 20)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
-    remote_kw: dict[str, Any] = {"address": args.address or "auto"}
-    if cluster is not None:
-        remote_kw["resources"] = {"cpu_node": 1}
+    cluster = BenchCluster(args.nodes, args.node_cpus, args.address)
+    setup = (f"{args.samples} samples of {args.work_ms:g} ms simulated work, batch "
+             f"{args.batch_size}, accelerator {args.model_ms:g} ms/batch, 1 local worker; "
+             f"{args.nodes} Ray CPU nodes x {args.node_cpus} slots")
+    res: dict[str, Any] = {"setup": setup, "args": vars(args), "unfinished": list(args.sections)}
+    failed = 0
+    cluster.start()
     try:
-        setup = (f"{args.samples} samples of {args.work_ms:g} ms simulated work, batch "
-                 f"{args.batch_size}, accelerator {args.model_ms:g} ms/batch, 1 local worker; "
-                 f"{args.nodes} Ray CPU nodes x {args.node_cpus} slots")
-        res = {"setup": setup, "args": vars(args), "scaling": scaling(args, remote_kw),
-               "autoplace": autoplace(args, remote_kw, out),
-               "decisions": decisions(args, remote_kw),
-               "slow_lane": slow_lane(args, remote_kw)}
+        for name in args.sections:
+            def save(part: Any, name: str = name) -> None:
+                res[name] = part
+                res["cluster_restarts"] = cluster.restarts
+                write(out, res)
+
+            if name == "scaling":
+                part: Any = scaling(args, cluster, on_row=save)
+            elif name == "autoplace":
+                part = guarded("autoplace", lambda: autoplace(args, cluster, out), cluster, {})
+            else:
+                part = SECTIONS[name](args, cluster)
+            res["unfinished"].remove(name)
+            save(part)
+            failed += sum("error" in r for r in (part if isinstance(part, list) else [part]))
     finally:
-        ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
-    (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
-    (out / "results.md").write_text(markdown(res))
+        cluster.stop()
+        write(out, res)
     print(markdown(res))
+    if failed:
+        print(f"{failed} row(s) failed: see their errors above and in {out / 'results.json'}")
+    return 1 if failed else 0
+
+
+SECTIONS: dict[str, Any] = {"scaling": scaling, "autoplace": autoplace, "decisions": decisions,
+                            "slow_lane": slow_lane}
+"""The harness's sections, in the order they run."""
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

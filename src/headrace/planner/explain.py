@@ -44,7 +44,10 @@ class RemoteFacts:
 
     ``measured_thp``: samples/s of the last finished epoch; ``cost_per_hour``: the training host
     plus the remote workers now (None without costs); ``moves``: AutoPlacement's last moves as
-    (seconds since start, local delta, remote delta, window batch time in s, reason).
+    (seconds since start, local delta, remote delta, window batch time in s, reason);
+    ``replans``: the offloading decided again at run time, as (seconds since ``plan_offload``,
+    why, the new decision in words, remote workers asked for); ``link``: what the link probe
+    measured, in words (None: not probed); ``watching``: the decision is watched.
     """
 
     address: str
@@ -61,6 +64,11 @@ class RemoteFacts:
     moves: tuple[tuple[float, int, int, float, str], ...]
     measured_thp: float | None
     cost_per_hour: float | None
+    replans: tuple[tuple[float, str, str, int], ...] = ()
+    handed_off: int = 0
+    """Samples remote workers handed off over the timeout (finished in the slow lane)."""
+    link: str | None = None
+    watching: bool = False
 
 
 def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
@@ -71,9 +79,20 @@ def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
         f"{r.remote_samples} samples"
     out = [f"remote: Ray cluster {r.address!r}: {r.remote_workers} remote worker(s) now (at most "
            f"{r.max_workers}), {r.local_workers} local; {share} finished remotely"
+           + (f"; {r.handed_off} handed off by remote workers over the timeout"
+              if r.handed_off else "")
            + (f"; {r.lost} remote worker(s) lost, their samples re-run" if r.lost else "")]
     if r.offload is not None:
         out.append("  " + r.offload.describe())
+    if r.link is not None:
+        out.append("  " + r.link)
+    if r.replans:
+        out.append(f"  offloading decided again {len(r.replans)} time(s) at run time; last:")
+        for t, why, what, n in r.replans[-3:]:
+            out.append(f"    at {t:.1f} s: {why} -> {what}; {n} remote worker(s)")
+    elif r.watching:
+        out.append("  offloading watched: decided again when the cluster, the profile or the "
+                   "throughput changes (not yet)")
     if r.split is not None and r.split < len(r.steps):
         out.append(f"  split: remote workers run {' -> '.join(r.steps[:r.split])}, local "
                    f"workers {' -> '.join(r.steps[r.split:])}")

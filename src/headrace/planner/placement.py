@@ -168,9 +168,14 @@ def _remove_remote(cfg: PlacementConfig, s: PlacementState, bpt: float, local: i
 
 def _end_round(cfg: PlacementConfig, s: PlacementState, bpt: float, remote: int, why: str,
                local: int = 0) -> tuple[PlacementState, Move | None]:
-    """Line 15: converged when the round changed nothing, else another round."""
+    """Line 15: converged when the round changed nothing, else another round. A round that
+    ended by re-adding the remote worker it removed, with no local worker left to add, is
+    converged too: the next round would only remove that worker again, a configuration just
+    measured to cost more (combined into one move with the re-add, that removal changed
+    nothing, kept the costlier configuration and compared the next window with it: the count
+    ratcheted down to zero)."""
     after = (s.local + local, s.remote + remote)
-    if after == s.round_start:
+    if after == s.round_start or (remote > 0 and after[0] >= cfg.max_local):
         s = dataclasses.replace(s, phase="watch", settled=math.inf)
         move = Move(local, remote, f"{why}; converged", bpt) if (local or remote) else None
         return s, move

@@ -4,7 +4,10 @@ A plain class (no Ray import): ``ray_backend`` wraps it with ``ray.remote``. It 
 worker process on some node, with the same ``TaskRunner`` a local worker process uses, so the
 per-(sample, step) seeds, the re-seeding of the global generators, the timings and size
 measurements and the error messages are those of a local worker: a sample finished remotely is
-the sample a local worker would have finished.
+the sample a local worker would have finished. A sample over the training process's hand-off
+timeout is handed back after a step as a local worker hands it off (the proxy sends the timeout
+and the typical seconds left per step with each call), so a slow sample does not hold the
+remote worker while the ones queued behind it wait.
 """
 
 from __future__ import annotations
@@ -39,9 +42,13 @@ class RemoteWorker:
         self.runner = TaskRunner(setup, handoff, _progress())
         self.steps = len(pipeline.step_names)
         self._stop = self.steps
+        self._late = self.runner.hand_off  # the local rule, over ``handoff`` below
+        self._handoff = handoff
 
         def split(next_step: int, spent: float) -> bool:
-            return next_step >= self._stop  # hand the sample back at the split point
+            # hand the sample back at the split point, or, like a local worker, when it is
+            # over the timeout with work worth moving left (runtime/worker.py's rule)
+            return next_step >= self._stop or self._late(next_step, spent)
 
         self.runner.hand_off = split
 
@@ -51,11 +58,19 @@ class RemoteWorker:
 
         return socket.gethostname(), os.getpid(), ray.get_runtime_context().get_node_id()
 
-    def run(self, task: Task, stop: int, value: Any) -> tuple[Any, ...]:
+    def run(self, task: Task, stop: int, value: Any,
+            handoff: tuple[float, tuple[float, ...]] | None = None) -> tuple[Any, ...]:
         """Run steps ``task.start..stop-1`` of ``task.sample`` and return the worker message
         (``runtime/worker.py``'s ``done`` / ``partial`` / ``error``) with the value packed as
-        arrays. ``value``: the packed partial value when ``task.start > 0``."""
+        arrays. ``value``: the packed partial value when ``task.start > 0``. ``handoff``: the
+        training process's hand-off timeout (seconds) and, per step position, the typical
+        seconds left from there (``pool.HandOff``) when the task may be handed off over the
+        timeout; None: it runs to ``stop``."""
         self._stop = stop
-        task = task._replace(may_hand_off=stop < self.steps)
+        late = handoff is not None and task.may_hand_off
+        self._handoff.timeout.value = handoff[0] if late and handoff else float("inf")
+        if late and handoff:
+            self._handoff.remaining[:] = list(handoff[1])
+        task = task._replace(may_hand_off=stop < self.steps or late)
         out = self.runner.run(task, unpack(value) if task.start > 0 else None)
         return self.runner.message(task.tid, out, lambda v: (pack(v), None))

@@ -8,7 +8,10 @@ without the new worker's help would say that adding it did not pay.
 
 Moves are applied to the epoch's pool: remote workers through the session (``target`` too, so
 the next epoch starts with the same count), local workers with ``pool.add_worker`` /
-``pool.retire``.
+``pool.retire``. Without persistent workers every epoch has a new pool, started with
+``num_workers`` local workers: once it has started them (``RemoteSession.attach``), the
+controller brings it to the local count it had reached (``adopt``), so what it learned
+survives the epoch boundary.
 """
 
 from __future__ import annotations
@@ -90,10 +93,22 @@ class PlacementController:
             session.add(pool)
         for _ in range(max(0, -move.remote)):
             session.retire(pool)
-        for _ in range(max(0, move.local)):
-            if len(pool.workers) < pool.max_slots:
-                pool.add_worker()
-        for _ in range(max(0, -move.local)):
-            local = [w for w in list(pool.workers.values()) if not w.external and not w.retiring]
-            if len(local) > self.cfg.min_local:
-                pool.retire(min(local, key=lambda w: len(w.assigned)))
+        self._set_local(pool, self.state.local)
+
+    def adopt(self, pool: Any) -> None:
+        """A new epoch's pool, its ``num_workers`` local workers started: give it the local
+        worker count the policy had reached (training thread, from ``RemoteSession.attach``)."""
+        self._set_local(pool, self.state.local)
+
+    def _set_local(self, pool: Any, n: int) -> None:
+        """Add or retire local workers of ``pool`` until it has ``n`` (within its slots, at
+        least ``min_local``)."""
+        n = max(self.cfg.min_local, n)
+
+        def local() -> list[Any]:
+            return [w for w in list(pool.workers.values()) if not w.external and not w.retiring]
+
+        while len(local()) < n and len(pool.workers) < pool.max_slots and not pool.closed:
+            pool.add_worker()
+        while len(local()) > n:
+            pool.retire(min(local(), key=lambda w: len(w.assigned)))

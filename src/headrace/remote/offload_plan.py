@@ -5,10 +5,14 @@ The policy is ``planner/offload.py``; this module measures its inputs on the use
 1. Lthp and Gthp with ``profiler.probe`` on local workers only (remote target 0), the user's
    ``train_step`` included (FastFlow §5.1), converted to samples/s;
 2. the per-step CPU seconds and output bytes from the loader's profile (measured meanwhile);
-3. Rthp: a short run with every remote worker, once they are placed, counting the samples
-   they finish per second while the loader is input-bound (all workers busy);
+3. the link: bandwidth to a remote worker's node and the local CPU of receiving a sample
+   (``remote/link.py``, a few hundred milliseconds; parameters override it);
+4. Rthp: a short run with every remote worker the cluster holds now, once they are placed,
+   counting the samples they finish per second while the loader is input-bound;
 
-then decides and applies the decision from the next epoch on (``RemoteSession.apply_offload``).
+then decides and applies the decision (``RemoteSession.apply_offload``), and leaves a watcher
+that decides again when the cluster, the profile or the throughput changes
+(``remote/replan.py``).
 """
 
 from __future__ import annotations
@@ -19,25 +23,34 @@ import time
 from typing import Any
 
 from headrace.planner.offload import OffloadDecision, decide, inputs_from_profile
+from headrace.planner.replan import ReplanConfig
 from headrace.profiler.probe import ProbeResult, probe
+from headrace.remote.replan import OffloadWatcher
 
 READY_TIMEOUT_S = 120.0
 """Longest the remote probe waits for its workers to be placed (seconds)."""
 
 
 def plan_offload(loader: Any, train_step: Any, batches: int = 20, warmup: int = 3,
-                 bandwidth: float = math.inf, overhead_s: float = 0.0,
-                 remote_batches: int | None = None) -> tuple[OffloadDecision, ProbeResult]:
+                 bandwidth: float | None = None, overhead_s: float | None = None,
+                 remote_batches: int | None = None, replan: ReplanConfig | bool = True
+                 ) -> tuple[OffloadDecision, ProbeResult]:
     """Measure, decide and apply FastFlow's offloading for ``loader`` (which has
-    ``Options(remote=...)``). ``bandwidth``: bytes/s between remote nodes and this host
-    (``inf``: not a limit); ``overhead_s``: local CPU seconds an offloaded sample costs here.
-    ``remote_batches``: batches timed for Rthp (default ``batches``; 0: skip, trust the
-    profile's CPU times). Returns the decision (also shown by ``loader.explain()``) and the
-    local probe."""
+    ``Options(remote=...)``).
+
+    ``bandwidth``: bytes/s between remote nodes and this host; ``overhead_s``: local CPU
+    seconds an offloaded sample costs here. ``None`` (default): measured by a short probe
+    (``remote/link.py``; ``inf`` and 0 when no remote worker can be placed); a number
+    overrides the measurement. ``remote_batches``: batches timed for Rthp (default
+    ``batches``; 0: skip, trust the profile's CPU times). ``replan``: keep watching and decide
+    again when the cluster, the profile or the measured throughput changes
+    (``remote/replan.py``; a ``ReplanConfig`` sets the thresholds; ``False``: decide once).
+    Returns the decision (also shown by ``loader.explain()``) and the local probe."""
     session = loader.remote
     if session is None:
         raise ValueError("plan_offload needs a loader with Options(remote=headrace.Remote(...))")
     session.open()
+    session.watcher = None  # a new plan replaces the watched one
     saved = session.target
     session.target = 0  # Lthp: local workers only
     try:
@@ -48,30 +61,48 @@ def plan_offload(loader: Any, train_step: Any, batches: int = 20, warmup: int = 
     profile = loader.planning.profile() if loader.planning is not None else None
     if profile is None or not profile.samples:
         raise ValueError("plan_offload: no sample was profiled (Options(profile=False)?)")
+    available = session.capacity()
+    link = None
+    if available > 0 and (bandwidth is None or overhead_s is None):
+        from headrace.remote import ray_backend
+
+        link = ray_backend.probe_link(session.cfg)
+    session.link = link
+    out_bytes = profile.steps[-1].bytes_out_mean if profile.steps else 0.0
+    if bandwidth is None:
+        bandwidth = link.bandwidth if link is not None else math.inf
+    if overhead_s is None:
+        overhead_s = link.overhead_s(out_bytes) if link is not None else 0.0
     remote_thp = None
     n = batches if remote_batches is None else remote_batches
-    if session.available and session.max_workers > 0 and n > 0 and local.input_bound:
-        remote_thp = _remote_throughput(loader, train_step, n)
+    if available > 0 and n > 0 and local.input_bound:
+        remote_thp = _remote_throughput(loader, train_step, n, available)
     x = inputs_from_profile(profile, gthp=local.gthp * bs, lthp=local.lthp * bs,
-                            remote_workers=session.max_workers if session.available else 0,
-                            bandwidth=bandwidth, overhead_s=overhead_s, remote_thp=remote_thp)
+                            remote_workers=available, bandwidth=bandwidth,
+                            overhead_s=overhead_s, remote_thp=remote_thp)
     decision = decide(x)
-    per_worker = remote_thp / session.max_workers if remote_thp else None
-    session.apply_offload(decision, per_worker)
+    per_worker = remote_thp / available if remote_thp else None
+    session.apply_offload(decision, per_worker, available=available)
+    if replan is not False and not session.cfg.autoplace:
+        cfg = replan if isinstance(replan, ReplanConfig) else None
+        planning, monitor = loader.planning, loader.monitor
+        session.watcher = OffloadWatcher(session, x, decision, planning.profile,
+                                         lambda: monitor.epochs, cfg)
     return decision, local
 
 
-def _remote_throughput(loader: Any, train_step: Any, batches: int) -> float | None:
-    """Samples/s the remote workers finish while every worker is busy (None: none placed)."""
+def _remote_throughput(loader: Any, train_step: Any, batches: int, workers: int
+                       ) -> float | None:
+    """Samples/s ``workers`` remote workers finish while every worker is busy (None: they
+    were not all placed within ``READY_TIMEOUT_S``)."""
     session = loader.remote
     saved = session.target
-    session.target = session.max_workers
+    session.target = workers
     it = iter(loader)
     try:
         tick = threading.Event()
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while sum(w.ready for w in list(it.pool.workers.values()) if w.external) \
-                < session.max_workers:
+        while sum(w.ready for w in list(it.pool.workers.values()) if w.external) < workers:
             if time.monotonic() > deadline:
                 return None
             tick.wait(0.05)

@@ -19,6 +19,21 @@ place (``WorkerHandle.external``): its node may be gone; ``remote/session.py`` s
 Shutdown (NOTE [headrace shutdown] in ``runtime/pool.py``): closing the task queue ends the
 proxy within ``POLL_S`` and it kills its actor; actors are not detached, so Ray also ends them
 when the training process exits.
+
+NOTE [no driver-owned objects]: the training process puts nothing in Ray's object store itself.
+Ray 2.60's raylet on the training host aborted twice in the remote benchmark (``id.h: Check
+failed: binary.size() == T::Size() expected size is 28, but got data size is 75`` in
+``NodeManager::HandleFreeLocalObjects``), each time just as one loader's remote workers were
+killed and the next loader's were created: the previous loader's ``ray.put`` pipeline was being
+freed (Ray 2.60 frees an object by a ``FreeLocalObjects`` call from its owner to each node
+holding it) while the next one was put and pinned (``PinObjectIDs``). 75 bytes is the size of
+the driver's serialized address here, ``PinObjectIDs``' first field: our reading (not
+confirmed in Ray's code) is that a pin request reached the free handler. A
+raylet abort on the training host ends every actor of the job and the driver's connection.
+Passing the pipeline to each actor's constructor by value lets Ray inline it in the task
+(under ``max_direct_call_object_size``, 100 KiB: no object-store entry, nothing to pin or
+free); a larger pipeline Ray stores itself, as it does for any large argument. Samples cross
+as call arguments and return values, inlined under the same size.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
@@ -37,6 +53,7 @@ from headrace.errors import RemoteUnavailableError
 from headrace.pipeline.runner import SampleRunner
 from headrace.remote.actor import RemoteWorker
 from headrace.remote.config import Remote
+from headrace.remote.link import PROBE_BUDGET_S, PROBE_BYTES, LinkEcho, LinkMeasure
 from headrace.remote.payload import pack, unpack
 from headrace.runtime.threadworker import ThreadResults, ThreadTasks
 from headrace.runtime.transport import decode, encode
@@ -52,6 +69,7 @@ START_WARN_S = 30.0
 """A remote worker not placed after this many seconds is reported (the cluster lacks room)."""
 
 _ActorClass = ray.remote(RemoteWorker)
+_EchoClass = ray.remote(LinkEcho)
 
 
 def connect(cfg: Remote) -> None:
@@ -86,9 +104,54 @@ def cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 0.0))
 
 
-def put(obj: Any) -> Any:
-    """``obj`` in the object store (shipped to each actor once, by reference)."""
-    return ray.put(obj)
+def capacity(cfg: Remote) -> int:
+    """Remote workers the live nodes can hold now: the cluster's CPUs divided by
+    ``num_cpus``, and each custom resource a worker requires divided by its amount (Ray's
+    view; one call to the GCS)."""
+    total = ray.cluster_resources()
+    fits = [total.get("CPU", 0.0) / cfg.num_cpus]
+    fits += [total.get(k, 0.0) / v for k, v in (cfg.resources or {}).items() if v > 0]
+    return max(0, int(min(fits) + 1e-9))
+
+
+def probe_link(cfg: Remote, start_timeout_s: float = 30.0) -> LinkMeasure | None:
+    """Measure the link to a remote worker's node and the local cost of receiving (see
+    ``remote/link.py``); None when no echo actor could be placed within ``start_timeout_s``."""
+    opts: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0}
+    if cfg.resources:
+        opts["resources"] = dict(cfg.resources)
+    echo: Any = _EchoClass.options(**opts).remote()
+    try:
+        try:
+            ray.get(echo.ping.remote(), timeout=start_timeout_s)
+        except GetTimeoutError:
+            log.warning("headrace: the link probe's actor was not placed within %.0f s; "
+                        "bandwidth and offload overhead not measured", start_timeout_s)
+            return None
+        lat, cpu = [], []
+        for _ in range(5):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            ray.get(echo.ping.remote())
+            lat.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+        latency, call_cpu = sorted(lat)[len(lat) // 2], sorted(cpu)[len(cpu) // 2]
+        walls: list[float] = []
+        cpus: list[float] = []
+        deadline = time.perf_counter() + PROBE_BUDGET_S
+        while not walls or (time.perf_counter() < deadline and len(walls) < 8):
+            ref = echo.blob.remote(PROBE_BYTES)
+            ray.wait([ref], fetch_local=False)  # made remotely; the transfer is timed below
+            t0, c0 = time.perf_counter(), time.thread_time()
+            np.array(ray.get(ref), copy=True)  # what receiving a sample does: get, copy out
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.thread_time() - c0)
+            del ref
+        wall = min(walls)
+        return LinkMeasure(bandwidth=PROBE_BYTES / max(wall - latency / 2, 1e-6),
+                           latency_s=latency, call_cpu_s=call_cpu,
+                           cpu_per_byte_s=min(cpus) / PROBE_BYTES, samples=len(walls))
+    finally:
+        ray.kill(echo, no_restart=True)
 
 
 class RemoteTasks(ThreadTasks):
@@ -107,19 +170,21 @@ class RemoteTasks(ThreadTasks):
 class ProxyOptions:
     """What every proxy of one pool shares (set by ``remote/session.py``).
 
-    ``stop``: the step the remote part ends at (the offload split point; the pipeline's step
-    count: the whole sample). ``processes``: the local workers are processes, so partial values
+    ``pipeline``: what every actor runs, passed to each actor's constructor by value (NOTE [no
+    driver-owned objects]). ``stop``: the step the remote part ends at (the offload split
+    point; the pipeline's step count: the whole sample). ``processes``: the local workers are processes, so partial values
     they exchange are ``runtime/transport.py``-encoded. ``on_result()``: a sample finished
     remotely; ``on_lost()``: an actor died; ``on_resumed()``: a sample resumed at a later
-    step was sent.
+    step was sent; ``on_handed_off()``: a remote worker handed a sample off over the timeout.
     """
 
-    def __init__(self, cfg: Remote, pipeline_ref: Any, steps: int, processes: bool,
+    def __init__(self, cfg: Remote, pipeline: Any, steps: int, processes: bool,
                  on_result: Callable[[], None] | None = None,
                  on_lost: Callable[[], None] | None = None,
-                 on_resumed: Callable[[], None] | None = None) -> None:
+                 on_resumed: Callable[[], None] | None = None,
+                 on_handed_off: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
-        self.pipeline_ref = pipeline_ref
+        self.pipeline = pipeline
         self.steps = steps
         self.stop = steps
         self.read_local = not cfg.read_source
@@ -127,6 +192,10 @@ class ProxyOptions:
         self.on_result = on_result
         self.on_lost = on_lost
         self.on_resumed = on_resumed
+        self.on_handed_off = on_handed_off
+        self.handoff: Any = None
+        """The pool's ``HandOff`` (timeout, typical seconds left per step), sent with each
+        task that may be handed off (None: remote workers never hand samples off)."""
         self.placed: dict[int, str] = {}
         """Slot -> Ray node id of the running remote worker in it (removed when it ends)."""
 
@@ -140,7 +209,7 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
                                   "max_task_retries": 0}
     if cfg.resources:
         actor_opts["resources"] = dict(cfg.resources)
-    actor: Any = _ActorClass.options(**actor_opts).remote(opts.pipeline_ref, setup.base_seed,
+    actor: Any = _ActorClass.options(**actor_opts).remote(opts.pipeline, setup.base_seed,
                                                      setup.profile)
     try:
         if not _wait_placed(actor, tasks, slot, opts):
@@ -223,6 +292,9 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
             progress.tid[slot] = head[0].tid if head is not None else -1
             if opts.on_result is not None and msg[0] == "done":
                 opts.on_result()
+            elif opts.on_handed_off is not None and msg[0] == "partial" \
+                    and msg[2] < opts.stop:
+                opts.on_handed_off()  # over the timeout, before the split point
             if not results.send(_local_message(msg, before, opts)):
                 return
 
@@ -248,8 +320,12 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
             return ("msg", ("done", task.tid, out.value, out.timings, 0, None))
         value, before = out.value, out.timings
         task = task._replace(start=out.next_step)
+    handoff = None
+    if task.may_hand_off and opts.handoff is not None:  # the local workers' rule, now
+        h = opts.handoff
+        handoff = (float(h.timeout.value), tuple(float(r) for r in h.remaining))
     ref = actor.run.remote(task._replace(payload=None), max(opts.stop, task.start + 1),
-                           pack(value) if value is not None else None)
+                           pack(value) if value is not None else None, handoff)
     return ("ref", ref, before)
 
 

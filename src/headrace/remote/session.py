@@ -43,6 +43,8 @@ class RemoteSession:
         self.resumed_remote = 0
         """Slow-lane samples (resumed at a later step) sent to remote workers."""
         self.lost = 0
+        self.handed_off_remote = 0
+        """Samples remote workers handed off over the timeout (finished in the slow lane)."""
         self.stop: int | None = None
         """Remote part ends before this step (the offload split; None: the whole sample)."""
         self._opened = False
@@ -56,6 +58,13 @@ class RemoteSession:
         """This host reads samples for the remote workers (the source is not reachable there)."""
         self.placement: Any = None
         """The AutoPlacement controller (``remote/autoplace.py``) once running."""
+        self.link: Any = None
+        """What ``plan_offload``'s link probe measured (``remote/link.py``), or None."""
+        self.local_started: int | None = None
+        """Local workers the latest pool started with (``num_workers``), once ``attach`` ran."""
+        self.watcher: Any = None
+        """Makes the offloading decision again when it goes stale (``remote/replan.py``; armed
+        by ``plan_offload``)."""
         self._replaced = 0  # deaths answered by a replacement (or found not to need one)
         self._replaced_at = 0.0  # time.monotonic() of the last replacement
         self._lock = threading.Lock()
@@ -94,9 +103,13 @@ class RemoteSession:
         return [w for w in list(pool.workers.values()) if w.external and not w.retiring]
 
     def attach(self, pool: WorkerPool, on_added: Any = None) -> None:
-        """Start remote workers in ``pool`` up to ``target``."""
+        """Start remote workers in ``pool`` up to ``target``; a new pool also gets the local
+        worker count AutoPlacement had reached (``PlacementController.adopt``)."""
         if not self.available:
             return
+        self.local_started = sum(not w.external for w in list(pool.workers.values()))
+        if self.placement is not None:
+            self.placement.adopt(pool)
         while len(self.remote_workers(pool)) < self.target and len(pool.workers) < pool.max_slots:
             if self.add(pool) is None:
                 return
@@ -128,9 +141,11 @@ class RemoteSession:
             if ref() is not pool:
                 steps = len(pool.pipeline.step_names)
                 opts = ray_backend.ProxyOptions(
-                    self.cfg, ray_backend.put(pool.pipeline), steps,
+                    self.cfg, pool.pipeline, steps,
                     processes=pool.executor != "threads", on_result=self._count,
-                    on_lost=self._lost, on_resumed=self._resumed)
+                    on_lost=self._lost, on_resumed=self._resumed,
+                    on_handed_off=self._handed_off)
+                opts.handoff = pool.handoff
                 self._pool_opts = (weakref.ref(pool), opts)
             opts.stop = self.stop if self.stop is not None else opts.steps
             opts.read_local = self.read_local
@@ -151,12 +166,17 @@ class RemoteSession:
             cost = cfg.local_cost_per_hour + cfg.cost_per_worker_hour * n
         moves = tuple((t, m.local, m.remote, m.bpt, m.reason)
                       for t, m in (self.placement.moves if self.placement else []))
+        replans = tuple((r.t, r.reason, r.decision.describe(), r.remote_workers)
+                        for r in (self.watcher.history if self.watcher else []))
         return RemoteFacts(
             address=cfg.address, error=self.error, max_workers=self.max_workers,
             remote_workers=remote if workers else self.target, local_workers=local,
             remote_samples=self.remote_samples, lost=self.lost, split=self.stop,
             steps=tuple(steps), offload=self.offload, autoplace=cfg.autoplace, moves=moves,
-            measured_thp=measured_thp, cost_per_hour=cost)
+            measured_thp=measured_thp, cost_per_hour=cost, replans=replans,
+            handed_off=self.handed_off_remote,
+            link=self.link.describe() if self.link is not None else None,
+            watching=self.watcher is not None)
 
     def ready_workers(self) -> int:
         """Remote workers of the latest pool whose actor is placed and running (between
@@ -191,6 +211,10 @@ class RemoteSession:
         with self._lock:
             self.resumed_remote += 1
 
+    def _handed_off(self) -> None:
+        with self._lock:
+            self.handed_off_remote += 1
+
     def _lost(self) -> None:
         with self._lock:
             self.lost += 1
@@ -218,11 +242,14 @@ class RemoteSession:
         remote = self.remote_samples - self._epoch_base + held
         return remote < self.ratio * (c.fast + c.slow + held) + self.target
 
-    def apply_offload(self, decision: Any, per_worker_thp: float | None = None) -> None:
-        """Apply a FastFlow decision (``planner/offload.py``) from the next epoch on: the remote
-        range's end becomes the split point, its start says who reads the source, and the
-        remote worker count follows the ratio (``workers_needed``; all available workers
-        when one worker's rate is unknown; none when offloading does not pay)."""
+    def apply_offload(self, decision: Any, per_worker_thp: float | None = None,
+                      available: int | None = None) -> None:
+        """Apply a FastFlow decision (``planner/offload.py``): the remote range's end becomes
+        the split point, its start says who reads the source, and the remote worker count
+        follows the ratio (``workers_needed``; all available workers when one worker's rate is
+        unknown; none when offloading does not pay). ``available``: remote workers the cluster
+        holds now (default ``max_workers``). New samples follow it at once; the worker count
+        from the next epoch on, or at once through ``remote/replan.py``."""
         self.offload = decision
         if not decision.offload:
             self.target = 0
@@ -231,22 +258,38 @@ class RemoteSession:
         best = decision.best
         self.stop = best.stop
         self.read_local = best.start > 0
-        rate = per_worker_thp or (decision.best.rthp / max(1, self.max_workers))
-        self.target = decision.workers_needed(rate, self.max_workers)
+        room = self.max_workers if available is None else min(available, self.max_workers)
+        rate = per_worker_thp or (decision.best.rthp / max(1, room))
+        self.target = decision.workers_needed(rate, room)
+        opts = self._pool_opts[1]
+        if opts is not None:  # the running pool's proxies read these for every new sample
+            opts.stop, opts.read_local = self.stop, self.read_local
+
+    def capacity(self) -> int:
+        """Remote workers the cluster can hold now, at most ``max_workers`` (0: not joined)."""
+        if not self.available:
+            return 0
+        from headrace.remote import ray_backend
+
+        return min(self.max_workers, ray_backend.capacity(self.cfg))
 
     def on_tick_scheduler(self, sched: Any) -> None:
         """Every scheduler pass: replace dead remote workers; run AutoPlacement."""
         if sched.counters is not self._counters:  # a new epoch: the ratio counts from here
             self._counters, self._epoch_base = sched.counters, self.remote_samples
         self.on_tick(sched.pool)
+        if self.watcher is not None:
+            self.watcher.on_tick(sched)
         if not self.cfg.autoplace or not self.available:
             return
         if self.placement is None:
+            if self.local_started is None:
+                return  # the pool is still starting its local workers: count them after
             from headrace.planner.placement import PlacementConfig
             from headrace.remote.autoplace import PlacementController
 
             pool = sched.pool
-            local = sum(not w.external for w in pool.workers.values())
+            local = self.local_started
             cfg = PlacementConfig(
                 max_remote=self.max_workers, max_local=max(1, pool.max_slots - self.max_workers),
                 window=self.cfg.window, threshold=self.cfg.threshold,

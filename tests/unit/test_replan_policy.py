@@ -1,0 +1,135 @@
+"""When FastFlow's offloading is decided again (planner/replan.py), on synthetic traces."""
+
+import math
+
+import pytest
+
+from headrace.planner.offload import OffloadInputs, StepCost, decide
+from headrace.planner.replan import (
+    EpochObservation,
+    ReplanConfig,
+    Watch,
+    check_cluster,
+    check_epoch,
+    local_capacity,
+    pcycle,
+    revise,
+)
+
+
+def steps(work_s=0.020):
+    return (StepCost("load", work_s / 2, 4096.0), StepCost("augment", work_s / 2, 4096.0))
+
+
+def inputs(**kw):
+    base = dict(gthp=400.0, lthp=50.0, steps=steps(), remote_workers=4, bandwidth=math.inf)
+    base.update(kw)
+    return OffloadInputs(**base)
+
+
+def watch(**kw):
+    x = inputs(**kw)
+    return Watch(x, decide(x))
+
+
+def epoch(rate, remote=0, work_s=0.020, samples=1000):
+    return EpochObservation(samples=samples, wall_s=samples / rate, remote_samples=remote,
+                            steps=steps(work_s))
+
+
+def test_cluster_change_is_named_both_ways():
+    w = watch()
+    assert check_cluster(w, 4) is None
+    assert "joined" in check_cluster(w, 6) and "4 -> 6" in check_cluster(w, 6)
+    assert "left" in check_cluster(w, 1)
+
+
+def test_a_node_joining_turns_no_offload_into_offload():
+    w = watch(remote_workers=0)
+    assert not w.decision.offload and "no remote worker" in w.decision.reason
+    reason = check_cluster(w, 4)
+    assert reason is not None
+    d = decide(revise(w.inputs, remote_workers=4))
+    assert d.offload and d.ratio > 0 and d.predicted > w.decision.predicted
+
+
+def test_throughput_as_predicted_never_triggers():
+    cfg, w = ReplanConfig(), watch()
+    predicted = w.decision.predicted
+    for rate in (predicted, 0.9 * predicted, 1.1 * predicted, 0.8 * predicted) * 5:
+        w, why = check_epoch(cfg, w, epoch(rate))
+        assert why is None
+
+
+def test_drift_must_last_patience_epochs():
+    cfg, w = ReplanConfig(drift=0.25, patience=2), watch()
+    low = 0.5 * w.decision.predicted
+    w, why = check_epoch(cfg, w, epoch(low))
+    assert why is None and w.drifting == 1
+    w, why = check_epoch(cfg, w, epoch(w.decision.predicted))  # back on track: count resets
+    assert why is None and w.drifting == 0
+    w, why = check_epoch(cfg, w, epoch(low))
+    w, why = check_epoch(cfg, w, epoch(low))
+    assert why is not None and "throughput drifted" in why and "2 epoch" in why
+    assert w.drifting == 0
+
+
+def test_profile_change_triggers_at_once_and_revise_follows_it():
+    cfg, w = ReplanConfig(), watch(remote_workers=2, remote_thp=100.0)
+    w2, why = check_epoch(cfg, w, epoch(w.decision.predicted, work_s=0.040))
+    assert why is not None and "profile changed" in why and "20.0 -> 40.0 ms" in why
+    x = revise(w.inputs, steps=steps(0.040))
+    assert pcycle(x.steps) == pytest.approx(0.040)
+    assert x.lthp == pytest.approx(25.0)  # the same local CPU-seconds, twice the work
+    assert x.remote_thp == pytest.approx(50.0)  # a remote worker keeps its measured speed
+    assert x.remote_workers == 2 and x.gthp == w.inputs.gthp
+
+
+def test_revise_scales_remote_throughput_with_workers():
+    x = revise(inputs(remote_workers=2, remote_thp=80.0), remote_workers=6)
+    assert x.remote_thp == pytest.approx(240.0)
+    assert revise(inputs(remote_thp=None), remote_workers=6).remote_thp is None
+
+
+def test_local_capacity_from_an_epoch():
+    w = watch(remote_workers=0)  # no offload: every sample local
+    assert local_capacity(w, epoch(40.0)) == pytest.approx(40.0)
+    w = watch()
+    assert w.decision.offload and w.decision.best is not None
+    # 1000 samples in 5 s, 600 of them remote: each remote one still cost ocycle here
+    ocycle, p = w.decision.best.ocycle, 0.020
+    got = local_capacity(w, epoch(200.0, remote=600))
+    assert got == pytest.approx((400 * p + 600 * ocycle) / 5.0 / p)
+    # accelerator-bound epoch (at Gthp): the local workers idled, their capacity is unknown
+    assert local_capacity(w, epoch(400.0)) is None
+
+
+def test_a_trace_with_a_heavier_phase_asks_for_more_remote_workers():
+    """Epochs 1-4 as planned, then the pipeline's work doubles: one re-decision, at epoch 5,
+    that needs twice the remote workers for the same throughput."""
+    cfg = ReplanConfig()
+    w = watch(gthp=100.0, lthp=50.0, remote_workers=8, remote_thp=400.0)
+
+    def needed(w: Watch) -> int:
+        x = w.inputs
+        return w.decision.workers_needed(x.remote_thp / x.remote_workers, x.remote_workers)
+
+    first = needed(w)
+    reasons = []
+    for e in range(8):
+        work = 0.020 if e < 4 else 0.040
+        w, why = check_epoch(cfg, w, epoch(w.decision.predicted, work_s=work))
+        if why is not None:
+            x = revise(w.inputs, steps=steps(work))
+            w = Watch(x, decide(x))
+            reasons.append(e)
+    assert reasons == [4]
+    assert w.decision.offload and w.decision.predicted == pytest.approx(100.0)
+    assert (first, needed(w)) == (2, 4)
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError):
+        ReplanConfig(patience=0)
+    with pytest.raises(ValueError):
+        ReplanConfig(drift=0)
