@@ -75,3 +75,23 @@ def no_actor_leaks(ray_cluster):
     while live_headrace_actors() and time.monotonic() < deadline:
         tick.wait(0.05)
     assert not live_headrace_actors(), "Ray actors left behind"
+
+
+STORAGE_CPUS = 2
+"""CPUs (and ``headrace_storage`` units) of the session's storage node."""
+
+
+def add_storage_node(cluster):
+    """A node of the session's cluster marked as a storage node (near-storage fetchers)."""
+    node = cluster.add_node(num_cpus=STORAGE_CPUS, resources={"headrace_storage": STORAGE_CPUS},
+                            object_store_memory=STORE_BYTES)
+    cluster.wait_for_nodes()
+    return node
+
+
+@pytest.fixture(scope="session")
+def storage_node(ray_cluster):
+    """One storage node added to the session's cluster (``ray_cluster.storage_node``; a test
+    that kills it puts a new one there)."""
+    ray_cluster.storage_node = add_storage_node(ray_cluster)
+    return ray_cluster

@@ -60,6 +60,8 @@ class RemoteFacts:
     moves: tuple[tuple[float, int, int, float, str], ...]
     measured_thp: float | None
     cost_per_hour: float | None
+    extra: tuple[str, ...] = ()
+    """More lines from the remote side (near storage: ``remote/storage.py``)."""
 
 
 def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
@@ -94,6 +96,7 @@ def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
             for t, dl, dr, bpt, why in r.moves[-3:]:
                 out.append(f"    at {t:.1f} s: local {dl:+d}, remote {dr:+d} (window batch time "
                            f"{units.duration(bpt)}): {why}")
+    out.extend(r.extra)
     return out
 
 

@@ -86,6 +86,11 @@ def cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 0.0))
 
 
+def resource_total(name: str) -> float:
+    """Units of a custom resource on the live nodes of the cluster (e.g. ``headrace_storage``)."""
+    return float(ray.cluster_resources().get(name, 0.0))
+
+
 def put(obj: Any) -> Any:
     """``obj`` in the object store (shipped to each actor once, by reference)."""
     return ray.put(obj)
@@ -129,6 +134,13 @@ class ProxyOptions:
         self.on_resumed = on_resumed
         self.placed: dict[int, str] = {}
         """Slot -> Ray node id of the running remote worker in it (removed when it ends)."""
+        self.stops: Any = None
+        """Per-sample split (near storage: ``stops[sample]``, ``remote/storage.py``; None:
+        ``stop`` for every sample)."""
+
+    def stop_for(self, sample: int) -> int:
+        """Where the remote part of ``sample`` ends."""
+        return self.stop if self.stops is None else int(self.stops[sample])
 
 
 def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, progress: Any,
@@ -248,7 +260,8 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
             return ("msg", ("done", task.tid, out.value, out.timings, 0, None))
         value, before = out.value, out.timings
         task = task._replace(start=out.next_step)
-    ref = actor.run.remote(task._replace(payload=None), max(opts.stop, task.start + 1),
+    ref = actor.run.remote(task._replace(payload=None), max(opts.stop_for(task.sample),
+                                                            task.start + 1),
                            pack(value) if value is not None else None)
     return ("ref", ref, before)
 

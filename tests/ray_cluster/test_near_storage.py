@@ -1,0 +1,106 @@
+"""Near-storage preprocessing (SOPHON): fetchers on a storage node of the session's cluster
+run a per-sample prefix; the training side runs the rest."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import headrace as hr
+from headrace.workloads import storage_images as si
+from tests.helpers import ident_collate
+from tests.ray_cluster.conftest import STORAGE_CPUS, add_storage_node
+from tests.ray_cluster.test_remote import wait_until
+
+pytestmark = pytest.mark.ray
+
+N = 48
+SCALE = 0.12  # long sides ~120 px, crop 26 px: a few ms per sample
+
+
+def images() -> si.StorageImages:
+    return si.openimages_like(N, scale=SCALE, seed=3)
+
+
+def run_epochs(options: hr.Options, epochs: int = 2) -> tuple[list[dict[int, dict]], object]:
+    loader = hr.DataLoader(si.pipeline(images()), batch_size=4, shuffle=True, num_workers=1,
+                           collate_fn=ident_collate, persistent_workers=True, options=options)
+    out = []
+    for e in range(epochs):
+        it = iter(loader)
+        if e == 0 and isinstance(options.remote, hr.NearStorage):
+            # the storage workers (persistent) are placed before the epoch after this one
+            wait_until(lambda: loader.remote.ready_workers() >= STORAGE_CPUS)
+        out.append({s["i"]: s for b in it for s in b})
+    return out, loader
+
+
+def near(policy: str, **kw) -> hr.Options:
+    return hr.Options(seed=7, remote=hr.NearStorage(policy=policy, **kw))
+
+
+@pytest.mark.parametrize("policy", ["headrace", "resize-off", "all-off"])
+def test_samples_equal_with_and_without_near_storage(storage_node, no_actor_leaks, policy):
+    expected, plain = run_epochs(hr.Options(seed=7))
+    plain.close()
+    kw = {"resize_step": "crop"} if policy == "resize-off" else {}
+    # a slow link (1 MB/s configured): the decision offloads every sample that shrinks
+    got, loader = run_epochs(near(policy, bandwidth=1e6, **kw))
+    side = loader.remote.near
+    try:
+        for e in range(2):
+            assert sorted(got[e]) == list(range(N))
+            for i, s in expected[e].items():
+                r = got[e][i]["x"]
+                assert torch.equal(r, s["x"]), (policy, e, i)
+        assert len(side.epochs) == 2
+        if policy != "all-off":  # the storage side read them and handed them back
+            assert side.epochs[1].handed_back > 0
+        else:
+            assert loader.remote.remote_samples > 0
+        if policy == "headrace":
+            plan = side.epochs[1].plan  # decided from epoch 0's profile, run in epoch 1
+            stops = plan.stops
+            assert 0 < plan.offloaded < N  # big images cropped there, small ones sent raw
+            assert set(np.unique(stops)) <= {1, 3}
+            prof = side.recorder.profile()
+            shrinks = prof.sizes[:, 2] < prof.sizes[:, 0]
+            assert ((stops == 1) | shrinks).all()  # never offloads one smallest raw
+        text = loader.explain()
+        assert "near storage (SOPHON)" in text and "measured" in text
+    finally:
+        loader.close()
+
+
+def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leaks):
+    loader = hr.DataLoader(si.pipeline(images()), batch_size=4, shuffle=True, num_workers=1,
+                           collate_fn=ident_collate,
+                           options=near("resize-off", resize_step="crop"))
+    it = iter(loader)
+    wait_until(lambda: loader.remote.ready_workers() >= STORAGE_CPUS)
+    seen: Counter[int] = Counter()
+    for _ in range(3):
+        seen.update(s["i"] for s in next(it))
+    victim = storage_node.storage_node
+    try:
+        storage_node.remove_node(victim, allow_graceful=False)  # SIGKILL raylet and workers
+        seen.update(s["i"] for b in it for s in b)
+        assert seen == Counter(range(N))  # every sample exactly once
+        assert loader.remote.lost >= 1
+    finally:
+        storage_node.storage_node = add_storage_node(storage_node)
+    del it
+    loader.close()
+
+
+def test_near_storage_options_are_checked():
+    with pytest.raises(ValueError, match="resize_step"):
+        hr.NearStorage(policy="resize-off")
+    with pytest.raises(ValueError, match="policy"):
+        hr.NearStorage(policy="half")
+    with pytest.raises(ValueError, match="read_source"):
+        hr.NearStorage(read_source=False)
+    assert hr.NearStorage().placed().resources == {"headrace_storage": 1.0}
