@@ -95,3 +95,31 @@ def storage_node(ray_cluster):
     that kills it puts a new one there)."""
     ray_cluster.storage_node = add_storage_node(ray_cluster)
     return ray_cluster
+
+
+SHAPED_MBIT = 20
+"""Egress rate of the shaped storage node's link (megabits per second)."""
+SHAPED_CPUS = 2
+SHAPED_RESOURCE = "shaped_link"
+"""A resource only the shaped storage node has: its tests' workers ask for it."""
+
+
+@pytest.fixture(scope="session")
+def shaped_storage(ray_cluster):
+    """A storage node in its own network namespace, joined to the session's cluster over a
+    veth pair shaped with ``tc`` to ``SHAPED_MBIT``; torn down after the session (node
+    stopped, veth, qdisc and namespace deleted). Skipped where namespaces cannot be made."""
+    from headrace.bench.shaped_link import LinkUnavailable, StorageNode
+
+    node = StorageNode(ray_cluster.address, cpus=SHAPED_CPUS, rate_mbit=SHAPED_MBIT,
+                       extra_resources={SHAPED_RESOURCE: SHAPED_CPUS})
+    try:
+        node.start()
+    except LinkUnavailable as e:
+        node.close()
+        pytest.skip(f"no shaped storage link here: {e}")
+    try:
+        yield node
+    finally:
+        node.close()
+        assert not node.exists(), "namespace or veth left behind"
