@@ -47,15 +47,18 @@ def run_policy(node: StorageNode, images: si.StorageImages, policy: str,
     opts = hr.Options(seed=1, cache=None, remote=hr.NearStorage(
         policy=policy, bandwidth=args.rate_mbit * 1e6 / 8, max_workers=cores,
         storage_cores=cores, **kw))
-    loader = hr.DataLoader(si.pipeline(images), batch_size=args.batch_size, shuffle=True,
-                           num_workers=args.local_workers, collate_fn=_collate,
-                           persistent_workers=True, options=opts)
+    loader: hr.DataLoader[Any] = hr.DataLoader(
+        si.pipeline(images), batch_size=args.batch_size, shuffle=True,
+        num_workers=args.local_workers, collate_fn=_collate, persistent_workers=True,
+        options=opts)
+    session = loader.remote
+    assert session is not None
     epochs = []
     try:
         for e in range(1 + args.epochs):
             it = iter(loader)
             if e == 0:
-                _wait(lambda: loader.remote.ready_workers() >= cores, 180.0)
+                _wait(lambda: session.ready_workers() >= cores, 180.0)
             rx0, tx0 = node.counters()
             t0 = time.perf_counter()
             n = sum(it)
@@ -63,7 +66,7 @@ def run_policy(node: StorageNode, images: si.StorageImages, policy: str,
             rx1, tx1 = node.counters()
             if e == 0:
                 continue  # placing workers and profiling
-            side = loader.remote.near
+            side = session.near
             rec = side.epochs[-1]
             pred = rec.plan.predicted if rec.plan is not None else None
             epochs.append({

@@ -128,7 +128,7 @@ class SampleProfile:
         """(sizes, cpu, known): unmeasured rows replaced by the measured rows' means."""
         sizes = np.asarray(self.sizes, dtype=np.float64)
         cpu = np.asarray(self.cpu, dtype=np.float64)
-        known = np.isfinite(sizes).all(axis=1) & np.isfinite(cpu).all(axis=1)
+        known = np.asarray(np.isfinite(sizes).all(axis=1) & np.isfinite(cpu).all(axis=1))
         if known.all():
             return sizes, cpu, known
         if not known.any():

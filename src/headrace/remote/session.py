@@ -176,6 +176,7 @@ class RemoteSession:
         if not self.near_storage or not self.available:
             return profile
         if self.near is None:
+            assert isinstance(self.cfg, NearStorage)
             self.near = StorageSide(self.cfg, len(pipeline), pipeline.step_names,
                                     max(1, local_workers))
             self.near.storage_workers = max(1, self.target)
