@@ -104,3 +104,67 @@ def test_near_storage_options_are_checked():
     with pytest.raises(ValueError, match="read_source"):
         hr.NearStorage(read_source=False)
     assert hr.NearStorage().placed().resources == {"headrace_storage": 1.0}
+
+
+def drain(it) -> tuple[set[int], list[hr.StepError]]:
+    """Every sample of an epoch that goes on after errors, and the errors it raised."""
+    got, errors = set(), []
+    while True:
+        try:
+            b = next(it)
+        except StopIteration:
+            return got, errors
+        except hr.StepError as e:
+            errors.append(e)
+            continue
+        got.update(s["i"] for s in b)
+
+
+def test_step_error_on_the_storage_side_names_sample_and_step(storage_node, no_actor_leaks):
+    def check(s):
+        if s["i"] == 7:
+            raise ValueError("bad sample 7")
+        return s
+
+    imgs = images()
+    pipe = hr.Pipeline(imgs, [hr.step(si.decode, name="decode"), hr.step(check, name="check"),
+                              hr.step(si.crop_to(imgs.crop), name="crop", random=True)])
+    loader = hr.DataLoader(pipe, batch_size=4, shuffle=True, num_workers=1,
+                           collate_fn=ident_collate, persistent_workers=True,
+                           options=hr.Options(remote=hr.NearStorage(policy="all-off")))
+    try:
+        it = iter(loader)
+        wait_until(lambda: loader.remote.ready_workers() >= STORAGE_CPUS)
+        drain(it)
+        before = loader.remote.remote_samples
+        got, errors = drain(iter(loader))  # epoch 1: on the storage workers
+        assert got == set(range(N)) - {7}
+        assert loader.remote.remote_samples - before == N - 1  # all finished on storage
+        assert [(e.index, e.step) for e in errors] == [(7, "check")]
+        assert isinstance(errors[0], ValueError) and "bad sample 7" in str(errors[0])
+    finally:
+        loader.close()
+
+
+def test_resume_mid_epoch_from_a_near_storage_run(storage_node, no_actor_leaks):
+    expected, plain = run_epochs(hr.Options(seed=7))
+    plain.close()
+    loader = hr.DataLoader(si.pipeline(images()), batch_size=4, shuffle=True, num_workers=1,
+                           collate_fn=ident_collate, persistent_workers=True,
+                           options=near("resize-off", resize_step="crop"))
+    it = iter(loader)
+    # samples in flight are capped (2 batches per worker): most of the epoch waits for the
+    # storage workers, which then serve it
+    wait_until(lambda: loader.remote.ready_workers() >= STORAGE_CPUS)
+    first = {s["i"]: s for _ in range(8) for s in next(it)}
+    assert loader.remote.near._handed_back > 0
+    state = loader.state_dict()
+    del it
+    loader.close()
+    resumed = hr.DataLoader(si.pipeline(images()), batch_size=4, shuffle=True, num_workers=1,
+                            collate_fn=ident_collate, options=hr.Options(seed=7))
+    resumed.load_state_dict(state)
+    rest = {s["i"]: s for b in resumed for s in b}
+    assert sorted([*first, *rest]) == list(range(N)) and not set(first) & set(rest)
+    for i, s in {**first, **rest}.items():
+        assert torch.equal(s["x"], expected[0][i]["x"])
