@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from headrace.planner import near_storage as policy
+from headrace.planner import near_storage as engine
 from headrace.profiler.sample_sizes import SampleSizes
 from headrace.remote.config import Remote
 
@@ -69,8 +69,8 @@ class NearStorage(Remote):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.policy not in policy.POLICIES:
-            raise ValueError(f"NearStorage(policy={self.policy!r}): one of {policy.POLICIES}")
+        if self.policy not in engine.POLICIES:
+            raise ValueError(f"NearStorage(policy={self.policy!r}): one of {engine.POLICIES}")
         if self.policy == "resize-off" and not self.resize_step:
             raise ValueError("NearStorage(policy='resize-off') needs resize_step (a step name)")
         for name in ("bandwidth", "storage_cores", "gthp"):
@@ -101,7 +101,7 @@ class EpochRecord:
     """
 
     epoch: int
-    plan: policy.Plan | None
+    plan: engine.Plan | None
     bytes: float
     wall_s: float
     samples: int
@@ -121,7 +121,7 @@ class StorageSide:
         self.recorder = SampleSizes(samples, self.steps)
         self.stops = np.ones(samples, np.int16)
         """Per sample: the first step the training side runs (1: raw bytes)."""
-        self.plan: policy.Plan | None = None
+        self.plan: engine.Plan | None = None
         self.note = "first epoch: raw bytes, profiling each sample"
         self.epochs: list[EpochRecord] = []
         self._seen = np.zeros(samples, np.bool_)  # samples delivered this epoch
@@ -177,14 +177,14 @@ class StorageSide:
                 self._decide(rec)
             self._epoch_stops = self.stops
 
-    def _resources(self, last: EpochRecord) -> policy.Resources:
+    def _resources(self, last: EpochRecord) -> engine.Resources:
         cfg = self.cfg
         bandwidth = cfg.bandwidth
         if bandwidth is None:
             bandwidth = max(1.0, last.bytes / max(last.wall_s, 1e-6))
         cores = cfg.storage_cores or self.storage_workers * cfg.num_cpus
         gpu_s = len(self.stops) / cfg.gthp if cfg.gthp else 0.0
-        return policy.Resources(bandwidth, cores, self.compute_cores, gpu_s)
+        return engine.Resources(bandwidth, cores, self.compute_cores, gpu_s)
 
     def _decide(self, last: EpochRecord) -> None:
         prof = self.recorder.profile()
@@ -194,14 +194,14 @@ class StorageSide:
         sizes, cpu, _ = prof.filled()
         raw = float(sizes[:, 0].mean())
         cpu_s = float(cpu[:, 1:].sum(axis=1).mean())
-        ok, why = policy.io_bound(res.bandwidth / max(raw, 1.0),
+        ok, why = engine.io_bound(res.bandwidth / max(raw, 1.0),
                                   res.compute_cores / cpu_s if cpu_s > 0 else math.inf,
                                   self.cfg.gthp or math.inf)
         if self.cfg.policy == "headrace" and not ok:
-            self.plan = policy.no_off(prof, res)
+            self.plan = engine.no_off(prof, res)
             self.note = f"stage 1: {why}; no offloading"
         else:
-            self.plan = policy.decide(self.cfg.policy, prof, res)
+            self.plan = engine.decide(self.cfg.policy, prof, res)
             self.note = f"stage 1: {why}" if self.cfg.policy == "headrace" else ""
         self.stops = self.plan.stops
         log.info("headrace %s", self.plan.describe())
