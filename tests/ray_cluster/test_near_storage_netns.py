@@ -40,6 +40,8 @@ def epochs_over_link(node, policy: str, epochs: int = 2):
 
 
 def test_fewer_bytes_on_the_wire_same_samples(shaped_storage, no_actor_leaks):
+    shaping = shaped_storage.qdisc()
+    assert "tbf" in shaping and f"{SHAPED_MBIT}Mbit" in shaping, shaping
     raw, plain = epochs_over_link(shaped_storage, "no-off")
     side_raw = plain.remote.near
     plain.close()

@@ -144,6 +144,10 @@ class StorageNode:
         base = Path("/sys/class/net") / self.host_if / "statistics"
         return int((base / "rx_bytes").read_text()), int((base / "tx_bytes").read_text())
 
+    def qdisc(self) -> str:
+        """``tc qdisc show`` of the namespace's end: the shaping in force."""
+        return _run("tc", "qdisc", "show", "dev", self.ns_if, ns=self.ns)
+
     # -- teardown ------------------------------------------------------------------------------
     def pids(self) -> list[int]:
         """Processes running in the namespace."""
