@@ -188,6 +188,8 @@ class RemoteSession:
 
     def _near_epoch(self, monitor: Any) -> None:
         if self.near is not None and monitor is not None and monitor.epochs:
+            # storage cores of the next decision: the storage workers running now
+            self.near.storage_workers = max(1, self.ready_workers() or self.target)
             self.near.on_epoch_closed(monitor.epochs[-1].wall_s)
 
     def ready_workers(self) -> int:
