@@ -76,7 +76,11 @@ def test_samples_equal_with_and_without_near_storage(storage_node, no_actor_leak
 
 
 def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leaks):
-    loader = hr.DataLoader(si.pipeline(images()), batch_size=4, shuffle=True, num_workers=1,
+    # 160 samples: at most 24 are in flight (2 batches per worker), so most of the epoch is
+    # still to be dispatched, to the storage workers, when their node dies
+    n = 160
+    loader = hr.DataLoader(si.pipeline(si.openimages_like(n, scale=SCALE, seed=3)),
+                           batch_size=4, shuffle=True, num_workers=1,
                            collate_fn=ident_collate,
                            options=near("resize-off", resize_step="crop"))
     it = iter(loader)
@@ -88,7 +92,7 @@ def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leak
     try:
         storage_node.remove_node(victim, allow_graceful=False)  # SIGKILL raylet and workers
         seen.update(s["i"] for b in it for s in b)
-        assert seen == Counter(range(N))  # every sample exactly once
+        assert seen == Counter(range(n))  # every sample exactly once
         assert loader.remote.lost >= 1
     finally:
         storage_node.storage_node = add_storage_node(storage_node)
