@@ -34,7 +34,7 @@ iproute2:
 	  $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends iproute2; }
 
 test: $(STAMP) redis-server iproute2
-	$(BIN)/python -m pytest -q --timeout=300 tests
+	$(BIN)/python -m pytest -q --timeout=300 --durations=20 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

@@ -74,8 +74,17 @@ def test_worker_processes_across_epochs(Loader, persistent, no_leaks):
                     persistent_workers=persistent, worker_init_fn=count_start)
     try:
         pids = [{r[2] for r in loader} for _ in range(2)]
-        assert started.value == (2 if persistent else 4)  # worker starts over two epochs
-        if not persistent:
+        expected = 2 if persistent else 4  # worker starts over two epochs
+        if is_headrace(type(loader)):
+            # headrace sends samples to the workers that are ready: on a loaded machine a
+            # worker still forking may get none before the epoch ends (and a non-persistent
+            # one is then stopped before its worker_init_fn ran). Never more starts than torch.
+            assert len(pids[0]) <= started.value <= expected
+        else:
+            assert started.value == expected
+        if persistent:
+            assert len(pids[0] | pids[1]) <= 2  # the same processes served both epochs
+        else:
             assert not pids[0] & pids[1]
     finally:
         _shut(loader)

@@ -19,7 +19,6 @@ N = 96
 PREAMBLE = f'''
 import json, os
 import torch
-import lightning as L
 
 class Data(torch.utils.data.Dataset):
     def __len__(self):
@@ -27,25 +26,33 @@ class Data(torch.utils.data.Dataset):
     def __getitem__(self, i):
         return torch.full((4,), float(i))
 
+dataset = Data()
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+'''
+
+LIGHTNING_PREAMBLE = PREAMBLE + '''
+import lightning as L
+
 class Module(L.LightningModule):
     def __init__(self):
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)
-        self.seen = []
+        self.seen = {}
     def training_step(self, batch, batch_idx):
-        self.seen += batch[:, 0].long().tolist()
+        self.seen.setdefault(self.current_epoch, []).extend(batch[:, 0].long().tolist())
         return self.layer(batch).pow(2).mean()
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
-dataset = Data()
-model = Module() if os.environ.get("SNIPPET") == "lightning" else torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+model = Module()
 '''
+"""Lightning is imported only where its snippet needs it: an import of it costs each of the
+other snippets' processes seconds."""
 
 EPILOGUE = {
     "lightning": "open(f'out{trainer.global_rank}.json', 'w').write(json.dumps("
-                 "{'n': len(model.seen), 'type': type(trainer.train_dataloader).__name__}))\n",
+                 "{'seen': model.seen, 'type': type(trainer.train_dataloader).__name__}))\n",
     "accelerate": "open(f'out{accelerator.process_index}.json', 'w').write(json.dumps("
                   "{'n': len(loader), 'type': type(loader.base_dataloader).__name__}))\n",
     "torchrun": "open(f'out{sampler.rank}.json', 'w').write(json.dumps("
@@ -63,14 +70,22 @@ def snippet(name: str) -> str:
 @pytest.mark.parametrize("name", ["lightning", "accelerate", "torchrun"])
 def test_readme_snippet_runs_as_written(tmp_path, name):
     script = tmp_path / f"{name}_snippet.py"
-    script.write_text(PREAMBLE + snippet(name) + EPILOGUE[name])
+    script.write_text((LIGHTNING_PREAMBLE if name == "lightning" else PREAMBLE)
+                      + snippet(name) + EPILOGUE[name])
     launcher = [sys.executable] if name == "lightning" else TORCHRUN
     # ACCELERATE_USE_CPU: what `accelerate launch --cpu` sets (multi-process on CPUs)
     run_script(str(script), launcher=launcher, timeout_s=400, cwd=tmp_path,
-               env={"SNIPPET": name, "ACCELERATE_USE_CPU": "true"})
+               env={"ACCELERATE_USE_CPU": "true"})
     outs = [load_json(tmp_path / f"out{r}.json") for r in (0, 1)]
     assert {o["type"] for o in outs} == {"DataLoader"}  # headrace's, on both ranks
-    if name == "lightning":
-        assert [o["n"] for o in outs] == [N, N]  # two epochs of half the dataset each
+    if name == "lightning":  # DDP on 2 CPU processes (tests/frameworks/test_lightning.py: more)
+        shares = []
+        for epoch in ("0", "1"):
+            ranks = [o["seen"][epoch] for o in outs]
+            for seen in ranks:
+                assert len(seen) == len(set(seen)) == N // 2  # its share, each sample once
+            assert set().union(*ranks) == set(range(N))  # disjoint shares covering the dataset
+            shares.append(set(ranks[0]))
+        assert shares[0] != shares[1]  # DistributedSampler.set_epoch: a new split each epoch
     else:
         assert [o["n"] for o in outs] == [2, 2]  # 48 samples per rank, batches of 32

@@ -202,3 +202,21 @@ def test_uncacheable_forms_are_counted_and_skipped(no_leaks) -> None:
     # encoded (bytes) cannot be the decoded form... the final output is bytes again: stored
     assert c.inserts == N and c.uncacheable == 0
     loader.close()
+
+
+def test_mdp_takes_the_training_loops_rate_as_t_gpu(no_leaks) -> None:
+    """A training loop slower than the input pipeline: after an epoch MDP's prediction is
+    capped by the loop's own measured rate instead of the input pipeline's bound."""
+    opts = hr.Options(seed=3, cache=hr.Cache(budget_bytes=1 << 20))
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=0, options=opts)
+    for _ in range(3):
+        for _batch in loader:
+            time.sleep(0.05)  # simulates a training step: 160 samples/s at most
+    s = loader.cache
+    e = loader.stats().epochs[-2]  # the epoch the last plan measured
+    own = e.samples / (e.wall_s - e.stall_s)
+    assert own <= 160.0
+    assert s.plan is not None and s.plan_t_gpu == pytest.approx(own, rel=0.05)
+    assert s.predicted[-1] <= s.plan_t_gpu * (1 + 1e-9)
+    assert "accelerator T_GPU" in loader.explain()
+    loader.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 import headrace as hr
 from headrace.cache.redis_backend import PREFIX
 from headrace.cache.tiers import sample_key
-from tests.integration.test_cache import N, pipeline, samples
+from tests.integration.test_cache import N, Raw, decode, jitter, pipeline, samples, scale, to_tensor
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis]
 
@@ -102,6 +103,9 @@ class KillAt:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_redis_killed_and_restarted_mid_epoch(server, no_leaks, workers, caplog) -> None:
+    from headrace.cache import client
+
+    client._warned.discard(server.url)  # warned once per process: not by an earlier test
     ref = hr.DataLoader(pipeline(), batch_size=4, num_workers=workers,
                         options=hr.Options(seed=2, cache=None))
     want = [samples(ref) for _ in range(4)]
@@ -149,3 +153,42 @@ def test_a_lookup_costing_more_than_recomputing_is_not_made(server, no_leaks) ->
     assert c.not_worth > 150  # measured: the lookups stopped (one in 32 still probes)
     assert c.lookups == 200
     loader.close()
+
+
+def decode_v2(b: bytes) -> np.ndarray:
+    """The same result as ``decode`` from other code: a changed pipeline (another prefix)."""
+    return decode(b)
+
+
+def test_a_changed_pipelines_entries_expire_and_stop_holding_the_budget(server, no_leaks) -> None:
+    import redis
+
+    r = redis.Redis.from_url(server.url)
+    entry = 24 + 3 + 9 * 8 * 4 + 30 + 64
+    budget = 20 * entry
+    cache = hr.Cache(url=server.url, budget_bytes=budget, split={"decoded": 1.0},
+                     redis_ttl_s=1.0)
+    old = hr.DataLoader(pipeline(), batch_size=8, num_workers=0,
+                        options=hr.Options(seed=5, cache=cache))
+    samples(old)
+    assert old.stats().last.cache.full > 0  # the old pipeline's entries fill the budget
+    old_ns = old.cache.layout.get("decoded").namespace(0, 0)
+    old.close()
+    changed = hr.Pipeline(Raw(), [hr.step(decode_v2, kind="decode"), hr.step(scale),
+                                  hr.step(jitter, random=True), hr.step(to_tensor)])
+    new = hr.DataLoader(changed, batch_size=8, num_workers=0,
+                        options=hr.Options(seed=5, cache=cache))
+    samples(new)
+    assert new.stats().last.cache.inserts == 0  # no room: the old entries hold the budget
+    deadline = time.monotonic() + 15.0
+    while any(k[:-8] == PREFIX + old_ns for k in r.scan_iter(match=PREFIX + b"*")):
+        assert time.monotonic() < deadline, "the old pipeline's entries did not expire"
+        time.sleep(0.05)  # waiting for the server's clock to pass their TTL
+    samples(new)  # its first insert reaps the expired namespace: the budget is free again
+    c = new.stats().last.cache
+    assert c.inserts > 0 and c.full > 0
+    # what the server holds is within what is counted (entries that expired in a namespace
+    # still live stay counted until it expires: with a 1 s TTL some do), within the budget
+    assert 0 < new.cache.backend.scan_bytes() <= new.cache.backend.usage()["decoded"] <= budget
+    assert r.zscore(PREFIX + b"ns", old_ns) is None and not r.exists(PREFIX + b"nsused:" + old_ns)
+    new.close()

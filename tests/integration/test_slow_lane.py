@@ -18,14 +18,18 @@ def test_handed_off_samples_resume_at_the_next_step_and_run_each_step_once(execu
     pipe = hr.Pipeline(TraceSource(24), [hr.step(s, name=s.name) for s in steps])
     opts = hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.03), executor=executor)
     loader = hr.DataLoader(pipe, batch_size=4, num_workers=3, collate_fn=lambda b: b, options=opts)
-    samples = [s for b in loader for s in b]
+    try:
+        samples = [s for b in loader for s in b]
+        st = loader.stats().last
+    finally:
+        loader.close()
     assert sorted(s["index"] for s in samples) == list(range(24))
     for s in samples:
         assert [name for name, _ in s["trace"]] == ["load", "a", "b", "c"], s
         if s["index"] % 4 == 0:  # handed off after "a": b and c ran together in the slow lane
             assert s["trace"][2][1] == s["trace"][3][1]
-    st = loader.stats().last
-    assert st.slow_samples == 6 and st.fast_samples == 18
+    # the 6 slow ones; on a loaded machine a fast one preempted in "a" may go slow too
+    assert st.slow_samples >= 6 and st.slow_samples + st.fast_samples == 24
 
 
 def test_learned_timeout_lies_between_fast_and_slow_costs(no_leaks):

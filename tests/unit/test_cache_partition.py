@@ -10,6 +10,7 @@ from headrace.planner.cache_partition import (
     DsiParams,
     best_split,
     cached_counts,
+    consumer_rate,
     dsi_augmented,
     dsi_decoded,
     dsi_encoded,
@@ -83,3 +84,28 @@ def test_mixed_split_beats_every_single_form() -> None:
 def test_the_accelerator_caps_every_prediction() -> None:
     p = params(t_gpu=100.0, cache_bytes=10_000 * GB)
     assert best_split(p).predicted == pytest.approx(100.0)
+
+
+def test_the_training_loops_own_rate_is_t_gpu() -> None:
+    # 2,000 samples in 12 s, 2 of them waiting inside next(): 200 samples/s of its own time
+    assert consumer_rate(2000, 12.0, 2.0) == pytest.approx(200.0)
+    assert consumer_rate(0, 12.0, 2.0) == math.inf  # nothing measured: no limit
+    assert consumer_rate(100, 3.0, 3.0) == math.inf  # it only waited: unknown, no limit
+
+
+def test_a_measured_accelerator_brings_predictions_down_to_it() -> None:
+    # at small scale the CPU side is fast (a tiny pipeline): without T_GPU every split
+    # predicts thousands of samples/s; the measured training loop takes 200
+    fast_cpu = dict(n_total=1000, cache_bytes=50 * MB, t_decode_augment=5000.0,
+                    t_augment=20_000.0, b_nic=math.inf, b_pcie=math.inf)
+    unlimited = params(t_gpu=math.inf, **fast_cpu)
+    measured = params(t_gpu=consumer_rate(2000, 12.0, 2.0), **fast_cpu)
+    forms = ("encoded", "decoded")
+    assert best_split(unlimited, forms).predicted > 4000
+    assert best_split(measured, forms).predicted == pytest.approx(200.0)
+    for s in single_tier_splits(measured, forms):  # every split is capped by the accelerator
+        assert s.predicted <= 200.0 + 1e-9
+    # an accelerator between the single forms' bounds separates them as Equations 3 and 5 do
+    mid = params(t_gpu=8000.0, **fast_cpu)
+    preds = {round(s.decoded): s.predicted for s in single_tier_splits(mid, forms)}
+    assert preds[1] > preds[0]  # decoded (T_A 20,000 capped at 8,000) beats encoded (5,000)

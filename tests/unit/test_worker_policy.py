@@ -67,3 +67,40 @@ def test_default_upper_bound_follows_the_cpu_share_of_samples(monkeypatch):
     # an empty queue with idle CPU keeps adding workers past 2 x cores when samples mostly wait
     assert next_worker_count(4, 0.0, 0.3, auto).new == 4
     assert next_worker_count(4, 0.0, 0.3, auto, cpu_share=0.05).new == 5
+
+
+def test_saturated_cores_add_no_worker_beyond_them():
+    # the paper's case (no cores given) adds; with 2 cores saturated, 4 workers stay 4
+    assert next_worker_count(4, 0.0, 1.0, CFG).new == 6
+    d = next_worker_count(4, 0.0, 1.0, CFG, cores=2)
+    assert d.new == 4 and d.saturated and "saturated" in d.describe()
+    # below the cores, adding up to them is still allowed
+    assert next_worker_count(1, 0.0, 1.0, CFG, cores=2).new == 2
+    # saturated cores never block removing workers
+    assert next_worker_count(8, 1.0, 0.95, CFG, cores=2).new <= 8
+    # below the saturation threshold the formula is untouched
+    assert next_worker_count(4, 0.0, 0.85, CFG, cores=2).new == 6
+
+
+def test_littles_law_jumps_to_the_workers_the_consumer_needs():
+    from headrace.planner.workers import demand_workers
+
+    # 200 samples/s taken, 0.1 s per sample in a worker: 20 busy workers, 25 with the margin
+    assert demand_workers(200.0, 0.1, 1.25) == 25
+    assert demand_workers(None, 0.1, 1.25) is None and demand_workers(10.0, 0.0, 1.0) is None
+    big = AutoscaleConfig(max_workers=64)
+    d = next_worker_count(2, 0.0, 0.3, big, cores=2, demand=25)
+    assert d.new == 25 and "λ·W" in d.describe()  # one decision, not eleven steps of +2
+    assert next_worker_count(2, 0.0, 0.3, CFG, cores=2, demand=25).new == 16  # bounds hold
+    # a queue at least half full, or saturated cores, do not jump
+    assert next_worker_count(2, 0.6, 0.3, big, cores=2, demand=25).new <= 4
+    assert next_worker_count(2, 0.0, 0.95, big, cores=2, demand=25).new == 2
+    # a demand below what the formula adds does not hold the formula back
+    assert next_worker_count(4, 0.0, 0.8, big, cores=8, demand=3).new == 6
+
+
+def test_scaler_passes_rate_and_wall_to_littles_law():
+    s = WorkerScaler(AutoscaleConfig(max_workers=64, ema=1.0))
+    s.observe_queue(0.0)
+    d = s.decide(2, cpu_usage=0.2, cores=2, consumer_rate=100.0, sample_wall_s=0.2)
+    assert d.demand_workers == 25 and d.new == 25

@@ -52,6 +52,10 @@ class LoaderSpec:
         in_order: torch's keyword: ``True`` yields batches in sampler order.
         executor: ``"processes"`` or ``"threads"``: for headrace rows ``Options(executor=)``;
             the minimal row always runs threads and says so.
+        auto_workers: headrace rows only: ``num_workers="auto"`` (the adaptive worker count;
+            ``num_workers`` is then the budget the row's yardsticks are computed with).
+        persistent_workers: torch's keyword (workers kept between epochs), for runs of
+            several epochs.
     """
 
     label: str
@@ -60,26 +64,35 @@ class LoaderSpec:
     prefetch_factor: int = 2
     in_order: bool = True
     executor: str = "processes"
+    auto_workers: bool = False
+    persistent_workers: bool = False
 
     @property
     def is_headrace_default(self) -> bool:
         """The row of headrace's defaults (out of order, worker processes): the one the notes
         and plots single out."""
-        return self.kind == "headrace" and not self.in_order and self.executor == "processes"
+        return (self.kind == "headrace" and not self.in_order and self.executor == "processes"
+                and not self.auto_workers)
 
     def describe(self) -> str:
         """Short configuration text: ``"12 workers, prefetch 2, in_order=False"``."""
         threads = ", threads" if self.executor == "threads" else ""
+        workers = (f'num_workers="auto" (budget {self.num_workers})' if self.auto_workers
+                   else f"{self.num_workers} workers")
+        persistent = ", persistent_workers" if self.persistent_workers else ""
         return (
-            f"{self.num_workers} workers{threads}, prefetch {self.prefetch_factor}, "
-            f"in_order={self.in_order}"
+            f"{workers}{threads}, prefetch {self.prefetch_factor}, "
+            f"in_order={self.in_order}{persistent}"
         )
 
 
 def standard_loaders(workers: int, prefetch_factor: int = 2) -> list[LoaderSpec]:
-    """The rows every workload reports, all with the same worker budget."""
+    """The rows every workload reports, all with the same worker budget (``headrace auto``
+    chooses its own count: the budget is only its yardsticks' worker count)."""
     return [
         LoaderSpec("headrace", "headrace", workers, prefetch_factor, in_order=False),
+        LoaderSpec("headrace auto", "headrace", workers, prefetch_factor, in_order=False,
+                   auto_workers=True),
         LoaderSpec("headrace in_order", "headrace", workers, prefetch_factor, in_order=True),
         LoaderSpec("headrace threads", "headrace", workers, prefetch_factor, in_order=False,
                    executor="threads"),

@@ -83,6 +83,9 @@ class HeadraceTrace:
         workers: (t, workers) at every change.
         timeout: (t, timeout seconds) at every change (``inf`` during warm-up).
         queues: (t, ready_batches, ready_samples, in_flight, slow_backlog) samples.
+        cache: what the sample cache did in the epoch (``None``: no cache).
+        workers_max: the most workers the loader has had so far (``num_workers="auto"``
+            varies it).
     """
 
     fast_samples: int
@@ -94,6 +97,8 @@ class HeadraceTrace:
     workers: list[tuple[float, int]]
     timeout: list[tuple[float, float]]
     queues: list[tuple[float, int, int, int, int]]
+    cache: Any = None
+    workers_max: int = 0
 
 
 @dataclasses.dataclass
@@ -175,11 +180,15 @@ def make_loader(
         "prefetch_factor": spec.prefetch_factor if spec.num_workers > 0 else None,
         "in_order": spec.in_order,
     }
+    if spec.persistent_workers and spec.num_workers > 0:
+        common["persistent_workers"] = True
     if spec.kind == "headrace":
         from headrace.runtime import DataLoader, Options
 
         if spec.executor != "processes":
             options = dataclasses.replace(options or Options(), executor=spec.executor)
+        if spec.auto_workers:
+            common["num_workers"] = "auto"
         return DataLoader(workload.pipeline, options=options, **common)
     if spec.kind == "minimal":
         from headrace.bench.minimal import MinimalLoader
@@ -207,22 +216,69 @@ def run_once(
         ExactlyOnceError: an index of ``order`` was delivered zero or several times, or a
             sample's cost is missing.
     """
-    costs: dict[int, float] = {}
+    return run_epochs(workload, spec, order, 1, resource_interval_s, consume, options)[0]
+
+
+def run_epochs(
+    workload: Workload,
+    spec: LoaderSpec,
+    order: Sequence[int],
+    epochs: int,
+    resource_interval_s: float = 0.1,
+    consume: Callable[[Any], None] | None = None,
+    options: Any = None,
+) -> list[RunRecord]:
+    """Run ``epochs`` epochs of ONE loader instance (each on ``order``) and measure each.
+
+    What a training job does: later epochs keep what the loader kept (headrace's sample cache
+    and profile; torch's workers with ``persistent_workers=True``). One :class:`RunRecord` per
+    epoch, each checked exactly once and measured from its own ``iter(loader)``.
+    """
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
         loader = make_loader(workload, spec, order, options)
         created = time.perf_counter()
+        costs: list[dict[int, float]] = [{}]  # the current epoch's, filled by the listener
         if spec.kind != "torch":
-            loader.add_sample_listener(lambda i, s, _slow: costs.__setitem__(i, s))
-        seen: Counter[int] = Counter()
-        batch_times: list[tuple[float, float, int]] = []
-        stall = busy = 0.0
-        step_s = workload.accelerator_step_s
-        monitor = ResourceMonitor(resource_interval_s)
-        monitor.start()
-        t0 = time.perf_counter()
-        it = iter(loader)
-        end = t0
+            loader.add_sample_listener(lambda i, s, _slow: costs[-1].__setitem__(i, s))
+        records = []
+        try:
+            for _ in range(epochs):
+                records.append(_measure_epoch(loader, workload, spec, order, created,
+                                              resource_interval_s, consume, costs[-1]))
+                costs.append({})
+            return records
+        finally:
+            if spec.kind == "headrace":
+                loader.close()
+
+
+def _measure_epoch(
+    loader: Any,
+    workload: Workload,
+    spec: LoaderSpec,
+    order: Sequence[int],
+    created: float,
+    resource_interval_s: float,
+    consume: Callable[[Any], None] | None,
+    costs: dict[int, float],
+) -> RunRecord:
+    """One epoch of ``loader`` from ``iter(loader)`` to its end (see :func:`run_once`).
+
+    ``costs``: filled with each sample's preprocessing seconds during the epoch (by the
+    loader's sample listener; from the batches for torch rows)."""
+    seen: Counter[int] = Counter()
+    batch_times: list[tuple[float, float, int]] = []
+    stall = busy = 0.0
+    step_s = workload.accelerator_step_s
+    monitor = ResourceMonitor(resource_interval_s)
+    monitor.start()
+    t0 = time.perf_counter()
+    it = iter(loader)
+    end = t0
+    try:
         while True:
             a = time.perf_counter()
             try:
@@ -242,11 +298,10 @@ def run_once(
                 consume(batch)
             end = time.perf_counter()
             busy += end - b
-        trace = _headrace_trace(loader, t0, created) if spec.kind == "headrace" else None
-        if spec.kind == "headrace":
-            loader.close()
+    finally:
         del it
         use = monitor.stop()
+    trace = _headrace_trace(loader, t0, created) if spec.kind == "headrace" else None
     _check_exactly_once(seen, order, spec.label, workload.name)
     missing = [i for i in order if i not in costs]
     if missing:
@@ -319,4 +374,6 @@ def _headrace_trace(loader: Any, t0: float, created: float) -> HeadraceTrace:
             (q.t - shift, q.ready_batches, q.ready_samples, q.in_flight, q.slow_backlog)
             for q in st.queues
         ],
+        cache=last.cache if last else None,
+        workers_max=max((n for _t, n in st.workers_timeline), default=0),
     )

@@ -209,7 +209,9 @@ def run_bench(
             tempfile.TemporaryDirectory(prefix="headrace-bench-") as tmp:
         result = BenchResult(config, machine_info(), command or " ".join(sys.argv), started, ())
         store = str(Path(tmp) / "profiles.sqlite") if config.profile_store else False
-        options = Options(profile_store=store)
+        # One-epoch rows compare loaders at equal work: the sample cache only pays from the
+        # second epoch (its own benchmark: ``headrace cachebench``), so it is off here.
+        options = Options(profile_store=store, cache=None)
         for name in config.workloads:
             done.append(bench_workload(name, config, log, options))
             result = dataclasses.replace(result, workloads=tuple(done))

@@ -109,7 +109,8 @@ class Insert:
                 return
             if r == "exists":
                 return
-            c.full.add(tier)
+            if tier not in c.ods_tiers:
+                c.full.add(tier)
             c.counters.add(self.row, "full")
 
 
@@ -128,6 +129,12 @@ class CacheClient:
         self.tiers = tuple(t for t in layout.tiers if t.name in active)
         self.at_position = {t.position: t.name for t in self.tiers}
         self._init_local()
+
+    @property
+    def ods_tiers(self) -> frozenset[str]:
+        """Tiers ODS tracks (Redis, ``Cache(ods=True)``): their reads count references, and
+        a full one is tried again (evictions free room at any time)."""
+        return getattr(self.backend, "ods_tiers", frozenset())
 
     def _init_local(self) -> None:
         self.full: set[str] = set()
@@ -176,7 +183,7 @@ class CacheClient:
             key = sample_key(ns[t.name], index)
             t0 = time.perf_counter()
             try:
-                if t.shared:
+                if t.shared or t.name in self.ods_tiers:  # served once / reference-counted
                     value = self.backend.take(key, t.name, codec.decode)
                 else:
                     value = self.backend.get(key, codec.decode)

@@ -36,10 +36,42 @@ class Cache:
             augmented entry is served once, in place of computing the sample in a later
             epoch (or another job): the sample's content then depends on what another epoch or
             job drew (Seneca's trade; ``explain()`` says so).
-        job: a name for this job in a cache shared by several jobs (Redis).
+        job: this job's name in a Redis cache shared by several jobs (ODS's registration
+            and seen bits). ``None``: a fresh name per loader (host, pid, random suffix). A
+            restarted job may reuse its name or take a new one: a resumed epoch rewrites its
+            seen bits from its state dict.
         split: bytes share per tier, e.g. ``{"decoded": 0.8, "encoded": 0.2}``; ``None``:
             the whole budget to the most processed exact form (decoded, else encoded) until
             the MDP model (``planner/cache_partition.py``) has measurements to split it.
+        ods: Seneca's opportunistic data sampling (§5.2) for jobs sharing a Redis cache
+            (``url="redis://..."``; off by default). When the sampler asks for a sample the
+            shared cache does not hold, the job receives a cached sample it has not yet seen
+            this epoch instead; the missed one stays unseen and comes later. Each job still
+            gets every sample exactly once per epoch (and a mid-epoch ``state_dict()`` resumes
+            exactly: it records delivered samples, not positions), but *which* sample fills a
+            position, and so batch composition, then depends on what the other jobs cached.
+            An entry is evicted once every live job used it (the job that stored it counts;
+            an exact form only while its tier is full), freeing its bytes for the next sample
+            a job computes (the jobs' samplers' random order makes that a pseudo-random
+            refill). Needs torch's ``RandomSampler`` (without replacement) or
+            ``SequentialSampler`` over the whole dataset and no dropped tail
+            (a ``DistributedSampler`` shard would receive other ranks' samples); otherwise it
+            stays off and ``explain()`` says why. With ``shared_augmented`` the augmented
+            samples other jobs made are served too (Seneca's trade: content then depends on
+            other jobs). Numbers per epoch: ``stats().last.cache.substituted`` and ``.jobs``.
+        t_gpu: the accelerator's ingestion rate in samples per second, MDP's T_GPU (e.g.
+            ``headrace.profiler.probe.probe(...).gthp`` times the batch size). ``None``:
+            measured on the training loop, samples per second of its own time (outside
+            ``next()``) in the last finished epoch; before one finished, no limit.
+        redis_ttl_s: (Redis) seconds an entry, and its namespace's share of the budget, outlive
+            the last insert or hit of that namespace (6 hours by default). Entries of a changed
+            pipeline (another prefix fingerprint) or of a dataset no job reads any more then
+            leave the server and stop holding the budget; a live job's entries are hit every
+            epoch, which keeps them (an epoch longer than this loses entries not hit since).
+        ods_ttl_s: seconds a job's ODS state (its registration in the group's live jobs and
+            its seen bits) outlives its last request to the server. A live job refreshes it
+            with every sampler batch; a killed job stops counting among the live jobs (whose
+            number is the eviction threshold) this long after it died.
     """
 
     url: str = "memory"
@@ -47,12 +79,25 @@ class Cache:
     shared_augmented: bool = False
     job: str | None = None
     split: Mapping[str, float] | None = None
+    ods: bool = False
+    ods_ttl_s: float = 60.0
+    t_gpu: float | None = None
+    redis_ttl_s: float = 6 * 3600.0
 
     def __post_init__(self) -> None:
         if self.url != "memory" and not self.url.startswith("redis://"):
             raise ValueError(f"Cache url must be 'memory' or 'redis://host:port/db', got {self.url!r}")
         if self.budget_bytes is not None and self.budget_bytes < 0:
             raise ValueError("budget_bytes must be >= 0 (or None for the default)")
+        if self.ods and not self.url.startswith("redis://"):
+            raise ValueError("Cache(ods=True) shares a cache between jobs: it needs "
+                             "url='redis://host:port/db'")
+        if self.t_gpu is not None and not self.t_gpu > 0:
+            raise ValueError("t_gpu must be > 0 samples/s (or None: measured)")
+        if self.redis_ttl_s <= 0:
+            raise ValueError("redis_ttl_s must be > 0 (seconds)")
+        if self.ods_ttl_s <= 0:
+            raise ValueError("ods_ttl_s must be > 0 (seconds)")
         if self.split is not None:
             bad = set(self.split) - {"encoded", "decoded", "augmented"}
             if bad or any(v < 0 for v in self.split.values()) or sum(self.split.values()) > 1 + 1e-9:

@@ -22,6 +22,10 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from headrace.cache import ods_board, redis_scripts
+from headrace.cache.ods_board import META as ODS_META
+from headrace.cache.ods_board import TIER_BIT
+
 OVERHEAD = 64
 """Bytes Redis spends per key beside its name and value (dict entry, object headers)."""
 SKIP_CALLS = 16
@@ -30,22 +34,13 @@ SOCKET_TIMEOUT_S = 1.0
 """Connect and read timeout of every call (seconds): a dead server costs at most this."""
 PREFIX = b"hr:"
 
-_PUT = """
-local used = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-if redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
-if used + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return 'full' end
-redis.call('SET', KEYS[1], ARGV[4])
-redis.call('HINCRBY', KEYS[2], ARGV[1], ARGV[2])
-return 'stored'
-"""
-_TAKE = """
-local v = redis.call('GET', KEYS[1])
-if v then
-  redis.call('DEL', KEYS[1])
-  redis.call('HINCRBY', KEYS[2], ARGV[1], -(string.len(v) + tonumber(ARGV[2])))
-end
-return v
-"""
+USED = PREFIX + b"used"
+NAMESPACES = PREFIX + b"ns"
+NS_USED = PREFIX + b"nsused:"
+ENTRY_KEY_LEN = len(PREFIX) + 24
+"""An entry's key: the prefix, a 16-byte namespace and an 8-byte index (``tiers.sample_key``)."""
+DEFAULT_TTL_S = 6 * 3600.0
+"""Entries and namespaces expire this long after their last insert or hit (``Cache.redis_ttl_s``)."""
 
 
 class BackendDown(ConnectionError):
@@ -59,20 +54,32 @@ def entry_cost(key_len: int, value_len: int) -> int:
 class RedisBackend:
     """A Redis cache at ``url`` (``redis://host:port/db``); picklable, one client per process."""
 
-    def __init__(self, url: str, budget_bytes: int) -> None:
+    def __init__(self, url: str, budget_bytes: int, ttl_s: float = DEFAULT_TTL_S) -> None:
         self.url = url
         self.total_budget = budget_bytes
+        self.ttl_ms = max(1, int(ttl_s * 1000))
         self.budgets: dict[str, int] = {}
         self._client: Any = None
         self._pid = -1
         self._skip = 0
+        self.scripts: dict[str, Any] = {}
+        self.ods: Any = None
+        """``ods_board.OdsKeys`` when ODS is on (``Cache(ods=True)``), else None."""
+        self.ods_tiers: frozenset[str] = frozenset()
+        """Tiers whose entries ODS tracks (reference-counted reads, status on insert)."""
+        self.ods_always: frozenset[str] = frozenset()
+        """ODS tiers evicted at the threshold even when not full (a shared augmented form)."""
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "budget": self.total_budget, "budgets": self.budgets}
+        return {"url": self.url, "budget": self.total_budget, "budgets": self.budgets,
+                "ods": self.ods, "ods_tiers": self.ods_tiers, "ods_always": self.ods_always,
+                "ttl_ms": self.ttl_ms}
 
     def __setstate__(self, s: dict[str, Any]) -> None:
-        self.__init__(s["url"], s["budget"])  # type: ignore[misc]
+        self.__init__(s["url"], s["budget"], s["ttl_ms"] / 1000)  # type: ignore[misc]
         self.budgets = s["budgets"]
+        self.ods, self.ods_tiers = s.get("ods"), s.get("ods_tiers", frozenset())
+        self.ods_always = s.get("ods_always", frozenset())
 
     def _r(self) -> Any:
         if self._skip > 0:
@@ -84,8 +91,10 @@ class RedisBackend:
             self._client = redis.Redis.from_url(
                 self.url, socket_timeout=SOCKET_TIMEOUT_S,
                 socket_connect_timeout=SOCKET_TIMEOUT_S, health_check_interval=0)
-            self._put = self._client.register_script(_PUT)
-            self._take = self._client.register_script(_TAKE)
+            self.scripts = {name: self._client.register_script(text) for name, text in (
+                ("put", redis_scripts.PUT), ("get", redis_scripts.GET),
+                ("take", redis_scripts.TAKE), ("ods_get", redis_scripts.ODS_GET),
+                ("ods_ask", ods_board.ASK))}
             self._pid = os.getpid()
         return self._client
 
@@ -96,31 +105,50 @@ class RedisBackend:
             self._skip = SKIP_CALLS
             raise
 
+    def _run(self, script: str, key: bytes, tier: str, *args: Any, ods: bool = False) -> Any:
+        """Run an entry script (``redis_scripts``: its calling convention) on ``key``."""
+        self._r()
+        ns = key[:-8]
+        keys = [PREFIX + key, USED, NAMESPACES, NS_USED + ns]
+        if ods:
+            keys += [self.ods.status, self.ods.jobs]
+        f = self.scripts[script]
+        return self._call(lambda: f(keys=keys, args=[tier, self.ttl_ms, ns, NS_USED, *args]))
+
     def get(self, key: bytes, decode: Callable[[Any], Any]) -> Any | None:
-        r = self._r()
-        blob = self._call(lambda: r.get(PREFIX + key))
+        """The entry (its TTL refreshed), or None."""
+        blob = self._run("get", key, "")
         return None if blob is None else decode(blob)
 
     def take(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
-        self._r()
-        blob = self._call(lambda: self._take(keys=[PREFIX + key, PREFIX + b"used"],
-                                             args=[tier, OVERHEAD + len(PREFIX + key)]))
+        """Read and drop the entry (a shared augmented form is served once); with ODS on,
+        read it and count a use (dropped once every live job used it)."""
+        extra = len(PREFIX + key) + OVERHEAD
+        if tier in self.ods_tiers:
+            blob = self._run("ods_get", key, tier, extra + ODS_META,
+                             int.from_bytes(key[-8:], "big"), TIER_BIT[tier],
+                             "1" if tier in self.ods_always else "0", ods=True)
+        else:
+            blob = self._run("take", key, tier, extra)
         return None if blob is None else decode(blob)
 
     def put(self, key: bytes, tier: str, blob: bytes, live: Iterable[bytes]) -> str:
         """Store ``blob`` within the tier's budget: ``"stored"``, ``"exists"`` or ``"full"``.
 
         Entries of other namespaces are not evicted here (``live`` is unused): a shared server's
-        namespaces belong to several jobs.
+        namespaces belong to several jobs; those no job uses any more expire (``ttl``).
         """
-        self._r()
-        k = PREFIX + key
-        cost = entry_cost(len(k), len(blob))
+        cost = entry_cost(len(PREFIX + key), len(blob))
         budget = self.budgets.get(tier, 0)
+        ods = tier in self.ods_tiers
+        if ods:
+            cost += ODS_META
         if cost > budget:
             return "full"
-        r = self._call(lambda: self._put(keys=[k, PREFIX + b"used"],
-                                         args=[tier, cost, budget, blob]))
+        args: list[Any] = [cost, budget, blob]
+        if ods:
+            args += [int.from_bytes(key[-8:], "big"), TIER_BIT[tier]]
+        r = self._run("put", key, tier, *args, ods=ods)
         return r.decode() if isinstance(r, bytes) else str(r)
 
     def set_budgets(self, budgets: dict[str, int]) -> None:
@@ -133,7 +161,7 @@ class RedisBackend:
 
     def usage(self) -> dict[str, int]:
         r = self._r()
-        raw = self._call(lambda: r.hgetall(PREFIX + b"used"))
+        raw = self._call(lambda: r.hgetall(USED))
         return {k.decode(): int(v) for k, v in raw.items()}
 
     def scan_bytes(self) -> int:
@@ -141,9 +169,9 @@ class RedisBackend:
         r = self._r()
         total = 0
         for k in r.scan_iter(match=PREFIX + b"*", count=1000):
-            if k == PREFIX + b"used":
-                continue
-            total += entry_cost(len(k), r.strlen(k))
+            if len(k) != ENTRY_KEY_LEN:
+                continue  # bookkeeping: used, ns, nsused:*, ods:*
+            total += entry_cost(len(k), r.strlen(k)) + (ODS_META if self.ods else 0)
         return total
 
     def close_here(self) -> None:

@@ -16,13 +16,23 @@ from headrace.cache.config import Cache, default_budget_bytes
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.pipeline import Pipeline
 from headrace.planner.cache_partition import (
+    INF,
     Split,
     best_split,
+    consumer_rate,
     params_from_profile,
     single_tier_splits,
 )
 from headrace.profiler.report import PipelineProfile
 from headrace.telemetry.stats import CacheStats, EpochStats
+
+
+def _fresh_job_name() -> str:
+    import os
+    import socket
+    import uuid
+
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def default_split(layout: TierLayout, config: Cache) -> dict[str, float]:
@@ -67,6 +77,17 @@ class CacheSession:
         self.predicted: list[float | None] = []
         """MDP's predicted samples/s for each epoch started (None: no model yet)."""
         self.active: tuple[str, ...] = ()
+        self.job = config.job or _fresh_job_name()
+        """This job's name among the jobs sharing a Redis cache (``Cache.job``)."""
+        self.ods_off: str | None = None if config.ods else "not asked for (Cache(ods=False))"
+        """Why ODS is off (``None``: on); set by the loader from its sampler."""
+        self.ods_epoch: Any = None
+        """The running epoch's ``ods_epoch.OdsEpoch`` (None without ODS)."""
+        self._board: Any = None
+        self.measured_t_gpu = INF
+        self.plan_t_gpu = INF
+        """The T_GPU the running epoch's MDP plan used (samples/s)."""
+        """The training loop's rate in the last finished epoch (``consumer_rate``), samples/s."""
 
     def _release(self) -> None:
         if not self._main_uses and hasattr(self.backend, "close_here"):
@@ -84,7 +105,7 @@ class CacheSession:
             else:
                 from headrace.cache.redis_backend import RedisBackend
 
-                self.backend = RedisBackend(self.config.url, self.budget)
+                self.backend = RedisBackend(self.config.url, self.budget, self.config.redis_ttl_s)
         return self.backend
 
     def replan(self, executed: Pipeline, profile: PipelineProfile | None, workers: int,
@@ -105,8 +126,10 @@ class CacheSession:
                 and profile.step_names == executed.step_names):
             params = params_from_profile(profile, len(executed),
                                          {t.name: t.position for t in layout.tiers},
-                                         max(1, workers), self.budget, self.cache_bandwidth())
+                                         max(1, workers), self.budget, self.cache_bandwidth(),
+                                         self.t_gpu)
             if params is not None:
+                self.plan_t_gpu = params.t_gpu
                 best = best_split(params, forms)
                 self.plan = (best, single_tier_splits(params, forms))
                 self.split = best.shares()
@@ -114,14 +137,43 @@ class CacheSession:
         budgets = {t.name: int(self.budget * self.split.get(t.name, 0.0)) for t in layout.tiers}
         self.active = tuple(n for n, b in budgets.items() if b > 0)
         backend = self._open_backend()
+        if self.ods_off is None:
+            from headrace.cache.ods_board import OdsKeys, group_of
+            from headrace.cache.redis_backend import PREFIX
+
+            tracked = [t for t in layout.tiers if not (t.seeded and not t.shared)]
+            backend.ods = OdsKeys(PREFIX, group_of([f"{t.name}|{t.prefix}" for t in tracked]))
+            backend.ods_tiers = frozenset(t.name for t in tracked if t.name in self.active)
+            backend.ods_always = frozenset(t.name for t in tracked if t.shared)
         if self.active:
             backend.set_budgets(budgets)
         self._release()
+
+    def start_ods(self, epoch: int, delivered: Any) -> Any:
+        """The ``OdsEpoch`` of a starting epoch (``delivered``: indices delivered before, when
+        it resumes), or None when ODS is off. With no tier active (no budget) it still runs,
+        answering misses, so that delivery is recorded by sample as the state dict says."""
+        self.ods_epoch = None
+        if self.ods_off is not None:
+            return None
+        from headrace.cache.ods_board import OdsBoard
+        from headrace.cache.ods_epoch import OdsEpoch
+
+        if self._board is None:
+            self._board = OdsBoard(self.backend, self.backend.ods, self.job, self.config.ods_ttl_s)
+        self.ods_epoch = OdsEpoch(self._board, epoch, delivered)
+        self._release()
+        return self.ods_epoch
 
     def client(self) -> CacheClient:
         """The client for the forms ``replan`` chose (picklable, for workers)."""
         assert self.layout is not None, "replan() first"
         return CacheClient(self.layout, self._open_backend(), self.counters, self.active)
+
+    @property
+    def t_gpu(self) -> float:
+        """MDP's T_GPU, samples/s: ``Cache.t_gpu``, else the training loop's measured rate."""
+        return self.config.t_gpu if self.config.t_gpu is not None else self.measured_t_gpu
 
     def cache_bandwidth(self) -> float:
         """B_cache in bytes/s: for the memory backend, a 32 MB copy timed once (memory
@@ -149,7 +201,10 @@ class CacheSession:
         def closed() -> None:
             me = ref()
             if me is not None and monitor.epochs:
-                me.end_epoch(monitor.epochs[-1].epoch)
+                last = monitor.epochs[-1]
+                if last.finished:
+                    me.measured_t_gpu = consumer_rate(last.samples, last.wall_s, last.stall_s)
+                me.end_epoch(last.epoch)
 
         return closed
 
@@ -177,10 +232,13 @@ class CacheSession:
                 self._release()
             except Exception:  # noqa: BLE001 - stats must not fail on a broken backend
                 pass
+        ods = self.ods_epoch
         return CacheStats(
             lookups=d["lookups"], hits=sum(by_tier.values()), hits_by_tier=by_tier,
             inserts=d["inserts"], uncacheable=d["uncacheable"], full=d["full"],
-            errors=d["errors"], not_worth=d["not_worth"], bytes_by_tier=used, budget_by_tier=budgets,
+            errors=d["errors"] + (ods.board.errors - ods.errors0 if ods else 0),
+            not_worth=d["not_worth"], bytes_by_tier=used, budget_by_tier=budgets,
+            substituted=ods.substituted if ods else 0, jobs=ods.board.jobs if ods else 0,
         )
 
     def explain_lines(self, opaque: bool, epochs: Sequence[EpochStats] = ()) -> list[str]:
@@ -199,7 +257,12 @@ class CacheSession:
         if self.config.split is not None:
             why = " (Cache.split)"
         elif self.plan is not None:
-            why = f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted)"
+            gpu = ("unlimited (not measured yet)" if self.plan_t_gpu == INF else
+                   f"{self.plan_t_gpu:.0f} samples/s, "
+                   + ("Cache.t_gpu" if self.config.t_gpu is not None else
+                      "the training loop's own rate last epoch"))
+            why = (f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted; "
+                   f"accelerator T_GPU {gpu})")
         else:
             why = " (default until profiled: the most processed exact form)"
         out.append(f"  split: {split}{why}")
@@ -214,6 +277,7 @@ class CacheSession:
                        "as its steps run inside it, and it is exact only "
                        "within one (base seed, epoch); Cache(shared_augmented=True) reuses it across "
                        "epochs")
+        out.extend(self._ods_lines())
         aug = self.layout.get("augmented")
         if aug is not None and aug.shared:
             out.append("  shared_augmented: an augmented sample cached by another epoch or job is "
@@ -224,11 +288,32 @@ class CacheSession:
             out.append(f"  epoch {n}: "
                        f"{c.hits} hits of {c.lookups} lookups ({100 * c.hit_rate:.0f}%: {tiers}), "
                        f"{c.inserts} stored, {c.full} refused (full), {c.uncacheable} uncacheable, "
-                       f"{c.errors} errors")
+                       f"{c.errors} errors"
+                       + (f", {c.substituted} substituted (ODS, {c.jobs} jobs)" if c.jobs else ""))
         return out
 
+    def _ods_lines(self) -> list[str]:
+        if not self.config.ods:
+            return []
+        if self.ods_off is not None:
+            return [f"  ODS: off: {self.ods_off}"]
+        aug = self.layout.get("augmented") if self.layout is not None else None
+        lines = [f"  ODS (Seneca 5.2): on, job {self.job!r}: a sample the shared cache lacks is "
+                 "replaced by a cached one this job has not seen this epoch (the missed one "
+                 "comes later; each sample still once per epoch); an entry is evicted once every "
+                 "live job used it. Which sample fills a position, so batch composition, "
+                 "depends on what the other jobs cached"]
+        if aug is not None and aug.shared:
+            lines.append("  ODS with shared_augmented: augmented samples made by other jobs "
+                         "are served, so a sample's content depends on the other jobs' seeds")
+        return lines
+
     def close(self) -> None:
-        """Remove the memory backend's files (a later epoch starts an empty cache)."""
+        """Remove the memory backend's files (a later epoch starts an empty cache); leave the
+        ODS group (a killed job expires instead)."""
+        if self._board is not None:
+            self._board.leave()
+            self._board = None
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None

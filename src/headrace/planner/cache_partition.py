@@ -153,6 +153,17 @@ def single_tier_splits(p: DsiParams, forms: tuple[str, ...]) -> list[Split]:
     return out
 
 
+def consumer_rate(samples: int, wall_s: float, stall_s: float) -> float:
+    """T_GPU measured on the training loop: samples it took per second of its own time
+    (``wall_s - stall_s``: the epoch's wall time minus what it waited inside ``next()``), so
+    the rate it would ingest if batches were free. ``inf`` when there is nothing to go by
+    (no samples, or no time of its own measured)."""
+    own = wall_s - stall_s
+    if samples <= 0 or own <= 0:
+        return INF
+    return samples / own
+
+
 def params_from_profile(
     profile: PipelineProfile,
     n_total: int,

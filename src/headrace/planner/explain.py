@@ -35,6 +35,7 @@ class Facts:
     cache_lines: tuple[str, ...] = ()
     """Lines about the sample cache (``CacheSession.explain_lines``)."""
     remote: RemoteFacts | None = None
+    executor: str | None = None  # executor="auto": what it chose and why
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +118,8 @@ def explain_text(f: Facts) -> str:
     ):
         out += ["next epoch's " + line if i == 0 else line
                 for i, line in enumerate(f.next_order.lines())]
+    if f.executor is not None:
+        out.append(f.executor)
     st = f.stats
     if not f.handoff:
         out.append("slow lane: off (a single step per sample, steps inside the dataset's "

@@ -6,7 +6,23 @@
 Q_size is a moving average of the ready-batch queue, Q_max its capacity, C_usage the machine's CPU
 utilisation in [0, 1] and θ_c the CPU threshold. An empty queue or a busy CPU adds workers; a
 full queue with an idle CPU removes them. headrace also caps the count by a memory budget:
-``budget // rss_per_worker``. Pure: the runtime measures, this decides.
+``budget // rss_per_worker``.
+
+Two departures, because the paper's max_workers is the core count and ours is not (samples
+that mostly wait, on I/O or sleeps, need many more workers than cores: torch's best on the
+speech workloads was 12 workers per core):
+
+* **Saturated cores add no workers.** At or above ``saturated_cpu`` machine utilisation, no
+  worker is added beyond the cores: the cores, not the worker count, limit throughput, and a
+  busy machine (another job, the training step) would otherwise read as "CPU high, queue
+  empty: add" forever (measured: 2 → 16 workers on 2 cores while the demo trained its model).
+* **Little's law jump.** Formula 2 moves by at most ``max_step`` a decision; from the cores to
+  the 24 workers a sleep-heavy workload needs that takes ten decisions, most of a short epoch.
+  When the queue is short of half full and the cores are not saturated, the count jumps to the
+  workers that keep the consumer fed: λ·W, λ the samples per second the consumer takes when it
+  does not wait, W a sample's mean wall time in a worker, times ``demand_margin``.
+
+Pure: the runtime measures, this decides.
 """
 
 from __future__ import annotations
@@ -55,6 +71,9 @@ class AutoscaleConfig:
         ema: weight of the newest queue sample in the moving average (0..1].
         memory_budget_bytes: total RSS the workers may use (``None``: half of the memory
             available when the loader starts, divided among the node's data-parallel ranks).
+        saturated_cpu: machine CPU utilisation (0..1) at or above which no worker is added
+            beyond the cores (see the module docstring).
+        demand_margin: factor on Little's law's λ·W workers when the count jumps to it.
     """
 
     initial: int | None = None
@@ -67,6 +86,8 @@ class AutoscaleConfig:
     interval_s: float = 1.0
     ema: float = 0.3
     memory_budget_bytes: int | None = None
+    saturated_cpu: float = 0.9
+    demand_margin: float = 1.25
 
     def __post_init__(self) -> None:
         if self.min_workers < 1:
@@ -111,21 +132,37 @@ class ScaleDecision:
     queue_fill: float
     cpu_usage: float
     memory_cap: int | None
+    demand_workers: int | None = None
+    saturated: bool = False
 
     def describe(self) -> str:
         verb = "kept" if self.new == self.current else ("added" if self.new > self.current else "removed")
         n = abs(self.new - self.current)
         what = f"{verb} {n} worker(s)" if n else f"kept {self.current} workers"
         cap = f", memory allows {self.memory_cap}" if self.memory_cap is not None else ""
+        demand = (f", the consumer needs ~{self.demand_workers} (λ·W)"
+                  if self.demand_workers is not None else "")
+        sat = ", cores saturated: none added beyond them" if self.saturated else ""
         return (
             f"{what}: ready-queue fill {self.queue_fill:.2f}, CPU {self.cpu_usage:.2f}, "
-            f"Δ={self.delta:+.2f}{cap}"
+            f"Δ={self.delta:+.2f}{cap}{demand}{sat}"
         )
 
 
 def formula_delta(queue_fill: float, cpu_usage: float, cfg: AutoscaleConfig) -> float:
     """Formula 2 before rounding and clipping."""
     return cfg.alpha * (1.0 - queue_fill) + cfg.beta * (cpu_usage - cfg.cpu_threshold)
+
+
+def demand_workers(consumer_rate: float | None, sample_wall_s: float | None,
+                   margin: float) -> int | None:
+    """Little's law: workers that keep a consumer taking ``consumer_rate`` samples/s fed when a
+    sample spends ``sample_wall_s`` seconds in a worker, times ``margin`` (``None``: unknown)."""
+    if not consumer_rate or not sample_wall_s or consumer_rate <= 0 or sample_wall_s <= 0:
+        return None
+    if math.isinf(consumer_rate):
+        return None
+    return max(1, math.ceil(consumer_rate * sample_wall_s * margin))
 
 
 def next_worker_count(
@@ -135,10 +172,15 @@ def next_worker_count(
     cfg: AutoscaleConfig,
     memory_cap: int | None = None,
     cpu_share: float | None = None,
+    cores: int | None = None,
+    demand: int | None = None,
 ) -> ScaleDecision:
     """Formulas 1-2: the next worker count from queue fill (0..1) and CPU use (0..1).
 
-    ``cpu_share``: CPU ÷ wall time of samples' steps (see ``AutoscaleConfig.bounds``)."""
+    ``cpu_share``: CPU ÷ wall time of samples' steps (see ``AutoscaleConfig.bounds``).
+    ``cores``: the cores the workers may use; with it, saturated cores add no worker beyond
+    them. ``demand``: Little's law's workers (:func:`demand_workers`); with it, a short queue
+    on unsaturated cores jumps there (both: see the module docstring)."""
     queue_fill = min(1.0, max(0.0, queue_fill))
     cpu_usage = min(1.0, max(0.0, cpu_usage))
     raw = formula_delta(queue_fill, cpu_usage, cfg)
@@ -147,8 +189,15 @@ def next_worker_count(
     lo, hi = cfg.bounds(cpu_share)
     if memory_cap is not None:
         hi = max(lo, min(hi, memory_cap))
+    saturated = cores is not None and cpu_usage >= cfg.saturated_cpu
+    if saturated and step > 0:
+        assert cores is not None
+        step = max(0, min(step, cores - current))
+    elif demand is not None and queue_fill < 0.5 and demand > current + step:
+        step = demand - current
     new = min(hi, max(lo, current + step))
-    return ScaleDecision(current, new, raw, queue_fill, cpu_usage, memory_cap)
+    return ScaleDecision(current, new, raw, queue_fill, cpu_usage, memory_cap, demand,
+                         saturated and new <= current)
 
 
 class WorkerScaler:
@@ -171,13 +220,20 @@ class WorkerScaler:
         rss_per_worker: float | None = None,
         memory_budget: float | None = None,
         cpu_share: float | None = None,
+        cores: int | None = None,
+        consumer_rate: float | None = None,
+        sample_wall_s: float | None = None,
     ) -> ScaleDecision:
         """Next count; ``rss_per_worker`` and ``memory_budget`` in bytes cap it;
-        ``cpu_share`` (CPU ÷ wall of samples' steps) raises the default upper bound."""
+        ``cpu_share`` (CPU ÷ wall of samples' steps) raises the default upper bound;
+        ``cores``, ``consumer_rate`` (samples/s the consumer takes when it does not wait)
+        and ``sample_wall_s`` (a sample's mean seconds in a worker) feed the two departures
+        of the module docstring."""
         cap = None
         if rss_per_worker and memory_budget:
             cap = max(1, int(memory_budget // rss_per_worker))
         fill = self.queue_avg if self.queue_avg is not None else 0.0
-        d = next_worker_count(current, fill, cpu_usage, self.cfg, cap, cpu_share)
+        demand = demand_workers(consumer_rate, sample_wall_s, self.cfg.demand_margin)
+        d = next_worker_count(current, fill, cpu_usage, self.cfg, cap, cpu_share, cores, demand)
         self.decisions.append(d)
         return d

@@ -32,6 +32,13 @@ class Bitmap:
         byte, bit = divmod(i, 8)
         return byte < len(self._bits) and bool(self._bits[byte] & (1 << bit))
 
+    def copy(self) -> Bitmap:
+        return Bitmap(bytes(self._bits), self.count)
+
+    def raw(self) -> bytes:
+        """The bits: bit ``i`` is ``1 << i % 8`` of byte ``i // 8``."""
+        return bytes(self._bits)
+
     def to_str(self) -> str:
         """Compact, JSON-friendly text (zlib + base64)."""
         return base64.b64encode(zlib.compress(bytes(self._bits))).decode("ascii")

@@ -22,7 +22,10 @@ from headrace.runtime.bitmap import Bitmap
 SCHEMA_VERSION = 2
 """2 added the executed step order and what identifies the dataset and steps (for warnings);
 a version-1 state dict still loads."""
-READABLE_VERSIONS = (1, 2)
+BY_INDEX_VERSION = 3
+"""3: the delivered bitmap is over sample indices (``delivered_by: "index"``, ODS); only such
+state dicts carry it, so a headrace that reads 2 refuses them instead of misreading the bits."""
+READABLE_VERSIONS = (1, 2, 3)
 
 
 def rng_to_str(state: torch.Tensor) -> str:
@@ -54,6 +57,8 @@ class Identity:
     dataset: str  # the source's fingerprint (its class and length, or its own fingerprint())
     steps: tuple[str, ...]  # the executed step order (names; "load" excluded)
     step_code: dict[str, str]  # step name -> digest of its traits and code (fingerprint.py)
+    delivered_by: str = "position"  # "index" under ODS (Cache(ods=True)): positions no longer
+    # say which sample they delivered, so the delivered bitmap is over sample indices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +94,7 @@ def build(
 ) -> dict[str, Any]:
     in_epoch = origin is not None
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSION if ident.delivered_by == "position" else BY_INDEX_VERSION,
         "samples": ident.samples,
         "batches_per_epoch": ident.batches,
         "dataset": ident.dataset,
@@ -101,6 +106,7 @@ def build(
         "base_seed": origin.base_seed if origin else None,
         "drew_base_seed": origin.drew_base_seed if origin else None,
         "delivered": delivered.to_str() if in_epoch and delivered is not None else None,
+        "delivered_by": ident.delivered_by,
         "delivered_count": delivered.count if in_epoch and delivered is not None else 0,
         "generator_state": rng_to_str(generator.get_state()) if generator is not None else None,
         "persistent_base_seed": persistent_base_seed,
@@ -130,6 +136,13 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
             f"state dict was saved with {sd['batches_per_epoch']} batches per epoch, this loader "
             f"has {ident.batches}: batch_size, drop_last or the sampler differ"
         )
+    saved_by = sd.get("delivered_by", "position")
+    if sd.get("in_epoch") and saved_by != ident.delivered_by:
+        raise StateDictError(
+            f"state dict records delivered samples by {saved_by}, this loader by "
+            f"{ident.delivered_by}: it was saved with{'' if saved_by == 'index' else 'out'} "
+            "ODS (Cache(ods=True)) and this loader runs with"
+            f"{'' if ident.delivered_by == 'index' else 'out'} it; resume with the same Cache")
     changes = _changes(sd, ident)
     if changes:
         warnings.warn("headrace: resuming a state dict saved by other code (" + "; ".join(changes)

@@ -73,6 +73,7 @@ class EpochBase:
         self.meter = EpochMeter(epoch)
         self.hooks = hooks
         self.delivered = delivered
+        self.ods: Any = None  # cache.ods_epoch.OdsEpoch: delivered is then by sample index
         self.origin: Any = None
         self.steps: tuple[str, ...] = ()  # the step order this epoch runs (set by the loader)
         self.loader: Any = None
@@ -114,7 +115,7 @@ class EpochBase:
     def mark(self, positions: Any) -> None:
         """The batch at ``positions`` reached the training loop: it is delivered."""
         for p in positions:
-            self.delivered.set(p)
+            self.delivered.set(p if self.ods is None else self.ods.index_of(p))
         self.meter.batches += 1
         self.meter.samples += len(positions)
 

@@ -119,8 +119,13 @@ def total_positions(loader: DataLoader) -> int | None:
 def start_epoch(loader: DataLoader) -> Any:
     """A new epoch (or the rest of a resumed one): its step order, order and seeds, iterator."""
     assert loader.pipeline is not None and loader.planning is not None
-    if loader.planning.before_epoch() and loader._pool is not None:
-        loader._pool.shutdown()  # persistent workers run the old order: restart them
+    restart = loader.planning.before_epoch()  # persistent workers run the old order
+    d = loader.monitor.executor_decision
+    if d is not None and d.executor != loader._executor:  # executor="auto" decided
+        loader._executor = d.executor
+        restart = True
+    if restart and loader._pool is not None:
+        loader._pool.shutdown()
         loader._pool = None
     resume, loader._resume, loader._unfinished = loader._resume, None, None
     replay = resume.origin if resume is not None else None
@@ -142,17 +147,21 @@ def make_iterator(
     """The epoch iterator: in this process (``num_workers=0``) or fed by the worker pool."""
     assert loader.pipeline is not None and loader.planning is not None
     opts = loader.options
+    ods = None
     if loader.cache is not None:
         loader.cache.begin_epoch()
+        if loader.cache.config.ods:
+            loader.cache.ods_off = ods_eligible(loader)
         loader.cache.replan(loader.planning.executed, loader.planning.profile(),
                             loader.num_workers, loader.num_workers == 0)
+        ods = loader.cache.start_ods(epoch, delivered)
     if loader.num_workers == 0:
         return InProcessIterator(
             loader.planning.executed, epoch, base_seed, groups, loader._auto_collation,
             loader.collate_fn, pin_fn(loader), delivered, opts.on_error, loader.monitor,
             measure=sizes.measure if opts.profile else None,
             cache=loader.cache.client() if loader.cache else None,
-            cache_row=loader.cache.row if loader.cache else 0,
+            cache_row=loader.cache.row if loader.cache else 0, ods=ods,
         )
     pin = pin_fn(loader)  # before loader._buffers is read: it may switch to pinned memory
     pool, owns = get_pool(loader, base_seed)
@@ -179,15 +188,29 @@ def make_iterator(
         total_positions=total_positions(loader),
         sample_timeout_s=opts.sample_timeout_s,
         buffers=loader._buffers,
+        ods=ods,
     )
     it = EpochIterator(pool, owns, spec, loader.monitor, delivered, loader.timeout)
+    loader.monitor.meter = it.meter
+    it.ods = ods
     if not pool.workers:
         # Fork after the scheduler started: it feeds the first workers while later ones fork.
-        pool.start(loader.num_workers, on_added=it.scheduler.wake)
+        # num_workers="auto" starts where the last epoch's scaler left off, not from scratch.
+        n = loader.monitor.last_workers(loader.num_workers) if loader.autoscale else loader.num_workers
+        pool.start(n, on_added=it.scheduler.wake)
         if loader.remote is not None:
             loader.remote.attach(pool, on_added=it.scheduler.wake)
         loader.monitor.record_workers(pool.size)
     return it
+
+
+def ods_eligible(loader: DataLoader) -> str | None:
+    """Why ODS cannot run with this loader's sampler (``cache/ods.py``); None: it can."""
+    from headrace.cache.ods import eligible
+
+    assert loader.pipeline is not None
+    return eligible(loader.sampler, loader._user_batch_sampler, loader.drop_last,
+                    loader.batch_size, len(loader.pipeline))
 
 
 def get_pool(loader: DataLoader, base_seed: int) -> tuple[WorkerPool, bool]:
@@ -205,7 +228,8 @@ def get_pool(loader: DataLoader, base_seed: int) -> tuple[WorkerPool, bool]:
         profile = loader.remote.prepare(loader.planning.executed, loader.num_workers, profile)
     pool = WorkerPool(loader.planning.executed, loader.dataset, ctx, loader.worker_init_fn,
                       base_seed, hi, profile=profile,
-                      executor=loader.options.executor,
+                      executor=loader._executor,
+                      probe_gil=loader.monitor.probe_gil and loader.monitor.executor_decision is None,
                       cache=loader.cache.client() if loader.cache else None)
     if loader.persistent_workers:
         loader._pool = pool

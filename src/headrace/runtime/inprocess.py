@@ -42,6 +42,7 @@ class InProcessIterator(EpochBase):
         measure: Any = None,
         cache: Any = None,
         cache_row: int = 0,
+        ods: Any = None,
     ) -> None:
         super().__init__(epoch, hooks, delivered)
         self.runner = SampleRunner(pipeline, measure=measure)
@@ -57,6 +58,7 @@ class InProcessIterator(EpochBase):
         self._position = 0
         self.cache = cache  # a cache.client.CacheClient, or None
         self.cache_row = cache_row
+        self.ods = ods  # a cache.ods_epoch.OdsEpoch (Cache(ods=True)), or None
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         if self._closed:
@@ -74,7 +76,11 @@ class InProcessIterator(EpochBase):
             indices = list(group) if self.auto_collation else [group]
             positions = range(self._position, self._position + len(indices))
             self._position += len(indices)
-            todo = [(p, i) for p, i in zip(positions, indices, strict=True) if p not in self.delivered]
+            if self.ods is not None:
+                todo = self.ods.fill(positions, indices)
+            else:
+                todo = [(p, i) for p, i in zip(positions, indices, strict=True)
+                        if p not in self.delivered]
             samples, done, indices = [], [], []
             for p, i in todo:
                 ok, value = self._one(i)

@@ -93,7 +93,10 @@ class Lanes:
         self.positions += len(indices)
         positions = list(range(start, start + len(indices)))
         delivered = self.spec.delivered
-        todo = [(p, i) for p, i in zip(positions, indices, strict=True) if p not in delivered]
+        if self.spec.ods is not None:  # ODS may fill a position with another sample
+            todo = self.spec.ods.fill(positions, indices)
+        else:
+            todo = [(p, i) for p, i in zip(positions, indices, strict=True) if p not in delivered]
         if todo:
             self.spec.batcher.add_group(start, [p for p, _ in todo])
         self.fresh.extend(todo)

@@ -22,11 +22,13 @@ from typing import Any, TypeVar
 
 import torch
 import torch.utils.data as tud
+from torch.utils.data._utils import collate as torch_collate
 
 from headrace.cache.session import CacheSession
 from headrace.errors import HeadraceError, StateDictError
 from headrace.pipeline import Pipeline
 from headrace.pipeline.fingerprint import source_fingerprint, step_digests
+from headrace.planner.executor import forced_processes
 from headrace.planner.explain import Facts, explain_text
 from headrace.remote.session import remote_session
 from headrace.runtime import checkpoint, distributed, epochs, ordering, prefetch
@@ -40,7 +42,8 @@ from headrace.telemetry.stats import EpochStats, LoaderStats
 _T_co = TypeVar("_T_co", covariant=True)
 
 _RUNTIME_ATTRS = ("pipeline", "monitor", "planning", "_pool", "_buffers", "_iterator_ref",
-                  "_epoch_ref", "_finalizer", "_device", "_copier", "cache", "remote")
+                  "_epoch_ref", "_finalizer", "_device", "_copier", "cache", "remote",
+                  "_executor")
 """What a loader holds while it runs; left out of pickles and copies, rebuilt on load."""
 
 
@@ -123,6 +126,14 @@ class DataLoader(tud.DataLoader[_T_co]):
             self.pipeline = ds if isinstance(ds, Pipeline) else Pipeline.from_dataset(ds)
         self.monitor = Monitor(self.options, self.autoscale,
                                self.pipeline.step_names if self.pipeline is not None else None)
+        self._executor = "processes" if self.options.executor == "auto" else self.options.executor
+        """What runs the workers now (``executor="auto"`` starts on processes)."""
+        if self.options.executor == "auto":
+            blocked = self._threads_blocked()
+            if blocked is not None:
+                self.monitor.executor_decision = forced_processes(blocked)
+            else:
+                self.monitor.probe_gil = True
         self.planning = Planning(self.pipeline, self.options, self.monitor) if self.pipeline else None
         if self.planning is not None:
             self.monitor.epoch_listeners.append(self.planning.after_epoch)
@@ -282,7 +293,26 @@ class DataLoader(tud.DataLoader[_T_co]):
         return checkpoint.Identity(
             samples=len(self.pipeline), batches=len(self), steps=steps,
             dataset=source_fingerprint(self.pipeline.source),
-            step_code=step_digests(self.pipeline))
+            step_code=step_digests(self.pipeline),
+            delivered_by="index" if self.cache is not None and self.cache.config.ods
+            and epochs.ods_eligible(self) is None else "position")
+
+    def _threads_blocked(self) -> str | None:
+        """Why ``executor="auto"`` may not choose threads here (None: it may)."""
+        if not self.num_workers or self.pipeline is None:
+            return "no worker processes to replace (num_workers=0 or an IterableDataset)"
+        if self.pipeline.opaque or self.pipeline.embedded:
+            return ("the dataset's own __getitem__ runs the steps: threads would share its "
+                    "global random generators, which worker processes re-seed per sample")
+        if self.worker_init_fn is not None:
+            return "worker_init_fn needs worker processes"
+        if self.collate_fn is not torch_collate.default_collate:
+            return "a collate_fn of your own would receive objects shared between threads"
+        if self.options.sample_timeout_s is not None:
+            return "sample_timeout_s needs worker processes (a thread cannot be killed)"
+        if self.options.remote is not None:
+            return "remote workers run beside local worker processes"
+        return None
 
     def explain(self) -> str:
         """Every decision headrace made for this loader and the measured numbers behind it."""
@@ -309,7 +339,19 @@ class DataLoader(tud.DataLoader[_T_co]):
                 self.pipeline.opaque or self.pipeline.embedded, self.monitor.epochs))
             if self.cache else (),
             remote=self._remote_facts(),
+            executor=self._executor_line(),
         ))
+
+    def _executor_line(self) -> str | None:
+        if self.options.executor != "auto":
+            return None
+        d = self.monitor.executor_decision
+        if d is None:
+            return (f'executor="auto": running {self._executor}, measuring how much of the '
+                    "steps' time holds the GIL")
+        applied = ("" if d.executor == self._executor
+                   else f" (from the next epoch; {self._executor} until then)")
+        return d.describe() + applied
 
     def _remote_facts(self) -> Any:
         if self.remote is None or not self.remote._opened:

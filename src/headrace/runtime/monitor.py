@@ -17,8 +17,9 @@ import psutil
 
 from headrace.pipeline.runner import StepTiming
 from headrace.planner import ranks
+from headrace.planner.executor import ExecutorDecision, choose_executor
 from headrace.planner.timeout import TimeoutPolicy
-from headrace.planner.workers import WorkerScaler
+from headrace.planner.workers import WorkerScaler, rank_cpus
 from headrace.profiler.stats import Profiler
 from headrace.runtime.options import Options
 from headrace.telemetry.stats import EpochStats, QueueSample
@@ -64,12 +65,24 @@ class Monitor:
         self._last_queue = 0.0
         self._last_remaining = 0.0
         self._remaining_pool: Any = lambda: None  # weakref to the pool whose workers last got them
+        self.stored_profile: Any = None
+        """A stored ``PipelineProfile`` of this job (None: none): the scaler's numbers until
+        this run has profiled 16 samples."""
         self.stored_step_p50: dict[str, float] = {}
         """Median step times (s) by step name from a stored profile: known before any sample."""
         self._last_scale = time.perf_counter()
         self._memory_budget: float | None = None
         self._pushed_timeout = float("nan")
         self._warned_reseed = False
+        self.probe_gil = False
+        """``executor="auto"`` measures the GIL share of worker processes' steps."""
+        self.executor_decision: ExecutorDecision | None = None
+        """What ``executor="auto"`` chose (None: still measuring, or not auto)."""
+        self._gil_pool: Any = lambda: None  # weakref to the pool whose probes were read last
+        self._gil_last = (0.0, 0.0)  # (held, probed) seconds read from that pool
+        self._gil_banked = (0.0, 0.0)  # the same, from earlier pools
+        self.meter: Any = None
+        """The running epoch's ``EpochMeter`` (the consumer's side: samples taken, stall)."""
         if autoscale:
             psutil.cpu_percent(None)  # start the CPU-usage interval
 
@@ -80,6 +93,11 @@ class Monitor:
     def record_workers(self, n: int) -> None:
         if not self.workers_timeline or self.workers_timeline[-1][1] != n:
             self.workers_timeline.append((self.now(), n))
+
+    def last_workers(self, default: int) -> int:
+        """The worker count last recorded (``default`` before any): where the next epoch's
+        pool starts with ``num_workers="auto"``."""
+        return self.workers_timeline[-1][1] if self.workers_timeline else default
 
     def on_epoch_closed(self, stats: EpochStats) -> None:
         self.epochs.append(stats)
@@ -162,8 +180,23 @@ class Monitor:
         if self.scaler is not None and now - self._last_scale >= self.scaler.cfg.interval_s:
             self._last_scale = now
             self._autoscale(sched)
+        if self.probe_gil and self.executor_decision is None and pool.executor == "processes":
+            self._decide_executor(pool)
         for f in self.tick_listeners:
             f(sched)
+
+    def _decide_executor(self, pool: Any) -> None:
+        """``executor="auto"``: add up what the GIL probes of this pool (and earlier epochs'
+        pools) measured, and decide once enough was probed (``planner/executor.py``)."""
+        if self._gil_pool() is not pool:
+            self._gil_banked = (self._gil_banked[0] + self._gil_last[0],
+                                self._gil_banked[1] + self._gil_last[1])
+            self._gil_pool = weakref.ref(pool)
+        prog = pool.progress
+        self._gil_last = (sum(prog.gil_held), sum(prog.gil_probed))
+        self.executor_decision = choose_executor(
+            self._gil_banked[0] + self._gil_last[0], self._gil_banked[1] + self._gil_last[1],
+            max(1, pool.size), rank_cpus())
 
     def _push_remaining(self, pool: Any) -> None:
         """Typical seconds from each step to the end: the sum of the remaining steps' median
@@ -189,13 +222,36 @@ class Monitor:
         self._remaining_pool = weakref.ref(pool)
 
     # -- adaptive workers (num_workers="auto") -------------------------------------------------
+    def _profile_steps(self) -> Any:
+        """Step statistics of this run's profile once it has 16 samples, else of a stored
+        profile of this job, else None."""
+        if self.profiler is not None and self.profiler.samples >= 16:
+            return self.profiler.report().steps
+        if self.stored_profile is not None and self.stored_profile.samples >= 16:
+            return self.stored_profile.steps
+        return None
+
     def _cpu_share(self) -> float | None:
-        """CPU ÷ wall time of a sample's steps in this run's profile (None: too few samples)."""
-        if self.profiler is None or self.profiler.samples < 16:
+        """CPU ÷ wall time of a sample's steps (see ``_profile_steps``; None: unknown)."""
+        steps = self._profile_steps()
+        if steps is None:
             return None
-        steps = self.profiler.report().steps
         wall = sum(s.wall_mean for s in steps)
         return sum(s.cpu_mean for s in steps) / wall if wall > 0 else None
+
+    def _sample_wall_s(self) -> float | None:
+        """A sample's mean wall seconds in a worker (see ``_profile_steps``; None: unknown)."""
+        steps = self._profile_steps()
+        return (sum(s.wall_mean for s in steps) or None) if steps is not None else None
+
+    def _consumer_rate(self) -> float | None:
+        """Samples per second the training loop takes when it does not wait for data, this
+        epoch so far (None: under half a second of consumer time measured)."""
+        m = self.meter
+        if m is None or m.samples == 0:
+            return None
+        busy = time.perf_counter() - m.t_start - m.stall_s
+        return m.samples / busy if busy >= 0.5 else None
 
     def _autoscale(self, sched: Scheduler) -> None:
         assert self.scaler is not None
@@ -218,7 +274,8 @@ class Monitor:
             )
         per_worker = sum(rss) / len(rss) if rss else None
         d = self.scaler.decide(len(live), psutil.cpu_percent(None) / 100.0, per_worker,
-                               self._memory_budget, self._cpu_share())
+                               self._memory_budget, self._cpu_share(), rank_cpus(),
+                               self._consumer_rate(), self._sample_wall_s())
         if d.new > d.current:
             for _ in range(min(d.new - d.current, pool.max_slots - len(pool.workers))):
                 pool.add_worker(num_workers=d.new)

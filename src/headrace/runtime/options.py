@@ -72,6 +72,13 @@ class Options:
             shared and not re-seeded), ``get_worker_info()`` is ``None``, ``worker_init_fn``
             and ``sample_timeout_s`` are refused (a thread cannot be killed), and dataset and
             step objects are shared by the threads. See ``runtime/threadworker.py``.
+            ``"auto"``: processes, whose workers measure during the first epoch how much of
+            their steps' time holds the GIL (``runtime/gilprobe.py``); threads from the next
+            epoch on when the GIL would not limit them (``planner/executor.py``; the decision
+            and its numbers are in ``explain()``). Threads are considered only where they
+            cannot change what the code computes: a ``Pipeline`` (its random steps draw from
+            their ``rng``), torch's default collation, no ``worker_init_fn``,
+            ``sample_timeout_s`` or ``remote``; anything else stays on processes.
         device: device prefetch (``runtime/prefetch.py``): ``"cuda"``, ``"cuda:N"`` or a
             ``torch.device`` (e.g. ``torch.accelerator.current_accelerator()``). The next
             batches are copied there on a side CUDA stream while the current one trains, from
@@ -96,7 +103,7 @@ class Options:
     profile: bool = True
     reorder: bool = True
     profile_store: str | os.PathLike[str] | bool = True
-    executor: Literal["processes", "threads"] = "processes"
+    executor: Literal["processes", "threads", "auto"] = "processes"
     device: str | torch.device | None = None
     cache: Cache | None = dataclasses.field(default_factory=Cache)
     remote: Remote | None = None
@@ -110,8 +117,9 @@ class Options:
             raise ValueError("slow_lane_share must be in [0, 1]")
         if self.sample_timeout_s is not None and self.sample_timeout_s <= 0:
             raise ValueError("sample_timeout_s must be > 0 (or None)")
-        if self.executor not in ("processes", "threads"):
-            raise ValueError(f"executor must be 'processes' or 'threads', got {self.executor!r}")
+        if self.executor not in ("processes", "threads", "auto"):
+            raise ValueError("executor must be 'processes', 'threads' or 'auto', got "
+                             f"{self.executor!r}")
         if self.executor == "threads" and self.sample_timeout_s is not None:
             raise ValueError("sample_timeout_s needs executor='processes': a worker thread stuck "
                              "in a step cannot be killed and replaced")

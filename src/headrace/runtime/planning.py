@@ -119,6 +119,7 @@ class Planning:
             q = list(self.stored.total_quantiles)
             self.monitor.timeout.seed(q)
             self.monitor.stored_step_p50 = {s.name: s.wall_p50 for s in self.stored.steps}
+            self.monitor.stored_profile = self.stored
             self.note = (
                 f"reused a stored profile of {self.stored.samples} samples from {self.store.path} "
                 "(warm-up skipped)"

@@ -67,7 +67,8 @@ class Progress:
     ``tid[slot]``: task id being run (−1: idle); ``started[slot]``: ``time.monotonic()`` when
     it started (seconds); ``step[slot]``: execution step it is in (0 = load). Written by the
     main process: ``revoked[slot]``: a queued task id the worker must skip (it was moved to
-    another worker; see ``Scheduler._steal``).
+    another worker; see ``Scheduler._steal``). ``gil_held[slot]`` / ``gil_probed[slot]``: seconds
+    of step time a worker process's GIL probe saw held / watched (``runtime/gilprobe.py``).
     """
 
     def __init__(self, ctx: Any, slots: int) -> None:
@@ -75,6 +76,8 @@ class Progress:
         self.started = ctx.RawArray("d", slots)
         self.step = ctx.RawArray("i", slots)
         self.revoked = ctx.RawArray("q", [-1] * slots)
+        self.gil_held = ctx.RawArray("d", slots)
+        self.gil_probed = ctx.RawArray("d", slots)
 
 
 @dataclass(eq=False)
@@ -143,8 +146,10 @@ class WorkerPool:
         profile: bool | str = True,
         executor: str = "processes",
         cache: Any = None,
+        probe_gil: bool = False,
     ) -> None:
         self.executor = executor  # validated by Options
+        self.probe_gil = probe_gil  # worker processes measure their steps' GIL share
         self.cache = cache  # a cache.client.CacheClient for the workers, or None
         self.pipeline = pipeline
         self.dataset = dataset
@@ -205,8 +210,10 @@ class WorkerPool:
             parent_pid=os.getpid(),
             profile=self.profile,
             cache=self.cache,
+            probe_gil=self.probe_gil,
         )
         self.progress.tid[slot] = -1
+        self.progress.gil_held[slot] = self.progress.gil_probed[slot] = 0.0
         self.progress.revoked[slot] = -1  # a dead predecessor's revocation does not carry over
         if start is None:
             start = self._start_thread if self.executor == "threads" else self._start_process

@@ -44,6 +44,7 @@ class EpochSpec:
     total_positions: int | None  # samples in the epoch when the sampler knows, else None
     sample_timeout_s: float | None = None  # a sample running longer is a hung step
     buffers: BufferPool | None = None  # batch memory reused across batches (None: fresh)
+    ods: Any = None  # cache.ods_epoch.OdsEpoch: which sample fills a position (Cache(ods=True))
 
 
 @dataclass

@@ -33,6 +33,7 @@ from headrace.cache.client import run_cached
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import Outcome, SampleRunner
 from headrace.profiler import sizes
+from headrace.runtime.gilprobe import start_probe
 from headrace.runtime.ring import Ring, RingWriter
 from headrace.runtime.ring import encode as ring_encode
 from headrace.runtime.transport import decode, encode
@@ -69,6 +70,7 @@ class WorkerSetup(NamedTuple):
     parent_pid: int
     profile: bool | str  # measure bytes and type changes per step ("all": on every sample)
     cache: Any = None  # headrace.cache.client.CacheClient, or None
+    probe_gil: bool = False  # run the GIL probe (runtime/gilprobe.py): executor="auto"
 
 
 HANDOFF_MIN_SHARE = 0.5
@@ -103,6 +105,8 @@ def worker_main(
             reseeded = _reseeded(before, _global_states())
         runner = TaskRunner(setup, handoff, progress)
         writer = RingWriter(ring, setup.parent_pid)
+        if setup.probe_gil:
+            start_probe(progress, slot)
     except Exception as e:  # noqa: BLE001 - reported to the main process
         _send(results, ("init_error", slot, _qualname(type(e)), str(e), traceback.format_exc()))
         return

@@ -30,6 +30,11 @@ class CacheStats:
             (both measured per tier; one in 32 is still made, to keep measuring).
         bytes_by_tier: bytes held per tier when the numbers were taken (all epochs' entries).
         budget_by_tier: each tier's share of the budget (bytes).
+        substituted: (ODS, ``Cache(ods=True)``) positions filled by a cached sample the job
+            had not seen this epoch in place of the sample the sampler asked for, which was
+            not cached (it comes later in the epoch). 0 without ODS.
+        jobs: (ODS) live jobs sharing the cache at the epoch's last request, this one
+            included; 0 without ODS.
     """
 
     lookups: int
@@ -42,6 +47,8 @@ class CacheStats:
     not_worth: int = 0
     bytes_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
     budget_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
+    substituted: int = 0
+    jobs: int = 0
 
     @property
     def hit_rate(self) -> float:

@@ -1,0 +1,154 @@
+"""ODS's shared state in Redis: per-sample status and reference count, jobs, seen bits.
+
+Jobs that share a Redis cache and run the same pipeline prefix (one *group*: the hash of their
+tiers' fingerprints) share, under ``hr:ods:<group>:``:
+
+* ``st``: a hash, sample index -> ``refs * 8 + tiers`` (Seneca's status byte and reference
+  count): ``tiers`` is a bit mask of the forms held (1 encoded, 2 decoded, 4 augmented),
+  ``refs`` the jobs that used the entry (the job that stored it counts as one);
+* ``jobs``: a sorted set, job name -> the time (ms, the server's clock) its registration
+  expires; every request of a live job pushes its own forward by ``ttl``, and each script
+  drops the expired ones, so a job killed with SIGKILL stops counting after ``ttl``;
+* ``seen:<job>:<epoch>``: the job's seen bits for that epoch (``SETBIT``), expiring ``ttl``
+  after its last request. The job's own process keeps the authoritative copy
+  (``ods.Substitution``, saved in its state dict); this one lets the server filter the
+  candidates it returns.
+
+Everything is changed by Lua scripts, so a read-modify-write is atomic across workers and jobs:
+``ASK`` (the scheduler, once per sampler batch): register, mark what was chosen since the last
+request seen, answer which requested samples are cached and draw unseen cached ones at random
+(``HRANDFIELD``). In ``redis_scripts``: ``ODS_GET`` (a worker's lookup) reads the entry and
+counts a use; the entry is evicted when its uses reach the live jobs (Seneca's threshold), its
+bytes returned to the budget; ``PUT`` (a worker's insert) also sets the status.
+No module here imports ``redis``: scripts run on the backend's client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from headrace.cache.ods import NO_ANSWER, Answer
+
+TIER_BIT = {"encoded": 1, "decoded": 2, "augmented": 4}
+META = 32
+"""Bytes counted per ODS entry, beside the entry itself, for its field in the status hash."""
+CANDIDATE_DRAWS = 4
+"""``ASK`` draws this many random cached samples per substitute wanted (then filters seen ones)."""
+MAX_DRAW = 512
+"""At most this many random fields drawn by one ``ASK``."""
+
+_NOW = ("local t = redis.call('TIME') "
+        "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) ")
+
+ASK = _NOW + """
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+local nm = tonumber(ARGV[4])
+for k = 5, 4 + nm do redis.call('SETBIT', KEYS[3], tonumber(ARGV[k]), 1) end
+if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('PEXPIRE', KEYS[3], ttl) end
+local hits, req = {}, {}
+for k = 5 + nm, #ARGV do
+  req[ARGV[k]] = true
+  hits[#hits + 1] = redis.call('HEXISTS', KEYS[1], ARGV[k])
+end
+local want = tonumber(ARGV[3])
+local cands = {}
+if want > 0 then
+  for _, f in ipairs(redis.call('HRANDFIELD', KEYS[1], math.min(want * DRAWS, MOST))) do
+    if #cands >= want then break end
+    if not req[f] and redis.call('GETBIT', KEYS[3], tonumber(f)) == 0 then
+      cands[#cands + 1] = tonumber(f)
+    end
+  end
+end
+return {hits, cands, redis.call('ZCARD', KEYS[2])}
+""".replace("DRAWS", str(CANDIDATE_DRAWS)).replace("MOST", str(MAX_DRAW))
+
+def group_of(prefixes: Sequence[str]) -> str:
+    """The ODS group of a pipeline: jobs whose tracked forms have these prefix fingerprints."""
+    return hashlib.blake2b("|".join(sorted(prefixes)).encode(), digest_size=8).hexdigest()
+
+
+class OdsKeys:
+    """Key names of one group (``prefix``: the backend's key prefix, ``b"hr:"``)."""
+
+    def __init__(self, prefix: bytes, group: str) -> None:
+        self.group = group
+        self.base = prefix + b"ods:" + group.encode() + b":"
+        self.status = self.base + b"st"
+        self.jobs = self.base + b"jobs"
+
+    def seen(self, job: str, epoch: int) -> bytes:
+        return self.base + f"seen:{job}:{epoch}".encode()
+
+
+def _redis_bits(lsb_first: bytes) -> bytes:
+    """``runtime.bitmap.Bitmap``'s bytes (bit i at ``1 << i % 8``) in Redis's bit order
+    (``SETBIT`` offset i is bit ``7 - i % 8`` of byte ``i // 8``)."""
+    return lsb_first.translate(_REVERSE)
+
+
+_REVERSE = bytes(int(f"{b:08b}"[::-1], 2) for b in range(256))
+
+
+class OdsBoard:
+    """One job's view of its group's shared state (training process; scheduler thread).
+
+    ``backend``: a ``RedisBackend`` (its client runs the scripts); ``ttl_s``: how long the
+    job's registration and seen bits outlive its last request (seconds).
+    """
+
+    def __init__(self, backend: Any, keys: OdsKeys, job: str, ttl_s: float) -> None:
+        self.backend = backend
+        self.keys = keys
+        self.job = job
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.errors = 0
+        """Requests that failed (the server down): their positions were filled without ODS."""
+        self.jobs = 1
+        """Live jobs at the last answer."""
+
+    def _script(self, name: str) -> Any:
+        self.backend._r()
+        return self.backend.scripts[name]
+
+    def start_epoch(self, epoch: int, seen_bits: bytes) -> None:
+        """Write the job's seen bits for ``epoch`` (the delivered set of a resumed epoch, else
+        empty) and register the job."""
+        try:
+            r = self.backend._r()
+            key = self.keys.seen(self.job, epoch)
+            bits = _redis_bits(seen_bits)
+            if bits.strip(b"\x00"):
+                r.set(key, bits, px=self.ttl_ms)
+            else:
+                r.delete(key)
+        except Exception:  # noqa: BLE001 - the server down: ODS answers misses meanwhile
+            self.errors += 1
+        self.ask(epoch, (), 0, ())
+
+    def ask(self, epoch: int, requested: Sequence[int], want: int, marks: Sequence[int]) -> Answer:
+        """Which of ``requested`` are cached, and up to ``want`` unseen cached samples; marks
+        ``marks`` seen first. ``NO_ANSWER`` when the server fails."""
+        k = self.keys
+        try:
+            script = self._script("ods_ask")
+            hits, cands, jobs = self.backend._call(lambda: script(
+                keys=[k.status, k.jobs, k.seen(self.job, epoch)],
+                args=[self.job, self.ttl_ms, want, len(marks), *marks, *requested]))
+        except Exception:  # noqa: BLE001 - counted; the positions are filled as misses
+            self.errors += 1
+            return NO_ANSWER
+        self.jobs = int(jobs)
+        return Answer([bool(h) for h in hits], [int(c) for c in cands], self.jobs)
+
+    def leave(self) -> None:
+        """Unregister (a job that closes; a killed one expires after ``ttl``)."""
+        try:
+            self.backend._r().zrem(self.keys.jobs, self.job)
+        except Exception:  # noqa: BLE001 - it expires anyway
+            pass

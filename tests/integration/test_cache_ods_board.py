@@ -1,0 +1,106 @@
+"""ODS's shared state on a real redis-server, driven directly (no loader): status, reference
+counts, eviction at the number of live jobs, expiry of a job's registration."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from headrace.cache import codec
+from headrace.cache.ods_board import OdsBoard, OdsKeys
+from headrace.cache.redis_backend import PREFIX, RedisBackend
+from headrace.cache.tiers import sample_key
+
+pytestmark = [pytest.mark.integration, pytest.mark.redis]
+NS = b"n" * 16
+
+
+@pytest.fixture
+def backend(redis_server):
+    redis_server.flush()
+    be = RedisBackend(redis_server.url, 1 << 20)
+    be.set_budgets({"augmented": 1 << 20})
+    be.ods = OdsKeys(PREFIX, "g")
+    be.ods_tiers = frozenset({"augmented"})
+    be.ods_always = frozenset({"augmented"})  # a shared augmented form: never kept for later
+    yield be
+    be.close_here()
+
+
+def _boards(be: RedisBackend, n: int) -> list[OdsBoard]:
+    boards = [OdsBoard(be, be.ods, f"job{k}", 60.0) for k in range(n)]
+    for b in boards:
+        b.start_epoch(0, b"")
+    return boards
+
+
+def _put(be: RedisBackend, index: int) -> str:
+    return be.put(sample_key(NS, index), "augmented", codec.encode(b"x" * 100), [])
+
+
+def _read(be: RedisBackend, index: int):
+    return be.take(sample_key(NS, index), "augmented", codec.decode)
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_an_entry_is_evicted_once_every_live_job_used_it(backend, jobs) -> None:
+    _boards(backend, jobs)
+    assert _put(backend, 7) == "stored"  # the storing job counts as one use
+    stored = backend.usage()["augmented"]
+    assert stored > 0
+    for k in range(jobs - 1):
+        assert _read(backend, 7) == b"x" * 100  # the other jobs, one use each
+        left = k + 1 < jobs - 1
+        assert bool(backend.usage()["augmented"]) == left  # bytes back in the budget at the last
+    assert _read(backend, 7) is None
+    board = OdsBoard(backend, backend.ods, "job0", 60.0)
+    ans = board.ask(0, [7], 4, [])
+    assert ans.hits == [False] and 7 not in ans.candidates  # no longer offered
+    assert backend.scan_bytes() == 0
+
+
+def test_an_exact_form_every_job_used_is_evicted_only_when_its_tier_is_full(backend) -> None:
+    _boards(backend, 2)
+    blob = codec.encode(b"d" * 100)
+    cost = len(PREFIX) + 24 + len(blob) + 64 + 32  # key, value, overhead, ODS status
+    backend.set_budgets({"decoded": 2 * cost})
+    backend.ods_tiers, backend.ods_always = frozenset({"decoded"}), frozenset()
+    assert backend.put(sample_key(NS, 1), "decoded", blob, []) == "stored"
+    assert backend.take(sample_key(NS, 1), "decoded", codec.decode) == b"d" * 100
+    assert backend.scan_bytes() == cost  # every job used it, but there is room: kept
+    assert backend.put(sample_key(NS, 2), "decoded", blob, []) == "stored"
+    assert backend.put(sample_key(NS, 3), "decoded", blob, []) == "full"  # now it is needed
+    assert backend.take(sample_key(NS, 1), "decoded", codec.decode) == b"d" * 100
+    assert backend.scan_bytes() == cost  # evicted: entry 2 is left
+    assert backend.put(sample_key(NS, 3), "decoded", blob, []) == "stored"  # the refill
+    assert backend.scan_bytes() == sum(backend.usage().values()) == 2 * cost
+
+
+def test_answers_say_what_is_cached_and_offer_only_unseen_samples(backend) -> None:
+    a, b = _boards(backend, 2)
+    for i in (1, 2, 3):
+        _put(backend, i)
+    ans = a.ask(0, [1, 9], 8, [])
+    assert ans.hits == [True, False] and ans.jobs == 2
+    assert sorted(ans.candidates) == [2, 3]  # requested ones are not offered again
+    ans = a.ask(0, [9], 8, [2])  # 2 was chosen since the last request: marked seen
+    assert sorted(ans.candidates) == [1, 3]
+    assert sorted(b.ask(0, [9], 8, []).candidates) == [1, 2, 3]  # seen bits are per job
+
+
+def test_a_silent_job_stops_counting_after_its_ttl(backend, redis_server) -> None:
+    import redis
+
+    _boards(backend, 1)  # job0, 60 s
+    dead = OdsBoard(backend, backend.ods, "dead", 0.3)
+    dead.start_epoch(0, b"\x01")
+    r = redis.Redis.from_url(redis_server.url)
+    assert r.zscore(backend.ods.jobs, "dead") is not None
+    assert r.exists(backend.ods.seen("dead", 0))
+    deadline = time.monotonic() + 10.0
+    live = OdsBoard(backend, backend.ods, "live", 60.0)
+    while live.ask(0, [], 0, []).jobs != 2 or r.exists(backend.ods.seen("dead", 0)):
+        assert time.monotonic() < deadline, "the silent job did not expire"
+        time.sleep(0.05)  # waiting for the server's clock to pass its TTL
+    assert r.zscore(backend.ods.jobs, "dead") is None  # dropped by the live job's request

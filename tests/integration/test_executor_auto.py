@@ -1,0 +1,88 @@
+"""``Options(executor="auto")``: worker processes measure the GIL share of their steps in the
+first epoch, and the loader moves to threads when the GIL would not limit them."""
+
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import headrace as hr
+from tests.helpers import ArraySource, IndexDataset, noise
+
+pytestmark = pytest.mark.integration
+
+AUTO = hr.Options(executor="auto", profile_store=False, cache=None, seed=7)
+
+
+def sleepy(x: np.ndarray) -> np.ndarray:
+    time.sleep(0.01)  # releases the GIL, as decoding in C would
+    return x
+
+
+def spin(x: np.ndarray) -> np.ndarray:
+    t = time.thread_time() + 0.01
+    n = 0
+    while time.thread_time() < t:  # Python bytecode: holds the GIL
+        n += 1
+    return x
+
+
+def run_epochs(loader, epochs):
+    out = []
+    for _ in range(epochs):
+        out.append(Counter(i for b in loader for i in np.asarray(b).reshape(-1).tolist()))
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_gil_releasing_steps_move_to_threads_and_compute_the_same(no_leaks):
+    steps = [hr.step(sleepy, name="sleepy"), hr.step(noise, name="noise", random=True)]
+    pipe = hr.Pipeline(ArraySource(240), steps)
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    first = [b.clone() for b in loader]  # epoch 0 runs on processes and measures
+    d = loader.monitor.executor_decision
+    assert d is not None, "the probes watched under a second of steps in a whole epoch"
+    assert d.executor == "threads" and d.held_share < 0.5
+    assert "chose threads" in loader.explain()
+    it = iter(loader)
+    assert it.pool.executor == "threads"  # the decision applies from the next epoch
+    second = [b.clone() for b in it]
+    # same epoch-0 content as a processes-only loader, and epoch 1 complete, exactly once
+    ref = hr.DataLoader(pipe, batch_size=8, num_workers=2,
+                        options=hr.Options(profile_store=False, cache=None, seed=7))
+    ref_first = [b.clone() for b in ref]
+    key = lambda bs: sorted(np.concatenate([b.numpy().reshape(-1) for b in bs]).tolist())  # noqa: E731
+    assert key(first) == key(ref_first)
+    assert len(key(second)) == 240
+    ref_second = [b.clone() for b in ref]
+    assert key(second) == key(ref_second)  # threads computed what processes compute
+    loader.close()
+    ref.close()
+
+
+@pytest.mark.timeout(120)
+def test_python_bound_steps_stay_on_processes(no_leaks):
+    pipe = hr.Pipeline(ArraySource(200), [hr.step(spin, name="spin")])
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    counts = run_epochs(loader, 2)
+    assert all(c == Counter(float(i) for i in range(200)) for c in counts)
+    d = loader.monitor.executor_decision
+    assert d is not None and d.executor == "processes" and d.held_share > 0.5
+    assert loader._executor == "processes" and "chose processes" in loader.explain()
+    loader.close()
+
+
+def test_a_plain_dataset_stays_on_processes_and_says_why(no_leaks):
+    loader = hr.DataLoader(IndexDataset(20), batch_size=4, num_workers=2, options=AUTO)
+    assert sorted(i for b in loader for i in b.tolist()) == list(range(20))
+    d = loader.monitor.executor_decision
+    assert d is not None and d.executor == "processes"
+    assert "__getitem__ runs the steps" in loader.explain()
+    loader.close()
+
+
+def test_options_accept_auto_and_reject_others():
+    assert hr.Options(executor="auto").executor == "auto"
+    with pytest.raises(ValueError, match="'processes', 'threads' or 'auto'"):
+        hr.Options(executor="fibers")

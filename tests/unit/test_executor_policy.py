@@ -1,0 +1,39 @@
+"""``executor="auto"``'s decision from measured GIL holding (pure: no processes)."""
+
+import math
+
+from headrace.planner.executor import MIN_PROBED_S, choose_executor, forced_processes
+
+
+def test_waits_until_enough_step_time_was_probed():
+    assert choose_executor(0.0, MIN_PROBED_S / 2, workers=4, cores=4) is None
+    assert choose_executor(0.0, MIN_PROBED_S, workers=4, cores=4) is not None
+
+
+def test_steps_that_release_the_gil_get_threads():
+    d = choose_executor(0.1, 2.0, workers=4, cores=4)  # 5% held: ~20 threads' worth of room
+    assert d is not None and d.executor == "threads"
+    assert math.isclose(d.held_share, 0.05) and d.parallel == 4
+    assert "threads save the copy" in d.describe()
+
+
+def test_python_bound_steps_keep_processes():
+    d = choose_executor(1.9, 2.0, workers=4, cores=4)  # 95% held: about one thread's worth
+    assert d is not None and d.executor == "processes"
+    assert "fewer than the 4 processes" in d.reason
+
+
+def test_the_parallelism_processes_would_get_sets_the_bar():
+    # 40% held: 2.5 threads' worth. Enough on 2 cores, not on 8.
+    assert choose_executor(0.8, 2.0, workers=8, cores=2).executor == "threads"
+    assert choose_executor(0.8, 2.0, workers=8, cores=8).executor == "processes"
+    # fewer workers than cores: the workers are the bar
+    assert choose_executor(0.8, 2.0, workers=2, cores=8).executor == "threads"
+
+
+def test_never_held_and_forced():
+    d = choose_executor(0.0, 1.5, workers=2, cores=2)
+    assert d.executor == "threads" and "released the GIL all the time" in d.reason
+    f = forced_processes("worker_init_fn needs worker processes")
+    assert f.executor == "processes" and math.isnan(f.held_share)
+    assert "worker_init_fn" in f.describe()
