@@ -104,11 +104,13 @@ SHAPED_RESOURCE = "shaped_link"
 """A resource only the shaped storage node has: its tests' workers ask for it."""
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def shaped_storage(ray_cluster):
     """A storage node in its own network namespace, joined to the session's cluster over a
-    veth pair shaped with ``tc`` to ``SHAPED_MBIT``; torn down after the session (node
-    stopped, veth, qdisc and namespace deleted). Skipped where namespaces cannot be made."""
+    veth pair shaped with ``tc`` to ``SHAPED_MBIT``; torn down after the module (node
+    stopped, veth, qdisc and namespace deleted). Skipped where namespaces cannot be made.
+    Module scope: ``Cluster.wait_for_nodes`` (other tests) counts only the nodes that
+    ``cluster_utils`` added, so this one must be gone before they run."""
     from headrace.bench.shaped_link import LinkUnavailable, StorageNode
 
     node = StorageNode(ray_cluster.address, cpus=SHAPED_CPUS, rate_mbit=SHAPED_MBIT,
