@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PIP     := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: demo test lint bench venv clean redis-server
+.PHONY: demo test lint bench venv clean redis-server iproute2
 
 venv: $(STAMP)
 
@@ -27,7 +27,13 @@ redis-server:
 	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
 	  $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends redis-server; }
 
-test: $(STAMP) redis-server
+# The near-storage tests shape a real link (network namespace, veth, tc): iproute2.
+iproute2:
+	command -v ip >/dev/null && command -v tc >/dev/null || { \
+	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends iproute2; }
+
+test: $(STAMP) redis-server iproute2
 	$(BIN)/python -m pytest -q --timeout=300 --durations=20 tests
 
 lint: $(STAMP)

@@ -14,6 +14,7 @@ from headrace.pipeline import Pipeline, Step, step
 from headrace.planner.timeout import TimeoutConfig
 from headrace.planner.workers import AutoscaleConfig
 from headrace.remote.config import Remote
+from headrace.remote.storage import NearStorage
 from headrace.runtime import DataLoader, Options
 from headrace.telemetry.stats import CacheStats, EpochStats, LoaderStats
 
@@ -34,6 +35,7 @@ __all__ = [
     "EpochStats",
     "HeadraceError",
     "LoaderStats",
+    "NearStorage",
     "Options",
     "Pipeline",
     "PipelineError",

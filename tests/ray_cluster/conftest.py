@@ -75,3 +75,53 @@ def no_actor_leaks(ray_cluster):
     while live_headrace_actors() and time.monotonic() < deadline:
         tick.wait(0.05)
     assert not live_headrace_actors(), "Ray actors left behind"
+
+
+STORAGE_CPUS = 2
+"""CPUs (and ``headrace_storage`` units) of the session's storage node."""
+
+
+def add_storage_node(cluster):
+    """A node of the session's cluster marked as a storage node (near-storage fetchers)."""
+    node = cluster.add_node(num_cpus=STORAGE_CPUS, resources={"headrace_storage": STORAGE_CPUS},
+                            object_store_memory=STORE_BYTES)
+    cluster.wait_for_nodes()
+    return node
+
+
+@pytest.fixture(scope="session")
+def storage_node(ray_cluster):
+    """One storage node added to the session's cluster (``ray_cluster.storage_node``; a test
+    that kills it puts a new one there)."""
+    ray_cluster.storage_node = add_storage_node(ray_cluster)
+    return ray_cluster
+
+
+SHAPED_MBIT = 20
+"""Egress rate of the shaped storage node's link (megabits per second)."""
+SHAPED_CPUS = 2
+SHAPED_RESOURCE = "shaped_link"
+"""A resource only the shaped storage node has: its tests' workers ask for it."""
+
+
+@pytest.fixture(scope="module")
+def shaped_storage(ray_cluster):
+    """A storage node in its own network namespace, joined to the session's cluster over a
+    veth pair shaped with ``tc`` to ``SHAPED_MBIT``; torn down after the module (node
+    stopped, veth, qdisc and namespace deleted). Skipped where namespaces cannot be made.
+    Module scope: ``Cluster.wait_for_nodes`` (other tests) counts only the nodes that
+    ``cluster_utils`` added, so this one must be gone before they run."""
+    from headrace.bench.shaped_link import LinkUnavailable, StorageNode
+
+    node = StorageNode(ray_cluster.address, cpus=SHAPED_CPUS, rate_mbit=SHAPED_MBIT,
+                       extra_resources={SHAPED_RESOURCE: SHAPED_CPUS})
+    try:
+        node.start()
+    except LinkUnavailable as e:
+        node.close()
+        pytest.skip(f"no shaped storage link here: {e}")
+    try:
+        yield node
+    finally:
+        node.close()
+        assert not node.exists(), "namespace or veth left behind"

@@ -69,6 +69,8 @@ class RemoteFacts:
     """Samples remote workers handed off over the timeout (finished in the slow lane)."""
     link: str | None = None
     watching: bool = False
+    extra: tuple[str, ...] = ()
+    """More lines from the remote side (near storage: ``remote/storage.py``)."""
 
 
 def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
@@ -114,6 +116,7 @@ def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
             for t, dl, dr, bpt, why in r.moves[-3:]:
                 out.append(f"    at {t:.1f} s: local {dl:+d}, remote {dr:+d} (window batch time "
                            f"{units.duration(bpt)}): {why}")
+    out.extend(r.extra)
     return out
 
 

@@ -6,5 +6,6 @@ its workers: without ``Options(remote=...)`` nothing of Ray is imported or start
 
 from headrace.remote.config import Remote
 from headrace.remote.offload_plan import plan_offload
+from headrace.remote.storage import NearStorage
 
-__all__ = ["Remote", "plan_offload"]
+__all__ = ["NearStorage", "Remote", "plan_offload"]

@@ -154,6 +154,11 @@ def probe_link(cfg: Remote, start_timeout_s: float = 30.0) -> LinkMeasure | None
         ray.kill(echo, no_restart=True)
 
 
+def resource_total(name: str) -> float:
+    """Units of a custom resource on the live nodes of the cluster (e.g. ``headrace_storage``)."""
+    return float(ray.cluster_resources().get(name, 0.0))
+
+
 class RemoteTasks(ThreadTasks):
     """A proxy's task queue: the scheduler ``send``s, the proxy ``take``s with a timeout."""
 
@@ -198,6 +203,13 @@ class ProxyOptions:
         task that may be handed off (None: remote workers never hand samples off)."""
         self.placed: dict[int, str] = {}
         """Slot -> Ray node id of the running remote worker in it (removed when it ends)."""
+        self.stops: Any = None
+        """Per-sample split (near storage: ``stops[sample]``, ``remote/storage.py``; None:
+        ``stop`` for every sample)."""
+
+    def stop_for(self, sample: int) -> int:
+        """Where the remote part of ``sample`` ends."""
+        return self.stop if self.stops is None else int(self.stops[sample])
 
 
 def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, progress: Any,
@@ -324,7 +336,8 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
     if task.may_hand_off and opts.handoff is not None:  # the local workers' rule, now
         h = opts.handoff
         handoff = (float(h.timeout.value), tuple(float(r) for r in h.remaining))
-    ref = actor.run.remote(task._replace(payload=None), max(opts.stop, task.start + 1),
+    ref = actor.run.remote(task._replace(payload=None), max(opts.stop_for(task.sample),
+                                                            task.start + 1),
                            pack(value) if value is not None else None, handoff)
     return ("ref", ref, before)
 

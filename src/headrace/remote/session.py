@@ -14,6 +14,7 @@ from typing import Any
 
 from headrace.errors import RemoteUnavailableError
 from headrace.remote.config import Remote
+from headrace.remote.storage import RESOURCE, NearStorage, StorageSide
 from headrace.runtime.pool import WorkerHandle, WorkerPool
 from headrace.runtime.threadworker import ThreadResults, ThreadRun
 from headrace.runtime.worker import WorkerSetup
@@ -70,6 +71,8 @@ class RemoteSession:
         self._lock = threading.Lock()
         self._add_lock = threading.Lock()
         self._pool_opts: tuple[Any, Any] = (lambda: None, None)  # (weakref to pool, options)
+        self.near: Any = None
+        """Near storage (``remote/storage.py``'s ``StorageSide``), once a pool exists."""
 
     # -- cluster -------------------------------------------------------------------------------
     def open(self) -> int:
@@ -91,6 +94,8 @@ class RemoteSession:
         cfg = self.cfg
         if cfg.max_workers is not None:
             self.max_workers = cfg.max_workers
+        elif self.near_storage:  # one storage worker per num_cpus storage units
+            self.max_workers = max(1, int(ray_backend.resource_total(RESOURCE) // cfg.num_cpus))
         else:
             self.max_workers = max(1, int(ray_backend.cluster_cpus() // cfg.num_cpus))
         default = 0 if cfg.autoplace else self.max_workers
@@ -149,6 +154,7 @@ class RemoteSession:
                 self._pool_opts = (weakref.ref(pool), opts)
             opts.stop = self.stop if self.stop is not None else opts.steps
             opts.read_local = self.read_local
+            opts.stops = self.near
             return opts
 
     def facts(self, pool: WorkerPool | None, steps: list[str], measured_thp: float | None
@@ -176,7 +182,35 @@ class RemoteSession:
             measured_thp=measured_thp, cost_per_hour=cost, replans=replans,
             handed_off=self.handed_off_remote,
             link=self.link.describe() if self.link is not None else None,
-            watching=self.watcher is not None)
+            watching=self.watcher is not None,
+            extra=tuple(self.near.lines()) if self.near is not None else ())
+
+    @property
+    def near_storage(self) -> bool:
+        """The workers are near-storage fetchers (``hr.NearStorage``)."""
+        return isinstance(self.cfg, NearStorage)
+
+    def prepare(self, pipeline: Any, local_workers: int, profile: bool | str) -> bool | str:
+        """Before a pool starts (after ``open``): the near-storage controller, once, and the
+        pool's ``profile`` (near storage measures every sample's sizes: ``"all"``)."""
+        if not self.near_storage or not self.available:
+            return profile
+        if self.near is None:
+            assert isinstance(self.cfg, NearStorage)
+            self.near = StorageSide(self.cfg, len(pipeline), pipeline.step_names,
+                                    max(1, local_workers))
+            self.near.storage_workers = max(1, self.target)
+        return "all" if profile else profile
+
+    def _near_sample(self, index: int, step_s: float | None, slow: bool, timings: Any) -> None:
+        if self.near is not None:
+            self.near.on_sample(index, step_s, slow, timings)
+
+    def _near_epoch(self, monitor: Any) -> None:
+        if self.near is not None and monitor is not None and monitor.epochs:
+            # storage cores of the next decision: the storage workers running now
+            self.near.storage_workers = max(1, self.ready_workers() or self.target)
+            self.near.on_epoch_closed(monitor.epochs[-1].wall_s)
 
     def ready_workers(self) -> int:
         """Remote workers of the latest pool whose actor is placed and running (between
@@ -228,7 +262,8 @@ class RemoteSession:
                         name=f"headrace-worker-remote-{setup.slot}")
         run.start()
         return WorkerHandle(setup.slot, run, tasks, results, None, external=True,
-                            gate=self._within_ratio, prefers_slow=self.cfg.slow_lane)
+                            gate=self._within_ratio, prefers_slow=self.cfg.slow_lane,
+                            fetches=self.near_storage)
 
     def _within_ratio(self) -> bool:
         """May remote workers take more samples now? FastFlow's ApplyOffRatio by counters:
@@ -318,6 +353,12 @@ def remote_session(cfg: Remote | None, monitor: Any) -> RemoteSession | None:
     scheduler through ``monitor.tick_listeners``. Joins no cluster yet (see ``open``)."""
     if cfg is None:
         return None
+    if isinstance(cfg, NearStorage):
+        cfg = cfg.placed()
     session = RemoteSession(cfg)
     monitor.tick_listeners.append(session.on_tick_scheduler)
+    if session.near_storage:
+        monitor.sample_listeners.append(session._near_sample)
+        ref = weakref.ref(monitor)
+        monitor.epoch_listeners.append(lambda: session._near_epoch(ref()))
     return session

@@ -223,8 +223,11 @@ def get_pool(loader: DataLoader, base_seed: int) -> tuple[WorkerPool, bool]:
     if loader.remote is not None:
         hi += loader.remote.open()  # joins the cluster on the first epoch
     assert loader.planning is not None
+    profile: bool | str = loader.options.profile
+    if loader.remote is not None:  # near storage: its controller, every sample's sizes
+        profile = loader.remote.prepare(loader.planning.executed, loader.num_workers, profile)
     pool = WorkerPool(loader.planning.executed, loader.dataset, ctx, loader.worker_init_fn,
-                      base_seed, hi, profile=loader.options.profile,
+                      base_seed, hi, profile=profile,
                       executor=loader._executor,
                       probe_gil=loader.monitor.probe_gil and loader.monitor.executor_decision is None,
                       cache=loader.cache.client() if loader.cache else None)

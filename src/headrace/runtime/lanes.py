@@ -39,13 +39,16 @@ class Lanes:
         """Every position of the epoch was pulled and settled."""
         return self.exhausted and not self.fresh and self.settled == self.pulled
 
-    def choose(self, fresh_ok: bool, slow_first: Callable[[], bool], in_flight: int) -> Rec | None:
+    def choose(self, fresh_ok: bool, slow_first: Callable[[], bool], in_flight: int,
+               backlog_ok: bool = True) -> Rec | None:
         """The next sample for a worker: a retry, else the slow lane when ``slow_first()`` (the
         scheduler's rule: the slow lane has less than its share of the workers), else a fresh
         sample (when ``fresh_ok``), else the slow lane anyway (nothing fresh may start: stay
-        work-conserving)."""
+        work-conserving). ``backlog_ok=False``: never the slow lane (a near-storage fetcher)."""
         if self.retry:
             return self.retry.popleft()
+        if not backlog_ok:
+            return self.next_fresh(in_flight) if fresh_ok else None
         if self.backlog and slow_first():
             return self.backlog.popleft()
         if fresh_ok:

@@ -126,7 +126,8 @@ class DataLoader(tud.DataLoader[_T_co]):
             self.pipeline = ds if isinstance(ds, Pipeline) else Pipeline.from_dataset(ds)
         self.monitor = Monitor(self.options, self.autoscale,
                                self.pipeline.step_names if self.pipeline is not None else None)
-        self._executor = "processes" if self.options.executor == "auto" else self.options.executor
+        self._executor: str = ("processes" if self.options.executor == "auto"
+                               else self.options.executor)
         """What runs the workers now (``executor="auto"`` starts on processes)."""
         if self.options.executor == "auto":
             blocked = self._threads_blocked()

@@ -95,6 +95,7 @@ class WorkerHandle:
     external: bool = False  # started by a backend (remote/): the pool does not restart it
     gate: Callable[[], bool] | None = None  # a backend's dispatch limit (remote/: offload ratio)
     prefers_slow: bool = False  # takes slow-lane samples first, beyond the slow-lane share
+    fetches: bool = False  # near storage: while one runs, fresh samples go to such workers only
 
     @property
     def sentinel(self) -> int:
@@ -142,7 +143,7 @@ class WorkerPool:
         worker_init_fn: Any,
         base_seed: int,
         max_slots: int,
-        profile: bool = True,
+        profile: bool | str = True,
         executor: str = "processes",
         cache: Any = None,
         probe_gil: bool = False,

@@ -258,14 +258,19 @@ class Scheduler:
         # workers that take slow-lane samples first (remote ones with Remote(slow_lane=True)):
         # the others then leave the backlog to them unless nothing fresh may start
         self._slow_takers = any(w.prefers_slow for w in workers)
+        # near storage (remote/storage.py): fresh samples go to the storage nodes' fetchers
+        # while one runs, the others resume what they hand back
+        fetchers = any(w.fetches for w in workers)
         for depth in range(1, DEPTH + 1):
             for w in workers:
                 if depth > 1 and w.slot in slow_now:
                     continue  # nothing queues behind a sample already over the timeout
                 while len(w.assigned) < depth:
                     fresh_ok = depth == 1 or not self.lanes.near_end(DEPTH * len(self.pool.workers))
+                    fresh_ok = fresh_ok and (w.fetches or not fetchers)
                     rec = self.lanes.choose(fresh_ok, functools.partial(
-                        self._may_take_slow, w, slow_cap), self.in_flight)
+                        self._may_take_slow, w, slow_cap), self.in_flight,
+                        backlog_ok=not w.fetches)
                     if rec is None:
                         break
                     rec.worker = w.slot
@@ -313,7 +318,8 @@ class Scheduler:
         queued task (``_dispatch``), so one revoked tid per worker is enough.
         """
         prog = self.pool.progress
-        victims = sorted((w for w in workers if w.slot in slow_now and len(w.assigned) > 1),
+        victims = sorted((w for w in workers if w.slot in slow_now and len(w.assigned) > 1
+                          and not w.fetches),  # near storage: its samples stay on storage
                          key=lambda w: slow_now[w.slot])  # the longest-running first
         for victim, thief in zip(victims, idle, strict=False):
             running = prog.tid[victim.slot]

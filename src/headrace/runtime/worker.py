@@ -68,7 +68,7 @@ class WorkerSetup(NamedTuple):
     dataset: Any  # what get_worker_info().dataset returns
     worker_init_fn: Any
     parent_pid: int
-    profile: bool  # measure bytes and type changes per step for the profiler
+    profile: bool | str  # measure bytes and type changes per step ("all": on every sample)
     cache: Any = None  # headrace.cache.client.CacheClient, or None
     probe_gil: bool = False  # run the GIL probe (runtime/gilprobe.py): executor="auto"
 
@@ -152,6 +152,7 @@ class TaskRunner:
         self.cache = setup.cache
         self.progress = progress
         self.runs = 0
+        self.measure_all = setup.profile == "all"  # near storage: every sample's sizes
         limit, remaining = handoff.timeout, handoff.remaining
 
         def hand_off(next_step: int, spent: float) -> bool:
@@ -172,7 +173,8 @@ class TaskRunner:
         progress.step[slot] = task.start
         progress.tid[slot] = task.tid
         self.runs += 1
-        measured = self.runs <= MEASURE_ALL or self.runs % MEASURE_EVERY == 0
+        measured = (self.runs <= MEASURE_ALL or self.runs % MEASURE_EVERY == 0
+                    or self.measure_all)
         return run_cached(
             self.cache,
             (self.measured if measured else self.plain).run,

@@ -1,0 +1,271 @@
+"""Which prefix of the pipeline each sample runs on the storage node (SOPHON §3.2). Pure.
+
+A sample is read on the storage node (step 0, ``load``) and may run the next steps there
+before it crosses the network; the training side runs the rest. Its *stop* is the first step
+the training side runs: ``1`` sends the raw bytes (no offloading), ``n`` (the pipeline's
+step count, load included) sends the finished sample.
+
+SOPHON's decision, per sample: the prefix whose output is smallest (ties: the shortest, so
+raw when nothing shrinks); *efficiency* = bytes saved against raw ÷ the storage CPU-seconds
+that prefix costs. Samples are taken in decreasing efficiency while the network is still the
+predominant term of the epoch (SOPHON's ``T_Net`` against ``T_CS``, ``T_CC``, ``T_G``), and
+a sample is only taken when it does not make the predicted epoch longer. A sample that is
+smallest raw is never offloaded.
+
+Units: bytes, seconds, bytes per second; CPU times are the steps' thread CPU seconds as
+profiled on the training side (SOPHON assumes the same CPU type on both sides).
+The same profile also gives the comparison policies of SOPHON's evaluation: No-Off, All-Off,
+a fixed prefix for every sample (Resize-Off: decode and crop) and FastFlow-style
+all-or-nothing (whichever of No-Off and All-Off the model predicts faster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+POLICIES = ("headrace", "no-off", "all-off", "resize-off", "fastflow")
+"""Policy names ``decide`` accepts (``headrace``: SOPHON's per-sample greedy)."""
+
+MIN_CPU_S = 1e-9
+"""CPU seconds a prefix is taken to cost at least (a free prefix that shrinks comes first)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """What the epoch runs on.
+
+    ``bandwidth``: bytes per second from the storage node to the training side.
+    ``storage_cores``: CPU cores preprocessing on the storage node. ``compute_cores``: CPU
+    cores (workers) preprocessing on the training side. ``gpu_s``: the accelerator's time for
+    one epoch in seconds (SOPHON's ``T_G``; 0 when unknown: no accelerator bound).
+    """
+
+    bandwidth: float
+    storage_cores: float
+    compute_cores: float
+    gpu_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth > 0 or not self.storage_cores > 0 or not self.compute_cores > 0:
+            raise ValueError("bandwidth, storage_cores and compute_cores must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The model's epoch: ``bytes`` crossing the network, and the four times of SOPHON §3.2
+    in seconds: ``net_s`` (bytes ÷ bandwidth), ``storage_s`` (storage-side CPU ÷ its cores),
+    ``compute_s`` (training-side CPU ÷ its cores), ``gpu_s``. The stages overlap, so the
+    epoch takes the largest (``epoch_s``)."""
+
+    bytes: float
+    net_s: float
+    storage_s: float
+    compute_s: float
+    gpu_s: float
+
+    @property
+    def epoch_s(self) -> float:
+        return max(self.net_s, self.storage_s, self.compute_s, self.gpu_s)
+
+    @property
+    def bottleneck(self) -> str:
+        """The predominant term: ``network``, ``storage CPU``, ``training CPU`` or ``GPU``."""
+        terms = {"network": self.net_s, "storage CPU": self.storage_s,
+                 "training CPU": self.compute_s, "GPU": self.gpu_s}
+        return max(terms, key=terms.__getitem__)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+    """A policy's stop per sample (``stops[i]``: the first step sample ``i`` runs on the
+    training side, ``1..n``) and its predicted epoch. ``offloaded``: samples with at least one
+    step after ``load`` on the storage node."""
+
+    policy: str
+    stops: np.ndarray
+    predicted: Prediction
+    offloaded: int
+    reason: str = ""
+
+    @property
+    def share(self) -> float:
+        """Share of the samples offloaded (0..1)."""
+        return self.offloaded / len(self.stops) if len(self.stops) else 0.0
+
+    def describe(self) -> str:
+        p = self.predicted
+        return (f"near-storage {self.policy}: {self.offloaded}/{len(self.stops)} samples "
+                f"offloaded ({100 * self.share:.0f}%); predicted {p.bytes / 1e6:.1f} MB over "
+                f"the link, epoch {p.epoch_s:.2f} s (network {p.net_s:.2f} s, storage CPU "
+                f"{p.storage_s:.2f} s, training CPU {p.compute_s:.2f} s, GPU {p.gpu_s:.2f} s; "
+                f"bound: {p.bottleneck})" + (f"; {self.reason}" if self.reason else ""))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SampleProfile:
+    """Per-sample sizes and CPU times, as stage 2 of the profiler records them.
+
+    ``sizes[i, j]``: bytes of sample ``i`` after step ``j`` (``j = 0``: the raw bytes ``load``
+    returned). ``cpu[i, j]``: CPU seconds step ``j`` took on sample ``i``. A row with a NaN
+    (a sample not measured yet) is never offloaded and counts as the mean of measured rows.
+    """
+
+    sizes: np.ndarray
+    cpu: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.sizes.ndim != 2 or self.sizes.shape != self.cpu.shape or self.sizes.shape[1] < 1:
+            raise ValueError("sizes and cpu must be (samples, steps) arrays of one shape")
+
+    @property
+    def steps(self) -> int:
+        return int(self.sizes.shape[1])
+
+    def filled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(sizes, cpu, known): unmeasured rows replaced by the measured rows' means."""
+        sizes = np.asarray(self.sizes, dtype=np.float64)
+        cpu = np.asarray(self.cpu, dtype=np.float64)
+        known = np.asarray(np.isfinite(sizes).all(axis=1) & np.isfinite(cpu).all(axis=1))
+        if known.all():
+            return sizes, cpu, known
+        if not known.any():
+            raise ValueError("no sample of the profile is measured at every step")
+        sizes, cpu = sizes.copy(), cpu.copy()
+        sizes[~known] = sizes[known].mean(axis=0)
+        cpu[~known] = cpu[known].mean(axis=0)
+        return sizes, cpu, known
+
+
+def predict(profile: SampleProfile, stops: np.ndarray, res: Resources) -> Prediction:
+    """The model's epoch when sample ``i`` crosses the network before step ``stops[i]``."""
+    sizes, cpu, _ = profile.filled()
+    rows = np.arange(len(stops))
+    stops = np.asarray(stops, dtype=np.int64)
+    moved = float(sizes[rows, stops - 1].sum())
+    cum = np.cumsum(cpu, axis=1)
+    storage = float(cum[rows, stops - 1].sum())  # load and the prefix
+    compute = float(cum[:, -1].sum()) - storage
+    return Prediction(moved, moved / res.bandwidth, storage / res.storage_cores,
+                      compute / res.compute_cores, res.gpu_s)
+
+
+def _plan(policy: str, profile: SampleProfile, stops: np.ndarray, res: Resources,
+          reason: str = "") -> Plan:
+    stops = stops.astype(np.int16)
+    return Plan(policy, stops, predict(profile, stops, res), int((stops > 1).sum()), reason)
+
+
+def no_off(profile: SampleProfile, res: Resources) -> Plan:
+    """Raw bytes for every sample (the job as it runs without near-storage preprocessing)."""
+    return _plan("no-off", profile, np.ones(len(profile.sizes), np.int16), res)
+
+
+def all_off(profile: SampleProfile, res: Resources) -> Plan:
+    """Every step of every sample on the storage node."""
+    return _plan("all-off", profile, np.full(len(profile.sizes), profile.steps, np.int16), res)
+
+
+def prefix_off(profile: SampleProfile, res: Resources, stop: int,
+               policy: str = "resize-off") -> Plan:
+    """The same prefix ``[0, stop)`` for every sample (Resize-Off: up to decode and crop)."""
+    if not 1 <= stop <= profile.steps:
+        raise ValueError(f"stop must be in 1..{profile.steps}, got {stop}")
+    return _plan(policy, profile, np.full(len(profile.sizes), stop, np.int16), res)
+
+
+def fastflow(profile: SampleProfile, res: Resources) -> Plan:
+    """FastFlow-style all-or-nothing: every step of every sample offloaded or none, whichever
+    the model predicts faster (FastFlow treats the pipeline as one unit and does not tell
+    samples apart; ties keep everything on the training side)."""
+    none, every = no_off(profile, res), all_off(profile, res)
+    if every.predicted.epoch_s < none.predicted.epoch_s:
+        return dataclasses.replace(every, policy="fastflow", reason="all-off predicted faster")
+    return dataclasses.replace(none, policy="fastflow", reason="no-off predicted as fast")
+
+
+def best_prefixes(profile: SampleProfile) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample: the stop of its smallest form (ties: the shortest prefix), the bytes it
+    saves against raw, and the storage CPU-seconds of the steps after ``load`` it needs."""
+    sizes, cpu, known = profile.filled()
+    best = np.argmin(sizes, axis=1)  # the first minimum: raw when nothing is smaller
+    rows = np.arange(len(sizes))
+    saved = sizes[:, 0] - sizes[rows, best]
+    cost = np.cumsum(cpu, axis=1)[rows, best] - cpu[:, 0]
+    saved[~known] = 0.0
+    return best + 1, saved, cost
+
+
+def sophon(profile: SampleProfile, res: Resources) -> Plan:
+    """SOPHON's greedy (§3.2): samples in decreasing bytes saved per storage CPU-second,
+    each at its smallest prefix, taken while the network is the epoch's predominant term and
+    taking one does not lengthen the predicted epoch."""
+    stops, saved, cost = best_prefixes(profile)
+    base = no_off(profile, res).predicted
+    cand = np.flatnonzero(saved > 0)
+    if len(cand) == 0:
+        return dataclasses.replace(no_off(profile, res), policy="headrace",
+                                   reason="no sample is smaller after any step than raw")
+    eff = saved[cand] / np.maximum(cost[cand], MIN_CPU_S)
+    order = cand[np.argsort(-eff, kind="stable")]
+    s_cum = np.cumsum(saved[order])
+    c_cum = np.cumsum(cost[order])
+    # the model's terms after taking the first k + 1 candidates (k = 0..m-1)
+    net = (base.bytes - s_cum) / res.bandwidth
+    storage = base.storage_s + c_cum / res.storage_cores
+    compute = base.compute_s - c_cum / res.compute_cores
+    epoch = np.maximum.reduce([net, storage, compute, np.full_like(net, res.gpu_s)])
+    # before taking candidate k: the terms after k candidates (k = 0: the baseline)
+    net_before = np.concatenate(([base.net_s], net[:-1]))
+    other_before = np.concatenate(([max(base.storage_s, base.compute_s, base.gpu_s)],
+                                   np.maximum.reduce([storage, compute,
+                                                      np.full_like(net, res.gpu_s)])[:-1]))
+    epoch_before = np.concatenate(([base.epoch_s], epoch[:-1]))
+    ok = (net_before >= other_before) & (epoch <= epoch_before)
+    taken = int(np.argmin(ok)) if not ok.all() else len(order)
+    chosen = np.ones(len(stops), np.int16)
+    chosen[order[:taken]] = stops[order[:taken]]
+    if taken == len(order):
+        why = "every sample that shrinks is offloaded"
+    elif taken == 0:
+        why = "the network is not the bottleneck"
+    else:
+        why = "stopped where the network stopped being the bottleneck"
+    return _plan("headrace", profile, chosen, res, why)
+
+
+def decide(policy: str, profile: SampleProfile, res: Resources,
+           resize_stop: int | None = None) -> Plan:
+    """The plan of ``policy`` (one of ``POLICIES``); ``resize_stop``: Resize-Off's stop."""
+    if policy == "headrace":
+        return sophon(profile, res)
+    if policy == "no-off":
+        return no_off(profile, res)
+    if policy == "all-off":
+        return all_off(profile, res)
+    if policy == "fastflow":
+        return fastflow(profile, res)
+    if policy == "resize-off":
+        if resize_stop is None:
+            raise ValueError("resize-off needs resize_stop: the first step after the crop")
+        return prefix_off(profile, res, resize_stop)
+    raise ValueError(f"unknown near-storage policy {policy!r}; one of {POLICIES}")
+
+
+def io_bound(net_thp: float, cpu_thp: float, gthp: float = math.inf) -> tuple[bool, str]:
+    """Stage 1 of SOPHON's profiler (§3.1): is the job bound by the network?
+
+    Throughputs in samples per second: ``net_thp`` raw samples the link carries (bandwidth ÷
+    mean raw bytes), ``cpu_thp`` samples the training side's CPUs preprocess, ``gthp`` samples
+    the accelerator consumes (``profiler/probe.py``; ``inf`` unknown). Offloading can only help
+    when the link is the slowest of the three.
+    """
+    slowest = min(cpu_thp, gthp)
+    if net_thp < slowest:
+        return True, (f"I/O-bound: the link carries {net_thp:.1f} raw samples/s, the CPUs "
+                      f"{cpu_thp:.1f}/s, the accelerator {gthp:.1f}/s")
+    which = "CPU" if cpu_thp <= gthp else "accelerator"
+    return False, (f"not I/O-bound ({which} is slower): link {net_thp:.1f} samples/s, CPUs "
+                   f"{cpu_thp:.1f}/s, accelerator {gthp:.1f}/s")

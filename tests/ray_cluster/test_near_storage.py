@@ -1,0 +1,174 @@
+"""Near-storage preprocessing (SOPHON): fetchers on a storage node of the session's cluster
+run a per-sample prefix; the training side runs the rest."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import headrace as hr
+from headrace.workloads import storage_images as si
+from tests.helpers import ident_collate
+from tests.ray_cluster.conftest import STORAGE_CPUS, add_storage_node
+from tests.ray_cluster.test_remote import wait_until
+
+pytestmark = pytest.mark.ray
+
+N = 48
+SCALE = 0.12  # long sides ~120 px, crop 26 px: a few ms per sample
+
+
+def images() -> si.StorageImages:
+    return si.openimages_like(N, scale=SCALE, seed=3)
+
+
+def run_epochs(options: hr.Options, epochs: int = 2) -> tuple[list[dict[int, dict]], object]:
+    loader = hr.DataLoader(si.pipeline(images()), batch_size=4, shuffle=True, num_workers=1,
+                           collate_fn=ident_collate, persistent_workers=True, options=options)
+    out = []
+    for e in range(epochs):
+        it = iter(loader)
+        if e == 0 and isinstance(options.remote, hr.NearStorage):
+            # the storage workers (persistent) are placed before the epoch after this one
+            wait_until(lambda: loader.remote.ready_workers() >= STORAGE_CPUS)
+        out.append({s["i"]: s for b in it for s in b})
+    return out, loader
+
+
+def near(policy: str, **kw) -> hr.Options:
+    return hr.Options(seed=7, remote=hr.NearStorage(policy=policy, **kw))
+
+
+@pytest.mark.parametrize("policy", ["headrace", "resize-off", "all-off"])
+def test_samples_equal_with_and_without_near_storage(storage_node, no_actor_leaks, policy):
+    expected, plain = run_epochs(hr.Options(seed=7))
+    plain.close()
+    kw = {"resize_step": "crop"} if policy == "resize-off" else {}
+    # a slow link (1 MB/s configured): the decision offloads every sample that shrinks
+    got, loader = run_epochs(near(policy, bandwidth=1e6, **kw))
+    side = loader.remote.near
+    try:
+        for e in range(2):
+            assert sorted(got[e]) == list(range(N))
+            for i, s in expected[e].items():
+                r = got[e][i]["x"]
+                assert torch.equal(r, s["x"]), (policy, e, i)
+        assert len(side.epochs) == 2
+        if policy != "all-off":  # the storage side read them and handed them back
+            assert side.epochs[1].handed_back > 0
+        else:
+            assert loader.remote.remote_samples > 0
+        if policy == "headrace":
+            plan = side.epochs[1].plan  # decided from epoch 0's profile, run in epoch 1
+            stops = plan.stops
+            assert 0 < plan.offloaded < N  # big images cropped there, small ones sent raw
+            assert set(np.unique(stops)) <= {1, 3}
+            prof = side.recorder.profile()
+            shrinks = prof.sizes[:, 2] < prof.sizes[:, 0]
+            assert ((stops == 1) | shrinks).all()  # never offloads one smallest raw
+        text = loader.explain()
+        assert "near storage (SOPHON)" in text and "measured" in text
+    finally:
+        loader.close()
+
+
+def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leaks):
+    # 160 samples: at most 24 are in flight (2 batches per worker), so most of the epoch is
+    # still to be dispatched, to the storage workers, when their node dies
+    n = 160
+    loader = hr.DataLoader(si.pipeline(si.openimages_like(n, scale=SCALE, seed=3)),
+                           batch_size=4, shuffle=True, num_workers=1,
+                           collate_fn=ident_collate,
+                           options=near("resize-off", resize_step="crop"))
+    it = iter(loader)
+    wait_until(lambda: loader.remote.ready_workers() >= STORAGE_CPUS)
+    seen: Counter[int] = Counter()
+    for _ in range(3):
+        seen.update(s["i"] for s in next(it))
+    victim = storage_node.storage_node
+    try:
+        storage_node.remove_node(victim, allow_graceful=False)  # SIGKILL raylet and workers
+        seen.update(s["i"] for b in it for s in b)
+        assert seen == Counter(range(n))  # every sample exactly once
+        assert loader.remote.lost >= 1
+    finally:
+        storage_node.storage_node = add_storage_node(storage_node)
+    del it
+    loader.close()
+
+
+def test_near_storage_options_are_checked():
+    with pytest.raises(ValueError, match="resize_step"):
+        hr.NearStorage(policy="resize-off")
+    with pytest.raises(ValueError, match="policy"):
+        hr.NearStorage(policy="half")
+    with pytest.raises(ValueError, match="read_source"):
+        hr.NearStorage(read_source=False)
+    assert hr.NearStorage().placed().resources == {"headrace_storage": 1.0}
+
+
+def drain(it) -> tuple[set[int], list[hr.StepError]]:
+    """Every sample of an epoch that goes on after errors, and the errors it raised."""
+    got, errors = set(), []
+    while True:
+        try:
+            b = next(it)
+        except StopIteration:
+            return got, errors
+        except hr.StepError as e:
+            errors.append(e)
+            continue
+        got.update(s["i"] for s in b)
+
+
+def test_step_error_on_the_storage_side_names_sample_and_step(storage_node, no_actor_leaks):
+    def check(s):
+        if s["i"] == 7:
+            raise ValueError("bad sample 7")
+        return s
+
+    imgs = images()
+    pipe = hr.Pipeline(imgs, [hr.step(si.decode, name="decode"), hr.step(check, name="check"),
+                              hr.step(si.crop_to(imgs.crop), name="crop", random=True)])
+    loader = hr.DataLoader(pipe, batch_size=4, shuffle=True, num_workers=1,
+                           collate_fn=ident_collate, persistent_workers=True,
+                           options=hr.Options(remote=hr.NearStorage(policy="all-off")))
+    try:
+        it = iter(loader)
+        wait_until(lambda: loader.remote.ready_workers() >= STORAGE_CPUS)
+        drain(it)
+        before = loader.remote.remote_samples
+        got, errors = drain(iter(loader))  # epoch 1: on the storage workers
+        assert got == set(range(N)) - {7}
+        assert loader.remote.remote_samples - before == N - 1  # all finished on storage
+        assert [(e.index, e.step) for e in errors] == [(7, "check")]
+        assert isinstance(errors[0], ValueError) and "bad sample 7" in str(errors[0])
+    finally:
+        loader.close()
+
+
+def test_resume_mid_epoch_from_a_near_storage_run(storage_node, no_actor_leaks):
+    expected, plain = run_epochs(hr.Options(seed=7))
+    plain.close()
+    loader = hr.DataLoader(si.pipeline(images()), batch_size=4, shuffle=True, num_workers=1,
+                           collate_fn=ident_collate, persistent_workers=True,
+                           options=near("resize-off", resize_step="crop"))
+    it = iter(loader)
+    # samples in flight are capped (2 batches per worker): most of the epoch waits for the
+    # storage workers, which then serve it
+    wait_until(lambda: loader.remote.ready_workers() >= STORAGE_CPUS)
+    first = {s["i"]: s for _ in range(8) for s in next(it)}
+    assert loader.remote.near._handed_back > 0
+    state = loader.state_dict()
+    del it
+    loader.close()
+    resumed = hr.DataLoader(si.pipeline(images()), batch_size=4, shuffle=True, num_workers=1,
+                            collate_fn=ident_collate, options=hr.Options(seed=7))
+    resumed.load_state_dict(state)
+    rest = {s["i"]: s for b in resumed for s in b}
+    assert sorted([*first, *rest]) == list(range(N)) and not set(first) & set(rest)
+    for i, s in {**first, **rest}.items():
+        assert torch.equal(s["x"], expected[0][i]["x"])
