@@ -16,6 +16,7 @@ that the training process reads (``planner/executor.py`` decides).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -40,36 +41,52 @@ def start_probe(progress: Any, slot: int) -> threading.Thread:
 
 
 def _run_queue_s() -> Callable[[], float]:
-    """Seconds this thread has waited for a core so far (0 where the kernel does not say)."""
+    """Seconds this thread has waited for a core so far (0 where the kernel does not say).
+
+    The file stays open and is read with one ``pread``: every read releases the GIL, and
+    each release costs the probe a wait for the lock, which it counts (see ``_probe``)."""
     try:
-        with open("/proc/thread-self/schedstat") as f:
-            f.read()
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        os.pread(fd, 128, 0)
     except OSError:
         return lambda: 0.0
 
     def read() -> float:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
+        return int(os.pread(fd, 128, 0).split()[1]) / 1e9
 
     return read
 
 
 def _probe(progress: Any, slot: int) -> None:
-    busy = progress.tid
+    """Probe until ``BUDGET_S`` of step time is watched.
+
+    Each probe is timed whole, from before the first run-queue read to after the second: every
+    call in it that releases the GIL (the sleep and both reads) waits for the lock again while
+    the step holds it. A probe counts when its worker was busy at its start or at its end: the
+    probe gets the lock back mostly when the worker releases it, which is when a step ends, so
+    probes that a step boundary cut were most of them (counting only the sleep of probes busy
+    at both ends watched 0.3 s of a Python-bound worker's 1 s of steps, too little for
+    ``executor="auto"`` to decide within an epoch). While the worker idles the probe sleeps
+    ``IDLE_POLL_S`` at a time; when a step started during that sleep, the probe counts from the
+    step's start (``progress.started``, ``time.monotonic()``)."""
+    busy, started = progress.tid, progress.started
     held_arr, probed_arr = progress.gil_held, progress.gil_probed
     run_queue = _run_queue_s()
     held = probed = 0.0
     while probed < BUDGET_S:
-        if busy[slot] < 0:
-            time.sleep(IDLE_POLL_S)
-            continue
+        was_busy = busy[slot] >= 0
+        period = PERIOD_S if was_busy else IDLE_POLL_S
+        t0 = time.monotonic()
         q0 = run_queue()
-        t0 = time.perf_counter()
-        time.sleep(PERIOD_S)
-        dt = time.perf_counter() - t0
-        late = dt - PERIOD_S - (run_queue() - q0)
-        if busy[slot] < 0:
-            continue  # the step ended meanwhile: this probe measured idle time
+        time.sleep(period)
+        q1 = run_queue()
+        t1 = time.monotonic()
+        dt, late = t1 - t0, t1 - t0 - period - (q1 - q0)
+        if not was_busy:
+            if busy[slot] < 0:
+                continue  # idle from start to end: nothing to measure
+            dt = min(dt, max(0.0, t1 - started[slot]))  # from the step's start
+            late = min(late, dt)
         probed += dt
         if late > JITTER_S:
             held += late
