@@ -3,6 +3,7 @@ run a per-sample prefix; the training side runs the rest."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import numpy as np
@@ -75,12 +76,20 @@ def test_samples_equal_with_and_without_near_storage(storage_node, no_actor_leak
         loader.close()
 
 
+def slow_decode(x):
+    time.sleep(0.02)  # the storage side stays busy: the node dies while it holds samples
+    return si.decode(x)
+
+
 def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leaks):
-    # 160 samples: at most 24 are in flight (2 batches per worker), so most of the epoch is
-    # still to be dispatched, to the storage workers, when their node dies
-    n = 160
-    loader = hr.DataLoader(si.pipeline(si.openimages_like(n, scale=SCALE, seed=3)),
-                           batch_size=4, shuffle=True, num_workers=1,
+    # With a fast prefix the storage workers finish every sample the in-flight bound admits
+    # and idle until the training loop frees room, so a kill often found them holding
+    # nothing; a 20 ms decode keeps them the bottleneck, holding samples when their node dies.
+    n = 80
+    imgs = si.openimages_like(n, scale=SCALE, seed=3)
+    pipe = hr.Pipeline(imgs, [hr.step(slow_decode, name="decode", kind="decode"),
+                              hr.step(si.crop_to(imgs.crop), name="crop", random=True)])
+    loader = hr.DataLoader(pipe, batch_size=4, shuffle=True, num_workers=1,
                            collate_fn=ident_collate,
                            options=near("resize-off", resize_step="crop"))
     it = iter(loader)
@@ -93,7 +102,7 @@ def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leak
         storage_node.remove_node(victim, allow_graceful=False)  # SIGKILL raylet and workers
         seen.update(s["i"] for b in it for s in b)
         assert seen == Counter(range(n))  # every sample exactly once
-        assert loader.remote.lost >= 1
+        assert loader.remote.lost >= 1  # the node died holding samples, re-run locally
     finally:
         storage_node.storage_node = add_storage_node(storage_node)
     del it
