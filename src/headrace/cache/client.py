@@ -177,7 +177,9 @@ class CacheClient:
         self.counters.add(row, "lookups")
         self._probe += 1
         for t in self.tiers:
-            if not self.worth_looking_up(t.name):
+            # an ODS tier is always looked up: ODS chose the sample because it is cached, and
+            # the lookup is the use that lets the entry be evicted once every job had it
+            if t.name not in self.ods_tiers and not self.worth_looking_up(t.name):
                 self.counters.add(row, "not_worth")
                 continue
             key = sample_key(ns[t.name], index)

@@ -17,9 +17,10 @@ tiers' fingerprints) share, under ``hr:ods:<group>:``:
 Everything is changed by Lua scripts, so a read-modify-write is atomic across workers and jobs:
 ``ASK`` (the scheduler, once per sampler batch): register, mark what was chosen since the last
 request seen, answer which requested samples are cached and draw unseen cached ones at random
-(``HRANDFIELD``). In ``redis_scripts``: ``ODS_GET`` (a worker's lookup) reads the entry and
-counts a use; the entry is evicted when its uses reach the live jobs (Seneca's threshold), its
-bytes returned to the budget; ``PUT`` (a worker's insert) also sets the status.
+(``HRANDFIELD``). In ``redis_scripts``: ``ODS_USE`` (after a worker's ``GET``, in its
+``MULTI``) counts a use; the entry is evicted when its uses reach the live jobs (Seneca's
+threshold), its bytes returned to the budget; ``RESERVE`` (a worker's insert, before its
+``SET``) sets the status.
 No module here imports ``redis``: scripts run on the backend's client.
 """
 

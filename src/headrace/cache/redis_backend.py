@@ -3,9 +3,10 @@
 The client (``pip install headrace[redis]``) is imported here only. Values are raw blobs
 (``codec``), never pickled: ``GET`` returns bytes that only ``codec.decode`` reads.
 
-Budget: enforced by headrace, not by Redis refusing writes. An insert is one Lua script that
-checks the tier's byte count against its budget and stores the entry and the count together, so
-concurrent writers (workers, jobs) never overshoot. An entry counts ``entry_cost``: key and value
+Budget: enforced by headrace, not by Redis refusing writes. An insert first reserves its bytes
+with one Lua script that checks the tier's byte count against its budget and charges it, so
+concurrent writers (workers, jobs) never overshoot; then it sets the value. Values never pass
+through a script (``redis_scripts`` says why and how). An entry counts ``entry_cost``: key and value
 bytes plus ``OVERHEAD`` for Redis's own per-key structures (the allocator may round a value up
 a little more; tests compare Redis's ``used_memory`` growth with the budget).
 
@@ -88,36 +89,83 @@ class RedisBackend:
         if self._client is None or self._pid != os.getpid():
             import redis
 
-            self._client = redis.Redis.from_url(
+            client = redis.Redis.from_url(
                 self.url, socket_timeout=SOCKET_TIMEOUT_S,
                 socket_connect_timeout=SOCKET_TIMEOUT_S, health_check_interval=0)
-            self.scripts = {name: self._client.register_script(text) for name, text in (
-                ("put", redis_scripts.PUT), ("get", redis_scripts.GET),
-                ("take", redis_scripts.TAKE), ("ods_get", redis_scripts.ODS_GET),
+            self._client = client
+            self.scripts = {name: client.register_script(text) for name, text in (
+                ("reserve", redis_scripts.RESERVE), ("refund", redis_scripts.REFUND),
+                ("touch", redis_scripts.TOUCH),
+                ("drop", redis_scripts.DROP), ("ods_use", redis_scripts.ODS_USE),
                 ("ods_ask", ods_board.ASK))}
             self._pid = os.getpid()
         return self._client
 
     def _call(self, f: Callable[[], Any]) -> Any:
+        """``f()``; a failure of the server makes this process skip it for a while."""
         try:
             return f()
+        except BackendDown:
+            raise  # skipped, not tried: the count goes on
         except Exception:
             self._skip = SKIP_CALLS
             raise
 
-    def _run(self, script: str, key: bytes, tier: str, *args: Any, ods: bool = False) -> Any:
-        """Run an entry script (``redis_scripts``: its calling convention) on ``key``."""
-        self._r()
+    def _keys(self, key: bytes, ods: bool) -> tuple[list[bytes], bytes]:
+        """The scripts' ``KEYS`` for entry ``key`` (``redis_scripts``' convention) and the
+        entry's namespace."""
         ns = key[:-8]
         keys = [PREFIX + key, USED, NAMESPACES, NS_USED + ns]
         if ods:
             keys += [self.ods.status, self.ods.jobs]
-        f = self.scripts[script]
-        return self._call(lambda: f(keys=keys, args=[tier, self.ttl_ms, ns, NS_USED, *args]))
+        return keys, ns
+
+    def _run(self, script: str, key: bytes, tier: str, *args: Any, ods: bool = False,
+             client: Any = None) -> Any:
+        """Run a bookkeeping script on ``key`` (on ``client``: a pipeline to queue it in)."""
+        r = self._r()
+        keys, ns = self._keys(key, ods)
+        if client is not None:  # EVALSHA queued as is: see _multi
+            return client.evalsha(self.scripts[script].sha, len(keys), *keys, tier,
+                                  self.ttl_ms, ns, NS_USED, *args)
+        return self.scripts[script](keys=keys, args=[tier, self.ttl_ms, ns, NS_USED, *args],
+                                    client=r)
+
+    def _multi(self, queue: Callable[[Any], None]) -> list[Any]:
+        """Run the commands ``queue(pipe)`` adds in one ``MULTI`` (one round trip).
+
+        Scripts are queued as plain ``EVALSHA``: redis-py's script objects would first ask the
+        server whether they are loaded (``SCRIPT EXISTS``), a second round trip per lookup.
+        A server that has not seen them yet (or restarted since) answers ``NOSCRIPT``: they are
+        loaded and the call is retried once (the ``MULTI`` ran its ``GET`` anyway: harmless).
+        """
+        from redis.exceptions import NoScriptError
+
+        r = self._r()
+        for attempt in (0, 1):
+            pipe = r.pipeline(transaction=True)
+            queue(pipe)
+            try:
+                return list(pipe.execute())
+            except NoScriptError:
+                if attempt:
+                    raise
+                for script in self.scripts.values():
+                    r.script_load(script.script)
+        raise AssertionError("unreachable")
+
+    def _read(self, key: bytes, script: str, tier: str, *args: Any, ods: bool = False) -> Any:
+        """``GET`` the entry and run ``script``'s bookkeeping after it, in one ``MULTI``."""
+
+        def queue(pipe: Any) -> None:
+            pipe.get(PREFIX + key)
+            self._run(script, key, tier, *args, ods=ods, client=pipe)
+
+        return self._call(lambda: self._multi(queue))[0]
 
     def get(self, key: bytes, decode: Callable[[Any], Any]) -> Any | None:
         """The entry (its TTL refreshed), or None."""
-        blob = self._run("get", key, "")
+        blob = self._read(key, "touch", "")
         return None if blob is None else decode(blob)
 
     def take(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
@@ -125,11 +173,11 @@ class RedisBackend:
         read it and count a use (dropped once every live job used it)."""
         extra = len(PREFIX + key) + OVERHEAD
         if tier in self.ods_tiers:
-            blob = self._run("ods_get", key, tier, extra + ODS_META,
-                             int.from_bytes(key[-8:], "big"), TIER_BIT[tier],
-                             "1" if tier in self.ods_always else "0", ods=True)
+            blob = self._read(key, "ods_use", tier, extra + ODS_META,
+                              int.from_bytes(key[-8:], "big"), TIER_BIT[tier],
+                              "1" if tier in self.ods_always else "0", ods=True)
         else:
-            blob = self._run("take", key, tier, extra)
+            blob = self._read(key, "drop", tier, extra)
         return None if blob is None else decode(blob)
 
     def put(self, key: bytes, tier: str, blob: bytes, live: Iterable[bytes]) -> str:
@@ -145,11 +193,18 @@ class RedisBackend:
             cost += ODS_META
         if cost > budget:
             return "full"
-        args: list[Any] = [cost, budget, blob]
+        args: list[Any] = [cost, budget]
         if ods:
             args += [int.from_bytes(key[-8:], "big"), TIER_BIT[tier]]
-        r = self._run("put", key, tier, *args, ods=ods)
-        return r.decode() if isinstance(r, bytes) else str(r)
+        res = self._call(lambda: self._run("reserve", key, tier, *args, ods=ods))
+        res = res.decode() if isinstance(res, bytes) else str(res)
+        if res != "stored":
+            return res
+        r = self._r()
+        if self._call(lambda: r.set(PREFIX + key, blob, px=self.ttl_ms, nx=True)):
+            return "stored"
+        self._call(lambda: self._run("refund", key, tier, cost))  # another writer was first
+        return "exists"
 
     def set_budgets(self, budgets: dict[str, int]) -> None:
         if sum(budgets.values()) > self.total_budget:

@@ -17,6 +17,18 @@ An expired entry still counted in a live namespace (not hit for ``ttl``) keeps i
 are built inside the scripts (``ns_used_prefix .. namespace``): a single server, not a Redis
 Cluster. Nothing here imports ``redis``.
 
+**Values never pass through Lua.** A script that reads or writes a value copies it into a Lua
+string and back: measured on this machine, a script returning an 837 KB decoded image took
+3.1 ms against 0.78 ms for a plain ``GET``, and a refused insert that carried the blob 3.0 ms,
+as long as decoding the JPEG again (3.7 ms). So values move with plain ``GET`` / ``SET``, and
+the scripts do only the bookkeeping, with the value's length from ``STRLEN``: a lookup is a
+``MULTI`` of ``GET`` and a bookkeeping script (atomic, one round trip); an insert first
+*reserves* its bytes in the budget and sets its ODS status (a small script; a full tier costs
+one small call and no blob on the wire), then sends a plain ``SET ... NX``. A process that dies
+between reserving and setting leaves its reservation counted until the namespace expires: the
+budget errs on the side of holding less. A lookup in that moment finds no value and clears the
+status (the entry then waits for a lookup by its own index to be marked again).
+
 ODS evicts an entry once every live job used it. A shared augmented form always (Seneca: never
 served in another epoch); an exact form (encoded, decoded) only while its tier is under
 pressure, i.e. an insert was refused in the last ``PRESSURE_S``: when everything fits, an entry
@@ -62,67 +74,71 @@ local function status(index, bit, refs_delta, evicted)
 end
 """
 
-PUT = _PRELUDE + """
--- ARGV[5] cost, ARGV[6] budget, ARGV[7] blob; ODS: ARGV[8] index, ARGV[9] tier bit
+RESERVE = _PRELUDE + """
+-- ARGV[5] cost, ARGV[6] budget; ODS: ARGV[7] index, ARGV[8] tier bit.
+-- 'stored': the bytes are charged (and the ODS status set): SET the value next.
 reap()
 if redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
 local used = tonumber(redis.call('HGET', KEYS[2], tier) or '0')
 if used + tonumber(ARGV[5]) > tonumber(ARGV[6]) then
-  redis.call('SET', KEYS[2] .. ':full:' .. tier, 1, 'PX', PRESSURE_MS)  -- see ODS_GET
+  redis.call('SET', KEYS[2] .. ':full:' .. tier, 1, 'PX', PRESSURE_MS)  -- see ODS_USE
   return 'full'
 end
-redis.call('SET', KEYS[1], ARGV[7], 'PX', ttl)
 charge(tonumber(ARGV[5]))
 touch()
-if ARGV[8] then
-  local s = tonumber(redis.call('HGET', KEYS[5], ARGV[8]) or '0')
-  if s < 8 then status(ARGV[8], tonumber(ARGV[9]), 1, false)  -- the storing job: one use
-  else status(ARGV[8], tonumber(ARGV[9]), 0, false) end
+if ARGV[7] then
+  local s = tonumber(redis.call('HGET', KEYS[5], ARGV[7]) or '0')
+  if s < 8 then status(ARGV[7], tonumber(ARGV[8]), 1, false)  -- the storing job: one use
+  else status(ARGV[7], tonumber(ARGV[8]), 0, false) end
 end
 return 'stored'
 """.replace("PRESSURE_MS", str(int(PRESSURE_S * 1000)))
 
-GET = _PRELUDE + """
-local v = redis.call('GET', KEYS[1])
-if v then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  touch()
-end
-return v
+REFUND = _PRELUDE + """
+-- ARGV[5] cost: a reservation whose SET found the entry there already (another writer)
+charge(-tonumber(ARGV[5]))
+return 1
 """
 
-TAKE = _PRELUDE + """
--- ARGV[5]: an entry's bytes beside its value (key and overhead)
-local v = redis.call('GET', KEYS[1])
-if v then
+TOUCH = _PRELUDE + """
+-- after a GET in the same MULTI: a hit refreshes the entry's and its namespace's TTL
+if redis.call('PEXPIRE', KEYS[1], ttl) == 1 then touch() end
+return 1
+"""
+
+DROP = _PRELUDE + """
+-- after a GET in the same MULTI (a shared augmented form is served once): ARGV[5] an entry's
+-- bytes beside its value (key and overhead)
+local n = redis.call('STRLEN', KEYS[1])
+if n > 0 then
   redis.call('DEL', KEYS[1])
-  charge(-(string.len(v) + tonumber(ARGV[5])))
+  charge(-(n + tonumber(ARGV[5])))
 end
-return v
+return n
 """
 
-ODS_GET = _PRELUDE + """
--- ARGV[5] bytes beside the value, ARGV[6] index, ARGV[7] tier bit, ARGV[8] '1': evict at the
--- threshold always (a shared augmented form), else only while the tier refuses inserts.
--- A read counts one use; once every live job used the entry, it is evicted and its bytes
--- return to the budget.
+ODS_USE = _PRELUDE + """
+-- after a GET in the same MULTI. ARGV[5] bytes beside the value, ARGV[6] index, ARGV[7] tier
+-- bit, ARGV[8] '1': evict at the threshold always (a shared augmented form), else only while
+-- the tier refuses inserts. A read counts one use; once every live job used the entry, it is
+-- evicted and its bytes return to the budget.
 local index, bit = ARGV[6], tonumber(ARGV[7])
-local v = redis.call('GET', KEYS[1])
-if not v then
+local n = redis.call('STRLEN', KEYS[1])
+if n == 0 then
   if redis.call('HEXISTS', KEYS[5], index) == 1 then status(index, bit, 0, true) end
-  return nil
+  return 0
 end
 local jobs = math.max(1, redis.call('ZCOUNT', KEYS[6], '(' .. now, '+inf'))
 local refs = math.floor(tonumber(redis.call('HGET', KEYS[5], index) or '0') / 8) + 1
 local pressed = ARGV[8] == '1' or redis.call('EXISTS', KEYS[2] .. ':full:' .. tier) == 1
 if refs >= jobs and pressed then
   redis.call('DEL', KEYS[1])
-  charge(-(string.len(v) + tonumber(ARGV[5])))
+  charge(-(n + tonumber(ARGV[5])))
   status(index, bit, 1, true)
 else
   redis.call('PEXPIRE', KEYS[1], ttl)
   touch()
   status(index, bit, 1, false)
 end
-return v
+return n
 """
