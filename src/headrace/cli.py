@@ -135,6 +135,9 @@ def _add_cachebench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--redis", default=None, metavar="URL",
                    help="a Redis server for the 3-job rows (default: start a local one)")
     p.add_argument("--no-redis", action="store_true", help="skip the 3-job rows")
+    p.add_argument("--jobs-only", action="store_true", help="only the 3-job rows")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds of the 3-job rows, interleaved (medians reported)")
     p.add_argument("--cache-dir", default=None, help="where generated JPEG sets are kept")
     p.set_defaults(func=_run_cachebench)
 
@@ -142,8 +145,10 @@ def _add_cachebench(sub: argparse._SubParsersAction) -> None:
 def _run_cachebench(args: argparse.Namespace) -> int:
     from headrace.bench.cache import run
 
+    if args.jobs_only and args.no_redis:
+        raise SystemExit("--jobs-only needs the Redis rows (drop --no-redis)")
     run(args.out, args.samples, args.workers, args.epochs, args.redis, not args.no_redis,
-        args.cache_dir, log=_log)
+        args.cache_dir, log=_log, jobs_only=args.jobs_only, rounds=args.rounds)
     print((__import__("pathlib").Path(args.out) / "cache_results.md").read_text())
     return 0
 

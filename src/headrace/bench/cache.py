@@ -139,32 +139,55 @@ def _job(args: list[str]) -> None:
 
 
 def concurrent_rows(samples: int, workers: int, epochs: int, url: str, budget: float,
-                    cache_dir: str | None) -> list[dict[str, Any]]:
+                    cache_dir: str | None, rounds: int = 1) -> list[dict[str, Any]]:
+    """The three-job rows, ``rounds`` times each, interleaved (round ``k`` starts ``k`` kinds
+    later, so drift of the machine hits every kind alike); a row's samples/s and hit rate
+    are the median over its rounds, with each round's values beside them."""
+    kinds = ("torch", "headrace", "headrace-ods")
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    for k in range(rounds):
+        for kind in kinds[k % len(kinds):] + kinds[:k % len(kinds)]:
+            runs[kind].append(_concurrent_round(kind, samples, workers, epochs, url, budget,
+                                                cache_dir))
+    labels = {"torch": "3 torch jobs", "headrace": "3 headrace jobs, Redis 20%",
+              "headrace-ods": "3 headrace jobs, Redis 20%, ODS"}
     out = []
-    for kind in ("torch", "headrace", "headrace-ods"):
-        if kind != "torch":
-            import redis
-
-            redis.Redis.from_url(url).flushdb()  # each row starts from an empty cache
-        t0 = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-m", "headrace.bench.cache", "--job",
-                                   str(samples), str(workers), str(epochs), url, str(budget),
-                                   kind, cache_dir or ""], stdout=subprocess.PIPE, text=True)
-                 for _ in range(3)]
-        rows = []
-        for p in procs:
-            stdout, _ = p.communicate()
-            rows += [json.loads(line[4:]) for line in stdout.splitlines() if line.startswith("ROW ")]
-        wall = time.perf_counter() - t0
-        label = {"torch": "3 torch jobs", "headrace": "3 headrace jobs, Redis 20%",
-                 "headrace-ods": "3 headrace jobs, Redis 20%, ODS"}[kind]
+    for kind in kinds:
+        rs = runs[kind]
         row: dict[str, Any] = {
-            "row": label, "samples_per_s": sum(r["samples_per_s"] for r in rows),
-            "jobs": rows, "wall_s": wall}
-        if kind != "torch" and rows:
-            row["hit_rate"] = float(np.mean([r.get("hit_rate", 0.0) for r in rows]))
-            row["substituted"] = sum(r.get("substituted", 0) for r in rows)
+            "row": labels[kind],
+            "samples_per_s": float(np.median([r["samples_per_s"] for r in rs])),
+            "rounds_samples_per_s": [r["samples_per_s"] for r in rs],
+            "jobs": [r["jobs"] for r in rs], "wall_s": [r["wall_s"] for r in rs]}
+        if kind != "torch":
+            row["hit_rate"] = float(np.median([r["hit_rate"] for r in rs]))
+            row["rounds_hit_rate"] = [r["hit_rate"] for r in rs]
+            row["substituted"] = int(np.median([r["substituted"] for r in rs]))
         out.append(row)
+    return out
+
+
+def _concurrent_round(kind: str, samples: int, workers: int, epochs: int, url: str,
+                      budget: float, cache_dir: str | None) -> dict[str, Any]:
+    """Three jobs of ``kind`` at once (separate processes), from an empty cache."""
+    if kind != "torch":
+        import redis
+
+        redis.Redis.from_url(url).flushdb()
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-m", "headrace.bench.cache", "--job",
+                               str(samples), str(workers), str(epochs), url, str(budget),
+                               kind, cache_dir or ""], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    rows = []
+    for p in procs:
+        stdout, _ = p.communicate()
+        rows += [json.loads(line[4:]) for line in stdout.splitlines() if line.startswith("ROW ")]
+    out: dict[str, Any] = {"samples_per_s": sum(r["samples_per_s"] for r in rows),
+                           "jobs": rows, "wall_s": time.perf_counter() - t0}
+    if kind != "torch" and rows:
+        out["hit_rate"] = float(np.mean([r.get("hit_rate", 0.0) for r in rows]))
+        out["substituted"] = sum(r.get("substituted", 0) for r in rows)
     return out
 
 
@@ -199,28 +222,33 @@ def _start_redis() -> tuple[Any, str]:
 
 
 def run(out_dir: str, samples: int, workers: int, epochs: int, redis_url: str | None,
-        use_redis: bool, cache_dir: str | None, log: Any = print) -> dict[str, Any]:
+        use_redis: bool, cache_dir: str | None, log: Any = print,
+        jobs_only: bool = False, rounds: int = 1) -> dict[str, Any]:
+    """Every row (``jobs_only``: only the three-job rows, which need ``use_redis``; those run
+    ``rounds`` times, interleaved)."""
     import headrace as hr
 
     w = _workload(samples, workers, cache_dir)
     dec = decoded_bytes(w)
     full = dec * len(w) * 1.3 + (1 << 20)  # entries, page rounding, headers
     part = 0.2 * dec * len(w)
-    rows = [torch_row(w, epochs)]
-    log(f"torch: {rows[-1]['samples_per_s']:.0f} samples/s")
-    for label, cache in (("headrace, no cache", None),
-                         ("headrace, decoded set fits", hr.Cache(budget_bytes=int(full))),
-                         ("headrace, 20% of decoded set", hr.Cache(budget_bytes=int(part)))):
-        rows.append(headrace_row(w, epochs, label, cache))
-        log(f"{label}: {rows[-1]['samples_per_s']:.0f} samples/s")
-    for split in SPLITS:
-        rows.append(headrace_row(w, epochs, f"MDP check, 20%, split {split}",
-                                 hr.Cache(budget_bytes=int(part), split=split)))
-        log(f"{rows[-1]['row']}: {rows[-1]['samples_per_s']:.0f} samples/s")
+    rows: list[dict[str, Any]] = []
+    if not jobs_only:
+        rows.append(torch_row(w, epochs))
+        log(f"torch: {rows[-1]['samples_per_s']:.0f} samples/s")
+        for label, cache in (("headrace, no cache", None),
+                             ("headrace, decoded set fits", hr.Cache(budget_bytes=int(full))),
+                             ("headrace, 20% of decoded set", hr.Cache(budget_bytes=int(part)))):
+            rows.append(headrace_row(w, epochs, label, cache))
+            log(f"{label}: {rows[-1]['samples_per_s']:.0f} samples/s")
+        for split in SPLITS:
+            rows.append(headrace_row(w, epochs, f"MDP check, 20%, split {split}",
+                                     hr.Cache(budget_bytes=int(part), split=split)))
+            log(f"{rows[-1]['row']}: {rows[-1]['samples_per_s']:.0f} samples/s")
     if use_redis:
         proc, url = (None, redis_url) if redis_url else _start_redis()
         try:
-            rows += concurrent_rows(samples, workers, epochs, url, part, cache_dir)
+            rows += concurrent_rows(samples, workers, epochs, url, part, cache_dir, rounds)
         finally:
             if proc is not None:
                 proc.kill()
@@ -257,11 +285,15 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append("\n3-job rows: samples/s is the three jobs' sum (aggregate throughput); "
                      "hit rate their mean over epochs 2+.")
         for name, r in jobs.items():
+            per_round = ", ".join(f"{x:.0f}" for x in r.get("rounds_samples_per_s", []))
             if r is not base:
                 lines.append(f"- {name}: {r['samples_per_s'] / base['samples_per_s']:.2f}x the "
                              f"three torch jobs' aggregate, hit rate "
                              f"{100 * r.get('hit_rate', 0.0):.0f}%, "
-                             f"{r.get('substituted', 0)} samples substituted by ODS")
+                             f"{r.get('substituted', 0)} samples substituted by ODS"
+                             + (f"; rounds: {per_round} samples/s" if per_round else ""))
+            elif per_round:
+                lines.append(f"- {name}: rounds {per_round} samples/s")
     if result["mdp_correlation"] is not None:
         lines.append(f"\nMDP predicted vs measured, correlation over the rows with a prediction: "
                      f"{result['mdp_correlation']:.2f}")
