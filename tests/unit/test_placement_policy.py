@@ -96,3 +96,25 @@ def test_local_workers_at_their_maximum_keep_the_re_added_remote_worker():
     assert s.phase == "watch"
     assert (s.local, s.remote) == (1, 7)
     assert all(m.local or m.remote for m in moves)  # no move that changes nothing
+
+
+def test_one_noisy_window_after_converging_is_not_a_phase_change():
+    """Converged at the edge of the accelerator's rate, a single slow window (noise, not a new
+    phase) leaves the configuration as it is; the same slowdown two windows in a row is a
+    phase change."""
+    cfg = PlacementConfig(max_remote=8, max_local=1, window=10, local_cost=4.0,
+                          remote_cost=1.0)
+    bpt = system(model_s=0.04, work_s=0.32, cores=1)
+    s, _ = run(cfg, bpt)
+    assert s.phase == "watch" and (s.local, s.remote) == (1, 7)
+    for _ in range(cfg.window):  # one window 10% above the settled batch time
+        s, m = observe(cfg, s, bpt(1, 7) * 1.1)
+    assert m is None and s.phase == "watch" and s.drift == 1
+    for _ in range(cfg.window):  # back to normal: the count starts again
+        s, m = observe(cfg, s, bpt(1, 7))
+    assert m is None and s.drift == 0
+    for _ in range(2 * cfg.window):  # slower two windows in a row: the policy starts again
+        s, m = observe(cfg, s, bpt(1, 7) * 1.1)
+        if m is not None:
+            break
+    assert m is not None and "phase change" in m.reason and m.remote == 1

@@ -13,7 +13,12 @@ refilling). Two window means differ when their ratio is off by at least ``thresh
    (without costs: while batch time stays within T of ``bpt_conv``: fewest workers at equal
    batch time), and re-add the last one removed if it did (lines 12-14);
 4. repeat 2-3 until a round changes nothing (line 15); then keep watching: a batch time that
-   leaves ``bpt_conv`` by more than T (the workload changed phase) starts the policy again.
+   leaves ``bpt_conv`` by more than T in ``confirm_windows`` windows in a row (the workload
+   changed phase) starts the policy again. One window is not enough: with windows of tens of
+   batches rather than Pecan's 500, and the cheapest configuration sitting at the edge of the
+   accelerator's rate, one window's mean moves by more than T (seen on the remote benchmark:
+   converged at 1 local + 8 remote at 40.7 ms, one window of 44.5 ms was taken for a phase
+   change and the policy climbed to 10 remote workers).
 
 :func:`observe` is the whole policy: (config, state, one batch time) -> (new state, move).
 """
@@ -37,6 +42,9 @@ class PlacementConfig:
     """T: relative batch-time change that counts (Pecan: 0.03)."""
     unstable_windows: int = 1
     """Windows discarded after each change."""
+    confirm_windows: int = 2
+    """Watch phase: consecutive windows off the converged batch time by T, in the same
+    direction, that count as a phase change."""
     local_cost: float | None = None
     """c_a: the training host per hour (n_a = 1)."""
     remote_cost: float | None = None
@@ -64,6 +72,7 @@ class PlacementState:
     n: int = 0  # batches in this window so far
     last_bpt: float = math.nan  # the last window's mean (s)
     settled: float = math.inf  # batch time of the converged configuration (s; watch phase)
+    drift: int = 0  # watch phase: windows in a row slower (> 0) or faster (< 0) than settled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,16 +144,20 @@ def _decide(cfg: PlacementConfig, s: PlacementState, bpt: float
     # watch: compared with the converged configuration's own batch time (with costs it may be
     # slower than bpt_conv on purpose), measured in the first window after convergence
     if math.isinf(s.settled):
-        return r(s, settled=bpt), None
-    if _worse(cfg, bpt, s.settled):
+        return r(s, settled=bpt, drift=0), None
+    drift = (max(s.drift, 0) + 1 if _worse(cfg, bpt, s.settled) else
+             min(s.drift, 0) - 1 if _better(cfg, bpt, s.settled) else 0)
+    s = r(s, drift=drift)
+    if abs(drift) < cfg.confirm_windows:
+        return s, None
+    s = r(s, drift=0)
+    if drift > 0:
         s = r(s, phase="add_remote", base=bpt, conv=bpt)
         if s.remote < cfg.max_remote:
             return s, Move(0, +1, "batch time rose (phase change): add a remote worker", bpt)
         return _start_round(cfg, s, bpt, "batch time rose, no remote worker left")
-    if _better(cfg, bpt, s.settled):
-        s = r(s, phase="remove_remote", conv=bpt, base=bpt)
-        return _remove_remote(cfg, s, bpt, local=0, why="batch time fell (phase change)")
-    return s, None
+    s = r(s, phase="remove_remote", conv=bpt, base=bpt)
+    return _remove_remote(cfg, s, bpt, local=0, why="batch time fell (phase change)")
 
 
 def _start_round(cfg: PlacementConfig, s: PlacementState, bpt: float, why: str
