@@ -4,7 +4,14 @@ import math
 
 import pytest
 
-from headrace.planner.offload import OffloadInputs, StepCost, candidates, decide
+from headrace.planner.offload import (
+    OffloadInputs,
+    StepCost,
+    candidates,
+    decide,
+    probe_link_bound,
+    worker_rate,
+)
 
 MB = 1e6
 
@@ -81,6 +88,22 @@ def test_workers_needed():
     assert 1 <= n <= 16
     assert n == min(16, math.ceil(d.ratio * d.predicted / 25.0))
     assert decide(inputs(gthp=100.0)).workers_needed(25.0, 16) == 0
+
+
+def test_a_link_bound_probe_sizes_workers_by_cpu():
+    # 10 MB/s, 0.6 MB per finished sample: the link carries ~16.7 samples/s, and the probe's
+    # 8 workers delivered 16 together: the link, not their CPUs, set that number
+    x = inputs(bandwidth=10 * MB, remote_thp=16.0)
+    assert probe_link_bound(x)
+    d = decide(x)
+    assert d.offload and d.ratio < 0.2
+    rate = worker_rate(x, d)
+    assert rate == pytest.approx(1 / sum(s.work_s for s in x.steps[d.best.start:d.best.stop]))
+    assert d.workers_needed(rate, 8) == 1  # not 8 workers at 2 samples/s each
+    # the same total on a fast link: the workers' CPUs were slow, and the total says so
+    cpu = inputs(bandwidth=10_000 * MB, remote_thp=16.0)
+    assert not probe_link_bound(cpu)
+    assert worker_rate(cpu, decide(cpu)) == pytest.approx(2.0)
 
 
 def test_inputs_from_a_measured_profile():

@@ -27,6 +27,8 @@ from headrace.profiler.report import PipelineProfile
 
 SPEEDUP_THRESHOLD = 1.1
 """Offload only when removing the stall could speed training up by at least 10% (FastFlow)."""
+LINK_BOUND_SHARE = 0.8
+"""A remote probe reaching this share of the link's sample rate counts as link-bound."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,14 +110,55 @@ class OffloadDecision:
                 f"{self.predicted:.1f} samples/s")
 
 
+def probe_link_bound(x: OffloadInputs) -> bool:
+    """Whether the remote probe (the whole pipeline on every remote worker, reading the source
+    there, so only the finished sample crosses) was limited by the link rather than by the
+    workers' CPUs: it reached at least ``LINK_BOUND_SHARE`` of what the link carries. Its
+    throughput then says nothing about one worker's speed."""
+    if x.remote_thp is None or not x.steps:
+        return False
+    moved = x.steps[-1].bytes_out
+    if moved <= 0 or not math.isfinite(x.bandwidth):
+        return False
+    return x.remote_thp >= LINK_BOUND_SHARE * x.bandwidth / moved
+
+
+def remote_speed(x: OffloadInputs) -> float:
+    """Remote worker-seconds per profiled second (>1: remote workers slower than this host),
+    from the probe; 1 when it was not probed or was link-bound (``probe_link_bound``)."""
+    pcycle = sum(max(0.0, s.work_s) for s in x.steps)
+    if (x.remote_thp is None or x.remote_thp <= 0 or pcycle <= 0 or x.remote_workers <= 0
+            or probe_link_bound(x)):
+        return 1.0
+    return (x.remote_workers / pcycle) / x.remote_thp
+
+
+def per_worker_thp(x: OffloadInputs, start: int = 0, stop: int | None = None) -> float:
+    """Samples/s one remote worker runs steps ``[start, stop)`` at, CPU only (its share of
+    the link is the model's other bound): the sizing of FastFlow §7's worker count."""
+    work = sum(max(0.0, s.work_s) for s in x.steps[start:stop]) * remote_speed(x)
+    return 1.0 / work if work > 0 else math.inf
+
+
+def worker_rate(x: OffloadInputs, decision: OffloadDecision) -> float | None:
+    """One remote worker's samples/s on the decision's range, for its worker count: the probe's
+    total over the workers when the probe was CPU-bound; the profile's CPU time when it was
+    link-bound (its total over the workers would make each look slow and ask for every worker:
+    seen, 12 of 12 for a 0.29 share over a 20 MB/s link); ``None``: unknown."""
+    if x.remote_thp and x.remote_workers and not probe_link_bound(x):
+        return x.remote_thp / x.remote_workers
+    if decision.best is None:
+        return None
+    rate = per_worker_thp(x, decision.best.start, decision.best.stop)
+    return rate if math.isfinite(rate) else None
+
+
 def candidates(x: OffloadInputs) -> list[Candidate]:
     """Every range a remote worker can run, with its modelled throughput (FastFlow line 6)."""
     n = len(x.steps)
     cpu = [max(0.0, s.work_s) for s in x.steps]
     pcycle = sum(cpu)
-    speed = 1.0  # remote worker-seconds per profiled second (from the probe)
-    if x.remote_thp is not None and x.remote_thp > 0 and pcycle > 0 and x.remote_workers > 0:
-        speed = (x.remote_workers / pcycle) / x.remote_thp  # >1: remote slower than modelled
+    speed = remote_speed(x)
     out = []
     for start in (0, 1):
         for stop in range(start + 1, n + 1):

@@ -22,7 +22,12 @@ import threading
 import time
 from typing import Any
 
-from headrace.planner.offload import OffloadDecision, decide, inputs_from_profile
+from headrace.planner.offload import (
+    OffloadDecision,
+    decide,
+    inputs_from_profile,
+    worker_rate,
+)
 from headrace.planner.replan import ReplanConfig
 from headrace.profiler.probe import ProbeResult, probe
 from headrace.remote.replan import OffloadWatcher
@@ -81,7 +86,7 @@ def plan_offload(loader: Any, train_step: Any, batches: int = 20, warmup: int = 
                             remote_workers=available, bandwidth=bandwidth,
                             overhead_s=overhead_s, remote_thp=remote_thp)
     decision = decide(x)
-    per_worker = remote_thp / available if remote_thp else None
+    per_worker = worker_rate(x, decision)
     session.apply_offload(decision, per_worker, available=available)
     if replan is not False and not session.cfg.autoplace:
         cfg = replan if isinstance(replan, ReplanConfig) else None

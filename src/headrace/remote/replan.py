@@ -29,6 +29,7 @@ from headrace.planner.offload import (
     StepCost,
     decide,
     inputs_from_profile,
+    worker_rate,
 )
 from headrace.planner.replan import (
     EpochObservation,
@@ -117,10 +118,8 @@ class OffloadWatcher:
     def _replan(self, pool: Any, why: str, x: OffloadInputs) -> None:
         decision = decide(x)
         self.watch = Watch(x, decision)
-        per_worker = x.remote_thp / x.remote_workers if x.remote_thp and x.remote_workers \
-            else None
         session = self.session
-        session.apply_offload(decision, per_worker, available=x.remote_workers)
+        session.apply_offload(decision, worker_rate(x, decision), available=x.remote_workers)
         if pool is not None and not pool.closed:
             while len(session.remote_workers(pool)) < session.target:
                 if session.add(pool) is None:
