@@ -311,15 +311,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench-remote")
     p.add_argument("--address", default=None, help="a running cluster (default: start one)")
     p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--node-cpus", type=int, default=4)
+    p.add_argument("--node-cpus", type=int, default=6,
+                   help="slots per Ray CPU node (2 x 6: room for the stall-free point, 8)")
     p.add_argument("--samples", type=int, default=1200)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--work-ms", type=float, default=20.0)
     p.add_argument("--model-ms", type=float, default=40.0)
-    p.add_argument("--remote-workers", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--epochs", type=int, default=12,
+    p.add_argument("--remote-workers", type=int, nargs="+", default=[1, 2, 4, 8, 12])
+    p.add_argument("--epochs", type=int, default=20,
                    help="AutoPlacement: epochs at most (it stops one epoch after converging)")
-    p.add_argument("--window", type=int, default=10)
+    p.add_argument("--window", type=int, default=20,
+                   help="AutoPlacement: batches per window (at 10 the window noise at the "
+                        "stall edge decided between 7, 8 and 9 remote workers)")
     p.add_argument("--probe-batches", type=int, default=20)
     p.add_argument("--bandwidth", type=float, default=20e6, help="I/O-bound link, bytes/s")
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS),
