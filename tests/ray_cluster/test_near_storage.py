@@ -99,7 +99,8 @@ def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leak
         seen.update(s["i"] for s in next(it))
     # the node dies while its workers hold samples (right after next() they may still be
     # idle: the first samples were finished while the workers were being waited for)
-    wait_until(lambda: any(w.fetches and w.assigned for w in list(it.pool.workers.values())))
+    pool = it.pool
+    wait_until(lambda: any(w.fetches and w.assigned for w in list(pool.workers.values())))
     victim = storage_node.storage_node
     try:
         storage_node.remove_node(victim, allow_graceful=False)  # SIGKILL raylet and workers

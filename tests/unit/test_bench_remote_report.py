@@ -35,14 +35,18 @@ def test_markdown_names_the_failed_rows_and_keeps_the_measured_ones() -> None:
     assert "Not run (the harness stopped before them): slow_lane." in md
 
 
-def test_autoplace_says_whether_it_converged() -> None:
+def test_autoplace_says_where_it_converged_and_where_it_ended() -> None:
     res = _results()
     res["autoplace"] = {"samples_per_s": 90.0, "moves": [], "final": {
-        "local": 1, "remote": 7, "phase": "watch", "bpt": 0.0678}}
-    assert "Converged to 1 local + 7 remote worker(s), window batch time 67.8 ms." \
-        in markdown(res)
-    res["autoplace"]["final"]["phase"] = "add_remote"
-    assert "Not converged (phase add_remote) at the end, at 1 local + 7 remote" in markdown(res)
+        "local": 1, "remote": 7, "phase": "remove_remote", "bpt": 0.0678,
+        "converged": [1, 8]}}
+    md = markdown(res)
+    assert "Last converged to 1 local + 8 remote worker(s)." in md
+    assert ("In phase remove_remote at the end, at 1 local + 7 remote worker(s), window batch "
+            "time 67.8 ms.") in md
+    res["autoplace"]["final"].update(phase="add_remote", converged=None)
+    md = markdown(res)
+    assert "Never converged." in md and "In phase add_remote at the end" in md
 
 
 def test_write_leaves_json_and_markdown(tmp_path) -> None:

@@ -15,16 +15,22 @@ def system(model_s=0.10, work_s=1.0, cores=2, contention=0.05):
     return bpt
 
 
-def run(cfg, bpt, local=1, remote=0, batches=4000, change_at=None, after=None):
-    s = PlacementState(local=local, remote=remote)
+def run(cfg, bpt, local=1, remote=0, batches=4000, change_at=None, after=None, s=None):
+    """Feed ``batches`` batch times; returns the last state in the watch phase (the converged
+    configuration: the run may end during a try of one remote worker fewer) and the moves."""
+    s = PlacementState(local=local, remote=remote) if s is None else s
     moves: list[Move] = []
+    watched = None
     for i in range(batches):
         f = after if change_at is not None and i >= change_at else bpt
         s, m = observe(cfg, s, f(s.local, s.remote))
         if m is not None:
             moves.append(m)
+        if s.phase == "watch":
+            watched = s
         assert 0 <= s.remote <= cfg.max_remote and cfg.min_local <= s.local <= cfg.max_local
-    return s, moves
+    assert watched is not None, "never converged"
+    return watched, moves
 
 
 def test_windows_and_unstable_windows():
@@ -118,3 +124,49 @@ def test_one_noisy_window_after_converging_is_not_a_phase_change():
         if m is not None:
             break
     assert m is not None and "phase change" in m.reason and m.remote == 1
+
+
+def test_tries_one_fewer_again_and_backs_off_when_undone():
+    """Converged: every ``reprobe_windows`` quiet windows the policy removes one remote worker;
+    on this steady trace the removal costs more each time and is undone, and the wait between
+    tries doubles up to ``reprobe_max_windows``."""
+    cfg = PlacementConfig(max_remote=8, max_local=1, window=10, local_cost=4.0,
+                          remote_cost=1.0, reprobe_windows=4, reprobe_max_windows=16)
+    bpt = system(model_s=0.04, work_s=0.32, cores=1)
+    s, moves = run(cfg, bpt, batches=6000)
+    assert (s.local, s.remote) == (1, 7)
+    tries = [i for i, m in enumerate(moves) if "try one fewer" in m.reason]
+    assert len(tries) >= 4
+    for i in tries:  # each try is followed by the re-add of the same worker (but the run may
+        if i + 1 == len(moves):  # end during the last try)
+            break
+        assert moves[i].remote == -1 and moves[i + 1].remote == 1
+        assert "costlier" in moves[i + 1].reason
+    waits = [int(moves[i].reason.split()[0]) for i in tries]
+    assert waits[:4] == [4, 8, 16, 16]
+    off = PlacementConfig(max_remote=8, max_local=1, window=10, local_cost=4.0,
+                          remote_cost=1.0, reprobe_windows=0)
+    _, moves = run(off, bpt, batches=6000)
+    assert not any("try one fewer" in m.reason for m in moves)
+
+
+def test_a_slow_window_while_removing_is_corrected_by_a_later_try():
+    """The remote benchmark's failure: one slow window (another process, not the removal)
+    right after the first removal makes it look costlier; the policy re-adds the worker and
+    converges one worker above the cheapest configuration. A later try, in quiet conditions,
+    finds the cheaper configuration and keeps it."""
+    cfg = PlacementConfig(max_remote=8, max_local=1, window=10, local_cost=4.0,
+                          remote_cost=1.0, reprobe_windows=4)
+    bpt = system(model_s=0.04, work_s=0.32, cores=1)
+    s = PlacementState(local=1, remote=0)
+    removals = 0
+    seen: list[tuple[int, int]] = []
+    for _ in range(8000):
+        slow = removals == 1 and s.phase == "remove_remote"  # the first removal's window
+        s, m = observe(cfg, s, bpt(s.local, s.remote) * (1.3 if slow else 1.0))
+        if m is not None and m.remote < 0:
+            removals += 1
+        if s.phase == "watch" and (not seen or seen[-1] != (s.local, s.remote)):
+            seen.append((s.local, s.remote))
+    assert seen[0] == (1, 8)  # fooled by the slow window: one worker too many
+    assert seen[-1] == (1, 7)  # the cheapest stall-free configuration, found by a later try

@@ -40,10 +40,13 @@ def markdown(res: dict[str, Any]) -> str:
                 "`autoplace-timeline.png`."]
         if a.get("final") is not None:
             f = a["final"]
-            where = "Converged to" if f["phase"] == "watch" else \
-                f"Not converged (phase {f['phase']}) at the end, at"
-            out.append(f"{where} {f['local']} local + {f['remote']} remote worker(s), "
-                       f"window batch time {1e3 * f['bpt']:.1f} ms.")
+            conv = f.get("converged")
+            out.append(f"Last converged to {conv[0]} local + {conv[1]} remote worker(s)."
+                       if conv is not None else "Never converged.")
+            where = "In its watch phase" if f["phase"] == "watch" else \
+                f"In phase {f['phase']}"
+            out.append(f"{where} at the end, at {f['local']} local + {f['remote']} remote "
+                       f"worker(s), window batch time {1e3 * f['bpt']:.1f} ms.")
     out += ["", "| variant | offload | split [a, b) | ratio | Gthp | Lthp | remote workers |",
             "|---|---|---|---|---|---|---|"]
     for d in res.get("decisions", []):

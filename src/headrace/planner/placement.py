@@ -18,7 +18,15 @@ refilling). Two window means differ when their ratio is off by at least ``thresh
    batches rather than Pecan's 500, and the cheapest configuration sitting at the edge of the
    accelerator's rate, one window's mean moves by more than T (seen on the remote benchmark:
    converged at 1 local + 8 remote at 40.7 ms, one window of 44.5 ms was taken for a phase
-   change and the policy climbed to 10 remote workers).
+   change and the policy climbed to 10 remote workers);
+5. while watching, after ``reprobe_windows`` windows in a row without drift, try one remote
+   worker fewer again (step 3 from the current configuration, compared with the window just
+   measured); a try that is undone doubles the wait (up to ``reprobe_max_windows``), one that
+   is kept resets it. Not in Pecan's Algorithm 1, which measures each configuration once: on a
+   busy host one slow window while removing (another process, not the removal) ends the
+   policy at a costlier configuration for good (seen on the remote benchmark: one 53 ms window
+   after the first removal kept 1 local + 10 remote where 1 + 8 sufficed), and conditions
+   change over a job, so a removal measured costlier once may not be later.
 
 :func:`observe` is the whole policy: (config, state, one batch time) -> (new state, move).
 """
@@ -45,6 +53,10 @@ class PlacementConfig:
     confirm_windows: int = 2
     """Watch phase: consecutive windows off the converged batch time by T, in the same
     direction, that count as a phase change."""
+    reprobe_windows: int = 6
+    """Watch phase: windows without drift before trying one remote worker fewer (0: never)."""
+    reprobe_max_windows: int = 48
+    """Longest wait between such tries after tries that were undone (windows)."""
     local_cost: float | None = None
     """c_a: the training host per hour (n_a = 1)."""
     remote_cost: float | None = None
@@ -73,6 +85,9 @@ class PlacementState:
     last_bpt: float = math.nan  # the last window's mean (s)
     settled: float = math.inf  # batch time of the converged configuration (s; watch phase)
     drift: int = 0  # watch phase: windows in a row slower (> 0) or faster (< 0) than settled
+    quiet: int = 0  # watch phase: windows without drift since converging or the last try
+    wait: int = 0  # watch phase: quiet windows before the next try (0: cfg.reprobe_windows)
+    probing: bool = False  # this round is a watch-phase try of one remote worker fewer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +162,9 @@ def _decide(cfg: PlacementConfig, s: PlacementState, bpt: float
         return r(s, settled=bpt, drift=0), None
     drift = (max(s.drift, 0) + 1 if _worse(cfg, bpt, s.settled) else
              min(s.drift, 0) - 1 if _better(cfg, bpt, s.settled) else 0)
-    s = r(s, drift=drift)
+    s = r(s, drift=drift, quiet=0 if drift else s.quiet + 1)
+    if drift == 0:
+        return _maybe_reprobe(cfg, s, bpt)
     if abs(drift) < cfg.confirm_windows:
         return s, None
     s = r(s, drift=0)
@@ -158,6 +175,17 @@ def _decide(cfg: PlacementConfig, s: PlacementState, bpt: float
         return _start_round(cfg, s, bpt, "batch time rose, no remote worker left")
     s = r(s, phase="remove_remote", conv=bpt, base=bpt)
     return _remove_remote(cfg, s, bpt, local=0, why="batch time fell (phase change)")
+
+
+def _maybe_reprobe(cfg: PlacementConfig, s: PlacementState, bpt: float
+                   ) -> tuple[PlacementState, Move | None]:
+    """Step 5: after enough quiet windows, a round that starts by removing a remote worker."""
+    if cfg.reprobe_windows <= 0 or s.remote == 0 or s.quiet < (s.wait or cfg.reprobe_windows):
+        return s, None
+    s = dataclasses.replace(s, phase="remove_remote", conv=bpt, base=bpt, quiet=0,
+                            probing=True, round_start=(s.local, s.remote))
+    return _remove_remote(cfg, s, bpt, local=0,
+                          why=f"{s.wait or cfg.reprobe_windows} quiet windows: try one fewer")
 
 
 def _start_round(cfg: PlacementConfig, s: PlacementState, bpt: float, why: str
@@ -189,10 +217,14 @@ def _end_round(cfg: PlacementConfig, s: PlacementState, bpt: float, remote: int,
     ratcheted down to zero)."""
     after = (s.local + local, s.remote + remote)
     if after == s.round_start or (remote > 0 and after[0] >= cfg.max_local):
-        s = dataclasses.replace(s, phase="watch", settled=math.inf)
+        undone = s.probing and after == s.round_start
+        wait = (min(2 * (s.wait or cfg.reprobe_windows), cfg.reprobe_max_windows) if undone
+                else 0)
+        s = dataclasses.replace(s, phase="watch", settled=math.inf, quiet=0, wait=wait,
+                                probing=False)
         move = Move(local, remote, f"{why}; converged", bpt) if (local or remote) else None
         return s, move
-    s = dataclasses.replace(s, phase="add_local", round_start=after)
+    s = dataclasses.replace(s, phase="add_local", round_start=after, probing=False)
     if after[0] < cfg.max_local:
         return s, Move(local + 1, remote, f"{why}; next round: add a local worker", bpt)
     s = dataclasses.replace(s, phase="remove_remote")

@@ -49,6 +49,9 @@ class PlacementController:
         self.batch_size = max(1, batch_size)
         self.moves: list[tuple[float, Move]] = []
         self.timeline: list[PlacementPoint] = []
+        self.converged: tuple[int, int] | None = None
+        """(local, remote) the policy last converged to (in its watch phase; a try of one
+        remote worker fewer may be under way now)."""
         self.t0 = time.perf_counter()
         self._sched: Any = None
         self._batches = 0  # batches the current scheduler's epoch had delivered at the last tick
@@ -80,6 +83,8 @@ class PlacementController:
                 self.moves.append((now - self.t0, move))
                 del self.moves[:-TIMELINE_MAX]
                 self._apply(pool, move)
+            if self.state.phase == "watch":
+                self.converged = (self.state.local, self.state.remote)
 
     def _record(self, now: float) -> None:
         s = self.state

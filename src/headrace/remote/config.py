@@ -34,7 +34,9 @@ class Remote:
         autoplace: scale remote and local workers at run time to the cheapest configuration
             without data stalls (Pecan's AutoPlacement, ``planner/placement.py``), between 0
             and ``max_workers`` remote and 1 and the loader's local worker slots
-            (``num_workers``, or the autoscaler's bound with ``num_workers="auto"``).
+            (``num_workers``, or the autoscaler's bound with ``num_workers="auto"``). Once
+            converged it tries one remote worker fewer now and then (undone when batches
+            cost more; the wait doubles after each undone try).
         slow_lane: remote workers take slow-lane samples (MinatoLoader: handed off over the
             timeout, resumed at their next step) before fresh ones, beyond the slow-lane share
             of the local pool, so the local workers keep serving the fast lane. The partial
