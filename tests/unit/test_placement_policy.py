@@ -126,28 +126,31 @@ def test_one_noisy_window_after_converging_is_not_a_phase_change():
     assert m is not None and "phase change" in m.reason and m.remote == 1
 
 
-def test_tries_one_fewer_again_and_backs_off_when_undone():
-    """Converged: every ``reprobe_windows`` quiet windows the policy removes one remote worker;
-    on this steady trace the removal costs more each time and is undone, and the wait between
-    tries doubles up to ``reprobe_max_windows``."""
+def test_tries_neighbours_again_and_backs_off_when_undone():
+    """Converged: every ``reprobe_windows`` quiet windows the policy tries one remote worker
+    fewer, then one more, in turn; on this steady trace each try costs more and is undone,
+    and the wait between tries doubles up to ``reprobe_max_windows``."""
     cfg = PlacementConfig(max_remote=8, max_local=1, window=10, local_cost=4.0,
                           remote_cost=1.0, reprobe_windows=4, reprobe_max_windows=16)
     bpt = system(model_s=0.04, work_s=0.32, cores=1)
     s, moves = run(cfg, bpt, batches=6000)
     assert (s.local, s.remote) == (1, 7)
-    tries = [i for i, m in enumerate(moves) if "try one fewer" in m.reason]
+    tries = [i for i, m in enumerate(moves) if "quiet windows: try" in m.reason]
     assert len(tries) >= 4
-    for i in tries:  # each try is followed by the re-add of the same worker (but the run may
-        if i + 1 == len(moves):  # end during the last try)
+    for n, i in enumerate(tries):  # fewer, more, fewer, ...: each undone by the next move
+        fewer = n % 2 == 0
+        assert ("fewer" if fewer else "more") in moves[i].reason
+        assert moves[i].remote == (-1 if fewer else 1)
+        if i + 1 == len(moves):  # the run may end during the last try
             break
-        assert moves[i].remote == -1 and moves[i + 1].remote == 1
-        assert "costlier" in moves[i + 1].reason
+        assert moves[i + 1].remote == -moves[i].remote
+        assert ("costlier" if fewer else "did not make batches cheaper") in moves[i + 1].reason
     waits = [int(moves[i].reason.split()[0]) for i in tries]
     assert waits[:4] == [4, 8, 16, 16]
     off = PlacementConfig(max_remote=8, max_local=1, window=10, local_cost=4.0,
                           remote_cost=1.0, reprobe_windows=0)
     _, moves = run(off, bpt, batches=6000)
-    assert not any("try one fewer" in m.reason for m in moves)
+    assert not any("quiet windows" in m.reason for m in moves)
 
 
 def test_a_slow_window_while_removing_is_corrected_by_a_later_try():
@@ -170,3 +173,29 @@ def test_a_slow_window_while_removing_is_corrected_by_a_later_try():
             seen.append((s.local, s.remote))
     assert seen[0] == (1, 8)  # fooled by the slow window: one worker too many
     assert seen[-1] == (1, 7)  # the cheapest stall-free configuration, found by a later try
+
+
+def test_a_slow_window_before_a_removal_is_corrected_by_a_later_try():
+    """The other direction (seen on the remote benchmark): the window at the cheapest
+    configuration is slow, so adding stops there and the removal compared with that window
+    looks free: the policy converges one worker short, stalling; a later try of one worker
+    more finds batches cheaper and keeps it."""
+    cfg = PlacementConfig(max_remote=12, max_local=1, window=10, local_cost=4.0,
+                          remote_cost=1.0, reprobe_windows=4)
+    bpt = system(model_s=0.04, work_s=0.36, cores=1)  # stall-free from 8 remote workers
+    best = min(range(13), key=lambda r: cfg.bpc(bpt(1, r), r))
+    assert best == 8 and bpt(1, 7) > 1.1 * bpt(1, 8)
+    s = PlacementState(local=1, remote=0)
+    seen: list[tuple[int, int]] = []
+    slowed = False
+    for _ in range(8000):
+        # the first window at 8 remote workers: adding stops there (not faster than 7) and
+        # the first removal is compared with it
+        slow = not slowed and s.phase == "add_remote" and s.remote == 8 and s.skip == 0
+        slowed = slowed or (slow and s.n == cfg.window - 1)
+        s, _ = observe(cfg, s, bpt(s.local, s.remote) * (1.3 if slow else 1.0))
+        if s.phase == "watch" and (not seen or seen[-1] != (s.local, s.remote)):
+            seen.append((s.local, s.remote))
+    assert slowed
+    assert seen[0] == (1, 7)  # fooled by the slow window: one worker short, batches stall
+    assert seen[-1] == (1, 8)  # the cheapest configuration, found by a later try

@@ -19,14 +19,16 @@ refilling). Two window means differ when their ratio is off by at least ``thresh
    accelerator's rate, one window's mean moves by more than T (seen on the remote benchmark:
    converged at 1 local + 8 remote at 40.7 ms, one window of 44.5 ms was taken for a phase
    change and the policy climbed to 10 remote workers);
-5. while watching, after ``reprobe_windows`` windows in a row without drift, try one remote
-   worker fewer again (step 3 from the current configuration, compared with the window just
-   measured); a try that is undone doubles the wait (up to ``reprobe_max_windows``), one that
-   is kept resets it. Not in Pecan's Algorithm 1, which measures each configuration once: on a
-   busy host one slow window while removing (another process, not the removal) ends the
-   policy at a costlier configuration for good (seen on the remote benchmark: one 53 ms window
-   after the first removal kept 1 local + 10 remote where 1 + 8 sufficed), and conditions
-   change over a job, so a removal measured costlier once may not be later.
+5. while watching, after ``reprobe_windows`` windows in a row without drift, try a neighbour
+   again, one remote worker fewer and one more in turn, each compared with the window just
+   measured: fewer is step 3 from the current configuration (re-added if batches got
+   costlier); more is kept only if batches got cheaper (without costs: faster by T). A try
+   that is undone doubles the wait (up to ``reprobe_max_windows``), one that is kept resets
+   it. Not in Pecan's Algorithm 1, which measures each configuration once: on a busy host one
+   window off by 10% (another process, not the move) ends the policy at the wrong
+   configuration for good, in either direction (seen on the remote benchmark: one 53 ms window
+   after the first removal kept 1 local + 10 remote where 1 + 8 sufficed; one slow window
+   before a removal let it go down to 1 + 7, stalling 12%), and conditions change over a job.
 
 :func:`observe` is the whole policy: (config, state, one batch time) -> (new state, move).
 """
@@ -75,7 +77,7 @@ class PlacementState:
 
     local: int
     remote: int
-    phase: str = "add_remote"  # add_remote | add_local | remove_remote | watch
+    phase: str = "add_remote"  # add_remote | add_local | remove_remote | watch | probe_more
     conv: float = math.inf  # bpt_conv: the model-bound batch time (s)
     base: float = math.inf  # batch time before the last change (s)
     round_start: tuple[int, int] = (-1, -1)
@@ -88,6 +90,7 @@ class PlacementState:
     quiet: int = 0  # watch phase: windows without drift since converging or the last try
     wait: int = 0  # watch phase: quiet windows before the next try (0: cfg.reprobe_windows)
     probing: bool = False  # this round is a watch-phase try of one remote worker fewer
+    probe_more: bool = False  # watch phase: the next try adds a remote worker (else removes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +148,18 @@ def _decide(cfg: PlacementConfig, s: PlacementState, bpt: float
             return s, Move(+1, 0, "no contention yet: add a local worker", bpt)
         s = r(s, phase="remove_remote")
         return _remove_remote(cfg, s, bpt, local=0, why="local workers at their maximum")
+    if s.phase == "probe_more":
+        costs = cfg.bpc(bpt, s.remote), cfg.bpc(s.base, s.remote - 1)
+        if costs[0] is not None and costs[1] is not None:
+            pays = costs[0] < costs[1]
+        else:
+            pays = _better(cfg, bpt, s.base)
+        s = r(s, phase="watch", settled=math.inf, quiet=0, probing=False)
+        if pays:
+            return r(s, wait=0), None
+        wait = min(2 * (s.wait or cfg.reprobe_windows), cfg.reprobe_max_windows)
+        return r(s, wait=wait), Move(0, -1, "the added remote worker did not make batches "
+                                     "cheaper: remove it; converged", bpt)
     if s.phase == "remove_remote":
         costs = cfg.bpc(bpt, s.remote), cfg.bpc(s.base, s.remote + 1)
         if costs[0] is not None and costs[1] is not None:
@@ -179,13 +194,22 @@ def _decide(cfg: PlacementConfig, s: PlacementState, bpt: float
 
 def _maybe_reprobe(cfg: PlacementConfig, s: PlacementState, bpt: float
                    ) -> tuple[PlacementState, Move | None]:
-    """Step 5: after enough quiet windows, a round that starts by removing a remote worker."""
-    if cfg.reprobe_windows <= 0 or s.remote == 0 or s.quiet < (s.wait or cfg.reprobe_windows):
+    """Step 5: after enough quiet windows, try one remote worker more or fewer (in turn)."""
+    wait = s.wait or cfg.reprobe_windows
+    if cfg.reprobe_windows <= 0 or s.quiet < wait:
         return s, None
-    s = dataclasses.replace(s, phase="remove_remote", conv=bpt, base=bpt, quiet=0,
-                            probing=True, round_start=(s.local, s.remote))
+    more = s.probe_more if 0 < s.remote < cfg.max_remote else s.remote == 0
+    if more and s.remote >= cfg.max_remote:
+        return s, None
+    r = dataclasses.replace
+    s = r(s, quiet=0, probe_more=not more, base=bpt, probing=True,
+          round_start=(s.local, s.remote))
+    if more:
+        return r(s, phase="probe_more"), Move(
+            0, +1, f"{wait} quiet windows: try one remote worker more", bpt)
+    s = r(s, phase="remove_remote", conv=bpt)
     return _remove_remote(cfg, s, bpt, local=0,
-                          why=f"{s.wait or cfg.reprobe_windows} quiet windows: try one fewer")
+                          why=f"{wait} quiet windows: try one remote worker fewer")
 
 
 def _start_round(cfg: PlacementConfig, s: PlacementState, bpt: float, why: str

@@ -35,8 +35,8 @@ class Remote:
             without data stalls (Pecan's AutoPlacement, ``planner/placement.py``), between 0
             and ``max_workers`` remote and 1 and the loader's local worker slots
             (``num_workers``, or the autoscaler's bound with ``num_workers="auto"``). Once
-            converged it tries one remote worker fewer now and then (undone when batches
-            cost more; the wait doubles after each undone try).
+            converged it tries one remote worker fewer and one more, in turn, now and then
+            (undone unless batches got cheaper; the wait doubles after each undone try).
         slow_lane: remote workers take slow-lane samples (MinatoLoader: handed off over the
             timeout, resumed at their next step) before fresh ones, beyond the slow-lane share
             of the local pool, so the local workers keep serving the fast lane. The partial
