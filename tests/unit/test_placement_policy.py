@@ -1,5 +1,8 @@
 """Pecan's AutoPlacement (planner/placement.py) on synthetic batch-time traces."""
 
+import dataclasses
+import math
+
 import pytest
 
 from headrace.planner.placement import Move, PlacementConfig, PlacementState, observe
@@ -199,3 +202,24 @@ def test_a_slow_window_before_a_removal_is_corrected_by_a_later_try():
     assert slowed
     assert seen[0] == (1, 7)  # fooled by the slow window: one worker short, batches stall
     assert seen[-1] == (1, 8)  # the cheapest configuration, found by a later try
+
+
+def test_the_converged_batch_time_is_a_running_mean():
+    """A lucky first window after converging does not become the reference: ordinary windows
+    (4.6% above it, within T of the configuration's usual batch time) are no phase change;
+    a real one still is."""
+    cfg = PlacementConfig(max_remote=8, max_local=1, window=10, local_cost=4.0,
+                          remote_cost=1.0, reprobe_windows=0)
+    bpt = system(model_s=0.04, work_s=0.32, cores=1)
+    s, _ = run(cfg, bpt)
+    s = dataclasses.replace(s, settled=math.inf, settled_n=0)
+    for w, factor in enumerate([0.98] + [1.025] * 10):  # first window 2% fast
+        for _ in range(cfg.window):
+            s, m = observe(cfg, s, bpt(1, 7) * factor)
+            assert m is None, (w, m)
+    assert s.settled == pytest.approx(bpt(1, 7) * 1.025, rel=0.01)
+    for _ in range(2 * cfg.window):  # 10% slower two windows in a row: a phase change
+        s, m = observe(cfg, s, bpt(1, 7) * 1.13)
+        if m is not None:
+            break
+    assert m is not None and "phase change" in m.reason

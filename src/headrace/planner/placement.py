@@ -13,8 +13,8 @@ refilling). Two window means differ when their ratio is off by at least ``thresh
    (without costs: while batch time stays within T of ``bpt_conv``: fewest workers at equal
    batch time), and re-add the last one removed if it did (lines 12-14);
 4. repeat 2-3 until a round changes nothing (line 15); then keep watching: a batch time that
-   leaves ``bpt_conv`` by more than T in ``confirm_windows`` windows in a row (the workload
-   changed phase) starts the policy again. One window is not enough: with windows of tens of
+   leaves the converged configuration's own (a running mean of its windows) by more than T in
+   ``confirm_windows`` windows in a row (the workload changed phase) starts the policy again. One window is not enough: with windows of tens of
    batches rather than Pecan's 500, and the cheapest configuration sitting at the edge of the
    accelerator's rate, one window's mean moves by more than T (seen on the remote benchmark:
    converged at 1 local + 8 remote at 40.7 ms, one window of 44.5 ms was taken for a phase
@@ -37,6 +37,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
+SETTLED_WINDOWS = 8
+"""Watch phase: the converged batch time is a running mean over about this many windows (the
+first window alone was 3% off the configuration's usual batch time often enough on the remote
+benchmark for ordinary windows to count as a phase change)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +90,9 @@ class PlacementState:
     acc: float = 0.0  # sum of this window's batch times so far (s)
     n: int = 0  # batches in this window so far
     last_bpt: float = math.nan  # the last window's mean (s)
-    settled: float = math.inf  # batch time of the converged configuration (s; watch phase)
+    settled: float = math.inf  # batch time of the converged configuration (s; watch phase):
+    # the running mean of its windows (over the last SETTLED_WINDOWS, roughly)
+    settled_n: int = 0  # windows in that mean
     drift: int = 0  # watch phase: windows in a row slower (> 0) or faster (< 0) than settled
     quiet: int = 0  # watch phase: windows without drift since converging or the last try
     wait: int = 0  # watch phase: quiet windows before the next try (0: cfg.reprobe_windows)
@@ -174,10 +181,13 @@ def _decide(cfg: PlacementConfig, s: PlacementState, bpt: float
     # watch: compared with the converged configuration's own batch time (with costs it may be
     # slower than bpt_conv on purpose), measured in the first window after convergence
     if math.isinf(s.settled):
-        return r(s, settled=bpt, drift=0), None
+        return r(s, settled=bpt, settled_n=1, drift=0), None
     drift = (max(s.drift, 0) + 1 if _worse(cfg, bpt, s.settled) else
              min(s.drift, 0) - 1 if _better(cfg, bpt, s.settled) else 0)
-    s = r(s, drift=drift, quiet=0 if drift else s.quiet + 1)
+    n = min(s.settled_n + 1, SETTLED_WINDOWS)  # every window, drifting or not: a phase
+    # change is called within confirm_windows, before the mean has followed it far
+    s = r(s, drift=drift, quiet=0 if drift else s.quiet + 1,
+          settled=s.settled + (bpt - s.settled) / n, settled_n=n)
     if drift == 0:
         return _maybe_reprobe(cfg, s, bpt)
     if abs(drift) < cfg.confirm_windows:
