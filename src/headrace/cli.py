@@ -47,6 +47,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-sweep", action="store_true", help="skip torch's worker/prefetch sweep")
     p.add_argument("--no-plots", action="store_true", help="write JSON and Markdown only")
     p.add_argument("--cache-dir", default=None, help="where generated JPEG sets are kept")
+    p.add_argument("--blas-threads", type=int, default=None, metavar="N",
+                   help="OpenBLAS threads in the benchmark process, inherited by torch's "
+                   "workers (default 1; 0: the library's default, one per core, as a user "
+                   "has it; headrace's workers take Options(worker_blas_threads) either way)")
     p.add_argument("--update-doc", default=None, metavar="FILE",
                    help="also write the tables into FILE between its headrace-bench markers "
                    "(e.g. docs/benchmarks.md)")
@@ -71,6 +75,8 @@ def _run_bench(args: argparse.Namespace) -> int:
     }
     if args.repeats is not None:
         overrides["repeats"] = args.repeats
+    if args.blas_threads is not None:
+        overrides["blas_threads"] = args.blas_threads
     if args.no_sweep:
         overrides["sweep"] = False
     config = preset(args.workloads, **overrides)

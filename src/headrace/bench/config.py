@@ -135,7 +135,9 @@ class BenchConfig:
             user's second run of the same job does. ``False``: every headrace run starts cold
             (no stored profile, timeout learned from scratch).
         blas_threads: threads of NumPy's OpenBLAS in the benchmark process and the workers
-            it forks (``0``: leave the library default, one per core). See ``threads.py``.
+            torch's DataLoader forks (``0``: leave the library default, one per core, as
+            users have it). headrace's worker processes set their own from
+            ``Options(worker_blas_threads)`` (default 1). See ``runtime/native_threads.py``.
     """
 
     workloads: tuple[str, ...] = WORKLOADS

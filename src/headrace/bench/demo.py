@@ -31,9 +31,9 @@ from headrace.bench.config import BenchConfig, LoaderSpec
 from headrace.bench.measure import RunRecord, run_epochs
 from headrace.bench.runner import BenchResult, WorkloadResult, machine_info, sampler_order
 from headrace.bench.summary import summarize
-from headrace.bench.threads import blas_limited
 from headrace.planner.workers import available_cpus
 from headrace.runtime import Options
+from headrace.runtime.native_threads import blas_limited
 from headrace.workloads import Workload, imagenet_workload
 
 

@@ -7,7 +7,7 @@ starting one row later each round, so a burst of load from another process on th
 machine hits every loader alike instead of one row's repeats.
 
 Two settings hold for the whole run (``BenchConfig``): NumPy's OpenBLAS is limited to
-``blas_threads`` threads (``threads.py`` says why), and headrace gets a profile store private to
+``blas_threads`` threads (``runtime/native_threads.py`` says why), and headrace gets a profile store private to
 the run, so its measured epochs start from the profile the warm-up stored, as a user's second
 run of the same job does.
 """
@@ -36,7 +36,7 @@ from headrace.bench.config import (
 )
 from headrace.bench.measure import RunRecord, run_once
 from headrace.bench.summary import RowSummary, summarize
-from headrace.bench.threads import blas_limited
+from headrace.runtime.native_threads import blas_limited
 from headrace.workloads import Workload, get_workload
 
 Log = Callable[[str], None]
@@ -98,7 +98,7 @@ def machine_info() -> dict[str, object]:
     """Cores, memory, software versions and headrace revision of the machine the run is on."""
     import psutil
 
-    from headrace.bench.threads import blas_threads
+    from headrace.runtime.native_threads import blas_threads
 
     return {
         "headrace_revision": _git_revision(),

@@ -230,6 +230,7 @@ def get_pool(loader: DataLoader, base_seed: int) -> tuple[WorkerPool, bool]:
                       base_seed, hi, profile=profile,
                       executor=loader._executor,
                       probe_gil=loader.monitor.probe_gil and loader.monitor.executor_decision is None,
+                      blas_threads=loader.options.worker_blas_threads,
                       cache=loader.cache.client() if loader.cache else None)
     if loader.persistent_workers:
         loader._pool = pool

@@ -52,6 +52,13 @@ class Options:
         sample_timeout_s: a sample running longer than this (seconds, in one worker) is taken for
             a hung step: its worker is replaced and the sample retried, then failed per
             ``on_error``. ``None``: no limit (the default; the slow lane handles slow samples).
+        worker_blas_threads: threads of the native thread pools (OpenBLAS, OpenMP, MKL) in each
+            worker process; 1 (default) as torch does for its own pool in workers, since the
+            workers are the parallelism: NumPy's OpenBLAS otherwise starts a thread per core
+            in every worker, and they spin (on the speech pipeline 5 workers burned 1.9 of 2
+            cores where the steps needed 0.3; ``runtime/native_threads.py``). ``None``:
+            inherited unchanged (torch's DataLoader). The training process is never changed,
+            nor are worker threads (``executor="threads"``), which are in it.
         profile: measure every step (time and CPU always; output bytes and type changes on a
             worker's first 64 samples, then one in 8, as they cost a few µs per step); feeds
             ``explain()``, the planner, the hand-off rule and the profile store.
@@ -100,6 +107,7 @@ class Options:
     autoscale: AutoscaleConfig = dataclasses.field(default_factory=AutoscaleConfig)
     max_worker_restarts: int = 2
     sample_timeout_s: float | None = None
+    worker_blas_threads: int | None = 1
     profile: bool = True
     reorder: bool = True
     profile_store: str | os.PathLike[str] | bool = True
@@ -127,5 +135,7 @@ class Options:
             torch.device(self.device)  # a malformed device string fails here, with torch's words
         if self.remote is not None and not isinstance(self.remote, Remote):
             raise ValueError(f"remote must be a headrace.Remote, got {self.remote!r}")
+        if self.worker_blas_threads is not None and self.worker_blas_threads < 1:
+            raise ValueError("worker_blas_threads must be >= 1 (or None: inherited)")
         if self.max_worker_restarts < 1:
             raise ValueError("max_worker_restarts must be >= 1")

@@ -147,8 +147,10 @@ class WorkerPool:
         executor: str = "processes",
         cache: Any = None,
         probe_gil: bool = False,
+        blas_threads: int | None = None,
     ) -> None:
         self.executor = executor  # validated by Options
+        self.blas_threads = blas_threads  # worker processes' native pools (Options)
         self.probe_gil = probe_gil  # worker processes measure their steps' GIL share
         self.cache = cache  # a cache.client.CacheClient for the workers, or None
         self.pipeline = pipeline
@@ -211,6 +213,7 @@ class WorkerPool:
             profile=self.profile,
             cache=self.cache,
             probe_gil=self.probe_gil,
+            blas_threads=self.blas_threads,
         )
         self.progress.tid[slot] = -1
         self.progress.gil_held[slot] = self.progress.gil_probed[slot] = 0.0

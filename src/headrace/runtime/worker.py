@@ -34,6 +34,7 @@ from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import Outcome, SampleRunner
 from headrace.profiler import sizes
 from headrace.runtime.gilprobe import start_probe
+from headrace.runtime.native_threads import limit_in_worker
 from headrace.runtime.ring import Ring, RingWriter
 from headrace.runtime.ring import encode as ring_encode
 from headrace.runtime.transport import decode, encode
@@ -71,6 +72,7 @@ class WorkerSetup(NamedTuple):
     profile: bool | str  # measure bytes and type changes per step ("all": on every sample)
     cache: Any = None  # headrace.cache.client.CacheClient, or None
     probe_gil: bool = False  # run the GIL probe (runtime/gilprobe.py): executor="auto"
+    blas_threads: int | None = None  # native pools' threads (runtime/native_threads.py)
 
 
 HANDOFF_MIN_SHARE = 0.5
@@ -95,6 +97,8 @@ def worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
     try:
         torch.set_num_threads(1)
+        if setup.blas_threads is not None:  # before worker_init_fn, which may change it
+            limit_in_worker(setup.blas_threads)
         seed = setup.base_seed + slot
         _seed_like_torch(setup.base_seed, slot, seed)
         _set_worker_info(slot, setup.num_workers, seed, setup.dataset)

@@ -1,19 +1,28 @@
-"""Limiting NumPy's BLAS thread pool for a benchmark run (Linux, OpenBLAS).
+"""Native thread pools of a worker process: OpenBLAS (NumPy's and SciPy's BLAS) and OpenMP.
 
-NumPy's OpenBLAS starts one thread per core in every process. With a dozen loader workers on a
-2-core machine, each worker's matrix products (speech's mel filterbank) fan out to threads that
-spin while waiting, and the run measures that oversubscription instead of the loaders: on this
-machine the speech workloads burned about 3× the CPU-seconds with the default pool. torch's
-DataLoader and headrace both set torch's own pool to one thread in workers, but neither touches
-OpenBLAS, so the harness does it once in the training process before any worker is forked
-(forked workers inherit the setting). ``threadpoolctl`` does the same more generally; this
-avoids a dependency for one call.
+NumPy's OpenBLAS starts one thread per core in every process, and its threads spin while they
+wait for work. With a dozen loader workers on a 2-core machine, each worker's matrix products
+(speech's mel filterbank) fan out to threads that burn the cores the other workers need:
+measured here, 5 worker processes on the speech-3s pipeline used 31.5 CPU-seconds in a 16.7 s
+epoch whose steps needed 4.6 (1.9 of the 2 cores), 3.4 CPU-seconds with one BLAS thread per
+worker, and the epoch took 14.3 s instead. torch's DataLoader sets torch's own intra-op pool to
+one thread in its workers and leaves BLAS alone; headrace's worker processes do both
+(``Options(worker_blas_threads=1)``, the default, :func:`limit_in_worker`): the workers are the
+parallelism. A product computed with one thread or several gives the same values (OpenBLAS
+splits a matrix product by output blocks); only long reductions (``dot`` over very long
+vectors) may round differently, as they do between machines.
+
+The training process is never changed by the loader; the benchmark harness limits it too (for
+the rows of torch's DataLoader, whose forked workers inherit the setting) with
+:func:`blas_limited`. ``threadpoolctl`` does the same more generally; this avoids a dependency
+for two calls.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,6 +85,19 @@ def limit_blas_threads(n: int | dict[str, int]) -> dict[str, int]:
             set_threads.restype = None
             set_threads(ctypes.c_int(count))
     return blas_threads()
+
+
+POOL_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""Variables native libraries read when they load: set in a worker for the ones it loads later."""
+
+
+def limit_in_worker(n: int) -> None:
+    """In a worker process: every OpenBLAS already loaded runs ``n`` threads, and libraries
+    loaded later start with ``n`` (the variables of :data:`POOL_ENV`). Never call it in the
+    training process: it changes the process's environment."""
+    for name in POOL_ENV:
+        os.environ[name] = str(n)
+    limit_blas_threads(n)
 
 
 @contextlib.contextmanager
