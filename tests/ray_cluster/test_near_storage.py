@@ -3,6 +3,8 @@ run a per-sample prefix; the training side runs the rest."""
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from collections import Counter
 
@@ -76,19 +78,26 @@ def test_samples_equal_with_and_without_near_storage(storage_node, no_actor_leak
         loader.close()
 
 
-def slow_decode(x):
-    time.sleep(0.02)  # the storage side stays busy: the node dies while it holds samples
+def decode_held_while(flag: str, x):
+    """Decode, held 2 s while the file ``flag`` exists: the storage node is killed while its
+    workers run such samples (the step runs on this machine's file system, locally or in a
+    storage-node worker)."""
+    if os.path.exists(flag):
+        time.sleep(2.0)
     return si.decode(x)
 
 
-def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leaks):
-    # With a fast prefix the storage workers finish every sample the in-flight bound admits
-    # and idle until the training loop frees room, so a kill often found them holding
-    # nothing; a 20 ms decode keeps them the bottleneck, holding samples when their node dies.
+def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leaks, tmp_path):
+    # A kill right after a storage worker was seen holding a sample often found it idle again:
+    # with nobody consuming, the in-flight bound fills, the workers finish what they hold and
+    # get nothing new. So samples started from here on are held for 2 s, one more batch is
+    # taken (room for new samples), and the node dies while a storage worker holds one.
     n = 80
+    flag = tmp_path / "hold"
     imgs = si.openimages_like(n, scale=SCALE, seed=3)
-    pipe = hr.Pipeline(imgs, [hr.step(slow_decode, name="decode", kind="decode"),
-                              hr.step(si.crop_to(imgs.crop), name="crop", random=True)])
+    pipe = hr.Pipeline(imgs, [
+        hr.step(functools.partial(decode_held_while, str(flag)), name="decode", kind="decode"),
+        hr.step(si.crop_to(imgs.crop), name="crop", random=True)])
     loader = hr.DataLoader(pipe, batch_size=4, shuffle=True, num_workers=1,
                            collate_fn=ident_collate,
                            options=near("resize-off", resize_step="crop"))
@@ -97,13 +106,14 @@ def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leak
     seen: Counter[int] = Counter()
     for _ in range(3):
         seen.update(s["i"] for s in next(it))
-    # the node dies while its workers hold samples (right after next() they may still be
-    # idle: the first samples were finished while the workers were being waited for)
+    flag.touch()
+    seen.update(s["i"] for s in next(it))
     pool = it.pool
     wait_until(lambda: any(w.fetches and w.assigned for w in list(pool.workers.values())))
     victim = storage_node.storage_node
     try:
         storage_node.remove_node(victim, allow_graceful=False)  # SIGKILL raylet and workers
+        flag.unlink()
         seen.update(s["i"] for b in it for s in b)
         assert seen == Counter(range(n))  # every sample exactly once
         assert loader.remote.lost >= 1  # the node died holding samples, re-run locally
