@@ -14,9 +14,10 @@ refilling). Two window means differ when their ratio is off by at least ``thresh
    batch time), and re-add the last one removed if it did (lines 12-14);
 4. repeat 2-3 until a round changes nothing (line 15); then keep watching: a batch time that
    leaves the converged configuration's own (a running mean of its windows) by more than T in
-   ``confirm_windows`` windows in a row (the workload changed phase) starts the policy again. One window is not enough: with windows of tens of
-   batches rather than Pecan's 500, and the cheapest configuration sitting at the edge of the
-   accelerator's rate, one window's mean moves by more than T (seen on the remote benchmark:
+   ``confirm_windows`` windows in a row (the workload changed phase) starts the policy again.
+   One window is not enough: with windows of tens of batches rather than Pecan's 500, and the
+   cheapest configuration sitting at the edge of the accelerator's rate, one window's mean
+   moves by more than T (seen on the remote benchmark:
    converged at 1 local + 8 remote at 40.7 ms, one window of 44.5 ms was taken for a phase
    change and the policy climbed to 10 remote workers);
 5. while watching, after ``reprobe_windows`` windows in a row without drift, try a neighbour
@@ -61,7 +62,8 @@ class PlacementConfig:
     """Watch phase: consecutive windows off the converged batch time by T, in the same
     direction, that count as a phase change."""
     reprobe_windows: int = 6
-    """Watch phase: windows without drift before trying one remote worker fewer (0: never)."""
+    """Watch phase: windows without drift before trying a neighbour, one remote worker fewer
+    or more in turn (0: never)."""
     reprobe_max_windows: int = 48
     """Longest wait between such tries after tries that were undone (windows)."""
     local_cost: float | None = None
@@ -96,7 +98,7 @@ class PlacementState:
     drift: int = 0  # watch phase: windows in a row slower (> 0) or faster (< 0) than settled
     quiet: int = 0  # watch phase: windows without drift since converging or the last try
     wait: int = 0  # watch phase: quiet windows before the next try (0: cfg.reprobe_windows)
-    probing: bool = False  # this round is a watch-phase try of one remote worker fewer
+    probing: bool = False  # this round is a watch-phase try (step 5)
     probe_more: bool = False  # watch phase: the next try adds a remote worker (else removes)
 
 
@@ -179,7 +181,7 @@ def _decide(cfg: PlacementConfig, s: PlacementState, bpt: float
         s = r(s, base=bpt)
         return _remove_remote(cfg, s, bpt, local=0, why="cost did not rise")
     # watch: compared with the converged configuration's own batch time (with costs it may be
-    # slower than bpt_conv on purpose), measured in the first window after convergence
+    # slower than bpt_conv on purpose): the first window after convergence, then their mean
     if math.isinf(s.settled):
         return r(s, settled=bpt, settled_n=1, drift=0), None
     drift = (max(s.drift, 0) + 1 if _worse(cfg, bpt, s.settled) else
