@@ -8,9 +8,12 @@ epoch whose steps needed 4.6 (1.9 of the 2 cores), 3.4 CPU-seconds with one BLAS
 worker, and the epoch took 14.3 s instead. torch's DataLoader sets torch's own intra-op pool to
 one thread in its workers and leaves BLAS alone; headrace's worker processes do both
 (``Options(worker_blas_threads=1)``, the default, :func:`limit_in_worker`): the workers are the
-parallelism. A product computed with one thread or several gives the same values (OpenBLAS
-splits a matrix product by output blocks); only long reductions (``dot`` over very long
-vectors) may round differently, as they do between machines.
+parallelism. The thread count can change the last bits of BLAS results (measured here: a
+400x513 by 513x80 product and a dot over 2M elements differ between 1 and 2 threads; the
+speech pipeline's samples did not), as it does between machines with different core counts
+and as torch's own one-thread pool does for torch operations in workers; sample contents
+never depend on which worker ran them, since every worker runs the same count.
+``worker_blas_threads=None`` keeps the inherited count (torch's DataLoader's behaviour).
 
 The training process is never changed by the loader; the benchmark harness limits it too (for
 the rows of torch's DataLoader, whose forked workers inherit the setting) with

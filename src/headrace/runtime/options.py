@@ -56,9 +56,10 @@ class Options:
             worker process; 1 (default) as torch does for its own pool in workers, since the
             workers are the parallelism: NumPy's OpenBLAS otherwise starts a thread per core
             in every worker, and they spin (on the speech pipeline 5 workers burned 1.9 of 2
-            cores where the steps needed 0.3; ``runtime/native_threads.py``). ``None``:
-            inherited unchanged (torch's DataLoader). The training process is never changed,
-            nor are worker threads (``executor="threads"``), which are in it.
+            cores where the steps needed 0.3; ``runtime/native_threads.py``). The count can
+            change the last bits of BLAS results, as between machines. ``None``: inherited
+            unchanged (torch's DataLoader). The training process is never changed, nor are
+            worker threads (``executor="threads"``), which are in it.
         profile: measure every step (time and CPU always; output bytes and type changes on a
             worker's first 64 samples, then one in 8, as they cost a few µs per step); feeds
             ``explain()``, the planner, the hand-off rule and the profile store.
