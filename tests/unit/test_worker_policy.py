@@ -104,3 +104,31 @@ def test_scaler_passes_rate_and_wall_to_littles_law():
     s.observe_queue(0.0)
     d = s.decide(2, cpu_usage=0.2, cores=2, consumer_rate=100.0, sample_wall_s=0.2)
     assert d.demand_workers == 25 and d.new == 25
+
+
+def test_start_count_from_a_stored_profiles_cpu_share(monkeypatch):
+    """With a stored profile, a job whose samples mostly wait starts at the workers that keep
+    the cores busy (cores / CPU share), within the bounds; CPU-bound samples start at the
+    cores; an explicit ``initial`` wins."""
+    import headrace.planner.workers as workers
+
+    monkeypatch.setattr(workers, "available_cpus", lambda: 2)
+    auto = AutoscaleConfig()
+    assert auto.start_count() == 2  # nothing known: the cores
+    assert auto.start_count(cpu_share=0.07) == 29  # speech-3s: 8.8 ms CPU of 125 ms
+    assert auto.start_count(cpu_share=0.001) == 2 * workers.AUTO_MAX_WORKERS_PER_CORE
+    assert auto.start_count(cpu_share=0.95) == 3  # CPU-bound: about the cores
+    assert AutoscaleConfig(initial=5).start_count(cpu_share=0.07) == 5
+    assert AutoscaleConfig(max_workers=8).start_count(cpu_share=0.07) == 8
+
+
+def test_a_draining_epoch_keeps_its_count():
+    """Nothing left to hand out: a full queue and idle CPU at an epoch's end remove no
+    worker (the next epoch starts from this count), nor does an empty queue add one."""
+    assert next_worker_count(8, queue_fill=1.0, cpu_usage=0.0, cfg=CFG).new < 8
+    d = next_worker_count(8, queue_fill=1.0, cpu_usage=0.0, cfg=CFG, draining=True)
+    assert d.new == 8 and d.current == 8
+    assert next_worker_count(8, 0.0, 1.0, CFG, draining=True).new == 8
+    scaler = WorkerScaler(CFG)
+    scaler.observe_queue(1.0)
+    assert scaler.decide(8, 0.0, draining=True).new == 8

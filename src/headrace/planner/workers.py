@@ -116,9 +116,19 @@ class AutoscaleConfig:
             return max(self.min_workers, self.max_workers)
         return max(self.min_workers, AUTO_MAX_WORKERS_PER_CORE * rank_cpus())
 
-    def start_count(self) -> int:
-        lo, hi = self.bounds()
-        n = self.initial if self.initial is not None else rank_cpus()
+    def start_count(self, cpu_share: float | None = None) -> int:
+        """Workers to start with. Without ``initial``: the cores, or, when a stored profile
+        gives ``cpu_share`` (CPU ÷ wall of a sample's steps), the workers that keep the cores
+        busy, ``ceil(cores / cpu_share)`` within the bounds: a job whose samples mostly wait
+        then starts near its steady count instead of growing to it during its first epoch
+        (speech-3s: from 2 to about 28 workers, most of a 9 s epoch)."""
+        lo, hi = self.bounds(cpu_share)
+        if self.initial is not None:
+            n = self.initial
+        elif cpu_share is not None and cpu_share > 0:
+            n = math.ceil(rank_cpus() / cpu_share)
+        else:
+            n = rank_cpus()
         return min(hi, max(lo, n))
 
 
@@ -174,8 +184,13 @@ def next_worker_count(
     cpu_share: float | None = None,
     cores: int | None = None,
     demand: int | None = None,
+    draining: bool = False,
 ) -> ScaleDecision:
     """Formulas 1-2: the next worker count from queue fill (0..1) and CPU use (0..1).
+
+    ``draining``: the epoch has nothing left to hand out (its last samples are running):
+    the count is kept. Its queue fills and its CPU idles because the epoch ends, not because
+    there are too many workers, and the next epoch starts from the count this one ends with.
 
     ``cpu_share``: CPU ÷ wall time of samples' steps (see ``AutoscaleConfig.bounds``).
     ``cores``: the cores the workers may use; with it, saturated cores add no worker beyond
@@ -186,6 +201,8 @@ def next_worker_count(
     raw = formula_delta(queue_fill, cpu_usage, cfg)
     step = int(math.floor(raw + 0.5)) if raw >= 0 else -int(math.floor(-raw + 0.5))
     step = max(-cfg.max_step, min(cfg.max_step, step))
+    if draining:
+        return ScaleDecision(current, current, raw, queue_fill, cpu_usage, memory_cap, demand)
     lo, hi = cfg.bounds(cpu_share)
     if memory_cap is not None:
         hi = max(lo, min(hi, memory_cap))
@@ -223,17 +240,19 @@ class WorkerScaler:
         cores: int | None = None,
         consumer_rate: float | None = None,
         sample_wall_s: float | None = None,
+        draining: bool = False,
     ) -> ScaleDecision:
         """Next count; ``rss_per_worker`` and ``memory_budget`` in bytes cap it;
         ``cpu_share`` (CPU ÷ wall of samples' steps) raises the default upper bound;
         ``cores``, ``consumer_rate`` (samples/s the consumer takes when it does not wait)
         and ``sample_wall_s`` (a sample's mean seconds in a worker) feed the two departures
-        of the module docstring."""
+        of the module docstring; ``draining``: see :func:`next_worker_count`."""
         cap = None
         if rss_per_worker and memory_budget:
             cap = max(1, int(memory_budget // rss_per_worker))
         fill = self.queue_avg if self.queue_avg is not None else 0.0
         demand = demand_workers(consumer_rate, sample_wall_s, self.cfg.demand_margin)
-        d = next_worker_count(current, fill, cpu_usage, self.cfg, cap, cpu_share, cores, demand)
+        d = next_worker_count(current, fill, cpu_usage, self.cfg, cap, cpu_share, cores, demand,
+                              draining)
         self.decisions.append(d)
         return d

@@ -195,8 +195,9 @@ def make_iterator(
     it.ods = ods
     if not pool.workers:
         # Fork after the scheduler started: it feeds the first workers while later ones fork.
-        # num_workers="auto" starts where the last epoch's scaler left off, not from scratch.
-        n = loader.monitor.last_workers(loader.num_workers) if loader.autoscale else loader.num_workers
+        # num_workers="auto" starts where the last epoch's scaler left off (the first epoch:
+        # where a stored profile says the cores stay busy), not from scratch.
+        n = loader.monitor.start_workers(loader.num_workers) if loader.autoscale else loader.num_workers
         pool.start(n, on_added=it.scheduler.wake)
         if loader.remote is not None:
             loader.remote.attach(pool, on_added=it.scheduler.wake)

@@ -95,9 +95,16 @@ class Monitor:
             self.workers_timeline.append((self.now(), n))
 
     def last_workers(self, default: int) -> int:
-        """The worker count last recorded (``default`` before any): where the next epoch's
-        pool starts with ``num_workers="auto"``."""
+        """The worker count last recorded (``default`` before any)."""
         return self.workers_timeline[-1][1] if self.workers_timeline else default
+
+    def start_workers(self, default: int) -> int:
+        """Where the next epoch's pool starts with ``num_workers="auto"``: the count the last
+        epoch ended with; for the first, ``default``, or the count a stored profile says keeps
+        the cores busy (``AutoscaleConfig.start_count``)."""
+        if self.workers_timeline or self.scaler is None or self.stored_profile is None:
+            return self.last_workers(default)
+        return self.scaler.cfg.start_count(self._cpu_share())
 
     def on_epoch_closed(self, stats: EpochStats) -> None:
         self.epochs.append(stats)
@@ -275,7 +282,8 @@ class Monitor:
         per_worker = sum(rss) / len(rss) if rss else None
         d = self.scaler.decide(len(live), psutil.cpu_percent(None) / 100.0, per_worker,
                                self._memory_budget, self._cpu_share(), rank_cpus(),
-                               self._consumer_rate(), self._sample_wall_s())
+                               self._consumer_rate(), self._sample_wall_s(),
+                               draining=sched.lanes.exhausted and not sched.lanes.fresh)
         if d.new > d.current:
             for _ in range(min(d.new - d.current, pool.max_slots - len(pool.workers))):
                 pool.add_worker(num_workers=d.new)

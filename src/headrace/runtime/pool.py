@@ -184,17 +184,22 @@ class WorkerPool:
         """Start ``n`` workers; ``on_added()`` after each (e.g. wake the scheduler thread so it
         watches the new worker's pipe now rather than at its next poll timeout)."""
         for _ in range(n):
-            self.add_worker(num_workers=n)
+            if self.add_worker(num_workers=n) is None:
+                return  # closed, or every slot taken
             if on_added is not None:
                 on_added()
 
     def add_worker(self, slot: int | None = None, num_workers: int | None = None,
                    start: Callable[[WorkerSetup], WorkerHandle] | None = None
                    ) -> WorkerHandle | None:
-        """Start one worker in ``slot`` (default: the lowest free slot); None once closed.
-        ``start(setup)``: a backend's own kind of worker (``remote/``) instead of the pool's."""
+        """Start one worker in ``slot`` (default: the lowest free slot); None once closed, or
+        when every slot is taken (the scaler, on the scheduler thread, may fill them while
+        ``start`` still forks its first workers). ``start(setup)``: a backend's own kind of
+        worker (``remote/``) instead of the pool's."""
         with self._lock:
             if self._closed:
+                return None
+            if slot is None and len(self.workers) >= self.max_slots:
                 return None
             return self._add_worker(slot, num_workers, start)
 
