@@ -104,7 +104,12 @@ class Monitor:
         the cores busy (``AutoscaleConfig.start_count``)."""
         if self.workers_timeline or self.scaler is None or self.stored_profile is None:
             return self.last_workers(default)
-        return self.scaler.cfg.start_count(self._cpu_share())
+        n = self.scaler.cfg.start_count(self._cpu_share())
+        # no worker's memory is measured yet: a forked worker reads its way towards the
+        # training process's size (copy-on-read), so that size stands in for one worker's
+        rss = psutil.Process().memory_info().rss
+        cap = int(self.memory_budget() // rss) if rss > 0 else n
+        return max(min(n, cap), min(default, n), self.scaler.cfg.min_workers)
 
     def on_epoch_closed(self, stats: EpochStats) -> None:
         self.epochs.append(stats)
@@ -260,6 +265,19 @@ class Monitor:
         busy = time.perf_counter() - m.t_start - m.stall_s
         return m.samples / busy if busy >= 0.5 else None
 
+    def memory_budget(self) -> float:
+        """Bytes the workers may use in all (``AutoscaleConfig.memory_budget_bytes``), fixed
+        when first asked."""
+        if self._memory_budget is None:
+            assert self.scaler is not None
+            cfg_budget = self.scaler.cfg.memory_budget_bytes
+            self._memory_budget = float(
+                cfg_budget if cfg_budget is not None
+                else ranks.memory_share(psutil.virtual_memory().available / 2,
+                                        ranks.local_world_size())
+            )
+        return self._memory_budget
+
     def _autoscale(self, sched: Scheduler) -> None:
         assert self.scaler is not None
         pool = sched.pool
@@ -272,16 +290,9 @@ class Monitor:
                 rss.append(psutil.Process(w.process.pid).memory_info().rss)
             except (psutil.Error, ValueError):
                 pass
-        if self._memory_budget is None:
-            cfg_budget = self.scaler.cfg.memory_budget_bytes
-            self._memory_budget = float(
-                cfg_budget if cfg_budget is not None
-                else ranks.memory_share(psutil.virtual_memory().available / 2,
-                                        ranks.local_world_size())
-            )
         per_worker = sum(rss) / len(rss) if rss else None
         d = self.scaler.decide(len(live), psutil.cpu_percent(None) / 100.0, per_worker,
-                               self._memory_budget, self._cpu_share(), rank_cpus(),
+                               self.memory_budget(), self._cpu_share(), rank_cpus(),
                                self._consumer_rate(), self._sample_wall_s(),
                                draining=sched.lanes.exhausted and not sched.lanes.fresh)
         if d.new > d.current:
