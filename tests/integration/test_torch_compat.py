@@ -149,12 +149,21 @@ class MeetInCollate:
         import threading
 
         self.barrier = threading.Barrier(2, timeout=20)
+        self.lock = threading.Lock()
+        self.calls = 0
         self.met = 0
 
     def __call__(self, samples):
-        if self.met < 2:
+        # the first two calls meet; which calls those are is decided under a lock (deciding by
+        # `met`, counted after the barrier, let a third call wait alone when a thread that had
+        # met was slow to count it: seen under CPU load)
+        with self.lock:
+            first_two = self.calls < 2
+            self.calls += 1
+        if first_two:
             self.barrier.wait()  # raises BrokenBarrierError if the other never comes
-            self.met += 1
+            with self.lock:
+                self.met += 1
         return torch.tensor(samples)
 
 
