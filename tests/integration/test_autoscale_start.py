@@ -1,21 +1,38 @@
 """``num_workers="auto"`` with a stored profile: the first epoch starts at the workers that keep
 the cores busy (``AutoscaleConfig.start_count``), within the memory budget."""
 
+import time
+
 import pytest
+import torch
+from torch.utils.data import Dataset
 
 import headrace as hr
-from headrace.planner.workers import AutoscaleConfig
+from headrace.planner.workers import AutoscaleConfig, rank_cpus
 from tests.helpers import IndexDataset
 
 pytestmark = pytest.mark.integration
 
 
-def first_pool_size(store, **autoscale) -> int:
+class SpinDataset(Dataset):
+    """CPU-bound samples: each spins for 3 ms of its thread's CPU time (simulated work)."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        end = time.thread_time() + 0.003
+        while time.thread_time() < end:
+            pass
+        return torch.tensor(i)
+
+
+def first_pool_size(store, dataset=None, **autoscale) -> int:
     """Workers the first epoch's pool started with (a loader with a profile in ``store``)."""
     opts = hr.Options(cache=None, profile_store=store,
                       autoscale=AutoscaleConfig(max_workers=6, **autoscale))
-    loader = hr.DataLoader(IndexDataset(48, slow_every=1, slow_s=0.01), batch_size=4,
-                           num_workers="auto", options=opts)
+    dataset = dataset if dataset is not None else IndexDataset(48, slow_every=1, slow_s=0.01)
+    loader = hr.DataLoader(dataset, batch_size=4, num_workers="auto", options=opts)
     try:
         assert sorted(i for b in loader for i in b.tolist()) == list(range(48))
         return loader.monitor.workers_timeline[0][1]
@@ -31,3 +48,18 @@ def test_a_stored_profile_starts_the_first_epoch_where_the_cores_stay_busy(tmp_p
     assert first_pool_size(store) == 6
     # a memory budget smaller than the training process: no more than the cold start
     assert first_pool_size(store, memory_budget_bytes=1) == cold
+
+
+def test_cpu_bound_samples_start_at_the_cores_however_busy_their_profile_was(tmp_path):
+    """A profile measured with more workers than cores has steps that waited for a core;
+    that wait is not counted as the samples' own (``profiler/runqueue.py``), so the next job
+    starts at the cores instead of one more worker than they can run."""
+    store = tmp_path / "profiles.sqlite"
+    cores = rank_cpus()
+    loader = hr.DataLoader(SpinDataset(), batch_size=4, num_workers=cores + 1,
+                           options=hr.Options(cache=None, profile_store=store))
+    try:
+        assert sorted(i for b in loader for i in b.tolist()) == list(range(48))
+    finally:
+        loader.close()
+    assert first_pool_size(store, SpinDataset()) == min(cores, 6)

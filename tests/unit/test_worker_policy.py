@@ -1,5 +1,6 @@
 import pytest
 
+import headrace.planner.workers as workers_mod
 from headrace.planner.workers import (
     AutoscaleConfig,
     WorkerScaler,
@@ -117,7 +118,10 @@ def test_start_count_from_a_stored_profiles_cpu_share(monkeypatch):
     assert auto.start_count() == 2  # nothing known: the cores
     assert auto.start_count(cpu_share=0.07) == 29  # speech-3s: 8.8 ms CPU of 125 ms
     assert auto.start_count(cpu_share=0.001) == 2 * workers.AUTO_MAX_WORKERS_PER_CORE
-    assert auto.start_count(cpu_share=0.95) == 3  # CPU-bound: about the cores
+    # CPU-bound: the cores, not one more (imagenet's steps: share 0.97 measured alone)
+    assert auto.start_count(cpu_share=0.97) == 2
+    assert auto.start_count(cpu_share=0.6) == 3  # 3.33 workers' demand: 3
+    assert auto.start_count(cpu_share=0.55) == 4  # 3.64: 4
     assert AutoscaleConfig(initial=5).start_count(cpu_share=0.07) == 5
     assert AutoscaleConfig(max_workers=8).start_count(cpu_share=0.07) == 8
 
@@ -132,3 +136,12 @@ def test_a_draining_epoch_keeps_its_count():
     scaler = WorkerScaler(CFG)
     scaler.observe_queue(1.0)
     assert scaler.decide(8, 0.0, draining=True).new == 8
+
+
+def test_busy_workers_rounds_to_the_nearest_count():
+    """cores / share rounded to the nearest count, never 0."""
+    assert workers_mod.busy_workers(2, 0.97) == 2
+    assert workers_mod.busy_workers(2, 0.8) == 3  # 2.5: half up
+    assert workers_mod.busy_workers(16, 0.5) == 32
+    assert workers_mod.busy_workers(1, 1.0) == 1
+    assert workers_mod.busy_workers(1, 4.0) == 1  # more CPU than wall (threads): one

@@ -26,7 +26,9 @@ class StepTiming(NamedTuple):
 
     ``wall`` and ``cpu`` in seconds (CPU: the thread's CPU time). ``bytes_out``: payload bytes of
     the step's output (−1 when not measured). ``changed``: the output's type/rank signature
-    differs from the input's (the planner treats such a step as a barrier).
+    differs from the input's (the planner treats such a step as a barrier). ``queued``: seconds
+    of ``wall`` the thread was runnable but waited for a core (``profiler/runqueue.py``; 0 when
+    not measured).
     """
 
     step: int
@@ -34,6 +36,7 @@ class StepTiming(NamedTuple):
     cpu: float
     bytes_out: int = -1
     changed: bool = False
+    queued: float = 0.0
 
 
 @dataclass
@@ -54,13 +57,17 @@ class Outcome:
 
 Measure = Callable[[Any], tuple[int, Hashable]]
 """``measure(x) -> (payload bytes, type signature)``; injected by the runtime (profiler.sizes)."""
+Clock = Callable[[], float]
+"""``queued() -> seconds`` the calling thread has waited for a core so far; injected by the
+runtime (``profiler.runqueue.run_queue_s``)."""
 
 
 class SampleRunner:
     """Runs a pipeline's steps for samples in this process.
 
     With ``measure``, each step's output size and whether it changed the sample's type are
-    recorded too (the profiler's input; about a microsecond per step).
+    recorded too (the profiler's input; about a microsecond per step), and with ``queued`` also
+    the time the step waited for a core (two reads of that clock per step, about 4 µs).
 
     ``reseed_globals``: before each step, re-seed Python's, NumPy's and torch's global
     generators from the step's seed (``seeding.seed_globals``), so user code drawing from them
@@ -69,11 +76,16 @@ class SampleRunner:
     """
 
     def __init__(
-        self, pipeline: Pipeline, measure: Measure | None = None, reseed_globals: bool = True
+        self,
+        pipeline: Pipeline,
+        measure: Measure | None = None,
+        reseed_globals: bool = True,
+        queued: Clock | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.reseed_globals = reseed_globals
         self.measure = measure
+        self.queued = queued if measure is not None else None
         self.names = pipeline.step_names
         self.keys = pipeline.keys
         self.embedded = pipeline.embedded
@@ -108,7 +120,7 @@ class SampleRunner:
         """
         x = index if start == 0 else value
         timings: list[StepTiming] = []
-        measure = self.measure
+        measure, queued = self.measure, self.queued
         bytes_in, sig = 0, None
         if measure is not None and start > 0:
             bytes_in, sig = measure(x)
@@ -133,6 +145,7 @@ class SampleRunner:
                 if after_step is not None:
                     after_step(0, x)
                 continue
+            qs = queued() if queued is not None else 0.0
             ws, cs = time.perf_counter(), time.thread_time()
             try:
                 x = self._calls[i](x, rng)
@@ -141,8 +154,10 @@ class SampleRunner:
             we, ce = time.perf_counter(), time.thread_time()
             spent += we - ws
             if measure is not None:
+                q = queued() - qs if queued is not None else 0.0
                 size, new_sig = measure(x)
-                timings.append(StepTiming(i, we - ws, ce - cs, size, i > 0 and new_sig != sig))
+                timings.append(StepTiming(i, we - ws, ce - cs, size, i > 0 and new_sig != sig,
+                                          min(max(q, 0.0), we - ws)))
                 sig = new_sig
             else:
                 timings.append(StepTiming(i, we - ws, ce - cs))

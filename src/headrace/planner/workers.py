@@ -119,17 +119,28 @@ class AutoscaleConfig:
     def start_count(self, cpu_share: float | None = None) -> int:
         """Workers to start with. Without ``initial``: the cores, or, when a stored profile
         gives ``cpu_share`` (CPU ÷ wall of a sample's steps), the workers that keep the cores
-        busy, ``ceil(cores / cpu_share)`` within the bounds: a job whose samples mostly wait
-        then starts near its steady count instead of growing to it during its first epoch
+        busy, :func:`busy_workers`, within the bounds: a job whose samples mostly wait then
+        starts near its steady count instead of growing to it during its first epoch
         (speech-3s: from 2 to about 28 workers, most of a 9 s epoch)."""
         lo, hi = self.bounds(cpu_share)
         if self.initial is not None:
             n = self.initial
         elif cpu_share is not None and cpu_share > 0:
-            n = math.ceil(rank_cpus() / cpu_share)
+            n = busy_workers(rank_cpus(), cpu_share)
         else:
             n = rank_cpus()
         return min(hi, max(lo, n))
+
+
+def busy_workers(cores: int, cpu_share: float) -> int:
+    """Workers whose CPU demand comes nearest the ``cores``: ``cores / cpu_share`` rounded to
+    the nearest count (at least 1), ``cpu_share`` being CPU ÷ wall of a sample's steps.
+
+    Nearest, not up: on CPU-bound steps (share 0.97) rounding up asks for a third worker on 2
+    cores, which can only share them, with the training process's own threads too; a count
+    that leaves a little of the cores idle (2 × 0.97 here) is the better side to miss on, and
+    the scaler adds a worker when the cores do idle (``next_worker_count``)."""
+    return max(1, math.floor(cores / cpu_share + 0.5))
 
 
 @dataclasses.dataclass(frozen=True)

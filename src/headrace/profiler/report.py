@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,10 @@ class StepStats:
         count: samples measured.
         wall_mean, wall_p50, wall_p90: wall-clock time of the step.
         cpu_mean: CPU time of the step (thread time; below wall when the step waits on I/O).
+        queued_mean: time of the step's wall spent runnable but waiting for a core
+            (``profiler/runqueue.py``; 0 where not measured, e.g. profiles stored before it
+            was). ``cpu_mean / (wall_mean - queued_mean)`` is the step's CPU share whatever the
+            load it was measured under.
         bytes_in_mean, bytes_out_mean: payload of the step's input and output (``load``'s
             input is an index: 0).
         inflation: ``bytes_out_mean / bytes_in_mean``, Pecan's inflation factor (< 1:
@@ -58,11 +63,20 @@ class StepStats:
     inflation_p10: float | None
     inflation_p90: float | None
     type_changes: int = 0
+    queued_mean: float = 0.0
 
     @property
     def changes_type(self) -> bool:
         """True when some sample's output type or rank differed from its input."""
         return self.type_changes > 0
+
+
+def cpu_share(steps: Sequence[StepStats]) -> float | None:
+    """CPU ÷ wall time of a sample's ``steps``, the wall less the time they waited for a core
+    (``queued_mean``), at most 1: what a sample needs of a core of its own, whatever the load
+    it was measured under. ``None`` when no wall time was measured."""
+    wall = sum(s.wall_mean - min(s.queued_mean, s.wall_mean) for s in steps)
+    return min(1.0, sum(s.cpu_mean for s in steps) / wall) if wall > 0 else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -210,22 +210,25 @@ class Quantiles:
 
 
 class _StepAccumulator:
-    __slots__ = ("bytes_in", "bytes_out", "cpu", "inflation", "type_changes", "wall")
+    __slots__ = ("bytes_in", "bytes_out", "cpu", "inflation", "queued", "type_changes", "wall")
 
     def __init__(self, capacity: int, seed: int) -> None:
         self.wall = Quantiles(capacity, seed)
         self.inflation = Quantiles(capacity, seed + 1)
         self.cpu = Moments()
+        self.queued = Moments()
         self.bytes_in = Moments()
         self.bytes_out = Moments()
         self.type_changes = 0
 
     def add_columns(
-        self, wall: np.ndarray, cpu: np.ndarray, bin_: np.ndarray, bout: np.ndarray
+        self, wall: np.ndarray, cpu: np.ndarray, bin_: np.ndarray, bout: np.ndarray,
+        queued: np.ndarray,
     ) -> None:
-        """Per-sample columns: wall and cpu seconds, input and output bytes."""
+        """Per-sample columns: wall, cpu and run-queue seconds, input and output bytes."""
         self.wall.add_many(wall)
         self.cpu.add_many(cpu)
+        self.queued.add_many(queued)
         self.bytes_in.add_many(bin_)
         self.bytes_out.add_many(bout)
         has_in = bin_ > 0
@@ -235,6 +238,7 @@ class _StepAccumulator:
         self.wall.merge(other.wall)
         self.inflation.merge(other.inflation)
         self.cpu.merge(other.cpu)
+        self.queued.merge(other.queued)
         self.bytes_in.merge(other.bytes_in)
         self.bytes_out.merge(other.bytes_out)
         self.type_changes += other.type_changes
@@ -255,6 +259,7 @@ class _StepAccumulator:
             wall_p50=p50,
             wall_p90=p90,
             cpu_mean=self.cpu.mean,
+            queued_mean=self.queued.mean,
             bytes_in_mean=bin_,
             bytes_out_mean=bout,
             inflation=bout / bin_ if bin_ > 0 else None,
@@ -283,7 +288,8 @@ class Profiler:
         self._steps = [_StepAccumulator(reservoir, seed + 2 * i) for i in range(n)]
         self._total = Quantiles(reservoir, seed + 2 * n)
         # complete samples (every step, in order) as columns; others as their raw records
-        self._full: list[tuple[list[float], list[float], Sequence[int], int, float | None]] = []
+        self._full: list[tuple[list[float], list[float], list[float], Sequence[int], int,
+                               float | None]] = []
         self._other: list[tuple[Sequence[StepTiming], Sequence[int], int, float | None, bool]] = []
         self._pending_samples = 0
         self._batch = max(1, batch)
@@ -327,7 +333,7 @@ class Profiler:
             )
         if not partial and m == n and m and timings[0].step == 0 and timings[-1].step == n - 1:
             walls, cpus = [t.wall for t in timings], [t.cpu for t in timings]
-            self._full.append((walls, cpus, bytes_out, bytes_in, total))
+            self._full.append((walls, cpus, [t.queued for t in timings], bytes_out, bytes_in, total))
         else:
             if any(not 0 <= t.step < n for t in timings):
                 raise ValueError(f"observe: step positions outside 0..{n - 1} ({self.step_names})")
@@ -347,22 +353,24 @@ class Profiler:
         if full:
             wall = np.array([f[0] for f in full], dtype=np.float64)
             cpu = np.array([f[1] for f in full], dtype=np.float64)
-            out = np.array([f[2] for f in full], dtype=np.float64)
-            first = np.array([[f[3]] for f in full], dtype=np.float64)
+            queued = np.array([f[2] for f in full], dtype=np.float64)
+            out = np.array([f[3] for f in full], dtype=np.float64)
+            first = np.array([[f[4]] for f in full], dtype=np.float64)
             inp = np.hstack([first, out[:, :-1]])
             for i, acc in enumerate(self._steps):
-                acc.add_columns(wall[:, i], cpu[:, i], inp[:, i], out[:, i])
+                acc.add_columns(wall[:, i], cpu[:, i], inp[:, i], out[:, i], queued[:, i])
             sums = wall.sum(axis=1)
             for i, f in enumerate(full):
-                sums[i] = sums[i] if f[4] is None else f[4]
+                sums[i] = sums[i] if f[5] is None else f[5]
             self._total.add_many(sums)
         if other:
-            rows: list[list[tuple[float, float, float, float]]] = [[] for _ in self.step_names]
+            rows: list[list[tuple[float, float, float, float, float]]] = [
+                [] for _ in self.step_names]
             totals = []
             for timings, outs, bytes_in, given, partial in other:
                 prev, total = float(bytes_in), 0.0
                 for t, o in zip(timings, outs, strict=True):
-                    rows[t.step].append((t.wall, t.cpu, prev, o))
+                    rows[t.step].append((t.wall, t.cpu, prev, o, t.queued))
                     total += t.wall
                     prev = o
                 if not partial:
@@ -370,7 +378,7 @@ class Profiler:
             for acc, r in zip(self._steps, rows, strict=True):
                 if r:
                     cols = np.asarray(r, dtype=np.float64).T
-                    acc.add_columns(cols[0], cols[1], cols[2], cols[3])
+                    acc.add_columns(cols[0], cols[1], cols[2], cols[3], cols[4])
             self._total.add_many(np.asarray(totals, dtype=np.float64))
 
     def merge(self, other: Profiler) -> None:

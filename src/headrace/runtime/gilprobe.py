@@ -16,11 +16,11 @@ that the training process reads (``planner/executor.py`` decides).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
+
+from headrace.profiler.runqueue import run_queue_s
 
 PERIOD_S = 0.0002
 """Sleep of one probe (seconds): short, so a held GIL shows as most of a probe's time."""
@@ -40,23 +40,6 @@ def start_probe(progress: Any, slot: int) -> threading.Thread:
     return t
 
 
-def _run_queue_s() -> Callable[[], float]:
-    """Seconds this thread has waited for a core so far (0 where the kernel does not say).
-
-    The file stays open and is read with one ``pread``: every read releases the GIL, and
-    each release costs the probe a wait for the lock, which it counts (see ``_probe``)."""
-    try:
-        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-        os.pread(fd, 128, 0)
-    except OSError:
-        return lambda: 0.0
-
-    def read() -> float:
-        return int(os.pread(fd, 128, 0).split()[1]) / 1e9
-
-    return read
-
-
 def _probe(progress: Any, slot: int) -> None:
     """Probe until ``BUDGET_S`` of step time is watched.
 
@@ -71,15 +54,14 @@ def _probe(progress: Any, slot: int) -> None:
     step's start (``progress.started``, ``time.monotonic()``)."""
     busy, started = progress.tid, progress.started
     held_arr, probed_arr = progress.gil_held, progress.gil_probed
-    run_queue = _run_queue_s()
     held = probed = 0.0
     while probed < BUDGET_S:
         was_busy = busy[slot] >= 0
         period = PERIOD_S if was_busy else IDLE_POLL_S
         t0 = time.monotonic()
-        q0 = run_queue()
+        q0 = run_queue_s()
         time.sleep(period)
-        q1 = run_queue()
+        q1 = run_queue_s()
         t1 = time.monotonic()
         dt, late = t1 - t0, t1 - t0 - period - (q1 - q0)
         if not was_busy:

@@ -20,6 +20,7 @@ from headrace.planner import ranks
 from headrace.planner.executor import ExecutorDecision, choose_executor
 from headrace.planner.timeout import TimeoutPolicy
 from headrace.planner.workers import WorkerScaler, rank_cpus
+from headrace.profiler.report import cpu_share
 from headrace.profiler.stats import Profiler
 from headrace.runtime.options import Options
 from headrace.telemetry.stats import EpochStats, QueueSample
@@ -244,12 +245,11 @@ class Monitor:
         return None
 
     def _cpu_share(self) -> float | None:
-        """CPU ÷ wall time of a sample's steps (see ``_profile_steps``; None: unknown)."""
+        """A sample's CPU share on a core of its own (``profiler.report.cpu_share``: a share
+        measured on busy cores would otherwise read low and ask for workers the cores cannot
+        run; see ``_profile_steps``; None: unknown)."""
         steps = self._profile_steps()
-        if steps is None:
-            return None
-        wall = sum(s.wall_mean for s in steps)
-        return sum(s.cpu_mean for s in steps) / wall if wall > 0 else None
+        return cpu_share(steps) if steps is not None else None
 
     def _sample_wall_s(self) -> float | None:
         """A sample's mean wall seconds in a worker (see ``_profile_steps``; None: unknown)."""

@@ -33,6 +33,7 @@ from headrace.cache.client import run_cached
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import Outcome, SampleRunner
 from headrace.profiler import sizes
+from headrace.profiler.runqueue import run_queue_s
 from headrace.runtime.gilprobe import start_probe
 from headrace.runtime.native_threads import limit_in_worker
 from headrace.runtime.ring import Ring, RingWriter
@@ -150,7 +151,7 @@ class TaskRunner:
         self, setup: WorkerSetup, handoff: Any, progress: Any, reseed_globals: bool = True
     ) -> None:
         measure = sizes.measure if setup.profile else None
-        self.measured = SampleRunner(setup.pipeline, measure, reseed_globals)
+        self.measured = SampleRunner(setup.pipeline, measure, reseed_globals, run_queue_s)
         self.plain = SampleRunner(setup.pipeline, None, reseed_globals)
         self.slot = setup.slot
         self.cache = setup.cache
