@@ -50,6 +50,7 @@ def test_a_stored_profile_starts_the_first_epoch_where_the_cores_stay_busy(tmp_p
     assert first_pool_size(store, memory_budget_bytes=1) == cold
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # torch's, for cores + 1
 def test_cpu_bound_samples_start_at_the_cores_however_busy_their_profile_was(tmp_path):
     """A profile measured with more workers than cores has steps that waited for a core;
     that wait is not counted as the samples' own (``profiler/runqueue.py``), so the next job

@@ -98,6 +98,13 @@ def test_littles_law_jumps_to_the_workers_the_consumer_needs():
     assert next_worker_count(2, 0.0, 0.95, big, cores=2, demand=25).new == 2
     # a demand below what the formula adds does not hold the formula back
     assert next_worker_count(4, 0.0, 0.8, big, cores=8, demand=3).new == 6
+    # a known CPU share caps the jump at the workers the cores can run: CPU-bound samples
+    # (0.97) on 2 cores get Formula 2's +1 and no jump to 5; samples that mostly wait (0.1)
+    # still jump, to the 20 the cores can run
+    assert next_worker_count(2, 0.0, 0.3, big, cores=2, demand=5).new == 5
+    assert next_worker_count(2, 0.0, 0.3, big, cores=2, demand=5, cpu_share=0.97).new == 3
+    assert next_worker_count(2, 0.0, 0.3, big, cores=2, demand=25, cpu_share=0.1).new == 20
+    assert next_worker_count(2, 0.0, 0.3, big, cores=2, demand=25, cpu_share=0.05).new == 25
 
 
 def test_scaler_passes_rate_and_wall_to_littles_law():

@@ -20,7 +20,10 @@ speech workloads was 12 workers per core):
   the 24 workers a sleep-heavy workload needs that takes ten decisions, most of a short epoch.
   When the queue is short of half full and the cores are not saturated, the count jumps to the
   workers that keep the consumer fed: λ·W, λ the samples per second the consumer takes when it
-  does not wait, W a sample's mean wall time in a worker, times ``demand_margin``.
+  does not wait, W a sample's mean wall time in a worker, times ``demand_margin``; with a
+  known CPU share, at most the workers the cores can run (:func:`busy_workers`): λ·W counts
+  the wait of CPU-bound samples for a core as work more workers would overlap, and no count
+  of workers overlaps it.
 
 Pure: the runtime measures, this decides.
 """
@@ -221,8 +224,10 @@ def next_worker_count(
     if saturated and step > 0:
         assert cores is not None
         step = max(0, min(step, cores - current))
-    elif demand is not None and queue_fill < 0.5 and demand > current + step:
-        step = demand - current
+    elif demand is not None and queue_fill < 0.5:
+        if cpu_share is not None and cpu_share > 0 and cores is not None:
+            demand = min(demand, busy_workers(cores, cpu_share))  # all the cores can run
+        step = max(step, demand - current)
     new = min(hi, max(lo, current + step))
     return ScaleDecision(current, new, raw, queue_fill, cpu_usage, memory_cap, demand,
                          saturated and new <= current)

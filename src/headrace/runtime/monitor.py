@@ -190,9 +190,18 @@ class Monitor:
             if self.scaler is not None:
                 cap = max(1, sched.spec.max_in_flight // max(1, sched.spec.batcher.batch_size))
                 self.scaler.observe_queue(sched.out.qsize() / cap)
-        if self.scaler is not None and now - self._last_scale >= self.scaler.cfg.interval_s:
-            self._last_scale = now
-            self._autoscale(sched)
+        if self.scaler is not None:
+            if any(not w.ready for w in list(pool.workers.values())
+                   if not w.retiring and not w.external):
+                # A worker still starting: its fork and imports, and the cores idling while it
+                # initialises, say nothing of the load the pool puts on them (imagenet's first
+                # window read as unsaturated and added a third worker on 2 cores). The next
+                # decision's window starts once every worker runs.
+                self._last_scale = now
+                psutil.cpu_percent(None)
+            elif now - self._last_scale >= self.scaler.cfg.interval_s:
+                self._last_scale = now
+                self._autoscale(sched)
         if self.probe_gil and self.executor_decision is None and pool.executor == "processes":
             self._decide_executor(pool)
         for f in self.tick_listeners:
