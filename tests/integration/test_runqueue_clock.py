@@ -44,3 +44,24 @@ def test_the_clock_counts_a_threads_wait_for_a_busy_core():
             p.join(5)
     assert 0.0 < q1 - q0 <= t1 - t0
     assert run_queue_s() >= q1  # monotonic
+
+
+def _child_reads_its_own(out) -> None:
+    from headrace.profiler import runqueue
+
+    run_queue_s()
+    out.put(runqueue._local.f.pid == os.getpid())
+
+
+def test_a_forked_child_reads_its_own_thread_not_its_parents():
+    """The parent's thread opened its file before forking: the child, whose thread-local
+    storage is a copy of that thread's, opens its own instead of reading the parent's."""
+    run_queue_s()
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    p = ctx.Process(target=_child_reads_its_own, args=(out,))
+    p.start()
+    try:
+        assert out.get(timeout=30) is True
+    finally:
+        p.join(10)
