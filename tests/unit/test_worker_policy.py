@@ -102,7 +102,8 @@ def test_littles_law_jumps_to_the_workers_the_consumer_needs():
     # (0.97) on 2 cores get Formula 2's +1 and no jump to 5; samples that mostly wait (0.1)
     # still jump, to the 20 the cores can run
     assert next_worker_count(2, 0.0, 0.3, big, cores=2, demand=5).new == 5
-    assert next_worker_count(2, 0.0, 0.3, big, cores=2, demand=5, cpu_share=0.97).new == 3
+    capped = next_worker_count(2, 0.0, 0.3, big, cores=2, demand=5, cpu_share=0.97)
+    assert capped.new == 3 and capped.demand_workers == 5  # explain() still says what λ·W was
     assert next_worker_count(2, 0.0, 0.3, big, cores=2, demand=25, cpu_share=0.1).new == 20
     assert next_worker_count(2, 0.0, 0.3, big, cores=2, demand=25, cpu_share=0.05).new == 25
 
@@ -151,4 +152,4 @@ def test_busy_workers_rounds_to_the_nearest_count():
     assert workers_mod.busy_workers(2, 0.8) == 3  # 2.5: half up
     assert workers_mod.busy_workers(16, 0.5) == 32
     assert workers_mod.busy_workers(1, 1.0) == 1
-    assert workers_mod.busy_workers(1, 4.0) == 1  # more CPU than wall (threads): one
+    assert workers_mod.busy_workers(1, 3.0) == 1  # never 0

@@ -18,8 +18,9 @@ epoch by epoch, interleaved:
 The slow-lane hand-off is off in all three (``handoff=False``), so the rows differ by step
 order only. Per-worker throughput = samples / epoch wall / workers (Pecan measured 1.4×).
 
-**Profiling overhead.** In-process, per sample: ``SampleRunner(p, measure=sizes.measure)``
-(what ``Options(profile=True)`` runs in workers) vs ``SampleRunner(p)`` (``profile=False``; step
+**Profiling overhead.** In-process, per sample: ``SampleRunner(p, measure=sizes.measure,
+queued=run_queue_s)`` (what ``Options(profile=True)`` runs in workers on measured samples; the
+run-queue clock since 96178c1) vs ``SampleRunner(p)`` (``profile=False``; step
 times are taken either way), on the same samples, alternating which goes first. Also the cost
 of ``sizes.measure`` timed directly, and the main process's ``Profiler.observe`` per sample.
 """
@@ -45,6 +46,7 @@ from headrace.pipeline import Pipeline, step
 from headrace.pipeline.runner import SampleRunner, StepTiming
 from headrace.planner.autoorder import autoorder_from_profile
 from headrace.profiler import sizes
+from headrace.profiler.runqueue import run_queue_s
 from headrace.profiler.stats import Profiler
 from headrace.workloads.images import imagenet_spec, openimages_spec
 from headrace.workloads.jpegs import JpegSource, ensure_jpegs
@@ -197,7 +199,7 @@ class _TimedMeasure:
 
 def run_overhead(name: str, pipe: Pipeline, samples: int, rounds: int) -> dict[str, Any]:
     """Per-sample time with and without ``measure`` on the same samples, interleaved."""
-    on, off = SampleRunner(pipe, measure=sizes.measure), SampleRunner(pipe)
+    on, off = SampleRunner(pipe, measure=sizes.measure, queued=run_queue_s), SampleRunner(pipe)
     indices = list(range(min(samples, len(pipe))))
     t_on: list[float] = []
     t_off: list[float] = []

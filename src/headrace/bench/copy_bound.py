@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=3, help="per loader; the first is discarded")
     args = ap.parse_args(argv)
+    if args.rounds < 1 or args.epochs < 2:
+        ap.error("--rounds must be >= 1 and --epochs >= 2 (the first epoch is discarded)")
     torch.set_num_threads(1)
     workload = get_workload(args.workload, scale=args.scale)
     walls: dict[str, list[float]] = {k: [] for k in LOADERS}

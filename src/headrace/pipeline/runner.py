@@ -28,7 +28,8 @@ class StepTiming(NamedTuple):
     the step's output (−1 when not measured). ``changed``: the output's type/rank signature
     differs from the input's (the planner treats such a step as a barrier). ``queued``: seconds
     of ``wall`` the thread was runnable but waited for a core (``profiler/runqueue.py``; 0 when
-    not measured).
+    not measured, and for the steps of a dataset whose transforms run inside ``load``, which
+    are timed from inside it).
     """
 
     step: int
@@ -145,16 +146,20 @@ class SampleRunner:
                 if after_step is not None:
                     after_step(0, x)
                 continue
+            # the run-queue reads lie inside the wall window: a wait between them and the
+            # step then counts in both, never in ``queued`` alone
+            ws = time.perf_counter()
             qs = queued() if queued is not None else 0.0
-            ws, cs = time.perf_counter(), time.thread_time()
+            cs = time.thread_time()
             try:
                 x = self._calls[i](x, rng)
             except Exception as e:  # noqa: BLE001 - reported with its place
                 return Outcome(None, None, timings, (i, e, traceback.format_exc()), bytes_in)
-            we, ce = time.perf_counter(), time.thread_time()
+            ce = time.thread_time()
+            q = queued() - qs if queued is not None else 0.0
+            we = time.perf_counter()
             spent += we - ws
             if measure is not None:
-                q = queued() - qs if queued is not None else 0.0
                 size, new_sig = measure(x)
                 timings.append(StepTiming(i, we - ws, ce - cs, size, i > 0 and new_sig != sig,
                                           min(max(q, 0.0), we - ws)))

@@ -225,9 +225,10 @@ def next_worker_count(
         assert cores is not None
         step = max(0, min(step, cores - current))
     elif demand is not None and queue_fill < 0.5:
+        runnable = demand  # λ·W, at most what the cores can run when the share is known
         if cpu_share is not None and cpu_share > 0 and cores is not None:
-            demand = min(demand, busy_workers(cores, cpu_share))  # all the cores can run
-        step = max(step, demand - current)
+            runnable = min(demand, busy_workers(cores, cpu_share))
+        step = max(step, runnable - current)
     new = min(hi, max(lo, current + step))
     return ScaleDecision(current, new, raw, queue_fill, cpu_usage, memory_cap, demand,
                          saturated and new <= current)

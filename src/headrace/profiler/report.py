@@ -73,11 +73,12 @@ class StepStats:
 
 def cpu_share(steps: Sequence[StepStats]) -> float | None:
     """CPU ÷ wall time of a sample's ``steps``, the wall less the time they waited for a core
-    (``queued_mean``): the cores a sample keeps busy while it runs, whatever the load it was
-    measured under (above 1 when its steps run threads of their own). ``None`` when no wall
-    time was measured."""
+    (``queued_mean``), at most 1: the share of a core a sample's thread keeps busy while it
+    runs, whatever the load it was measured under. ``cpu_mean`` is the worker thread's own CPU
+    time, so only measurement error (clock reads a few µs apart) can put the ratio above 1.
+    ``None`` when no wall time was measured."""
     wall = sum(s.wall_mean - min(s.queued_mean, s.wall_mean) for s in steps)
-    return sum(s.cpu_mean for s in steps) / wall if wall > 0 else None
+    return min(1.0, sum(s.cpu_mean for s in steps) / wall) if wall > 0 else None
 
 
 @dataclasses.dataclass(frozen=True)

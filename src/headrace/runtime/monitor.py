@@ -72,6 +72,7 @@ class Monitor:
         self.stored_step_p50: dict[str, float] = {}
         """Median step times (s) by step name from a stored profile: known before any sample."""
         self._last_scale = time.perf_counter()
+        self._starting = False  # a worker of the pool was not ready at the last tick
         self._memory_budget: float | None = None
         self._pushed_timeout = float("nan")
         self._warned_reseed = False
@@ -195,10 +196,14 @@ class Monitor:
                    if not w.retiring and not w.external):
                 # A worker still starting: its fork and imports, and the cores idling while it
                 # initialises, say nothing of the load the pool puts on them (imagenet's first
-                # window read as unsaturated and added a third worker on 2 cores). The next
-                # decision's window starts once every worker runs.
+                # window read as unsaturated and added a third worker on 2 cores). No decision
+                # meanwhile; the next one's window starts once every worker runs.
+                self._starting = True
+            elif self._starting:
+                self._starting = False
                 self._last_scale = now
-                psutil.cpu_percent(None)
+                psutil.cpu_percent(None)  # a new CPU window...
+                self.scaler.queue_avg = None  # ...and queue average (empty while they started)
             elif now - self._last_scale >= self.scaler.cfg.interval_s:
                 self._last_scale = now
                 self._autoscale(sched)
