@@ -3,12 +3,14 @@ run a per-sample prefix; the training side runs the rest."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
-import time
+import threading
 from collections import Counter
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -78,26 +80,30 @@ def test_samples_equal_with_and_without_near_storage(storage_node, no_actor_leak
         loader.close()
 
 
-def decode_held_while(flag: str, x):
-    """Decode, simulating a 2 s decode while the file ``flag`` exists (work, not a wait: the
-    storage node is killed while its workers run such samples). A gate the test releases
-    after the kill was tried instead, and the workers often held nothing
-    before the kill (lost == 0 in 2 of 5 runs, cause not found yet)."""
-    if os.path.exists(flag):
-        time.sleep(2.0)
+def decode_gated(gate: str, held: str, x):
+    """Decode, first waiting for the gate while the file ``gate`` exists: the test holds an
+    exclusive ``flock`` on it until its storage node is dead. Each process that waits leaves
+    a file named by its pid in the folder ``held``, so the test knows who holds a sample."""
+    if os.path.exists(gate):
+        with open(os.path.join(held, str(os.getpid())), "w"), open(gate) as g:
+            fcntl.flock(g, fcntl.LOCK_SH)  # blocks while the test holds LOCK_EX
     return si.decode(x)
 
 
 def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leaks, tmp_path):
-    # A kill right after a storage worker was seen holding a sample often found it idle again:
-    # with nobody consuming, the in-flight bound fills, the workers finish what they hold and
-    # get nothing new. So samples started from here on are held for 2 s, one more batch is
-    # taken (room for new samples), and the node dies while a storage worker holds one.
+    # With nobody consuming, the in-flight bound fills and the storage workers finish what
+    # they hold and idle, so a kill "while they work" often found them idle. Here samples
+    # started from the gate on wait for it; one more batch is asked for in a thread (room for
+    # new samples; the training side's own decodes wait too), the node dies once one of its
+    # processes (not the training process or its local worker) holds a sample, and the gate
+    # opens when those processes are gone.
     n = 80
-    flag = tmp_path / "hold"
+    gate, held = tmp_path / "gate", tmp_path / "held"
+    held.mkdir()
     imgs = si.openimages_like(n, scale=SCALE, seed=3)
     pipe = hr.Pipeline(imgs, [
-        hr.step(functools.partial(decode_held_while, str(flag)), name="decode", kind="decode"),
+        hr.step(functools.partial(decode_gated, str(gate), str(held)), name="decode",
+                kind="decode"),
         hr.step(si.crop_to(imgs.crop), name="crop", random=True)])
     loader = hr.DataLoader(pipe, batch_size=4, shuffle=True, num_workers=1,
                            collate_fn=ident_collate,
@@ -107,18 +113,33 @@ def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leak
     seen: Counter[int] = Counter()
     for _ in range(3):
         seen.update(s["i"] for s in next(it))
-    flag.touch()
-    seen.update(s["i"] for s in next(it))
     pool = it.pool
-    wait_until(lambda: any(w.fetches and w.assigned for w in list(pool.workers.values())))
+    ours = {os.getpid()} | {w.process.pid for w in list(pool.workers.values())
+                            if not w.external and w.process.pid is not None}
+    lock = open(gate, "w")  # noqa: SIM115 - released after the kill, in the finally below
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    taken: list[list] = []
+    fetch = functools.partial(next, it)
+    one_more = threading.Thread(target=lambda: taken.append(fetch()), daemon=True)
+    one_more.start()
     victim = storage_node.storage_node
     try:
+        wait_until(lambda: any(int(f) not in ours for f in os.listdir(held)))
+        holders = [int(f) for f in os.listdir(held) if int(f) not in ours]
         storage_node.remove_node(victim, allow_graceful=False)  # SIGKILL raylet and workers
-        flag.unlink()
+        # Its workers exit once they see their raylet gone, not at once: opened before, the
+        # gate let them finish and answer their caller directly (lost == 0 in 2 of 5 runs)
+        wait_until(lambda: not any(psutil.pid_exists(p) for p in holders))
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        os.unlink(gate)
+        one_more.join(60)
+        assert not one_more.is_alive() and len(taken) == 1
+        seen.update(s["i"] for s in taken[0])
         seen.update(s["i"] for b in it for s in b)
         assert seen == Counter(range(n))  # every sample exactly once
         assert loader.remote.lost >= 1  # the node died holding samples, re-run locally
     finally:
+        lock.close()
         storage_node.storage_node = add_storage_node(storage_node)
     del it
     loader.close()
