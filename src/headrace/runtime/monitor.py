@@ -258,16 +258,16 @@ class Monitor:
             return self.stored_profile.steps
         return None
 
-    def _cpu_share(self) -> float | None:
+    def _cpu_share(self, steps: Any = None) -> float | None:
         """A sample's CPU share on a core of its own (``profiler.report.cpu_share``: a share
         measured on busy cores would otherwise read low and ask for workers the cores cannot
-        run; see ``_profile_steps``; None: unknown)."""
-        steps = self._profile_steps()
+        run) of ``steps`` (default: ``_profile_steps``; None: unknown)."""
+        steps = self._profile_steps() if steps is None else steps
         return cpu_share(steps) if steps is not None else None
 
-    def _sample_wall_s(self) -> float | None:
-        """A sample's mean wall seconds in a worker (see ``_profile_steps``; None: unknown)."""
-        steps = self._profile_steps()
+    @staticmethod
+    def _sample_wall_s(steps: Any) -> float | None:
+        """A sample's mean wall seconds in a worker from ``steps`` (None: unknown)."""
         return (sum(s.wall_mean for s in steps) or None) if steps is not None else None
 
     def _consumer_rate(self) -> float | None:
@@ -305,9 +305,10 @@ class Monitor:
             except (psutil.Error, ValueError):
                 pass
         per_worker = sum(rss) / len(rss) if rss else None
+        steps = self._profile_steps()  # one report for both numbers
         d = self.scaler.decide(len(live), psutil.cpu_percent(None) / 100.0, per_worker,
-                               self.memory_budget(), self._cpu_share(), rank_cpus(),
-                               self._consumer_rate(), self._sample_wall_s(),
+                               self.memory_budget(), self._cpu_share(steps), rank_cpus(),
+                               self._consumer_rate(), self._sample_wall_s(steps),
                                draining=sched.lanes.exhausted and not sched.lanes.fresh)
         if d.new > d.current:
             for _ in range(min(d.new - d.current, pool.max_slots - len(pool.workers))):
