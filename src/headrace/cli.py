@@ -170,20 +170,25 @@ def _add_profile_and_plan(sub: argparse._SubParsersAction) -> None:
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
-        help="train a ResNet (imagenet) and a 3D U-Net (imseg) with torch's DataLoader and "
-        "headrace: epoch time, loss curve, GPU utilization",
+        help="train a ResNet (imagenet), a 3D U-Net (imseg) or an LSTM encoder (speech) with "
+        "torch's DataLoader and headrace: epoch time, loss curve, GPU utilization",
         description="A real training run per workload and loader, same samples and model "
         "initialisation; on CUDA with nvidia-ml-py (headrace[gpu]) GPU utilization is "
         "sampled. Without CUDA it runs tiny models on the CPU.",
     )
     p.add_argument("workloads", nargs="*", metavar="WORKLOAD",
-                   help="imagenet and/or imseg (default: both)")
+                   help="imagenet, imseg, speech-3s, speech-10s (default: all)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--scale", type=float, default=1.0, help="factor on samples per epoch")
     p.add_argument("--samples", type=int, default=None, help="exact samples per epoch")
     p.add_argument("--workers", type=int, default=None, help="worker budget of both loaders")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if present)")
     p.add_argument("--width", type=int, default=None, help="model width (default by device)")
+    p.add_argument("--depth", type=int, default=None,
+                   help="speech's LSTM layers (default: 5 on CUDA); more layers, a longer step")
+    p.add_argument("--blas-threads", type=int, default=1,
+                   help="OpenBLAS threads of the training process and torch's forked workers "
+                   "(default 1, as headrace bench; 0: unchanged, a pool per core per worker)")
     p.add_argument("--no-amp", action="store_true", help="fp32 on CUDA (default: bf16 autocast)")
     p.add_argument("--interval", type=float, default=0.1, help="utilization sampling period, s")
     p.add_argument("--out", default="train-out", metavar="DIR")
@@ -197,7 +202,8 @@ def _run_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(
         workloads=tuple(args.workloads) or TRAIN_WORKLOADS, scale=args.scale,
         samples=args.samples, epochs=args.epochs, workers=args.workers, device=args.device,
-        width=args.width, amp=not args.no_amp, interval_s=args.interval, out_dir=args.out,
+        width=args.width, depth=args.depth, amp=not args.no_amp, interval_s=args.interval,
+        blas_threads=args.blas_threads, out_dir=args.out,
         cache_dir=args.cache_dir,
     )
     run_train(cfg, log=_log)

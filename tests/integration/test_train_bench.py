@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from headrace.bench.gpu_util import UtilizationSampler, mean_between, nvml_available
-from headrace.bench.models import ResNet, UNet3D
-from headrace.bench.train import TrainConfig, run_train
+from headrace.bench.models import ResNet, SpeechLSTM, UNet3D
+from headrace.bench.train import TrainConfig, run_train, speech_label
 from headrace.cli import main
 
 pytestmark = pytest.mark.integration
@@ -16,6 +16,14 @@ pytestmark = pytest.mark.integration
 def test_models_shapes():
     assert ResNet(10, width=4, blocks=1)(torch.zeros(2, 3, 224, 224)).shape == (2, 10)
     assert UNet3D(3, width=4, depth=2)(torch.zeros(2, 1, 40, 40, 40)).shape == (2, 3, 40, 40, 40)
+    assert SpeechLSTM(4, width=8, layers=1)(torch.zeros(2, 100, 240)).shape == (2, 4)
+
+
+def test_speech_label_is_the_duration_quarter():
+    # 16 kHz: 1.0 s and 1.49 s are in the first quarter of [1, 3] s, 2.0 s starts the third,
+    # 3.0 s (the longest utterance) is in the last
+    lengths = torch.tensor([16_000, 23_840, 24_000, 32_000, 47_999, 48_000])
+    assert speech_label(lengths).tolist() == [0, 0, 1, 2, 3, 3]
 
 
 def test_mean_between_and_sampler_refusal():
@@ -28,23 +36,27 @@ def test_mean_between_and_sampler_refusal():
 
 
 def test_tiny_training_run_on_cpu(tmp_path, no_leaks):
-    cfg = TrainConfig(workloads=("imseg", "imagenet"), samples=6, epochs=2, workers=1,
-                      device="cpu", out_dir=str(tmp_path / "out"), cache_dir=str(tmp_path))
+    cfg = TrainConfig(workloads=("imseg", "imagenet", "speech-3s"), samples=6, epochs=2,
+                      workers=1, device="cpu", out_dir=str(tmp_path / "out"),
+                      cache_dir=str(tmp_path))
     runs = run_train(cfg, log=lambda _m: None)
     assert [(r.workload, r.loader) for r in runs] == [
-        ("imseg", "torch"), ("imseg", "headrace"), ("imagenet", "torch"), ("imagenet", "headrace")]
+        ("imseg", "torch"), ("imseg", "headrace"), ("imagenet", "torch"), ("imagenet", "headrace"),
+        ("speech-3s", "torch"), ("speech-3s", "headrace")]
+    batches = {"imseg": 3, "imagenet": 64, "speech-3s": 24}
     for r in runs:
         assert r.samples == [6, 6]  # every sample of the epoch trained on, each epoch
-        batch = 3 if r.workload == "imseg" else 64
-        assert [len(x) for x in r.losses] == [-(-6 // batch)] * 2
+        assert [len(x) for x in r.losses] == [-(-6 // batches[r.workload])] * 2
         assert all(v == v and v > 0 for x in r.losses for v in x)  # finite, positive losses
         assert r.utilization == [] and r.mean_utilization == [None, None]  # no NVML on the CPU
         assert len(r.epoch_s) == 2 and all(s > 0 for s in r.epoch_s)
+        assert r.step_s > 0
     doc = json.loads((tmp_path / "out" / "train.json").read_text())
-    assert doc["device"] == "cpu" and len(doc["runs"]) == 4
-    assert "| imseg | headrace |" in (tmp_path / "out" / "train.md").read_text()
+    assert doc["device"] == "cpu" and len(doc["runs"]) == 6
+    table = (tmp_path / "out" / "train.md").read_text()
+    assert "| imseg | headrace |" in table and "| speech-3s | torch |" in table
 
 
 def test_cli_train_rejects_unknown_workload(tmp_path):
     with pytest.raises(ValueError, match="no model"):
-        main(["train", "speech-3s", "--device", "cpu", "--out", str(tmp_path)])
+        main(["train", "objdet", "--device", "cpu", "--out", str(tmp_path)])

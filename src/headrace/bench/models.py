@@ -1,9 +1,10 @@
 """Small models for the training benchmark (``headrace train``), in plain torch.
 
-torchvision is not a dependency, so the two networks the papers train on these workloads are
-written here, scaled down: a ResNet for the imagenet workload (224 × 224 RGB, 10 classes) and
-a 3D U-Net for imseg (40³ patches, 3 classes: background, kidney, tumor). Sizes are set by
-``width`` so the same code makes a CPU-sized model for the smoke test and a GPU-sized one.
+torchvision is not a dependency, so the networks the papers train on these workloads are
+written here, scaled down: a ResNet for the imagenet workload (224 × 224 RGB, 10 classes), a
+3D U-Net for imseg (40³ patches, 3 classes: background, kidney, tumor) and an LSTM encoder for
+speech (RNN-T's encoder without its prediction and joint networks). Sizes are set by ``width``
+so the same code makes a CPU-sized model for the smoke test and a GPU-sized one.
 """
 
 from __future__ import annotations
@@ -95,3 +96,24 @@ class UNet3D(nn.Module):
         for up, merge in zip(self.up, self.merge, strict=True):
             x = merge(torch.cat([up(x), skips.pop()], dim=1))
         return self.head(x)
+
+
+class SpeechLSTM(nn.Module):
+    """RNN-T's encoder shape (a stack of LSTMs over spliced filterbank frames) with a classifier.
+
+    Input ``(batch, frames, features)``: the speech workload's ``(100, 240)``. A linear
+    projection to ``width``, ``layers`` LSTM layers of ``width`` units (MLPerf's RNN-T: 5 of
+    1024), the mean over frames, a linear head to ``classes``. The LSTM runs its frames one
+    after the other, so a step's time grows with frames × layers as in the real model.
+    """
+
+    def __init__(self, classes: int, width: int = 1024, layers: int = 5,
+                 features: int = 240) -> None:
+        super().__init__()
+        self.proj = nn.Linear(features, width)
+        self.lstm = nn.LSTM(width, width, layers, batch_first=True)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.lstm(self.proj(x))
+        return self.head(y.mean(dim=1))

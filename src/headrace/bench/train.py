@@ -1,15 +1,22 @@
 """``headrace train``: a real training run, torch's DataLoader vs headrace, with GPU utilization.
 
 The simulated accelerator of ``headrace bench`` sleeps a fixed time per batch; here a model
-trains: a ResNet on the imagenet workload, a 3D U-Net on imseg (``bench/models.py``). For each
-workload and loader, the same model initialisation, the same sampler order (hence the same
-samples each epoch), the same worker budget; per epoch it records the wall time (until the
-device finished the last step), the time ``next()`` blocked, the loss of every step and, on a
-CUDA device with ``nvidia-ml-py``, the GPU utilization over time (``bench/gpu_util.py``).
+trains: a ResNet on the imagenet workload, a 3D U-Net on imseg, an LSTM encoder on speech
+(``bench/models.py``; speech's target is the utterance's duration class, see
+:func:`speech_label`). For each workload and loader, the same model initialisation, the same
+sampler order (hence the same samples each epoch), the same worker budget; per epoch it records
+the wall time (until the device finished the last step), the time ``next()`` blocked, the loss
+of every step and, on a CUDA device with ``nvidia-ml-py``, the GPU utilization over time
+(``bench/gpu_util.py``). Before the loaders run, it times the model's training step on a batch
+already on the device (:func:`model_step_s`): the accelerator's own time per batch, which
+bounds the utilization a loader can reach.
 
 Both loaders use the last mile as a user would: torch's with ``pin_memory=True`` and
 ``batch.to(device, non_blocking=True)``; headrace with ``pin_memory=True`` and
 ``Options(device=...)`` (batches assembled in pinned memory, copied ahead on a side stream).
+The fixed order is passed as a list sampler (so both see the same samples); headrace gets
+``in_order=False``, what it chooses by itself for ``shuffle=True`` (it keeps a custom
+sampler's order unless told otherwise).
 On the CPU (no CUDA) it runs the same code with tiny models and no utilization: the CI smoke
 test. Losses stay on the device until an epoch ends, so logging never synchronizes a step.
 Timings are only meaningful on a quiet machine; tests never assert them.
@@ -31,12 +38,18 @@ from torch import nn
 from torch.nn import functional as F
 
 from headrace.bench.gpu_util import UtilizationSampler, mean_between, nvml_available
-from headrace.bench.models import ResNet, UNet3D
+from headrace.bench.models import ResNet, SpeechLSTM, UNet3D
 from headrace.bench.runner import machine_info, sampler_order
+from headrace.runtime.native_threads import blas_limited
 from headrace.workloads import Workload, get_workload
+from headrace.workloads.speech import SAMPLE_RATE
 
-TRAIN_WORKLOADS = ("imagenet", "imseg")
-"""Workloads with a model here: imagenet (ResNet, 10 classes), imseg (3D U-Net, 3 classes)."""
+TRAIN_WORKLOADS = ("imagenet", "imseg", "speech-3s", "speech-10s")
+"""Workloads with a model here: imagenet (ResNet, 10 classes), imseg (3D U-Net, 3 classes),
+speech (LSTM encoder, :data:`SPEECH_CLASSES` duration classes)."""
+
+SPEECH_CLASSES = 4
+"""Duration classes of the speech target: quarters of the utterances' 1-3 s range."""
 
 LOADERS = ("torch", "headrace")
 
@@ -53,6 +66,12 @@ class TrainConfig:
         workers: worker budget for both loaders (``None``: the workload's).
         device: ``"cuda"``, ``"cuda:N"`` or ``"cpu"`` (``None``: CUDA when present).
         width: model width (``None``: GPU-sized when training on CUDA, tiny on the CPU).
+        depth: speech's LSTM layers (``None``: RNN-T's 5 on CUDA, 1 on the CPU); a deeper
+            stack makes a longer step (the layers run one after the other).
+        blas_threads: OpenBLAS threads in the training process while each run goes on,
+            inherited by torch's forked workers, as ``headrace bench`` does (headrace's workers
+            set one themselves, ``Options.worker_blas_threads``); 0 leaves the count alone,
+            one pool per core in every torch worker, which is what torch users get by default.
         amp: bfloat16 autocast on CUDA.
         seed: dataset, sampler order and model initialisation seed.
         interval_s: GPU utilization sampling period, seconds.
@@ -68,9 +87,11 @@ class TrainConfig:
     workers: int | None = None
     device: str | None = None
     width: int | None = None
+    depth: int | None = None
     amp: bool = True
     seed: int = 0
     interval_s: float = 0.1
+    blas_threads: int = 1
     loaders: tuple[str, ...] = LOADERS
     out_dir: str = "train-out"
     cache_dir: str | None = None
@@ -103,6 +124,8 @@ class TrainRun:
         utilization: ``(seconds since the run started, GPU utilization %)``; empty without NVML.
         epoch_bounds: per epoch, ``(start, end)`` in the same seconds as ``utilization``.
         mean_utilization: per epoch, mean GPU utilization (%), ``None`` without NVML.
+        step_s: the model's training step on a batch already on the device, seconds (median
+            of :func:`model_step_s`'s timed steps; the same for both loaders of a workload).
     """
 
     workload: str
@@ -114,20 +137,73 @@ class TrainRun:
     utilization: list[tuple[float, int]]
     epoch_bounds: list[tuple[float, float]]
     mean_utilization: list[float | None]
+    step_s: float
 
 
-def make_model(workload: str, width: int | None, on_gpu: bool) -> nn.Module:
-    """The model for ``workload``; ``width`` ``None``: GPU-sized on a GPU, tiny on the CPU."""
+def make_model(workload: str, width: int | None, on_gpu: bool,
+               depth: int | None = None) -> nn.Module:
+    """The model for ``workload``; ``width`` (and speech's ``depth``) ``None``: GPU-sized on a
+    GPU, tiny on the CPU."""
     if workload == "imagenet":
         return ResNet(10, width or (32 if on_gpu else 4), blocks=2 if on_gpu else 1)
-    return UNet3D(3, width or (16 if on_gpu else 4), depth=3 if on_gpu else 2)
+    if workload == "imseg":
+        return UNet3D(3, width or (16 if on_gpu else 4), depth=3 if on_gpu else 2)
+    return SpeechLSTM(SPEECH_CLASSES, width or (1024 if on_gpu else 8),
+                      layers=depth or (5 if on_gpu else 1))
+
+
+def speech_label(length: torch.Tensor) -> torch.Tensor:
+    """An utterance's duration class from its unpadded length in audio samples: which quarter
+    of the workload's 1-3 s range it falls in (0-3). The features show it (the padding is
+    silent), so the loss falls as the model learns; the dataset itself carries no label."""
+    quarter = (length.float() / SAMPLE_RATE - 1.0) * (SPEECH_CLASSES / 2.0)
+    return quarter.long().clamp(0, SPEECH_CLASSES - 1)
 
 
 def _inputs(workload: str, batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = batch["image"], batch["label"]
-    x = torch.as_tensor(x).to(device, non_blocking=True)  # no-op for headrace's device batches
-    y = torch.as_tensor(y).to(device, non_blocking=True).long()
+    """``(input, target)`` on ``device``; ``.to`` is a no-op for headrace's device batches."""
+    if workload.startswith("speech"):
+        x = torch.as_tensor(batch["features"]).to(device, non_blocking=True)
+        return x, speech_label(torch.as_tensor(batch["length"]).to(device, non_blocking=True))
+    x = torch.as_tensor(batch["image"]).to(device, non_blocking=True)
+    y = torch.as_tensor(batch["label"]).to(device, non_blocking=True).long()
     return x, (y if workload == "imagenet" else y.squeeze(1))
+
+
+def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                amp: bool) -> torch.Tensor:
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
+        loss = F.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.detach().float()
+
+
+def model_step_s(wl: Workload, cfg: TrainConfig, order: list[int], steps: int = 10) -> float:
+    """Median seconds of one training step of a fresh model on one batch already on the device.
+
+    The batch is the epoch's first (``order[:batch_size]``, collated as torch does); 3 warm-up
+    steps (cuDNN autotuning, allocator) are not timed; each timed step ends when the device
+    finished it. This is the accelerator's time per batch with no loader in the way: a loader
+    that delivers a batch every ``step_s`` keeps the device busy.
+    """
+    device = cfg.resolved_device()
+    on_gpu = device.type == "cuda"
+    torch.manual_seed(cfg.seed)
+    model = make_model(wl.name, cfg.width, on_gpu, cfg.depth).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    batch = tud.default_collate([wl.pipeline[i] for i in order[: wl.batch_size]])
+    x, y = _inputs(wl.name, batch, device)
+    times = []
+    for k in range(3 + steps):
+        t0 = time.perf_counter()
+        _train_step(model, opt, x, y, on_gpu and cfg.amp)
+        if on_gpu:
+            torch.cuda.synchronize(device)
+        if k >= 3:
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
 
 
 def _make_loader(kind: str, wl: Workload, order: list[int], workers: int, device: torch.device,
@@ -142,16 +218,17 @@ def _make_loader(kind: str, wl: Workload, order: list[int], workers: int, device
 
     opts = Options(seed=seed, profile_store=False,
                    device=device if device.type == "cuda" else None)
-    return DataLoader(wl.pipeline, options=opts, **common)
+    return DataLoader(wl.pipeline, options=opts, in_order=False, **common)
 
 
-def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int],
+def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int], step_s: float,
               log: Callable[[str], None] = lambda _m: None) -> TrainRun:
-    """Train a fresh model on ``wl`` for ``cfg.epochs`` epochs with loader ``kind``."""
+    """Train a fresh model on ``wl`` for ``cfg.epochs`` epochs with loader ``kind``
+    (``step_s``: :func:`model_step_s` of this workload, recorded with the run)."""
     device = cfg.resolved_device()
     on_gpu = device.type == "cuda"
     torch.manual_seed(cfg.seed)
-    model = make_model(wl.name, cfg.width, on_gpu).to(device)
+    model = make_model(wl.name, cfg.width, on_gpu, cfg.depth).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     workers = cfg.workers if cfg.workers is not None else wl.num_workers
     loader = _make_loader(kind, wl, order, workers, device, cfg.seed)
@@ -174,12 +251,7 @@ def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int],
                     break
                 stall += time.perf_counter() - a
                 x, y = _inputs(wl.name, batch, device)
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu and cfg.amp):
-                    loss = F.cross_entropy(model(x), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                losses.append(loss.detach().float())
+                losses.append(_train_step(model, opt, x, y, on_gpu and cfg.amp))
                 n += len(y)
             if on_gpu:
                 torch.cuda.synchronize(device)
@@ -201,7 +273,7 @@ def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int],
     util = [(t + shift, u) for t, u in util]
     means: list[float | None] = [mean_between(util, a, b) for a, b in runs["bounds"]]
     return TrainRun(wl.name, kind, runs["epoch_s"], runs["stall_s"], runs["losses"],
-                    runs["samples"], util, runs["bounds"], means)
+                    runs["samples"], util, runs["bounds"], means, step_s)
 
 
 def run_train(cfg: TrainConfig, log: Callable[[str], None] = print) -> list[TrainRun]:
@@ -216,8 +288,12 @@ def run_train(cfg: TrainConfig, log: Callable[[str], None] = print) -> list[Trai
         wl = get_workload(name, scale=cfg.scale, seed=cfg.seed, cache_dir=cfg.cache_dir,
                           num_samples=cfg.samples)
         order = sampler_order(len(wl), cfg.seed)
+        step_s = model_step_s(wl, cfg, order)
+        log(f"  {name}: model step {step_s * 1e3:.1f} ms per batch of {wl.batch_size} "
+            f"on a batch already on {device}")
         for kind in cfg.loaders:
-            runs.append(train_one(wl, kind, cfg, order, log))
+            with blas_limited(cfg.blas_threads):
+                runs.append(train_one(wl, kind, cfg, order, step_s, log))
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -236,15 +312,19 @@ def run_train(cfg: TrainConfig, log: Callable[[str], None] = print) -> list[Trai
 
 def markdown(runs: list[TrainRun], doc: dict[str, Any]) -> str:
     """A table: per workload and loader, epoch times, stall, GPU utilization, final loss."""
+    c = doc["config"]
     lines = [f"device: {doc['device']} ({doc['gpu'] or 'no GPU'}), revision "
-             f"{doc['machine'].get('headrace_revision')}", "",
-             "| workload | loader | epoch s (each) | stall s (each) | GPU util % (each) "
-             "| last-epoch mean loss |", "|---|---|---|---|---|---|"]
+             f"{doc['machine'].get('headrace_revision')}; {c['epochs']} epochs, workers "
+             f"{c['workers'] or 'the workload default'}, width {c['width'] or 'default'}, depth "
+             f"{c['depth'] or 'default'}, BLAS threads {c['blas_threads'] or 'unchanged'}", "",
+             "| workload | loader | model step ms | epoch s (each) | stall s (each) "
+             "| GPU util % (each) | last-epoch mean loss |", "|---|---|---|---|---|---|---|"]
     for r in runs:
         util = ", ".join("–" if u is None else f"{u:.0f}" for u in r.mean_utilization)
         last = r.losses[-1]
         lines.append(
-            f"| {r.workload} | {r.loader} | {', '.join(f'{s:.2f}' for s in r.epoch_s)} "
+            f"| {r.workload} | {r.loader} | {r.step_s * 1e3:.1f} "
+            f"| {', '.join(f'{s:.2f}' for s in r.epoch_s)} "
             f"| {', '.join(f'{s:.2f}' for s in r.stall_s)} | {util} "
             f"| {sum(last) / len(last) if last else float('nan'):.3f} |")
     return "\n".join(lines) + "\n"
