@@ -50,7 +50,7 @@ def test_tiny_training_run_on_cpu(tmp_path, no_leaks):
         assert all(v == v and v > 0 for x in r.losses for v in x)  # finite, positive losses
         assert r.utilization == [] and r.mean_utilization == [None, None]  # no NVML on the CPU
         assert len(r.epoch_s) == 2 and all(s > 0 for s in r.epoch_s)
-        assert r.step_s > 0
+        assert r.model.step_s > 0 and r.model.utilization is None
     doc = json.loads((tmp_path / "out" / "train.json").read_text())
     assert doc["device"] == "cpu" and len(doc["runs"]) == 6
     table = (tmp_path / "out" / "train.md").read_text()

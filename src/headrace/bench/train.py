@@ -8,8 +8,8 @@ sampler order (hence the same samples each epoch), the same worker budget; per e
 the wall time (until the device finished the last step), the time ``next()`` blocked, the loss
 of every step and, on a CUDA device with ``nvidia-ml-py``, the GPU utilization over time
 (``bench/gpu_util.py``). Before the loaders run, it times the model's training step on a batch
-already on the device (:func:`model_step_s`): the accelerator's own time per batch, which
-bounds the utilization a loader can reach.
+already on the device (:func:`measure_model_step`): the accelerator's own time per batch,
+and its utilization with no loader in the way, the ceiling a loader can reach.
 
 Both loaders use the last mile as a user would: torch's with ``pin_memory=True`` and
 ``batch.to(device, non_blocking=True)``; headrace with ``pin_memory=True`` and
@@ -124,8 +124,8 @@ class TrainRun:
         utilization: ``(seconds since the run started, GPU utilization %)``; empty without NVML.
         epoch_bounds: per epoch, ``(start, end)`` in the same seconds as ``utilization``.
         mean_utilization: per epoch, mean GPU utilization (%), ``None`` without NVML.
-        step_s: the model's training step on a batch already on the device, seconds (median
-            of :func:`model_step_s`'s timed steps; the same for both loaders of a workload).
+        model: the model alone on this workload (:func:`measure_model_step`; the same for both
+            loaders): its step time and the utilization ceiling.
     """
 
     workload: str
@@ -137,7 +137,7 @@ class TrainRun:
     utilization: list[tuple[float, int]]
     epoch_bounds: list[tuple[float, float]]
     mean_utilization: list[float | None]
-    step_s: float
+    model: ModelStep
 
 
 def make_model(workload: str, width: int | None, on_gpu: bool,
@@ -180,16 +180,31 @@ def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
     return loss.detach().float()
 
 
-def model_step_s(wl: Workload, cfg: TrainConfig, order: list[int], steps: int = 10) -> float:
-    """Median seconds of one training step of a fresh model on one batch already on the device.
+@dataclasses.dataclass(frozen=True)
+class ModelStep:
+    """The model alone, on a batch already on the device (no loader in the way).
 
-    The batch is the epoch's first (``order[:batch_size]``, collated as torch does); 3 warm-up
-    steps (cuDNN autotuning, allocator) are not timed; each timed step ends when the device
-    finished it. This is the accelerator's time per batch with no loader in the way: a loader
-    that delivers a batch every ``step_s`` keeps the device busy.
+    Attributes:
+        step_s: median seconds of one training step (each timed step ends when the device
+            finished it): a loader that delivers a batch every ``step_s`` keeps up.
+        utilization: mean GPU utilization (%) while steps ran back to back: the most any loader can reach with this model (kernel launches and
+            the optimizer's small kernels leave gaps); ``None`` without NVML.
     """
+
+    step_s: float
+    utilization: float | None
+
+
+def measure_model_step(wl: Workload, cfg: TrainConfig, order: list[int], steps: int = 10,
+                       ceiling_s: float = 3.0) -> ModelStep:
+    """Time a fresh model's training step on the epoch's first batch (``order[:batch_size]``,
+    collated as torch does) and, with NVML, its utilization over ``ceiling_s`` seconds of
+    steps back to back (leaving out the first 0.5 s, which NVML's sample period, up to 1 s,
+    may mix with the idle time before). 3 warm-up steps (cuDNN autotuning, allocator) are not
+    measured."""
     device = cfg.resolved_device()
     on_gpu = device.type == "cuda"
+    amp = on_gpu and cfg.amp
     torch.manual_seed(cfg.seed)
     model = make_model(wl.name, cfg.width, on_gpu, cfg.depth).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
@@ -198,12 +213,21 @@ def model_step_s(wl: Workload, cfg: TrainConfig, order: list[int], steps: int = 
     times = []
     for k in range(3 + steps):
         t0 = time.perf_counter()
-        _train_step(model, opt, x, y, on_gpu and cfg.amp)
+        _train_step(model, opt, x, y, amp)
         if on_gpu:
             torch.cuda.synchronize(device)
         if k >= 3:
             times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    step_s = sorted(times)[len(times) // 2]
+    if not (on_gpu and nvml_available()):
+        return ModelStep(step_s, None)
+    with UtilizationSampler(device, cfg.interval_s) as sampler:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < ceiling_s:
+            for _ in range(max(1, int(0.1 / step_s))):  # queue ~0.1 s of steps, as training does
+                _train_step(model, opt, x, y, amp)
+            torch.cuda.synchronize(device)
+    return ModelStep(step_s, mean_between(sampler.samples, 0.5, float("inf")))
 
 
 def _make_loader(kind: str, wl: Workload, order: list[int], workers: int, device: torch.device,
@@ -221,10 +245,10 @@ def _make_loader(kind: str, wl: Workload, order: list[int], workers: int, device
     return DataLoader(wl.pipeline, options=opts, in_order=False, **common)
 
 
-def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int], step_s: float,
+def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int], alone: ModelStep,
               log: Callable[[str], None] = lambda _m: None) -> TrainRun:
     """Train a fresh model on ``wl`` for ``cfg.epochs`` epochs with loader ``kind``
-    (``step_s``: :func:`model_step_s` of this workload, recorded with the run)."""
+    (``alone``: :func:`measure_model_step` of this workload, recorded with the run)."""
     device = cfg.resolved_device()
     on_gpu = device.type == "cuda"
     torch.manual_seed(cfg.seed)
@@ -273,7 +297,7 @@ def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int], step_
     util = [(t + shift, u) for t, u in util]
     means: list[float | None] = [mean_between(util, a, b) for a, b in runs["bounds"]]
     return TrainRun(wl.name, kind, runs["epoch_s"], runs["stall_s"], runs["losses"],
-                    runs["samples"], util, runs["bounds"], means, step_s)
+                    runs["samples"], util, runs["bounds"], means, alone)
 
 
 def run_train(cfg: TrainConfig, log: Callable[[str], None] = print) -> list[TrainRun]:
@@ -288,12 +312,13 @@ def run_train(cfg: TrainConfig, log: Callable[[str], None] = print) -> list[Trai
         wl = get_workload(name, scale=cfg.scale, seed=cfg.seed, cache_dir=cfg.cache_dir,
                           num_samples=cfg.samples)
         order = sampler_order(len(wl), cfg.seed)
-        step_s = model_step_s(wl, cfg, order)
-        log(f"  {name}: model step {step_s * 1e3:.1f} ms per batch of {wl.batch_size} "
-            f"on a batch already on {device}")
+        alone = measure_model_step(wl, cfg, order)
+        ceiling = "" if alone.utilization is None else f", GPU util {alone.utilization:.0f}%"
+        log(f"  {name}: model alone {alone.step_s * 1e3:.1f} ms per batch of {wl.batch_size}"
+            f"{ceiling} (a batch already on {device})")
         for kind in cfg.loaders:
             with blas_limited(cfg.blas_threads):
-                runs.append(train_one(wl, kind, cfg, order, step_s, log))
+                runs.append(train_one(wl, kind, cfg, order, alone, log))
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -317,13 +342,15 @@ def markdown(runs: list[TrainRun], doc: dict[str, Any]) -> str:
              f"{doc['machine'].get('headrace_revision')}; {c['epochs']} epochs, workers "
              f"{c['workers'] or 'the workload default'}, width {c['width'] or 'default'}, depth "
              f"{c['depth'] or 'default'}, BLAS threads {c['blas_threads'] or 'unchanged'}", "",
-             "| workload | loader | model step ms | epoch s (each) | stall s (each) "
-             "| GPU util % (each) | last-epoch mean loss |", "|---|---|---|---|---|---|---|"]
+             "| workload | loader | model alone: step ms, GPU util % | epoch s (each) "
+             "| stall s (each) | GPU util % (each) | last-epoch mean loss |",
+             "|---|---|---|---|---|---|---|"]
     for r in runs:
         util = ", ".join("–" if u is None else f"{u:.0f}" for u in r.mean_utilization)
+        ceiling = "–" if r.model.utilization is None else f"{r.model.utilization:.0f}"
         last = r.losses[-1]
         lines.append(
-            f"| {r.workload} | {r.loader} | {r.step_s * 1e3:.1f} "
+            f"| {r.workload} | {r.loader} | {r.model.step_s * 1e3:.1f}, {ceiling} "
             f"| {', '.join(f'{s:.2f}' for s in r.epoch_s)} "
             f"| {', '.join(f'{s:.2f}' for s in r.stall_s)} | {util} "
             f"| {sum(last) / len(last) if last else float('nan'):.3f} |")
