@@ -191,6 +191,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    "(default 1, as headrace bench; 0: unchanged, a pool per core per worker)")
     p.add_argument("--no-amp", action="store_true", help="fp32 on CUDA (default: bf16 autocast)")
     p.add_argument("--interval", type=float, default=0.1, help="utilization sampling period, s")
+    p.add_argument("--loaders", default="torch,headrace",
+                   help="comma-separated, among torch, headrace, headrace-host (headrace "
+                   "without Options(device=): the loop copies pinned batches as with torch)")
     p.add_argument("--out", default="train-out", metavar="DIR")
     p.add_argument("--cache-dir", default=None, help="where generated JPEG sets are kept")
     p.set_defaults(func=_run_train)
@@ -203,7 +206,7 @@ def _run_train(args: argparse.Namespace) -> int:
         workloads=tuple(args.workloads) or TRAIN_WORKLOADS, scale=args.scale,
         samples=args.samples, epochs=args.epochs, workers=args.workers, device=args.device,
         width=args.width, depth=args.depth, amp=not args.no_amp, interval_s=args.interval,
-        blas_threads=args.blas_threads, out_dir=args.out,
+        blas_threads=args.blas_threads, loaders=tuple(args.loaders.split(",")), out_dir=args.out,
         cache_dir=args.cache_dir,
     )
     run_train(cfg, log=_log)

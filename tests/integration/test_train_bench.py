@@ -51,6 +51,8 @@ def test_tiny_training_run_on_cpu(tmp_path, no_leaks):
         assert r.utilization == [] and r.mean_utilization == [None, None]  # no NVML on the CPU
         assert len(r.epoch_s) == 2 and all(s > 0 for s in r.epoch_s)
         assert r.model.step_s > 0 and r.model.utilization is None
+        # the loop's thread is part of the process: its CPU cannot exceed the process's
+        assert all(0 < c <= p for c, p in zip(r.loop_cpu_s, r.process_cpu_s, strict=True))
     doc = json.loads((tmp_path / "out" / "train.json").read_text())
     assert doc["device"] == "cpu" and len(doc["runs"]) == 6
     table = (tmp_path / "out" / "train.md").read_text()

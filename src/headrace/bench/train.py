@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.utils.data as tud
 from torch import nn
@@ -51,7 +52,11 @@ speech (LSTM encoder, :data:`SPEECH_CLASSES` duration classes)."""
 SPEECH_CLASSES = 4
 """Duration classes of the speech target: quarters of the utterances' 1-3 s range."""
 
-LOADERS = ("torch", "headrace")
+LOADERS = ("torch", "headrace", "headrace-host")
+"""torch's DataLoader; headrace with ``Options(device=)`` (device prefetch); headrace without it
+(pinned host batches the loop copies itself, as with torch): the last mile's own share."""
+
+DEFAULT_LOADERS = ("torch", "headrace")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +97,7 @@ class TrainConfig:
     seed: int = 0
     interval_s: float = 0.1
     blas_threads: int = 1
-    loaders: tuple[str, ...] = LOADERS
+    loaders: tuple[str, ...] = DEFAULT_LOADERS
     out_dir: str = "train-out"
     cache_dir: str | None = None
 
@@ -124,6 +129,12 @@ class TrainRun:
         utilization: ``(seconds since the run started, GPU utilization %)``; empty without NVML.
         epoch_bounds: per epoch, ``(start, end)`` in the same seconds as ``utilization``.
         mean_utilization: per epoch, mean GPU utilization (%), ``None`` without NVML.
+        loop_cpu_s: per epoch, CPU seconds of the training loop's thread (``next()``
+            included): against ``epoch_s``, how much the loop computed and how much it waited
+            (for a batch, for the GIL, or for the device at the end).
+        process_cpu_s: per epoch, CPU seconds of the whole training process, all its threads
+            (the loader's own threads in it: torch's pin-memory thread, headrace's scheduler),
+            not its worker processes.
         model: the model alone on this workload (:func:`measure_model_step`; the same for both
             loaders): its step time and the utilization ceiling.
     """
@@ -138,6 +149,8 @@ class TrainRun:
     epoch_bounds: list[tuple[float, float]]
     mean_utilization: list[float | None]
     model: ModelStep
+    loop_cpu_s: list[float]
+    process_cpu_s: list[float]
 
 
 def make_model(workload: str, width: int | None, on_gpu: bool,
@@ -241,7 +254,7 @@ def _make_loader(kind: str, wl: Workload, order: list[int], workers: int, device
     from headrace.runtime import DataLoader, Options
 
     opts = Options(seed=seed, profile_store=False,
-                   device=device if device.type == "cuda" else None)
+                   device=device if device.type == "cuda" and kind == "headrace" else None)
     return DataLoader(wl.pipeline, options=opts, in_order=False, **common)
 
 
@@ -258,13 +271,15 @@ def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int], alone
     loader = _make_loader(kind, wl, order, workers, device, cfg.seed)
     sampler = UtilizationSampler(device, cfg.interval_s) if on_gpu and nvml_available() else None
     runs: dict[str, list[Any]] = {"epoch_s": [], "stall_s": [], "losses": [], "samples": [],
-                                  "bounds": []}
+                                  "bounds": [], "loop_cpu": [], "process_cpu": []}
+    me = psutil.Process()
     if sampler is not None:
         sampler.start()
     t_run = time.perf_counter()
     try:
         for epoch in range(cfg.epochs):
             t0, stall, n = time.perf_counter(), 0.0, 0
+            c0, p0 = time.thread_time(), _process_cpu(me)
             losses: list[torch.Tensor] = []
             it = iter(loader)
             while True:
@@ -280,6 +295,8 @@ def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int], alone
             if on_gpu:
                 torch.cuda.synchronize(device)
             t1 = time.perf_counter()
+            runs["loop_cpu"].append(time.thread_time() - c0)
+            runs["process_cpu"].append(_process_cpu(me) - p0)
             runs["epoch_s"].append(t1 - t0)
             runs["stall_s"].append(stall)
             runs["losses"].append(torch.stack(losses).cpu().tolist() if losses else [])
@@ -297,7 +314,13 @@ def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int], alone
     util = [(t + shift, u) for t, u in util]
     means: list[float | None] = [mean_between(util, a, b) for a, b in runs["bounds"]]
     return TrainRun(wl.name, kind, runs["epoch_s"], runs["stall_s"], runs["losses"],
-                    runs["samples"], util, runs["bounds"], means, alone)
+                    runs["samples"], util, runs["bounds"], means, alone, runs["loop_cpu"],
+                    runs["process_cpu"])
+
+
+def _process_cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
 
 
 def run_train(cfg: TrainConfig, log: Callable[[str], None] = print) -> list[TrainRun]:
@@ -343,8 +366,9 @@ def markdown(runs: list[TrainRun], doc: dict[str, Any]) -> str:
              f"{c['workers'] or 'the workload default'}, width {c['width'] or 'default'}, depth "
              f"{c['depth'] or 'default'}, BLAS threads {c['blas_threads'] or 'unchanged'}", "",
              "| workload | loader | model alone: step ms, GPU util % | epoch s (each) "
-             "| stall s (each) | GPU util % (each) | last-epoch mean loss |",
-             "|---|---|---|---|---|---|---|"]
+             "| stall s (each) | GPU util % (each) | loop / process CPU s (last epoch) "
+             "| last-epoch mean loss |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in runs:
         util = ", ".join("–" if u is None else f"{u:.0f}" for u in r.mean_utilization)
         ceiling = "–" if r.model.utilization is None else f"{r.model.utilization:.0f}"
@@ -353,6 +377,7 @@ def markdown(runs: list[TrainRun], doc: dict[str, Any]) -> str:
             f"| {r.workload} | {r.loader} | {r.model.step_s * 1e3:.1f}, {ceiling} "
             f"| {', '.join(f'{s:.2f}' for s in r.epoch_s)} "
             f"| {', '.join(f'{s:.2f}' for s in r.stall_s)} | {util} "
+            f"| {r.loop_cpu_s[-1]:.2f} / {r.process_cpu_s[-1]:.2f} "
             f"| {sum(last) / len(last) if last else float('nan'):.3f} |")
     return "\n".join(lines) + "\n"
 
