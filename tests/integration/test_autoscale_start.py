@@ -9,6 +9,7 @@ from torch.utils.data import Dataset
 
 import headrace as hr
 from headrace.planner.workers import AutoscaleConfig, rank_cpus
+from headrace.profiler.report import cpu_share
 from tests.helpers import IndexDataset
 
 pytestmark = pytest.mark.integration
@@ -63,4 +64,24 @@ def test_cpu_bound_samples_start_at_the_cores_however_busy_their_profile_was(tmp
         assert sorted(i for b in loader for i in b.tolist()) == list(range(48))
     finally:
         loader.close()
+    assert first_pool_size(store, SpinDataset()) == min(cores, 6)
+
+
+def test_a_profile_measured_on_threads_does_not_size_a_process_pool(tmp_path):
+    """Worker threads spinning on the GIL read as samples that mostly wait (their GIL waits
+    are wall time, not CPU nor run queue); a process pool sized from that profile started at
+    cores / share workers (52 on 16 cores, measured). The profile says which executor measured
+    it, and a process run starts from the cores instead."""
+    store = tmp_path / "profiles.sqlite"
+    cores = rank_cpus()
+    loader = hr.DataLoader(SpinDataset(), batch_size=4, num_workers=3,
+                           options=hr.Options(cache=None, profile_store=store,
+                                              executor="threads"))
+    try:
+        assert sorted(i for b in loader for i in b.tolist()) == list(range(48))
+        threads = loader.monitor.profiler.report()
+    finally:
+        loader.close()
+    assert threads.executor == "threads"
+    assert AutoscaleConfig(max_workers=6).start_count(cpu_share(threads.steps)) > cores
     assert first_pool_size(store, SpinDataset()) == min(cores, 6)

@@ -236,6 +236,17 @@ def test_profile_round_trips_through_json():
         rep.step("nope")
 
 
+def test_the_executor_that_measured_a_profile_is_kept():
+    prof = Profiler(NAMES, executor="threads")
+    feed_known(prof)
+    rep = prof.report()
+    assert rep.executor == "threads"
+    assert PipelineProfile.from_dict(json.loads(json.dumps(rep.to_dict()))).executor == "threads"
+    # stored before the field existed: not known
+    old = {k: v for k, v in rep.to_dict().items() if k != "executor"}
+    assert PipelineProfile.from_dict(old).executor is None
+
+
 def test_from_dict_refuses_other_schemas_and_malformed_dicts():
     d = Profiler(NAMES).report().to_dict()
     with pytest.raises(ValueError, match="schema"):

@@ -17,8 +17,9 @@ __all__ = ["PROFILE_SCHEMA", "TOTAL_GRID", "PipelineProfile", "StepStats"]
 
 PROFILE_SCHEMA = 1
 """Version of :meth:`PipelineProfile.to_dict`'s layout; bump it when a field changes meaning
-or goes away. A field added with a default (``StepStats.queued_mean``) keeps it: profiles
-stored before read the default, and an older headrace treats a newer profile as a miss."""
+or goes away. A field added with a default (``StepStats.queued_mean``,
+``PipelineProfile.executor``) keeps it: profiles stored before read the default, and an older
+headrace treats a newer profile as a miss."""
 
 TOTAL_GRID = 101
 """Number of per-sample time quantiles kept in a report: q = 0, 0.01, ..., 1."""
@@ -95,6 +96,11 @@ class PipelineProfile:
         total_quantiles: per-sample time at q = 0, 0.01, ..., 1 (``TOTAL_GRID`` values,
             seconds); empty when no sample was observed.
         schema_version: layout version of ``to_dict`` (``PROFILE_SCHEMA``).
+        executor: what ran the measured samples, ``"processes"`` or ``"threads"`` (``None``:
+            not recorded; profiles stored before it was). A step's wall time in a worker
+            thread includes its waits for the GIL, which a process does not have: the same
+            steps read a lower CPU share under threads, so a profile sizes only a pool of
+            the executor that measured it (``runtime/monitor.py``).
     """
 
     steps: tuple[StepStats, ...]
@@ -103,6 +109,7 @@ class PipelineProfile:
     total_max: float
     total_quantiles: tuple[float, ...]
     schema_version: int = PROFILE_SCHEMA
+    executor: str | None = None
 
     @property
     def step_names(self) -> list[str]:
@@ -158,6 +165,7 @@ class PipelineProfile:
                 total_max=float(d["total_max"]),
                 total_quantiles=tuple(float(v) for v in d["total_quantiles"]),
                 schema_version=PROFILE_SCHEMA,
+                executor=d.get("executor"),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed profile dict: {e}") from e

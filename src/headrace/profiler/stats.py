@@ -281,9 +281,12 @@ class Profiler:
     """
 
     def __init__(
-        self, step_names: Sequence[str], *, reservoir: int = 2048, seed: int = 0, batch: int = 256
+        self, step_names: Sequence[str], *, reservoir: int = 2048, seed: int = 0, batch: int = 256,
+        executor: str | None = None,
     ) -> None:
         self.step_names: tuple[str, ...] = tuple(step_names)
+        self.executor = executor
+        """What runs the samples observed (``PipelineProfile.executor``)."""
         n = len(self.step_names)
         self._steps = [_StepAccumulator(reservoir, seed + 2 * i) for i in range(n)]
         self._total = Quantiles(reservoir, seed + 2 * n)
@@ -404,4 +407,5 @@ class Profiler:
             total_mean=self._total.mean if has else 0.0,
             total_max=self._total.max if has else 0.0,
             total_quantiles=tuple(self._total.quantiles(list(grid))) if has else (),
+            executor=self.executor,
         )

@@ -123,6 +123,7 @@ def start_epoch(loader: DataLoader) -> Any:
     d = loader.monitor.executor_decision
     if d is not None and d.executor != loader._executor:  # executor="auto" decided
         loader._executor = d.executor
+        loader.monitor.use_executor(d.executor)
         restart = True
     if restart and loader._pool is not None:
         loader._pool.shutdown()

@@ -129,6 +129,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         self._executor: str = ("processes" if self.options.executor == "auto"
                                else self.options.executor)
         """What runs the workers now (``executor="auto"`` starts on processes)."""
+        self.monitor.use_executor(self._executor)
         if self.options.executor == "auto":
             blocked = self._threads_blocked()
             if blocked is not None:

@@ -45,8 +45,11 @@ class Monitor:
 
     def __init__(self, options: Options, autoscale: bool, step_names: list[str] | None) -> None:
         self.options = options
+        self.executor: str | None = None
+        """What runs the workers now (``use_executor``)."""
         self.profiler = Profiler(step_names) if step_names is not None and options.profile else None
-        """Per-step statistics of the executed step order (replaced when the order changes)."""
+        """Per-step statistics of the executed step order on the current executor (replaced
+        when either changes)."""
         self.t0 = time.perf_counter()
         self.timeout = TimeoutPolicy(options.timeout)
         self.scaler = WorkerScaler(options.autoscale) if autoscale else None
@@ -87,6 +90,16 @@ class Monitor:
         """The running epoch's ``EpochMeter`` (the consumer's side: samples taken, stall)."""
         if autoscale:
             psutil.cpu_percent(None)  # start the CPU-usage interval
+
+    def use_executor(self, executor: str) -> None:
+        """Workers run on ``executor`` (``"processes"`` or ``"threads"``) from now on. A new
+        executor starts a new profile, as a new step order does: a step's wall time in a
+        thread includes its waits for the GIL, so the two measure different things."""
+        if executor == self.executor:
+            return
+        self.executor = executor
+        if self.profiler is not None:
+            self.profiler = Profiler(self.profiler.step_names, executor=executor)
 
     def now(self) -> float:
         """Seconds since the loader was created."""
@@ -251,11 +264,17 @@ class Monitor:
     # -- adaptive workers (num_workers="auto") -------------------------------------------------
     def _profile_steps(self) -> Any:
         """Step statistics of this run's profile once it has 16 samples, else of a stored
-        profile of this job, else None."""
+        profile of this job measured on this executor (or not saying which), else None.
+
+        A profile stored by a run on worker threads reads a process pool's samples as mostly
+        waiting (their GIL waits count as wall time, not CPU nor run queue): measured on 16
+        cores, a thread run's imseg profile started the next process run at 52 workers."""
         if self.profiler is not None and self.profiler.samples >= 16:
             return self.profiler.report().steps
-        if self.stored_profile is not None and self.stored_profile.samples >= 16:
-            return self.stored_profile.steps
+        stored = self.stored_profile
+        if (stored is not None and stored.samples >= 16
+                and stored.executor in (None, self.executor)):
+            return stored.steps
         return None
 
     def _cpu_share(self, steps: Any = None) -> float | None:

@@ -88,7 +88,8 @@ class Planning:
         if tuple(s.name for s in steps) == self.executed_names:
             return False
         self.executed = self.declared.with_steps(steps)
-        self.monitor.profiler = Profiler(self.executed.step_names)  # a new order, a new profile
+        self.monitor.profiler = Profiler(self.executed.step_names,  # a new order, a new profile
+                                         executor=self.monitor.executor)
         if pinned is not None:
             log.info("headrace: resumed epoch runs the saved step order %s", " -> ".join(
                 s.name for s in steps))
