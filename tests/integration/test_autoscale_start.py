@@ -10,6 +10,7 @@ from torch.utils.data import Dataset
 import headrace as hr
 from headrace.planner.workers import AutoscaleConfig, rank_cpus
 from headrace.profiler.report import cpu_share
+from headrace.profiler.store import ProfileStore
 from tests.helpers import IndexDataset
 
 pytestmark = pytest.mark.integration
@@ -85,3 +86,33 @@ def test_a_profile_measured_on_threads_does_not_size_a_process_pool(tmp_path):
     assert threads.executor == "threads"
     assert AutoscaleConfig(max_workers=6).start_count(cpu_share(threads.steps)) > cores
     assert first_pool_size(store, SpinDataset()) == min(cores, 6)
+    # each executor keeps its own profile of the job: the threads one is still there
+    stored = ProfileStore(store).keys()
+    assert {k.executor for k in stored} == {"threads", "processes"}
+
+
+def test_a_slow_consumer_stored_with_the_profile_starts_fewer_workers(tmp_path):
+    """The profile keeps the rate at which the training loop took samples; the next run starts
+    at the workers Little's law gives for it, not at what the cores could run: samples that
+    sleep 10 ms for a loop that takes 4 every 0.1 s need one worker."""
+    store = tmp_path / "profiles.sqlite"
+    opts = hr.Options(cache=None, profile_store=store, autoscale=AutoscaleConfig(max_workers=6))
+    loader = hr.DataLoader(IndexDataset(48, slow_every=1, slow_s=0.01), batch_size=4,
+                           num_workers="auto", options=opts)
+    try:
+        for b in loader:
+            time.sleep(0.1)  # the training step (simulated work)
+            assert len(b) == 4
+    finally:
+        loader.close()
+    loader = hr.DataLoader(IndexDataset(48, slow_every=1, slow_s=0.01), batch_size=4,
+                           num_workers="auto", options=opts)
+    try:
+        assert sorted(i for b in loader for i in b.tolist()) == list(range(48))
+        assert loader.monitor.workers_timeline[0][1] == 1
+        assert "started at 1 from a stored profile" in loader.explain()
+        assert "keep fed (λ·W)" in loader.explain()
+    finally:
+        loader.close()
+    # that run's loop took no time to measure: the stored rate is kept, not forgotten
+    assert first_pool_size(store) == 1

@@ -61,7 +61,7 @@ def test_put_then_get_returns_the_same_profile(tmp_path):
     assert store.keys() == [KEY]
 
 
-@pytest.mark.parametrize("component", ["pipeline", "dataset", "machine"])
+@pytest.mark.parametrize("component", ["pipeline", "dataset", "machine", "executor"])
 def test_a_changed_key_component_is_a_miss(tmp_path, component):
     store = ProfileStore(tmp_path / "p.sqlite")
     store.put(KEY, make_profile())

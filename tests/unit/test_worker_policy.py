@@ -4,6 +4,8 @@ import headrace.planner.workers as workers_mod
 from headrace.planner.workers import (
     AutoscaleConfig,
     WorkerScaler,
+    consumer_rate,
+    demand_workers,
     formula_delta,
     next_worker_count,
 )
@@ -132,6 +134,32 @@ def test_start_count_from_a_stored_profiles_cpu_share(monkeypatch):
     assert auto.start_count(cpu_share=0.55) == 4  # 3.64: 4
     assert AutoscaleConfig(initial=5).start_count(cpu_share=0.07) == 5
     assert AutoscaleConfig(max_workers=8).start_count(cpu_share=0.07) == 8
+
+
+def test_start_count_no_higher_than_the_stored_consumer_needs(monkeypatch):
+    """With the consumer's rate from the stored run, auto starts at no more workers than
+    Little's law gives for it: CPU-bound samples on 16 cores whose consumer 6 workers keep fed
+    start at 6, not 16; a consumer that needs more than the cores can run still starts at the
+    cores; ``initial`` wins over both."""
+    import headrace.planner.workers as workers
+
+    monkeypatch.setattr(workers, "available_cpus", lambda: 16)
+    auto = AutoscaleConfig()
+    assert auto.start_count(cpu_share=0.95) == 17  # 16.8: nearest
+    assert auto.start_count(cpu_share=0.95, demand=6) == 6
+    assert auto.start_count(cpu_share=0.95, demand=40) == 17
+    assert auto.start_count(demand=6) == 6  # no share stored: the cores, capped by the need
+    assert auto.start_count(cpu_share=0.07, demand=30) == 30  # mostly waiting: 229 → the need
+    assert AutoscaleConfig(min_workers=8).start_count(cpu_share=0.95, demand=3) == 8
+    assert AutoscaleConfig(initial=12).start_count(cpu_share=0.95, demand=3) == 12
+
+
+def test_consumer_rate_needs_half_a_second_of_consumer_time():
+    assert consumer_rate(640, 2.0) == 320.0
+    assert consumer_rate(640, 0.4) is None  # too little measured
+    assert consumer_rate(0, 5.0) is None
+    # Little's law on it: 320 samples/s, 20 ms a sample, margin 1.25: 8 workers
+    assert demand_workers(consumer_rate(640, 2.0), 0.02, 1.25) == 8
 
 
 def test_a_draining_epoch_keeps_its_count():

@@ -36,6 +36,7 @@ class Facts:
     """Lines about the sample cache (``CacheSession.explain_lines``)."""
     remote: RemoteFacts | None = None
     executor: str | None = None  # executor="auto": what it chose and why
+    start_note: str | None = None  # num_workers="auto": its first count from a stored profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +157,8 @@ def explain_text(f: Facts) -> str:
             f"slow lane: hand-off timeout {units.duration(st.timeout_s)} = p{st.timeout_percentile:g} of "
             f"per-sample time over the last {f.timeout_samples} samples{fb}{share}"
         )
+    if f.start_note:
+        out.append(f"workers: {f.start_note}")
     if f.scale_decisions:
         out.append(f"workers: adapted {len(f.scale_decisions)} times (Formulas 1-2); last: "
                    + f.scale_decisions[-1].describe())

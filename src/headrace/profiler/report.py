@@ -18,7 +18,7 @@ __all__ = ["PROFILE_SCHEMA", "TOTAL_GRID", "PipelineProfile", "StepStats"]
 PROFILE_SCHEMA = 1
 """Version of :meth:`PipelineProfile.to_dict`'s layout; bump it when a field changes meaning
 or goes away. A field added with a default (``StepStats.queued_mean``,
-``PipelineProfile.executor``) keeps it: profiles stored before read the default, and an older
+``PipelineProfile.executor`` and ``consumer_rate``) keeps it: profiles stored before read the default, and an older
 headrace treats a newer profile as a miss."""
 
 TOTAL_GRID = 101
@@ -101,6 +101,9 @@ class PipelineProfile:
             thread includes its waits for the GIL, which a process does not have: the same
             steps read a lower CPU share under threads, so a profile sizes only a pool of
             the executor that measured it (``runtime/monitor.py``).
+        consumer_rate: samples per second the training loop took while it did not wait for
+            data, in the epoch that stored the profile (``None``: not measured). The next run
+            of the job starts ``num_workers="auto"`` at the workers that rate needs.
     """
 
     steps: tuple[StepStats, ...]
@@ -110,6 +113,7 @@ class PipelineProfile:
     total_quantiles: tuple[float, ...]
     schema_version: int = PROFILE_SCHEMA
     executor: str | None = None
+    consumer_rate: float | None = None
 
     @property
     def step_names(self) -> list[str]:
@@ -166,6 +170,7 @@ class PipelineProfile:
                 total_quantiles=tuple(float(v) for v in d["total_quantiles"]),
                 schema_version=PROFILE_SCHEMA,
                 executor=d.get("executor"),
+                consumer_rate=d.get("consumer_rate"),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed profile dict: {e}") from e

@@ -2,8 +2,10 @@
 
 FastFlow §5.2 stores its profiled metrics and reloads them when the same input pipeline runs
 again, skipping the warm-up. headrace keys a profile by (pipeline fingerprint, dataset
-fingerprint, machine fingerprint): a change in any component is a miss, which is how profiles
-are invalidated; ``invalidate`` also removes entries explicitly.
+fingerprint, machine fingerprint, executor): a change in any component is a miss, which is how
+profiles are invalidated; ``invalidate`` also removes entries explicitly. The executor is part
+of the key because worker threads and processes measure the same steps differently (a thread's
+steps wait for the GIL inside their wall time): a job run both ways keeps one profile of each.
 
 The file defaults to ``$HEADRACE_PROFILE_STORE``, else ``$XDG_CACHE_HOME/headrace/profiles.sqlite``,
 else ``~/.cache/headrace/profiles.sqlite``. Every call opens its own connection, so a store is
@@ -45,34 +47,40 @@ __all__ = [
 ENV_VAR = "HEADRACE_PROFILE_STORE"
 """Environment variable naming the store file (overridden by an explicit ``path``)."""
 
-STORE_SCHEMA = 1
-"""Layout of the SQLite file (``PRAGMA user_version`` and a column of every row)."""
+STORE_SCHEMA = 2
+"""Layout of the SQLite file (``PRAGMA user_version`` and a column of every row); 2 added the
+executor to the key (files of 1 are discarded and recreated, as any older layout)."""
 
 _CREATE = """
 CREATE TABLE IF NOT EXISTS profiles (
     pipeline TEXT NOT NULL,
     dataset TEXT NOT NULL,
     machine TEXT NOT NULL,
+    executor TEXT NOT NULL,
     schema_version INTEGER NOT NULL,
     created REAL NOT NULL,
     samples INTEGER NOT NULL,
     profile TEXT NOT NULL,
-    PRIMARY KEY (pipeline, dataset, machine)
+    PRIMARY KEY (pipeline, dataset, machine, executor)
 )
 """
 
 
 @dataclasses.dataclass(frozen=True)
 class ProfileKey:
-    """Identity of a profile: what runs, on which data, on which machine (opaque strings)."""
+    """Identity of a profile: what runs, on which data, on which machine (opaque strings), and
+    whether worker ``"processes"`` or ``"threads"`` ran it."""
 
     pipeline: str
     dataset: str
     machine: str
+    executor: str = "processes"
 
     @classmethod
-    def for_pipeline(cls, pipeline: Pipeline, machine: str | None = None) -> ProfileKey:
-        """Key of ``pipeline`` on this machine (``machine`` overrides the CPU fingerprint).
+    def for_pipeline(cls, pipeline: Pipeline, machine: str | None = None,
+                     executor: str = "processes") -> ProfileKey:
+        """Key of ``pipeline`` on this machine (``machine`` overrides the CPU fingerprint), run
+        by ``executor``.
 
         Use the pipeline as the user declared it, before any reordering, so the next run of
         the same job finds the profile.
@@ -83,6 +91,7 @@ class ProfileKey:
             pipeline=pipeline.fingerprint(),
             dataset=source_fingerprint(pipeline.source),
             machine=machine if machine is not None else machine_fingerprint(),
+            executor=executor,
         )
 
 
@@ -135,8 +144,8 @@ class ProfileStore:
                 return None
             row = conn.execute(
                 "SELECT profile FROM profiles WHERE pipeline=? AND dataset=? AND machine=?"
-                " AND schema_version=?",
-                (key.pipeline, key.dataset, key.machine, STORE_SCHEMA),
+                " AND executor=? AND schema_version=?",
+                (key.pipeline, key.dataset, key.machine, key.executor, STORE_SCHEMA),
             ).fetchone()
         if row is None:
             return None
@@ -153,11 +162,12 @@ class ProfileStore:
                 return
             with _transaction(conn):
                 conn.execute(
-                    "INSERT OR REPLACE INTO profiles VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO profiles VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         key.pipeline,
                         key.dataset,
                         key.machine,
+                        key.executor,
                         STORE_SCHEMA,
                         time.time(),
                         profile.samples,
@@ -172,6 +182,7 @@ class ProfileStore:
         pipeline: str | None = None,
         dataset: str | None = None,
         machine: str | None = None,
+        executor: str | None = None,
     ) -> int:
         """Delete entries; returns how many.
 
@@ -180,7 +191,9 @@ class ProfileStore:
         """
         if key is not None:
             pipeline, dataset, machine = key.pipeline, key.dataset, key.machine
-        given = (("pipeline", pipeline), ("dataset", dataset), ("machine", machine))
+            executor = key.executor
+        given = (("pipeline", pipeline), ("dataset", dataset), ("machine", machine),
+                 ("executor", executor))
         where = [(c, v) for c, v in given if v is not None]
         sql = "DELETE FROM profiles"
         if where:
@@ -197,7 +210,7 @@ class ProfileStore:
             if conn is None:
                 return []
             rows = conn.execute(
-                "SELECT pipeline, dataset, machine FROM profiles ORDER BY created DESC"
+                "SELECT pipeline, dataset, machine, executor FROM profiles ORDER BY created DESC"
             ).fetchall()
         return [ProfileKey(*r) for r in rows]
 

@@ -342,6 +342,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             if self.cache else (),
             remote=self._remote_facts(),
             executor=self._executor_line(),
+            start_note=self.monitor.start_note,
         ))
 
     def _executor_line(self) -> str | None:

@@ -19,7 +19,7 @@ from headrace.pipeline.runner import StepTiming
 from headrace.planner import ranks
 from headrace.planner.executor import ExecutorDecision, choose_executor
 from headrace.planner.timeout import TimeoutPolicy
-from headrace.planner.workers import WorkerScaler, rank_cpus
+from headrace.planner.workers import WorkerScaler, consumer_rate, demand_workers, rank_cpus
 from headrace.profiler.report import cpu_share
 from headrace.profiler.stats import Profiler
 from headrace.runtime.options import Options
@@ -74,6 +74,8 @@ class Monitor:
         this run has profiled 16 samples."""
         self.stored_step_p50: dict[str, float] = {}
         """Median step times (s) by step name from a stored profile: known before any sample."""
+        self.start_note: str | None = None
+        """How ``num_workers="auto"`` chose its first count from a stored profile (explain())."""
         self._last_scale = time.perf_counter()
         self._starting = False  # a worker of the pool was not ready at the last tick
         self._memory_budget: float | None = None
@@ -119,7 +121,12 @@ class Monitor:
         the cores busy (``AutoscaleConfig.start_count``)."""
         if self.workers_timeline or self.scaler is None or self.stored_profile is None:
             return self.last_workers(default)
-        n = self.scaler.cfg.start_count(self._cpu_share())
+        steps = self._profile_steps()
+        share = self._cpu_share(steps)
+        rate = self.stored_profile.consumer_rate if steps is not None else None
+        demand = demand_workers(rate, self._sample_wall_s(steps), self.scaler.cfg.demand_margin)
+        n = self.scaler.cfg.start_count(share, demand)
+        self.start_note = _start_note(n, share, rate, demand)
         # no worker's memory is measured yet: a forked worker reads its way towards the
         # training process's size (copy-on-read), so that size stands in for one worker's
         rss = psutil.Process().memory_info().rss
@@ -293,10 +300,17 @@ class Monitor:
         """Samples per second the training loop takes when it does not wait for data, this
         epoch so far (None: under half a second of consumer time measured)."""
         m = self.meter
-        if m is None or m.samples == 0:
+        if m is None:
             return None
-        busy = time.perf_counter() - m.t_start - m.stall_s
-        return m.samples / busy if busy >= 0.5 else None
+        return consumer_rate(m.samples, time.perf_counter() - m.t_start - m.stall_s)
+
+    def last_consumer_rate(self) -> float | None:
+        """The training loop's rate (as :meth:`_consumer_rate`) over the last epoch that ended
+        (None: none ended, or too short)."""
+        if not self.epochs:
+            return None
+        e = self.epochs[-1]
+        return consumer_rate(e.samples, e.wall_s - e.stall_s)
 
     def memory_budget(self) -> float:
         """Bytes the workers may use in all (``AutoscaleConfig.memory_budget_bytes``), fixed
@@ -336,3 +350,15 @@ class Monitor:
             for w in sorted(live, key=lambda w: len(w.assigned))[: d.current - d.new]:
                 pool.retire(w)
         self.record_workers(pool.size)
+
+
+def _start_note(n: int, share: float | None, rate: float | None, demand: int | None) -> str:
+    """``explain()``'s line on the first count (``Monitor.start_workers``)."""
+    parts = []
+    if share is not None:
+        parts.append(f"CPU share {share:.2f} of a sample's steps")
+    if rate is not None and demand is not None:
+        parts.append(f"the training loop took {rate:.0f} samples/s, which ~{demand} workers "
+                     "keep fed (λ·W)")
+    why = "; ".join(parts) if parts else "nothing measured for this executor"
+    return f"started at {n} from a stored profile ({why})"

@@ -7,6 +7,7 @@ timeout policy's starting point). Called by the loader at each epoch start and e
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from headrace.pipeline import Pipeline, Step
@@ -39,9 +40,10 @@ class Planning:
 
     @property
     def key(self) -> ProfileKey:
+        """This job's key on the executor the workers run on now."""
         if self._key is None:
             self._key = ProfileKey.for_pipeline(self.declared)
-        return self._key
+        return dataclasses.replace(self._key, executor=self.monitor.executor or "processes")
 
     def decide(self) -> OrderPlan | None:
         """The order the next epoch would run, from the freshest profile (applies nothing)."""
@@ -102,8 +104,12 @@ class Planning:
         p = self.monitor.profiler
         if self.store is None or p is None or p.samples == 0:
             return
+        rate = self.monitor.last_consumer_rate()
+        if rate is None and self.stored is not None:  # too short to measure: keep the last known
+            rate = self.stored.consumer_rate
+        report = dataclasses.replace(p.report(), consumer_rate=rate)
         try:
-            self.store.put(self.key, p.report())
+            self.store.put(self.key, report)
         except Exception as e:  # noqa: BLE001 - a broken cache must not break training
             log.warning("headrace: could not save the profile to %s: %s", self.store.path, e)
 
