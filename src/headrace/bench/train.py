@@ -200,8 +200,9 @@ class ModelStep:
     Attributes:
         step_s: median seconds of one training step (each timed step ends when the device
             finished it): a loader that delivers a batch every ``step_s`` keeps up.
-        utilization: mean GPU utilization (%) while steps ran back to back: the most any loader can reach with this model (kernel launches and
-            the optimizer's small kernels leave gaps); ``None`` without NVML.
+        utilization: mean GPU utilization (%) while steps ran back to back: the most any
+            loader can reach with this model (kernel launches and the optimizer's small
+            kernels leave gaps); ``None`` without NVML.
     """
 
     step_s: float

@@ -18,8 +18,8 @@ __all__ = ["PROFILE_SCHEMA", "TOTAL_GRID", "PipelineProfile", "StepStats"]
 PROFILE_SCHEMA = 1
 """Version of :meth:`PipelineProfile.to_dict`'s layout; bump it when a field changes meaning
 or goes away. A field added with a default (``StepStats.queued_mean``,
-``PipelineProfile.executor`` and ``consumer_rate``) keeps it: profiles stored before read the default, and an older
-headrace treats a newer profile as a miss."""
+``PipelineProfile.executor`` and ``consumer_rate``) keeps it: profiles stored before read the
+default, and an older headrace treats a newer profile as a miss."""
 
 TOTAL_GRID = 101
 """Number of per-sample time quantiles kept in a report: q = 0, 0.01, ..., 1."""
