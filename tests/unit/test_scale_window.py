@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import headrace as hr
 from headrace.planner.workers import AutoscaleConfig
 from headrace.runtime.monitor import Monitor
+from headrace.runtime.work import Counters
 
 HOUR = 3600.0
 
@@ -17,7 +18,8 @@ def fake_scheduler(workers):
     pool = SimpleNamespace(workers=workers, handoff=timeout, executor="processes")
     spec = SimpleNamespace(handoff=False, max_in_flight=8,
                            batcher=SimpleNamespace(batch_size=4, ready_samples=0))
-    return SimpleNamespace(pool=pool, spec=spec, out=queue.Queue(), in_flight=0, slow_backlog=0)
+    return SimpleNamespace(pool=pool, spec=spec, out=queue.Queue(), in_flight=0, slow_backlog=0,
+                           counters=Counters())
 
 
 def test_no_decision_while_a_worker_starts_and_a_fresh_window_after():

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from headrace.planner.timeout import TimeoutConfig, TimeoutPolicy
+from headrace.planner.timeout import TimeoutConfig, TimeoutPolicy, remaining_after
 
 
 def feed(policy, times, slow=lambda t, p: t > p.timeout_s):
@@ -55,3 +55,11 @@ def test_fixed_timeout_never_changes():
 def test_bad_config_is_rejected(kw):
     with pytest.raises(ValueError):
         TimeoutConfig(**kw)
+
+
+def test_remaining_after_sums_the_steps_left_less_the_moves_cost():
+    assert remaining_after([0.01, 0.02, 0.03]) == pytest.approx([0.06, 0.05, 0.03, 0.0])
+    # forwarding a sample costs 25 ms: after the first step 25 ms of steps are left net, after
+    # the second only 5 ms, so a sample late there does not move (the worker wants half the
+    # timeout or more); past the last step nothing is left either way
+    assert remaining_after([0.01, 0.02, 0.03], 0.025) == pytest.approx([0.035, 0.025, 0.005, 0.0])

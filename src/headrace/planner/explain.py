@@ -37,6 +37,7 @@ class Facts:
     remote: RemoteFacts | None = None
     executor: str | None = None  # executor="auto": what it chose and why
     start_note: str | None = None  # num_workers="auto": its first count from a stored profile
+    move_cost_s: float = 0.0  # training-process seconds to forward one slow-lane sample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,9 +154,12 @@ def explain_text(f: Facts) -> str:
             n = last.fast_samples + last.slow_samples
             share = f"; last epoch {last.slow_samples} of {n} samples went slow"
         fb = " (fallback: too many samples went slow at p75)" if st.timeout_percentile != 75 else ""
+        cost = (f"; a move costs this process {units.duration(f.move_cost_s)} (measured), so a "
+                "late sample moves only if its steps left typically take that plus half the "
+                "timeout" if f.move_cost_s > 0 else "")
         out.append(
             f"slow lane: hand-off timeout {units.duration(st.timeout_s)} = p{st.timeout_percentile:g} of "
-            f"per-sample time over the last {f.timeout_samples} samples{fb}{share}"
+            f"per-sample time over the last {f.timeout_samples} samples{fb}{share}{cost}"
         )
     if f.start_note:
         out.append(f"workers: {f.start_note}")

@@ -343,6 +343,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             remote=self._remote_facts(),
             executor=self._executor_line(),
             start_note=self.monitor.start_note,
+            move_cost_s=self.monitor.move_cost_s,
         ))
 
     def _executor_line(self) -> str | None:

@@ -18,7 +18,7 @@ import psutil
 from headrace.pipeline.runner import StepTiming
 from headrace.planner import ranks
 from headrace.planner.executor import ExecutorDecision, choose_executor
-from headrace.planner.timeout import TimeoutPolicy
+from headrace.planner.timeout import TimeoutPolicy, remaining_after
 from headrace.planner.workers import WorkerScaler, consumer_rate, demand_workers, rank_cpus
 from headrace.profiler.report import cpu_share
 from headrace.profiler.stats import Profiler
@@ -74,6 +74,9 @@ class Monitor:
         this run has profiled 16 samples."""
         self.stored_step_p50: dict[str, float] = {}
         """Median step times (s) by step name from a stored profile: known before any sample."""
+        self.move_cost_s = 0.0
+        """Training-process CPU seconds to forward one slow-lane sample to its next worker,
+        measured over the current epoch's moves (kept from the last epoch that made any)."""
         self.start_note: str | None = None
         """How ``num_workers="auto"`` chose its first count from a stored profile (explain())."""
         self._last_scale = time.perf_counter()
@@ -196,6 +199,9 @@ class Monitor:
             pool.handoff.timeout.value = t
             self._pushed_timeout = t
             self.timeout_timeline.append((self.now(), t))
+        c = sched.counters
+        if c.forwarded:
+            self.move_cost_s = c.forward_cpu_s / c.forwarded
         now = time.perf_counter()
         if self.profiler is not None and (
             now - self._last_remaining >= REMAINING_UPDATE_S or self._remaining_pool() is not pool
@@ -247,10 +253,11 @@ class Monitor:
 
     def _push_remaining(self, pool: Any) -> None:
         """Typical seconds from each step to the end: the sum of the remaining steps' median
-        times (this run's once 16 samples are measured, else a stored profile's). Medians, not
-        means: a step that is heavy on one sample in five (speech's HeavyStep) has a mean that
-        would make every late sample look worth moving, although for four in five the steps
-        left take nothing."""
+        times (this run's once 16 samples are measured, else a stored profile's), less what a
+        move costs the training process (``move_cost_s``; ``planner.timeout.remaining_after``).
+        Medians, not means: a step that is heavy on one sample in five (speech's HeavyStep) has
+        a mean that would make every late sample look worth moving, although for four in five
+        the steps left take nothing."""
         assert self.profiler is not None
         names = self.profiler.step_names
         if len(pool.handoff.remaining) != len(names) + 1:
@@ -261,11 +268,8 @@ class Monitor:
             typical = [self.stored_step_p50[n] for n in names]
         else:
             return
-        acc = 0.0
-        for i in range(len(typical) - 1, -1, -1):
-            acc += typical[i]
-            pool.handoff.remaining[i] = acc
-        pool.handoff.remaining[len(typical)] = 0.0
+        for i, v in enumerate(remaining_after(typical, self.move_cost_s)):
+            pool.handoff.remaining[i] = v
         self._remaining_pool = weakref.ref(pool)
 
     # -- adaptive workers (num_workers="auto") -------------------------------------------------

@@ -47,6 +47,7 @@ from headrace.runtime.ring import decode as ring_decode
 from headrace.runtime.transport import decode, encode
 from headrace.runtime.waiter import Waiter
 from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, death_error
+from headrace.runtime.worker import Task
 
 log = logging.getLogger("headrace")
 
@@ -274,10 +275,20 @@ class Scheduler:
                     if rec is None:
                         break
                     rec.worker = w.slot
-                    w.send(rec.task)
+                    self._send(w, rec.task)
         idle = [w for w in workers if not w.assigned]
         if idle and slow_now:
             self._steal(idle, workers, slow_now)
+
+    def _send(self, w: WorkerHandle, task: Task) -> None:
+        """Send ``task`` to ``w``; a slow-lane sample's send (its partial value pickled, large
+        arrays shared) counts in the cost of moving it (``Counters.forward_cpu_s``)."""
+        if task.start == 0:
+            w.send(task)
+            return
+        c0 = time.thread_time()
+        w.send(task)
+        self.counters.forward_cpu_s += time.thread_time() - c0
 
     def _may_take_slow(self, w: WorkerHandle, slow_cap: int) -> bool:
         """Whether ``w`` may take a slow-lane sample before fresh ones: a worker that prefers
@@ -332,7 +343,7 @@ class Scheduler:
             rec.task = task._replace(tid=next(self.pool.tids))
             self._recs[rec.task.tid] = rec
             rec.worker = thief.slot
-            thief.send(rec.task)
+            self._send(thief, rec.task)
             self.counters.moved += 1
 
     def _slow_running(self) -> int:
@@ -381,10 +392,13 @@ class Scheduler:
             self.hooks.on_sample(rec.index, rec.step_s, rec.slow, timings, bytes_in)
         elif kind == "partial":
             _, _, next_step, payload, timings, bytes_in, ring_end = msg
+            c0 = time.thread_time()
             if ring is not None:
                 # copied out of the worker's ring; large arrays go to the next worker by shared memory
                 payload = encode(ring_decode(decode(payload), ring))
                 ring.read_pos.value = ring_end
+            self.counters.forward_cpu_s += time.thread_time() - c0
+            self.counters.forwarded += 1
             rec.step_s += sum(t.wall for t in timings)
             rec.slow = True
             self.hooks.on_sample_partial(rec.index, timings, bytes_in)

@@ -72,6 +72,8 @@ class Counters:
         self.failed = 0  # samples whose error was raised to the training loop (on_error="raise")
         self.discarded = 0  # finished samples of a batch that raised instead (as torch loses them)
         self.scheduler_cpu_s = 0.0
+        self.forwarded = 0  # slow-lane samples' partial values sent on to a worker
+        self.forward_cpu_s = 0.0  # scheduler-thread CPU seconds those cost (ring copy, encode, send)
 
 
 class Fatal(Exception):

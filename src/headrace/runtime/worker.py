@@ -78,9 +78,9 @@ class WorkerSetup(NamedTuple):
 
 HANDOFF_MIN_SHARE = 0.5
 """A sample over the timeout is handed off only if the steps it has left typically take (sum of
-their median times) at least this share of the timeout: moving a sample whose remaining work is
-trivial costs a round trip and saves nothing (a departure from MinatoLoader, which moves every
-late sample)."""
+their median times, less the measured cost of a move: ``planner.timeout.remaining_after``) at
+least this share of the timeout: moving a sample whose remaining work is trivial costs a round
+trip and saves nothing (a departure from MinatoLoader, which moves every late sample)."""
 
 
 def worker_main(
