@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import Dataset
 
 import headrace as hr
-from headrace.planner.workers import AutoscaleConfig, rank_cpus
+from headrace.planner.workers import AutoscaleConfig, busy_workers, rank_cpus
 from headrace.profiler.report import cpu_share
 from headrace.profiler.store import ProfileStore
 from tests.helpers import IndexDataset
@@ -84,7 +84,7 @@ def test_a_profile_measured_on_threads_does_not_size_a_process_pool(tmp_path):
     finally:
         loader.close()
     assert threads.executor == "threads"
-    assert AutoscaleConfig(max_workers=6).start_count(cpu_share(threads.steps)) > cores
+    assert busy_workers(cores, cpu_share(threads.steps)) > cores  # what sized processes before
     assert first_pool_size(store, SpinDataset()) == min(cores, 6)
     # each executor keeps its own profile of the job: the threads one is still there
     stored = ProfileStore(store).keys()

@@ -5,6 +5,8 @@ imagenet's cores as unsaturated and added a third worker on 2 cores (``Monitor.o
 import queue
 from types import SimpleNamespace
 
+import pytest
+
 import headrace as hr
 from headrace.planner.workers import AutoscaleConfig
 from headrace.runtime.monitor import Monitor
@@ -49,3 +51,32 @@ def test_no_decision_while_a_worker_starts_and_a_fresh_window_after():
     monitor._last_scale -= HOUR
     monitor.on_tick(sched)
     assert decided == [sched, sched]
+
+
+def test_the_move_cost_counts_once_four_moves_measured_it_this_epoch():
+    """A slow-lane move's forwarding cost is the mean over this epoch's moves, used once four
+    were measured (one move may carry one-off costs); a new epoch measures afresh, so a cost
+    that stopped moves once does not stop them for good."""
+    opts = hr.Options(profile=False, autoscale=AutoscaleConfig(interval_s=HOUR))
+    monitor = Monitor(opts, autoscale=True, step_names=None)
+    monitor._autoscale = lambda _sched: None
+    sched = fake_scheduler({})
+    sched.counters.forwarded, sched.counters.forward_cpu_s = 3, 0.3
+    monitor.on_tick(sched)
+    assert monitor.move_cost_s == 0.0
+    sched.counters.forwarded, sched.counters.forward_cpu_s = 4, 0.5
+    monitor.on_tick(sched)
+    assert monitor.move_cost_s == pytest.approx(0.125)
+    monitor.on_tick(fake_scheduler({}))  # the next epoch's scheduler, no move yet
+    assert monitor.move_cost_s == 0.0
+
+
+def test_an_epoch_left_early_stores_no_consumer_rate():
+    """An abandoned epoch is closed at the next iter() or later; the time in between is not
+    the training loop's, so its rate would understate it."""
+    monitor = Monitor(hr.Options(profile=False), autoscale=False, step_names=None)
+    assert monitor.last_consumer_rate() is None
+    monitor.epochs.append(SimpleNamespace(finished=True, samples=600, wall_s=4.0, stall_s=1.0))
+    assert monitor.last_consumer_rate() == pytest.approx(200.0)
+    monitor.epochs.append(SimpleNamespace(finished=False, samples=300, wall_s=60.0, stall_s=0.5))
+    assert monitor.last_consumer_rate() is None

@@ -32,7 +32,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 import torch.utils.data as tud
 from torch import nn
@@ -273,14 +272,13 @@ def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int], alone
     sampler = UtilizationSampler(device, cfg.interval_s) if on_gpu and nvml_available() else None
     runs: dict[str, list[Any]] = {"epoch_s": [], "stall_s": [], "losses": [], "samples": [],
                                   "bounds": [], "loop_cpu": [], "process_cpu": []}
-    me = psutil.Process()
     if sampler is not None:
         sampler.start()
     t_run = time.perf_counter()
     try:
         for epoch in range(cfg.epochs):
             t0, stall, n = time.perf_counter(), 0.0, 0
-            c0, p0 = time.thread_time(), _process_cpu(me)
+            c0, p0 = time.thread_time(), time.process_time()
             losses: list[torch.Tensor] = []
             it = iter(loader)
             while True:
@@ -297,7 +295,7 @@ def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int], alone
                 torch.cuda.synchronize(device)
             t1 = time.perf_counter()
             runs["loop_cpu"].append(time.thread_time() - c0)
-            runs["process_cpu"].append(_process_cpu(me) - p0)
+            runs["process_cpu"].append(time.process_time() - p0)
             runs["epoch_s"].append(t1 - t0)
             runs["stall_s"].append(stall)
             runs["losses"].append(torch.stack(losses).cpu().tolist() if losses else [])
@@ -317,11 +315,6 @@ def train_one(wl: Workload, kind: str, cfg: TrainConfig, order: list[int], alone
     return TrainRun(wl.name, kind, runs["epoch_s"], runs["stall_s"], runs["losses"],
                     runs["samples"], util, runs["bounds"], means, alone, runs["loop_cpu"],
                     runs["process_cpu"])
-
-
-def _process_cpu(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
 
 
 def run_train(cfg: TrainConfig, log: Callable[[str], None] = print) -> list[TrainRun]:

@@ -170,7 +170,8 @@ class PipelineProfile:
                 total_quantiles=tuple(float(v) for v in d["total_quantiles"]),
                 schema_version=PROFILE_SCHEMA,
                 executor=d.get("executor"),
-                consumer_rate=d.get("consumer_rate"),
+                consumer_rate=(None if d.get("consumer_rate") is None
+                               else float(d["consumer_rate"])),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed profile dict: {e}") from e

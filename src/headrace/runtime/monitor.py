@@ -38,6 +38,9 @@ SKIP_LOG_EVERY = 100
 """A skipped sample is logged once, then once every this many."""
 REMAINING_UPDATE_S = 1.0
 """Seconds between two updates of the expected remaining step time workers read."""
+MOVES_TO_MEASURE = 4
+"""Moves to the slow lane measured in an epoch before their mean cost counts against the next
+ones (one move can carry one-off costs: a first shared-memory segment, a worker's imports)."""
 
 
 class Monitor:
@@ -75,8 +78,10 @@ class Monitor:
         self.stored_step_p50: dict[str, float] = {}
         """Median step times (s) by step name from a stored profile: known before any sample."""
         self.move_cost_s = 0.0
-        """Training-process CPU seconds to forward one slow-lane sample to its next worker,
-        measured over the current epoch's moves (kept from the last epoch that made any)."""
+        """Training-process CPU seconds to forward one slow-lane sample to its next worker: the
+        mean over this epoch's moves once there are ``MOVES_TO_MEASURE`` (0 before: every epoch
+        lets its first moves happen and measures them, so a cost that stopped moves once does
+        not stop them for good)."""
         self.start_note: str | None = None
         """How ``num_workers="auto"`` chose its first count from a stored profile (explain())."""
         self._last_scale = time.perf_counter()
@@ -129,12 +134,14 @@ class Monitor:
         rate = self.stored_profile.consumer_rate if steps is not None else None
         demand = demand_workers(rate, self._sample_wall_s(steps), self.scaler.cfg.demand_margin)
         n = self.scaler.cfg.start_count(share, demand)
-        self.start_note = _start_note(n, share, rate, demand)
         # no worker's memory is measured yet: a forked worker reads its way towards the
         # training process's size (copy-on-read), so that size stands in for one worker's
         rss = psutil.Process().memory_info().rss
         cap = int(self.memory_budget() // rss) if rss > 0 else n
-        return max(min(n, cap), min(default, n), self.scaler.cfg.min_workers)
+        start = max(min(n, cap), min(default, n), self.scaler.cfg.min_workers)
+        self.start_note = _start_note(start, share, rate, demand,
+                                      memory_cap=cap if cap < n else None)
+        return start
 
     def on_epoch_closed(self, stats: EpochStats) -> None:
         self.epochs.append(stats)
@@ -199,9 +206,9 @@ class Monitor:
             pool.handoff.timeout.value = t
             self._pushed_timeout = t
             self.timeout_timeline.append((self.now(), t))
-        c = sched.counters
-        if c.forwarded:
-            self.move_cost_s = c.forward_cpu_s / c.forwarded
+        c = sched.counters  # this epoch's: the cost is measured afresh every epoch
+        self.move_cost_s = (c.forward_cpu_s / c.forwarded if c.forwarded >= MOVES_TO_MEASURE
+                            else 0.0)
         now = time.perf_counter()
         if self.profiler is not None and (
             now - self._last_remaining >= REMAINING_UPDATE_S or self._remaining_pool() is not pool
@@ -309,9 +316,10 @@ class Monitor:
         return consumer_rate(m.samples, time.perf_counter() - m.t_start - m.stall_s)
 
     def last_consumer_rate(self) -> float | None:
-        """The training loop's rate (as :meth:`_consumer_rate`) over the last epoch that ended
-        (None: none ended, or too short)."""
-        if not self.epochs:
+        """The training loop's rate (as :meth:`_consumer_rate`) over the last epoch, if it ran
+        to its end (None otherwise, or too short): an epoch left early is closed at the next
+        ``iter()`` or later, and the time between (validation, a break) is not the loop's."""
+        if not self.epochs or not self.epochs[-1].finished:
             return None
         e = self.epochs[-1]
         return consumer_rate(e.samples, e.wall_s - e.stall_s)
@@ -356,7 +364,8 @@ class Monitor:
         self.record_workers(pool.size)
 
 
-def _start_note(n: int, share: float | None, rate: float | None, demand: int | None) -> str:
+def _start_note(n: int, share: float | None, rate: float | None, demand: int | None,
+                memory_cap: int | None = None) -> str:
     """``explain()``'s line on the first count (``Monitor.start_workers``)."""
     parts = []
     if share is not None:
@@ -364,5 +373,7 @@ def _start_note(n: int, share: float | None, rate: float | None, demand: int | N
     if rate is not None and demand is not None:
         parts.append(f"the training loop took {rate:.0f} samples/s, which ~{demand} workers "
                      "keep fed (λ·W)")
+    if memory_cap is not None:
+        parts.append(f"the memory budget allows {memory_cap}")
     why = "; ".join(parts) if parts else "nothing measured for this executor"
     return f"started at {n} from a stored profile ({why})"
