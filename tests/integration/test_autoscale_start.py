@@ -94,17 +94,20 @@ def test_a_profile_measured_on_threads_does_not_size_a_process_pool(tmp_path):
 def test_a_slow_consumer_stored_with_the_profile_starts_fewer_workers(tmp_path):
     """The profile keeps the rate at which the training loop took samples; the next run starts
     at the workers Little's law gives for it, not at what the cores could run: samples that
-    sleep 10 ms for a loop that takes 4 every 0.1 s need one worker."""
+    sleep 10 ms for a loop that takes 40 samples a second need one worker. The loop's rate is
+    what the epoch measured (``Monitor.last_consumer_rate``, unit-tested on its numbers); here
+    it is set, so no test loop has to be slow on the clock."""
     store = tmp_path / "profiles.sqlite"
     opts = hr.Options(cache=None, profile_store=store, autoscale=AutoscaleConfig(max_workers=6))
     loader = hr.DataLoader(IndexDataset(48, slow_every=1, slow_s=0.01), batch_size=4,
                            num_workers="auto", options=opts)
+    loader.monitor.last_consumer_rate = lambda: 40.0  # a loop taking 4 samples every 0.1 s
     try:
         for b in loader:
-            time.sleep(0.1)  # the training step (simulated work)
             assert len(b) == 4
     finally:
         loader.close()
+    assert ProfileStore(store).get(loader.planning.key).consumer_rate == 40.0
     loader = hr.DataLoader(IndexDataset(48, slow_every=1, slow_s=0.01), batch_size=4,
                            num_workers="auto", options=opts)
     try:

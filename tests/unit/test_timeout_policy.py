@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from headrace.planner.timeout import TimeoutConfig, TimeoutPolicy, remaining_after
+from headrace.planner.timeout import TimeoutConfig, TimeoutPolicy, move_cost, remaining_after
 
 
 def feed(policy, times, slow=lambda t, p: t > p.timeout_s):
@@ -63,3 +63,9 @@ def test_remaining_after_sums_the_steps_left_less_the_moves_cost():
     # the second only 5 ms, so a sample late there does not move (the worker wants half the
     # timeout or more); past the last step nothing is left either way
     assert remaining_after([0.01, 0.02, 0.03], 0.025) == pytest.approx([0.035, 0.025, 0.005, 0.0])
+
+
+def test_move_cost_is_the_mean_once_four_moves_measured_it():
+    assert move_cost(0, 0.0) == 0.0
+    assert move_cost(3, 0.3) == 0.0  # too few: one move may carry one-off costs
+    assert move_cost(4, 0.5) == pytest.approx(0.125)

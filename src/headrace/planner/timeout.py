@@ -122,6 +122,18 @@ class TimeoutPolicy:
             self.history.append((self._seen, value, pct))
 
 
+MOVES_TO_MEASURE = 4
+"""Moves to the slow lane measured in an epoch before their mean cost counts against the next
+ones (one move can carry one-off costs: a first shared-memory segment, a worker's imports)."""
+
+
+def move_cost(moves: int, cpu_s: float) -> float:
+    """Seconds one move costs the training process: ``cpu_s`` over ``moves``, this epoch's; 0
+    until ``MOVES_TO_MEASURE`` were made. Every epoch lets its first moves happen and measures
+    them afresh, so a cost that stopped moves once does not stop them for good."""
+    return cpu_s / moves if moves >= MOVES_TO_MEASURE else 0.0
+
+
 def remaining_after(typical_s: Sequence[float], move_cost_s: float = 0.0) -> list[float]:
     """What a move to the slow lane leaves to gain before each step: entry ``i`` is the typical
     seconds of steps ``i..`` (the sum of their ``typical_s``, medians) less ``move_cost_s``,

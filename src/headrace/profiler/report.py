@@ -102,8 +102,9 @@ class PipelineProfile:
             steps read a lower CPU share under threads, so a profile sizes only a pool of
             the executor that measured it (``runtime/monitor.py``).
         consumer_rate: samples per second the training loop took while it did not wait for
-            data, in the epoch that stored the profile (``None``: not measured). The next run
-            of the job starts ``num_workers="auto"`` at the workers that rate needs.
+            data, in the last epoch that ran to its end for at least half a second of loop time
+            (``None``: none did). The next run of the job starts ``num_workers="auto"`` at no
+            more workers than that rate needs.
     """
 
     steps: tuple[StepStats, ...]

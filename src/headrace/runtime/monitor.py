@@ -18,7 +18,7 @@ import psutil
 from headrace.pipeline.runner import StepTiming
 from headrace.planner import ranks
 from headrace.planner.executor import ExecutorDecision, choose_executor
-from headrace.planner.timeout import TimeoutPolicy, remaining_after
+from headrace.planner.timeout import TimeoutPolicy, move_cost, remaining_after
 from headrace.planner.workers import WorkerScaler, consumer_rate, demand_workers, rank_cpus
 from headrace.profiler.report import cpu_share
 from headrace.profiler.stats import Profiler
@@ -38,9 +38,6 @@ SKIP_LOG_EVERY = 100
 """A skipped sample is logged once, then once every this many."""
 REMAINING_UPDATE_S = 1.0
 """Seconds between two updates of the expected remaining step time workers read."""
-MOVES_TO_MEASURE = 4
-"""Moves to the slow lane measured in an epoch before their mean cost counts against the next
-ones (one move can carry one-off costs: a first shared-memory segment, a worker's imports)."""
 
 
 class Monitor:
@@ -78,10 +75,8 @@ class Monitor:
         self.stored_step_p50: dict[str, float] = {}
         """Median step times (s) by step name from a stored profile: known before any sample."""
         self.move_cost_s = 0.0
-        """Training-process CPU seconds to forward one slow-lane sample to its next worker: the
-        mean over this epoch's moves once there are ``MOVES_TO_MEASURE`` (0 before: every epoch
-        lets its first moves happen and measures them, so a cost that stopped moves once does
-        not stop them for good)."""
+        """Training-process CPU seconds to forward one slow-lane sample to its next worker, from
+        this epoch's moves (``planner.timeout.move_cost``)."""
         self.start_note: str | None = None
         """How ``num_workers="auto"`` chose its first count from a stored profile (explain())."""
         self._last_scale = time.perf_counter()
@@ -206,9 +201,7 @@ class Monitor:
             pool.handoff.timeout.value = t
             self._pushed_timeout = t
             self.timeout_timeline.append((self.now(), t))
-        c = sched.counters  # this epoch's: the cost is measured afresh every epoch
-        self.move_cost_s = (c.forward_cpu_s / c.forwarded if c.forwarded >= MOVES_TO_MEASURE
-                            else 0.0)
+        self.move_cost_s = move_cost(sched.counters.forwarded, sched.counters.forward_cpu_s)
         now = time.perf_counter()
         if self.profiler is not None and (
             now - self._last_remaining >= REMAINING_UPDATE_S or self._remaining_pool() is not pool
