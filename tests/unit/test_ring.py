@@ -45,3 +45,25 @@ def test_bfloat16_and_oversized_leaves_fall_back():
     huge = np.zeros(64 * 1024, dtype=np.uint8)  # over a quarter of the ring
     enc = encode({"bf": bf, "huge": huge}, w)
     assert enc["bf"] is bf and enc["huge"] is huge
+
+
+def test_a_full_ring_asks_its_writer_to_send_what_it_kept_before_waiting():
+    # A worker that keeps finished samples (Outbox) must send them before it waits for ring
+    # space: the training process frees that space only once it has their messages.
+    ring = Ring(mp.get_context("fork"), size=64 * 1024)
+    w = RingWriter(ring, parent_pid=0)
+    kept_ends = []
+    for _ in range(5):  # 5 x 12 KB fit; none freed: they are "kept"
+        w.put(np.zeros(3072, dtype=np.float32))
+        kept_ends.append(w.write_pos)
+    calls = []
+
+    def send_kept():  # the training process gets them and frees their space
+        calls.append(len(kept_ends))
+        ring.read_pos.value = kept_ends[-1]
+
+    w.before_wait = send_kept
+    w.put(np.ones(3072, dtype=np.float32))  # would wait forever without the hook
+    assert calls == [5]
+    w.put(np.ones(3072, dtype=np.float32))  # room again: no call
+    assert calls == [5]

@@ -69,3 +69,28 @@ def test_move_cost_is_the_mean_once_four_moves_measured_it():
     assert move_cost(0, 0.0) == 0.0
     assert move_cost(3, 0.3) == 0.0  # too few: one move may carry one-off costs
     assert move_cost(4, 0.5) == pytest.approx(0.125)
+
+
+def test_percentile_is_numpys_linear_percentile_bit_for_bit():
+    from headrace.planner.timeout import percentile
+
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 3, 7, 64, 1000, 1024):
+        a = np.sort(rng.lognormal(size=n) * 1e-3)
+        for q in (0.0, 25.0, 50.0, 75.0, 90.0, 99.9, 100.0):
+            assert percentile(a, q) == float(np.percentile(a, q))
+    assert math.isnan(percentile(np.array([]), 50.0))
+
+
+def test_typical_time_is_the_median_once_warm_and_also_with_a_fixed_timeout():
+    times = [0.001] * 40 + [0.003] * 24
+    learned = TimeoutPolicy(TimeoutConfig(warmup_samples=64, update_every=32))
+    fixed = TimeoutPolicy(TimeoutConfig(warmup_samples=64, update_every=32, fixed_s=0.5))
+    for p in (learned, fixed):
+        feed(p, times[:63])
+        assert math.isnan(p.typical_s)  # not known during warm-up
+    feed(learned, times[63:])
+    assert learned.typical_s == pytest.approx(0.001)
+    feed(fixed, times[63:] + [0.003] * 64)  # the fixed timeout refreshes it every update_every
+    assert fixed.typical_s == pytest.approx(np.median(times + [0.003] * 64))
+    assert fixed.timeout_s == 0.5

@@ -18,6 +18,7 @@ import psutil
 from headrace.pipeline.runner import StepTiming
 from headrace.planner import ranks
 from headrace.planner.executor import ExecutorDecision, choose_executor
+from headrace.planner.queueing import queue_depth
 from headrace.planner.timeout import TimeoutPolicy, move_cost, remaining_after
 from headrace.planner.workers import WorkerScaler, consumer_rate, demand_workers, rank_cpus
 from headrace.profiler.report import cpu_share
@@ -193,6 +194,11 @@ class Monitor:
         """The learned timeout in seconds (``inf`` while unknown), whether or not samples are
         handed off: a sample running longer is slow, and nothing should wait behind it."""
         return self.timeout.timeout_s
+
+    def queue_depth(self) -> int:
+        """Samples to assign to one worker process at once (``planner.queueing``): deeper when
+        the typical sample is cheap, so their messages are shared."""
+        return queue_depth(self.timeout.typical_s)
 
     def on_tick(self, sched: Scheduler) -> None:
         pool = sched.pool

@@ -75,6 +75,9 @@ class RingWriter:
         self.mem = ring.array()
         self.write_pos = 0  # total bytes reserved (monotonic)
         self.parent_pid = parent_pid
+        self.before_wait: Callable[[], Any] = lambda: None
+        """Called once before waiting for space (the worker sends samples it kept, whose
+        space the training process frees only once it has them)."""
 
     def fits(self, nbytes: int) -> bool:
         return nbytes <= self.ring.size // 4
@@ -86,6 +89,8 @@ class RingWriter:
         pos = self.write_pos % size
         pad = size - pos if pos + n > size else 0
         need = self.write_pos + pad + n - size
+        if self.ring.read_pos.value < need:
+            self.before_wait()
         while self.ring.read_pos.value < need:  # consumer has not freed enough yet
             if os.getppid() != self.parent_pid:
                 raise SystemExit(0)

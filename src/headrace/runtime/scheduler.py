@@ -40,6 +40,7 @@ import time
 from typing import Any
 
 from headrace.errors import StepError, WorkerDiedError, step_error_for
+from headrace.planner.queueing import hold_s
 from headrace.runtime.lanes import Lanes
 from headrace.runtime.output import BatchOutput
 from headrace.runtime.pool import WorkerHandle, WorkerPool
@@ -232,8 +233,11 @@ class Scheduler:
                     dead.append(w)
                 else:
                     with self._lock:  # once a worker thread ended the epoch, only "ready" counts
-                        if not self._finished or msg[0] == "ready":
-                            self._handle(w, msg)
+                        if msg[0] == "many":
+                            self.counters.shared_messages += 1
+                        for m in msg[1] if msg[0] == "many" else (msg,):
+                            if not self._finished or m[0] == "ready":
+                                self._handle(w, m)
             elif not w.process.is_alive():
                 dead.append(w)
         with self._lock:
@@ -262,12 +266,32 @@ class Scheduler:
         # near storage (remote/storage.py): fresh samples go to the storage nodes' fetchers
         # while one runs, the others resume what they hand back
         fetchers = any(w.fetches for w in workers)
-        for depth in range(1, DEPTH + 1):
+        # cheap samples: worker processes get more at once, in one message (planner/queueing.py)
+        deep = self.hooks.queue_depth() if any(w.ring is not None for w in workers) else DEPTH
+        hold = hold_s(deep)
+        outbox: dict[WorkerHandle, list[Task]] = {}
+        try:
+            self._fill(workers, deep, slow_now, slow_cap, fetchers, outbox)
+        finally:  # a sampler error mid-pass: what was taken is assigned, so nothing is lost
+            for w, tasks in outbox.items():
+                self.counters.task_messages += len(tasks) > 1
+                w.send_many(tasks, hold)
+        idle = [w for w in workers if not w.assigned]
+        if idle and slow_now:
+            self._steal(idle, workers, slow_now)
+
+    def _fill(self, workers: list[WorkerHandle], deep: int, slow_now: dict[int, float],
+              slow_cap: int, fetchers: bool, outbox: dict[WorkerHandle, list[Task]]) -> None:
+        """Give each worker work up to its depth: ``DEPTH``, ``deep`` for worker processes;
+        fresh samples for a worker process go to ``outbox`` (sent in one message each)."""
+        for depth in range(1, deep + 1):
             for w in workers:
                 if depth > 1 and w.slot in slow_now:
                     continue  # nothing queues behind a sample already over the timeout
-                while len(w.assigned) < depth:
-                    fresh_ok = depth == 1 or not self.lanes.near_end(DEPTH * len(self.pool.workers))
+                if depth > DEPTH and w.ring is None:
+                    continue  # threads and remote workers: two at a time
+                while len(w.assigned) + len(outbox.get(w, ())) < depth:
+                    fresh_ok = depth == 1 or not self.lanes.near_end(deep * len(self.pool.workers))
                     fresh_ok = fresh_ok and (w.fetches or not fetchers)
                     rec = self.lanes.choose(fresh_ok, functools.partial(
                         self._may_take_slow, w, slow_cap), self.in_flight,
@@ -275,10 +299,10 @@ class Scheduler:
                     if rec is None:
                         break
                     rec.worker = w.slot
-                    self._send(w, rec.task)
-        idle = [w for w in workers if not w.assigned]
-        if idle and slow_now:
-            self._steal(idle, workers, slow_now)
+                    if w.ring is not None and rec.task.start == 0:
+                        outbox.setdefault(w, []).append(rec.task)
+                    else:
+                        self._send(w, rec.task)
 
     def _send(self, w: WorkerHandle, task: Task) -> None:
         """Send ``task`` to ``w``; a slow-lane sample's send (its partial value pickled, large

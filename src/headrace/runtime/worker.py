@@ -2,21 +2,23 @@
 
 Messages (tuples, to keep pickling cheap):
 
-* main -> worker, on the worker's task pipe (``runtime/taskpipe.py``): ``Task`` or ``None``
-  (exit).
+* main -> worker, on the worker's task pipe (``runtime/taskpipe.py``): ``Task``, ``Tasks``
+  (several, for cheap samples: ``planner/queueing.py``) or ``None`` (exit).
 * worker -> main, on the worker's result pipe:
   ``("ready", slot, reseeded)`` once initialised (``reseeded``: the global generators that
   ``worker_init_fn`` seeded, which per-sample seeding overrides), or ``("init_error", slot, cause_type, message, tb)``;
   ``("done", tid, payload, timings, bytes_in, ring_end)``; ``("partial", tid, next_step, payload,
   timings, bytes_in, ring_end)`` when the sample is handed off (timings: ``StepTiming`` per step
   run; bytes_in: size of the value a resumed run started from; ring_end: the worker's ring write
-  position after this payload, which the receiver frees up to); ``("error", tid, step, exc_class, cause_type, message, tb)``.
+  position after this payload, which the receiver frees up to); ``("error", tid, step, exc_class, cause_type, message, tb)``;
+  ``("many", [message, ...])``: several finished samples' messages, in order (``Outbox``).
 
 See NOTE [headrace shutdown] in ``runtime/pool.py`` for how a worker exits.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import pickle
@@ -58,6 +60,14 @@ class Task(NamedTuple):
     base_seed: int
     epoch: int
     may_hand_off: bool
+
+
+class Tasks(NamedTuple):
+    """Several tasks in one message (cheap samples, ``planner/queueing.py``): run in order;
+    finished samples may be kept for up to ``hold_s`` seconds and sent in one message."""
+
+    tasks: list[tuple[Any, ...]]  # each a Task's fields (``Task._make`` rebuilds it)
+    hold_s: float
 
 
 class WorkerSetup(NamedTuple):
@@ -120,22 +130,76 @@ def worker_main(
     def to_ring(value: Any) -> tuple[Any, int]:
         return encode(ring_encode(value, writer)), writer.write_pos
 
+    outbox = Outbox(results)
+    writer.before_wait = outbox.flush  # held samples' ring space is freed once they are sent
+    queued: collections.deque[Task] = collections.deque()
+    hold_s = 0.0
     while True:
-        try:
-            if not tasks.poll(POLL_S):
-                if os.getppid() != setup.parent_pid:
-                    return  # the training process is gone
-                continue
-            task = tasks.recv()
-        except (EOFError, OSError):
-            return  # the training process closed our pipe: shutting down
-        if task is None:
-            return
+        if not queued:
+            if not outbox.flush():  # nothing left to run: all it finished goes now
+                return
+            try:
+                while not tasks.poll(POLL_S):
+                    if os.getppid() != setup.parent_pid:
+                        return  # the training process is gone
+                msg = tasks.recv()
+            except (EOFError, OSError):
+                return  # the training process closed our pipe: shutting down
+            if msg is None:
+                return
+            if type(msg) is Tasks:
+                queued.extend(map(Task._make, msg.tasks))
+                hold_s = msg.hold_s
+            else:
+                queued.append(msg)
+                hold_s = 0.0
+        task = queued.popleft()
         if runner.revoked(task):
             continue
         out = runner.run(task, decode(task.payload) if task.start > 0 else None)
-        if not _send(results, runner.message(task.tid, out, to_ring)):
+        if not outbox.add(runner.message(task.tid, out, to_ring), hold_s):
             return
+
+
+class Outbox:
+    """A worker process's finished samples not sent yet (``planner/queueing.py``).
+
+    ``add`` keeps a "done" message while the first one kept is younger than ``hold_s`` seconds
+    and sends everything kept, in one ``("many", [message, ...])``, once it is older; other
+    messages (a hand-off, an error) and ``hold_s == 0`` send at once, with what was kept. The
+    worker's loop flushes before it waits for tasks, and its ring writer before it waits for
+    ring space, so nothing kept ever waits on the training process.
+    """
+
+    def __init__(self, results: Any) -> None:
+        self.results = results
+        self.kept: list[tuple[Any, ...]] = []
+        self.since = 0.0  # time.monotonic() when the first kept message was added
+
+    def add(self, msg: tuple[Any, ...], hold_s: float) -> bool:
+        """Keep or send ``msg``; False when the training process is gone."""
+        now = time.monotonic()
+        if not self.kept:
+            self.since = now
+        self.kept.append(msg)
+        if msg[0] == "done" and now - self.since < hold_s:
+            return True
+        return self.flush()
+
+    def flush(self) -> bool:
+        """Send every kept message; False when the training process is gone."""
+        kept, self.kept = self.kept, []
+        if not kept:
+            return True
+        if len(kept) == 1:
+            return _send(self.results, kept[0])
+        try:
+            self.results.send(("many", kept))
+            return True
+        except (BrokenPipeError, EOFError, OSError):
+            return False
+        except Exception:  # noqa: BLE001 - one unpicklable sample: each on its own, so the
+            return all(_send(self.results, m) for m in kept)  # error names that sample
 
 
 class TaskRunner:

@@ -1,0 +1,50 @@
+"""How many samples a worker process holds at once, and how long it may keep finished ones.
+
+Every sample costs a fixed price in messages on top of its steps: the training process pickles
+and writes its task, the worker reads it, writes the result's message, and the scheduler reads
+and handles that (about 0.1-0.2 ms of CPU in all, plus two wake-ups, on the 2-core machine of
+docs/benchmarks.md). Against a 5 ms image that is a few percent; against a CIFAR-sized sample
+whose steps take 0.1 ms it is most of the work, and torch's DataLoader, which sends one message
+per batch, was 4-5x faster there (docs/benchmarks.md, "Small samples").
+
+So when the typical sample is cheap, the scheduler queues more of them on each worker process
+and writes them in one message, and the worker sends back what it finished in one message per
+``hold_s`` of work instead of one per sample. Two samples (one running, one queued to hide the
+round trip: ``scheduler.DEPTH``) stay the rule for samples of a few milliseconds, where
+sample-level batching and the slow lane need every sample seen as soon as it is done.
+
+Pure functions of measured numbers; tested without processes (``tests/unit/test_queueing.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+MIN_DEPTH = 2
+"""Samples assigned to a worker at once when samples are not cheap: one running, one queued."""
+MAX_DEPTH = 32
+"""Most samples assigned to one worker process at once."""
+QUEUE_S = 0.004
+"""Seconds of typical work a worker process is given at once (the queue's depth times the
+typical sample time): about four message round trips of the training process, so a worker
+never runs dry while its finished samples travel and new ones come back."""
+HOLD_S = 0.001
+"""Seconds of work a worker process may finish before it sends what it finished (when samples
+are queued deeper than ``MIN_DEPTH``): a quarter of ``QUEUE_S``, so a refill arrives while
+three quarters of the queue are still there."""
+
+
+def queue_depth(typical_s: float) -> int:
+    """Samples to assign to one worker process at once, given the typical (median) seconds of a
+    sample's steps: enough to cover ``QUEUE_S``, between ``MIN_DEPTH`` and ``MAX_DEPTH``.
+    ``typical_s`` unknown (nan, inf, 0 or negative): ``MIN_DEPTH``."""
+    if not math.isfinite(typical_s) or typical_s <= 0:
+        return MIN_DEPTH
+    return max(MIN_DEPTH, min(MAX_DEPTH, math.ceil(QUEUE_S / typical_s)))
+
+
+def hold_s(depth: int) -> float:
+    """Seconds a worker may keep finished samples before sending them, for a queue of
+    ``depth``: ``HOLD_S`` when samples are queued deeper than ``MIN_DEPTH`` (cheap samples),
+    else 0 (every sample is sent the moment it is done)."""
+    return HOLD_S if depth > MIN_DEPTH else 0.0

@@ -1,0 +1,48 @@
+"""Cheap samples (microseconds of work each): worker processes get several at once and send
+what they finish in shared messages (planner/queueing.py), and still nothing is lost or
+duplicated, in order or not, when a worker is killed while it holds finished samples."""
+
+import os
+import random
+import signal
+from collections import Counter
+
+import pytest
+
+import headrace as hr
+from tests.helpers import IndexDataset
+from tests.integration.test_faults import worker_pids
+
+pytestmark = pytest.mark.integration
+
+N = 3000  # the first 64 measure the typical sample (MIN_DEPTH until then), the rest share messages
+
+
+@pytest.mark.parametrize("in_order", [False, True])
+def test_cheap_samples_share_messages_and_arrive_exactly_once_in_order(in_order, no_leaks):
+    order = random.Random(3).sample(range(N), N)
+    loader = hr.DataLoader(IndexDataset(N), batch_size=32, num_workers=2, sampler=order,
+                           in_order=in_order)
+    it = iter(loader)
+    got = [i for b in it for i in b.tolist()]
+    assert Counter(got) == Counter(range(N))
+    if in_order:
+        assert got == order
+    c = it.scheduler.counters
+    assert loader.monitor.queue_depth() > 2  # the measured typical sample is cheap
+    assert c.task_messages > 0 and c.shared_messages > 0
+    assert c.fast == N
+
+
+@pytest.mark.parametrize("in_order", [False, True])
+def test_a_worker_killed_while_it_holds_finished_samples_loses_none(in_order, no_leaks):
+    loader = hr.DataLoader(IndexDataset(N), batch_size=32, num_workers=2, shuffle=True,
+                           in_order=in_order)
+    got, it = [], iter(loader)
+    for k, b in enumerate(it):
+        got += b.tolist()
+        if k == 20:  # past the warm-up: queues are deep, results kept and shared
+            assert loader.monitor.queue_depth() > 2
+            os.kill(worker_pids(it)[0], signal.SIGKILL)
+    assert Counter(got) == Counter(range(N))
+    assert loader.stats().worker_restarts >= 1

@@ -1,0 +1,34 @@
+"""The queue depth and hold time of worker processes (planner/queueing.py): pure policy."""
+
+import math
+
+import pytest
+
+from headrace.planner.queueing import HOLD_S, MAX_DEPTH, MIN_DEPTH, QUEUE_S, hold_s, queue_depth
+
+
+@pytest.mark.parametrize("typical", [math.nan, math.inf, 0.0, -1.0])
+def test_unknown_sample_time_keeps_one_running_and_one_queued(typical):
+    assert queue_depth(typical) == MIN_DEPTH
+    assert hold_s(queue_depth(typical)) == 0.0
+
+
+def test_samples_of_milliseconds_keep_the_two_at_a_time_rule_and_send_at_once():
+    for typical in (QUEUE_S / 2, 0.005, 0.05, 1.0):  # imagenet's ~5 ms, speech's 50 ms
+        assert queue_depth(typical) == MIN_DEPTH
+        assert hold_s(MIN_DEPTH) == 0.0
+
+
+def test_cheap_samples_are_queued_to_cover_queue_s_of_work_up_to_the_cap():
+    assert queue_depth(QUEUE_S / 5) == 5
+    assert queue_depth(QUEUE_S / 5.5) == 6  # rounded up: at least QUEUE_S of work queued
+    assert queue_depth(100e-6) == min(MAX_DEPTH, math.ceil(QUEUE_S / 100e-6))
+    assert queue_depth(1e-9) == MAX_DEPTH
+    assert hold_s(queue_depth(100e-6)) == HOLD_S
+
+
+def test_depth_never_grows_as_samples_get_slower():
+    times = [10 ** (k / 10) * 1e-6 for k in range(0, 60)]  # 1 µs .. ~1 s
+    depths = [queue_depth(t) for t in times]
+    assert depths == sorted(depths, reverse=True)
+    assert depths[0] == MAX_DEPTH and depths[-1] == MIN_DEPTH
