@@ -1,0 +1,194 @@
+"""Small samples: headrace vs torch's DataLoader when a sample's steps take microseconds.
+
+    python -m headrace.bench.small_samples [--rounds 3] [--samples 20000] [--workers 2]
+
+Two workloads, no simulated accelerator (the training loop only takes batches, so the loader's
+own throughput is measured): ``cifar`` (CIFAR-10-sized 32x32x3 images: reflect-pad-and-crop,
+flip, normalize, as a CIFAR training script does; about 70 µs of NumPy per sample) and
+``tiny`` (a 16 KB array and one addition: the per-sample price of the loader alone). Rows, each
+a fresh loader's first epoch, interleaved round-robin over the rounds: ``headrace`` (defaults,
+out of order), ``headrace, a message per sample`` (the same with worker processes given one
+sample at a time: ``planner.queueing.MAX_DEPTH`` set to its minimum for that row, as before
+queueing was adaptive) and torch's DataLoader (out of order) at half, equal and twice the
+worker count. torch's dataset runs the same steps, each sample drawing from its own
+``default_rng(index)`` (so both loaders pay for a generator per sample). Prints a Markdown
+table: samples/s and the training process's CPU per sample, median (min-max) over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from headrace.pipeline import Pipeline, step
+from headrace.planner import queueing
+
+_MEAN = np.array([125.3, 123.0, 113.9], np.float32)
+_STD = np.array([63.0, 62.1, 66.7], np.float32)
+
+
+class _Images:
+    """``n`` random 32x32x3 uint8 images (a source: ``load(i)``)."""
+
+    def __init__(self, n: int) -> None:
+        self.data = np.random.default_rng(0).integers(0, 255, (n, 32, 32, 3), dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def load(self, i: int) -> np.ndarray:
+        return self.data[i]
+
+
+class _Indices:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def load(self, i: int) -> int:
+        return i
+
+
+def pad_crop(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Reflect-pad by 4 and crop 32x32 at a random offset (CIFAR's RandomCrop(32, padding=4))."""
+    p = np.pad(x, ((4, 4), (4, 4), (0, 0)), mode="reflect")
+    i, j = rng.integers(0, 9, 2)
+    return p[i:i + 32, j:j + 32]
+
+
+def flip(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return x[:, ::-1] if rng.random() < 0.5 else x
+
+
+def normalize(x: np.ndarray) -> torch.Tensor:
+    """To a float CHW tensor, per-channel standardized."""
+    return torch.from_numpy(((x.astype(np.float32) - _MEAN) / _STD).transpose(2, 0, 1).copy())
+
+
+def fill(i: int) -> np.ndarray:
+    return np.full((64, 64), i, dtype=np.float32)
+
+
+def add_one(x: np.ndarray) -> np.ndarray:
+    return x + 1
+
+
+def pipelines(n: int) -> dict[str, Pipeline]:
+    return {
+        "cifar": Pipeline(_Images(n), [step(pad_crop, random=True), step(flip, random=True),
+                                       normalize]),
+        "tiny": Pipeline(_Indices(n), [fill, add_one]),
+    }
+
+
+class _TorchDataset(torch.utils.data.Dataset):
+    """The same steps for torch's DataLoader, a generator per sample."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self.pipe = pipe
+
+    def __len__(self) -> int:
+        return len(self.pipe)
+
+    def __getitem__(self, i: int) -> Any:
+        rng = np.random.default_rng(i)
+        x = self.pipe.source.load(i)
+        for s in self.pipe.steps:
+            x = s(x, rng) if s.random else s(x)
+        return x
+
+
+def _epoch(make: Callable[[], Any], n: int, close: bool) -> tuple[float, float]:
+    """(wall seconds, training-process CPU seconds) of one epoch of a fresh loader."""
+    loader = make()
+    c0, t0 = time.process_time(), time.perf_counter()
+    got = 0
+    for b in loader:
+        got += len(b)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if close:
+        loader.close()
+    if got != n:
+        raise RuntimeError(f"{got} samples delivered, expected {n}")
+    return wall, cpu
+
+
+def run(rounds: int, samples: int, workers: int, batch: int = 128) -> dict[str, dict[str, list]]:
+    """``{workload: {row: [(wall s, cpu s), ...]}}``, rows interleaved, one epoch each."""
+    from headrace.runtime import DataLoader, Options
+
+    opts = Options(profile_store=False, cache=None)
+    out: dict[str, dict[str, list]] = {}
+    for name, pipe in pipelines(samples).items():
+        ds = _TorchDataset(pipe)
+
+        def headrace_row(one_at_a_time: bool, pipe: Pipeline = pipe) -> tuple[float, float]:
+            saved = queueing.MAX_DEPTH
+            if one_at_a_time:
+                queueing.MAX_DEPTH = queueing.MIN_DEPTH
+            try:
+                return _epoch(lambda: DataLoader(pipe, batch_size=batch, num_workers=workers,
+                                                 in_order=False, options=opts), samples, True)
+            finally:
+                queueing.MAX_DEPTH = saved
+
+        def torch_row(w: int, ds: Any = ds) -> tuple[float, float]:
+            return _epoch(lambda: torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=w,
+                                                              in_order=False), samples, False)
+
+        rows: dict[str, Callable[[], tuple[float, float]]] = {
+            "headrace": lambda: headrace_row(False),
+            "headrace, a message per sample": lambda: headrace_row(True),
+        }
+        for w in sorted({max(1, workers // 2), workers, 2 * workers}):
+            rows[f"torch, {w} workers"] = lambda w=w: torch_row(w)
+        res: dict[str, list] = {k: [] for k in rows}
+        labels = list(rows)
+        for r in range(rounds):
+            shift = r % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                res[label].append(rows[label]())
+        out[name] = res
+    return out
+
+
+def markdown(results: dict[str, dict[str, list]], samples: int, workers: int) -> str:
+    def cell(values: list[float], fmt: str) -> str:
+        return (f"{statistics.median(values):{fmt}} "
+                f"({min(values):{fmt}}–{max(values):{fmt}})")
+
+    lines = []
+    for name, rows in results.items():
+        best_torch = max((statistics.median(samples / w for w, _ in v), k)
+                         for k, v in rows.items() if k.startswith("torch"))
+        lines += [f"**{name}** ({samples} samples, batch 128, headrace {workers} workers)", "",
+                  "| loader | samples/s | training-process CPU µs/sample | vs torch's best |",
+                  "|---|---|---|---|"]
+        for label, runs in rows.items():
+            rate = [samples / w for w, _ in runs]
+            cpu = [c * 1e6 / samples for _, c in runs]
+            ratio = statistics.median(rate) / best_torch[0]
+            lines.append(f"| {label} | {cell(rate, '.0f')} | {cell(cpu, '.1f')} | {ratio:.2f}x |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=20000)
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args(argv)
+    print(markdown(run(a.rounds, a.samples, a.workers), a.samples, a.workers))
+
+
+if __name__ == "__main__":
+    main()

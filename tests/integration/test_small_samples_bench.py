@@ -1,0 +1,28 @@
+"""python -m headrace.bench.small_samples: every row runs, delivers every sample, and the
+one-message-per-sample row leaves the queueing policy as it found it."""
+
+import pytest
+
+from headrace.bench import small_samples
+from headrace.planner import queueing
+
+pytestmark = pytest.mark.integration
+
+
+def test_small_samples_bench_runs_every_row_and_reports_ratios():
+    before = queueing.MAX_DEPTH
+    res = small_samples.run(rounds=1, samples=400, workers=1, batch=32)
+    assert before == queueing.MAX_DEPTH
+    assert set(res) == {"cifar", "tiny"}
+    for rows in res.values():
+        assert set(rows) == {"headrace", "headrace, a message per sample", "torch, 1 workers",
+                             "torch, 2 workers"}
+        assert all(len(v) == 1 and v[0][0] > 0 for v in rows.values())
+    text = small_samples.markdown(res, 400, 1)
+    assert text.count("| headrace |") == 2 and "vs torch's best" in text
+
+
+def test_the_cifar_steps_match_torchs_dataset_on_a_sample():
+    pipe = small_samples.pipelines(4)["cifar"]
+    x = small_samples._TorchDataset(pipe)[2]
+    assert x.shape == (3, 32, 32) and x.dtype.is_floating_point
