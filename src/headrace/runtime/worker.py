@@ -156,17 +156,20 @@ def worker_main(
         task = queued.popleft()
         if runner.revoked(task):
             continue
+        started = time.monotonic()
         out = runner.run(task, decode(task.payload) if task.start > 0 else None)
-        if not outbox.add(runner.message(task.tid, out, to_ring), hold_s):
+        if not outbox.add(runner.message(task.tid, out, to_ring), hold_s, started):
             return
 
 
 class Outbox:
     """A worker process's finished samples not sent yet (``planner/queueing.py``).
 
-    ``add`` keeps a "done" message while the first one kept is younger than ``hold_s`` seconds
-    and sends everything kept, in one ``("many", [message, ...])``, once it is older; other
-    messages (a hand-off, an error) and ``hold_s == 0`` send at once, with what was kept. The
+    ``add`` keeps a "done" message while the first one kept, were one more sample as long as
+    this one run first, would still be younger than ``hold_s`` seconds (so none waits much more
+    than ``hold_s``, and a sample longer than ``hold_s`` is never kept), and sends everything
+    kept, in one ``("many", [message, ...])``, once that is no longer so; other messages (a
+    hand-off, an error) and ``hold_s == 0`` send at once, with what was kept. The
     worker's loop flushes before it waits for tasks, and its ring writer before it waits for
     ring space, so nothing kept ever waits on the training process.
     """
@@ -176,13 +179,14 @@ class Outbox:
         self.kept: list[tuple[Any, ...]] = []
         self.since = 0.0  # time.monotonic() when the first kept message was added
 
-    def add(self, msg: tuple[Any, ...], hold_s: float) -> bool:
-        """Keep or send ``msg``; False when the training process is gone."""
+    def add(self, msg: tuple[Any, ...], hold_s: float, started: float) -> bool:
+        """Keep or send ``msg``, the result of a sample started at ``started``
+        (``time.monotonic()``); False when the training process is gone."""
         now = time.monotonic()
         if not self.kept:
             self.since = now
         self.kept.append(msg)
-        if msg[0] == "done" and now - self.since < hold_s:
+        if msg[0] == "done" and (now - self.since) + (now - started) < hold_s:
             return True
         return self.flush()
 
