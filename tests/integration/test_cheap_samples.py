@@ -30,8 +30,12 @@ def test_cheap_samples_share_messages_and_arrive_exactly_once_in_order(in_order,
         assert got == order
     c = it.scheduler.counters
     assert loader.monitor.queue_depth() > 2  # the measured typical sample is cheap
-    assert c.task_messages > 0 and c.shared_messages > 0
+    assert c.task_messages > 0 and c.shared_samples > 0
     assert c.fast == N
+    st = loader.stats().last
+    assert st.shared_samples == c.shared_samples and 0 < st.shared_samples <= N
+    line = next(ln for ln in loader.explain().splitlines() if ln.startswith("messages:"))
+    assert "at once in one message" in line and f"of {N} samples came in shared" in line
 
 
 @pytest.mark.parametrize("in_order", [False, True])

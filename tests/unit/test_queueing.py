@@ -32,3 +32,15 @@ def test_depth_never_grows_as_samples_get_slower():
     depths = [queue_depth(t) for t in times]
     assert depths == sorted(depths, reverse=True)
     assert depths[0] == MAX_DEPTH and depths[-1] == MIN_DEPTH
+
+
+def test_describe_says_what_the_typical_sample_gave_and_what_came_shared():
+    from headrace.planner.queueing import describe
+
+    assert "not measured yet" in describe(math.nan, MIN_DEPTH, None, None)
+    slow = describe(0.0045, MIN_DEPTH, 0, 960)
+    assert "one per sample" in slow and "4.5 ms" in slow and "under 2.0 ms" in slow
+    assert "0 of 960" in slow
+    cheap = describe(70e-6, 32, 19500, 20000)
+    assert "32 at once" in cheap and "70 µs" in cheap and "19500 of 20000" in cheap
+    assert "last epoch" not in describe(70e-6, 32, None, None)

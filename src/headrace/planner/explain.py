@@ -38,6 +38,7 @@ class Facts:
     executor: str | None = None  # executor="auto": what it chose and why
     start_note: str | None = None  # num_workers="auto": its first count from a stored profile
     move_cost_s: float = 0.0  # training-process seconds to forward one slow-lane sample
+    messages: str | None = None  # worker processes: samples per message (planner/queueing.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +162,8 @@ def explain_text(f: Facts) -> str:
             f"slow lane: hand-off timeout {units.duration(st.timeout_s)} = p{st.timeout_percentile:g} of "
             f"per-sample time over the last {f.timeout_samples} samples{fb}{share}{cost}"
         )
+    if f.messages:
+        out.append(f.messages)
     if f.start_note:
         out.append(f"workers: {f.start_note}")
     if f.scale_decisions:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 
+from headrace import units
+
 MIN_DEPTH = 2
 """Samples assigned to a worker at once when samples are not cheap: one running, one queued."""
 MAX_DEPTH = 32
@@ -41,6 +43,24 @@ def queue_depth(typical_s: float) -> int:
     if not math.isfinite(typical_s) or typical_s <= 0:
         return MIN_DEPTH
     return max(MIN_DEPTH, min(MAX_DEPTH, math.ceil(QUEUE_S / typical_s)))
+
+
+def describe(typical_s: float, depth: int, shared: int | None, samples: int | None) -> str:
+    """``explain()``'s line: the typical sample, the depth it gives, and how many of the last
+    epoch's ``samples`` came in shared messages (``None``: no epoch yet)."""
+    if not math.isfinite(typical_s):
+        return (f"messages: one per sample each way, {MIN_DEPTH} samples per worker (the typical "
+                "sample time is not measured yet)")
+    last = (f"; last epoch {shared} of {samples} samples came in shared messages"
+            if shared is not None and samples else "")
+    if depth <= MIN_DEPTH:
+        return (f"messages: one per sample each way, {MIN_DEPTH} samples per worker (typical "
+                f"sample {units.duration(typical_s)}: samples under "
+                f"{units.duration(QUEUE_S / MIN_DEPTH)} would be queued deeper and share "
+                f"messages){last}")
+    return (f"messages: typical sample {units.duration(typical_s)}, so worker processes get "
+            f"{depth} at once in one message and send what they finish within "
+            f"{units.duration(HOLD_S)} together{last}")
 
 
 def hold_s(depth: int) -> float:

@@ -344,6 +344,8 @@ class DataLoader(tud.DataLoader[_T_co]):
             executor=self._executor_line(),
             start_note=self.monitor.start_note,
             move_cost_s=self.monitor.move_cost_s,
+            messages=self.monitor.messages_line()
+            if self.num_workers and self._executor == "processes" else None,
         ))
 
     def _executor_line(self) -> str | None:

@@ -18,6 +18,7 @@ import psutil
 from headrace.pipeline.runner import StepTiming
 from headrace.planner import ranks
 from headrace.planner.executor import ExecutorDecision, choose_executor
+from headrace.planner.queueing import describe as describe_queueing
 from headrace.planner.queueing import queue_depth
 from headrace.planner.timeout import TimeoutPolicy, move_cost, remaining_after
 from headrace.planner.workers import WorkerScaler, consumer_rate, demand_workers, rank_cpus
@@ -199,6 +200,13 @@ class Monitor:
         """Samples to assign to one worker process at once (``planner.queueing``): deeper when
         the typical sample is cheap, so their messages are shared."""
         return queue_depth(self.timeout.typical_s)
+
+    def messages_line(self) -> str:
+        """``explain()``'s line on how samples travel to and from worker processes."""
+        last = self.epochs[-1] if self.epochs else None
+        return describe_queueing(self.timeout.typical_s, self.queue_depth(),
+                                 last.shared_samples if last is not None else None,
+                                 last.samples if last is not None else None)
 
     def on_tick(self, sched: Scheduler) -> None:
         pool = sched.pool

@@ -234,7 +234,7 @@ class Scheduler:
                 else:
                     with self._lock:  # once a worker thread ended the epoch, only "ready" counts
                         if msg[0] == "many":
-                            self.counters.shared_messages += 1
+                            self.counters.shared_samples += len(msg[1])
                         for m in msg[1] if msg[0] == "many" else (msg,):
                             if not self._finished or m[0] == "ready":
                                 self._handle(w, m)

@@ -74,7 +74,7 @@ class Counters:
         self.scheduler_cpu_s = 0.0
         self.forwarded = 0  # slow-lane samples' partial values sent on to a worker
         self.forward_cpu_s = 0.0  # scheduler-thread CPU seconds those cost (ring copy, encode, send)
-        self.shared_messages = 0  # result messages from worker processes carrying several samples
+        self.shared_samples = 0  # samples that came in a result message carrying several
         self.task_messages = 0  # task messages to worker processes carrying several samples
 
 

@@ -76,6 +76,8 @@ class EpochStats:
         failed_samples: samples whose error was raised in the training loop
             (``on_error="raise"``; the epoch went on). Not delivered: a resume retries them.
         cache: what the sample cache did this epoch (``None``: no cache).
+        shared_samples: samples that reached the training process in a message shared with
+            others (cheap samples: ``planner/queueing.py``).
     """
 
     epoch: int
@@ -93,6 +95,7 @@ class EpochStats:
     moved_samples: int = 0
     failed_samples: int = 0
     cache: CacheStats | None = None
+    shared_samples: int = 0
 
     @property
     def stall_fraction(self) -> float:
