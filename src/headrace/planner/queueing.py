@@ -10,7 +10,7 @@ per batch, was 4-5x faster there (docs/benchmarks.md, "Small samples").
 So when the typical sample is cheap, the scheduler queues more of them on each worker process
 and writes them in one message, and the worker sends back what it finished in one message per
 ``hold_s`` of work instead of one per sample. Two samples (one running, one queued to hide the
-round trip: ``scheduler.DEPTH``) stay the rule for samples of a few milliseconds, where
+round trip: ``runtime/dispatch.py``'s ``DEPTH``) stay the rule for samples of a few milliseconds, where
 sample-level batching and the slow lane need every sample seen as soon as it is done.
 
 Pure functions of measured numbers; tested without processes (``tests/unit/test_queueing.py``).

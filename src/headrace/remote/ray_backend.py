@@ -281,7 +281,7 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
                 retiring = True
                 break
             if task.tid == progress.revoked[slot]:
-                continue  # moved to an idle worker while queued here (Scheduler._steal)
+                continue  # moved to an idle worker while queued here (Dispatcher._steal)
             sent = _submit(actor, task, opts, local)
             if sent[0] == "msg":
                 if not results.send(sent[1]):

@@ -67,7 +67,7 @@ class Progress:
     ``tid[slot]``: task id being run (−1: idle); ``started[slot]``: ``time.monotonic()`` when
     it started (seconds); ``step[slot]``: execution step it is in (0 = load). Written by the
     main process: ``revoked[slot]``: a queued task id the worker must skip (it was moved to
-    another worker; see ``Scheduler._steal``). ``gil_held[slot]`` / ``gil_probed[slot]``: seconds
+    another worker; see ``Dispatcher._steal``). ``gil_held[slot]`` / ``gil_probed[slot]``: seconds
     of step time a worker process's GIL probe saw held / watched (``runtime/gilprobe.py``).
     """
 

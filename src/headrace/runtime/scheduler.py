@@ -5,21 +5,16 @@ receives finished samples, hands slow ones to the slow lane, copies each finishe
 into its row of its batch (``runtime/assembly.py``), and puts finished batches on the queue the
 training loop reads. MinatoLoader Algorithm 1, done with processes:
 
-* fast lane: fresh samples go to any worker with room (at most ``DEPTH`` assigned each; one
-  while the worker runs a sample over the timeout, or near the end of the epoch, so no sample
-  waits behind a slow one); a worker with nothing to do takes over a sample queued behind a
-  slow one elsewhere (``_steal``);
+* which worker gets which sample next (the fast lane, the slow lane's share of the workers,
+  taking over samples queued behind slow ones): ``runtime/dispatch.py``;
 * slow lane: a sample over the learned timeout comes back with its partial value and the index
-  of its next step; it waits in the slow backlog and is resumed at that step by a worker. At most
-  ``slow_lane_share`` of the workers run slow-lane samples while fresh samples are waiting, so
-  fast samples always have most of the pool; when no fresh sample may start, any worker takes
-  slow-lane work, so the pool stays work-conserving within the user's worker budget.
+  of its next step; it waits in the slow backlog and is resumed at that step by a worker;
 * batcher: the next samples to finish form the next batch, whichever lane they came through
   (``runtime/batcher.py``).
 
-Its parts: the queues of work not yet on a worker (``runtime/lanes.py``), batches going out
-(``runtime/output.py``), what its thread waits on (``runtime/waiter.py``); here: dispatching
-to workers, results, worker deaths.
+Its parts: the queues of work not yet on a worker (``runtime/lanes.py``), dispatch
+(``runtime/dispatch.py``), batches going out (``runtime/output.py``), what its thread waits on
+(``runtime/waiter.py``); here: its thread, results, worker deaths.
 
 Worker threads (``runtime/threadworker.py``) hand their results in through ``deliver``, in
 their own thread; that is why the scheduler's state changes under ``_lock``.
@@ -33,14 +28,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import queue
 import threading
 import time
 from typing import Any
 
 from headrace.errors import StepError, WorkerDiedError, step_error_for
-from headrace.planner.queueing import hold_s
+from headrace.runtime.dispatch import Dispatcher, running_longer_than
 from headrace.runtime.lanes import Lanes
 from headrace.runtime.output import BatchOutput
 from headrace.runtime.pool import WorkerHandle, WorkerPool
@@ -48,14 +42,11 @@ from headrace.runtime.ring import decode as ring_decode
 from headrace.runtime.transport import decode, encode
 from headrace.runtime.waiter import Waiter
 from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, death_error
-from headrace.runtime.worker import Task
 
 log = logging.getLogger("headrace")
 
 POLL_S = 0.05
 """Longest the scheduler blocks before re-checking its stop event (seconds)."""
-DEPTH = 2
-"""Samples assigned to one worker at once: one running, one queued to hide the round trip."""
 
 
 class Scheduler:
@@ -78,7 +69,8 @@ class Scheduler:
         self.lanes = Lanes(spec, pool.tids)  # work not yet on a worker; samples in flight
         self._recs = self.lanes.recs
         self.output = BatchOutput(spec, out, self.counters, hooks)
-        self._slow_takers = False  # a worker with prefers_slow is dispatched to (see _dispatch)
+        self.dispatcher = Dispatcher(pool, spec, self.lanes, self.counters, hooks,
+                                     lambda: self.in_flight)
         self._hung: dict[int, tuple[int, int]] = {}  # slot -> (tid, step) of a killed hung task
         self._stop = threading.Event()
         self._waiter = Waiter()
@@ -199,7 +191,7 @@ class Scheduler:
 
     def _advance(self) -> bool:
         """Dispatch work and emit ready batches; True (and "end" put) when the epoch is done."""
-        self._dispatch()
+        self.dispatcher.dispatch()
         if self.output.emit(self.lanes.complete):
             self.out.put(("end", None, None))
             self._finished = True
@@ -246,134 +238,6 @@ class Scheduler:
                 # is the next epoch's to handle, or nobody's
             for w in dict.fromkeys(dead):
                 self._on_death(w)
-
-    # -- dispatch ------------------------------------------------------------------------------
-    def _dispatch(self) -> None:
-        workers = [w for w in list(self.pool.workers.values()) if w.ready and not w.retiring
-                   and (w.gate is None or w.gate())]
-        if not workers:
-            return
-        # The slow lane gets its share of the workers; a backlog longer than the pool means that
-        # share is too small for this workload (slow samples carry most of the work), and
-        # starving it would only fill the in-flight budget with waiting samples: lift the cap.
-        slow_cap = max(1, int(self.spec.slow_lane_share * len(workers)))
-        if len(self.lanes.backlog) > len(workers):
-            slow_cap = len(workers) * DEPTH
-        slow_now = self._over_timeout(workers)
-        # workers that take slow-lane samples first (remote ones with Remote(slow_lane=True)):
-        # the others then leave the backlog to them unless nothing fresh may start
-        self._slow_takers = any(w.prefers_slow for w in workers)
-        # near storage (remote/storage.py): fresh samples go to the storage nodes' fetchers
-        # while one runs, the others resume what they hand back
-        fetchers = any(w.fetches for w in workers)
-        # cheap samples: worker processes get more at once, in one message (planner/queueing.py)
-        deep = self.hooks.queue_depth() if any(w.ring is not None for w in workers) else DEPTH
-        hold = hold_s(deep)
-        outbox: dict[WorkerHandle, list[Task]] = {}
-        try:
-            self._fill(workers, deep, slow_now, slow_cap, fetchers, outbox)
-        finally:  # a sampler error mid-pass: what was taken is assigned, so nothing is lost
-            for w, tasks in outbox.items():
-                self.counters.task_messages += len(tasks) > 1
-                w.send_many(tasks, hold)
-        idle = [w for w in workers if not w.assigned]
-        if idle and slow_now:
-            self._steal(idle, workers, slow_now)
-
-    def _fill(self, workers: list[WorkerHandle], deep: int, slow_now: dict[int, float],
-              slow_cap: int, fetchers: bool, outbox: dict[WorkerHandle, list[Task]]) -> None:
-        """Give each worker work up to its depth: ``DEPTH``, ``deep`` for worker processes;
-        fresh samples for a worker process go to ``outbox`` (sent in one message each)."""
-        for depth in range(1, deep + 1):
-            for w in workers:
-                if depth > 1 and w.slot in slow_now:
-                    continue  # nothing queues behind a sample already over the timeout
-                if depth > DEPTH and w.ring is None:
-                    continue  # threads and remote workers: two at a time
-                while len(w.assigned) + len(outbox.get(w, ())) < depth:
-                    fresh_ok = depth == 1 or not self.lanes.near_end(deep * len(self.pool.workers))
-                    fresh_ok = fresh_ok and (w.fetches or not fetchers)
-                    rec = self.lanes.choose(fresh_ok, functools.partial(
-                        self._may_take_slow, w, slow_cap), self.in_flight,
-                        backlog_ok=not w.fetches)
-                    if rec is None:
-                        break
-                    rec.worker = w.slot
-                    if w.ring is not None and rec.task.start == 0:
-                        outbox.setdefault(w, []).append(rec.task)
-                    else:
-                        self._send(w, rec.task)
-
-    def _send(self, w: WorkerHandle, task: Task) -> None:
-        """Send ``task`` to ``w``; a slow-lane sample's send (its partial value pickled, large
-        arrays shared) counts in the cost of moving it (``Counters.forward_cpu_s``)."""
-        if task.start == 0:
-            w.send(task)
-            return
-        c0 = time.thread_time()
-        w.send(task)
-        self.counters.forward_cpu_s += time.thread_time() - c0
-
-    def _may_take_slow(self, w: WorkerHandle, slow_cap: int) -> bool:
-        """Whether ``w`` may take a slow-lane sample before fresh ones: a worker that prefers
-        them (remote, ``Remote(slow_lane=True)``) always; the others while the slow lane has
-        less than its share and no such worker is there to take it."""
-        return w.prefers_slow or (not self._slow_takers and self._slow_running() < slow_cap)
-
-    def _over_timeout(self, workers: list[WorkerHandle]) -> dict[int, float]:
-        """Workers running a task of theirs for longer than the timeout: slot -> its start."""
-        limit = self.hooks.slow_threshold_s()
-        if not math.isfinite(limit):
-            return {}
-        return {w.slot: started for w, _, started in self._running_longer_than(limit, workers)}
-
-    def _running_longer_than(
-        self, limit: float, workers: list[WorkerHandle]
-    ) -> list[tuple[WorkerHandle, int, float]]:
-        """(worker, tid, start) of each worker running a task of its own for over ``limit`` s."""
-        prog = self.pool.progress
-        now = time.monotonic()
-        out = []
-        for w in workers:
-            tid, started = prog.tid[w.slot], prog.started[w.slot]
-            if tid in w.assigned and now - started > limit:
-                out.append((w, tid, started))
-        return out
-
-    def _steal(
-        self, idle: list[WorkerHandle], workers: list[WorkerHandle], slow_now: dict[int, float]
-    ) -> None:
-        """Give idle workers the tasks queued behind slow samples (they have nothing else).
-
-        A task queued on a worker that runs a slow sample would wait for it while others idle;
-        at the end of an epoch the last batch waits for it. It moves to an idle worker under a
-        new tid, and its old worker is told to skip the old tid (``Progress.revoked``). Should
-        the old worker start it anyway (a race), its result carries the old tid and is dropped
-        as stale: the sample is still delivered once. A worker over the timeout gets no new
-        queued task (``_dispatch``), so one revoked tid per worker is enough.
-        """
-        prog = self.pool.progress
-        victims = sorted((w for w in workers if w.slot in slow_now and len(w.assigned) > 1
-                          and not w.fetches),  # near storage: its samples stay on storage
-                         key=lambda w: slow_now[w.slot])  # the longest-running first
-        for victim, thief in zip(victims, idle, strict=False):
-            running = prog.tid[victim.slot]
-            queued = next((t for t in victim.assigned if t != running), None)
-            if queued is None or queued not in self._recs:
-                continue
-            task = victim.assigned.pop(queued)
-            rec = self._recs.pop(queued)
-            prog.revoked[victim.slot] = queued
-            rec.task = task._replace(tid=next(self.pool.tids))
-            self._recs[rec.task.tid] = rec
-            rec.worker = thief.slot
-            self._send(thief, rec.task)
-            self.counters.moved += 1
-
-    def _slow_running(self) -> int:
-        return sum(
-            1 for w in list(self.pool.workers.values()) for t in w.assigned.values() if t.start > 0
-        )
 
     # -- results -------------------------------------------------------------------------------
     def _handle(self, w: WorkerHandle, msg: tuple[Any, ...]) -> None:
@@ -445,7 +309,7 @@ class Scheduler:
         """Replace workers stuck on one sample longer than ``sample_timeout_s``."""
         limit = self.spec.sample_timeout_s
         assert limit is not None
-        for w, tid, _ in self._running_longer_than(limit, list(self.pool.workers.values())):
+        for w, tid, _ in running_longer_than(self.pool, limit, list(self.pool.workers.values())):
             if w.slot not in self._hung:
                 self._hung[w.slot] = (tid, self.pool.progress.step[w.slot])
                 log.warning("headrace worker %d: sample over sample_timeout=%.3g s, replacing it",

@@ -230,7 +230,7 @@ def thread_main(
             continue
         # A resumed sample runs on its own copy of the partial value: the scheduler keeps the
         # original for a retry, and a revoked attempt that races its replacement (see
-        # Scheduler._steal) must not change what the other one works on.
+        # Dispatcher._steal) must not change what the other one works on.
         value = copy.deepcopy(task.payload) if task.start > 0 else None
         out = runner.run(task, value)
         if not results.send(runner.message(task.tid, out, _as_is)):

@@ -1,0 +1,177 @@
+"""Dispatch: which sample each worker gets next (the scheduler thread's half that sends).
+
+MinatoLoader Algorithm 1's lanes, done with worker processes (``runtime/scheduler.py`` runs it):
+
+* fast lane: fresh samples go to any worker with room: ``DEPTH`` assigned at once (one running,
+  one queued to hide the round trip), deeper on worker processes when samples are cheap
+  (``planner/queueing.py``: a pass's fresh samples for one worker then travel in one message);
+  one while the worker runs a sample over the timeout, or near the end of the epoch, so no
+  sample waits behind a slow one. A worker with nothing to do takes over a sample queued behind
+  a slow one elsewhere (``_steal``).
+* slow lane: at most ``slow_lane_share`` of the workers run slow-lane samples while fresh samples
+  are waiting, so fast samples always have most of the pool; when no fresh sample may start, any
+  worker takes slow-lane work, so the pool stays work-conserving within the user's worker budget.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from headrace.planner.queueing import hold_s
+from headrace.runtime.lanes import Lanes
+from headrace.runtime.pool import WorkerHandle, WorkerPool
+from headrace.runtime.work import Counters, EpochSpec
+from headrace.runtime.worker import Task
+
+DEPTH = 2
+"""Samples assigned to one worker at once (worker processes with cheap samples: more)."""
+
+
+class Dispatcher:
+    """Sends work to the pool's workers; state shared with the scheduler that owns it (and
+    changed under its lock): the lanes, the counters, the workers' ``assigned``."""
+
+    def __init__(self, pool: WorkerPool, spec: EpochSpec, lanes: Lanes, counters: Counters,
+                 hooks: Any, in_flight: Callable[[], int]) -> None:
+        self.pool = pool
+        self.spec = spec
+        self.lanes = lanes
+        self.counters = counters
+        self.hooks = hooks  # runtime.monitor.Monitor: slow_threshold_s, queue_depth
+        self.in_flight = in_flight  # samples pulled from the sampler and not yet yielded
+        self._slow_takers = False  # a worker with prefers_slow is dispatched to
+
+    def dispatch(self) -> None:
+        """Give ready workers work up to their depth; idle ones what waits behind slow samples."""
+        workers = [w for w in list(self.pool.workers.values()) if w.ready and not w.retiring
+                   and (w.gate is None or w.gate())]
+        if not workers:
+            return
+        # The slow lane gets its share of the workers; a backlog longer than the pool means that
+        # share is too small for this workload (slow samples carry most of the work), and
+        # starving it would only fill the in-flight budget with waiting samples: lift the cap.
+        slow_cap = max(1, int(self.spec.slow_lane_share * len(workers)))
+        if len(self.lanes.backlog) > len(workers):
+            slow_cap = len(workers) * DEPTH
+        slow_now = self._over_timeout(workers)
+        # workers that take slow-lane samples first (remote ones with Remote(slow_lane=True)):
+        # the others then leave the backlog to them unless nothing fresh may start
+        self._slow_takers = any(w.prefers_slow for w in workers)
+        # near storage (remote/storage.py): fresh samples go to the storage nodes' fetchers
+        # while one runs, the others resume what they hand back
+        fetchers = any(w.fetches for w in workers)
+        # cheap samples: worker processes get more at once, in one message (planner/queueing.py)
+        deep = self.hooks.queue_depth() if any(w.ring is not None for w in workers) else DEPTH
+        hold = hold_s(deep)
+        outbox: dict[WorkerHandle, list[Task]] = {}
+        try:
+            self._fill(workers, deep, slow_now, slow_cap, fetchers, outbox)
+        finally:  # a sampler error mid-pass: what was taken is assigned, so nothing is lost
+            for w, tasks in outbox.items():
+                self.counters.task_messages += len(tasks) > 1
+                w.send_many(tasks, hold)
+        idle = [w for w in workers if not w.assigned]
+        if idle and slow_now:
+            self._steal(idle, workers, slow_now)
+
+    def _fill(self, workers: list[WorkerHandle], deep: int, slow_now: dict[int, float],
+              slow_cap: int, fetchers: bool, outbox: dict[WorkerHandle, list[Task]]) -> None:
+        """Give each worker work up to its depth: ``DEPTH``, ``deep`` for worker processes;
+        fresh samples for a worker process go to ``outbox`` (sent in one message each)."""
+        for depth in range(1, deep + 1):
+            for w in workers:
+                if depth > 1 and w.slot in slow_now:
+                    continue  # nothing queues behind a sample already over the timeout
+                if depth > DEPTH and w.ring is None:
+                    continue  # threads and remote workers: two at a time
+                while len(w.assigned) + len(outbox.get(w, ())) < depth:
+                    fresh_ok = depth == 1 or not self.lanes.near_end(deep * len(self.pool.workers))
+                    fresh_ok = fresh_ok and (w.fetches or not fetchers)
+                    rec = self.lanes.choose(fresh_ok, functools.partial(
+                        self._may_take_slow, w, slow_cap), self.in_flight(),
+                        backlog_ok=not w.fetches)
+                    if rec is None:
+                        break
+                    rec.worker = w.slot
+                    if w.ring is not None and rec.task.start == 0:
+                        outbox.setdefault(w, []).append(rec.task)
+                    else:
+                        self._send(w, rec.task)
+
+    def _send(self, w: WorkerHandle, task: Task) -> None:
+        """Send ``task`` to ``w``; a slow-lane sample's send (its partial value pickled, large
+        arrays shared) counts in the cost of moving it (``Counters.forward_cpu_s``)."""
+        if task.start == 0:
+            w.send(task)
+            return
+        c0 = time.thread_time()
+        w.send(task)
+        self.counters.forward_cpu_s += time.thread_time() - c0
+
+    def _may_take_slow(self, w: WorkerHandle, slow_cap: int) -> bool:
+        """Whether ``w`` may take a slow-lane sample before fresh ones: a worker that prefers
+        them (remote, ``Remote(slow_lane=True)``) always; the others while the slow lane has
+        less than its share and no such worker is there to take it."""
+        return w.prefers_slow or (not self._slow_takers and self._slow_running() < slow_cap)
+
+    def _over_timeout(self, workers: list[WorkerHandle]) -> dict[int, float]:
+        """Workers running a task of theirs for longer than the timeout: slot -> its start."""
+        limit = self.hooks.slow_threshold_s()
+        if not math.isfinite(limit):
+            return {}
+        return {w.slot: started for w, _, started in running_longer_than(self.pool, limit, workers)}
+
+    def _steal(
+        self, idle: list[WorkerHandle], workers: list[WorkerHandle], slow_now: dict[int, float]
+    ) -> None:
+        """Give idle workers the tasks queued behind slow samples (they have nothing else).
+
+        A task queued on a worker that runs a slow sample would wait for it while others idle;
+        at the end of an epoch the last batch waits for it. It moves to an idle worker under a
+        new tid, and its old worker is told to skip the old tid (``Progress.revoked``). Should
+        the old worker start it anyway (a race), its result carries the old tid and is dropped
+        as stale: the sample is still delivered once. A worker over the timeout gets no new
+        queued task (``_fill``). With a deeper queue (cheap samples) several may wait behind it:
+        one moves per pass, and each move's revocation replaces the last, so the worker may still
+        run an earlier-moved one; its result is dropped as stale (wasted work, not a duplicate).
+        """
+        prog = self.pool.progress
+        victims = sorted((w for w in workers if w.slot in slow_now and len(w.assigned) > 1
+                          and not w.fetches),  # near storage: its samples stay on storage
+                         key=lambda w: slow_now[w.slot])  # the longest-running first
+        for victim, thief in zip(victims, idle, strict=False):
+            running = prog.tid[victim.slot]
+            queued = next((t for t in victim.assigned if t != running), None)
+            if queued is None or queued not in self.lanes.recs:
+                continue
+            task = victim.assigned.pop(queued)
+            rec = self.lanes.recs.pop(queued)
+            prog.revoked[victim.slot] = queued
+            rec.task = task._replace(tid=next(self.pool.tids))
+            self.lanes.recs[rec.task.tid] = rec
+            rec.worker = thief.slot
+            self._send(thief, rec.task)
+            self.counters.moved += 1
+
+    def _slow_running(self) -> int:
+        return sum(
+            1 for w in list(self.pool.workers.values()) for t in w.assigned.values() if t.start > 0
+        )
+
+
+def running_longer_than(
+    pool: WorkerPool, limit: float, workers: list[WorkerHandle]
+) -> list[tuple[WorkerHandle, int, float]]:
+    """(worker, tid, start) of each worker running a task of its own for over ``limit`` s."""
+    prog = pool.progress
+    now = time.monotonic()
+    out = []
+    for w in workers:
+        tid, started = prog.tid[w.slot], prog.started[w.slot]
+        if tid in w.assigned and now - started > limit:
+            out.append((w, tid, started))
+    return out
