@@ -23,6 +23,27 @@ def test_break_out_of_the_loop_stops_the_workers(no_leaks):
     gc.collect()
 
 
+def test_a_finished_epoch_is_freed_without_waiting_for_the_garbage_collector(no_leaks):
+    # A reference cycle through the epoch's scheduler kept its batch memory (the loader's
+    # buffer pool) until the collector ran: the next loader then paid fresh pages for its
+    # batches (0.1-0.4 s of kernel time per epoch on the benchmark VM).
+    from headrace.runtime.scheduler import Scheduler
+
+    gc.collect()
+    before = sum(isinstance(o, Scheduler) for o in gc.get_objects())
+    gc.disable()
+    try:
+        for executor in ("processes", "threads"):
+            loader = hr.DataLoader(IndexDataset(40), batch_size=4, num_workers=2,
+                                   options=hr.Options(executor=executor))
+            assert len([b for b in loader]) == 10
+            loader.close()
+            del loader
+            assert sum(isinstance(o, Scheduler) for o in gc.get_objects()) == before, executor
+    finally:
+        gc.enable()
+
+
 def test_exception_in_the_training_loop_stops_the_workers(no_leaks):
     loader = hr.DataLoader(IndexDataset(100), batch_size=4, num_workers=2)
 

@@ -31,6 +31,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from typing import Any
 
 from headrace.errors import StepError, WorkerDiedError, step_error_for
@@ -69,8 +70,11 @@ class Scheduler:
         self.lanes = Lanes(spec, pool.tids)  # work not yet on a worker; samples in flight
         self._recs = self.lanes.recs
         self.output = BatchOutput(spec, out, self.counters, hooks)
+        # a weak reference: a closure over ``self`` would make a cycle, and the epoch's
+        # memory (its batch buffers among it) would wait for the garbage collector
+        me = weakref.proxy(self)
         self.dispatcher = Dispatcher(pool, spec, self.lanes, self.counters, hooks,
-                                     lambda: self.in_flight)
+                                     lambda: me.in_flight)
         self._hung: dict[int, tuple[int, int]] = {}  # slot -> (tid, step) of a killed hung task
         self._stop = threading.Event()
         self._waiter = Waiter()
@@ -208,6 +212,8 @@ class Scheduler:
         for w in list(self.pool.workers.values()):
             if w.is_thread and w.conn.sink is self._sinks.get(w.slot):
                 w.conn.sink = None
+        self._sinks.clear()  # they hold ``self.deliver``: a cycle that would keep this epoch's
+        # memory (its batch buffers among it) until the garbage collector runs
 
     def _wait_and_handle(self) -> None:
         """Wait for results, deaths or a wake-up (``runtime/waiter.py``), then handle them."""
