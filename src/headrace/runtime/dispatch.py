@@ -3,10 +3,10 @@
 MinatoLoader Algorithm 1's lanes, done with worker processes (``runtime/scheduler.py`` runs it):
 
 * fast lane: fresh samples go to any worker with room: ``DEPTH`` assigned at once (one running,
-  one queued to hide the round trip), deeper on worker processes when samples are cheap
-  (``planner/queueing.py``: a pass's fresh samples for one worker then travel in one message);
-  one while the worker runs a sample over the timeout, or near the end of the epoch, so no
-  sample waits behind a slow one. A worker with nothing to do takes over a sample queued behind
+  one queued to hide the round trip), deeper when samples are cheap and every worker is a local
+  process (``planner/queueing.py``: a pass's fresh samples for one worker then travel in one
+  message); one while the worker runs a sample over the timeout, or near the end of the epoch,
+  so no sample waits behind a slow one. A worker with nothing to do takes over a sample queued behind
   a slow one elsewhere (``_steal``).
 * slow lane: at most ``slow_lane_share`` of the workers run slow-lane samples while fresh samples
   are waiting, so fast samples always have most of the pool; when no fresh sample may start, any
@@ -64,8 +64,10 @@ class Dispatcher:
         # near storage (remote/storage.py): fresh samples go to the storage nodes' fetchers
         # while one runs, the others resume what they hand back
         fetchers = any(w.fetches for w in workers)
-        # cheap samples: worker processes get more at once, in one message (planner/queueing.py)
-        deep = self.hooks.queue_depth() if any(w.ring is not None for w in workers) else DEPTH
+        # cheap samples: worker processes get more at once, in one message (planner/queueing.py);
+        # not beside threads or remote workers, which take two at a time: deeper local queues
+        # would take the samples an offload ratio or a storage node's fetchers were to get
+        deep = self.hooks.queue_depth() if all(w.ring is not None for w in workers) else DEPTH
         hold = hold_s(deep)
         outbox: dict[WorkerHandle, list[Task]] = {}
         try:
@@ -80,14 +82,12 @@ class Dispatcher:
 
     def _fill(self, workers: list[WorkerHandle], deep: int, slow_now: dict[int, float],
               slow_cap: int, fetchers: bool, outbox: dict[WorkerHandle, list[Task]]) -> None:
-        """Give each worker work up to its depth: ``DEPTH``, ``deep`` for worker processes;
-        fresh samples for a worker process go to ``outbox`` (sent in one message each)."""
+        """Give each worker up to ``deep`` samples (``DEPTH`` unless every worker is a local
+        process); fresh samples for a worker process go to ``outbox`` (one message each)."""
         for depth in range(1, deep + 1):
             for w in workers:
                 if depth > 1 and w.slot in slow_now:
                     continue  # nothing queues behind a sample already over the timeout
-                if depth > DEPTH and w.ring is None:
-                    continue  # threads and remote workers: two at a time
                 while len(w.assigned) + len(outbox.get(w, ())) < depth:
                     fresh_ok = depth == 1 or not self.lanes.near_end(deep * len(self.pool.workers))
                     fresh_ok = fresh_ok and (w.fetches or not fetchers)
