@@ -112,14 +112,17 @@ class TimeoutPolicy:
         if c.fixed_s is not None:
             if self._seen >= c.warmup_samples and self._since_update >= c.update_every:
                 self._since_update = 0
-                times = np.fromiter(self._times, float, count=len(self._times))
-                times.sort()
-                self._typical = percentile(times, 50.0)
+                self._typical = percentile(self._sorted_times(), 50.0)
             return
         if self._seen == c.warmup_samples or (
             self._seen > c.warmup_samples and self._since_update >= c.update_every
         ):
             self._recompute()
+
+    def _sorted_times(self) -> np.ndarray:
+        times = np.fromiter(self._times, float, count=len(self._times))
+        times.sort()
+        return times
 
     def _recompute(self) -> None:
         c = self.config
@@ -128,8 +131,7 @@ class TimeoutPolicy:
             self._fallback_until = self._seen + c.window
             self._slow.clear()
         pct = c.fallback_percentile if self.using_fallback else c.percentile
-        times = np.fromiter(self._times, float, count=len(self._times))
-        times.sort()
+        times = self._sorted_times()
         value, self._typical = percentile(times, pct), percentile(times, 50.0)
         if value != self._timeout:
             self._timeout = value

@@ -344,8 +344,9 @@ class DataLoader(tud.DataLoader[_T_co]):
             executor=self._executor_line(),
             start_note=self.monitor.start_note,
             move_cost_s=self.monitor.move_cost_s,
-            messages=self.monitor.messages_line()
-            if self.num_workers and self._executor == "processes" else None,
+            messages=self.monitor.messages_line()  # deeper queues: local processes only
+            if self.num_workers and self._executor == "processes" and self.remote is None
+            else None,
         ))
 
     def _executor_line(self) -> str | None:
