@@ -67,3 +67,18 @@ def test_a_full_ring_asks_its_writer_to_send_what_it_kept_before_waiting():
     assert calls == [5]
     w.put(np.ones(3072, dtype=np.float32))  # room again: no call
     assert calls == [5]
+
+
+def test_ring_space_of_messages_an_error_left_unhandled_is_freed_and_never_taken_back():
+    from headrace.runtime.pool import WorkerHandle
+    from headrace.runtime.scheduler import _free_ring
+
+    ring = Ring(mp.get_context("fork"), size=64 * 1024)
+    w = WorkerHandle(0, None, None, None, ring)
+    ring.read_pos.value = 4096
+    msgs = [("done", 1, None, [], 0, 8192), ("error", 2, 1, None, "E", "e", "tb"),
+            ("partial", 3, 2, None, [], 0, 12288)]
+    _free_ring(w, msgs)
+    assert ring.read_pos.value == 12288  # up to the last handed-off sample's end
+    _free_ring(w, [("done", 0, None, [], 0, 1024)])
+    assert ring.read_pos.value == 12288  # a stale, earlier end never moves it back

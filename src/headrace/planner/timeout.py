@@ -77,7 +77,8 @@ class TimeoutPolicy:
     @property
     def typical_s(self) -> float:
         """Median seconds of a sample's steps over the recent window (``nan`` before the first
-        ``warmup_samples``); refreshed with the timeout, every ``update_every`` samples."""
+        ``warmup_samples``; with a fixed timeout, before ``max(warmup_samples, update_every)``);
+        refreshed every ``update_every`` samples."""
         return self._typical
 
     @property

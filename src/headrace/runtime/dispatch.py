@@ -67,7 +67,8 @@ class Dispatcher:
         # cheap samples: worker processes get more at once, in one message (planner/queueing.py);
         # not beside threads or remote workers, which take two at a time: deeper local queues
         # would take the samples an offload ratio or a storage node's fetchers were to get
-        deep = self.hooks.queue_depth() if all(w.ring is not None for w in workers) else DEPTH
+        local = all(w.ring is not None for w in list(self.pool.workers.values()))
+        deep = self.hooks.queue_depth() if local else DEPTH
         hold = hold_s(deep)
         outbox: dict[WorkerHandle, list[Task]] = {}
         try:
@@ -145,7 +146,8 @@ class Dispatcher:
                          key=lambda w: slow_now[w.slot])  # the longest-running first
         for victim, thief in zip(victims, idle, strict=False):
             running = prog.tid[victim.slot]
-            queued = next((t for t in victim.assigned if t != running), None)
+            # the last queued: earlier ones may be done already, kept by the worker (Outbox)
+            queued = next((t for t in reversed(victim.assigned) if t != running), None)
             if queued is None or queued not in self.lanes.recs:
                 continue
             task = victim.assigned.pop(queued)

@@ -129,8 +129,10 @@ class WorkerHandle:
 
     def send_exit(self, now: bool = False) -> None:
         """Ask the worker to exit once its queued tasks are done (best effort); ``now``: once
-        the sample it runs is done. A process gets ``None`` either way: closing our end of its
-        pipe would not reach it, as workers forked later hold copies of that end."""
+        the sample it runs is done (a thread; a process reads ``None`` only after the samples
+        queued in it, up to ``planner.queueing.MAX_DEPTH``). A process gets ``None`` either way:
+        closing our end of its pipe would not reach it, as workers forked later hold copies of
+        that end."""
         if now and self.is_thread:
             self.tasks.close()
             return

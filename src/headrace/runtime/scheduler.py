@@ -233,9 +233,14 @@ class Scheduler:
                     with self._lock:  # once a worker thread ended the epoch, only "ready" counts
                         if msg[0] == "many":
                             self.counters.shared_samples += len(msg[1])
-                        for m in msg[1] if msg[0] == "many" else (msg,):
-                            if not self._finished or m[0] == "ready":
-                                self._handle(w, m)
+                        msgs = msg[1] if msg[0] == "many" else (msg,)
+                        try:
+                            for m in msgs:
+                                if not self._finished or m[0] == "ready":
+                                    self._handle(w, m)
+                        except BaseException:
+                            _free_ring(w, msgs)  # persistent workers write on after this error
+                            raise
             elif not w.process.is_alive():
                 dead.append(w)
         with self._lock:
@@ -349,3 +354,11 @@ class Scheduler:
                 self.lanes.retry.append(rec)
         if self.pool.replace(w) is not None:  # None once the pool is shutting down
             self.hooks.on_worker_restart()
+
+
+def _free_ring(w: WorkerHandle, msgs: Any) -> None:
+    """Free the ring space of finished or handed-off samples in ``msgs`` that an error left
+    unhandled (their data is dropped with the epoch)."""
+    ends = [m[-1] for m in msgs if m[0] in ("done", "partial")]
+    if w.ring is not None and ends and max(ends) > w.ring.read_pos.value:
+        w.ring.read_pos.value = max(ends)

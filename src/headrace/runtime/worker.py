@@ -132,6 +132,14 @@ def worker_main(
 
     outbox = Outbox(results)
     writer.before_wait = outbox.flush  # held samples' ring space is freed once they are sent
+    set_step = runner.on_step
+
+    def on_step(step: int) -> None:  # kept samples do not wait through a long step
+        set_step(step)
+        if outbox.kept and time.monotonic() - outbox.since >= outbox.hold_s:
+            outbox.flush()
+
+    runner.on_step = on_step
     queued: collections.deque[Task] = collections.deque()
     hold_s = 0.0
     while True:
@@ -166,18 +174,20 @@ class Outbox:
     """A worker process's finished samples not sent yet (``planner/queueing.py``).
 
     ``add`` keeps a "done" message while the first one kept, were one more sample as long as
-    this one run first, would still be younger than ``hold_s`` seconds (so none waits much more
-    than ``hold_s``, and a sample longer than ``hold_s`` is never kept), and sends everything
-    kept, in one ``("many", [message, ...])``, once that is no longer so; other messages (a
-    hand-off, an error) and ``hold_s == 0`` send at once, with what was kept. The
-    worker's loop flushes before it waits for tasks, and its ring writer before it waits for
-    ring space, so nothing kept ever waits on the training process.
+    this one run first, would still be younger than ``hold_s`` seconds (a sample longer than
+    ``hold_s`` is never kept), and sends everything kept, in one ``("many", [message, ...])``,
+    once that is no longer so; other messages (a hand-off, an error) and ``hold_s == 0`` send at
+    once, with what was kept. The worker's loop flushes before it waits for tasks, its ring
+    writer before it waits for ring space, and the step hook before each step once the first
+    kept is older than ``hold_s``: nothing kept waits on the training process, and nothing
+    waits more than ``hold_s`` plus one step.
     """
 
     def __init__(self, results: Any) -> None:
         self.results = results
         self.kept: list[tuple[Any, ...]] = []
         self.since = 0.0  # time.monotonic() when the first kept message was added
+        self.hold_s = 0.0  # the hold of the last message added (seconds)
 
     def add(self, msg: tuple[Any, ...], hold_s: float, started: float) -> bool:
         """Keep or send ``msg``, the result of a sample started at ``started``
@@ -186,6 +196,7 @@ class Outbox:
         if not self.kept:
             self.since = now
         self.kept.append(msg)
+        self.hold_s = hold_s
         if msg[0] == "done" and (now - self.since) + (now - started) < hold_s:
             return True
         return self.flush()

@@ -72,7 +72,8 @@ class EpochStats:
         main_cpu_per_batch_ms: training-process CPU spent in headrace per batch (ms).
         finished: the epoch ran to its end.
         moved_samples: samples that waited on a worker behind a slow sample and were given
-            to an idle worker instead (never run twice; see ``Dispatcher._steal``).
+            to an idle worker instead (delivered once; the old worker may still run it,
+            and its result is dropped: see ``Dispatcher._steal``).
         failed_samples: samples whose error was raised in the training loop
             (``on_error="raise"``; the epoch went on). Not delivered: a resume retries them.
         cache: what the sample cache did this epoch (``None``: no cache).
