@@ -12,14 +12,16 @@ def done(tid):
     return ("done", tid, None, [], 0, tid * 64)
 
 
-def pipe():
+def pipe(hold_s=60.0):
     r, w = mp.get_context("fork").Pipe(duplex=False)
-    return r, Outbox(w)
+    box = Outbox(w)
+    box.hold_s = hold_s  # what the worker's last task message said
+    return r, box
 
 
 def test_hold_zero_sends_every_sample_on_its_own():
-    r, box = pipe()
-    assert box.add(done(1), 0.0, time.monotonic()) and box.add(done(2), 0.0, time.monotonic())
+    r, box = pipe(0.0)
+    assert box.add(done(1), time.monotonic()) and box.add(done(2), time.monotonic())
     assert r.recv() == done(1) and r.recv() == done(2)
     assert not r.poll(0)
 
@@ -27,45 +29,45 @@ def test_hold_zero_sends_every_sample_on_its_own():
 def test_cheap_samples_are_kept_then_sent_in_one_message_in_order():
     r, box = pipe()
     for tid in (1, 2, 3):
-        assert box.add(done(tid), 60.0, time.monotonic())
+        assert box.add(done(tid), time.monotonic())
     assert not r.poll(0)  # kept: younger than hold_s
     box.since -= 61.0  # the first one kept is now older than hold_s
-    assert box.add(done(4), 60.0, time.monotonic())
+    assert box.add(done(4), time.monotonic())
     assert r.recv() == ("many", [done(1), done(2), done(3), done(4)])
     assert box.kept == []
 
 
 def test_a_sample_longer_than_the_hold_is_sent_at_once_with_what_was_kept():
     r, box = pipe()
-    assert box.add(done(1), 60.0, time.monotonic())
-    assert box.add(done(2), 60.0, time.monotonic() - 61.0)  # it ran 61 s: nothing may wait
+    assert box.add(done(1), time.monotonic())
+    assert box.add(done(2), time.monotonic() - 61.0)  # it ran 61 s: nothing may wait
     assert r.recv() == ("many", [done(1), done(2)])
 
 
 def test_a_hand_off_or_an_error_goes_at_once_with_what_was_kept():
     r, box = pipe()
-    box.add(done(1), 60.0, time.monotonic())
+    box.add(done(1), time.monotonic())
     partial = ("partial", 2, 3, None, [], 0, 128)
-    box.add(partial, 60.0, time.monotonic())
+    box.add(partial, time.monotonic())
     assert r.recv() == ("many", [done(1), partial])
     err = ("error", 3, 1, None, "ValueError", "bad", "tb")
-    box.add(err, 60.0, time.monotonic())
+    box.add(err, time.monotonic())
     assert r.recv() == err
 
 
 def test_flush_sends_what_was_kept_and_nothing_when_empty():
     r, box = pipe()
     assert box.flush() and not r.poll(0)
-    box.add(done(1), 60.0, time.monotonic())
+    box.add(done(1), time.monotonic())
     assert box.flush()
     assert r.recv() == done(1)
 
 
 def test_an_unpicklable_sample_among_kept_ones_is_named_and_the_others_arrive():
     r, box = pipe()
-    box.add(done(1), 60.0, time.monotonic())
-    box.add(("done", 2, threading.Lock(), [], 0, 128), 60.0, time.monotonic())  # cannot be pickled
-    box.add(done(3), 60.0, time.monotonic())
+    box.add(done(1), time.monotonic())
+    box.add(("done", 2, threading.Lock(), [], 0, 128), time.monotonic())  # cannot be pickled
+    box.add(done(3), time.monotonic())
     assert box.flush()
     assert r.recv() == done(1)
     err = r.recv()
@@ -76,6 +78,6 @@ def test_an_unpicklable_sample_among_kept_ones_is_named_and_the_others_arrive():
 def test_a_closed_pipe_reports_the_training_process_gone():
     r, box = pipe()
     r.close()
-    box.add(done(1), 60.0, time.monotonic())
-    assert box.add(done(2), 60.0, time.monotonic()) is True  # kept: nothing written yet
+    box.add(done(1), time.monotonic())
+    assert box.add(done(2), time.monotonic()) is True  # kept: nothing written yet
     assert box.flush() is False

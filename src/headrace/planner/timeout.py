@@ -77,8 +77,8 @@ class TimeoutPolicy:
     @property
     def typical_s(self) -> float:
         """Median seconds of a sample's steps over the recent window (``nan`` before the first
-        ``warmup_samples``; with a fixed timeout, before ``max(warmup_samples, update_every)``);
-        refreshed every ``update_every`` samples."""
+        ``warmup_samples``); refreshed with the timeout (also a fixed one), every
+        ``update_every`` samples."""
         return self._typical
 
     @property
@@ -110,11 +110,6 @@ class TimeoutPolicy:
         if not math.isinf(self._timeout):
             self._slow.append(handed_off)
         self._since_update += 1
-        if c.fixed_s is not None:
-            if self._seen >= c.warmup_samples and self._since_update >= c.update_every:
-                self._since_update = 0
-                self._typical = percentile(self._sorted_times(), 50.0)
-            return
         if self._seen == c.warmup_samples or (
             self._seen > c.warmup_samples and self._since_update >= c.update_every
         ):
@@ -128,12 +123,15 @@ class TimeoutPolicy:
     def _recompute(self) -> None:
         c = self.config
         self._since_update = 0
+        times = self._sorted_times()
+        self._typical = percentile(times, 50.0)
+        if c.fixed_s is not None:
+            return  # a fixed timeout: only the typical time is learned
         if len(self._slow) >= c.update_every and self.slow_fraction > c.max_slow_fraction:
             self._fallback_until = self._seen + c.window
             self._slow.clear()
         pct = c.fallback_percentile if self.using_fallback else c.percentile
-        times = self._sorted_times()
-        value, self._typical = percentile(times, pct), percentile(times, 50.0)
+        value = percentile(times, pct)
         if value != self._timeout:
             self._timeout = value
             self.history.append((self._seen, value, pct))

@@ -47,8 +47,8 @@ class Dispatcher:
 
     def dispatch(self) -> None:
         """Give ready workers work up to their depth; idle ones what waits behind slow samples."""
-        workers = [w for w in list(self.pool.workers.values()) if w.ready and not w.retiring
-                   and (w.gate is None or w.gate())]
+        pool = list(self.pool.workers.values())
+        workers = [w for w in pool if w.ready and not w.retiring and (w.gate is None or w.gate())]
         if not workers:
             return
         # The slow lane gets its share of the workers; a backlog longer than the pool means that
@@ -67,8 +67,7 @@ class Dispatcher:
         # cheap samples: worker processes get more at once, in one message (planner/queueing.py);
         # not beside threads or remote workers, which take two at a time: deeper local queues
         # would take the samples an offload ratio or a storage node's fetchers were to get
-        local = all(w.ring is not None for w in list(self.pool.workers.values()))
-        deep = self.hooks.queue_depth() if local else DEPTH
+        deep = self.hooks.queue_depth() if all(w.ring is not None for w in pool) else DEPTH
         hold = hold_s(deep)
         outbox: dict[WorkerHandle, list[Task]] = {}
         try:

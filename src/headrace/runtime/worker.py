@@ -141,7 +141,6 @@ def worker_main(
 
     runner.on_step = on_step
     queued: collections.deque[Task] = collections.deque()
-    hold_s = 0.0
     while True:
         if not queued:
             if not outbox.flush():  # nothing left to run: all it finished goes now
@@ -157,16 +156,16 @@ def worker_main(
                 return
             if type(msg) is Tasks:
                 queued.extend(map(Task._make, msg.tasks))
-                hold_s = msg.hold_s
+                outbox.hold_s = msg.hold_s
             else:
                 queued.append(msg)
-                hold_s = 0.0
+                outbox.hold_s = 0.0
         task = queued.popleft()
         if runner.revoked(task):
             continue
         started = time.monotonic()
         out = runner.run(task, decode(task.payload) if task.start > 0 else None)
-        if not outbox.add(runner.message(task.tid, out, to_ring), hold_s, started):
+        if not outbox.add(runner.message(task.tid, out, to_ring), started):
             return
 
 
@@ -187,17 +186,16 @@ class Outbox:
         self.results = results
         self.kept: list[tuple[Any, ...]] = []
         self.since = 0.0  # time.monotonic() when the first kept message was added
-        self.hold_s = 0.0  # the hold of the last message added (seconds)
+        self.hold_s = 0.0  # seconds of work a finished sample may wait (the task message's)
 
-    def add(self, msg: tuple[Any, ...], hold_s: float, started: float) -> bool:
+    def add(self, msg: tuple[Any, ...], started: float) -> bool:
         """Keep or send ``msg``, the result of a sample started at ``started``
         (``time.monotonic()``); False when the training process is gone."""
         now = time.monotonic()
         if not self.kept:
             self.since = now
         self.kept.append(msg)
-        self.hold_s = hold_s
-        if msg[0] == "done" and (now - self.since) + (now - started) < hold_s:
+        if msg[0] == "done" and (now - self.since) + (now - started) < self.hold_s:
             return True
         return self.flush()
 
