@@ -84,9 +84,12 @@ def decode_gated(gate: str, held: str, x):
     """Decode, first waiting for the gate while the file ``gate`` exists: the test holds an
     exclusive ``flock`` on it until its storage node is dead. Each process that waits leaves
     a file named by its pid in the folder ``held``, so the test knows who holds a sample."""
-    if os.path.exists(gate):
-        with open(os.path.join(held, str(os.getpid())), "w"), open(gate) as g:
-            fcntl.flock(g, fcntl.LOCK_SH)  # blocks while the test holds LOCK_EX
+    try:
+        g = open(gate)  # noqa: SIM115 - closed by the with below
+    except FileNotFoundError:  # no gate yet, or the test opened it (checking first raced that)
+        return si.decode(x)
+    with g, open(os.path.join(held, str(os.getpid())), "w"):
+        fcntl.flock(g, fcntl.LOCK_SH)  # blocks while the test holds LOCK_EX
     return si.decode(x)
 
 
@@ -141,8 +144,8 @@ def test_storage_node_killed_mid_epoch_loses_nothing(storage_node, no_actor_leak
     finally:
         lock.close()
         storage_node.storage_node = add_storage_node(storage_node)
-    del it
-    loader.close()
+        del it
+        loader.close()  # also when an assertion failed: no worker threads left for the next test
 
 
 def test_near_storage_options_are_checked():
