@@ -100,3 +100,41 @@ def test_assembled_batches_from_a_pool_equal_default_collate_and_stay_intact():
     asm = BatchAssembly(4, default_collate, True, pool)
     asm.put(0, 0, {"x": np.zeros((3, 5), np.float32), "i": 0}, None)
     assert pool.reused == 1  # the batches let go of are reused
+
+
+def _mapping_flags(addr: int) -> tuple[str, ...] | None:
+    """The ``VmFlags`` of the mapping of this process holding ``addr`` (``/proc/self/smaps``),
+    or None when no mapping holds it."""
+    inside = False
+    for line in open("/proc/self/smaps").read().splitlines():  # noqa: SIM115 - read at once
+        head = line.split(" ", 1)[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and line.startswith("VmFlags:"):
+            return tuple(line.split()[1:])
+    return None
+
+
+def test_batch_buffers_do_not_ask_for_huge_pages():
+    # NumPy madvises huge pages on allocations of 4 MB or more ("hg"); the pool's own
+    # mappings leave that to the system's setting (bufferpool/pinning docstrings say why)
+    nbytes = 16 << 20
+    pool = BufferPool()
+    a = pool.empty((nbytes // 4,), np.float32)
+    a[:] = 1.0
+    flags = _mapping_flags(a.ctypes.data + nbytes // 2)
+    assert flags is not None and "hg" not in flags
+    assert "wr" in flags and a.flags.writeable and a.flags.c_contiguous
+    numpy_own = np.empty(nbytes, np.uint8)  # the check itself sees NumPy's advice
+    assert "hg" in _mapping_flags(numpy_own.ctypes.data + nbytes // 2)
+
+
+def test_a_freed_batch_buffer_is_unmapped():
+    pool = BufferPool(max_idle=0)  # nothing kept for reuse: freed when the batch dies
+    a = pool.empty((4 << 20,), np.uint8)
+    addr = a.ctypes.data
+    assert _mapping_flags(addr) is not None
+    del a
+    gc.collect()
+    assert pool.idle_bytes == 0 and _mapping_flags(addr) is None

@@ -5,7 +5,8 @@ large batches that memory comes straight from the kernel (glibc serves allocatio
 mmap threshold, at most 32 MiB, with fresh mappings), and the kernel zeroes every page on first
 touch: on the imagenet workload (38.5 MB per batch of 64) zeroing took more of the training
 process's CPU than copying the samples in (perf: 23% in ``clear_page_erms`` against 17% in
-``memmove``), on cores the workers need.
+``memmove``), on cores the workers need. The buffers themselves come from
+``pinning.PageableMemory`` (ordinary pages, not the huge pages NumPy asks for: see there).
 
 :class:`BufferPool` hands out arrays over recycled buffers and takes a buffer back only when
 nothing can reach it any more: every tensor and array made from a batch keeps the array that

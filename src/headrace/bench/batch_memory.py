@@ -1,0 +1,93 @@
+"""Where batch memory comes from: the pool's own pages against NumPy's huge pages.
+
+    python -m headrace.bench.batch_memory [--rounds 5] [workload ...]
+
+headrace assembles batches in buffers from its pool (``runtime/bufferpool.py``), allocated by
+``pinning.PageableMemory``. Rows, each a fresh loader's first epoch (as every row of
+``headrace bench``: a fresh loader faults its buffers in), interleaved round-robin over the
+rounds, on the bench's workloads (default imagenet and objdet) at the bench's scale:
+``headrace`` (the pool's anonymous mappings, ordinary pages), ``headrace, NumPy's huge pages``
+(the same loader with the buffers from ``np.empty``, which asks for transparent huge pages on
+4 MB and more, as before) and torch's DataLoader at equal workers for scale. Prints a Markdown
+table: wall seconds and the training process's system CPU seconds (page faults are most of
+it), median (min-max) over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+from collections.abc import Callable
+
+import numpy as np
+
+from headrace.bench.config import full_config, standard_loaders
+from headrace.bench.measure import run_once
+from headrace.bench.runner import build_workload, sampler_order
+from headrace.runtime import Options
+from headrace.runtime.pinning import PageableMemory
+
+ROWS = ("headrace", "headrace, NumPy's huge pages", "torch out_of_order")
+
+
+def _numpy_pages(_self: PageableMemory, nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+def run(workloads: list[str], rounds: int) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """``{workload: {row: [(wall s, training-process system CPU s), ...]}}``."""
+    config = full_config(workloads)
+    options = Options(profile_store=False, cache=None)
+    out: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for name in workloads:
+        wl = build_workload(name, config)
+        order = sampler_order(len(wl), config.seed)
+        specs = {s.label: s for s in standard_loaders(wl.num_workers)}
+
+        def row(label: str) -> tuple[float, float]:
+            spec = specs["headrace" if label.startswith("headrace") else label]
+            own = PageableMemory.allocate
+            if label != "headrace" and spec.kind == "headrace":
+                PageableMemory.allocate = _numpy_pages  # type: ignore[method-assign]
+            try:
+                s0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+                rec = run_once(wl, spec, order, config.resource_interval_s, options=options)
+                return rec.wall_s, resource.getrusage(resource.RUSAGE_SELF).ru_stime - s0
+            finally:
+                PageableMemory.allocate = own  # type: ignore[method-assign]
+
+        res: dict[str, list[tuple[float, float]]] = {k: [] for k in ROWS}
+        for r in range(rounds):
+            shift = r % len(ROWS)
+            for label in ROWS[shift:] + ROWS[:shift]:
+                res[label].append(row(label))
+        out[name] = res
+    return out
+
+
+def markdown(results: dict[str, dict[str, list[tuple[float, float]]]]) -> str:
+    def cell(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+    lines = ["| workload | loader | wall s | training-process system CPU s | wall vs headrace |",
+             "|---|---|---|---|---|"]
+    for name, rows in results.items():
+        ours = statistics.median(w for w, _ in rows["headrace"])
+        for label, runs in rows.items():
+            walls = [w for w, _ in runs]
+            lines.append(f"| {name} | {label} | {cell(walls)} | {cell([s for _, s in runs])} | "
+                         f"{statistics.median(walls) / ours:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, emit: Callable[[str], None] = print) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("workloads", nargs="*", default=["imagenet", "objdet"])
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args(argv)
+    emit(markdown(run(a.workloads, a.rounds)))
+
+
+if __name__ == "__main__":
+    main()
