@@ -22,11 +22,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from headrace.bench.config import full_config, standard_loaders
+from headrace.bench.config import BenchConfig, LoaderSpec, full_config, standard_loaders
 from headrace.bench.measure import run_once
 from headrace.bench.runner import build_workload, sampler_order
 from headrace.runtime import Options
 from headrace.runtime.pinning import PageableMemory
+from headrace.workloads.workload import Workload
 
 ROWS = ("headrace", "headrace, NumPy's huge pages", "torch out_of_order")
 
@@ -35,33 +36,38 @@ def _numpy_pages(_self: PageableMemory, nbytes: int) -> np.ndarray:
     return np.empty(nbytes, dtype=np.uint8)
 
 
-def run(workloads: list[str], rounds: int) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """``{workload: {row: [(wall s, training-process system CPU s), ...]}}``."""
-    config = full_config(workloads)
+def _epoch(wl: Workload, spec: LoaderSpec, order: list[int], numpy_pages: bool,
+           interval_s: float, options: Options) -> tuple[float, float]:
+    """(wall s, training-process system CPU s) of one epoch of a fresh loader."""
+    own = PageableMemory.allocate
+    if numpy_pages:
+        PageableMemory.allocate = _numpy_pages  # type: ignore[method-assign]
+    try:
+        s0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+        rec = run_once(wl, spec, order, interval_s, options=options)
+        return rec.wall_s, resource.getrusage(resource.RUSAGE_SELF).ru_stime - s0
+    finally:
+        PageableMemory.allocate = own  # type: ignore[method-assign]
+
+
+def run(workloads: list[str], rounds: int, config: BenchConfig | None = None
+        ) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """``{workload: {row: [(wall s, training-process system CPU s), ...]}}``; ``config``: the
+    workloads' scale (default: the full bench's)."""
+    config = config or full_config(workloads)
     options = Options(profile_store=False, cache=None)
     out: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for name in workloads:
         wl = build_workload(name, config)
         order = sampler_order(len(wl), config.seed)
         specs = {s.label: s for s in standard_loaders(wl.num_workers)}
-
-        def row(label: str) -> tuple[float, float]:
-            spec = specs["headrace" if label.startswith("headrace") else label]
-            own = PageableMemory.allocate
-            if label != "headrace" and spec.kind == "headrace":
-                PageableMemory.allocate = _numpy_pages  # type: ignore[method-assign]
-            try:
-                s0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
-                rec = run_once(wl, spec, order, config.resource_interval_s, options=options)
-                return rec.wall_s, resource.getrusage(resource.RUSAGE_SELF).ru_stime - s0
-            finally:
-                PageableMemory.allocate = own  # type: ignore[method-assign]
-
         res: dict[str, list[tuple[float, float]]] = {k: [] for k in ROWS}
         for r in range(rounds):
             shift = r % len(ROWS)
             for label in ROWS[shift:] + ROWS[:shift]:
-                res[label].append(row(label))
+                spec = specs["headrace" if label.startswith("headrace") else label]
+                res[label].append(_epoch(wl, spec, order, label == ROWS[1],
+                                         config.resource_interval_s, options))
         out[name] = res
     return out
 
