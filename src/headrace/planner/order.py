@@ -64,7 +64,8 @@ def plan_order(
         have = 0 if profile is None else profile.samples
         return OrderPlan(
             current, None,
-            f"order: unchanged until {min_samples} samples are profiled ({have} so far)",
+            f"order: unchanged until {min_samples} samples are profiled ({have} were when it was "
+            "planned)",
         )
     decision = autoorder_from_profile(declared, profile)
     verb = "reordered by AutoOrder" if decision.changed else "as declared (AutoOrder found no better order)"
