@@ -83,8 +83,10 @@ class Dispatcher:
     def _fill(self, workers: list[WorkerHandle], deep: int, slow_now: dict[int, float],
               slow_cap: int, fetchers: bool, outbox: dict[WorkerHandle, list[Task]]) -> None:
         """Give each worker up to ``deep`` samples (``DEPTH`` unless every worker is a local
-        process); fresh samples for a worker process go to ``outbox`` (one message each)."""
-        for depth in range(1, deep + 1):
+        process); fresh samples for a worker process go to ``outbox`` (one message each).
+        Level by level, so each worker gets its first before any gets its second; the levels
+        every worker already holds are skipped (with deep queues, most of them each pass)."""
+        for depth in range(1 + min(len(w.assigned) for w in workers), deep + 1):
             for w in workers:
                 if depth > 1 and w.slot in slow_now:
                     continue  # nothing queues behind a sample already over the timeout
