@@ -65,12 +65,12 @@ class PageableMemory:
     """Ordinary memory; nothing reads it after its batch is gone.
 
     A private anonymous mapping of its own rather than ``np.empty``: NumPy asks the kernel for
-    transparent huge pages (``madvise(MADV_HUGEPAGE)``) on every allocation of 4 MB or more,
-    and a huge page's first touch takes a 2 MB block the guest kernel had kept free, which on a
-    virtual machine the host may not have backed yet. On the 2-core bench VM the first epoch
-    of a fresh imagenet loader spent 0.46-0.56 s of the training process's system time
-    faulting in its three 38.5 MB buffers that way, against 0.08-0.13 s with ordinary pages
-    (recycled ones); a batch buffer is written and read once per batch, front to back, where
+    transparent huge pages (``madvise(MADV_HUGEPAGE)``) on every allocation of 4 MB or more.
+    On the 2-core bench VM the first epoch of a fresh imagenet loader spent 0.44-0.53 s of the
+    training process's system time faulting its three 38.5 MB buffers in as huge pages, against
+    0.10-0.15 s with ordinary pages, and 9% more wall time (``python -m
+    headrace.bench.batch_memory``; no compaction stalls, so most likely 2 MB blocks the host had
+    not backed yet). A batch buffer is written and read once per batch, front to back, where
     huge pages save little. The mapping follows the system's own THP setting (huge pages only
     where it says ``always``).
     """
