@@ -143,16 +143,18 @@ def worker_main(
     queued: collections.deque[Task] = collections.deque()
     while True:
         if not queued:
-            if not outbox.flush():  # nothing left to run: all it finished goes now
-                return
             try:
-                while not tasks.poll(POLL_S):
-                    if os.getppid() != setup.parent_pid:
-                        return  # the training process is gone
+                if not tasks.poll(0):  # about to wait: what it finished goes first (with
+                    if not outbox.flush():  # tasks already waiting, the hold decides instead)
+                        return
+                    while not tasks.poll(POLL_S):
+                        if os.getppid() != setup.parent_pid:
+                            return  # the training process is gone
                 msg = tasks.recv()
             except (EOFError, OSError):
                 return  # the training process closed our pipe: shutting down
-            if msg is None:
+            if msg is None:  # retired (or the pool closes): what it finished goes first
+                outbox.flush()
                 return
             if type(msg) is Tasks:
                 queued.extend(map(Task._make, msg.tasks))

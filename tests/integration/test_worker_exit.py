@@ -1,0 +1,89 @@
+"""A worker process takes tasks already waiting in its pipe before it sends the cheap samples
+it kept, and sends them before it exits when told to (a real pool, no scheduler). Sample 1
+waits on a lock the test holds, so every message is in the pipe before the worker's queue
+runs dry."""
+
+import fcntl
+import multiprocessing
+import time
+
+import numpy as np
+import pytest
+
+import headrace as hr
+from headrace.runtime.pool import WorkerPool
+from headrace.runtime.worker import Task
+
+pytestmark = pytest.mark.integration
+
+CTX = multiprocessing.get_context("fork")
+
+
+class GatedSource:
+    """``load(i)``: a small array; sample 1 first waits for a shared lock on ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __len__(self) -> int:
+        return 8
+
+    def load(self, i: int) -> np.ndarray:
+        if i == 1:
+            with open(self.path) as f:
+                fcntl.flock(f, fcntl.LOCK_SH)  # blocks while the test holds LOCK_EX
+        return np.full(4, i)
+
+
+def until_closed(conn, timeout_s: float = 30.0) -> list[tuple]:
+    """Every message on a worker's result pipe until the worker closes it (bounded)."""
+    got: list[tuple] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert time.monotonic() < deadline, f"the worker did not exit; got {got}"
+        if conn.poll(0.05):
+            try:
+                got.append(conn.recv())
+            except EOFError:
+                return got
+
+
+def run_gated(tmp_path, batches: list[list[int]], retire: bool) -> list[tuple]:
+    """Send ``batches`` of tasks (kept for up to 60 s of work) while sample 1 is held, then
+    ask the worker to exit, open the gate, and return what came back after "ready"."""
+    gate = tmp_path / "gate"
+    gate.touch()
+    pool = WorkerPool(hr.Pipeline(GatedSource(str(gate)), []), None, CTX, None, 0, 1,
+                      profile=False)
+    with open(gate, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            pool.start(1)
+            w = pool.workers[0]
+            for tids in batches:
+                w.send_many([Task(t, t, 0, None, 0, 0, False) for t in tids], hold_s=60.0)
+            if retire:
+                pool.retire(w)
+            else:
+                w.send_exit()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            got = until_closed(w.conn)
+            w.process.join(10)
+            assert w.process.exitcode == 0
+        finally:
+            pool.shutdown()
+    assert got[0][0] == "ready"
+    return got[1:]
+
+
+def test_a_retired_worker_sends_what_it_kept_before_it_exits(tmp_path):
+    got = run_gated(tmp_path, [[1, 2, 3]], retire=True)
+    assert [m[0] for m in got] == ["many"]
+    assert [(m[0], m[1]) for m in got[0][1]] == [("done", 1), ("done", 2), ("done", 3)]
+
+
+def test_tasks_waiting_in_the_pipe_are_taken_before_kept_samples_are_sent(tmp_path):
+    # sending 1 and 2 as soon as the queue ran dry, with 3 and 4 waiting, made two messages
+    got = run_gated(tmp_path, [[1, 2], [3, 4]], retire=False)
+    assert [m[0] for m in got] == ["many"]
+    assert [m[1] for m in got[0][1]] == [1, 2, 3, 4]
