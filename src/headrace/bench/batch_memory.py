@@ -25,6 +25,7 @@ import numpy as np
 from headrace.bench.config import BenchConfig, LoaderSpec, full_config, standard_loaders
 from headrace.bench.measure import run_once
 from headrace.bench.runner import build_workload, sampler_order
+from headrace.bench.summary import Spread
 from headrace.runtime import Options
 from headrace.runtime.pinning import PageableMemory
 from headrace.workloads.workload import Workload
@@ -73,17 +74,15 @@ def run(workloads: list[str], rounds: int, config: BenchConfig | None = None
 
 
 def markdown(results: dict[str, dict[str, list[tuple[float, float]]]]) -> str:
-    def cell(values: list[float]) -> str:
-        return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
-
     lines = ["| workload | loader | wall s | training-process system CPU s | wall vs headrace |",
              "|---|---|---|---|---|"]
     for name, rows in results.items():
         ours = statistics.median(w for w, _ in rows["headrace"])
         for label, runs in rows.items():
-            walls = [w for w, _ in runs]
-            lines.append(f"| {name} | {label} | {cell(walls)} | {cell([s for _, s in runs])} | "
-                         f"{statistics.median(walls) / ours:.2f}x |")
+            walls = Spread.of([w for w, _ in runs])
+            sys_cpu = Spread.of([s for _, s in runs])
+            lines.append(f"| {name} | {label} | {walls.text('.2f')} | {sys_cpu.text('.2f')} | "
+                         f"{walls.median / ours:.2f}x |")
     return "\n".join(lines)
 
 

@@ -105,9 +105,7 @@ def write_json(result: BenchResult, out_dir: str | os.PathLike[str],
 
 # -- Markdown ---------------------------------------------------------------------------------
 def _range(s: Spread, fmt: str, single: bool) -> str:
-    if single:
-        return format(s.median, fmt)
-    return f"{format(s.median, fmt)} ({format(s.lo, fmt)}–{format(s.hi, fmt)})"
+    return format(s.median, fmt) if single else s.text(fmt)
 
 
 def _pct(s: Spread, single: bool) -> str:

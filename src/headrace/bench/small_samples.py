@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from headrace.bench.summary import Spread
 from headrace.pipeline import Pipeline, step
 from headrace.planner import queueing
 
@@ -161,10 +162,6 @@ def run(rounds: int, samples: int, workers: int, batch: int = 128) -> dict[str, 
 
 
 def markdown(results: dict[str, dict[str, list]], samples: int, workers: int) -> str:
-    def cell(values: list[float], fmt: str) -> str:
-        return (f"{statistics.median(values):{fmt}} "
-                f"({min(values):{fmt}}–{max(values):{fmt}})")
-
     lines = []
     for name, rows in results.items():
         best_torch = max((statistics.median(samples / w for w, _ in v), k)
@@ -173,10 +170,10 @@ def markdown(results: dict[str, dict[str, list]], samples: int, workers: int) ->
                   "| loader | samples/s | training-process CPU µs/sample | vs torch's best |",
                   "|---|---|---|---|"]
         for label, runs in rows.items():
-            rate = [samples / w for w, _ in runs]
-            cpu = [c * 1e6 / samples for _, c in runs]
-            ratio = statistics.median(rate) / best_torch[0]
-            lines.append(f"| {label} | {cell(rate, '.0f')} | {cell(cpu, '.1f')} | {ratio:.2f}x |")
+            rate = Spread.of([samples / w for w, _ in runs])
+            cpu = Spread.of([c * 1e6 / samples for _, c in runs])
+            lines.append(f"| {label} | {rate.text('.0f')} | {cpu.text('.1f')} | "
+                         f"{rate.median / best_torch[0]:.2f}x |")
         lines.append("")
     return "\n".join(lines)
 

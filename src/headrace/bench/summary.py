@@ -41,6 +41,10 @@ class Spread:
     def of(cls, values: Sequence[float]) -> Spread:
         return cls(statistics.median(values), min(values), max(values))
 
+    def text(self, fmt: str) -> str:
+        """``median (min–max)``, each number formatted with ``fmt`` (e.g. ``".2f"``)."""
+        return f"{format(self.median, fmt)} ({format(self.lo, fmt)}–{format(self.hi, fmt)})"
+
 
 @dataclasses.dataclass(frozen=True)
 class RowSummary:

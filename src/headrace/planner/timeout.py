@@ -115,15 +115,11 @@ class TimeoutPolicy:
         ):
             self._recompute()
 
-    def _sorted_times(self) -> np.ndarray:
-        times = np.fromiter(self._times, float, count=len(self._times))
-        times.sort()
-        return times
-
     def _recompute(self) -> None:
         c = self.config
         self._since_update = 0
-        times = self._sorted_times()
+        times = np.fromiter(self._times, float, count=len(self._times))
+        times.sort()
         self._typical = percentile(times, 50.0)
         if c.fixed_s is not None:
             return  # a fixed timeout: only the typical time is learned

@@ -136,8 +136,7 @@ def worker_main(
 
     def on_step(step: int) -> None:  # kept samples do not wait through a long step
         set_step(step)
-        if outbox.kept and time.monotonic() - outbox.since >= outbox.hold_s:
-            outbox.flush()
+        outbox.flush_if_due()
 
     runner.on_step = on_step
     queued: collections.deque[Task] = collections.deque()
@@ -200,6 +199,11 @@ class Outbox:
         if msg[0] == "done" and (now - self.since) + (now - started) < self.hold_s:
             return True
         return self.flush()
+
+    def flush_if_due(self) -> None:
+        """Send what was kept once the first kept is older than ``hold_s`` (before a step)."""
+        if self.kept and time.monotonic() - self.since >= self.hold_s:
+            self.flush()
 
     def flush(self) -> bool:
         """Send every kept message; False when the training process is gone."""
