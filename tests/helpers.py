@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -236,6 +237,24 @@ def jitter(x: np.ndarray, rng: np.random.Generator) -> dict:
     time.sleep(0.02)  # simulated work
     return {"t": torch.from_numpy(x) + torch.rand(3), "a": x * rng.random(1).astype(np.float32),
             "n": random.random(), "i": int(x[0])}
+
+
+def wait_at_gate(gate: str, held: str) -> None:
+    """Wait while a test holds an exclusive ``flock`` on the file ``gate`` (no file: no gate,
+    or the test has opened it). A process that waits leaves a file named by its pid in the
+    folder ``held``, so the test knows which processes hold a sample."""
+    try:
+        g = open(gate)  # noqa: SIM115 - closed by the with below
+    except FileNotFoundError:  # checking for the file first would race the test removing it
+        return
+    with g, open(os.path.join(held, str(os.getpid())), "w"):
+        fcntl.flock(g, fcntl.LOCK_SH)  # blocks while the test holds LOCK_EX
+
+
+def gated_jitter(gate: str, held: str, x: np.ndarray, rng: np.random.Generator) -> dict:
+    """``jitter``, first waiting at the gate (``wait_at_gate``)."""
+    wait_at_gate(gate, held)
+    return jitter(x, rng)
 
 
 def fail_on_7(x: Any) -> Any:

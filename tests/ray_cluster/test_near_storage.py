@@ -16,7 +16,7 @@ import torch
 
 import headrace as hr
 from headrace.workloads import storage_images as si
-from tests.helpers import ident_collate
+from tests.helpers import ident_collate, wait_at_gate
 from tests.ray_cluster.conftest import STORAGE_CPUS, add_storage_node
 from tests.ray_cluster.test_remote import wait_until
 
@@ -81,15 +81,9 @@ def test_samples_equal_with_and_without_near_storage(storage_node, no_actor_leak
 
 
 def decode_gated(gate: str, held: str, x):
-    """Decode, first waiting for the gate while the file ``gate`` exists: the test holds an
-    exclusive ``flock`` on it until its storage node is dead. Each process that waits leaves
-    a file named by its pid in the folder ``held``, so the test knows who holds a sample."""
-    try:
-        g = open(gate)  # noqa: SIM115 - closed by the with below
-    except FileNotFoundError:  # no gate yet, or the test opened it (checking first raced that)
-        return si.decode(x)
-    with g, open(os.path.join(held, str(os.getpid())), "w"):
-        fcntl.flock(g, fcntl.LOCK_SH)  # blocks while the test holds LOCK_EX
+    """Decode, first waiting at the gate (``wait_at_gate``): the test holds it until its
+    storage node is dead."""
+    wait_at_gate(gate, held)
     return si.decode(x)
 
 
