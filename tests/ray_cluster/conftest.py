@@ -60,21 +60,53 @@ def live_headrace_actors() -> list[str]:
             if "RemoteWorker" in info.get("ActorClassName", "") and info.get("State") != "DEAD"]
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test (``no_actor_leaks`` reads whether it failed)."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+def _stop_leftovers() -> None:
+    """Stop the pools a failed test left open (its traceback keeps its loader alive), so their
+    remote workers do not hold the cluster's CPUs and fail the tests after it too."""
+    from headrace.runtime import pool
+
+    for p in list(pool._live_pools):
+        p.shutdown(grace_s=0.2)
+    _wait_actors_gone()
+
+
+def _wait_actors_gone() -> None:
+    # ray.kill is asynchronous: the GCS marks a killed actor DEAD within milliseconds; one
+    # still alive after 10 s was not killed
+    import threading
+
+    tick, deadline = threading.Event(), time.monotonic() + 10.0
+    while live_headrace_actors() and time.monotonic() < deadline:
+        tick.wait(0.05)
+
+
 @pytest.fixture
-def no_actor_leaks(ray_cluster):
-    """Fails the test if a headrace actor or proxy thread is still alive after it."""
+def no_actor_leaks(ray_cluster, request):
+    """Fails the test if a headrace actor or proxy thread is still alive after it. After a test
+    that failed, stops what it left instead (its failure is the one to read, not a cascade)."""
     import threading
 
     yield
     gc.collect()
-    threads = [t.name for t in threading.enumerate() if t.name.startswith("headrace-worker")]
-    assert not threads, f"worker threads left behind: {threads}"
-    # ray.kill is asynchronous: the GCS marks a killed actor DEAD within milliseconds; one
-    # still alive after 10 s was not killed
-    tick, deadline = threading.Event(), time.monotonic() + 10.0
-    while live_headrace_actors() and time.monotonic() < deadline:
-        tick.wait(0.05)
-    assert not live_headrace_actors(), "Ray actors left behind"
+    call = getattr(request.node, "report_call", None)
+    if call is not None and call.failed:
+        _stop_leftovers()
+        return
+    try:
+        threads = [t.name for t in threading.enumerate() if t.name.startswith("headrace-worker")]
+        assert not threads, f"worker threads left behind: {threads}"
+        _wait_actors_gone()
+        assert not live_headrace_actors(), "Ray actors left behind"
+    finally:
+        _stop_leftovers()
 
 
 STORAGE_CPUS = 2

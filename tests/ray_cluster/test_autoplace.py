@@ -19,18 +19,26 @@ def test_autoplace_adds_remote_workers_when_local_ones_stall(ray_cluster, no_act
     remote = hr.Remote(max_workers=2, resources=ON_CPU_NODES, autoplace=True, window=4)
     loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, options=hr.Options(remote=remote))
     assert loader.remote.target == 0  # before the first epoch nothing is started
-    seen = Counter(int(v) // 2 for b in loader for v in b.flatten().tolist())
-    assert seen == Counter(range(400))
-    ctl = loader.remote.placement
-    assert ctl is not None
-    added = [m for _, m in ctl.moves if m.remote > 0]
-    assert added, ctl.moves  # 1 local worker is the bottleneck: remote workers must be tried
-    assert added[0].bpt > 0
-    assert loader.remote.remote_samples > 0
-    assert ctl.timeline and all(p.bpt > 0 for p in ctl.timeline)
-    text = loader.explain()
-    assert "AutoPlacement (Pecan)" in text and "finished remotely" in text
-    loader.close()
+    try:
+        seen = Counter(int(v) // 2 for b in loader for v in b.flatten().tolist())
+        assert seen == Counter(range(400))
+        ctl = loader.remote.placement
+        assert ctl is not None
+        added = [m for _, m in ctl.moves if m.remote > 0]
+        assert added, ctl.moves  # 1 local worker is the bottleneck: remote workers must be tried
+        assert added[0].bpt > 0
+        # a remote worker added late in an epoch may still be starting when it ends (a loaded
+        # machine): the workers it added finish samples within a bounded number of epochs
+        for _ in range(3):
+            if loader.remote.remote_samples > 0:
+                break
+            assert sum(len(b) for b in loader) == 400
+        assert loader.remote.remote_samples > 0
+        assert ctl.timeline and all(p.bpt > 0 for p in ctl.timeline)
+        text = loader.explain()
+        assert "AutoPlacement (Pecan)" in text and "finished remotely" in text
+    finally:
+        loader.close()
 
 
 def test_local_count_survives_a_new_pool(ray_cluster, no_actor_leaks):
