@@ -26,3 +26,16 @@ def test_the_cifar_steps_match_torchs_dataset_on_a_sample():
     pipe = small_samples.pipelines(4)["cifar"]
     x = small_samples._TorchDataset(pipe)[2]
     assert x.shape == (3, 32, 32) and x.dtype.is_floating_point
+
+
+def test_runner_costs_price_each_part_and_restore_the_runner():
+    from headrace.pipeline import runner, seeding
+
+    costs = small_samples.runner_costs(samples=50, repeats=1)
+    assert list(costs) == ["the steps alone", "headrace's runner",
+                           "without re-seeding the global generators",
+                           "... and without a generator per random step",
+                           "... and without the sample's root seed"]
+    assert all(us > 0 for us in costs.values())
+    assert (runner.seed_globals, runner.step_rng, runner.sample_root) == (
+        seeding.seed_globals, seeding.step_rng, seeding.sample_root)

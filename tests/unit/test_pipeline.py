@@ -155,6 +155,30 @@ def test_step_error_keeps_the_original_type():
     assert isinstance(e2, ValueError) and e2.index == 7 and e2.step == "decode"
 
 
+def test_sample_root_is_numpys_seed_sequence_bit_for_bit():
+    # the cached hashing must give every sample the root NumPy's SeedSequence gives it
+    # (changing it would change every sample's random draws); edges of the 32-bit words,
+    # base seeds of 1-2 words, epochs and positions past 2**32, interleaved (the cache)
+    import random
+
+    from headrace.pipeline.seeding import _MASK64, sample_root
+
+    def numpy_root(b: int, e: int, i: int) -> int:
+        ss = np.random.SeedSequence(entropy=b & _MASK64, spawn_key=(e, i))
+        lo, hi = ss.generate_state(2, dtype=np.uint32)
+        return int(lo) | (int(hi) << 32)
+
+    r = random.Random(11)
+    cases = [(0, 0, 0), (2**64 - 1, 2**32, 2**32 - 1), (2**32, 0, 2**32), (-1, 3, 5),
+             (2**70 + 9, 1, 2)]
+    cases += [(r.choice([0, 1, r.getrandbits(32), r.getrandbits(64), r.getrandbits(r.randrange(1, 64))]),
+               r.choice([0, 1, r.randrange(100), 2**33 + r.randrange(9)]),
+               r.choice([0, r.randrange(10**6), r.getrandbits(40)])) for _ in range(3000)]
+    assert [sample_root(*c) for c in cases] == [numpy_root(*c) for c in cases]
+    with pytest.raises(ValueError, match="non-negative"):
+        sample_root(0, 0, -1)
+
+
 def test_step_seeds_are_pure_and_distinct_across_samples_epochs_and_steps():
     from headrace.pipeline.seeding import sample_seed, step_keys
 

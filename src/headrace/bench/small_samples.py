@@ -1,6 +1,7 @@
 """Small samples: headrace vs torch's DataLoader when a sample's steps take microseconds.
 
     python -m headrace.bench.small_samples [--rounds 3] [--samples 20000] [--workers 2]
+    python -m headrace.bench.small_samples --runner [--samples 5000]
 
 Two workloads, no simulated accelerator (the training loop only takes batches, so the loader's
 own throughput is measured): ``cifar`` (CIFAR-10-sized 32x32x3 images: reflect-pad-and-crop,
@@ -13,6 +14,11 @@ queueing was adaptive) and torch's DataLoader (out of order) at half, equal and 
 worker count. torch's dataset runs the same steps, each sample drawing from its own
 ``default_rng(index)`` (so both loaders pay for a generator per sample). Prints a Markdown
 table: samples/s and the training process's CPU per sample, median (min-max) over the rounds.
+
+``--runner`` prices, in this process and without workers, what running one sample's steps
+costs beyond the steps themselves (``pipeline/runner.py``'s ``SampleRunner``): the per-step
+re-seeding of the global generators, a generator per random step and the sample's root seed,
+each left out in turn (a diagnostic: the rows without them do not give headrace's samples).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import numpy as np
 import torch
 
 from headrace.bench.summary import Spread
-from headrace.pipeline import Pipeline, step
+from headrace.pipeline import Pipeline, runner, step
 from headrace.planner import queueing
 
 _MEAN = np.array([125.3, 123.0, 113.9], np.float32)
@@ -161,6 +167,46 @@ def run(rounds: int, samples: int, workers: int, batch: int = 128) -> dict[str, 
     return out
 
 
+def runner_costs(samples: int, repeats: int = 5) -> dict[str, float]:
+    """Thread CPU µs per CIFAR-sized sample, the least of ``repeats`` interleaved rounds: the
+    steps alone (one ``default_rng`` per sample, as torch's dataset here), ``SampleRunner`` as
+    headrace runs it, then without re-seeding the global generators before each step, also
+    without a generator per random step (one shared), also without the sample's root seed.
+    The runner module's seeding functions are swapped for the last three rows and restored."""
+    pipe = pipelines(samples)["cifar"]
+    ds = _TorchDataset(pipe)
+    shared = np.random.default_rng(0)
+    no_globals = {"seed_globals": lambda _s: None}
+    no_rngs = {**no_globals, "step_rng": lambda _s: shared}
+    swaps: dict[str, dict[str, Any] | None] = {
+        "the steps alone": None,
+        "headrace's runner": {},
+        "without re-seeding the global generators": no_globals,
+        "... and without a generator per random step": no_rngs,
+        "... and without the sample's root seed": {**no_rngs, "sample_root": lambda *_a: 1},
+    }
+    saved = {name: getattr(runner, name) for name in ("seed_globals", "step_rng", "sample_root")}
+    out: dict[str, float] = {}
+    try:
+        for _ in range(repeats):
+            for label, swap in swaps.items():
+                for name, fn in {**saved, **(swap or {})}.items():
+                    setattr(runner, name, fn)
+                r = runner.SampleRunner(pipe)
+                c0 = time.thread_time()
+                for i in range(samples):
+                    if swap is None:
+                        ds[i]
+                    else:
+                        r.run(i, 0, None, 7, 0)
+                us = (time.thread_time() - c0) * 1e6 / samples
+                out[label] = min(out.get(label, us), us)
+    finally:
+        for name, fn in saved.items():
+            setattr(runner, name, fn)
+    return out
+
+
 def markdown(results: dict[str, dict[str, list]], samples: int, workers: int) -> str:
     lines = []
     for name, rows in results.items():
@@ -181,10 +227,21 @@ def markdown(results: dict[str, dict[str, list]], samples: int, workers: int) ->
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=20000)
+    ap.add_argument("--samples", type=int, default=None,
+                    help="samples per epoch (default 20000; --runner: 5000)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--runner", action="store_true",
+                    help="price the runner's per-sample seeding instead (no workers)")
     a = ap.parse_args(argv)
-    print(markdown(run(a.rounds, a.samples, a.workers), a.samples, a.workers))
+    if a.runner:
+        n = a.samples or 5000
+        print(f"**cifar: one sample's run in the runner** ({n} samples, least of 5 interleaved rounds)\n\n"
+              "| run | thread CPU µs/sample |\n|---|---|")
+        for label, us in runner_costs(n).items():
+            print(f"| {label} | {us:.1f} |")
+        return
+    n = a.samples or 20000
+    print(markdown(run(a.rounds, n, a.workers), n, a.workers))
 
 
 if __name__ == "__main__":

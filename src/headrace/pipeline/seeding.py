@@ -8,6 +8,7 @@ global generators before each step, for user code that draws from those.
 
 from __future__ import annotations
 
+import functools
 import random as _pyrandom
 import zlib
 
@@ -34,11 +35,84 @@ def step_keys(names: list[str]) -> list[int]:
 
 
 def sample_root(base_seed: int, epoch: int, index: int) -> int:
-    """A 64-bit seed for one sample of one epoch (NumPy's SeedSequence hashing, ~11 µs):
-    computed once per sample run, then mixed with each step's key by :func:`step_seed`."""
-    ss = np.random.SeedSequence(entropy=base_seed & _MASK64, spawn_key=(epoch, index))
-    lo, hi = ss.generate_state(2, dtype=np.uint32)
-    return int(lo) | (int(hi) << 32)
+    """A 64-bit seed for one sample of one epoch: the first two 32-bit words NumPy's
+    ``SeedSequence(entropy=base_seed, spawn_key=(epoch, index)).generate_state(2)`` gives,
+    low word first, computed once per sample run and mixed with each step's key by
+    :func:`step_seed`. Bit for bit NumPy's hashing (tested), from a cached pool of the
+    sample's (base seed, epoch): about 4 µs a sample instead of NumPy's 12-20."""
+    pool, h = _epoch_pool(base_seed & _MASK64, epoch)
+    pool = list(pool)
+    for word in _words(index):
+        h = _mix_word(pool, word, h)
+    h = _INIT_B
+    out = []
+    for value in pool[:2]:
+        value ^= h
+        h = (h * _MULT_B) & _MASK32
+        value = (value * h) & _MASK32
+        out.append(value ^ (value >> 16))
+    return out[0] | (out[1] << 32)
+
+
+# NumPy's SeedSequence constants (numpy/random/bit_generator.pyx): pool of 4 32-bit words.
+_MASK32 = 0xFFFFFFFF
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
+
+
+def _words(n: int) -> list[int]:
+    """An int as NumPy's SeedSequence reads it: 32-bit words, least significant first."""
+    if n < 0:
+        raise ValueError(f"seeds and sample positions are non-negative, got {n}")
+    out = [n & _MASK32]
+    n >>= 32
+    while n:
+        out.append(n & _MASK32)
+        n >>= 32
+    return out
+
+
+def _hashmix(value: int, h: int) -> tuple[int, int]:
+    value ^= h
+    h = (h * _MULT_A) & _MASK32
+    value = (value * h) & _MASK32
+    return value ^ (value >> 16), h
+
+
+def _mix_word(pool: list[int], word: int, h: int) -> int:
+    """Mix one more entropy word into every word of ``pool`` (in place); the hash constant
+    after it. (``_hashmix`` inlined: this runs four times per sample.)"""
+    for d in range(4):
+        value = word ^ h
+        h = (h * _MULT_A) & _MASK32
+        value = (value * h) & _MASK32
+        r = (_MIX_L * pool[d] - _MIX_R * (value ^ (value >> 16))) & _MASK32
+        pool[d] = r ^ (r >> 16)
+    return h
+
+
+@functools.lru_cache(maxsize=16)
+def _epoch_pool(base_seed: int, epoch: int) -> tuple[tuple[int, ...], int]:
+    """SeedSequence's pool and hash constant once the base seed (zero-padded to the pool's
+    4 words, as NumPy does when a spawn key follows) and the epoch's words are mixed in."""
+    entropy = _words(base_seed)
+    if len(entropy) > 4:
+        raise ValueError(f"a base seed has at most 128 bits, got {base_seed}")
+    entropy += [0] * (4 - len(entropy))
+    h = _INIT_A
+    pool = []
+    for word in entropy:
+        value, h = _hashmix(word, h)
+        pool.append(value)
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                hashed, h = _hashmix(pool[src], h)
+                r = (_MIX_L * pool[dst] - _MIX_R * hashed) & _MASK32
+                pool[dst] = r ^ (r >> 16)
+    for word in _words(epoch):
+        h = _mix_word(pool, word, h)
+    return tuple(pool), h
 
 
 def step_seed(root: int, key: int) -> int:
