@@ -79,9 +79,14 @@ def _hashmix(value: int, h: int) -> tuple[int, int]:
     return value ^ (value >> 16), h
 
 
+def _mix(x: int, y: int) -> int:
+    r = (_MIX_L * x - _MIX_R * y) & _MASK32
+    return r ^ (r >> 16)
+
+
 def _mix_word(pool: list[int], word: int, h: int) -> int:
     """Mix one more entropy word into every word of ``pool`` (in place); the hash constant
-    after it. (``_hashmix`` inlined: this runs four times per sample.)"""
+    after it. (``_hashmix`` and ``_mix`` inlined: this runs four times per sample.)"""
     for d in range(4):
         value = word ^ h
         h = (h * _MULT_A) & _MASK32
@@ -108,8 +113,7 @@ def _epoch_pool(base_seed: int, epoch: int) -> tuple[tuple[int, ...], int]:
         for dst in range(4):
             if src != dst:
                 hashed, h = _hashmix(pool[src], h)
-                r = (_MIX_L * pool[dst] - _MIX_R * hashed) & _MASK32
-                pool[dst] = r ^ (r >> 16)
+                pool[dst] = _mix(pool[dst], hashed)
     for word in _words(epoch):
         h = _mix_word(pool, word, h)
     return tuple(pool), h
