@@ -244,9 +244,9 @@ class Scheduler:
             elif not w.process.is_alive():
                 dead.append(w)
         with self._lock:
-            if self._finished or self._stop.is_set():
-                return  # a death after the end (or a pool closed under a stopped scheduler)
-                # is the next epoch's to handle, or nobody's
+            if self._finished or self._stop.is_set() or self.pool.closed:
+                return  # a death after the end is the next epoch's to handle; workers that a
+                # closing pool stopped (close(), interpreter exit) did not die: nothing re-runs
             for w in dict.fromkeys(dead):
                 self._on_death(w)
 
