@@ -14,7 +14,8 @@ Written once here; every loop that blocks points to it.
   closes every pipe and queue (called in one of its own worker threads, which happens when the
   garbage collector finalises an epoch there, it waits for no worker). Samples still in flight
   are discarded: they were never delivered, so nothing is lost (resume re-runs them) and
-  nothing is duplicated.
+  nothing is duplicated. A running epoch's scheduler that sees workers exit once the pool
+  is closed does not count them as deaths (no warning, nothing queued to re-run).
 * Who calls it: the epoch iterator when the epoch ends (unless ``persistent_workers``), when it
   is garbage-collected (``break`` out of the loop, an exception in the training loop), the loader
   when it is deleted, and an ``atexit`` hook holding weak references at interpreter exit.
