@@ -239,15 +239,17 @@ def jitter(x: np.ndarray, rng: np.random.Generator) -> dict:
             "n": random.random(), "i": int(x[0])}
 
 
-def wait_at_gate(gate: str, held: str) -> None:
+def wait_at_gate(gate: str, held: str | None = None) -> None:
     """Wait while a test holds an exclusive ``flock`` on the file ``gate`` (no file: no gate,
-    or the test has opened it). A process that waits leaves a file named by its pid in the
-    folder ``held``, so the test knows which processes hold a sample."""
+    or the test has opened it). With ``held``, a process that waits leaves a file named by its
+    pid in that folder, so the test knows which processes hold a sample."""
     try:
         g = open(gate)  # noqa: SIM115 - closed by the with below
     except FileNotFoundError:  # checking for the file first would race the test removing it
         return
-    with g, open(os.path.join(held, str(os.getpid())), "w"):
+    with g:
+        if held is not None:
+            open(os.path.join(held, str(os.getpid())), "w").close()
         fcntl.flock(g, fcntl.LOCK_SH)  # blocks while the test holds LOCK_EX
 
 

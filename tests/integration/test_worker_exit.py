@@ -13,6 +13,7 @@ import pytest
 import headrace as hr
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.worker import Task
+from tests.helpers import wait_at_gate
 
 pytestmark = pytest.mark.integration
 
@@ -30,8 +31,7 @@ class GatedSource:
 
     def load(self, i: int) -> np.ndarray:
         if i == 1:
-            with open(self.path) as f:
-                fcntl.flock(f, fcntl.LOCK_SH)  # blocks while the test holds LOCK_EX
+            wait_at_gate(self.path)
         return np.full(4, i)
 
 

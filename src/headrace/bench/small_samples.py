@@ -24,6 +24,7 @@ each left out in turn (a diagnostic: the rows without them do not give headrace'
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -192,13 +193,13 @@ def runner_costs(samples: int, repeats: int = 5) -> dict[str, float]:
             for label, swap in swaps.items():
                 for name, fn in {**saved, **(swap or {})}.items():
                     setattr(runner, name, fn)
-                r = runner.SampleRunner(pipe)
+                one: Callable[[int], Any] = ds.__getitem__
+                if swap is not None:
+                    one = functools.partial(runner.SampleRunner(pipe).run, start=0, value=None,
+                                            base_seed=7, epoch=0)
                 c0 = time.thread_time()
                 for i in range(samples):
-                    if swap is None:
-                        ds[i]
-                    else:
-                        r.run(i, 0, None, 7, 0)
+                    one(i)
                 us = (time.thread_time() - c0) * 1e6 / samples
                 out[label] = min(out.get(label, us), us)
     finally:
