@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from headrace.profiler.command import register
+from headrace.cli.profile import register
 
 pytestmark = pytest.mark.integration
 

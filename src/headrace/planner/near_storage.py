@@ -26,6 +26,8 @@ import math
 
 import numpy as np
 
+from headrace.profiler.sample_sizes import SampleProfile
+
 POLICIES = ("headrace", "no-off", "all-off", "resize-off", "fastflow")
 """Policy names ``decide`` accepts (``headrace``: SOPHON's per-sample greedy)."""
 
@@ -102,41 +104,6 @@ class Plan:
                 f"the link, epoch {p.epoch_s:.2f} s (network {p.net_s:.2f} s, storage CPU "
                 f"{p.storage_s:.2f} s, training CPU {p.compute_s:.2f} s, GPU {p.gpu_s:.2f} s; "
                 f"bound: {p.bottleneck})" + (f"; {self.reason}" if self.reason else ""))
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class SampleProfile:
-    """Per-sample sizes and CPU times, as stage 2 of the profiler records them.
-
-    ``sizes[i, j]``: bytes of sample ``i`` after step ``j`` (``j = 0``: the raw bytes ``load``
-    returned). ``cpu[i, j]``: CPU seconds step ``j`` took on sample ``i``. A row with a NaN
-    (a sample not measured yet) is never offloaded and counts as the mean of measured rows.
-    """
-
-    sizes: np.ndarray
-    cpu: np.ndarray
-
-    def __post_init__(self) -> None:
-        if self.sizes.ndim != 2 or self.sizes.shape != self.cpu.shape or self.sizes.shape[1] < 1:
-            raise ValueError("sizes and cpu must be (samples, steps) arrays of one shape")
-
-    @property
-    def steps(self) -> int:
-        return int(self.sizes.shape[1])
-
-    def filled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(sizes, cpu, known): unmeasured rows replaced by the measured rows' means."""
-        sizes = np.asarray(self.sizes, dtype=np.float64)
-        cpu = np.asarray(self.cpu, dtype=np.float64)
-        known = np.asarray(np.isfinite(sizes).all(axis=1) & np.isfinite(cpu).all(axis=1))
-        if known.all():
-            return sizes, cpu, known
-        if not known.any():
-            raise ValueError("no sample of the profile is measured at every step")
-        sizes, cpu = sizes.copy(), cpu.copy()
-        sizes[~known] = sizes[known].mean(axis=0)
-        cpu[~known] = cpu[known].mean(axis=0)
-        return sizes, cpu, known
 
 
 def predict(profile: SampleProfile, stops: np.ndarray, res: Resources) -> Prediction:

@@ -1,9 +1,10 @@
-"""The ``headrace`` command: ``headrace bench`` and ``headrace demo`` (more to come).
+"""The ``headrace`` command: ``bench``, ``cachebench``, ``demo``, ``profile``, ``plan``, ``train``.
 
 Each subcommand is one ``_add_<name>(subparsers)`` function that declares its arguments and
 sets ``func`` to the function running it; adding a subcommand is writing that pair and listing
 the adder in :data:`SUBCOMMANDS`. Heavy imports happen inside the run functions, so ``--help``
-stays fast.
+stays fast. ``profile`` and ``plan`` build a loader from a user's script, so they live here
+(``cli/profile.py``), beside the command, not in ``profiler/``, which the runtime imports.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def _run_cachebench(args: argparse.Namespace) -> int:
 
 # -- the command ------------------------------------------------------------------------------
 def _add_profile_and_plan(sub: argparse._SubParsersAction) -> None:
-    from headrace.profiler.command import register
+    from headrace.cli.profile import register
 
     register(sub)
 

@@ -90,7 +90,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     from headrace.workloads import WORKLOADS
 
     p.add_argument("target", metavar="SCRIPT_OR_WORKLOAD",
-                   help=f"a Python script (see headrace.profiler.command) or one of "
+                   help=f"a Python script (see headrace.cli.profile) or one of "
                    f"{', '.join(WORKLOADS)}")
     p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, metavar="N",
                    help=f"samples per epoch (default {DEFAULT_SAMPLES})")
