@@ -1,5 +1,5 @@
 """python -m headrace.bench.small_samples: every row runs, delivers every sample, and the
-one-message-per-sample row leaves the queueing policy as it found it."""
+rows that change the queueing policy leave it as it found it."""
 
 import pytest
 
@@ -10,12 +10,14 @@ pytestmark = pytest.mark.integration
 
 
 def test_small_samples_bench_runs_every_row_and_reports_ratios():
-    before = queueing.MAX_DEPTH
+    names = ("MAX_DEPTH", "CHEAP_QUEUE_S", "CHEAP_HOLD_S")
+    before = [getattr(queueing, k) for k in names]
     res = small_samples.run(rounds=1, samples=400, workers=1, batch=32)
-    assert before == queueing.MAX_DEPTH
+    assert before == [getattr(queueing, k) for k in names]
     assert set(res) == {"cifar", "tiny"}
     for rows in res.values():
-        assert set(rows) == {"headrace", "headrace, a message per sample", "torch, 1 workers",
+        assert set(rows) == {"headrace", "headrace, 1 ms messages",
+                             "headrace, a message per sample", "torch, 1 workers",
                              "torch, 2 workers"}
         assert all(len(v) == 1 and v[0][0] > 0 for v in rows.values())
     text = small_samples.markdown(res, 400, 1)

@@ -4,7 +4,17 @@ import math
 
 import pytest
 
-from headrace.planner.queueing import HOLD_S, MAX_DEPTH, MIN_DEPTH, QUEUE_S, hold_s, queue_depth
+from headrace.planner.queueing import (
+    CHEAP_HOLD_S,
+    CHEAP_QUEUE_S,
+    CHEAP_S,
+    HOLD_S,
+    MAX_DEPTH,
+    MIN_DEPTH,
+    QUEUE_S,
+    hold_s,
+    queue_depth,
+)
 
 
 @pytest.mark.parametrize("typical", [math.nan, math.inf, 0.0, -1.0])
@@ -19,12 +29,22 @@ def test_samples_of_milliseconds_keep_the_two_at_a_time_rule_and_send_at_once():
         assert hold_s(MIN_DEPTH) == 0.0
 
 
-def test_cheap_samples_are_queued_to_cover_queue_s_of_work_up_to_the_cap():
-    assert queue_depth(QUEUE_S / 5) == 5
-    assert queue_depth(QUEUE_S / 5.5) == 6  # rounded up: at least QUEUE_S of work queued
-    assert queue_depth(100e-6) == min(MAX_DEPTH, math.ceil(QUEUE_S / 100e-6))
+def test_samples_of_one_to_two_ms_are_queued_to_cover_queue_s_and_held_hold_s():
+    assert queue_depth(QUEUE_S / 3) == 3
+    assert queue_depth(QUEUE_S / 3.5) == 4  # rounded up: at least QUEUE_S of work queued
+    assert queue_depth(CHEAP_S) == 4
+    for typical in (CHEAP_S, 0.0015, QUEUE_S / MIN_DEPTH - 1e-6):
+        assert hold_s(queue_depth(typical)) == HOLD_S
+
+
+def test_samples_under_cheap_s_share_longer_messages_up_to_the_cap():
+    assert queue_depth(CHEAP_S * 0.999) == math.ceil(CHEAP_QUEUE_S / (CHEAP_S * 0.999))
+    assert queue_depth(200e-6) == min(MAX_DEPTH, math.ceil(CHEAP_QUEUE_S / 200e-6)) == 80
     assert queue_depth(1e-9) == MAX_DEPTH
-    assert hold_s(queue_depth(100e-6)) == HOLD_S
+    for typical in (CHEAP_S * 0.999, 200e-6, 1e-6, 1e-9):
+        assert hold_s(queue_depth(typical)) == CHEAP_HOLD_S
+    # the hold stays a quarter of the work queued, in either tier
+    assert CHEAP_HOLD_S / CHEAP_QUEUE_S == HOLD_S / QUEUE_S == 0.25
 
 
 def test_depth_never_grows_as_samples_get_slower():
@@ -41,6 +61,8 @@ def test_describe_says_what_the_typical_sample_gave_and_what_came_shared():
     slow = describe(0.0045, MIN_DEPTH, 0, 960)
     assert "one per sample" in slow and "4.5 ms" in slow and "under 2.0 ms" in slow
     assert "0 of 960" in slow
-    cheap = describe(70e-6, 32, 19500, 20000)
-    assert "32 at once" in cheap and "70 µs" in cheap and "19500 of 20000" in cheap
+    cheap = describe(70e-6, 128, 19500, 20000)
+    assert "128 at once" in cheap and "70 µs" in cheap and "19500 of 20000" in cheap
+    assert "within 4.0 ms" in cheap
+    assert "within 1.0 ms" in describe(1.5e-3, 3, 900, 960)
     assert "last epoch" not in describe(70e-6, 32, None, None)

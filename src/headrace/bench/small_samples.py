@@ -8,7 +8,9 @@ own throughput is measured): ``cifar`` (CIFAR-10-sized 32x32x3 images: reflect-p
 flip, normalize, as a CIFAR training script does; about 70 µs of NumPy per sample) and
 ``tiny`` (a 16 KB array and one addition: the per-sample price of the loader alone). Rows, each
 a fresh loader's first epoch, interleaved round-robin over the rounds: ``headrace`` (defaults,
-out of order), ``headrace, a message per sample`` (the same with worker processes given one
+out of order), ``headrace, 1 ms messages`` (cheap samples queued and sent as samples of
+1-2 ms are: ``queueing.CHEAP_QUEUE_S`` and ``CHEAP_HOLD_S`` set to ``QUEUE_S`` and ``HOLD_S``,
+as before the cheap tier), ``headrace, a message per sample`` (worker processes given one
 sample at a time: ``planner.queueing.MAX_DEPTH`` set to its minimum for that row, as before
 queueing was adaptive) and torch's DataLoader (out of order) at half, equal and twice the
 worker count. torch's dataset runs the same steps, each sample drawing from its own
@@ -129,6 +131,11 @@ def _epoch(make: Callable[[], Any], n: int, close: bool) -> tuple[float, float]:
     return wall, cpu
 
 
+_ONE_MS = {"CHEAP_QUEUE_S": queueing.QUEUE_S, "CHEAP_HOLD_S": queueing.HOLD_S}
+"""The row ``headrace, 1 ms messages``: samples under ``queueing.CHEAP_S`` queued and held as
+samples of 1-2 ms are (what every cheap sample had before the cheap tier)."""
+
+
 def run(rounds: int, samples: int, workers: int, batch: int = 128) -> dict[str, dict[str, list]]:
     """``{workload: {row: [(wall s, cpu s), ...]}}``, rows interleaved, one epoch each."""
     from headrace.runtime import DataLoader, Options
@@ -138,23 +145,26 @@ def run(rounds: int, samples: int, workers: int, batch: int = 128) -> dict[str, 
     for name, pipe in pipelines(samples).items():
         ds = _TorchDataset(pipe)
 
-        def headrace_row(one_at_a_time: bool, pipe: Pipeline = pipe) -> tuple[float, float]:
-            saved = queueing.MAX_DEPTH
-            if one_at_a_time:
-                queueing.MAX_DEPTH = queueing.MIN_DEPTH
+        def headrace_row(policy: dict[str, float], pipe: Pipeline = pipe) -> tuple[float, float]:
+            saved = {k: getattr(queueing, k) for k in policy}
+            for k, v in policy.items():
+                setattr(queueing, k, v)
             try:
                 return _epoch(lambda: DataLoader(pipe, batch_size=batch, num_workers=workers,
                                                  in_order=False, options=opts), samples, True)
             finally:
-                queueing.MAX_DEPTH = saved
+                for k, v in saved.items():
+                    setattr(queueing, k, v)
 
         def torch_row(w: int, ds: Any = ds) -> tuple[float, float]:
             return _epoch(lambda: torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=w,
                                                               in_order=False), samples, False)
 
         rows: dict[str, Callable[[], tuple[float, float]]] = {
-            "headrace": lambda: headrace_row(False),
-            "headrace, a message per sample": lambda: headrace_row(True),
+            "headrace": lambda: headrace_row({}),
+            "headrace, 1 ms messages": lambda: headrace_row(_ONE_MS),
+            "headrace, a message per sample": lambda: headrace_row(
+                {"MAX_DEPTH": queueing.MIN_DEPTH}),
         }
         for w in sorted({max(1, workers // 2), workers, 2 * workers}):
             rows[f"torch, {w} workers"] = lambda w=w: torch_row(w)

@@ -9,7 +9,8 @@ per batch, was 4-5x faster there (docs/benchmarks.md, "Small samples").
 
 So when the typical sample is cheap, the scheduler queues more of them on each worker process
 and writes them in one message, and the worker sends back what it finished in one message per
-``hold_s`` of work instead of one per sample. Two samples (one running, one queued to hide the
+``hold_s`` of work instead of one per sample: 1 ms of it for samples of 1-2 ms, 4 ms for
+samples under 1 ms, where the price per message is most of the training process's work. Two samples (one running, one queued to hide the
 round trip: ``runtime/dispatch.py``'s ``DEPTH``) stay the rule for samples of a few milliseconds, where
 sample-level batching and the slow lane need every sample seen as soon as it is done.
 
@@ -24,25 +25,41 @@ from headrace import units
 
 MIN_DEPTH = 2
 """Samples assigned to a worker at once when samples are not cheap: one running, one queued."""
-MAX_DEPTH = 32
+MAX_DEPTH = 128
 """Most samples assigned to one worker process at once."""
 QUEUE_S = 0.004
 """Seconds of typical work a worker process is given at once (the queue's depth times the
-typical sample time): about four message round trips of the training process, so a worker
-never runs dry while its finished samples travel and new ones come back."""
+typical sample time) for samples under ``QUEUE_S / MIN_DEPTH`` (2 ms): about four message
+round trips of the training process, so a worker never runs dry while its finished samples
+travel and new ones come back."""
 HOLD_S = 0.001
 """Seconds of work a worker process may finish before it sends what it finished (when samples
 are queued deeper than ``MIN_DEPTH``): a quarter of ``QUEUE_S``, so a refill arrives while
 three quarters of the queue are still there."""
+CHEAP_S = 0.001
+"""Samples typically shorter than this (seconds; CIFAR-sized: 0.1-0.3 ms) share longer
+messages: ``CHEAP_QUEUE_S`` and ``CHEAP_HOLD_S`` instead of ``QUEUE_S`` and ``HOLD_S``."""
+CHEAP_QUEUE_S = 0.016
+"""``QUEUE_S`` for samples under ``CHEAP_S``: four of their holds."""
+CHEAP_HOLD_S = 0.004
+"""``HOLD_S`` for samples under ``CHEAP_S``: a message carries about 4 ms of their work (15-40
+CIFAR-sized samples) instead of 1 ms (2-3 of them, as measured): 9-25% less training-process
+CPU per CIFAR-sized sample and 4-17% more samples/s in three interleaved runs; tiny samples,
+whose messages were already full at 1 ms, level (docs/benchmarks.md, "Small samples"). What
+it costs: a finished sample may wait up to 4 ms plus one step before it is sent, where a
+batch of such samples takes longer than that to fill."""
 
 
 def queue_depth(typical_s: float) -> int:
     """Samples to assign to one worker process at once, given the typical (median) seconds of a
-    sample's steps: enough to cover ``QUEUE_S``, between ``MIN_DEPTH`` and ``MAX_DEPTH``.
-    ``typical_s`` unknown (nan, inf, 0 or negative): ``MIN_DEPTH``."""
+    sample's steps: enough to cover ``QUEUE_S`` (``CHEAP_QUEUE_S`` under ``CHEAP_S``), between
+    ``MIN_DEPTH`` and ``MAX_DEPTH``. ``typical_s`` unknown (nan, inf, 0 or negative):
+    ``MIN_DEPTH``. Under ``CHEAP_S`` the depth is over ``QUEUE_S / CHEAP_S`` (4), at or above
+    it at most that: ``hold_s`` tells the two apart by the depth alone."""
     if not math.isfinite(typical_s) or typical_s <= 0:
         return MIN_DEPTH
-    return max(MIN_DEPTH, min(MAX_DEPTH, math.ceil(QUEUE_S / typical_s)))
+    queue = CHEAP_QUEUE_S if typical_s < CHEAP_S else QUEUE_S
+    return max(MIN_DEPTH, min(MAX_DEPTH, math.ceil(queue / typical_s)))
 
 
 def describe(typical_s: float, depth: int, shared: int | None, samples: int | None) -> str:
@@ -60,11 +77,14 @@ def describe(typical_s: float, depth: int, shared: int | None, samples: int | No
                 f"messages){last}")
     return (f"messages: typical sample {units.duration(typical_s)}, so worker processes get "
             f"{depth} at once in one message and send what they finish within "
-            f"{units.duration(HOLD_S)} together{last}")
+            f"{units.duration(hold_s(depth))} together{last}")
 
 
 def hold_s(depth: int) -> float:
     """Seconds a worker may keep finished samples before sending them, for a queue of
-    ``depth``: ``HOLD_S`` when samples are queued deeper than ``MIN_DEPTH`` (cheap samples),
-    else 0 (every sample is sent the moment it is done)."""
+    ``depth`` (``queue_depth``'s): ``CHEAP_HOLD_S`` for samples under ``CHEAP_S`` (a depth over
+    ``QUEUE_S / CHEAP_S``), ``HOLD_S`` for the others queued deeper than ``MIN_DEPTH``, else 0
+    (every sample is sent the moment it is done)."""
+    if depth > QUEUE_S / CHEAP_S:
+        return CHEAP_HOLD_S
     return HOLD_S if depth > MIN_DEPTH else 0.0
