@@ -175,8 +175,29 @@ def test_sample_root_is_numpys_seed_sequence_bit_for_bit():
                r.choice([0, 1, r.randrange(100), 2**33 + r.randrange(9)]),
                r.choice([0, r.randrange(10**6), r.getrandbits(40)])) for _ in range(3000)]
     assert [sample_root(*c) for c in cases] == [numpy_root(*c) for c in cases]
-    with pytest.raises(ValueError, match="non-negative"):
-        sample_root(0, 0, -1)
+
+
+def test_any_sampler_key_gets_a_seed_the_same_as_numpys_for_its_index_key():
+    # torch passes whatever the sampler yields to __getitem__: NumPy's and torch's integers
+    # are their integer's sample; a string, a tuple, a negative index, a list of indices is a
+    # key of its own, hashed, never mistaken for an integer index
+    from headrace.pipeline.seeding import _MASK64, index_key, sample_root
+
+    assert index_key(np.int64(5)) == index_key(torch.tensor(5)) == index_key(5) == 5
+    assert sample_root(3, 1, np.int64(5)) == sample_root(3, 1, torch.tensor(5)) == sample_root(3, 1, 5)
+    keys = ["a", "b", ("a", 1), ("a", 2), -1, -2, [0, 1], [1, 0], (0, 1), 2.5, None, b"a"]
+    hashed = [index_key(k) for k in keys]
+    assert len(set(hashed)) == len(keys) and all(h >= 2**128 for h in hashed)
+    assert index_key(("a", 1)) == index_key(("a", 1))  # a pure function of the key
+    # pinned: a sample's draws must not change between releases
+    assert index_key("a") == 2**128 | 0xD419DA4FB1121883E91888FC7457F843
+    assert sample_root(0, 0, "a") == 0x10230E284186F7E2
+    for k in keys:
+        ss = np.random.SeedSequence(entropy=7 & _MASK64, spawn_key=(2, index_key(k)))
+        lo, hi = ss.generate_state(2, dtype=np.uint32)
+        assert sample_root(7, 2, k) == int(lo) | (int(hi) << 32)
+    roots = {sample_root(0, 0, k) for k in keys} | {sample_root(0, 0, i) for i in range(100)}
+    assert len(roots) == len(keys) + 100
 
 
 def test_step_seeds_are_pure_and_distinct_across_samples_epochs_and_steps():

@@ -9,8 +9,12 @@ global generators before each step, for user code that draws from those.
 from __future__ import annotations
 
 import functools
+import hashlib
+import operator
+import pickle
 import random as _pyrandom
 import zlib
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,15 +38,18 @@ def step_keys(names: list[str]) -> list[int]:
     return out
 
 
-def sample_root(base_seed: int, epoch: int, index: int) -> int:
+def sample_root(base_seed: int, epoch: int, index: Any) -> int:
     """A 64-bit seed for one sample of one epoch: the first two 32-bit words NumPy's
-    ``SeedSequence(entropy=base_seed, spawn_key=(epoch, index)).generate_state(2)`` gives,
+    ``SeedSequence(entropy=base_seed, spawn_key=(epoch, key)).generate_state(2)`` gives,
     low word first, computed once per sample run and mixed with each step's key by
     :func:`step_seed`. Bit for bit NumPy's hashing (tested), from a cached pool of the
-    sample's (base seed, epoch): about 4 µs a sample instead of NumPy's 12-20."""
+    sample's (base seed, epoch): about 4 µs a sample instead of NumPy's 12-20.
+
+    ``key`` is :func:`index_key` of the sampler's ``index``: the index itself when it is a
+    non-negative integer (NumPy's and torch's integer scalars included)."""
     pool, h = _epoch_pool(base_seed & _MASK64, epoch)
     pool = list(pool)
-    for word in _words(index):
+    for word in _words(index if type(index) is int and index >= 0 else index_key(index)):
         h = _mix_word(pool, word, h)
     h = _INIT_B
     out = []
@@ -52,6 +59,30 @@ def sample_root(base_seed: int, epoch: int, index: int) -> int:
         value = (value * h) & _MASK32
         out.append(value ^ (value >> 16))
     return out[0] | (out[1] << 32)
+
+
+_HASHED = 1 << 128
+"""Set in every hashed key: above any integer index a sampler gives, so none is mistaken for one."""
+
+
+def index_key(index: Any) -> int:
+    """The non-negative integer a sample's seed is drawn from, for whatever the sampler yields
+    (torch passes it to ``__getitem__`` unchanged): the index when it is a non-negative
+    integer (``operator.index``: Python's, NumPy's and torch's integer scalars), else a
+    129-bit hash of its pickled bytes (a string key, a tuple, a negative index, a list of
+    indices fetched at once), the same in every process for keys that pickle the same (strings,
+    numbers, tuples and lists of them); a key that cannot be pickled is hashed from its repr."""
+    try:
+        i = operator.index(index)
+    except TypeError:
+        i = -1
+    if i >= 0:
+        return i
+    try:
+        raw = pickle.dumps(index, protocol=4)
+    except Exception:  # noqa: BLE001 - any key still gets a seed
+        raw = repr(index).encode("utf-8", "backslashreplace")
+    return _HASHED | int.from_bytes(hashlib.blake2b(raw, digest_size=16).digest(), "little")
 
 
 # NumPy's SeedSequence constants (numpy/random/bit_generator.pyx): pool of 4 32-bit words.
@@ -129,7 +160,7 @@ def step_seed(root: int, key: int) -> int:
     return z ^ (z >> 31)
 
 
-def sample_seed(base_seed: int, epoch: int, index: int, key: int) -> int:
+def sample_seed(base_seed: int, epoch: int, index: Any, key: int) -> int:
     """A 64-bit seed for one (sample, step); base_seed is the loader's per-epoch seed."""
     return step_seed(sample_root(base_seed, epoch, index), key)
 

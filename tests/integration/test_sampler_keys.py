@@ -1,0 +1,90 @@
+"""Whatever a sampler yields reaches ``__getitem__`` unchanged, as with torch's DataLoader:
+NumPy's and torch's integers (``SubsetRandomSampler(np.where(mask)[0])``), string keys, tuples
+(a multi-scale batch sampler), negative indices, lists of indices fetched at once (torch's
+``batch_size=None, sampler=BatchSampler(...)``). Each gets its own seed (docs/design.md)."""
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import headrace as hr
+
+pytestmark = pytest.mark.integration
+
+
+class Keyed(tud.Dataset):
+    """Returns what it was given, as plain data, and a draw from the global generator."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            value = [ord(c) for c in key]
+        elif isinstance(key, (tuple, list)):
+            value = [int(k) for k in key]
+        else:
+            value = [int(key)]
+        return {"key": value, "draw": torch.rand(1)}
+
+
+def _run(loader_cls, workers, **kw):
+    loader = loader_cls(Keyed(), num_workers=workers, **kw)
+    try:
+        got = []
+        for b in loader:
+            keys = b["key"]  # batched: a tensor per position of the lists; batch_size=None: a list
+            if isinstance(keys, torch.Tensor):
+                keys = keys.tolist()
+            elif keys and isinstance(keys[0], torch.Tensor):
+                keys = torch.stack(keys, 1).tolist()
+            got.append(keys)
+        return got
+    finally:
+        getattr(loader, "close", lambda: None)()
+
+
+class Scales:
+    """A batch sampler of (index, size) keys, as multi-scale training samples them."""
+
+    def __iter__(self):
+        yield [(0, 2), (1, 2)]
+        yield [(2, 3), (3, 3)]
+
+    def __len__(self):
+        return 2
+
+
+CASES = {
+    "numpy integers": dict(sampler=list(np.arange(0, 10, 2)), batch_size=5),
+    "torch integers": dict(sampler=list(torch.arange(0, 10, 2)), batch_size=5),
+    "string keys": dict(sampler=["ab", "cd"], batch_size=2),
+    "tuple keys": dict(batch_sampler=Scales()),
+    "negative indices": dict(sampler=[-1, -2], batch_size=2),
+    "lists of indices": dict(sampler=tud.BatchSampler(range(10), 4, False), batch_size=None),
+}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_sampler_key_reaches_getitem_as_with_torch(case, workers, no_leaks):
+    kw = CASES[case]
+    want = _run(tud.DataLoader, workers, **kw)
+    assert _run(hr.DataLoader, workers, **kw) == want
+
+
+def test_keys_that_are_not_integers_draw_differently_and_repeatably(no_leaks):
+    def draws(seed):
+        loader = hr.DataLoader(Keyed(), batch_size=None, num_workers=2,
+                               sampler=["a", "b", (1, 2), -3, [4, 5], 6],
+                               options=hr.Options(seed=seed, profile_store=False))
+        try:
+            return [float(s["draw"]) for s in loader]
+        finally:
+            loader.close()
+
+    first = draws(1)
+    assert len(set(first)) == 6  # each key its own stream
+    assert draws(1) == first  # per-sample seeding: the same keys, the same draws
+    assert draws(2) != first
