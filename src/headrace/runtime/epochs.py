@@ -190,6 +190,7 @@ def make_iterator(
         sample_timeout_s=opts.sample_timeout_s,
         buffers=loader._buffers,
         ods=ods,
+        collate_threads=opts.collate_threads,
     )
     it = EpochIterator(pool, owns, spec, loader.monitor, delivered, loader.timeout)
     loader.monitor.meter = it.meter

@@ -92,6 +92,14 @@ class Options:
             batches are copied there on a side CUDA stream while the current one trains, from
             pinned batch memory (implied), and ``next()`` returns device tensors ready on the
             training loop's current stream. ``None`` (default): batches stay in host memory.
+        collate_threads: threads of the training process that run a user ``collate_fn``
+            (headrace collates there: batch composition is known only there). 1 (default): one
+            call at a time, batch after batch, off the scheduler thread, as each of torch's
+            workers calls it: a ``collate_fn`` that keeps state, reuses a buffer or wraps a
+            tokenizer refusing concurrent calls stays correct. More: batches collated
+            concurrently, for a thread-safe ``collate_fn`` that releases the GIL (a 20 ms one
+            that sleeps: 0.8-1.1x torch's epoch on 4 threads against 2.0-2.1x in the scheduler
+            thread, docs/benchmarks.md). At most the available cores are used.
         cache: Seneca's tiered sample cache (:class:`headrace.Cache`; ``None``: off). Default:
             a memory cache whose budget is 25% of the available memory (see ``Cache``); it
             caches a Pipeline's or split dataset's decoded form (else its encoded form), so
@@ -116,6 +124,7 @@ class Options:
     device: str | torch.device | None = None
     cache: Cache | None = dataclasses.field(default_factory=Cache)
     remote: Remote | None = None
+    collate_threads: int = 1
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
@@ -136,6 +145,8 @@ class Options:
             torch.device(self.device)  # a malformed device string fails here, with torch's words
         if self.remote is not None and not isinstance(self.remote, Remote):
             raise ValueError(f"remote must be a headrace.Remote, got {self.remote!r}")
+        if self.collate_threads < 1:
+            raise ValueError(f"collate_threads must be >= 1, got {self.collate_threads}")
         if self.worker_blas_threads is not None and self.worker_blas_threads < 1:
             raise ValueError("worker_blas_threads must be >= 1 (or None: inherited)")
         if self.max_worker_restarts < 1:

@@ -8,11 +8,13 @@ straight into that row (``runtime/assembly.py``). What the training loop reads f
 batch's error); ``("raise", error, None)`` for a failed sample or batch (the epoch goes on, as in
 torch); ``("end" | "error", ...)`` from the scheduler itself.
 
-A user ``collate_fn`` runs on a few threads of the training process, not in the scheduler
-thread: torch's workers collate their batches in parallel, and one expensive ``collate_fn`` run
-batch after batch in the scheduler (under its lock, so nothing is dispatched meanwhile) made it
-the pipeline's bottleneck. Threads help where it spends its time outside the GIL (torch and NumPy
-kernels, I/O); a pure-Python ``collate_fn`` still waits for the GIL (docs/design.md).
+A user ``collate_fn`` runs on collate threads of the training process, not in the scheduler
+thread: one expensive ``collate_fn`` run batch after batch in the scheduler (under its lock, so
+nothing is dispatched meanwhile) made it the pipeline's bottleneck. One thread by default, so
+calls never overlap (torch calls it once at a time in each worker process; a collator reusing a
+buffer or a tokenizer returned wrong batches on several); ``Options(collate_threads=N)`` runs
+N, which helps a thread-safe ``collate_fn`` that spends its time outside the GIL (torch and
+NumPy kernels, I/O); a pure-Python one still waits for the GIL (docs/design.md).
 """
 
 from __future__ import annotations
@@ -27,9 +29,6 @@ from headrace.planner.workers import available_cpus
 from headrace.runtime.assembly import BatchAssembly
 from headrace.runtime.ring import Ring
 from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error
-
-COLLATE_THREADS = 4
-"""Threads that run a user ``collate_fn`` (at most; never more than the available cores)."""
 
 
 class BatchOutput:
@@ -86,8 +85,8 @@ class BatchOutput:
                 continue
             if not assembly.in_place:  # a user collate_fn: on the collate threads
                 if self._collators is None:
-                    self._collators = ThreadPoolExecutor(
-                        min(COLLATE_THREADS, available_cpus()), "headrace-collate")
+                    self._collators = ThreadPoolExecutor(  # one: calls never overlap
+                        min(self.spec.collate_threads, available_cpus()), "headrace-collate")
                 future = self._collators.submit(_collate, assembly, ready.rows, self.spec.pin)
                 self.out.put(("future", future, ready.positions))
                 continue

@@ -45,6 +45,7 @@ class EpochSpec:
     sample_timeout_s: float | None = None  # a sample running longer is a hung step
     buffers: BufferPool | None = None  # batch memory reused across batches (None: fresh)
     ods: Any = None  # cache.ods_epoch.OdsEpoch: which sample fills a position (Cache(ods=True))
+    collate_threads: int = 1  # threads running a user collate_fn (Options.collate_threads)
 
 
 @dataclass
