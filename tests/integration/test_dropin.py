@@ -3,6 +3,7 @@
 import copy
 import pickle
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
@@ -139,3 +140,35 @@ def test_a_seed_set_in_worker_init_fn_is_overridden_and_said_once(no_leaks):
 def test_drawing_in_worker_init_fn_is_not_taken_for_seeding(no_leaks, recwarn):
     list(hr.DataLoader(SeedOfSample(), batch_size=2, num_workers=2, worker_init_fn=draws_only))
     assert not [w for w in recwarn if "worker_init_fn seeded" in str(w.message)]
+
+
+class Growing(tud.Dataset):
+    def __init__(self):
+        self.items = []
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_empty_dataset_gives_no_batch_and_one_filled_later_its_samples(workers, no_leaks):
+    ds = Growing()
+    loader = hr.DataLoader(ds, batch_size=2, num_workers=workers)
+    try:
+        assert len(loader) == 0 and list(loader) == []
+        ds.items += [1, 2, 3]  # filled after the loader was built, as torch allows
+        assert flat(loader) == [1, 2, 3]
+    finally:
+        loader.close()
+
+
+def test_num_workers_may_be_a_numpy_integer(no_leaks):
+    loader = hr.DataLoader(IndexDataset(6), batch_size=2, num_workers=np.int64(2))
+    try:
+        assert loader.num_workers == 2 and type(loader.num_workers) is int
+        assert sorted(flat(loader)) == list(range(6))
+    finally:
+        loader.close()

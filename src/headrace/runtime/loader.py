@@ -16,6 +16,7 @@ or the other (``runtime/ordering.py``).
 from __future__ import annotations
 
 import dataclasses
+import operator
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -86,6 +87,8 @@ class DataLoader(tud.DataLoader[_T_co]):
             if num_workers != "auto":
                 raise ValueError(f"num_workers must be an int or 'auto', got {num_workers!r}")
             num_workers = AutoWorkers(options.autoscale.start_count())
+        elif type(num_workers) is not AutoWorkers and hasattr(num_workers, "__index__"):
+            num_workers = operator.index(num_workers)  # NumPy's integers, as torch takes them
         if generator is None and options.seed is not None:
             generator = torch.Generator()
             generator.manual_seed(options.seed)
@@ -136,7 +139,8 @@ class DataLoader(tud.DataLoader[_T_co]):
                 self.monitor.executor_decision = forced_processes(blocked)
             else:
                 self.monitor.probe_gil = True
-        self.planning = Planning(self.pipeline, self.options, self.monitor) if self.pipeline else None
+        self.planning = (Planning(self.pipeline, self.options, self.monitor)
+                         if self.pipeline is not None else None)  # (an empty one is falsy)
         if self.planning is not None:
             self.monitor.epoch_listeners.append(self.planning.after_epoch)
         self._pool: WorkerPool | None = None
