@@ -169,3 +169,29 @@ def test_resume_with_a_distributed_sampler(in_order, no_leaks):
     assert Counter(before + after) == Counter(full)
     if in_order:
         assert before + after == full
+
+
+REPEATS = [3, 1, 3, 3, 0, 1, 7, 3, 2, 1, 3, 0]  # a sampler with replacement: 3 comes 5 times
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_index_drawn_again_in_an_epoch_gets_new_draws_and_keeps_them_on_resume(workers,
+                                                                                   no_leaks):
+    # oversampling: each time an index comes again in an epoch its random steps draw anew,
+    # as torch's workers do; the n-th time is counted over every position, so a resumed epoch
+    # gives each position the draw it had (runtime/draws.py)
+    kw = dict(batch_size=2, sampler=REPEATS, num_workers=workers, in_order=True)
+    full, _ = run(make(**kw, generator=torch.Generator().manual_seed(5)), 1)
+    flat_full = [r for b in full[0] for r in b]
+    assert [i for i, _ in flat_full] == REPEATS
+    threes = [v for i, v in flat_full if i == 3]
+    assert len(set(threes)) == 5  # five copies of sample 3, five draws
+
+    first = make(**kw, generator=torch.Generator().manual_seed(5))
+    before, it = run(first, 1, stop_after=3)
+    state = json.loads(json.dumps(first.state_dict()))
+    del it, first
+    second = make(**dict(kw, num_workers=2 - workers))
+    second.load_state_dict(state)
+    after, _ = run(second, 1)
+    assert [r for b in before[0] + after[0] for r in b] == flat_full

@@ -200,6 +200,20 @@ def test_any_sampler_key_gets_a_seed_the_same_as_numpys_for_its_index_key():
     assert len(roots) == len(keys) + 100
 
 
+def test_a_repeated_draw_of_a_sample_is_numpys_seed_with_the_draw_in_the_spawn_key():
+    # the n-th time an index comes in an epoch (runtime/draws.py) its seed takes n too; the
+    # first time (draw 0) keeps the seed every sample always had
+    from headrace.pipeline.seeding import index_key, sample_root
+
+    for key in (0, 5, 2**40, "a", -3):
+        assert sample_root(9, 1, key, 0) == sample_root(9, 1, key)
+        for draw in (1, 2, 2**33):
+            ss = np.random.SeedSequence(entropy=9, spawn_key=(1, index_key(key), draw))
+            lo, hi = ss.generate_state(2, dtype=np.uint32)
+            assert sample_root(9, 1, key, draw) == int(lo) | (int(hi) << 32)
+    assert len({sample_root(0, 0, 3, d) for d in range(50)}) == 50
+
+
 def test_step_seeds_are_pure_and_distinct_across_samples_epochs_and_steps():
     from headrace.pipeline.seeding import sample_seed, step_keys
 

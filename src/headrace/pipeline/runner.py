@@ -109,6 +109,7 @@ class SampleRunner:
         hand_off: Callable[[int, float], bool] | None = None,
         on_step: Callable[[int], None] | None = None,
         after_step: Callable[[int, Any], None] | None = None,
+        draw: int = 0,
     ) -> Outcome:
         """Run steps ``start..n-1``; stop early when ``hand_off(next_step, seconds)`` says so.
 
@@ -117,7 +118,8 @@ class SampleRunner:
         run has spent so far (the quantity the timeout is learned from; the runner's own
         bookkeeping is not counted); ``None`` means run to completion. ``on_step(i)`` is called
         before step ``i`` starts; ``after_step(i, output)`` after it (the cache copies a tier's
-        form there, before a later step could write into it).
+        form there, before a later step could write into it). ``draw``: the times ``index``
+        came earlier in this epoch (``runtime/draws.py``), part of its seed.
         """
         x = index if start == 0 else value
         timings: list[StepTiming] = []
@@ -126,7 +128,7 @@ class SampleRunner:
         if measure is not None and start > 0:
             bytes_in, sig = measure(x)
         spent = 0.0
-        root = sample_root(base_seed, epoch, index) if self._seeded else 0
+        root = sample_root(base_seed, epoch, index, draw) if self._seeded else 0
         for i in range(start, self.n):
             rng = None
             if self._seeded:

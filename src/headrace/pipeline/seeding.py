@@ -38,7 +38,7 @@ def step_keys(names: list[str]) -> list[int]:
     return out
 
 
-def sample_root(base_seed: int, epoch: int, index: Any) -> int:
+def sample_root(base_seed: int, epoch: int, index: Any, draw: int = 0) -> int:
     """A 64-bit seed for one sample of one epoch: the first two 32-bit words NumPy's
     ``SeedSequence(entropy=base_seed, spawn_key=(epoch, key)).generate_state(2)`` gives,
     low word first, computed once per sample run and mixed with each step's key by
@@ -46,11 +46,16 @@ def sample_root(base_seed: int, epoch: int, index: Any) -> int:
     sample's (base seed, epoch): about 4 µs a sample instead of NumPy's 12-20.
 
     ``key`` is :func:`index_key` of the sampler's ``index``: the index itself when it is a
-    non-negative integer (NumPy's and torch's integer scalars included)."""
+    non-negative integer (NumPy's and torch's integer scalars included). ``draw``: the times
+    the index came earlier in this epoch (``runtime/draws.py``); from 1, the spawn key is
+    ``(epoch, key, draw)``, so a sample drawn twice gets two streams."""
     pool, h = _epoch_pool(base_seed & _MASK64, epoch)
     pool = list(pool)
     for word in _words(index if type(index) is int and index >= 0 else index_key(index)):
         h = _mix_word(pool, word, h)
+    if draw:
+        for word in _words(draw):
+            h = _mix_word(pool, word, h)
     h = _INIT_B
     out = []
     for value in pool[:2]:

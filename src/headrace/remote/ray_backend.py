@@ -323,7 +323,7 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
             opts.on_resumed()
     elif local is not None:  # the source is not reachable remotely: load here
         out = local.run(task.sample, 0, None, task.base_seed, task.epoch,
-                        hand_off=lambda _next, _spent: True)
+                        hand_off=lambda _next, _spent: True, draw=task.draw)
         if out.error is not None:
             step, exc, tb = out.error
             return ("msg", ("error", task.tid, step, _picklable_class(type(exc)),

@@ -19,6 +19,7 @@ from headrace.errors import StepError, step_error_for
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import SampleRunner
 from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.draws import Draws
 from headrace.runtime.epoch import EpochBase
 from headrace.runtime.work import collate_error
 from headrace.telemetry.stats import EpochStats
@@ -59,6 +60,7 @@ class InProcessIterator(EpochBase):
         self.cache = cache  # a cache.client.CacheClient, or None
         self.cache_row = cache_row
         self.ods = ods  # a cache.ods_epoch.OdsEpoch (Cache(ods=True)), or None
+        self.draws = Draws()  # how many times each index came before, this epoch
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         if self._closed:
@@ -76,6 +78,8 @@ class InProcessIterator(EpochBase):
             indices = list(group) if self.auto_collation else [group]
             positions = range(self._position, self._position + len(indices))
             self._position += len(indices)
+            draws = {p: n for p, i in zip(positions, indices, strict=True)  # delivered too
+                     if (n := self.draws.next(i))}
             if self.ods is not None:
                 todo = self.ods.fill(positions, indices)
             else:
@@ -83,7 +87,7 @@ class InProcessIterator(EpochBase):
                         if p not in self.delivered]
             samples, done, indices = [], [], []
             for p, i in todo:
-                ok, value = self._one(i)
+                ok, value = self._one(i, draws.get(p, 0))
                 if ok:
                     samples.append(value)
                     done.append(p)
@@ -101,11 +105,11 @@ class InProcessIterator(EpochBase):
         m.consumer_cpu_s += time.thread_time() - c0
         return batch, done
 
-    def _one(self, index: int) -> tuple[bool, Any]:
+    def _one(self, index: int, draw: int) -> tuple[bool, Any]:
         state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-        try:
-            out = run_cached(self.cache, self.runner.run, index, 0, None, self.base_seed,
-                             self.epoch, self.cache_row)
+        try:  # a repeat's seeded forms are its own: uncached (runtime/draws.py)
+            out = run_cached(self.cache if not draw else None, self.runner.run, index, 0, None,
+                             self.base_seed, self.epoch, self.cache_row, draw=draw)
         finally:
             random.setstate(state[0])
             np.random.set_state(state[1])

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 
+from headrace.runtime.draws import Draws
 from headrace.runtime.work import EpochSpec, Rec
 from headrace.runtime.worker import Task
 
@@ -33,6 +34,8 @@ class Lanes:
         self.pulled = 0  # positions pulled and not already delivered (counted in flight)
         self.settled = 0  # positions completed, skipped or failed
         self.exhausted = False
+        self.draws = Draws()  # how many times each index came before, this epoch
+        self.repeats: dict[int, int] = {}  # position -> its draw, for the positions above 0
 
     @property
     def complete(self) -> bool:
@@ -76,7 +79,8 @@ class Lanes:
             self.pull_group()
         position, index = self.fresh.popleft()
         s = self.spec
-        task = Task(next(self.tids), index, 0, None, s.base_seed, s.epoch, s.handoff)
+        task = Task(next(self.tids), index, 0, None, s.base_seed, s.epoch, s.handoff,
+                    self.repeats.pop(position, 0) if self.repeats else 0)
         rec = Rec(position, index, task)
         self.recs[task.tid] = rec
         return rec
@@ -92,6 +96,10 @@ class Lanes:
         start = self.positions
         self.positions += len(indices)
         positions = list(range(start, start + len(indices)))
+        for p, i in zip(positions, indices, strict=True):  # every position, delivered ones too
+            n = self.draws.next(i)
+            if n:
+                self.repeats[p] = n
         delivered = self.spec.delivered
         if self.spec.ods is not None:  # ODS may fill a position with another sample
             todo = self.spec.ods.fill(positions, indices)

@@ -60,6 +60,7 @@ class Task(NamedTuple):
     base_seed: int
     epoch: int
     may_hand_off: bool
+    draw: int = 0  # times the index came earlier this epoch (runtime/draws.py): in its seed
 
 
 class Tasks(NamedTuple):
@@ -264,7 +265,7 @@ class TaskRunner:
         measured = (self.runs <= MEASURE_ALL or self.runs % MEASURE_EVERY == 0
                     or self.measure_all)
         return run_cached(
-            self.cache,
+            self.cache if not task.draw else None,  # a repeat's seeded forms are its own
             (self.measured if measured else self.plain).run,
             task.sample,
             task.start,
@@ -274,6 +275,7 @@ class TaskRunner:
             slot,
             hand_off=self.hand_off if task.may_hand_off else None,
             on_step=self.on_step,
+            draw=task.draw,
         )
 
     def message(

@@ -1,0 +1,47 @@
+"""Which draw of a sample a position is, within one epoch (pure bookkeeping).
+
+A sampler with replacement (``WeightedRandomSampler(..., replacement=True)``, oversampling a
+rare class) yields one index several times an epoch. A sample's seed is a function of (base
+seed, epoch, index): every copy would draw the same augmentation, where torch's workers draw
+a fresh one each time. So the n-th time an index comes in an epoch (counted from 0, in the
+sampler's order) its seed takes n as well (``seeding.sample_root``'s ``draw``); the first
+copy keeps the seed it always had. The count runs over every position, delivered ones too,
+so a resumed epoch gives each position the draw it had.
+
+Memory: a bit per integer index below ``BITMAP_LIMIT`` (growable), a set of the other keys,
+and a count per index seen more than once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from headrace.pipeline.seeding import index_key
+from headrace.runtime.bitmap import Bitmap
+
+BITMAP_LIMIT = 1 << 27
+"""Integer indices below this are remembered in a bitmap (at most 16 MB); others in a set."""
+
+
+class Draws:
+    """Counts, over one epoch, how many times each sampler key came before."""
+
+    __slots__ = ("_other", "_repeats", "_seen")
+
+    def __init__(self) -> None:
+        self._seen = Bitmap()
+        self._other: set[int] = set()
+        self._repeats: dict[int, int] = {}
+
+    def next(self, index: Any) -> int:
+        """How many times ``index`` came earlier in this epoch (0: its first time)."""
+        key = index if type(index) is int and index >= 0 else index_key(index)
+        if key < BITMAP_LIMIT:
+            if self._seen.set(key):
+                return 0
+        elif key not in self._other:
+            self._other.add(key)
+            return 0
+        n = self._repeats.get(key, 0) + 1
+        self._repeats[key] = n
+        return n

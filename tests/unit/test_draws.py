@@ -1,0 +1,20 @@
+"""How many times a sampler key came before in an epoch (runtime/draws.py): pure."""
+
+import numpy as np
+import torch
+
+from headrace.runtime.draws import BITMAP_LIMIT, Draws
+
+
+def test_the_first_time_is_draw_0_and_each_repeat_counts_on():
+    d = Draws()
+    assert [d.next(i) for i in [3, 1, 3, 3, 0, 1]] == [0, 0, 1, 2, 0, 1]
+
+
+def test_integers_of_numpy_and_torch_are_their_index_and_other_keys_their_own():
+    d = Draws()
+    assert [d.next(k) for k in [5, np.int64(5), torch.tensor(5)]] == [0, 1, 2]
+    keys = ["a", ("a", 1), [0, 1], -1, BITMAP_LIMIT + 3, 2**70]
+    assert [d.next(k) for k in keys] == [0] * len(keys)
+    assert [d.next(k) for k in keys] == [1] * len(keys)
+    assert d.next("b") == 0 and d.next([1, 0]) == 0
