@@ -167,10 +167,12 @@ class MeetInCollate:
         return torch.tensor(samples)
 
 
-def test_a_user_collate_fn_runs_beside_the_scheduler_not_one_batch_at_a_time(no_leaks):
+def test_collate_threads_run_a_thread_safe_collate_fn_beside_the_scheduler_concurrently(
+        no_leaks):
+    # one call at a time is the default (test_collate_and_batching.py); Options(collate_threads)
     collate = MeetInCollate()
     loader = hr.DataLoader(IndexDataset(32), batch_size=4, num_workers=2, shuffle=True,
-                           collate_fn=collate)
+                           collate_fn=collate, options=hr.Options(collate_threads=2))
     got = sorted(i for b in loader for i in b.tolist())
     assert got == list(range(32)) and collate.met == 2
 
