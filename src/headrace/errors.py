@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import types
+
 __all__ = [
     "HeadraceError",
     "PipelineError",
@@ -69,7 +72,12 @@ class StepError(HeadraceError):
             "\n\nFix the step or the sample, or pass options=headrace.Options(on_error='skip') "
             "to drop failing samples (they are counted in loader.stats())."
         )
-        super().__init__(text)
+        # not super(): in StepError[T] that would call T's __init__, whose arguments (a path
+        # and a code, keyword-only ones) are the user's, not this message
+        Exception.__init__(self, text)
+
+    def __str__(self) -> str:  # the message, also in StepError[OSError] (whose str() would
+        return BaseException.__str__(self)  # be the errno's) and StepError[KeyError] (a repr)
 
     def __reduce__(self):  # keep the structured fields across pickling
         return (
@@ -97,13 +105,57 @@ def step_error_for(
     message: str,
     remote_traceback: str = "",
     worker: int | None = None,
+    instance: BaseException | None = None,
 ) -> StepError:
     """Build a StepError that is also an instance of the original exception type when possible.
 
     torch's DataLoader re-raises a worker's ``ValueError`` as a ``ValueError``; users' ``except``
     clauses rely on that. We keep it: the returned error subclasses both :class:`StepError` and
-    ``original`` (falling back to a plain :class:`StepError` where that class cannot be built).
+    ``original`` (falling back to a plain :class:`StepError` where that class cannot be built),
+    whatever arguments ``original``'s ``__init__`` takes. ``instance``: the exception itself,
+    where it was raised in this process (``num_workers=0``): its attributes (``errno``,
+    ``filename``, a user exception's ``path`` or ``code``) are carried over, as torch re-raises
+    the object itself there; ``args`` stays headrace's message.
     """
+    err = _combined(original, index, step, cause_type, message, remote_traceback, worker)
+    if instance is not None and isinstance(err, type(instance)):
+        _carry_attributes(instance, err)
+    return err
+
+
+_OWN = frozenset(("index", "step", "worker", "cause_type", "cause_message", "remote_traceback"))
+"""StepError's attributes: an original exception's attribute of the same name does not replace
+them."""
+
+
+def _carry_attributes(src: BaseException, dst: BaseException) -> None:
+    """Copy ``src``'s attributes onto ``dst``: its ``__dict__``, and the writable attributes
+    builtin exception types keep in their C structures (``OSError.errno``, ``SystemExit.code``,
+    ``UnicodeError.start``); never ``args``, the traceback or the chaining."""
+    for klass in type(src).__mro__:
+        if klass in (BaseException, object):
+            continue
+        for name, attr in vars(klass).items():
+            if name.startswith("__") or name in _OWN:
+                continue
+            if isinstance(attr, (types.MemberDescriptorType, types.GetSetDescriptorType)):
+                with contextlib.suppress(AttributeError, TypeError, ValueError):
+                    setattr(dst, name, getattr(src, name))
+    for name, value in vars(src).items():
+        if name not in _OWN:
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(dst, name, value)
+
+
+def _combined(
+    original: type[BaseException] | None,
+    index: int,
+    step: str,
+    cause_type: str,
+    message: str,
+    remote_traceback: str,
+    worker: int | None,
+) -> StepError:
     if original is not None and issubclass(original, Exception) and original is not StepError:
         cls = _COMBINED.get(original)
         if cls is None:

@@ -223,3 +223,43 @@ def test_step_seeds_are_pure_and_distinct_across_samples_epochs_and_steps():
     assert len(set(seeds.values())) == len(seeds)  # no two (sample, step) share a stream
     assert all(0 <= s < 2**64 for s in seeds.values())
     assert sample_seed(0, 1, 7, keys[2]) == seeds[(0, 1, 7, keys[2])]  # a pure function
+
+
+class CorruptSample(Exception):
+    def __init__(self, path, code):
+        super().__init__(f"bad file {path}")
+        self.path, self.code = path, code
+
+
+class NeedsKeywords(Exception):
+    def __init__(self, *, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def test_a_step_error_is_the_users_exception_type_whatever_its_init_takes():
+    # torch re-raises the exception's type (RuntimeError when it cannot rebuild it); an
+    # __init__ of (path, code) or keyword-only arguments no longer drops the type
+    from headrace.errors import StepError, step_error_for
+
+    for cls in (CorruptSample, NeedsKeywords):
+        e = step_error_for(cls, 4, "load", cls.__qualname__, "msg")
+        assert isinstance(e, cls) and isinstance(e, StepError) and e.index == 4
+        assert "sample index 4" in str(e)
+
+
+def test_in_this_process_the_original_exceptions_attributes_are_carried():
+    # num_workers=0: torch raises the object itself, so code reads e.errno, e.filename, e.code
+    from headrace.errors import step_error_for
+
+    for exc in (FileNotFoundError(2, "No such file", "/d/1.jpg"), CorruptSample("/d/1.jpg", 7),
+                NeedsKeywords(reason="empty"), KeyError("label"), TimeoutError(110, "timed out")):
+        e = step_error_for(type(exc), 1, "load", type(exc).__qualname__, str(exc), instance=exc)
+        assert isinstance(e, type(exc))
+        for name in ("errno", "strerror", "filename", "path", "code", "reason"):
+            if hasattr(exc, name):
+                assert getattr(e, name) == getattr(exc, name), name
+        # str() is headrace's message, naming the place, also where OSError and KeyError
+        # would print the errno or a repr
+        assert str(e).startswith("step 'load' failed on sample index 1")
+        assert e.index == 1 and e.step == "load"

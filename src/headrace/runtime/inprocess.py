@@ -119,7 +119,8 @@ class InProcessIterator(EpochBase):
             return True, out.value
         step, exc, tb = out.error
         err: StepError = step_error_for(
-            type(exc), index, self.runner.names[step], type(exc).__qualname__, str(exc), tb
+            type(exc), index, self.runner.names[step], type(exc).__qualname__, str(exc), tb,
+            instance=exc,
         )
         if self.on_error == "raise":
             self.failed += 1
