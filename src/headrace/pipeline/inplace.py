@@ -3,12 +3,17 @@
 A user's ``__getitem__`` may call ``self.transform(x)`` unconditionally, post-process after it,
 apply it to two views or to something other than element 0 of its sample. Splitting the
 transform out of the dataset would change what ``__getitem__`` computes. Instead headrace runs
-the dataset as it is, on a copy whose ``transform`` is a copy of the user's Compose-like object
-whose ``transforms`` list holds :class:`Timed` wrappers: the Compose's own ``__call__`` runs,
-each wrapper calls the original transform with the same arguments and returns its result
-unchanged, and measures it for the profiler. The user's dataset and transform objects are
-never modified, nothing is set to ``None``, and the result is the same, value for value, as the
-dataset run by itself (tested against torch's loader).
+the user's dataset object itself (no copy of it: changes the user makes to it later, such as
+``ds.epoch = e`` or ``ds.transform = other``, what ``__getstate__`` would drop, what a
+``worker_init_fn`` sets on ``get_worker_info().dataset`` and what ``__getitem__`` writes to
+``self`` are all seen, as with torch's loader). For the duration of each ``dataset[i]``,
+:class:`EmbeddedSource` sets the dataset's ``transform`` attribute to a shallow copy of the
+user's Compose-like object (read again at every call) whose ``transforms`` list holds
+:class:`Timed` wrappers, and puts the user's object back afterwards: the Compose's own
+``__call__`` runs, each wrapper calls the original transform with the same arguments and
+returns its result unchanged, and measures it for the profiler. The user's transform objects
+are never modified, nothing is set to ``None``, and the result is the same, value for value, as
+the dataset run by itself (tested against torch's loader).
 
 The measurements go to the :class:`Probe` the sample runner installs in this thread for the
 duration of one ``load`` (``probing``); outside of it the wrappers only call through.
@@ -23,6 +28,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
+from headrace.pipeline.source import DatasetSource
 from headrace.pipeline.step import Step
 
 _local = threading.local()
@@ -112,31 +118,120 @@ class Timed:
         return out
 
 
-def transform_list(dataset: Any) -> list[Any] | None:
-    """The ``transform.transforms`` list of a dataset with a Compose-like transform, else None."""
-    tf = getattr(dataset, "transform", None)
+def compose_parts(tf: Any) -> list[Any] | None:
+    """The ``transforms`` list of a Compose-like callable ``tf``, else None."""
     parts = getattr(tf, "transforms", None)
     if tf is not None and callable(tf) and isinstance(parts, (list, tuple)) and parts:
         return list(parts)
     return None
 
 
-def instrumented_copy(dataset: Any) -> Any | None:
-    """A shallow copy of ``dataset`` whose transform (a shallow copy of the user's) holds
-    :class:`Timed` wrappers, or ``None`` when the objects cannot be copied that way (the
-    dataset then runs as it is, unprofiled per step)."""
-    parts = transform_list(dataset)
+def transform_list(dataset: Any) -> list[Any] | None:
+    """The ``transform.transforms`` list of a dataset with a Compose-like transform, else None."""
+    return compose_parts(getattr(dataset, "transform", None))
+
+
+def instrumented(tf: Any) -> Any | None:
+    """A shallow copy of the Compose-like ``tf`` whose ``transforms`` are :class:`Timed`
+    wrappers of its own, or ``None`` when it is not Compose-like or cannot be copied that way
+    (``__slots__``, properties, frozen classes). ``tf`` itself is not modified."""
+    parts = compose_parts(tf)
     if parts is None:
         return None
-    tf = dataset.transform
     wrapped = [Timed(t, k) for k, t in enumerate(parts)]
     try:
         tf_copy = copy.copy(tf)
         tf_copy.transforms = type(tf.transforms)(wrapped)
-        ds_copy = copy.copy(dataset)
-        ds_copy.transform = tf_copy
     except Exception:  # noqa: BLE001 - slots, properties, frozen classes: leave it alone
         return None
-    if ds_copy.transform is not tf_copy or tf_copy.transforms[0] is not wrapped[0]:
+    if tf_copy.transforms[0] is not wrapped[0]:
         return None  # a property or __setattr__ did something else with the assignment
-    return ds_copy
+    return tf_copy
+
+
+def swappable(dataset: Any) -> bool:
+    """Whether the dataset's ``transform`` attribute can be set to an instrumented copy and
+    back: tried once on the user's object (set, then restored at once); a property,
+    ``__slots__`` or ``__setattr__`` that refuses or alters the assignment makes it False."""
+    tf = getattr(dataset, "transform", None)
+    tf_copy = instrumented(tf)
+    if tf_copy is None:
+        return False
+    took = False
+    try:
+        dataset.transform = tf_copy
+        took = getattr(dataset, "transform", None) is tf_copy
+    except Exception:  # noqa: BLE001 - the assignment is refused: the dataset stays opaque
+        return False
+    finally:
+        if getattr(dataset, "transform", None) is not tf:
+            with contextlib.suppress(Exception):
+                dataset.transform = tf
+    return took and getattr(dataset, "transform", None) is tf
+
+
+class EmbeddedSource(DatasetSource):
+    """``load(i) = dataset[i]`` on the user's own dataset, its Compose-like transform measured.
+
+    ``steps``: the number of transforms named at construction (``Pipeline.steps``); a transform
+    with another number of transforms, or one no longer Compose-like, runs as it is, unmeasured
+    (the runner then reports zero time for each transform, as for a dataset that never calls
+    its transform).
+
+    For each call, the ``transform`` attribute the dataset has *now* is replaced by its
+    instrumented copy (:func:`instrumented`, cached while the user's object and its list stay
+    the same) and put back once no call is in flight. Worker threads
+    (``Options(executor="threads")``) share one dataset: a counter of the calls in flight,
+    guarded by a lock held only around the swap (never during ``dataset[i]``), makes the first
+    call install the copy and the last one restore the user's object. Calls in between run on
+    the installed copy, so every thread's transforms are measured (each :class:`Timed` reports to
+    the probe of the thread that calls it) and a random headrace ``Step`` always gets its rng;
+    swapping per call instead would let one thread restore the user's object under another, or
+    save the installed copy as "the original". If the attribute is found changed at the end
+    (``__getitem__`` or the user assigned it), the new value is left in place. The lock and the
+    cache are not pickled: a worker process builds its own.
+    """
+
+    def __init__(self, dataset: Any, steps: int) -> None:
+        super().__init__(dataset)
+        self.steps = steps
+        self._lock = threading.Lock()
+        self._in_flight = 0  # calls of load() between their swap and their restore
+        self._user: Any = None  # the user's transform object the installed copy stands for
+        self._installed: Any = None  # the instrumented copy set on the dataset, or None
+        self._cache: tuple[Any, list[Any], Any] | None = None  # (user's tf, its list, copy)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "steps": self.steps}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["dataset"], state["steps"])  # type: ignore[misc]
+
+    def _copy_of(self, tf: Any) -> Any | None:
+        """The instrumented copy of ``tf`` (None: run it unmeasured); called under the lock."""
+        parts = compose_parts(tf)
+        if parts is None or len(parts) != self.steps:
+            return None
+        c = self._cache
+        if c is None or c[0] is not tf or any(a is not b for a, b in zip(c[1], parts, strict=True)):
+            self._cache = c = (tf, parts, instrumented(tf))
+        return c[2]
+
+    def load(self, index: int) -> Any:
+        ds = self.dataset
+        with self._lock:
+            tf = getattr(ds, "transform", None)
+            if tf is not self._installed:  # the user's object: the first call, or reassigned
+                self._user, self._installed = tf, self._copy_of(tf)
+                if self._installed is not None:
+                    ds.transform = self._installed
+            self._in_flight += 1
+        try:
+            return ds[index]
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                if self._in_flight == 0 and self._installed is not None:
+                    if getattr(ds, "transform", None) is self._installed:
+                        ds.transform = self._user
+                    self._user = self._installed = None

@@ -8,7 +8,7 @@ from typing import Any
 
 from headrace.errors import PipelineError
 from headrace.pipeline.fingerprint import pipeline_fingerprint
-from headrace.pipeline.inplace import instrumented_copy, transform_list
+from headrace.pipeline.inplace import EmbeddedSource, swappable, transform_list
 from headrace.pipeline.seeding import step_keys
 from headrace.pipeline.source import DatasetSource, Source
 from headrace.pipeline.step import Step, callable_name, step
@@ -94,14 +94,18 @@ class Pipeline:
         changes.
 
         A dataset whose ``transform`` attribute is Compose-like (has a ``transforms`` list) runs
-        as it is, on a copy whose transforms are measured step by step where the dataset calls
-        them (``pipeline/inplace.py``): ``steps`` name them for the profiler and ``explain()``.
-        Any other dataset (or one whose objects cannot be copied that way) is opaque:
-        ``dataset[i]`` is the single unit of work.
+        as it is, the user's object itself, not a copy: during each ``dataset[i]`` its
+        ``transform`` attribute is set to a copy of the Compose whose transforms are measured
+        step by step where the dataset calls them, and set back after it (``EmbeddedSource``,
+        ``pipeline/inplace.py``), so changes made to the dataset later (``ds.epoch = e``, a new
+        ``transform``), a ``worker_init_fn``'s setup and ``__getitem__``'s own writes are seen as
+        with torch. ``steps`` name the transforms for the profiler and ``explain()``. Any other
+        dataset, or one whose ``transform`` attribute cannot be set and set back (a property,
+        ``__slots__``, a ``__setattr__``: tried once here), is opaque: ``dataset[i]`` is the
+        single unit of work.
         """
         parts = transform_list(dataset)
-        copied = instrumented_copy(dataset) if parts is not None else None
-        if parts is not None and copied is not None:
+        if parts is not None and swappable(dataset):
             steps = [t if isinstance(t, Step) else Step(fn=t, name=callable_name(t)) for t in parts]
-            return cls(DatasetSource(copied), steps, embedded=True)
+            return cls(EmbeddedSource(dataset, len(steps)), steps, embedded=True)
         return cls(DatasetSource(dataset), (), opaque=True)

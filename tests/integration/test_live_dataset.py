@@ -1,0 +1,285 @@
+"""A dataset with a Compose-like transform is the user's live object, never a copy: what the
+user, ``worker_init_fn`` and ``__getitem__`` do to it is seen, as with torch's loader, while its
+transforms are still measured step by step (``pipeline/inplace.py``)."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch.utils.data as tud
+
+import headrace as hr
+from headrace.pipeline.inplace import EmbeddedSource, Probe, Timed, probing
+
+pytestmark = pytest.mark.integration
+
+N = 6
+
+
+class Compose:
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def __call__(self, x):
+        for t in self.transforms:
+            x = t(x)
+        return x
+
+
+def add_one(x):
+    return x + 1
+
+
+def times_ten(x):
+    return x * 10
+
+
+def minus_two(x):
+    return x - 2
+
+
+class Epoched(tud.Dataset):
+    """The set_epoch pattern: the training loop writes ``ds.epoch`` between epochs."""
+
+    def __init__(self):
+        self.transform = Compose([add_one])
+        self.epoch = 0
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return self.transform(i) + 100 * self.epoch
+
+
+def run_epochs(loader_cls, workers):
+    """Three epochs, the dataset changed between them as a training script would."""
+    ds = Epoched()
+    loader = loader_cls(ds, batch_size=N, num_workers=workers)
+    out = []
+    try:
+        for epoch in range(3):
+            ds.epoch = epoch
+            if epoch == 1:
+                ds.transform = Compose([times_ten])  # as many transforms: still measured
+            if epoch == 2:
+                ds.transform = Compose([times_ten, minus_two])  # another count: unmeasured
+            out.append([b.tolist() for b in loader])
+            assert isinstance(ds.transform, Compose)
+            assert not any(isinstance(t, Timed) for t in ds.transform.transforms)
+    finally:
+        getattr(loader, "close", lambda: None)()
+    return out, ds
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_changes_to_the_dataset_between_epochs_are_seen(workers, no_leaks):
+    ref, _ = run_epochs(tud.DataLoader, workers)
+    got, ds = run_epochs(hr.DataLoader, workers)
+    assert ref == [[list(range(1, N + 1))], [[100 + 10 * i for i in range(N)]],
+                   [[200 + 10 * i - 2 for i in range(N)]]]
+    assert got == ref
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_transform_no_longer_compose_like_still_delivers(workers, no_leaks):
+    ds = Epoched()
+    loader = hr.DataLoader(ds, batch_size=N, num_workers=workers)
+    try:
+        assert loader.pipeline.embedded
+        ds.transform = times_ten  # a plain function: the dataset runs as it is, unmeasured
+        assert [b.tolist() for b in loader] == [[10 * i for i in range(N)]]
+        assert ds.transform is times_ten
+    finally:
+        loader.close()
+
+
+class Handle(tud.Dataset):
+    """The LMDB / h5py pattern: a handle opened in ``__init__`` that ``__getstate__`` drops."""
+
+    def __init__(self):
+        self.transform = Compose([add_one])
+        self.env = {i: 10 + i for i in range(N)}
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["env"] = None
+        return state
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return self.transform(self.env[i])
+
+
+def test_a_handle_dropped_by_getstate_is_kept_at_num_workers_0(no_leaks):
+    ref = [b.tolist() for b in tud.DataLoader(Handle(), batch_size=3)]
+    loader = hr.DataLoader(Handle(), batch_size=3)
+    try:
+        assert loader.pipeline.embedded
+        assert [b.tolist() for b in loader] == ref == [[11, 12, 13], [14, 15, 16]]
+    finally:
+        loader.close()
+
+
+class Lazy(tud.Dataset):
+    """A handle opened per worker by ``worker_init_fn`` on ``get_worker_info().dataset``."""
+
+    def __init__(self):
+        self.transform = Compose([add_one])
+        self.handle = None
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        if self.handle is None:
+            raise RuntimeError("handle not opened")
+        return self.transform(i) + 1000 * int(self.handle == "open")
+
+
+def open_handle(worker_id):
+    tud.get_worker_info().dataset.handle = "open"
+
+
+def test_worker_init_fn_setup_is_seen_by_getitem(no_leaks):
+    ref = [b.tolist() for b in tud.DataLoader(Lazy(), batch_size=2, num_workers=2,
+                                              worker_init_fn=open_handle)]
+    loader = hr.DataLoader(Lazy(), batch_size=2, num_workers=2, worker_init_fn=open_handle)
+    try:
+        assert loader.pipeline.embedded
+        assert [b.tolist() for b in loader] == ref
+    finally:
+        loader.close()
+    assert ref == [[1001 + i, 1002 + i] for i in range(0, N, 2)]
+
+
+class Counting(tud.Dataset):
+    """Writes to ``self`` in ``__getitem__``, which torch's num_workers=0 lets the user see."""
+
+    def __init__(self):
+        self.transform = Compose([add_one, times_ten])
+        self.seen = []
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        self.seen.append(i)
+        self.last = i
+        return self.transform(float(i))
+
+
+def test_getitem_writes_land_on_the_users_object_and_transform_is_restored(no_leaks):
+    ds = Counting()
+    tf, parts = ds.transform, list(ds.transform.transforms)
+    loader = hr.DataLoader(ds, batch_size=2, num_workers=0)
+    try:
+        assert [b.tolist() for b in loader] == [[10.0 * (i + 1), 10.0 * (i + 2)]
+                                                for i in range(0, N, 2)]
+        assert sorted(ds.seen) == list(range(N)) and ds.last in range(N)
+        assert ds.transform is tf and tf.transforms == parts  # identity, list untouched
+        it = iter(loader)  # an epoch abandoned midway leaves it as well
+        next(it)
+        del it
+        assert ds.transform is tf
+        prof = loader.planning.profile()
+        assert [s.name for s in prof.steps] == ["load", "add_one", "times_ten"]
+        assert prof.step("add_one").count >= N and prof.step("times_ten").bytes_out_mean > 0
+    finally:
+        loader.close()
+    assert ds.transform is tf
+
+
+class Frozen(tud.Dataset):
+    """``transform`` is a read-only property: it cannot be swapped, so the dataset is opaque."""
+
+    def __init__(self):
+        self._tf = Compose([add_one])
+
+    @property
+    def transform(self):
+        return self._tf
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return self.transform(i)
+
+
+def test_a_transform_that_cannot_be_set_makes_the_dataset_opaque(no_leaks):
+    ds = Frozen()
+    tf = ds.transform
+    loader = hr.DataLoader(ds, batch_size=N)
+    try:
+        assert loader.pipeline.opaque and ds.transform is tf
+        assert [b.tolist() for b in loader] == [[i + 1 for i in range(N)]]
+    finally:
+        loader.close()
+
+
+def slow_add_one(x):
+    time.sleep(0.0005)  # releases the GIL: other threads swap and call meanwhile
+    return x + 1
+
+
+def test_threads_sharing_the_dataset_measure_every_call_and_restore_it():
+    ds = Epoched()
+    ds.transform = tf = Compose([slow_add_one, times_ten])
+    src = EmbeddedSource(ds, 2)
+    errors, probes = [], []
+
+    def work(offset):
+        for k in range(40):
+            i = (offset + k) % N
+            probe = Probe(2, None, lambda position, call: None)
+            with probing(probe):
+                got = src.load(i)
+            probes.append(probe)
+            if got != (i + 1) * 10:
+                errors.append((i, got))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors
+    assert len(probes) == 160
+    assert all(p.calls == [1, 1] and p.wall[0] > 0 for p in probes)  # each call measured once
+    assert ds.transform is tf and tf.transforms == [slow_add_one, times_ten]
+
+
+def noise(x, rng):
+    return x + rng.random()
+
+
+def test_a_random_step_gets_its_rng_under_threads_as_under_processes(no_leaks):
+    def run(executor):
+        ds = Epoched()
+        ds.transform = tf = Compose([add_one, hr.step(noise, random=True)])
+        loader = hr.DataLoader(ds, batch_size=N, num_workers=2,
+                               options=hr.Options(seed=3, executor=executor))
+        try:
+            out = [b.tolist() for b in loader]
+        finally:
+            loader.close()
+        assert ds.transform is tf
+        return out
+
+    threads, processes = run("threads"), run("processes")
+    assert threads == processes
+    drawn = np.array(threads[0]) - np.arange(1, N + 1)  # noise: one draw in [0, 1)
+    assert ((drawn >= 0) & (drawn < 1)).all() and len(set(drawn.tolist())) == N
+
+
+def test_the_source_pickles_without_its_lock():
+    import pickle
+
+    ds = Epoched()
+    src = pickle.loads(pickle.dumps(EmbeddedSource(ds, 1)))
+    assert src.load(2) == 3 and isinstance(src.dataset.transform, Compose)
