@@ -172,3 +172,38 @@ def test_num_workers_may_be_a_numpy_integer(no_leaks):
         assert sorted(flat(loader)) == list(range(6))
     finally:
         loader.close()
+
+
+class Batched(tud.Dataset):
+    """Answers torch's batched fetch (``__getitems__``) otherwise than ``__getitem__``."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return -i
+
+    def __getitems__(self, indices):
+        return [10 * i for i in indices]
+
+
+class OnlyBatched(tud.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitems__(self, indices):
+        return [10 * i for i in indices]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("dataset, batch_size", [(Batched, 3), (OnlyBatched, 3), (Batched, None)])
+def test_getitems_is_used_where_torch_uses_it(dataset, batch_size, workers, no_leaks):
+    # torch fetches a batch through __getitems__ when the dataset has it, and single samples
+    # (batch_size=None) through __getitem__; headrace asks __getitems__ for batches of one
+    kw = dict(batch_size=batch_size, num_workers=workers, collate_fn=lambda b: b)
+    want = list(tud.DataLoader(dataset(), **kw))
+    loader = hr.DataLoader(dataset(), in_order=True, **kw)
+    try:
+        assert list(loader) == want
+    finally:
+        loader.close()

@@ -89,7 +89,7 @@ class Pipeline:
         return pipeline_fingerprint(self)
 
     @classmethod
-    def from_dataset(cls, dataset: Any) -> Pipeline:
+    def from_dataset(cls, dataset: Any, batched: bool = True) -> Pipeline:
         """Adapt a map-style ``torch.utils.data.Dataset``; what ``dataset[i]`` computes never
         changes.
 
@@ -102,10 +102,13 @@ class Pipeline:
         with torch. ``steps`` name the transforms for the profiler and ``explain()``. Any other
         dataset, or one whose ``transform`` attribute cannot be set and set back (a property,
         ``__slots__``, a ``__setattr__``: tried once here), is opaque: ``dataset[i]`` is the
-        single unit of work.
+        single unit of work. ``batched``: the loader batches samples (torch then fetches
+        through ``__getitems__`` where the dataset has it: ``DatasetSource``; such a dataset is
+        opaque).
         """
         parts = transform_list(dataset)
-        if parts is not None and swappable(dataset):
+        batches = batched and callable(getattr(dataset, "__getitems__", None))
+        if parts is not None and not batches and swappable(dataset):
             steps = [t if isinstance(t, Step) else Step(fn=t, name=callable_name(t)) for t in parts]
             return cls(EmbeddedSource(dataset, len(steps)), steps, embedded=True)
-        return cls(DatasetSource(dataset), (), opaque=True)
+        return cls(DatasetSource(dataset, batched), (), opaque=True)

@@ -59,15 +59,23 @@ class Files:
 
 
 class DatasetSource:
-    """A map-style dataset seen as a source: ``load(i) = dataset[i]``."""
+    """A map-style dataset seen as a source: ``load(i) = dataset[i]``, or
+    ``dataset.__getitems__([i])[0]`` when the dataset has ``__getitems__`` and ``batched``
+    (torch's fetcher calls ``__getitems__`` with a batch's indices when it batches: a dataset
+    may define only that, or answer it otherwise; headrace fetches sample by sample, so it asks
+    for batches of one)."""
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: Any, batched: bool = True) -> None:
         self.dataset = dataset
+        many = getattr(dataset, "__getitems__", None) if batched else None
+        self._many = many if callable(many) else None
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def load(self, index: int) -> Any:
+        if self._many is not None:
+            return self._many([index])[0]
         return self.dataset[index]
 
     def fingerprint(self) -> str:

@@ -126,7 +126,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         self.pipeline: Pipeline | None = None
         if not self._iterable:
             ds = self.dataset
-            self.pipeline = ds if isinstance(ds, Pipeline) else Pipeline.from_dataset(ds)
+            self.pipeline = (ds if isinstance(ds, Pipeline)
+                             else Pipeline.from_dataset(ds, batched=self._auto_collation))
         self.monitor = Monitor(self.options, self.autoscale,
                                self.pipeline.step_names if self.pipeline is not None else None)
         self._executor: str = ("processes" if self.options.executor == "auto"
