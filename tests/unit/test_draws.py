@@ -18,3 +18,9 @@ def test_integers_of_numpy_and_torch_are_their_index_and_other_keys_their_own():
     assert [d.next(k) for k in keys] == [0] * len(keys)
     assert [d.next(k) for k in keys] == [1] * len(keys)
     assert d.next("b") == 0 and d.next([1, 0]) == 0
+
+
+def test_a_group_gives_the_positions_of_its_repeats():
+    d = Draws()
+    assert d.repeats(range(0, 4), [3, 1, 3, 3]) == {2: 1, 3: 2}
+    assert d.repeats(range(4, 6), [1, 5]) == {4: 1}

@@ -14,6 +14,7 @@ and a count per index seen more than once.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from headrace.pipeline.seeding import index_key
@@ -45,3 +46,8 @@ class Draws:
         n = self._repeats.get(key, 0) + 1
         self._repeats[key] = n
         return n
+
+    def repeats(self, positions: Iterable[int], indices: Iterable[Any]) -> dict[int, int]:
+        """Count a sampler group (its positions and indices, in order): position -> draw, for
+        the positions whose index came before (the others are draw 0)."""
+        return {p: n for p, i in zip(positions, indices, strict=True) if (n := self.next(i))}

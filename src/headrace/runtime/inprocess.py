@@ -78,8 +78,7 @@ class InProcessIterator(EpochBase):
             indices = list(group) if self.auto_collation else [group]
             positions = range(self._position, self._position + len(indices))
             self._position += len(indices)
-            draws = {p: n for p, i in zip(positions, indices, strict=True)  # delivered too
-                     if (n := self.draws.next(i))}
+            draws = self.draws.repeats(positions, indices)  # delivered ones too
             if self.ods is not None:
                 todo = self.ods.fill(positions, indices)
             else:

@@ -96,10 +96,7 @@ class Lanes:
         start = self.positions
         self.positions += len(indices)
         positions = list(range(start, start + len(indices)))
-        for p, i in zip(positions, indices, strict=True):  # every position, delivered ones too
-            n = self.draws.next(i)
-            if n:
-                self.repeats[p] = n
+        self.repeats.update(self.draws.repeats(positions, indices))  # delivered ones too
         delivered = self.spec.delivered
         if self.spec.ods is not None:  # ODS may fill a position with another sample
             todo = self.spec.ods.fill(positions, indices)

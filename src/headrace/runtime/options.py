@@ -98,8 +98,8 @@ class Options:
             workers calls it: a ``collate_fn`` that keeps state, reuses a buffer or wraps a
             tokenizer refusing concurrent calls stays correct. More: batches collated
             concurrently, for a thread-safe ``collate_fn`` that releases the GIL (a 20 ms one
-            that sleeps: 0.8-1.1x torch's epoch on 4 threads against 2.0-2.1x in the scheduler
-            thread, docs/benchmarks.md). At most the available cores are used.
+            that sleeps: 0.89x torch's epoch with 4 threads, 1.56x with one;
+            docs/benchmarks.md). At most the available cores are used.
         cache: Seneca's tiered sample cache (:class:`headrace.Cache`; ``None``: off). Default:
             a memory cache whose budget is 25% of the available memory (see ``Cache``); it
             caches a Pipeline's or split dataset's decoded form (else its encoded form), so
