@@ -207,3 +207,34 @@ def test_getitems_is_used_where_torch_uses_it(dataset, batch_size, workers, no_l
         assert list(loader) == want
     finally:
         loader.close()
+
+
+class NoLen(tud.Dataset):
+    """A map-style dataset without __len__: torch iterates it with an explicit sampler."""
+
+    def __getitem__(self, i):
+        return 2 * i
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kw", [dict(sampler=range(5), batch_size=2),
+                                dict(batch_sampler=[[0, 1], [2, 3, 4]]),
+                                dict(sampler=range(5), batch_size=None)])
+def test_a_dataset_without_len_runs_with_an_explicit_sampler(kw, workers, no_leaks):
+    want = [b if isinstance(b, int) else b.tolist()
+            for b in tud.DataLoader(NoLen(), num_workers=workers, **kw)]
+    loader = hr.DataLoader(NoLen(), num_workers=workers, in_order=True, **kw)
+    try:
+        assert [b if isinstance(b, int) else b.tolist() for b in loader] == want
+        assert "? samples" in loader.explain()
+        it = iter(loader)
+        first = next(it)
+        state = loader.state_dict()  # and it resumes: the rest, exactly
+        del it
+        again = hr.DataLoader(NoLen(), num_workers=workers, in_order=True, **kw)
+        again.load_state_dict(state)
+        rest = [b if isinstance(b, int) else b.tolist() for b in again]
+        again.close()
+        assert [first if isinstance(first, int) else first.tolist()] + rest == want
+    finally:
+        loader.close()

@@ -143,4 +143,8 @@ def source_fingerprint(source: Any) -> str:
     fp = getattr(source, "fingerprint", None)
     if callable(fp):
         return str(fp())
-    return f"{qualified_name(type(source))}:{len(source)}"
+    try:
+        n: int | str = len(source)
+    except TypeError:  # a map-style dataset without __len__
+        n = "?"
+    return f"{qualified_name(type(source))}:{n}"

@@ -53,6 +53,14 @@ class Pipeline:
     def __len__(self) -> int:
         return len(self.source)
 
+    def length(self) -> int | None:
+        """The source's length, or None for a map-style dataset without ``__len__`` (torch
+        iterates one with an explicit sampler, so headrace does too)."""
+        try:
+            return len(self.source)
+        except TypeError:
+            return None
+
     def __getitem__(self, index: int) -> Any:
         """Run every step on one sample in this process (base seed 0, epoch 0).
 

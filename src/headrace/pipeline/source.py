@@ -79,9 +79,7 @@ class DatasetSource:
         return self.dataset[index]
 
     def fingerprint(self) -> str:
-        fp = getattr(self.dataset, "fingerprint", None)
-        if callable(fp):
-            return str(fp())
-        from headrace.pipeline.fingerprint import qualified_name
+        """The dataset's own ``fingerprint()``, else its type and length."""
+        from headrace.pipeline.fingerprint import source_fingerprint
 
-        return f"{qualified_name(type(self.dataset))}:{len(self)}"
+        return source_fingerprint(self.dataset)

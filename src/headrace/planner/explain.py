@@ -18,7 +18,7 @@ class Facts:
     """What the loader knows when asked to explain itself."""
 
     fingerprint: str
-    samples: int
+    samples: int | None  # None: a map-style dataset without __len__
     batch_size: int | None
     workers: int | str
     batching: str  # which batching applies and why (runtime/ordering.py describe())
@@ -125,7 +125,8 @@ def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
 
 def explain_text(f: Facts) -> str:
     out = [
-        f"headrace plan for pipeline {f.fingerprint}: {f.samples} samples, batch {f.batch_size}, "
+        f"headrace plan for pipeline {f.fingerprint}: "
+        f"{'?' if f.samples is None else f.samples} samples, batch {f.batch_size}, "
         f"workers {f.workers}",
         "batching: " + f.batching,
         f"declared steps: {' -> '.join(f.declared)}",

@@ -52,7 +52,7 @@ class Identity:
     samples come and with what content.
     """
 
-    samples: int
+    samples: int | None  # None: a map-style dataset without __len__
     batches: int
     dataset: str  # the source's fingerprint (its class and length, or its own fingerprint())
     steps: tuple[str, ...]  # the executed step order (names; "load" excluded)

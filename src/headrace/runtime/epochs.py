@@ -212,8 +212,11 @@ def ods_eligible(loader: DataLoader) -> str | None:
     from headrace.cache.ods import eligible
 
     assert loader.pipeline is not None
+    n = loader.pipeline.length()
+    if n is None:
+        return "a dataset without __len__"
     return eligible(loader.sampler, loader._user_batch_sampler, loader.drop_last,
-                    loader.batch_size, len(loader.pipeline))
+                    loader.batch_size, n)
 
 
 def get_pool(loader: DataLoader, base_seed: int) -> tuple[WorkerPool, bool]:

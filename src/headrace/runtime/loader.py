@@ -298,7 +298,7 @@ class DataLoader(tud.DataLoader[_T_co]):
     def _identity(self, steps: tuple[str, ...]) -> checkpoint.Identity:
         assert self.pipeline is not None
         return checkpoint.Identity(
-            samples=len(self.pipeline), batches=len(self), steps=steps,
+            samples=self.pipeline.length(), batches=len(self), steps=steps,
             dataset=source_fingerprint(self.pipeline.source),
             step_code=step_digests(self.pipeline),
             delivered_by="index" if self.cache is not None and self.cache.config.ods
@@ -328,7 +328,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         pl = self.planning
         return explain_text(Facts(
             fingerprint=self.pipeline.fingerprint(),
-            samples=len(self.pipeline),
+            samples=self.pipeline.length(),
             batch_size=self.batch_size,
             workers="auto" if self.autoscale else self.num_workers,
             batching=ordering.describe(epochs.batch_mode(self), self.in_order),

@@ -51,7 +51,7 @@ class Planning:
             return None
         self._lookup()
         live = self.monitor.profiler.report()
-        need = min(MIN_PROFILE_SAMPLES, len(self.declared))
+        need = min(MIN_PROFILE_SAMPLES, self.declared.length() or MIN_PROFILE_SAMPLES)
         if live.samples >= need:
             profile, source = live, "this run"
         elif self.stored is not None and self.stored.samples >= need:
