@@ -43,9 +43,10 @@ CHEAP_QUEUE_S = 0.016
 """``QUEUE_S`` for samples under ``CHEAP_S``: four of their holds."""
 CHEAP_HOLD_S = 0.004
 """``HOLD_S`` for samples under ``CHEAP_S``: a message carries about 4 ms of their work (15-40
-CIFAR-sized samples) instead of 1 ms (2-3 of them, as measured): 9-25% less training-process
-CPU per CIFAR-sized sample and 4-17% more samples/s in three interleaved runs; tiny samples,
-whose messages were already full at 1 ms, level (docs/benchmarks.md, "Small samples"). What
+CIFAR-sized samples) instead of 1 ms (2-3 of them, as measured): about 10% less
+training-process CPU per CIFAR-sized sample, and 2-4% more samples/s in the bench's two runs
+(inside their spread; 8-17% in two noisier one-off A/Bs); tiny samples, whose messages were
+already full at 1 ms, level (docs/benchmarks.md, "Small samples"). What
 it costs: a finished sample may wait up to 4 ms plus one step before it is sent, where a
 batch of such samples takes longer than that to fill."""
 
