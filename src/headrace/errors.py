@@ -75,6 +75,8 @@ class StepError(HeadraceError):
         # not super(): in StepError[T] that would call T's __init__, whose arguments (a path
         # and a code, keyword-only ones) are the user's, not this message
         Exception.__init__(self, text)
+        if isinstance(self, SyntaxError):
+            self.msg = text  # what a traceback prints for a SyntaxError, not str()
 
     def __str__(self) -> str:  # the message, also in StepError[OSError] (whose str() would
         return BaseException.__str__(self)  # be the errno's) and StepError[KeyError] (a repr)
@@ -120,6 +122,8 @@ def step_error_for(
     err = _combined(original, index, step, cause_type, message, remote_traceback, worker)
     if instance is not None and isinstance(err, type(instance)):
         _carry_attributes(instance, err)
+        if isinstance(err, SyntaxError):
+            err.msg = BaseException.__str__(err)  # the message, not the original's msg
     return err
 
 

@@ -220,3 +220,18 @@ def test_mdp_takes_the_training_loops_rate_as_t_gpu(no_leaks) -> None:
     assert s.predicted[-1] <= s.plan_t_gpu * (1 + 1e-9)
     assert "accelerator T_GPU" in loader.explain()
     loader.close()
+
+
+def test_a_repeated_index_still_reads_the_forms_before_the_first_random_step(no_leaks) -> None:
+    # a sampler with replacement: a repeat draws its own augmentation (runtime/draws.py), so its
+    # seeded forms are its own, but its decoded form is the first copy's: still looked up
+    sampler = torch.utils.data.WeightedRandomSampler(
+        torch.ones(N), N, replacement=True, generator=torch.Generator().manual_seed(0))
+    loader = hr.DataLoader(pipeline(), batch_size=8, sampler=sampler, num_workers=2,
+                           options=hr.Options(seed=7, cache=hr.Cache(), profile_store=False))
+    try:
+        for _ in range(2):
+            assert sum(len(b) for b in loader) == N
+        assert loader.stats().last.cache.lookups == N
+    finally:
+        loader.close()

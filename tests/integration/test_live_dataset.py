@@ -283,3 +283,70 @@ def test_the_source_pickles_without_its_lock():
     ds = Epoched()
     src = pickle.loads(pickle.dumps(EmbeddedSource(ds, 1)))
     assert src.load(2) == 3 and isinstance(src.dataset.transform, Compose)
+
+
+class Scale:
+    def __init__(self):
+        self.factor = 1.0
+
+    def __call__(self, x):
+        return x * self.factor
+
+
+class SetsItsTransform(tud.Dataset):
+    """Multi-scale style: ``__getitem__`` sets its transform's parameter from the index."""
+
+    def __init__(self):
+        self.transform = Compose([Scale()])
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        self.transform.transforms[0].factor = float(i + 1)
+        return self.transform(1.0)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_writes_through_the_transform_reach_the_users_transform(workers, no_leaks):
+    want = list(tud.DataLoader(SetsItsTransform(), batch_size=None, num_workers=workers))
+    loader = hr.DataLoader(SetsItsTransform(), batch_size=None, num_workers=workers,
+                           in_order=True)
+    try:
+        assert [float(x) for x in loader] == [float(x) for x in want] == [1.0, 2.0, 3.0, 4.0]
+    finally:
+        loader.close()
+
+
+def test_two_loaders_over_one_dataset_leave_the_users_transform_in_place():
+    # a train and a val loader over one dataset, their loads interleaved (worker threads):
+    # the second runs on the first's installed copy and never takes it for the user's
+    inside, gate = threading.Event(), threading.Event()
+
+    class Waits(tud.Dataset):
+        def __init__(self):
+            self.transform = Compose([add_one])
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            if i == 0:  # the first loader's load stays inside __getitem__
+                inside.set()
+                assert gate.wait(30)
+            return self.transform(i)
+
+    ds = Waits()
+    user = ds.transform
+    first = hr.Pipeline.from_dataset(ds).source
+    second = hr.Pipeline.from_dataset(ds).source
+    got = []
+    t = threading.Thread(target=lambda: got.append(first.load(0)))
+    t.start()
+    assert inside.wait(30)  # the first load has installed its copy
+    assert ds.transform is not user
+    assert second.load(1) == 2
+    gate.set()
+    t.join(30)
+    assert got == [1] and ds.transform is user
+    assert not any(isinstance(x, Timed) for x in user.transforms)

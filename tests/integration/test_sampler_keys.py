@@ -88,3 +88,40 @@ def test_keys_that_are_not_integers_draw_differently_and_repeatably(no_leaks):
     assert len(set(first)) == 6  # each key its own stream
     assert draws(1) == first  # per-sample seeding: the same keys, the same draws
     assert draws(2) != first
+
+
+class Wrapping:
+    """A source whose ``load`` takes any integer, negative ones as a list does."""
+
+    def __len__(self):
+        return 24
+
+    def load(self, i):
+        return np.full(8, int(i) % 24, dtype=np.uint8).tobytes()
+
+
+def widen(raw):
+    return np.frombuffer(raw, dtype=np.uint8).astype(np.float32)
+
+
+def jitter(x, rng):
+    return torch.from_numpy(x + rng.random(x.shape, dtype=np.float32))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("keys", [list(np.arange(0, 24)), list(range(-1, -25, -1))],
+                         ids=["numpy integers", "negative indices"])
+def test_the_sample_cache_keys_any_sampler_key(keys, workers, no_leaks):
+    # the cache's key was the index's 8 bytes (an int's to_bytes): NumPy's integers and
+    # negative indices raised there, outside the step, and killed the worker
+    pipe = hr.Pipeline(Wrapping(), [hr.step(widen, kind="decode"),
+                                    hr.step(jitter, random=True)])
+    loader = hr.DataLoader(pipe, batch_size=8, sampler=keys, num_workers=workers,
+                           options=hr.Options(seed=7, cache=hr.Cache(), profile_store=False))
+    try:
+        for _ in range(2):
+            assert sum(len(b) for b in loader) == len(keys)
+        cache = loader.stats().last.cache
+        assert cache.errors == 0 and cache.hits > 0  # the second epoch hits what the first stored
+    finally:
+        loader.close()

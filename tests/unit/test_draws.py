@@ -2,8 +2,9 @@
 
 import numpy as np
 import torch
+import torch.utils.data as tud
 
-from headrace.runtime.draws import BITMAP_LIMIT, Draws
+from headrace.runtime.draws import BITMAP_LIMIT, Draws, may_repeat
 
 
 def test_the_first_time_is_draw_0_and_each_repeat_counts_on():
@@ -24,3 +25,14 @@ def test_a_group_gives_the_positions_of_its_repeats():
     d = Draws()
     assert d.repeats(range(0, 4), [3, 1, 3, 3]) == {2: 1, 3: 2}
     assert d.repeats(range(4, 6), [1, 5]) == {4: 1}
+
+
+def test_only_samplers_that_may_repeat_an_index_are_counted():
+    data = range(10)
+    assert not may_repeat(tud.SequentialSampler(data), False)  # shuffle=False
+    assert not may_repeat(tud.RandomSampler(data), False)  # shuffle=True
+    assert may_repeat(tud.RandomSampler(data, replacement=True), False)
+    assert may_repeat(tud.WeightedRandomSampler([1.0] * 10, 10), False)
+    assert may_repeat([3, 3, 1], False) and may_repeat(tud.SequentialSampler(data), True)
+    off = Draws(counting=False)  # nothing remembered: every draw 0
+    assert off.repeats(range(3), [3, 3, 3]) == {} and off.next(3) == 0

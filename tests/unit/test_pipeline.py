@@ -1,3 +1,5 @@
+import traceback
+
 import numpy as np
 import pytest
 import torch
@@ -189,6 +191,12 @@ def test_any_sampler_key_gets_a_seed_the_same_as_numpys_for_its_index_key():
     hashed = [index_key(k) for k in keys]
     assert len(set(hashed)) == len(keys) and all(h >= 2**128 for h in hashed)
     assert index_key(("a", 1)) == index_key(("a", 1))  # a pure function of the key
+    # tensors and arrays by value: a tensor's pickle holds its storage's address
+    assert index_key([torch.tensor(1), torch.tensor(2)]) == index_key([torch.tensor(1),
+                                                                        torch.tensor(2)])
+    assert index_key(torch.arange(3)) == index_key(torch.arange(3)) != index_key(torch.arange(4))
+    assert index_key(torch.tensor(-3)) == index_key(np.int64(-3)) == index_key(-3)
+    assert index_key(np.array([1, 2])) == index_key(np.array([1, 2]))
     # pinned: a sample's draws must not change between releases
     assert index_key("a") == 2**128 | 0xD419DA4FB1121883E91888FC7457F843
     assert sample_root(0, 0, "a") == 0x10230E284186F7E2
@@ -252,7 +260,12 @@ def test_in_this_process_the_original_exceptions_attributes_are_carried():
     # num_workers=0: torch raises the object itself, so code reads e.errno, e.filename, e.code
     from headrace.errors import step_error_for
 
+    try:
+        compile("[", "label", "eval")  # ast.literal_eval on a bad label string, say
+    except SyntaxError as e:
+        syntax = e
     for exc in (FileNotFoundError(2, "No such file", "/d/1.jpg"), CorruptSample("/d/1.jpg", 7),
+                syntax,
                 NeedsKeywords(reason="empty"), KeyError("label"), TimeoutError(110, "timed out")):
         e = step_error_for(type(exc), 1, "load", type(exc).__qualname__, str(exc), instance=exc)
         assert isinstance(e, type(exc))
@@ -263,3 +276,9 @@ def test_in_this_process_the_original_exceptions_attributes_are_carried():
         # would print the errno or a repr
         assert str(e).startswith("step 'load' failed on sample index 1")
         assert e.index == 1 and e.step == "load"
+        # as a traceback prints it (a SyntaxError by its msg)
+        printed = "".join(traceback.format_exception_only(e))
+        assert "sample index 1" in printed, printed
+    # and as the training process rebuilds one from a worker's message
+    e = step_error_for(SyntaxError, 2, "parse", "SyntaxError", "'[' was never closed")
+    assert "sample index 2" in "".join(traceback.format_exception_only(e))

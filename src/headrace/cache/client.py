@@ -74,19 +74,23 @@ class Counters:
 class Insert:
     """What one run of a sample will insert: collects tier forms as their steps finish."""
 
-    __slots__ = ("client", "forms", "index", "namespaces", "row")
+    __slots__ = ("client", "forms", "index", "namespaces", "row", "seeded_ok")
 
-    def __init__(self, client: CacheClient, index: int, namespaces: dict[str, bytes], row: int):
+    def __init__(self, client: CacheClient, index: int, namespaces: dict[str, bytes], row: int,
+                 seeded_ok: bool = True):
         self.client = client
         self.index = index
         self.namespaces = namespaces
         self.row = row
+        self.seeded_ok = seeded_ok  # False: a repeat of its index (its seeded forms are its own)
         self.forms: list[tuple[str, bytes]] = []  # (tier, blob), least processed first
 
     def after_step(self, position: int, value: Any) -> None:
         """Called by the runner after each step with its output."""
         tier = self.client.at_position.get(position)
         if tier is None or tier in self.client.full:
+            return
+        if not self.seeded_ok and tier in self.client.seeded:
             return
         try:
             self.forms.append((tier, codec.encode(value)))
@@ -131,6 +135,11 @@ class CacheClient:
         self._init_local()
 
     @property
+    def seeded(self) -> frozenset[str]:
+        """Tiers whose form comes after a random step (exact for one draw of a sample)."""
+        return frozenset(t.name for t in self.tiers if t.seeded)
+
+    @property
     def ods_tiers(self) -> frozenset[str]:
         """Tiers ODS tracks (Redis, ``Cache(ods=True)``): their reads count references, and
         a full one is tried again (evictions free room at any time)."""
@@ -168,8 +177,11 @@ class CacheClient:
                 self.full = set()  # a new epoch may make older entries evictable
         return self._ns
 
-    def lookup(self, index: int, base_seed: int, epoch: int, row: int) -> tuple[int, Any] | None:
+    def lookup(self, index: int, base_seed: int, epoch: int, row: int,
+               draw: int = 0) -> tuple[int, Any] | None:
         """``(next step, value)`` from the most processed cached form, or None on a miss.
+        ``draw`` above 0 (a repeat of its index this epoch, ``runtime/draws.py``): the seeded
+        forms are not looked up (they are the first draw's).
 
         Raises ``codec.CorruptEntry`` when an entry under a valid key is not in the raw format.
         """
@@ -177,6 +189,8 @@ class CacheClient:
         self.counters.add(row, "lookups")
         self._probe += 1
         for t in self.tiers:
+            if draw and t.seeded:
+                continue
             # an ODS tier is always looked up: ODS chose the sample because it is cached, and
             # the lookup is the use that lets the entry be evicted once every job had it
             if t.name not in self.ods_tiers and not self.worth_looking_up(t.name):
@@ -229,15 +243,17 @@ class CacheClient:
             if t.step in at:
                 self._record(at[t.step], 1, spent, row)
 
-    def inserter(self, index: int, base_seed: int, epoch: int, start: int, row: int) -> Insert | None:
-        """An ``Insert`` for a run starting at step ``start``; None when nothing can be stored."""
+    def inserter(self, index: int, base_seed: int, epoch: int, start: int, row: int,
+                 draw: int = 0) -> Insert | None:
+        """An ``Insert`` for a run starting at step ``start``; None when nothing can be stored.
+        ``draw`` above 0: the seeded forms are not stored (see ``lookup``)."""
         if not any(p >= start for p in self.at_position):
             return None
         if all(t.name in self.full for t in self.tiers):
             self.namespaces(base_seed, epoch)  # resets ``full`` when the epoch changed
             if all(t.name in self.full for t in self.tiers):
                 return None
-        return Insert(self, index, self.namespaces(base_seed, epoch), row)
+        return Insert(self, index, self.namespaces(base_seed, epoch), row, seeded_ok=not draw)
 
     def failed(self, row: int, e: BaseException) -> None:
         """A backend error: counted, warned about once per process; the sample runs uncached."""
@@ -266,14 +282,15 @@ def run_cached(
 ) -> Any:
     """``run(index, start, value, base_seed, epoch, after_step=..., **kwargs)`` with the cache:
     a fresh sample (``start == 0``) is looked up first; a hit resumes after its form's step
-    (or is the final value), and the forms the run produces are inserted."""
+    (or is the final value), and the forms the run produces are inserted. A repeat of its index
+    (``kwargs["draw"]`` above 0) uses only the forms before the first random step."""
     from headrace.pipeline.runner import Outcome
 
     if client is None or not client.enabled:
         return run(index, start, value, base_seed, epoch, **kwargs)
     if start == 0:
         try:
-            hit = client.lookup(index, base_seed, epoch, row)
+            hit = client.lookup(index, base_seed, epoch, row, kwargs.get("draw", 0))
         except codec.CorruptEntry as e:
             import traceback
 
@@ -282,7 +299,7 @@ def run_cached(
             start, value = hit
             if start >= client.layout.steps:
                 return Outcome(value, None, [])
-    ins = client.inserter(index, base_seed, epoch, start, row)
+    ins = client.inserter(index, base_seed, epoch, start, row, kwargs.get("draw", 0))
     if ins is None:
         out = run(index, start, value, base_seed, epoch, **kwargs)
     else:

@@ -38,8 +38,10 @@ PREFIX = b"hr:"
 USED = PREFIX + b"used"
 NAMESPACES = PREFIX + b"ns"
 NS_USED = PREFIX + b"nsused:"
-ENTRY_KEY_LEN = len(PREFIX) + 24
-"""An entry's key: the prefix, a 16-byte namespace and an 8-byte index (``tiers.sample_key``)."""
+ENTRY_KEY_LENS = (len(PREFIX) + 24, len(PREFIX) + 33)
+"""An entry's key: the prefix, a 16-byte namespace and an 8-byte index, or a 17-byte key for a
+sampler key that is not an integer below 2^64 (``tiers.sample_key``; never with ODS, whose
+samplers yield each index of ``range(len(dataset))``)."""
 DEFAULT_TTL_S = 6 * 3600.0
 """Entries and namespaces expire this long after their last insert or hit (``Cache.redis_ttl_s``)."""
 
@@ -224,7 +226,7 @@ class RedisBackend:
         r = self._r()
         total = 0
         for k in r.scan_iter(match=PREFIX + b"*", count=1000):
-            if len(k) != ENTRY_KEY_LEN:
+            if len(k) not in ENTRY_KEY_LENS:
                 continue  # bookkeeping: used, ns, nsused:*, ods:*
             total += entry_cost(len(k), r.strlen(k)) + (ODS_META if self.ods else 0)
         return total

@@ -13,7 +13,7 @@ the most processed one (no random step: the final output is deterministic and is
 form; a random first step: no decoded form). An opaque dataset (one step) has only its final
 output, which is the *augmented* form.
 
-A key is ``namespace (16 bytes) + sample index (8 bytes)``. The namespace hashes the tier, the
+A key is ``namespace (16 bytes) + sample index (8 bytes; 17 for other sampler keys)``. The namespace hashes the tier, the
 fingerprint of the prefix (each step up to the form: name, traits, code identity) and of the
 source, so a changed step never serves stale data. Forms after a random step are exact only for
 one (base seed, epoch): their namespace includes both, unless ``shared_augmented`` (Seneca's
@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from headrace.pipeline.fingerprint import code_identity, source_fingerprint
+from headrace.pipeline.seeding import index_key
 
 if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline
@@ -125,6 +126,11 @@ def _prefix_fingerprints(pipeline: Pipeline) -> list[str]:
     return out
 
 
-def sample_key(namespace: bytes, index: int) -> bytes:
-    """The key of sample ``index`` in ``namespace``."""
-    return namespace + index.to_bytes(8, "big")
+def sample_key(namespace: bytes, index: Any) -> bytes:
+    """The key of sample ``index`` in ``namespace``: 8 bytes for an integer index below 2^64,
+    else the 17 bytes of its seed key (``seeding.index_key``: NumPy's and torch's integers,
+    strings, tuples, negative indices)."""
+    if type(index) is int and 0 <= index < 1 << 64:
+        return namespace + index.to_bytes(8, "big")
+    key = index_key(index)
+    return namespace + key.to_bytes(8 if key < 1 << 64 else 17, "big")

@@ -148,7 +148,7 @@ def run_profile(args: argparse.Namespace) -> int:
                            else "skipped (the script defines no train_step)"),
     ]
     if loader.pipeline is not None and loader.planning is not None:
-        need = min(MIN_PROFILE_SAMPLES, len(loader.pipeline))
+        need = min(MIN_PROFILE_SAMPLES, loader.pipeline.length() or MIN_PROFILE_SAMPLES)
         plan = plan_order(loader.pipeline.steps, loader.planning.executed.steps, profile,
                           "this run", loader.options.reorder, min_samples=need)
         out += ["", "step order for the next epoch:", *(f"  {x}" for x in plan.lines())]

@@ -84,11 +84,22 @@ class Timed:
             raise AttributeError(name)
         return getattr(self.fn, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:  # ... written to it too
+        if name in ("fn", "position"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.fn, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self.fn, name)
+
     def __repr__(self) -> str:
         return repr(self.fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         probe: Probe | None = getattr(_local, "probe", None)
+        if probe is not None and self.position >= len(probe.calls):
+            probe = None  # another loader's copy, of a Compose grown since this one was built
         fn = self.fn
         if isinstance(fn, Step) and fn.random and len(args) == 1 and not kwargs:
             call = self.position, (probe.calls[self.position] if probe is not None else 0)
@@ -147,6 +158,12 @@ def instrumented(tf: Any) -> Any | None:
     if tf_copy.transforms[0] is not wrapped[0]:
         return None  # a property or __setattr__ did something else with the assignment
     return tf_copy
+
+
+def measured(tf: Any) -> bool:
+    """Whether ``tf`` is an instrumented copy (its transforms are :class:`Timed` wrappers)."""
+    parts = compose_parts(tf)
+    return parts is not None and isinstance(parts[0], Timed)
 
 
 def swappable(dataset: Any) -> bool:
@@ -221,11 +238,19 @@ class EmbeddedSource(DatasetSource):
         ds = self.dataset
         with self._lock:
             tf = getattr(ds, "transform", None)
-            if tf is not self._installed:  # the user's object: the first call, or reassigned
-                self._user, self._installed = tf, self._copy_of(tf)
-                if self._installed is not None:
-                    ds.transform = self._installed
-            self._in_flight += 1
+            if tf is not self._installed and measured(tf):
+                # another loader over the same dataset installed its copy: run on it (its
+                # wrappers report to this thread's probe); that loader restores the user's
+                ours = False
+            else:
+                ours = True
+                if tf is not self._installed:  # the user's object: the first call, or reassigned
+                    self._user, self._installed = tf, self._copy_of(tf)
+                    if self._installed is not None:
+                        ds.transform = self._installed
+                self._in_flight += 1
+        if not ours:
+            return ds[index]
         try:
             return ds[index]
         finally:

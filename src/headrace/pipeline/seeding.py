@@ -75,8 +75,10 @@ def index_key(index: Any) -> int:
     (torch passes it to ``__getitem__`` unchanged): the index when it is a non-negative
     integer (``operator.index``: Python's, NumPy's and torch's integer scalars), else a
     129-bit hash of its pickled bytes (a string key, a tuple, a negative index, a list of
-    indices fetched at once), the same in every process for keys that pickle the same (strings,
-    numbers, tuples and lists of them); a key that cannot be pickled is hashed from its repr."""
+    indices fetched at once), the same in every process for keys that pickle the same: strings,
+    numbers, tuples and lists of them, tensors and arrays (hashed by dtype, shape and values:
+    a tensor's pickle holds a memory address). Not sets (their order follows the string hash
+    seed); a key that cannot be pickled is hashed from its repr."""
     try:
         i = operator.index(index)
     except TypeError:
@@ -84,10 +86,24 @@ def index_key(index: Any) -> int:
     if i >= 0:
         return i
     try:
-        raw = pickle.dumps(index, protocol=4)
+        raw = pickle.dumps(_canonical(index), protocol=4)
     except Exception:  # noqa: BLE001 - any key still gets a seed
         raw = repr(index).encode("utf-8", "backslashreplace")
     return _HASHED | int.from_bytes(hashlib.blake2b(raw, digest_size=16).digest(), "little")
+
+
+def _canonical(key: Any) -> Any:
+    """``key`` with tensors, arrays and NumPy scalars as plain values (pickled the same in
+    every process), inside lists and tuples too."""
+    if isinstance(key, (torch.Tensor, np.ndarray)) and key.ndim == 0 or isinstance(key, np.generic):
+        return key.item()  # a scalar: its value, as the integers operator.index takes
+    if isinstance(key, torch.Tensor):
+        return ("torch.Tensor", str(key.dtype), tuple(key.shape), key.tolist())
+    if isinstance(key, np.ndarray):
+        return ("numpy.ndarray", key.dtype.str, key.shape, key.tolist())
+    if type(key) in (list, tuple):
+        return type(key)(_canonical(k) for k in key)
+    return key
 
 
 # NumPy's SeedSequence constants (numpy/random/bit_generator.pyx): pool of 4 32-bit words.

@@ -14,6 +14,7 @@ the step timings a worker sent, for a whole sample or for the part of it run bef
 from __future__ import annotations
 
 import dataclasses
+import operator
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -81,6 +82,10 @@ class SampleSizes:
         """Record a worker's step timings for sample ``index`` (``pipeline.runner.StepTiming``:
         ``step``, ``cpu`` seconds, ``bytes_out``; ``bytes_out < 0``: the size was not
         measured on that run, and that step is left as it was)."""
+        try:
+            index = operator.index(index)  # a sampler key that is no index is not recorded
+        except TypeError:
+            return
         if not 0 <= index < len(self.sizes):
             return
         steps = self.sizes.shape[1]

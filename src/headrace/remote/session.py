@@ -12,7 +12,7 @@ import time
 import weakref
 from typing import Any
 
-from headrace.errors import RemoteUnavailableError
+from headrace.errors import PipelineError, RemoteUnavailableError
 from headrace.remote.config import Remote
 from headrace.remote.storage import RESOURCE, NearStorage, StorageSide
 from headrace.runtime.pool import WorkerHandle, WorkerPool
@@ -197,7 +197,10 @@ class RemoteSession:
             return profile
         if self.near is None:
             assert isinstance(self.cfg, NearStorage)
-            self.near = StorageSide(self.cfg, len(pipeline), pipeline.step_names,
+            if pipeline.length() is None:
+                raise PipelineError("NearStorage keeps each sample's sizes by index: it needs a "
+                                    "dataset with __len__")
+            self.near = StorageSide(self.cfg, pipeline.length(), pipeline.step_names,
                                     max(1, local_workers))
             self.near.storage_workers = max(1, self.target)
         return "all" if profile else profile

@@ -8,8 +8,10 @@ sampler's order) its seed takes n as well (``seeding.sample_root``'s ``draw``); 
 copy keeps the seed it always had. The count runs over every position, delivered ones too,
 so a resumed epoch gives each position the draw it had.
 
-Memory: a bit per integer index below ``BITMAP_LIMIT`` (growable), a set of the other keys,
-and a count per index seen more than once.
+Memory: a bit per integer index below ``BITMAP_LIMIT`` (growable), a set of the other keys
+(about 80 bytes each), and a count per index seen more than once; nothing for the samplers
+that cannot repeat an index (``may_repeat``: torch's sequential sampler and its random one
+without replacement, ``shuffle=False`` and ``shuffle=True``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import torch.utils.data as tud
+
 from headrace.pipeline.seeding import index_key
 from headrace.runtime.bitmap import Bitmap
+
+
+def may_repeat(sampler: Any, user_batch_sampler: bool) -> bool:
+    """Whether the loader's index sampler may yield an index twice in an epoch: False for
+    torch's ``SequentialSampler`` and ``RandomSampler(replacement=False)`` (whatever their
+    subclass adds, its own sampler may repeat), True for anything else, a batch sampler of the
+    user's included."""
+    if user_batch_sampler:
+        return True
+    if type(sampler) is tud.SequentialSampler:
+        return False
+    return not (type(sampler) is tud.RandomSampler and not sampler.replacement)
+
 
 BITMAP_LIMIT = 1 << 27
 """Integer indices below this are remembered in a bitmap (at most 16 MB); others in a set."""
@@ -27,15 +44,18 @@ BITMAP_LIMIT = 1 << 27
 class Draws:
     """Counts, over one epoch, how many times each sampler key came before."""
 
-    __slots__ = ("_other", "_repeats", "_seen")
+    __slots__ = ("_other", "_repeats", "_seen", "counting")
 
-    def __init__(self) -> None:
+    def __init__(self, counting: bool = True) -> None:
+        self.counting = counting  # False: the sampler cannot repeat (``may_repeat``): all 0
         self._seen = Bitmap()
         self._other: set[int] = set()
         self._repeats: dict[int, int] = {}
 
     def next(self, index: Any) -> int:
         """How many times ``index`` came earlier in this epoch (0: its first time)."""
+        if not self.counting:
+            return 0
         key = index if type(index) is int and index >= 0 else index_key(index)
         if key < BITMAP_LIMIT:
             if self._seen.set(key):
@@ -50,4 +70,6 @@ class Draws:
     def repeats(self, positions: Iterable[int], indices: Iterable[Any]) -> dict[int, int]:
         """Count a sampler group (its positions and indices, in order): position -> draw, for
         the positions whose index came before (the others are draw 0)."""
+        if not self.counting:
+            return {}
         return {p: n for p, i in zip(positions, indices, strict=True) if (n := self.next(i))}

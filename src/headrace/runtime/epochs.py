@@ -23,6 +23,7 @@ from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.checkpoint import EpochOrigin, capture_rng
+from headrace.runtime.draws import may_repeat
 from headrace.runtime.epoch import EpochIterator
 from headrace.runtime.inprocess import InProcessIterator
 from headrace.runtime.pool import WorkerPool
@@ -163,6 +164,7 @@ def make_iterator(
             measure=sizes.measure if opts.profile else None,
             cache=loader.cache.client() if loader.cache else None,
             cache_row=loader.cache.row if loader.cache else 0, ods=ods,
+            may_repeat=may_repeat(loader.sampler, loader._user_batch_sampler),
         )
     pin = pin_fn(loader)  # before loader._buffers is read: it may switch to pinned memory
     pool, owns = get_pool(loader, base_seed)
@@ -191,6 +193,7 @@ def make_iterator(
         buffers=loader._buffers,
         ods=ods,
         collate_threads=opts.collate_threads,
+        may_repeat=may_repeat(loader.sampler, loader._user_batch_sampler),
     )
     it = EpochIterator(pool, owns, spec, loader.monitor, delivered, loader.timeout)
     loader.monitor.meter = it.meter

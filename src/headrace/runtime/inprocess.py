@@ -44,6 +44,7 @@ class InProcessIterator(EpochBase):
         cache: Any = None,
         cache_row: int = 0,
         ods: Any = None,
+        may_repeat: bool = True,
     ) -> None:
         super().__init__(epoch, hooks, delivered)
         self.runner = SampleRunner(pipeline, measure=measure)
@@ -60,7 +61,7 @@ class InProcessIterator(EpochBase):
         self.cache = cache  # a cache.client.CacheClient, or None
         self.cache_row = cache_row
         self.ods = ods  # a cache.ods_epoch.OdsEpoch (Cache(ods=True)), or None
-        self.draws = Draws()  # how many times each index came before, this epoch
+        self.draws = Draws(may_repeat)  # how many times each index came before, this epoch
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         if self._closed:
@@ -106,9 +107,9 @@ class InProcessIterator(EpochBase):
 
     def _one(self, index: int, draw: int) -> tuple[bool, Any]:
         state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-        try:  # a repeat's seeded forms are its own: uncached (runtime/draws.py)
-            out = run_cached(self.cache if not draw else None, self.runner.run, index, 0, None,
-                             self.base_seed, self.epoch, self.cache_row, draw=draw)
+        try:
+            out = run_cached(self.cache, self.runner.run, index, 0, None, self.base_seed,
+                             self.epoch, self.cache_row, draw=draw)
         finally:
             random.setstate(state[0])
             np.random.set_state(state[1])

@@ -34,7 +34,7 @@ class Lanes:
         self.pulled = 0  # positions pulled and not already delivered (counted in flight)
         self.settled = 0  # positions completed, skipped or failed
         self.exhausted = False
-        self.draws = Draws()  # how many times each index came before, this epoch
+        self.draws = Draws(spec.may_repeat)  # how many times each index came before
         self.repeats: dict[int, int] = {}  # position -> its draw, for the positions above 0
 
     @property
@@ -96,8 +96,9 @@ class Lanes:
         start = self.positions
         self.positions += len(indices)
         positions = list(range(start, start + len(indices)))
-        self.repeats.update(self.draws.repeats(positions, indices))  # delivered ones too
-        delivered = self.spec.delivered
+        delivered = self.spec.delivered  # draws count every position; kept for the others
+        self.repeats.update((p, n) for p, n in self.draws.repeats(positions, indices).items()
+                            if p not in delivered)
         if self.spec.ods is not None:  # ODS may fill a position with another sample
             todo = self.spec.ods.fill(positions, indices)
         else:

@@ -46,6 +46,7 @@ class EpochSpec:
     buffers: BufferPool | None = None  # batch memory reused across batches (None: fresh)
     ods: Any = None  # cache.ods_epoch.OdsEpoch: which sample fills a position (Cache(ods=True))
     collate_threads: int = 1  # threads running a user collate_fn (Options.collate_threads)
+    may_repeat: bool = True  # the sampler may yield an index twice (runtime/draws.py)
 
 
 @dataclass

@@ -265,7 +265,7 @@ class TaskRunner:
         measured = (self.runs <= MEASURE_ALL or self.runs % MEASURE_EVERY == 0
                     or self.measure_all)
         return run_cached(
-            self.cache if not task.draw else None,  # a repeat's seeded forms are its own
+            self.cache,
             (self.measured if measured else self.plain).run,
             task.sample,
             task.start,
