@@ -281,3 +281,15 @@ def slow_on_4(x: Any) -> Any:
     if int(np.asarray(x["i"] if isinstance(x, dict) else x[0])) % 4 == 0:
         time.sleep(0.1)
     return x
+
+
+class Compose:
+    """A Compose-like transform (torchvision's shape, without torchvision): ``transforms``."""
+
+    def __init__(self, transforms: list) -> None:
+        self.transforms = transforms
+
+    def __call__(self, x):
+        for t in self.transforms:
+            x = t(x)
+        return x

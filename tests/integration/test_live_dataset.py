@@ -11,20 +11,11 @@ import torch.utils.data as tud
 
 import headrace as hr
 from headrace.pipeline.inplace import EmbeddedSource, Probe, Timed, probing
+from tests.helpers import Compose
 
 pytestmark = pytest.mark.integration
 
 N = 6
-
-
-class Compose:
-    def __init__(self, transforms):
-        self.transforms = transforms
-
-    def __call__(self, x):
-        for t in self.transforms:
-            x = t(x)
-        return x
 
 
 def add_one(x):

@@ -6,20 +6,11 @@ import torch
 import torch.utils.data as tud
 
 import headrace as hr
+from tests.helpers import Compose
 
 pytestmark = pytest.mark.integration
 
 N = 24
-
-
-class Compose:
-    def __init__(self, transforms):
-        self.transforms = transforms
-
-    def __call__(self, x):
-        for t in self.transforms:
-            x = t(x)
-        return x
 
 
 class AsOne:
