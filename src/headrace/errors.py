@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import pickle
 import types
+from typing import Any
 
 __all__ = [
     "HeadraceError",
@@ -108,6 +110,7 @@ def step_error_for(
     remote_traceback: str = "",
     worker: int | None = None,
     instance: BaseException | None = None,
+    attributes: dict[str, Any] | None = None,
 ) -> StepError:
     """Build a StepError that is also an instance of the original exception type when possible.
 
@@ -117,11 +120,17 @@ def step_error_for(
     whatever arguments ``original``'s ``__init__`` takes. ``instance``: the exception itself,
     where it was raised in this process (``num_workers=0``): its attributes (``errno``,
     ``filename``, a user exception's ``path`` or ``code``) are carried over, as torch re-raises
-    the object itself there; ``args`` stays headrace's message.
+    the object itself there; ``args`` stays headrace's message. ``attributes``: the same,
+    as a worker sent them (:func:`exception_attributes`, the values that pickle; torch's
+    workers send none).
     """
     err = _combined(original, index, step, cause_type, message, remote_traceback, worker)
     if instance is not None and isinstance(err, type(instance)):
-        _carry_attributes(instance, err)
+        attributes = exception_attributes(instance)
+    if attributes and original is not None and isinstance(err, original):
+        for name, value in attributes.items():
+            with contextlib.suppress(AttributeError, TypeError, ValueError):
+                setattr(err, name, value)
         if isinstance(err, SyntaxError):
             err.msg = BaseException.__str__(err)  # the message, not the original's msg
     return err
@@ -132,23 +141,29 @@ _OWN = frozenset(("index", "step", "worker", "cause_type", "cause_message", "rem
 them."""
 
 
-def _carry_attributes(src: BaseException, dst: BaseException) -> None:
-    """Copy ``src``'s attributes onto ``dst``: its ``__dict__``, and the writable attributes
-    builtin exception types keep in their C structures (``OSError.errno``, ``SystemExit.code``,
-    ``UnicodeError.start``); never ``args``, the traceback or the chaining."""
-    for klass in type(src).__mro__:
+def exception_attributes(exc: BaseException, picklable: bool = False) -> dict[str, Any]:
+    """``exc``'s attributes: its ``__dict__``, and the attributes builtin exception types keep
+    in their C structures (``OSError.errno``, ``SystemExit.code``, ``UnicodeError.start``);
+    never ``args``, the traceback or the chaining, nor StepError's own names. ``picklable``:
+    only the values that pickle (a worker sends them to the training process)."""
+    out: dict[str, Any] = {}
+    for klass in reversed(type(exc).__mro__):
         if klass in (BaseException, object):
             continue
         for name, attr in vars(klass).items():
             if name.startswith("__") or name in _OWN:
                 continue
             if isinstance(attr, (types.MemberDescriptorType, types.GetSetDescriptorType)):
-                with contextlib.suppress(AttributeError, TypeError, ValueError):
-                    setattr(dst, name, getattr(src, name))
-    for name, value in vars(src).items():
-        if name not in _OWN:
-            with contextlib.suppress(AttributeError, TypeError):
-                setattr(dst, name, value)
+                with contextlib.suppress(AttributeError):
+                    out[name] = getattr(exc, name)
+    out.update((k, v) for k, v in vars(exc).items() if k not in _OWN)
+    if picklable:
+        for name in list(out):
+            try:
+                pickle.dumps(out[name])
+            except Exception:  # noqa: BLE001 - that value stays behind
+                del out[name]
+    return out
 
 
 def _combined(

@@ -238,3 +238,40 @@ def test_a_dataset_without_len_runs_with_an_explicit_sampler(kw, workers, no_lea
         assert [first if isinstance(first, int) else first.tolist()] + rest == want
     finally:
         loader.close()
+
+
+class CorruptSample(Exception):
+    def __init__(self, path, code):
+        super().__init__(f"bad file {path}")
+        self.path, self.code = path, code
+
+
+class Corrupt(tud.Dataset):
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        if i == 2:
+            if self.kind == "user":
+                raise CorruptSample(f"/data/{i}.jpg", 7)
+            raise FileNotFoundError(2, "No such file", f"/data/{i}.jpg")
+        return i
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_step_error_is_the_users_exception_with_its_attributes(workers, no_leaks):
+    # torch re-raises the object at num_workers=0 (and only its type, when it can, from workers)
+    for kind, cls, attrs in (("user", CorruptSample, {"path": "/data/2.jpg", "code": 7}),
+                             ("os", FileNotFoundError, {"errno": 2, "filename": "/data/2.jpg"})):
+        loader = hr.DataLoader(Corrupt(kind), batch_size=1, num_workers=workers, in_order=True)
+        try:
+            with pytest.raises(cls) as info:
+                list(loader)
+        finally:
+            loader.close()
+        assert isinstance(info.value, hr.StepError) and info.value.index == 2
+        assert {k: getattr(info.value, k, None) for k in attrs} == attrs
+        assert "sample index 2" in str(info.value)

@@ -10,7 +10,8 @@ Messages (tuples, to keep pickling cheap):
   ``("done", tid, payload, timings, bytes_in, ring_end)``; ``("partial", tid, next_step, payload,
   timings, bytes_in, ring_end)`` when the sample is handed off (timings: ``StepTiming`` per step
   run; bytes_in: size of the value a resumed run started from; ring_end: the worker's ring write
-  position after this payload, which the receiver frees up to); ``("error", tid, step, exc_class, cause_type, message, tb)``;
+  position after this payload, which the receiver frees up to); ``("error", tid, step, exc_class, cause_type, message, tb[, attributes])``
+  (``attributes``: the exception's own, those that pickle: ``errors.exception_attributes``);
   ``("many", [message, ...])``: several finished samples' messages, in order (``Outbox``).
 
 See NOTE [headrace shutdown] in ``runtime/pool.py`` for how a worker exits.
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from headrace.cache.client import run_cached
+from headrace.errors import exception_attributes
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import Outcome, SampleRunner
 from headrace.profiler import sizes
@@ -288,7 +290,8 @@ class TaskRunner:
         msg: tuple[Any, ...]
         if out.error is not None:
             step, exc, tb = out.error
-            msg = ("error", tid, step, _picklable_class(type(exc)), _qualname(type(exc)), str(exc), tb)
+            msg = ("error", tid, step, _picklable_class(type(exc)), _qualname(type(exc)), str(exc), tb,
+                   exception_attributes(exc, picklable=True))
         else:
             payload, ring_end = send_value(out.value)
             if out.next_step is not None:
