@@ -68,3 +68,28 @@ def test_fabric_setup_dataloaders_keeps_headrace(no_leaks):
     assert sorted(seen) == list(range(20))
     assert all(isinstance(b, torch.Tensor) for b in wrapped)
     loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_predict_gives_one_prediction_per_sample_in_order(workers, no_leaks):
+    # trainer.predict wraps the batch sampler in one whose __iter__ returns itself and starts
+    # over: the loader once called iter() on it again after its first batch, which repeated
+    # that batch and dropped the last
+    import lightning as L
+
+    class Echo(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def predict_step(self, batch, batch_idx):
+            return batch
+
+    loader = hr.DataLoader(IndexDataset(10), batch_size=4, num_workers=workers)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    try:
+        preds = trainer.predict(Echo(), loader)
+    finally:
+        loader.close()
+    assert [p.tolist() for p in preds] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]

@@ -275,3 +275,34 @@ def test_a_step_error_is_the_users_exception_with_its_attributes(workers, no_lea
         assert isinstance(info.value, hr.StepError) and info.value.index == 2
         assert {k: getattr(info.value, k, None) for k in attrs} == attrs
         assert "sample index 2" in str(info.value)
+
+
+class StartsOver:
+    """A batch sampler whose ``__iter__`` returns itself and starts over (Lightning's wrapper
+    for ``trainer.predict`` is one)."""
+
+    def __init__(self, batches):
+        self.batches, self.calls = batches, 0
+
+    def __iter__(self):
+        self.calls += 1
+        self._it = iter(self.batches)
+        return self
+
+    def __next__(self):
+        return next(self._it)
+
+    def __len__(self):
+        return len(self.batches)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_that_starts_over_on_iter_is_iterated_once_per_epoch(workers, no_leaks):
+    batches = [[0, 1, 2], [3, 4, 5], [6, 7]]
+    sampler = StartsOver(batches)
+    loader = hr.DataLoader(IndexDataset(8), batch_sampler=sampler, num_workers=workers)
+    try:
+        assert [b.tolist() for b in loader] == batches
+        assert sampler.calls == 1
+    finally:
+        loader.close()

@@ -7,7 +7,6 @@ attributes are torch's arguments and headrace's runtime state.
 
 from __future__ import annotations
 
-import itertools
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -73,8 +72,22 @@ def draw_epoch(
             "does not reproduce its order from the saved RNG state"
         )
     origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew)
-    groups = sampler_iter if first is _END else itertools.chain([first], sampler_iter)
+    groups = sampler_iter if first is _END else _after(first, sampler_iter)
     return origin, groups
+
+
+def _after(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    """``first``, then what ``next(rest)`` gives. Never ``iter(rest)`` again (as
+    ``itertools.chain`` and ``yield from`` do): a sampler whose ``__iter__`` returns itself
+    and starts over (Lightning's ``_IndexBatchSamplerWrapper`` under ``trainer.predict``)
+    would restart the epoch, repeating its first batch."""
+    yield first
+    while True:
+        try:
+            item = next(rest)
+        except StopIteration:
+            return
+        yield item
 
 
 def batch_mode(loader: DataLoader) -> Mode:
