@@ -93,3 +93,50 @@ def test_predict_gives_one_prediction_per_sample_in_order(workers, no_leaks):
     finally:
         loader.close()
     assert [p.tolist() for p in preds] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+class Pids(torch.utils.data.Dataset):
+    """Each sample: its index and the pid of the process that loaded it."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        import os
+
+        return torch.tensor([i, os.getpid()])
+
+
+def test_persistent_workers_last_the_run_and_stop_when_fit_returns(no_leaks):
+    # Lightning's teardown resets the loader's torch iterator to None after stopping its
+    # workers; headrace's persistent workers (its pool) stop then too, not at process exit
+    import lightning as L
+    import psutil
+
+    pids: list[set] = []
+
+    class Fit(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def on_train_epoch_start(self):
+            pids.append(set())
+
+        def training_step(self, batch, batch_idx):
+            pids[-1].update(batch[:, 1].tolist())
+            return self.layer(batch[:, :1].float()).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    loader = hr.DataLoader(Pids(), batch_size=4, shuffle=True, num_workers=2,
+                           persistent_workers=True)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=3, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    try:
+        trainer.fit(Fit(), loader)
+        assert len(pids) == 3 and pids[0] == pids[1] == pids[2]  # the same workers throughout
+        assert not psutil.Process().children()  # and stopped when fit returned
+    finally:
+        loader.close()

@@ -163,11 +163,30 @@ class DataLoader(tud.DataLoader[_T_co]):
         self.remote = remote_session(self.options.remote, self.monitor)
         """Remote workers (``headrace.remote``), or None without ``Options(remote=...)``."""
 
+    @property
+    def _iterator(self) -> Any:
+        """torch's persistent iterator (an ``IterableDataset`` with ``persistent_workers``)."""
+        return self.__dict__.get("_torch_iterator")
+
+    @_iterator.setter
+    def _iterator(self, value: Any) -> None:
+        """Frameworks end a stage by resetting it to ``None`` after stopping its workers
+        (Lightning's ``_shutdown_workers_and_reset_iterator``): the persistent workers headrace
+        keeps in ``_pool`` stop then too, unless an epoch still runs on them; the next epoch
+        starts new ones."""
+        self.__dict__["_torch_iterator"] = value
+        pool = self.__dict__.get("_pool")
+        if value is None and pool is not None:
+            running = self._epoch_ref()
+            if running is None or running.finished:
+                pool.shutdown()
+                self._pool = None
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickling and ``copy.deepcopy`` (``ddp_spawn``, frameworks): the loader's arguments
         and progress (epoch, a pending resume), not its workers, monitor or running epoch."""
         state = {k: v for k, v in self.__dict__.items() if k not in _RUNTIME_ATTRS}
-        state["_iterator"] = None  # torch's persistent iterator (IterableDataset)
+        state.pop("_torch_iterator", None)  # torch's persistent iterator (IterableDataset)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
