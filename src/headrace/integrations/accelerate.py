@@ -165,12 +165,26 @@ def prepare(accelerator: Accelerator, *objects: Any, **kwargs: Any) -> Any:
 def skip_first_batches(loader: HeadraceShard, num_batches: int = 0) -> HeadraceShard:
     """Accelerate's ``skip_first_batches`` for a prepared headrace loader: the next epoch of the
     same headrace loader, without its first ``num_batches`` batches (they are still loaded).
-    After ``accelerator.load_state()`` nothing needs skipping: headrace resumes exactly."""
+
+    After ``accelerator.load_state()`` headrace resumes exactly where the saved epoch was, so
+    the batches it had delivered count among the ``num_batches``: Accelerate's resume pattern
+    (``load_state`` then ``skip_first_batches(loader, resume_step)``) skipped them twice."""
     if not isinstance(loader, HeadraceShard):
         raise TypeError("expected a loader returned by headrace's prepare_data_loader")
+    num_batches = max(0, num_batches - _resumed_batches(loader.base_dataloader))
     return HeadraceShard(loader.base_dataloader, loader.device, loader.num_processes,
                          loader.process_index, non_blocking=loader._non_blocking, skip_batches=num_batches,
                          iteration=loader.iteration)
+
+
+def _resumed_batches(loader: DataLoader) -> int:
+    """Batches of the epoch a loaded state dict resumes (0: none loaded): the samples it had
+    delivered, in batches of the loader's size (the last one short)."""
+    point = loader._resume
+    if point is None:
+        return 0
+    size = loader.batch_size or 1
+    return -(-point.delivered.count // size)
 
 
 def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
