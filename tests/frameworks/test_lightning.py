@@ -136,7 +136,9 @@ def test_persistent_workers_last_the_run_and_stop_when_fit_returns(no_leaks):
                         enable_progress_bar=False, enable_model_summary=False)
     try:
         trainer.fit(Fit(), loader)
-        assert len(pids) == 3 and pids[0] == pids[1] == pids[2]  # the same workers throughout
+        # the same two workers throughout (new ones each epoch would be 3-6 pids; on a busy
+        # machine one worker may deliver nothing in an epoch)
+        assert len(pids) == 3 and len(pids[0] | pids[1] | pids[2]) <= 2
         children = {p.pid for p in psutil.Process().children()}  # (other tests' may be there)
         assert pids[0].isdisjoint(children)  # and stopped when fit returned
     finally:
