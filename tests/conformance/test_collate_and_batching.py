@@ -155,7 +155,7 @@ class _Reentry:
             self.inside += 1
             self.most = max(self.most, self.inside)
         try:
-            time.sleep(0.002)  # simulated work: a window for an overlap
+            time.sleep(0.002)  # simulated work (a collator's): concurrent calls would overlap
             return [int(x) for x in batch]
         finally:
             with self.lock:

@@ -58,46 +58,41 @@ def test_a_bare_prepare_raises_naming_the_helper():
         acc.prepare(loader)
 
 
-def test_save_state_and_load_state_resume_exactly(tmp_path, no_leaks):
-    set_seed(1)
+def saved_then_restored(tmp_path, make_loader):
+    """Three batches of a prepared loader, ``save_state``, then a fresh accelerator and loader
+    (as after a crash) with ``load_state``: (the indices before, the restored prepared loader,
+    its headrace loader)."""
     acc = Accelerator(cpu=True)
-    loader = hr.DataLoader(IndexDataset(32), batch_size=4, shuffle=True, num_workers=2,
-                           options=hr.Options(seed=9))
-    prepared = hr_accel.prepare_data_loader(acc, loader)
-    it = iter(prepared)
+    loader = make_loader()
+    it = iter(hr_accel.prepare_data_loader(acc, loader))
     before = [i for _ in range(3) for i in next(it).tolist()]
     acc.save_state(tmp_path / "ckpt")
     del it
     loader.close()
-    # a fresh accelerator and loader, as after a crash
     acc2 = Accelerator(cpu=True)
-    loader2 = hr.DataLoader(IndexDataset(32), batch_size=4, shuffle=True, num_workers=2,
-                            options=hr.Options(seed=9))
+    loader2 = make_loader()
     prepared2 = hr_accel.prepare_data_loader(acc2, loader2)
     acc2.load_state(tmp_path / "ckpt")
-    after = [i for b in prepared2 for i in b.tolist()]
+    return before, prepared2, loader2
+
+
+def test_save_state_and_load_state_resume_exactly(tmp_path, no_leaks):
+    set_seed(1)
+    before, prepared, loader = saved_then_restored(tmp_path, lambda: hr.DataLoader(
+        IndexDataset(32), batch_size=4, shuffle=True, num_workers=2, options=hr.Options(seed=9)))
+    after = [i for b in prepared for i in b.tolist()]
     assert len(before) == 12 and sorted(before + after) == list(range(32))
-    loader2.close()
+    loader.close()
 
 
 def test_the_load_state_then_skip_first_batches_pattern_skips_once(tmp_path, no_leaks):
     # Accelerate's examples resume with load_state(), then skip_first_batches(loader, step):
     # headrace's load_state already resumes after the saved batches; they are not skipped twice
-    acc = Accelerator(cpu=True)
-    loader = hr.DataLoader(IndexDataset(32), batch_size=4, num_workers=2)
-    prepared = hr_accel.prepare_data_loader(acc, loader)
-    it = iter(prepared)
-    before = [i for _ in range(3) for i in next(it).tolist()]
-    acc.save_state(tmp_path / "ckpt")
-    del it
-    loader.close()
-    acc2 = Accelerator(cpu=True)
-    loader2 = hr.DataLoader(IndexDataset(32), batch_size=4, num_workers=2)
-    prepared2 = hr_accel.prepare_data_loader(acc2, loader2)
-    acc2.load_state(tmp_path / "ckpt")
-    after = [i for b in hr_accel.skip_first_batches(prepared2, 3) for i in b.tolist()]
+    before, prepared, loader = saved_then_restored(
+        tmp_path, lambda: hr.DataLoader(IndexDataset(32), batch_size=4, num_workers=2))
+    after = [i for b in hr_accel.skip_first_batches(prepared, 3) for i in b.tolist()]
     assert before == list(range(12)) and after == list(range(12, 32))  # as with torch's loader
-    loader2.close()
+    loader.close()
 
 
 def test_skip_first_batches_keeps_headrace_or_raises(no_leaks):

@@ -3,7 +3,6 @@ user, ``worker_init_fn`` and ``__getitem__`` do to it is seen, as with torch's l
 transforms are still measured step by step (``pipeline/inplace.py``)."""
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -212,19 +211,23 @@ def test_a_transform_that_cannot_be_set_makes_the_dataset_opaque(no_leaks):
         loader.close()
 
 
-def slow_add_one(x):
-    time.sleep(0.0005)  # releases the GIL: other threads swap and call meanwhile
+THREADS, LOADS = 4, 40
+_meet = threading.Barrier(THREADS, timeout=30)
+
+
+def meeting_add_one(x):
+    _meet.wait()  # every thread is inside a load at once, each round: the swaps interleave
     return x + 1
 
 
 def test_threads_sharing_the_dataset_measure_every_call_and_restore_it():
     ds = Epoched()
-    ds.transform = tf = Compose([slow_add_one, times_ten])
+    ds.transform = tf = Compose([meeting_add_one, times_ten])
     src = EmbeddedSource(ds, 2)
     errors, probes = [], []
 
     def work(offset):
-        for k in range(40):
+        for k in range(LOADS):
             i = (offset + k) % N
             probe = Probe(2, None, lambda position, call: None)
             with probing(probe):
@@ -233,16 +236,16 @@ def test_threads_sharing_the_dataset_measure_every_call_and_restore_it():
             if got != (i + 1) * 10:
                 errors.append((i, got))
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=30)
     assert not any(t.is_alive() for t in threads)
     assert not errors
-    assert len(probes) == 160
+    assert len(probes) == THREADS * LOADS
     assert all(p.calls == [1, 1] and p.wall[0] > 0 for p in probes)  # each call measured once
-    assert ds.transform is tf and tf.transforms == [slow_add_one, times_ten]
+    assert ds.transform is tf and tf.transforms == [meeting_add_one, times_ten]
 
 
 def noise(x, rng):
