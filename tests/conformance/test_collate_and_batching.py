@@ -95,6 +95,24 @@ def test_a_batch_sampler_keeps_its_batches(Loader, workers, no_leaks):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+def test_an_empty_batch_from_a_batch_sampler_is_collated_in_its_turn(Loader, workers, no_leaks):
+    # torch calls collate_fn([]) for it (a bucketing sampler's empty bucket): a custom collate_fn
+    # gives its batch, the default one raises IndexError for that batch and the epoch goes on
+    ordered = {"in_order": True} if is_headrace(Loader) else {}
+    batches = [[3, 1], [], [5, 6, 7], [], [2]]
+    got = list(Loader(Squares(8), batch_sampler=batches, num_workers=workers, collate_fn=list,
+                      **ordered))
+    assert got == [[SQ[i] for i in b] for b in batches]
+    it = iter(Loader(Squares(8), batch_sampler=[[3], [], [5]], num_workers=workers, **ordered))
+    assert next(it).tolist() == [SQ[3]]
+    with pytest.raises(IndexError):
+        next(it)
+    assert next(it).tolist() == [SQ[5]]
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
 def test_sampler_with_replacement_delivers_every_position(Loader, workers, no_leaks):
     sampler = tud.RandomSampler(range(6), replacement=True, num_samples=30,
                                 generator=torch.Generator().manual_seed(5))

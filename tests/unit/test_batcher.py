@@ -1,3 +1,5 @@
+import pytest
+
 from headrace.runtime.batcher import Batcher, Place
 
 
@@ -59,6 +61,28 @@ def test_a_group_whose_samples_were_all_dropped_comes_out_empty_in_its_turn():
     assert b.pop(True) is None
 
 
+@pytest.mark.parametrize("mode", ["ordered", "grouped"])
+def test_an_empty_sampler_batch_comes_out_marked_empty_in_its_turn(mode):
+    b = Batcher(mode, None)
+    b.add_group(0, [0, 1])
+    b.add_group(-1, [])  # a batch sampler's []: a key of its own
+    b.add_group(2, [2])
+    b.place(2)
+    if mode == "ordered":  # behind the first batch
+        assert b.pop(False) is None
+    else:  # out as soon as complete: at once
+        assert b.pop(False) == (-1, [], [], False, True)
+        assert b.pop(False) == (2, [0], [2], False, False)
+    b.place(0)
+    b.drop(1)  # all but one failed: not empty, only short
+    got = [b.pop(True) for _ in range(3 if mode == "ordered" else 1)]
+    expected = [(0, [0], [0], False, False)]
+    if mode == "ordered":
+        expected += [(-1, [], [], False, True), (2, [0], [2], False, False)]
+    assert got == expected
+    assert b.pop(True) is None
+
+
 def test_regroup_drop_names_no_batch():
     b = Batcher("regroup", 2)
     assert b.drop(5) is None
@@ -68,6 +92,6 @@ def test_regroup_with_drop_last_drops_a_short_last_batch():
     b = Batcher("regroup", 3, drop_last=True)
     for p in range(5):  # six positions pulled, one skipped: the last batch would be short
         b.place(p)
-    assert b.pop(False) == (0, [0, 1, 2], [0, 1, 2], False)
+    assert b.pop(False)[:4] == (0, [0, 1, 2], [0, 1, 2], False)
     assert b.pop(True).drop
     assert b.ready_samples == 0

@@ -39,12 +39,14 @@ class Place(NamedTuple):
 class Ready(NamedTuple):
     """A batch ready to go out: its ``key``, the rows filled (ascending; a skipped sample
     leaves a hole) and the epoch positions of those rows, in the same order. ``drop``: a short
-    last batch that ``drop_last`` forbids (its samples are not yielded)."""
+    last batch that ``drop_last`` forbids (its samples are not yielded). ``empty``: a user
+    ``batch_sampler`` yielded an empty list here."""
 
     key: int
     rows: list[int]
     positions: list[int]
     drop: bool = False
+    empty: bool = False  # a sampler batch of no index: collate_fn([]) is its batch, as in torch
 
 
 class Batcher:
@@ -70,7 +72,8 @@ class Batcher:
 
     # -- input -------------------------------------------------------------------------------
     def add_group(self, gid: int, positions: list[int]) -> None:
-        """Register one sampler batch (ignored by ``regroup``)."""
+        """Register one sampler batch (ignored by ``regroup``). An empty one (a user
+        ``batch_sampler`` may yield ``[]``) needs a key of its own: it has no first position."""
         if self.mode == "regroup":
             return
         self._groups[gid] = positions
@@ -80,6 +83,8 @@ class Batcher:
             self._order.append(gid)
         for row, p in enumerate(positions):
             self._group_of[p] = (gid, row)
+        if not positions:
+            self._check_group(gid)
 
     def place(self, position: int) -> Place:
         """A sample finished: the batch and row it goes to. Call :meth:`pop` afterwards."""
@@ -151,7 +156,8 @@ class Batcher:
                     return None
                 gid = self._complete.popleft()
             filled = self._filled.pop(gid)
-            del self._groups[gid], self._dropped[gid]
+            empty = not self._groups.pop(gid)
+            del self._dropped[gid]
             rows = sorted(filled)
             self._placed -= len(rows)
-            return Ready(gid, rows, [filled[r] for r in rows])
+            return Ready(gid, rows, [filled[r] for r in rows], empty=empty)

@@ -77,6 +77,9 @@ class InProcessIterator(EpochBase):
                 self.close()
                 raise
             indices = list(group) if self.auto_collation else [group]
+            if not indices:  # a user batch_sampler's empty batch: collate_fn([]), as torch
+                samples, done = [], []
+                break
             positions = range(self._position, self._position + len(indices))
             self._position += len(indices)
             draws = self.draws.repeats(positions, indices)  # delivered ones too

@@ -35,6 +35,7 @@ class Lanes:
         self.settled = 0  # positions completed, skipped or failed
         self.exhausted = False
         self.draws = Draws(spec.may_repeat)  # how many times each index came before
+        self.empty_groups = 0  # empty sampler batches so far (keyed -1, -2, ...: no position)
         self.repeats: dict[int, int] = {}  # position -> its draw, for the positions above 0
 
     @property
@@ -93,6 +94,10 @@ class Lanes:
             self.exhausted = True
             return
         indices = list(group) if self.spec.auto_collation else [group]
+        if not indices:  # a user batch_sampler's empty batch: collate_fn([]) in its turn
+            self.empty_groups += 1
+            self.spec.batcher.add_group(-self.empty_groups, [])
+            return
         start = self.positions
         self.positions += len(indices)
         positions = list(range(start, start + len(indices)))

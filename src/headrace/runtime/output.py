@@ -19,6 +19,7 @@ NumPy kernels, I/O); a pure-Python one still waits for the GIL (docs/design.md).
 
 from __future__ import annotations
 
+import functools
 import queue
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -76,28 +77,37 @@ class BatchOutput:
             ready = self.spec.batcher.pop(final)
             if ready is None:
                 break
+            if ready.empty:  # a user batch_sampler's []: torch gives collate_fn([]) its turn
+                self._put(functools.partial(_collate_empty, self.spec.collate, self.spec.pin),
+                          [], True)
+                continue
             assembly = self._batches.pop(ready.key, None)
             err = self._raise_for.pop(ready.key, None)
-            if assembly is None or err is not None or ready.drop:  # failed, empty or dropped
+            if assembly is None or err is not None or ready.drop:  # failed, skipped or dropped
                 self.counters.discarded += len(ready.rows)
                 if err is not None:
                     self.out.put(("raise", err, None))
                 continue
-            if not assembly.in_place:  # a user collate_fn: on the collate threads
-                if self._collators is None:
-                    self._collators = ThreadPoolExecutor(  # one: calls never overlap
-                        min(self.spec.collate_threads, available_cpus()), "headrace-collate")
-                future = self._collators.submit(_collate, assembly, ready.rows, self.spec.pin)
-                self.out.put(("future", future, ready.positions))
-                continue
-            try:
-                batch = _collate(assembly, ready.rows, self.spec.pin)
-            except StepError as e:
-                self.counters.discarded += len(ready.rows)
-                self.out.put(("raise", e, None))
-                continue
-            self.out.put(("batch", batch, ready.positions))
+            collate = functools.partial(_collate, assembly, ready.rows, self.spec.pin)
+            self._put(collate, ready.positions, not assembly.in_place)
         return final and self.spec.batcher.ready_samples == 0
+
+    def _put(self, collate: Callable[[], Any], positions: list[int], user: bool) -> None:
+        """Queue the batch ``collate()`` makes: on the collate threads for a user
+        ``collate_fn`` (``user``), else made here; its ``StepError`` goes out in its place."""
+        if user:
+            if self._collators is None:
+                self._collators = ThreadPoolExecutor(  # one: calls never overlap
+                    min(self.spec.collate_threads, available_cpus()), "headrace-collate")
+            self.out.put(("future", self._collators.submit(collate), positions))
+            return
+        try:
+            batch = collate()
+        except StepError as e:
+            self.counters.discarded += len(positions)
+            self.out.put(("raise", e, None))
+            return
+        self.out.put(("batch", batch, positions))
 
     def close(self) -> None:
         """Stop the collate threads (batches not yet collated are never delivered)."""
@@ -113,3 +123,13 @@ def _collate(assembly: BatchAssembly, rows: list[int], pin: Callable[[Any], Any]
         return pin(batch) if pin is not None else batch
     except Exception as e:  # noqa: BLE001 - collate_fn is user code: that batch raises
         raise collate_error(e, [assembly.indices[r] for r in rows]) from e
+
+
+def _collate_empty(collate: Callable[[Any], Any], pin: Callable[[Any], Any] | None) -> Any:
+    """``collate([])``, what torch makes of a batch sampler's empty batch (torch's
+    ``default_collate`` raises ``IndexError`` there: a ``StepError`` at ``collate_fn``)."""
+    try:
+        batch = collate([])
+        return pin(batch) if pin is not None else batch
+    except Exception as e:  # noqa: BLE001 - collate_fn is user code: that batch raises
+        raise collate_error(e, []) from e

@@ -89,13 +89,14 @@ class Fatal(Exception):
 
 
 def collate_error(e: Exception, indices: list[int]) -> StepError:
-    """A collate_fn failure, naming the samples of the batch (e.g. one of another shape)."""
+    """A collate_fn failure, naming the samples of the batch (e.g. one of another shape), or
+    saying it had none."""
     shown = ", ".join(map(str, indices[:16])) + (", ..." if len(indices) > 16 else "")
+    where = (f"batch of sample indices [{shown}]; a sample of another shape or type than the "
+             "others is the usual cause") if indices else "an empty batch from the batch_sampler"
     return step_error_for(
-        type(e), indices[0] if indices else -1, "collate_fn", type(e).__qualname__,
-        f"{e} (batch of sample indices [{shown}]; a sample of another shape or type than the "
-        "others is the usual cause)",
-        traceback.format_exc(),
+        type(e), indices[0] if indices else None, "collate_fn", type(e).__qualname__,
+        f"{e} ({where})", traceback.format_exc(),
     )
 
 
