@@ -42,7 +42,8 @@ class StepError(HeadraceError):
     """A step failed on one sample.
 
     Attributes:
-        index: the dataset index of the sample (what the sampler yielded).
+        index: the dataset index of the sample (what the sampler yielded); ``None`` for
+            ``collate_fn`` on an empty batch (a user ``batch_sampler`` may yield ``[]``).
         step: the name of the step that raised (``"load"`` for ``Source.load`` / ``__getitem__``).
         worker: the worker slot that ran it (``None`` in the main process).
         cause_type: qualified name of the original exception type.
@@ -51,7 +52,7 @@ class StepError(HeadraceError):
 
     def __init__(
         self,
-        index: int,
+        index: int | None,
         step: str,
         cause_type: str,
         message: str,
@@ -65,9 +66,8 @@ class StepError(HeadraceError):
         self.cause_message = message
         self.remote_traceback = remote_traceback
         where = f"worker {worker}" if worker is not None else "the main process"
-        text = (
-            f"step {step!r} failed on sample index {index} in {where}: {cause_type}: {message}"
-        )
+        what = f"sample index {index}" if index is not None else "a batch of no sample"
+        text = f"step {step!r} failed on {what} in {where}: {cause_type}: {message}"
         if remote_traceback:
             text += f"\n\nOriginal traceback:\n{remote_traceback.rstrip()}"
         text += (
@@ -83,7 +83,7 @@ class StepError(HeadraceError):
     def __str__(self) -> str:  # the message, also in StepError[OSError] (whose str() would
         return BaseException.__str__(self)  # be the errno's) and StepError[KeyError] (a repr)
 
-    def __reduce__(self):  # keep the structured fields across pickling
+    def __reduce__(self):  # keep the structured fields, and the user's, across pickling
         return (
             _rebuild_step_error,
             (
@@ -94,6 +94,7 @@ class StepError(HeadraceError):
                 self.cause_message,
                 self.remote_traceback,
                 self.worker,
+                exception_attributes(self, picklable=True),
             ),
         )
 
@@ -103,7 +104,7 @@ _COMBINED: dict[type, type] = {}
 
 def step_error_for(
     original: type[BaseException] | None,
-    index: int,
+    index: int | None,
     step: str,
     cause_type: str,
     message: str,
@@ -168,7 +169,7 @@ def exception_attributes(exc: BaseException, picklable: bool = False) -> dict[st
 
 def _combined(
     original: type[BaseException] | None,
-    index: int,
+    index: int | None,
     step: str,
     cause_type: str,
     message: str,
@@ -195,5 +196,7 @@ def _combined(
     return StepError(index, step, cause_type, message, remote_traceback, worker)
 
 
-def _rebuild_step_error(original, index, step, cause_type, message, tb, worker) -> StepError:
-    return step_error_for(original, index, step, cause_type, message, tb, worker)
+def _rebuild_step_error(original, index, step, cause_type, message, tb, worker,
+                        attributes=None) -> StepError:
+    return step_error_for(original, index, step, cause_type, message, tb, worker,
+                          attributes=attributes)

@@ -275,6 +275,10 @@ def test_a_step_error_is_the_users_exception_with_its_attributes(workers, no_lea
         assert isinstance(info.value, hr.StepError) and info.value.index == 2
         assert {k: getattr(info.value, k, None) for k in attrs} == attrs
         assert "sample index 2" in str(info.value)
+        # and after pickling (a DDP launcher or a multiprocessing pool sends it on)
+        again = pickle.loads(pickle.dumps(info.value))
+        assert isinstance(again, cls) and isinstance(again, hr.StepError) and again.index == 2
+        assert {k: getattr(again, k, None) for k in attrs} == attrs
 
 
 class StartsOver:
