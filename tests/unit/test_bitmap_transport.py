@@ -30,3 +30,21 @@ def test_large_leaves_go_through_shared_memory_and_come_back_equal():
     assert np.array_equal(dec["a"], big) and dec["a"].dtype == np.float32
     assert dec["b"] == [b"x" * INLINE_LIMIT, 3]
     assert isinstance(dec["c"], P) and torch.equal(dec["c"].a, torch.ones(2))
+
+
+def test_a_large_view_carries_its_own_bytes_not_its_whole_storage():
+    # ``self.data[i]`` of a big tensor: torch's pickling would share the whole storage
+    data = torch.zeros(8, INLINE_LIMIT, dtype=torch.uint8)
+    row = data[3]
+    sent = encode(row)
+    assert torch.equal(sent, row)
+    assert sent.untyped_storage().nbytes() == row.numel()
+    whole = torch.zeros(INLINE_LIMIT, dtype=torch.uint8)
+    assert encode(whole) is whole  # nothing to trim: no copy
+
+
+def test_tensors_without_a_numpy_view_or_with_more_than_bytes_travel_as_torch_pickles_them():
+    for t in ((torch.ones(3) * 2).to(torch.float8_e4m3fn), torch.ones(3, dtype=torch.chalf),
+              (torch.ones(3, dtype=torch.cfloat) * 1j).conj(), torch.nn.Parameter(torch.ones(3)),
+              torch.ones(3, requires_grad=True)):
+        assert encode(t) is t  # never an _Inline: it would lose the dtype, bit or grad

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from headrace.runtime.transport import plain_tensor
+
 RING_BYTES = 16 * 1024 * 1024
 """Bytes of one worker's ring."""
 MIN_LEAF = 4096
@@ -129,11 +131,10 @@ def decode(x: Any, ring: Ring) -> Any:
 def _encode_leaf(x: Any, w: RingWriter) -> Any:
     if isinstance(x, torch.Tensor):
         nbytes = x.numel() * x.element_size()
-        if x.layout != torch.strided or x.device.type != "cpu" or not nbytes >= MIN_LEAF \
-                or not w.fits(nbytes):
+        if not plain_tensor(x) or not nbytes >= MIN_LEAF or not w.fits(nbytes):
             return x
         try:
-            a = x.detach().contiguous().numpy()
+            a = x.contiguous().numpy()
         except (TypeError, RuntimeError):  # e.g. bfloat16 has no NumPy dtype
             return x
         return RingRef("torch", w.put(a), a.dtype.str, tuple(a.shape))

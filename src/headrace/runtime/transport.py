@@ -45,12 +45,30 @@ class _Inline:
         return (_Inline, (self.array,))
 
 
+def plain_tensor(x: Any) -> bool:
+    """``x`` is a CPU ``torch.Tensor`` that travels as its bytes alone: not a subclass (whose
+    type and attributes, e.g. a bounding box's format, pickling keeps), not one that requires
+    grad (an ``nn.Parameter``), strided. Its NumPy view may still fail (float8, complex32, a
+    conjugate view): callers fall back to pickling it."""
+    return (type(x) is torch.Tensor and x.layout == torch.strided and x.device.type == "cpu"
+            and not x.requires_grad)
+
+
 def encode(x: Any) -> Any:
     """Replace large arrays/bytes in a (nested) sample by shared-memory carriers."""
     if isinstance(x, torch.Tensor):
-        if x.device.type == "cpu" and x.layout == torch.strided and \
-                x.numel() * x.element_size() < INLINE_LIMIT and x.dtype != torch.bfloat16:
-            return _Inline(x.detach().contiguous().numpy())  # skip torch's descriptor passing
+        if not plain_tensor(x):
+            return x  # torch's own pickling keeps what the bytes alone would lose
+        nbytes = x.numel() * x.element_size()
+        if nbytes < INLINE_LIMIT and x.dtype != torch.bfloat16:
+            try:
+                return _Inline(x.contiguous().numpy())  # skip torch's descriptor passing
+            except (TypeError, RuntimeError):  # no NumPy dtype (float8), a conjugate view
+                return x
+        if x.untyped_storage().nbytes() > 2 * nbytes:
+            # a view of a larger tensor (``self.data[i]``): torch would move the whole
+            # storage to shared memory, once per worker; send only the view's bytes
+            return x.clone()
         return x
     if isinstance(x, np.ndarray):
         if x.nbytes >= INLINE_LIMIT and x.dtype != object and x.dtype.kind in "biufc":
