@@ -310,3 +310,77 @@ def test_a_sampler_that_starts_over_on_iter_is_iterated_once_per_epoch(workers, 
         assert sampler.calls == 1
     finally:
         loader.close()
+
+
+class Boxes(torch.Tensor):
+    """A tensor subclass with metadata (as torchvision's ``tv_tensors.BoundingBoxes``)."""
+
+    @staticmethod
+    def __new__(cls, data, fmt):
+        t = torch.Tensor._make_subclass(cls, torch.as_tensor(data))
+        t.fmt = fmt
+        return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+class Exotic(tud.Dataset):
+    """Tensors NumPy cannot view, a subclass with an attribute, a parameter."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return {"f8": (torch.ones(3) * i).to(torch.float8_e4m3fn),
+                "c32": torch.ones(3, dtype=torch.chalf) * i,
+                "conj": (torch.ones(3, dtype=torch.cfloat) * (1 + 2j) * i).conj(),
+                "boxes": Boxes(torch.ones(2, 4) * i, "XYXY"),
+                "w": torch.nn.Parameter(torch.ones(3) * i)}
+
+
+def _described(sample):
+    return {k: (type(v).__name__, v.dtype, v.is_conj(), v.requires_grad, getattr(v, "fmt", None),
+                v.resolve_conj().to(torch.cfloat).tolist()) for k, v in sample.items()}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_tensors_arrive_with_their_dtype_type_and_attributes_as_from_torch(workers, no_leaks):
+    # float8 and complex32 have no NumPy dtype and a conjugate view no NumPy view: a worker
+    # died on them; a subclass lost its type and attributes, a parameter its requires_grad
+    def run(cls, **kw):
+        loader = cls(Exotic(), batch_size=3, num_workers=workers, collate_fn=list, **kw)
+        try:
+            return [_described(s) for b in loader for s in b]
+        finally:
+            getattr(loader, "close", lambda: None)()
+
+    assert run(hr.DataLoader, in_order=True) == run(tud.DataLoader)
+
+
+class Columns(tud.Dataset):
+    """Forwards unknown names to its columns and raises KeyError for others (not AttributeError)."""
+
+    def __init__(self):
+        self._cols = {"label": list(range(6))}
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return self._cols["label"][i]
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._cols[name]
+
+
+def test_a_dataset_whose_getattr_raises_keyerror_loads_as_with_torch(no_leaks):
+    loader = hr.DataLoader(Columns(), batch_size=3, num_workers=2, in_order=True)
+    try:
+        assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5]]
+    finally:
+        loader.close()

@@ -14,6 +14,8 @@ import hashlib
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from headrace.pipeline.source import user_attr
+
 if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline
 
@@ -140,7 +142,7 @@ def pipeline_fingerprint(p: Pipeline) -> str:
 
 def source_fingerprint(source: Any) -> str:
     """The source's own ``fingerprint()`` if it has one, else its type and length."""
-    fp = getattr(source, "fingerprint", None)
+    fp = user_attr(source, "fingerprint")
     if callable(fp):
         return str(fp())
     try:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
-from headrace.pipeline.source import DatasetSource
+from headrace.pipeline.source import DatasetSource, user_attr
 from headrace.pipeline.step import Step
 
 _local = threading.local()
@@ -131,7 +131,7 @@ class Timed:
 
 def compose_parts(tf: Any) -> list[Any] | None:
     """The ``transforms`` list of a Compose-like callable ``tf``, else None."""
-    parts = getattr(tf, "transforms", None)
+    parts = user_attr(tf, "transforms")
     if tf is not None and callable(tf) and isinstance(parts, (list, tuple)) and parts:
         return list(parts)
     return None
@@ -139,7 +139,7 @@ def compose_parts(tf: Any) -> list[Any] | None:
 
 def transform_list(dataset: Any) -> list[Any] | None:
     """The ``transform.transforms`` list of a dataset with a Compose-like transform, else None."""
-    return compose_parts(getattr(dataset, "transform", None))
+    return compose_parts(user_attr(dataset, "transform"))
 
 
 def instrumented(tf: Any) -> Any | None:
@@ -170,21 +170,21 @@ def swappable(dataset: Any) -> bool:
     """Whether the dataset's ``transform`` attribute can be set to an instrumented copy and
     back: tried once on the user's object (set, then restored at once); a property,
     ``__slots__`` or ``__setattr__`` that refuses or alters the assignment makes it False."""
-    tf = getattr(dataset, "transform", None)
+    tf = user_attr(dataset, "transform")
     tf_copy = instrumented(tf)
     if tf_copy is None:
         return False
     took = False
     try:
         dataset.transform = tf_copy
-        took = getattr(dataset, "transform", None) is tf_copy
+        took = user_attr(dataset, "transform") is tf_copy
     except Exception:  # noqa: BLE001 - the assignment is refused: the dataset stays opaque
         return False
     finally:
-        if getattr(dataset, "transform", None) is not tf:
+        if user_attr(dataset, "transform") is not tf:
             with contextlib.suppress(Exception):
                 dataset.transform = tf
-    return took and getattr(dataset, "transform", None) is tf
+    return took and user_attr(dataset, "transform") is tf
 
 
 class EmbeddedSource(DatasetSource):
@@ -237,7 +237,7 @@ class EmbeddedSource(DatasetSource):
     def load(self, index: int) -> Any:
         ds = self.dataset
         with self._lock:
-            tf = getattr(ds, "transform", None)
+            tf = user_attr(ds, "transform")
             if tf is not self._installed and measured(tf):
                 # another loader over the same dataset installed its copy: run on it (its
                 # wrappers report to this thread's probe); that loader restores the user's
@@ -257,6 +257,6 @@ class EmbeddedSource(DatasetSource):
             with self._lock:
                 self._in_flight -= 1
                 if self._in_flight == 0 and self._installed is not None:
-                    if getattr(ds, "transform", None) is self._installed:
+                    if user_attr(ds, "transform") is self._installed:
                         ds.transform = self._user
                     self._user = self._installed = None

@@ -10,6 +10,16 @@ from typing import Any, Protocol, runtime_checkable
 from headrace.errors import PipelineError
 
 
+def user_attr(obj: Any, name: str) -> Any:
+    """``getattr(obj, name, None)`` on a user's object, also where its ``__getattr__`` raises
+    something other than ``AttributeError`` (a dataset forwarding names to its columns raises
+    ``KeyError``): torch never reads these names, so their absence must not fail."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # noqa: BLE001 - not an attribute we can use
+        return None
+
+
 @runtime_checkable
 class Source(Protocol):
     """Raw samples by index. ``load`` must be deterministic and safe to call in any process."""
