@@ -5,6 +5,7 @@ import torch
 import torch.utils.data as tud
 
 import headrace as hr
+from headrace.runtime.collate_rng import PROBE_BATCHES
 from tests.helpers import IndexDataset, RangeIterable, RichDataset, WorkerInfoDataset, init_fn
 
 pytestmark = pytest.mark.integration
@@ -154,11 +155,12 @@ class MeetInCollate:
         self.met = 0
 
     def __call__(self, samples):
-        # the first two calls meet; which calls those are is decided under a lock (deciding by
-        # `met`, counted after the barrier, let a third call wait alone when a thread that had
-        # met was slow to count it: seen under CPU load)
+        # the first two calls on the collate threads meet (the first PROBE_BATCHES run in the
+        # training loop, watched for random draws: runtime/collate_rng.py); which calls those
+        # are is decided under a lock (deciding by `met`, counted after the barrier, let a
+        # third call wait alone when a thread that had met was slow to count it: CPU load)
         with self.lock:
-            first_two = self.calls < 2
+            first_two = PROBE_BATCHES <= self.calls < PROBE_BATCHES + 2
             self.calls += 1
         if first_two:
             self.barrier.wait()  # raises BrokenBarrierError if the other never comes

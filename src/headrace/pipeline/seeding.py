@@ -196,3 +196,16 @@ def seed_globals(seed: int) -> None:
     _pyrandom.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
     torch.default_generator.manual_seed(seed & 0x7FFFFFFFFFFFFFFF)
+
+
+def global_states() -> tuple[Any, Any, torch.Tensor]:
+    """Python's, NumPy's and torch's default CPU generator states, for :func:`restore_globals`
+    (about 30 µs)."""
+    return _pyrandom.getstate(), np.random.get_state(), torch.get_rng_state()
+
+
+def restore_globals(states: tuple[Any, Any, torch.Tensor]) -> None:
+    """Put back the states :func:`global_states` took."""
+    _pyrandom.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])

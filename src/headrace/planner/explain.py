@@ -39,6 +39,7 @@ class Facts:
     start_note: str | None = None  # num_workers="auto": its first count from a stored profile
     move_cost_s: float = 0.0  # training-process seconds to forward one slow-lane sample
     messages: str | None = None  # worker processes: samples per message (planner/queueing.py)
+    collate: str | None = None  # where a user collate_fn runs (runtime/collate_rng.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +166,8 @@ def explain_text(f: Facts) -> str:
         )
     if f.messages:
         out.append(f.messages)
+    if f.collate:
+        out.append(f.collate)
     if f.start_note:
         out.append(f"workers: {f.start_note}")
     if f.scale_decisions:

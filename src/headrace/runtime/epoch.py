@@ -190,13 +190,13 @@ class EpochIterator(EpochBase):
                 item = self._get_blocking()
                 self.meter.stall_s += time.perf_counter() - t0
         kind, value, positions = item
-        if kind == "future":  # a batch a user collate_fn is collating on the collate threads
-            if not block and not value.done():
+        if kind in ("future", "deferred"):  # a user collate_fn's batch (runtime/output.py)
+            if kind == "future" and not block and not value.done():
                 self._held = item
                 return None
             t0 = time.perf_counter()
             try:
-                value = value.result()
+                value = value.result() if kind == "future" else value()
             except StepError:
                 self.scheduler.consumed += len(positions)  # its samples leave with its error
                 self.scheduler.room_freed()

@@ -22,6 +22,7 @@ from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.checkpoint import EpochOrigin, capture_rng
+from headrace.runtime.collate_rng import place_for
 from headrace.runtime.draws import may_repeat
 from headrace.runtime.epoch import EpochIterator
 from headrace.runtime.inprocess import InProcessIterator
@@ -180,6 +181,7 @@ def make_iterator(
             may_repeat=may_repeat(loader.sampler, loader._user_batch_sampler),
         )
     pin = pin_fn(loader)  # before loader._buffers is read: it may switch to pinned memory
+    loader._collate_place = place_for(loader.collate_fn, loader._collate_place)
     pool, owns = get_pool(loader, base_seed)
     bs = loader.batch_size or 1
     hi = loader.options.autoscale.bounds()[1] if loader.autoscale else loader.num_workers
@@ -207,6 +209,7 @@ def make_iterator(
         ods=ods,
         collate_threads=opts.collate_threads,
         may_repeat=may_repeat(loader.sampler, loader._user_batch_sampler),
+        collate_place=loader._collate_place,
     )
     it = EpochIterator(pool, owns, spec, loader.monitor, delivered, loader.timeout)
     loader.monitor.meter = it.meter

@@ -6,18 +6,15 @@ so per-sample seeding does not disturb the training loop's own randomness.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
-
-import numpy as np
-import torch
 
 from headrace.cache.client import run_cached
 from headrace.errors import StepError, step_error_for
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import SampleRunner
+from headrace.pipeline.seeding import global_states, restore_globals
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.draws import Draws
 from headrace.runtime.epoch import EpochBase
@@ -109,14 +106,12 @@ class InProcessIterator(EpochBase):
         return batch, done
 
     def _one(self, index: int, draw: int) -> tuple[bool, Any]:
-        state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        state = global_states()
         try:
             out = run_cached(self.cache, self.runner.run, index, 0, None, self.base_seed,
                              self.epoch, self.cache_row, draw=draw)
         finally:
-            random.setstate(state[0])
-            np.random.set_state(state[1])
-            torch.set_rng_state(state[2])
+            restore_globals(state)
         if out.error is None:
             self.hooks.on_sample(index, sum(t.wall for t in out.timings), False, out.timings)
             return True, out.value

@@ -34,6 +34,7 @@ from headrace.planner.explain import Facts, explain_text
 from headrace.remote.session import remote_session
 from headrace.runtime import checkpoint, distributed, epochs, ordering, prefetch
 from headrace.runtime.bufferpool import BufferPool
+from headrace.runtime.collate_rng import CollatePlace
 from headrace.runtime.monitor import Monitor
 from headrace.runtime.options import AutoWorkers, Options
 from headrace.runtime.planning import Planning
@@ -44,7 +45,7 @@ _T_co = TypeVar("_T_co", covariant=True)
 
 _RUNTIME_ATTRS = ("pipeline", "monitor", "planning", "_pool", "_buffers", "_iterator_ref",
                   "_epoch_ref", "_finalizer", "_device", "_copier", "cache", "remote",
-                  "_executor")
+                  "_executor", "_collate_place")
 """What a loader holds while it runs; left out of pickles and copies, rebuilt on load."""
 
 
@@ -146,6 +147,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             self.monitor.epoch_listeners.append(self.planning.after_epoch)
         self._pool: WorkerPool | None = None
         self._buffers = BufferPool()  # batch memory the training loop let go of, for reuse
+        self._collate_place: CollatePlace | None = None  # where a user collate_fn runs
         self._device = prefetch.resolve_device(self.options.device)
         if self._device is not None and self._iterable:
             raise ValueError("Options(device=) needs a map-style dataset; an IterableDataset "
@@ -368,6 +370,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             executor=self._executor_line(),
             start_note=self.monitor.start_note,
             move_cost_s=self.monitor.move_cost_s,
+            collate=self._collate_place.describe() if self._collate_place else None,
             messages=self.monitor.messages_line()  # deeper queues: local processes only
             if self.num_workers and self._executor == "processes" and self.remote is None
             else None,

@@ -5,7 +5,8 @@ Used by the scheduler thread (``runtime/scheduler.py``), under its lock. The bat
 straight into that row (``runtime/assembly.py``). What the training loop reads from ``out``:
 ``("batch", batch, positions)``; ``("future", future, positions)`` for a batch a user
 ``collate_fn`` is collating on the collate threads (its result is the batch, its exception the
-batch's error); ``("raise", error, None)`` for a failed sample or batch (the epoch goes on, as in
+batch's error); ``("deferred", collate, positions)`` for one the training loop's thread collates
+in ``next()`` (``collate()`` is the batch: ``runtime/collate_rng.py``); ``("raise", error, None)`` for a failed sample or batch (the epoch goes on, as in
 torch); ``("end" | "error", ...)`` from the scheduler itself.
 
 A user ``collate_fn`` runs on collate threads of the training process, not in the scheduler
@@ -28,6 +29,7 @@ from typing import Any
 from headrace.errors import StepError, WorkerDiedError
 from headrace.planner.workers import available_cpus
 from headrace.runtime.assembly import BatchAssembly
+from headrace.runtime.collate_rng import collated_in_loop
 from headrace.runtime.ring import Ring
 from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error
 
@@ -79,7 +81,7 @@ class BatchOutput:
                 break
             if ready.empty:  # a user batch_sampler's []: torch gives collate_fn([]) its turn
                 self._put(functools.partial(_collate_empty, self.spec.collate, self.spec.pin),
-                          [], True)
+                          [], True, ready.key)
                 continue
             assembly = self._batches.pop(ready.key, None)
             err = self._raise_for.pop(ready.key, None)
@@ -89,12 +91,21 @@ class BatchOutput:
                     self.out.put(("raise", err, None))
                 continue
             collate = functools.partial(_collate, assembly, ready.rows, self.spec.pin)
-            self._put(collate, ready.positions, not assembly.in_place)
+            self._put(collate, ready.positions, not assembly.in_place, ready.key)
         return final and self.spec.batcher.ready_samples == 0
 
-    def _put(self, collate: Callable[[], Any], positions: list[int], user: bool) -> None:
-        """Queue the batch ``collate()`` makes: on the collate threads for a user
-        ``collate_fn`` (``user``), else made here; its ``StepError`` goes out in its place."""
+    def _put(self, collate: Callable[[], Any], positions: list[int], user: bool,
+             key: int) -> None:
+        """Queue the batch ``collate()`` makes: for a user ``collate_fn`` (``user``), in the
+        training loop's thread, seeded for batch ``key``, while it is watched or where it
+        draws random numbers (``runtime/collate_rng.py``), else on the collate threads;
+        torch's made here. Its ``StepError`` goes out in its place."""
+        place = self.spec.collate_place
+        if user and place is not None and place.mode != "threads":
+            s = self.spec
+            self.out.put(("deferred", functools.partial(
+                collated_in_loop, collate, place, s.base_seed, s.epoch, key), positions))
+            return
         if user:
             if self._collators is None:
                 self._collators = ThreadPoolExecutor(  # one: calls never overlap

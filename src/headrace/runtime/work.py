@@ -47,6 +47,7 @@ class EpochSpec:
     ods: Any = None  # cache.ods_epoch.OdsEpoch: which sample fills a position (Cache(ods=True))
     collate_threads: int = 1  # threads running a user collate_fn (Options.collate_threads)
     may_repeat: bool = True  # the sampler may yield an index twice (runtime/draws.py)
+    collate_place: Any = None  # runtime.collate_rng.CollatePlace for a user collate_fn, or None
 
 
 @dataclass

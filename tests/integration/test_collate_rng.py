@@ -1,0 +1,64 @@
+"""A collate_fn that draws random numbers (masking, mixup) gives the same batches run after run
+and leaves the training loop's draws alone, as torch's workers do (runtime/collate_rng.py)."""
+
+import hashlib
+import threading
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import headrace as hr
+from headrace.runtime.collate_rng import PROBE_BATCHES
+from tests.helpers import IndexDataset
+
+pytestmark = pytest.mark.integration
+
+
+def mask(batch):
+    """Masks 15% of a batch's entries from the global torch generator, as a language-modelling
+    collator does."""
+    x = torch.stack([torch.full((8,), float(i)) for i in batch])
+    return x.masked_fill(torch.rand(x.shape) < 0.15, -1.0)
+
+
+def run(loader_cls, **kw):
+    """(hash of the batches, hash of the training loop's dropout masks) of a seeded epoch."""
+    torch.manual_seed(0)
+    loader = loader_cls(IndexDataset(64), batch_size=8, shuffle=True, collate_fn=mask,
+                        generator=torch.Generator().manual_seed(1), **kw)
+    batches, loop = hashlib.md5(), hashlib.md5()
+    try:
+        for b in loader:
+            batches.update(b.numpy().tobytes())
+            loop.update(torch.nn.functional.dropout(torch.ones(16), 0.5).numpy().tobytes())
+        return batches.hexdigest(), loop.hexdigest(), loader
+    finally:
+        getattr(loader, "close", lambda: None)()
+
+
+def test_a_random_collate_fn_is_reproducible_and_leaves_the_loops_draws_alone(no_leaks):
+    first, loop, loader = run(hr.DataLoader, num_workers=2, in_order=True)
+    again, loop_again, _ = run(hr.DataLoader, num_workers=2, in_order=True)
+    assert (first, loop) == (again, loop_again)
+    _, torch_loop, _ = run(tud.DataLoader, num_workers=2)  # torch's workers draw apart
+    assert loop == torch_loop
+    assert "seeded per batch" in loader.explain()
+
+
+def test_a_collate_fn_that_draws_nothing_moves_to_the_collate_thread(no_leaks):
+    threads = []
+
+    def plain(batch):
+        threads.append(threading.current_thread().name)
+        return torch.tensor(batch)
+
+    loader = hr.DataLoader(IndexDataset(40), batch_size=4, num_workers=2, collate_fn=plain,
+                           in_order=True)
+    try:
+        assert [b.tolist() for b in loader] == [list(range(i, i + 4)) for i in range(0, 40, 4)]
+        assert threads[:PROBE_BATCHES] == [threading.current_thread().name] * PROBE_BATCHES
+        assert all(t.startswith("headrace-collate") for t in threads[PROBE_BATCHES:])
+        assert "drew no random number" in loader.explain()
+    finally:
+        loader.close()
