@@ -1,5 +1,6 @@
 """headrace.DataLoader is a torch DataLoader: type, iterator protocol, pickling, rebuilding."""
 
+import collections
 import copy
 import pickle
 
@@ -382,5 +383,40 @@ def test_a_dataset_whose_getattr_raises_keyerror_loads_as_with_torch(no_leaks):
     loader = hr.DataLoader(Columns(), batch_size=3, num_workers=2, in_order=True)
     try:
         assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5]]
+    finally:
+        loader.close()
+
+
+class MyList(list):
+    pass
+
+
+class Containers(tud.Dataset):
+    """Containers that are subclasses of what torch's collate walks, and a NumPy subclass."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return {"dd": collections.defaultdict(list, {"x": torch.ones(2) * i}),
+                "mine": MyList([i, 2]), "max": torch.max(torch.ones(2, 3) * i, dim=1),
+                "matrix": np.matrix(np.ones((40, 40)) * i)}  # 12.8 KB: a ring-sized leaf
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_containers_and_array_subclasses_keep_their_types_as_with_torch(workers, no_leaks):
+    def run(cls, **kw):
+        loader = cls(Containers(), batch_size=2, num_workers=workers, collate_fn=list, **kw)
+        try:
+            return [(type(s["dd"]), s["dd"].default_factory, type(s["mine"]), s["mine"],
+                     type(s["max"]), s["max"].values.tolist(), type(s["matrix"]),
+                     s["matrix"].sum()) for b in loader for s in b]
+        finally:
+            getattr(loader, "close", lambda: None)()
+
+    assert run(hr.DataLoader, in_order=True) == run(tud.DataLoader)
+    loader = hr.DataLoader(Containers(), batch_size=2, num_workers=workers)  # default collate
+    try:
+        assert all(type(b["dd"]) is collections.defaultdict for b in loader)
     finally:
         loader.close()

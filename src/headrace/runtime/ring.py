@@ -106,13 +106,14 @@ class RingWriter:
 
 def map_leaves(x: Any, fn: Callable[[Any], Any]) -> Any:
     """``x`` with ``fn`` applied to every leaf of its exact ``dict``/``list``/``tuple`` and
-    namedtuple containers (the containers torch's ``default_collate`` walks), rebuilt as they were."""
+    namedtuple containers (the containers torch's ``default_collate`` walks), rebuilt as they
+    were; other containers (``torch.return_types.max``, a list subclass) are leaves."""
     if type(x) is dict:
         return {k: map_leaves(v, fn) for k, v in x.items()}
-    if isinstance(x, tuple):
-        if hasattr(x, "_fields"):
-            return type(x)(*(map_leaves(v, fn) for v in x))
+    if type(x) is tuple:
         return tuple(map_leaves(v, fn) for v in x)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(map_leaves(v, fn) for v in x))
     if type(x) is list:
         return [map_leaves(v, fn) for v in x]
     return fn(x)
@@ -138,7 +139,7 @@ def _encode_leaf(x: Any, w: RingWriter) -> Any:
         except (TypeError, RuntimeError):  # e.g. bfloat16 has no NumPy dtype
             return x
         return RingRef("torch", w.put(a), a.dtype.str, tuple(a.shape))
-    numeric = isinstance(x, np.ndarray) and x.dtype != object and x.dtype.kind in "biufc"
+    numeric = type(x) is np.ndarray and x.dtype != object and x.dtype.kind in "biufc"
     if numeric and x.nbytes >= MIN_LEAF and w.fits(x.nbytes):
         return RingRef("np", w.put(x), x.dtype.str, tuple(x.shape))
     return x

@@ -11,6 +11,7 @@ sender, ``decode`` in the receiver.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,7 @@ def encode(x: Any) -> Any:
             # storage to shared memory, once per worker; send only the view's bytes
             return x.clone()
         return x
-    if isinstance(x, np.ndarray):
+    if type(x) is np.ndarray:  # a subclass (np.matrix, a masked array) pickles as itself
         if x.nbytes >= INLINE_LIMIT and x.dtype != object and x.dtype.kind in "biufc":
             if not x.flags.writeable:  # e.g. np.asarray(PIL image); torch wants writable memory
                 x = np.array(x)  # the copy into shared memory happens anyway
@@ -81,15 +82,7 @@ def encode(x: Any) -> Any:
             kind = "bytes" if isinstance(x, bytes) else "bytearray"
             return _Shm(kind, torch.frombuffer(bytearray(x), dtype=torch.uint8))
         return x
-    if isinstance(x, dict):
-        return {k: encode(v) for k, v in x.items()} if type(x) is dict else _map_dict(x, encode)
-    if isinstance(x, tuple):
-        if hasattr(x, "_fields"):  # namedtuple
-            return type(x)(*(encode(v) for v in x))
-        return tuple(encode(v) for v in x)
-    if isinstance(x, list):
-        return [encode(v) for v in x]
-    return x
+    return _map_containers(x, encode)
 
 
 def decode(x: Any) -> Any:
@@ -103,19 +96,28 @@ def decode(x: Any) -> Any:
         return data if x.kind == "bytes" else bytearray(data)
     if isinstance(x, (torch.Tensor, np.ndarray, bytes, str, int, float)) or x is None:
         return x
+    return _map_containers(x, decode)
+
+
+def _map_containers(x: Any, f: Any) -> Any:
+    """``x`` with ``f`` applied to the items of its dicts, lists, tuples and namedtuples, each
+    container of the same type again: a dict subclass is copied and updated (a
+    ``defaultdict`` keeps its factory, as torch's ``default_collate`` keeps it), a list or
+    tuple subclass (``torch.return_types.max``) is left whole, pickled as itself."""
+    t = type(x)
+    if t is dict:
+        return {k: f(v) for k, v in x.items()}
+    if t is list:
+        return [f(v) for v in x]
+    if t is tuple:
+        return tuple(f(v) for v in x)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
+        return t(*(f(v) for v in x))
     if isinstance(x, dict):
-        return {k: decode(v) for k, v in x.items()} if type(x) is dict else _map_dict(x, decode)
-    if isinstance(x, tuple):
-        if hasattr(x, "_fields"):
-            return type(x)(*(decode(v) for v in x))
-        return tuple(decode(v) for v in x)
-    if isinstance(x, list):
-        return [decode(v) for v in x]
+        try:
+            clone = copy.copy(x)
+            clone.update({k: f(v) for k, v in x.items()})
+            return clone
+        except Exception:  # noqa: BLE001 - a mapping that will not copy: sent whole
+            return x
     return x
-
-
-def _map_dict(d: Any, f: Any) -> Any:
-    try:
-        return type(d)({k: f(v) for k, v in d.items()})
-    except TypeError:
-        return {k: f(v) for k, v in d.items()}
