@@ -35,7 +35,20 @@ class RemoteUnavailableError(HeadraceError, ConnectionError):
 
 
 class WorkerDiedError(HeadraceError, RuntimeError):
-    """A worker process died and the loader could not recover the samples it held."""
+    """A worker process died and the loader could not recover the samples it held, or failed
+    to start (:func:`worker_start_error`: then also an instance of what ``worker_init_fn``
+    raised, as torch re-raises it)."""
+
+    def __init__(self, message: str) -> None:
+        # not super(): in a class mixed with the user's exception type that would call its
+        # __init__, whose arguments are the user's, not this message
+        Exception.__init__(self, message)
+
+    def __str__(self) -> str:  # the message, also when mixed with OSError (whose str() differs)
+        return BaseException.__str__(self)
+
+    def __reduce__(self):
+        return (worker_start_error, (getattr(type(self), "_headrace_original", None), str(self)))
 
 
 class StepError(HeadraceError):
@@ -99,7 +112,36 @@ class StepError(HeadraceError):
         )
 
 
-_COMBINED: dict[type, type] = {}
+_COMBINED: dict[tuple[type, type], type] = {}
+
+
+def _mixed(base: type, original: type) -> type:
+    """``base`` mixed with the user's exception type ``original`` (built once), so an
+    ``except original`` clause catches it; ``base`` itself where Python cannot build that
+    class (layout conflicts between builtin bases)."""
+    cls = _COMBINED.get((base, original))
+    if cls is None:
+        try:
+            cls = type(f"{base.__name__}[{original.__name__}]", (base, original),
+                       {"_headrace_original": original, "__module__": __name__})
+        except TypeError:
+            cls = base
+        _COMBINED[(base, original)] = cls
+    return cls
+
+
+def worker_start_error(original: type[BaseException] | None, message: str) -> WorkerDiedError:
+    """A worker that failed to start (``worker_init_fn`` or the dataset's setup raised):
+    a :class:`WorkerDiedError` that is also an instance of ``original`` where that class can
+    be built (torch re-raises a ``worker_init_fn``'s ``OSError`` as an ``OSError``)."""
+    if original is not None and issubclass(original, Exception) \
+            and not issubclass(original, HeadraceError):
+        cls = _mixed(WorkerDiedError, original)
+        try:
+            return cls(message)
+        except Exception:  # noqa: BLE001 - an exotic __new__ on the original type
+            pass
+    return WorkerDiedError(message)
 
 
 def step_error_for(
@@ -177,17 +219,7 @@ def _combined(
     worker: int | None,
 ) -> StepError:
     if original is not None and issubclass(original, Exception) and original is not StepError:
-        cls = _COMBINED.get(original)
-        if cls is None:
-            try:
-                cls = type(
-                    f"StepError[{original.__name__}]",
-                    (StepError, original),
-                    {"_headrace_original": original, "__module__": __name__},
-                )
-            except TypeError:  # e.g. layout conflicts between builtin bases
-                cls = StepError
-            _COMBINED[original] = cls
+        cls = _mixed(StepError, original)
         if cls is not StepError:
             try:
                 return cls(index, step, cause_type, message, remote_traceback, worker)

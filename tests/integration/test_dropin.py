@@ -420,3 +420,25 @@ def test_containers_and_array_subclasses_keep_their_types_as_with_torch(workers,
         assert all(type(b["dd"]) is collections.defaultdict for b in loader)
     finally:
         loader.close()
+
+
+def _init_cannot_open(worker_id):
+    raise FileNotFoundError(2, "cannot open the database", "/data/db")
+
+
+def _init_custom(worker_id):
+    raise CorruptSample("/data/db", code=3)
+
+
+@pytest.mark.parametrize("init, cls", [(_init_cannot_open, OSError), (_init_custom, CorruptSample)])
+def test_a_failing_worker_init_fn_raises_its_own_type_as_in_torch(init, cls, no_leaks):
+    # torch re-raises a worker_init_fn's OSError as an OSError: `except OSError` must catch it
+    loader = hr.DataLoader(IndexDataset(8), batch_size=2, num_workers=2, worker_init_fn=init)
+    try:
+        with pytest.raises(cls) as info:
+            list(loader)
+    finally:
+        loader.close()
+    assert isinstance(info.value, hr.WorkerDiedError) and "failed to start" in str(info.value)
+    again = pickle.loads(pickle.dumps(info.value))
+    assert isinstance(again, cls) and str(again) == str(info.value)

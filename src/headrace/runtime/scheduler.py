@@ -34,7 +34,7 @@ import time
 import weakref
 from typing import Any
 
-from headrace.errors import StepError, WorkerDiedError, step_error_for
+from headrace.errors import StepError, WorkerDiedError, step_error_for, worker_start_error
 from headrace.runtime.dispatch import Dispatcher, running_longer_than
 from headrace.runtime.lanes import Lanes
 from headrace.runtime.output import BatchOutput
@@ -259,13 +259,10 @@ class Scheduler:
                 self.hooks.on_worker_reseeded(msg[2])
             return
         if kind == "init_error":
-            _, slot, cause, text, tb = msg
-            raise Fatal(
-                WorkerDiedError(
-                    f"worker {slot} failed to start (worker_init_fn or dataset setup): "
-                    f"{cause}: {text}\n\nOriginal traceback:\n{tb}"
-                )
-            )
+            _, slot, cause, text, tb, original = msg
+            raise Fatal(worker_start_error(
+                original, f"worker {slot} failed to start (worker_init_fn or dataset setup): "
+                          f"{cause}: {text}\n\nOriginal traceback:\n{tb}"))
         tid = msg[1]
         task = w.assigned.pop(tid, None)
         rec = self._recs.get(tid)

@@ -219,7 +219,8 @@ def thread_main(
     try:
         runner = TaskRunner(setup, handoff, progress, reseed_globals=False)
     except Exception as e:  # noqa: BLE001 - reported to the scheduler
-        results.send(("init_error", setup.slot, _qualname(type(e)), str(e), traceback.format_exc()))
+        results.send(("init_error", setup.slot, _qualname(type(e)), str(e), traceback.format_exc(),
+                      type(e)))
         return
     results.send(("ready", setup.slot))
     while True:

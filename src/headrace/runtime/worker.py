@@ -6,7 +6,8 @@ Messages (tuples, to keep pickling cheap):
   (several, for cheap samples: ``planner/queueing.py``) or ``None`` (exit).
 * worker -> main, on the worker's result pipe:
   ``("ready", slot, reseeded)`` once initialised (``reseeded``: the global generators that
-  ``worker_init_fn`` seeded, which per-sample seeding overrides), or ``("init_error", slot, cause_type, message, tb)``;
+  ``worker_init_fn`` seeded, which per-sample seeding overrides), or ``("init_error", slot, cause_type, message, tb, exc_class)``
+  (``exc_class``: what was raised, where it pickles, else None);
   ``("done", tid, payload, timings, bytes_in, ring_end)``; ``("partial", tid, next_step, payload,
   timings, bytes_in, ring_end)`` when the sample is handed off (timings: ``StepTiming`` per step
   run; bytes_in: size of the value a resumed run started from; ring_end: the worker's ring write
@@ -126,7 +127,8 @@ def worker_main(
         if setup.probe_gil:
             start_probe(progress, slot)
     except Exception as e:  # noqa: BLE001 - reported to the main process
-        _send(results, ("init_error", slot, _qualname(type(e)), str(e), traceback.format_exc()))
+        _send(results, ("init_error", slot, _qualname(type(e)), str(e), traceback.format_exc(),
+                        _picklable_class(type(e))))
         return
     _send(results, ("ready", slot, reseeded))
 
