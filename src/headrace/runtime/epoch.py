@@ -235,9 +235,10 @@ class EpochIterator(EpochBase):
             try:
                 return self._out.get(timeout=wait)
             except queue.Empty:
-                if not self.scheduler._thread.is_alive() and self._out.empty():
-                    self.close()
-                    raise RuntimeError("headrace scheduler thread stopped unexpectedly") from None
+                pass  # checked outside the handler: a Ctrl-C there printed the Empty as its cause
+            if not self.scheduler._thread.is_alive() and self._out.empty():
+                self.close()
+                raise RuntimeError("headrace scheduler thread stopped unexpectedly")
 
     def stats(self) -> EpochStats:
         c = self.scheduler.counters
