@@ -5,6 +5,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+import threading
 
 import psutil
 import pytest
@@ -54,6 +55,29 @@ def test_exception_in_the_training_loop_stops_the_workers(no_leaks):
 
     with pytest.raises(KeyError):
         train()
+
+
+def test_an_idle_abandoned_iterator_waits_longer_and_wakes_when_a_batch_is_taken(no_leaks):
+    # an iterator left mid-epoch (a kept traceback) polled 20 times a second; once nothing is
+    # assigned and nothing happens it backs off, and taking a batch wakes it for the rest
+    from headrace.runtime.scheduler import IDLE_POLL_S
+
+    loader = hr.DataLoader(IndexDataset(64), batch_size=4, num_workers=2, prefetch_factor=1,
+                           in_order=True)
+    try:
+        it = iter(loader)
+        got = next(it).tolist()
+        sched = it.scheduler
+        waited = threading.Event()
+        for _ in range(200):  # bounded: the back-off takes about 1.5 s of idle polls
+            if sched._poll_s >= IDLE_POLL_S:
+                break
+            waited.wait(0.05)
+        assert sched._poll_s == IDLE_POLL_S
+        got += [i for b in it for i in b.tolist()]
+        assert got == list(range(64))
+    finally:
+        loader.close()
 
 
 def test_del_loader_with_persistent_workers(no_leaks):

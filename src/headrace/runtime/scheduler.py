@@ -48,6 +48,11 @@ log = logging.getLogger("headrace")
 
 POLL_S = 0.05
 """Longest the scheduler blocks before re-checking its stop event (seconds)."""
+IDLE_POLL_S = 1.0
+"""...doubled up to this while no worker holds a task and nothing happens (seconds): an
+iterator abandoned mid-epoch but still referenced (a kept traceback, a notebook's variable)
+ticked 20 times a second, about 1% of a core each, where torch's sits idle. Anything that can
+give it work wakes it at once (a batch taken, a worker ready or added, stop)."""
 
 
 class Scheduler:
@@ -78,6 +83,7 @@ class Scheduler:
         self._hung: dict[int, tuple[int, int]] = {}  # slot -> (tid, step) of a killed hung task
         self._stop = threading.Event()
         self._waiter = Waiter()
+        self._poll_s = POLL_S  # how long the next wait blocks at most (seconds): IDLE_POLL_S
         self._thread = threading.Thread(target=self._run, name="headrace-scheduler", daemon=True)
         # Worker threads hand results in directly (``deliver``): the state below is shared with
         # them, so every change to it happens under this lock.
@@ -223,7 +229,13 @@ class Scheduler:
             if w.is_thread:  # from now on it hands its results in itself
                 w.conn.sink = self._sinks[w.slot] = functools.partial(self.deliver, w)
         dead: list[WorkerHandle] = []
-        for what, w in self._waiter.wait(list(self.pool.workers.values()), POLL_S):
+        workers = list(self.pool.workers.values())
+        t0 = time.monotonic()
+        events = self._waiter.wait(workers, self._poll_s)
+        idle = (not events and time.monotonic() - t0 >= self._poll_s
+                and not any(w.assigned for w in workers))  # a wake-up returns early
+        self._poll_s = min(2 * self._poll_s, IDLE_POLL_S) if idle else POLL_S
+        for what, w in events:
             if what == "conn":
                 try:  # one message per readiness: the selector is level-triggered
                     msg = w.conn.recv()
