@@ -196,3 +196,20 @@ def test_sample_aware_batching_raises_once_and_delivers_every_other_sample(no_le
     got, errors = _drain(iter(loader))
     assert sorted(errors) == [13, 27]
     assert sorted(i for b in got for i in b) == sorted(set(range(40)) - {13, 27})
+
+
+def test_an_epoch_per_step_keeps_a_bounded_history(monkeypatch, no_leaks):
+    # next(iter(loader)) once per step: every iter() is an epoch, and each epoch's stats were
+    # kept for the loader's life (about 2 KB each, without end)
+    from headrace.telemetry import stats
+
+    monkeypatch.setattr(stats, "EPOCHS_KEPT", 3)
+    loader = hr.DataLoader(IndexDataset(8), batch_size=2, num_workers=0)
+    try:
+        firsts = [next(iter(loader)).tolist() for _ in range(10)]
+        assert firsts == [[0, 1]] * 10
+        assert len(loader.monitor.epochs) == 3 and len(loader.stats().epochs) == 3
+        assert len(loader.cache.closed_epochs) == 3  # kept aligned with the monitor's
+        assert "epoch 9:" in loader.explain()
+    finally:
+        loader.close()

@@ -24,7 +24,7 @@ from headrace.planner.cache_partition import (
     single_tier_splits,
 )
 from headrace.profiler.report import PipelineProfile
-from headrace.telemetry.stats import CacheStats, EpochStats
+from headrace.telemetry.stats import CacheStats, EpochStats, keep_latest
 
 
 def _fresh_job_name() -> str:
@@ -217,6 +217,8 @@ class CacheSession:
     def end_epoch(self, epoch: int) -> None:
         self.closed_epochs.append(self.current())
         self.epoch_numbers.append(epoch)
+        for history in (self.closed_epochs, self.epoch_numbers, self.predicted):
+            keep_latest(history)  # as the monitor's epochs, so the three stay aligned with them
 
     def current(self) -> CacheStats:
         """What the cache did since the running epoch began."""

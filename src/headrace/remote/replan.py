@@ -77,7 +77,8 @@ class OffloadWatcher:
         self.profile_fn, self.epochs_fn = profile_fn, epochs_fn
         self.t0 = time.monotonic()
         self._polled = self.t0
-        self._epochs = len(epochs_fn())
+        before = epochs_fn()
+        self._last = before[-1] if before else None  # the last epoch folded in
         self._remote_mark = session.remote_samples
 
     def on_tick(self, sched: Any) -> None:
@@ -94,9 +95,8 @@ class OffloadWatcher:
             if why is not None:
                 self._replan(sched.pool, why, revise(self.watch.inputs, remote_workers=workers))
         epochs = self.epochs_fn()
-        if len(epochs) > self._epochs:
-            last = epochs[-1]
-            self._epochs = len(epochs)
+        if epochs and epochs[-1] is not self._last:  # the history is trimmed: not its length
+            last = self._last = epochs[-1]
             remote = self.session.remote_samples - self._remote_mark
             self._remote_mark = self.session.remote_samples
             if last.samples > 0:

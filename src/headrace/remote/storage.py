@@ -31,6 +31,7 @@ import numpy as np
 from headrace.planner import near_storage as engine
 from headrace.profiler.sample_sizes import SampleSizes
 from headrace.remote.config import Remote
+from headrace.telemetry.stats import keep_latest
 
 log = logging.getLogger("headrace")
 
@@ -123,7 +124,8 @@ class StorageSide:
         """Per sample: the first step the training side runs (1: raw bytes)."""
         self.plan: engine.Plan | None = None
         self.note = "first epoch: raw bytes, profiling each sample"
-        self.epochs: list[EpochRecord] = []
+        self.epochs: list[EpochRecord] = []  # the latest EPOCHS_KEPT
+        self.closed = 0  # epochs accounted so far
         self._seen = np.zeros(samples, np.bool_)  # samples delivered this epoch
         self._handed_back = 0
         self._epoch_stops = self.stops
@@ -168,9 +170,11 @@ class StorageSide:
             rows = np.flatnonzero(seen)
             moved = sizes[rows, self._epoch_stops[rows].astype(np.int64) - 1]
             measured = np.isfinite(moved)
-            rec = EpochRecord(len(self.epochs), self.plan, float(moved[measured].sum()),
+            self.closed += 1
+            rec = EpochRecord(self.closed - 1, self.plan, float(moved[measured].sum()),
                               wall_s, int(measured.sum()), self._handed_back)
             self.epochs.append(rec)
+            keep_latest(self.epochs)
             self._seen = np.zeros_like(seen)
             self._handed_back = 0
             if self._fixed_stops() is None and rec.samples:

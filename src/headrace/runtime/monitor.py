@@ -25,7 +25,7 @@ from headrace.planner.workers import WorkerScaler, consumer_rate, demand_workers
 from headrace.profiler.report import cpu_share
 from headrace.profiler.stats import Profiler
 from headrace.runtime.options import Options
-from headrace.telemetry.stats import EpochStats, QueueSample
+from headrace.telemetry.stats import EpochStats, QueueSample, keep_latest
 
 if TYPE_CHECKING:
     from headrace.runtime.scheduler import Scheduler
@@ -61,7 +61,8 @@ class Monitor:
         self.skipped_total = 0
         self.worker_restarts = 0
         self.epochs: list[EpochStats] = []
-        """Stats of epochs that ended (ran out or were abandoned)."""
+        """Stats of epochs that ended (ran out or were abandoned), the latest
+        ``telemetry.stats.EPOCHS_KEPT``."""
         self.epoch_listeners: list[Any] = []
         """Callables ``f()`` run when an epoch ends or is abandoned (the profile store)."""
         self.sample_listeners: list[Any] = []
@@ -142,6 +143,7 @@ class Monitor:
 
     def on_epoch_closed(self, stats: EpochStats) -> None:
         self.epochs.append(stats)
+        keep_latest(self.epochs)  # the cache's per-epoch lists drop the same ones
         for f in self.epoch_listeners:
             f()
 

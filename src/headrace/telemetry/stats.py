@@ -11,6 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 
+EPOCHS_KEPT = 1000
+"""Epochs whose statistics a loader keeps (the latest; about 2 KB each): ``next(iter(loader))``
+once per step starts an epoch per step, and a list kept for each grew without end."""
+
+
+def keep_latest(history: list, kept: int | None = None) -> None:
+    """Drop the oldest entries of ``history`` beyond the latest ``kept`` (``EPOCHS_KEPT``)."""
+    kept = EPOCHS_KEPT if kept is None else kept
+    if len(history) > kept:
+        del history[: len(history) - kept]
+
 
 @dataclasses.dataclass(frozen=True)
 class CacheStats:
