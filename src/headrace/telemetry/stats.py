@@ -136,7 +136,8 @@ class LoaderStats:
     """Everything ``loader.stats()`` returns.
 
     Attributes:
-        epochs: one entry per epoch started, the last possibly running.
+        epochs: one entry per epoch started (the latest ``EPOCHS_KEPT``, 1000), the last
+            possibly running.
         timeout_s: current hand-off timeout in seconds (``inf`` while warming up).
         timeout_percentile: percentile behind it (75, or 90 after a fallback).
         workers: current number of worker processes.
