@@ -2,6 +2,8 @@
 
 import gc
 import logging
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -135,6 +137,38 @@ def test_interpreter_exit_mid_epoch_leaves_no_worker(tmp_path):
     assert len(pids) == 2
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_training_process_leaves_no_cache_in_shared_memory(sig):
+    # SLURM preemption, `docker stop`: no finaliser runs in the training process; its workers
+    # see it gone and remove the cache directory it held (up to the cache budget of /dev/shm)
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.path.insert(0, {root!r})
+        import headrace as hr
+        from tests.helpers import ArraySource
+        loader = hr.DataLoader(hr.Pipeline(ArraySource(4000), [lambda x: x + 1]), batch_size=4,
+                               num_workers=2, shuffle=True)
+        for epoch in range(1000):  # killed long before the end
+            for i, b in enumerate(loader):
+                if epoch == 1 and i == 0:
+                    print(loader.cache.backend.path, flush=True)
+        """.format(root=str(__import__("pathlib").Path(__file__).parents[2]))
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        path = proc.stdout.readline().strip()
+        assert path.startswith("/dev/shm/headrace-cache-") and os.path.isdir(path)
+        workers = psutil.Process(proc.pid).children()
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        psutil.wait_procs(workers, timeout=30)  # they exit within a poll of seeing it gone
+        assert not os.path.exists(path)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

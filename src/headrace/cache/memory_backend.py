@@ -143,6 +143,11 @@ class MemoryBackend:
         self.__init__(state["path"], state["budget"], state["readers"])  # type: ignore[misc]
         self.budgets = state["budgets"]
 
+    def owner_gone(self) -> None:
+        """In a worker whose training process died (SIGTERM, SIGKILL: no finaliser ran there):
+        remove the cache's directory, which holds up to the cache budget of /dev/shm."""
+        remove_dir(self.path)
+
     def close_here(self) -> None:
         """Close this process's environment (no transaction may be open); reopened on use."""
         with _envs_lock:

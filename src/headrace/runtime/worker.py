@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import multiprocessing.util as mp_util
 import os
 import pickle
 import signal
@@ -131,6 +132,9 @@ def worker_main(
                         _picklable_class(type(e))))
         return
     _send(results, ("ready", slot, reseeded))
+    owner_gone = getattr(getattr(setup.cache, "backend", None), "owner_gone", None)
+    if owner_gone is not None:  # runs as this process exits (multiprocessing's finalisers)
+        mp_util.Finalize(None, _if_orphaned, args=(setup.parent_pid, owner_gone), exitpriority=0)
 
     def to_ring(value: Any) -> tuple[Any, int]:
         return encode(ring_encode(value, writer)), writer.write_pos
@@ -302,6 +306,13 @@ class TaskRunner:
                 msg = ("done", tid, payload, out.timings, out.bytes_in, ring_end)
         self.progress.tid[self.slot] = -1
         return msg
+
+
+def _if_orphaned(parent_pid: int, clean_up: Callable[[], Any]) -> None:
+    """``clean_up()`` if the training process is gone (every worker sees it within
+    ``POLL_S`` and exits; a second removal finds nothing)."""
+    if os.getppid() != parent_pid:
+        clean_up()
 
 
 def _send(conn: Any, msg: Any) -> bool:
