@@ -75,3 +75,21 @@ def test_profiling_off_still_runs():
     loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=2, options=hr.Options(profile=False))
     assert sum(1 for _ in loader) == N // 8
     assert loader.planning.profile() is None and "off" in loader.explain()
+
+
+def test_the_profile_is_saved_after_the_first_epoch_then_at_most_once_per_interval(
+        tmp_path, monkeypatch):
+    # next(iter(loader)) once per step ends an epoch per step: a SQLite write each was 2 ms
+    from headrace.runtime import planning
+
+    loader = hr.DataLoader(pipeline(), batch_size=8, options=hr.Options(profile_store=tmp_path / "s"))
+    saved = []
+    put = loader.planning.store.put
+    monkeypatch.setattr(loader.planning.store, "put",
+                        lambda key, report: (saved.append(report.samples), put(key, report)))
+    for _ in range(3):
+        list(loader)
+    assert saved == [N]  # the first epoch's; the next two came within SAVE_EVERY_S
+    monkeypatch.setattr(planning, "SAVE_EVERY_S", 0.0)
+    list(loader)
+    assert len(saved) == 2 and saved[1] > saved[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 from headrace.pipeline import Pipeline, Step
 from headrace.planner.order import MIN_PROFILE_SAMPLES, OrderPlan, plan_order
@@ -19,6 +20,11 @@ from headrace.runtime.monitor import Monitor
 from headrace.runtime.options import Options
 
 log = logging.getLogger("headrace")
+
+SAVE_EVERY_S = 10.0
+"""Least seconds between two saves of a loader's profile to its store (the first epoch's is
+saved at once): a save is a SQLite transaction of about 2 ms, and ``next(iter(loader))`` once
+per step ends an epoch per step (it made each such call 3 ms instead of 1)."""
 
 
 class Planning:
@@ -36,6 +42,8 @@ class Planning:
         self._key: ProfileKey | None = None
         self._looked_up = False
         self._pinned: tuple[Step, ...] | None = None  # an order a state dict restored
+        self._saved_at: float | None = None  # time.monotonic() of the last save
+        self._saved_samples = 0  # the profile's samples then
         self.note = "measured this run" if options.profile else "off (Options(profile=False))"
 
     @property
@@ -100,10 +108,15 @@ class Planning:
         return True
 
     def after_epoch(self) -> None:
-        """Keep this run's profile for the next run of the same job."""
+        """Keep this run's profile for the next run of the same job: after the first epoch
+        that measured samples, then at most once per ``SAVE_EVERY_S`` when it has grown."""
         p = self.monitor.profiler
-        if self.store is None or p is None or p.samples == 0:
+        if self.store is None or p is None or p.samples == self._saved_samples:
             return
+        now = time.monotonic()
+        if self._saved_at is not None and now - self._saved_at < SAVE_EVERY_S:
+            return
+        self._saved_at, self._saved_samples = now, p.samples
         rate = self.monitor.last_consumer_rate()
         if rate is None and self.stored is not None:  # too short to measure: keep the last known
             rate = self.stored.consumer_rate
