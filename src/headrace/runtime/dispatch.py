@@ -86,17 +86,25 @@ class Dispatcher:
         process); fresh samples for a worker process go to ``outbox`` (one message each).
         Level by level, so each worker gets its first before any gets its second; the levels
         every worker already holds are skipped (with deep queues, most of them each pass)."""
+        lanes = self.lanes
+        margin = deep * len(self.pool.workers)
+        slow_first = {w: functools.partial(self._may_take_slow, w, slow_cap) for w in workers}
         for depth in range(1 + min(len(w.assigned) for w in workers), deep + 1):
             for w in workers:
                 if depth > 1 and w.slot in slow_now:
                     continue  # nothing queues behind a sample already over the timeout
                 while len(w.assigned) + len(outbox.get(w, ())) < depth:
-                    fresh_ok = depth == 1 or not self.lanes.near_end(deep * len(self.pool.workers))
-                    fresh_ok = fresh_ok and (w.fetches or not fetchers)
-                    rec = self.lanes.choose(fresh_ok, functools.partial(
-                        self._may_take_slow, w, slow_cap), self.in_flight(),
-                        backlog_ok=not w.fetches)
+                    near_end = depth > 1 and lanes.near_end(margin)
+                    fresh_ok = not near_end and (w.fetches or not fetchers)
+                    rec = lanes.choose(fresh_ok, slow_first[w], self.in_flight(),
+                                       backlog_ok=not w.fetches)
                     if rec is None:
+                        if (fresh_ok or near_end) and not lanes.retry and not lanes.backlog:
+                            # nothing fresh may start (the in-flight cap, the sampler is done,
+                            # or the epoch's tail, past the first level) and nothing else
+                            # waits: no worker gets more at this level or deeper ones (with
+                            # 128-deep queues, up to 256 empty tries a pass)
+                            return
                         break
                     rec.worker = w.slot
                     if w.ring is not None and rec.task.start == 0:
