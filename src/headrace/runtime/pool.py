@@ -27,6 +27,7 @@ Written once here; every loop that blocks points to it.
 from __future__ import annotations
 
 import atexit
+import gc
 import itertools
 import math
 import os
@@ -256,7 +257,18 @@ class WorkerPool:
             daemon=True,
             name=f"headrace-worker-{slot}",
         )
-        proc.start()
+        if self.ctx.get_start_method() == "fork":
+            # the child's garbage collector leaves what it inherited alone: no __del__ of the
+            # training process's garbage runs in a worker (a temporary directory's cleanup,
+            # another loader's shutdown), and no page of the dataset's Python objects is
+            # copied for the collector's bookkeeping (docs/design.md)
+            gc.freeze()
+            try:
+                proc.start()
+            finally:
+                gc.unfreeze()  # the training process collects as before
+        else:
+            proc.start()
         writer.close()  # only the worker writes; EOF on our end then means it died
         task_reader.close()  # only the worker reads
         return WorkerHandle(slot, proc, TaskPipe(task_writer), reader, ring)
