@@ -30,9 +30,9 @@ from headrace.errors import HeadraceError, StateDictError
 from headrace.pipeline import Pipeline
 from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.planner.executor import forced_processes
-from headrace.planner.explain import Facts, explain_text
+from headrace.planner.explain import explain_text
 from headrace.remote.session import remote_session
-from headrace.runtime import checkpoint, distributed, epochs, ordering, prefetch
+from headrace.runtime import checkpoint, distributed, epochs, explaining, prefetch
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import CollatePlace
 from headrace.runtime.monitor import Monitor
@@ -346,56 +346,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         """Every decision headrace made for this loader and the measured numbers behind it."""
         if self.pipeline is None or self.planning is None:
             return "headrace: an IterableDataset is iterated exactly as torch does; nothing to plan"
-        pl = self.planning
-        return explain_text(Facts(
-            fingerprint=self.pipeline.fingerprint(),
-            samples=self.pipeline.length(),
-            batch_size=self.batch_size,
-            workers="auto" if self.autoscale else self.num_workers,
-            batching=ordering.describe(epochs.batch_mode(self), self.in_order),
-            declared=tuple(self.pipeline.step_names),
-            executed=tuple(pl.executed.step_names),
-            order=pl.order,
-            next_order=pl.decide(),
-            handoff=self.options.handoff and self.pipeline.splittable and self.num_workers > 0,
-            stats=self.stats(),
-            timeout_samples=len(self.monitor.timeout._times),
-            scale_decisions=tuple(self.monitor.scaler.decisions) if self.monitor.scaler else (),
-            profile=pl.profile(),
-            profile_note=pl.note + (f"; kept in {pl.store.path}" if pl.store is not None else ""),
-            cache_lines=tuple(self.cache.explain_lines(
-                self.pipeline.opaque or self.pipeline.embedded, self.monitor.epochs))
-            if self.cache else (),
-            remote=self._remote_facts(),
-            executor=self._executor_line(),
-            start_note=self.monitor.start_note,
-            move_cost_s=self.monitor.move_cost_s,
-            collate=self._collate_place.describe() if self._collate_place else None,
-            messages=self.monitor.messages_line()  # deeper queues: local processes only
-            if self.num_workers and self._executor == "processes" and self.remote is None
-            else None,
-        ))
-
-    def _executor_line(self) -> str | None:
-        if self.options.executor != "auto":
-            return None
-        d = self.monitor.executor_decision
-        if d is None:
-            return (f'executor="auto": running {self._executor}, measuring how much of the '
-                    "steps' time holds the GIL")
-        applied = ("" if d.executor == self._executor
-                   else f" (from the next epoch; {self._executor} until then)")
-        return d.describe() + applied
-
-    def _remote_facts(self) -> Any:
-        if self.remote is None or not self.remote._opened:
-            return None
-        it = self._iterator_ref()
-        pool = it.pool if it is not None and hasattr(it, "pool") else self._pool
-        last = self.monitor.epochs[-1] if self.monitor.epochs else None
-        assert self.planning is not None
-        return self.remote.facts(pool, self.planning.executed.step_names,
-                                 last.samples_per_s if last is not None else None)
+        return explain_text(explaining.facts(self))
 
     def add_sample_listener(self, fn: Callable[[int, float, bool], None]) -> None:
         """Call ``fn(index, seconds, slow)`` in the training process for every finished sample.

@@ -1,0 +1,69 @@
+"""What ``loader.explain()`` reports, gathered from a running loader (``runtime/loader.py``)
+into ``planner.explain.Facts``, which ``planner/explain.py`` words."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from headrace.planner.explain import Facts
+from headrace.runtime import epochs, ordering
+
+if TYPE_CHECKING:
+    from headrace.runtime.loader import DataLoader
+
+
+def facts(loader: DataLoader) -> Facts:
+    """The loader's decisions and the numbers behind them (a map-style dataset's loader)."""
+    assert loader.pipeline is not None and loader.planning is not None
+    pl, monitor = loader.planning, loader.monitor
+    return Facts(
+        fingerprint=loader.pipeline.fingerprint(),
+        samples=loader.pipeline.length(),
+        batch_size=loader.batch_size,
+        workers="auto" if loader.autoscale else loader.num_workers,
+        batching=ordering.describe(epochs.batch_mode(loader), loader.in_order),
+        declared=tuple(loader.pipeline.step_names),
+        executed=tuple(pl.executed.step_names),
+        order=pl.order,
+        next_order=pl.decide(),
+        handoff=loader.options.handoff and loader.pipeline.splittable and loader.num_workers > 0,
+        stats=loader.stats(),
+        timeout_samples=len(monitor.timeout._times),
+        scale_decisions=tuple(monitor.scaler.decisions) if monitor.scaler else (),
+        profile=pl.profile(),
+        profile_note=pl.note + (f"; kept in {pl.store.path}" if pl.store is not None else ""),
+        cache_lines=tuple(loader.cache.explain_lines(
+            loader.pipeline.opaque or loader.pipeline.embedded, monitor.epochs))
+        if loader.cache else (),
+        remote=_remote_facts(loader),
+        executor=_executor_line(loader),
+        start_note=monitor.start_note,
+        move_cost_s=monitor.move_cost_s,
+        collate=loader._collate_place.describe() if loader._collate_place else None,
+        messages=monitor.messages_line()  # deeper queues: local processes only
+        if loader.num_workers and loader._executor == "processes" and loader.remote is None
+        else None,
+    )
+
+
+def _executor_line(loader: DataLoader) -> str | None:
+    if loader.options.executor != "auto":
+        return None
+    d = loader.monitor.executor_decision
+    if d is None:
+        return (f'executor="auto": running {loader._executor}, measuring how much of the '
+                "steps' time holds the GIL")
+    applied = ("" if d.executor == loader._executor
+               else f" (from the next epoch; {loader._executor} until then)")
+    return d.describe() + applied
+
+
+def _remote_facts(loader: DataLoader) -> Any:
+    if loader.remote is None or not loader.remote._opened:
+        return None
+    it = loader._iterator_ref()
+    pool = it.pool if it is not None and hasattr(it, "pool") else loader._pool
+    last = loader.monitor.epochs[-1] if loader.monitor.epochs else None
+    assert loader.planning is not None
+    return loader.remote.facts(pool, loader.planning.executed.step_names,
+                               last.samples_per_s if last is not None else None)
