@@ -42,7 +42,7 @@ def _epoch(wl: Workload, spec: LoaderSpec, order: list[int], numpy_pages: bool,
     """(wall s, training-process system CPU s) of one epoch of a fresh loader."""
     own = PageableMemory.allocate
     if numpy_pages:
-        PageableMemory.allocate = _numpy_pages  # type: ignore[method-assign]
+        PageableMemory.allocate = _numpy_pages  # type: ignore[method-assign,assignment]
     try:
         s0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
         rec = run_once(wl, spec, order, interval_s, options=options)

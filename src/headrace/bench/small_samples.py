@@ -167,7 +167,7 @@ def run(rounds: int, samples: int, workers: int, batch: int = 128) -> dict[str, 
                 {"MAX_DEPTH": queueing.MIN_DEPTH}),
         }
         for w in sorted({max(1, workers // 2), workers, 2 * workers}):
-            rows[f"torch, {w} workers"] = lambda w=w: torch_row(w)
+            rows[f"torch, {w} workers"] = functools.partial(torch_row, w)
         res: dict[str, list] = {k: [] for k in rows}
         labels = list(rows)
         for r in range(rounds):

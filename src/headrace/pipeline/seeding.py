@@ -49,8 +49,8 @@ def sample_root(base_seed: int, epoch: int, index: Any, draw: int = 0) -> int:
     non-negative integer (NumPy's and torch's integer scalars included). ``draw``: the times
     the index came earlier in this epoch (``runtime/draws.py``); from 1, the spawn key is
     ``(epoch, key, draw)``, so a sample drawn twice gets two streams."""
-    pool, h = _epoch_pool(base_seed & _MASK64, epoch)
-    pool = list(pool)
+    cached, h = _epoch_pool(base_seed & _MASK64, epoch)
+    pool = list(cached)
     for word in _words(index if type(index) is int and index >= 0 else index_key(index)):
         h = _mix_word(pool, word, h)
     if draw:

@@ -75,7 +75,8 @@ class InProcessIterator(EpochBase):
                 raise
             indices = list(group) if self.auto_collation else [group]
             if not indices:  # a user batch_sampler's empty batch: collate_fn([]), as torch
-                samples, done = [], []
+                samples: list[Any] = []
+                done: list[int] = []
                 break
             positions = range(self._position, self._position + len(indices))
             self._position += len(indices)

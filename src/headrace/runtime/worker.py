@@ -257,7 +257,7 @@ class TaskRunner:
             return spent > t and remaining[next_step] >= HANDOFF_MIN_SHARE * t
 
         self.hand_off = hand_off
-        self.on_step = functools.partial(progress.step.__setitem__, setup.slot)
+        self.on_step: Callable[[int], None] = functools.partial(progress.step.__setitem__, setup.slot)
 
     def revoked(self, task: Task) -> bool:
         """The task moved to an idle worker while it waited behind a slow sample here."""
