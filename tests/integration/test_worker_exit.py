@@ -12,7 +12,7 @@ import pytest
 
 import headrace as hr
 from headrace.runtime.pool import WorkerPool
-from headrace.runtime.worker import Task
+from headrace.runtime.worker import POLL_S, Task
 from tests.helpers import wait_at_gate
 
 pytestmark = pytest.mark.integration
@@ -87,3 +87,27 @@ def test_tasks_waiting_in_the_pipe_are_taken_before_kept_samples_are_sent(tmp_pa
     got = run_gated(tmp_path, [[1, 2], [3, 4]], retire=False)
     assert [m[0] for m in got] == ["many"]
     assert [m[1] for m in got[0][1]] == [1, 2, 3, 4]
+
+
+def test_forkserver_workers_wait_idle_and_leave_the_cache_alone(no_leaks):
+    # a fork server is a forkserver worker's parent, never the training process: workers took
+    # their first idle wait for the training process's death, exited, and removed the live
+    # cache on their way out (every epoch's cache gone, a worker replaced per idle gap)
+    import os
+    import threading
+
+    from tests.helpers import ArraySource, check_finite
+
+    loader = hr.DataLoader(hr.Pipeline(ArraySource(64), [check_finite]), batch_size=8,
+                           num_workers=2, multiprocessing_context="forkserver",
+                           persistent_workers=True)
+    try:
+        data = None
+        for _ in range(2):
+            assert sorted(float(v) for b in loader for v in b.flatten()) == [float(i) for i in range(64)]
+            data = data or os.stat(os.path.join(loader.cache.backend.path, "data.mdb")).st_ino
+            threading.Event().wait(3 * POLL_S)  # idle between epochs, past a worker's wait
+        assert os.stat(os.path.join(loader.cache.backend.path, "data.mdb")).st_ino == data
+        assert loader.stats().worker_restarts == 0
+    finally:
+        loader.close()

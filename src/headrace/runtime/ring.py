@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from headrace.runtime.parent import parent_gone
 from headrace.runtime.transport import plain_tensor
 
 RING_BYTES = 16 * 1024 * 1024
@@ -94,7 +94,7 @@ class RingWriter:
         if self.ring.read_pos.value < need:
             self.before_wait()
         while self.ring.read_pos.value < need:  # consumer has not freed enough yet
-            if os.getppid() != self.parent_pid:
+            if parent_gone(self.parent_pid):
                 raise SystemExit(0)
             time.sleep(0.0005)
         offset = 0 if pad else pos

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import functools
 import multiprocessing.util as mp_util
-import os
 import pickle
 import signal
 import time
@@ -42,6 +41,7 @@ from headrace.profiler import sizes
 from headrace.profiler.runqueue import run_queue_s
 from headrace.runtime.gilprobe import start_probe
 from headrace.runtime.native_threads import limit_in_worker
+from headrace.runtime.parent import parent_gone
 from headrace.runtime.ring import Ring, RingWriter
 from headrace.runtime.ring import encode as ring_encode
 from headrace.runtime.transport import decode, encode
@@ -156,7 +156,7 @@ def worker_main(
                     if not outbox.flush():  # tasks already waiting, the hold decides instead)
                         return
                     while not tasks.poll(POLL_S):
-                        if os.getppid() != setup.parent_pid:
+                        if parent_gone(setup.parent_pid):
                             return  # the training process is gone
                 msg = tasks.recv()
             except (EOFError, OSError):
@@ -311,7 +311,7 @@ class TaskRunner:
 def _if_orphaned(parent_pid: int, clean_up: Callable[[], Any]) -> None:
     """``clean_up()`` if the training process is gone (every worker sees it within
     ``POLL_S`` and exits; a second removal finds nothing)."""
-    if os.getppid() != parent_pid:
+    if parent_gone(parent_pid):
         clean_up()
 
 
