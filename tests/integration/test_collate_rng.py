@@ -2,6 +2,7 @@
 and leaves the training loop's draws alone, as torch's workers do (runtime/collate_rng.py)."""
 
 import hashlib
+import random
 import threading
 
 import pytest
@@ -53,12 +54,52 @@ def test_a_collate_fn_that_draws_nothing_moves_to_the_collate_thread(no_leaks):
         threads.append(threading.current_thread().name)
         return torch.tensor(batch)
 
-    loader = hr.DataLoader(IndexDataset(40), batch_size=4, num_workers=2, collate_fn=plain,
+    loader = hr.DataLoader(IndexDataset(80), batch_size=4, num_workers=2, collate_fn=plain,
                            in_order=True)
     try:
-        assert [b.tolist() for b in loader] == [list(range(i, i + 4)) for i in range(0, 40, 4)]
-        assert threads[:PROBE_BATCHES] == [threading.current_thread().name] * PROBE_BATCHES
-        assert all(t.startswith("headrace-collate") for t in threads[PROBE_BATCHES:])
+        assert [b.tolist() for b in loader] == [list(range(i, i + 4)) for i in range(0, 80, 4)]
+        # the watched batches, and those queued before the decision, in the loop; then the rest
+        in_loop = threads.count(threading.current_thread().name)
+        assert PROBE_BATCHES <= in_loop < len(threads)
+        assert threads[:in_loop] == [threading.current_thread().name] * in_loop
+        assert all(t.startswith("headrace-collate") for t in threads[in_loop:])
         assert "drew no random number" in loader.explain()
     finally:
         loader.close()
+
+
+class DrawingSampler(tud.Sampler):
+    """Draws each index from Python's global generator as the scheduler thread asks for it,
+    recording the generator's state before each draw."""
+
+    def __init__(self, n):
+        self.n, self.states = n, []
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        for _ in range(self.n):
+            self.states.append(random.getstate())
+            yield random.randrange(self.n)
+
+
+def slow_plain(batch):
+    """Draws nothing, and takes long enough that the sampler is asked meanwhile."""
+    threading.Event().wait(0.002)  # simulates a collator's work
+    return torch.tensor(batch)
+
+
+def test_a_sampler_drawing_from_the_globals_is_never_rewound_by_a_seeded_collate(no_leaks):
+    # a sampler's draws made while a collate_fn ran seeded were rewound with it (the same
+    # values again), and made a collate_fn that drew nothing look as if it had
+    random.seed(0)
+    sampler = DrawingSampler(400)
+    loader = hr.DataLoader(IndexDataset(400), batch_size=4, sampler=sampler, num_workers=2,
+                           collate_fn=slow_plain)
+    try:
+        assert sum(len(b) for b in loader) == 400
+        assert "drew no random number" in loader.explain()
+    finally:
+        loader.close()
+    assert len({hash(s) for s in sampler.states}) == len(sampler.states) == 400

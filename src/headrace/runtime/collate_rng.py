@@ -22,7 +22,8 @@ resume) or, when batches are regrouped, the batch's number in the epoch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,26 @@ PROBE_BATCHES = 4
 """Batches collated in the training loop, watched, before a collator that never drew moves to
 the collate threads."""
 _KEY = step_key("collate_fn")
+
+
+SEEDED = threading.Lock()
+"""Held while the global generators are seeded for a ``collate_fn`` (:func:`collated_in_loop`)
+and while the scheduler thread takes the sampler's next element (:func:`drawn_apart`): a
+sampler drawing from them would otherwise draw inside that window, have its draws rewound
+when the window closes (the same values again), and make a collator that drew nothing look as
+if it had."""
+
+
+def drawn_apart(groups: Iterator[Any]) -> Iterator[Any]:
+    """The sampler's elements, each taken outside any seeded window."""
+    it = iter(groups)
+    while True:
+        with SEEDED:
+            try:
+                group = next(it)
+            except StopIteration:
+                return
+        yield group
 
 
 def place_for(collate_fn: Any, kept: CollatePlace | None) -> CollatePlace | None:
@@ -89,6 +110,12 @@ def collated_in_loop(collate: Callable[[], Any], place: CollatePlace, base_seed:
     """``collate()`` in the calling (training) thread under the global generators seeded for
     batch ``key``; the caller's generator states come back afterwards, whatever happens.
     While ``place`` probes, tells it whether the call moved a generator."""
+    with SEEDED:
+        return _seeded(collate, place, base_seed, epoch, key)
+
+
+def _seeded(collate: Callable[[], Any], place: CollatePlace, base_seed: int, epoch: int,
+            key: int) -> Any:
     saved = global_states()
     try:
         seed_globals(sample_seed(base_seed, epoch, key, _KEY))

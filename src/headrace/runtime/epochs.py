@@ -22,7 +22,7 @@ from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.checkpoint import EpochOrigin, capture_rng
-from headrace.runtime.collate_rng import place_for
+from headrace.runtime.collate_rng import drawn_apart, place_for
 from headrace.runtime.draws import may_repeat
 from headrace.runtime.epoch import EpochIterator
 from headrace.runtime.inprocess import InProcessIterator
@@ -182,6 +182,9 @@ def make_iterator(
         )
     pin = pin_fn(loader)  # before loader._buffers is read: it may switch to pinned memory
     loader._collate_place = place_for(loader.collate_fn, loader._collate_place)
+    # worker threads share the training process's generators and draw from them whenever
+    # they run: no window could be seeded for a collate_fn alone (docs/design.md)
+    place = loader._collate_place if loader._executor != "threads" else None
     pool, owns = get_pool(loader, base_seed)
     bs = loader.batch_size or 1
     hi = loader.options.autoscale.bounds()[1] if loader.autoscale else loader.num_workers
@@ -192,7 +195,7 @@ def make_iterator(
     spec = EpochSpec(
         epoch=epoch,
         base_seed=base_seed,
-        groups=groups,
+        groups=drawn_apart(groups) if place is not None else groups,
         auto_collation=loader._auto_collation,
         batcher=Batcher(batch_mode(loader), loader.batch_size, loader.drop_last),
         collate=loader.collate_fn,
@@ -209,7 +212,7 @@ def make_iterator(
         ods=ods,
         collate_threads=opts.collate_threads,
         may_repeat=may_repeat(loader.sampler, loader._user_batch_sampler),
-        collate_place=loader._collate_place,
+        collate_place=place,
     )
     it = EpochIterator(pool, owns, spec, loader.monitor, delivered, loader.timeout)
     loader.monitor.meter = it.meter
