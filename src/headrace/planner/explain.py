@@ -40,6 +40,7 @@ class Facts:
     move_cost_s: float = 0.0  # training-process seconds to forward one slow-lane sample
     messages: str | None = None  # worker processes: samples per message (planner/queueing.py)
     collate: str | None = None  # where a user collate_fn runs (runtime/collate_rng.py)
+    samples_done: int = 0  # samples delivered over the loader's life (stats keep 1000 epochs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,8 +179,7 @@ def explain_text(f: Facts) -> str:
     if st.worker_restarts:
         out.append(f"workers replaced after dying or hanging: {st.worker_restarts}")
     if f.remote is not None:
-        done = sum(e.samples for e in st.epochs)
-        out += remote_lines(f.remote, done)
+        out += remote_lines(f.remote, f.samples_done)
     out.append(f"profile: {f.profile_note}")
     if f.profile is not None and f.profile.samples:
         out.append(f"  {'step':<22}{'p50':>10}{'p90':>10}{'bytes in':>12}{'bytes out':>12}{'inflation':>11}")

@@ -18,6 +18,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+HISTORY_KEPT = 10_000
+"""Timeout changes kept in ``TimeoutPolicy.history``."""
+
 
 @dataclasses.dataclass(frozen=True)
 class TimeoutConfig:
@@ -66,8 +69,9 @@ class TimeoutPolicy:
         self._fallback_until = -1
         self._timeout = c.fixed_s if c.fixed_s is not None else math.inf
         self._typical = math.nan
-        self.history: list[tuple[int, float, float]] = []
-        """(samples seen, timeout in seconds, percentile used) at every change."""
+        self.history: deque[tuple[int, float, float]] = deque(maxlen=HISTORY_KEPT)
+        """(samples seen, timeout in seconds, percentile used) at every change, the latest
+        ``HISTORY_KEPT`` (a change every few dozen samples, for the loader's life)."""
 
     @property
     def timeout_s(self) -> float:

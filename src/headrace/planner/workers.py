@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections import deque
 
 from headrace.planner import ranks
 
@@ -53,6 +54,10 @@ def rank_cpus() -> int:
 
 AUTO_MAX_WORKERS_PER_CORE = 16
 """Hard cap of ``num_workers="auto"`` without ``max_workers``: workers per available core."""
+
+
+DECISIONS_KEPT = 10_000
+"""Scaling decisions a scaler keeps (one every ``interval_s`` for the loader's life)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +261,7 @@ class WorkerScaler:
     def __init__(self, cfg: AutoscaleConfig) -> None:
         self.cfg = cfg
         self.queue_avg: float | None = None
-        self.decisions: list[ScaleDecision] = []
+        self.decisions: deque[ScaleDecision] = deque(maxlen=DECISIONS_KEPT)  # the latest
 
     def observe_queue(self, fill: float) -> None:
         """Feed one sample of the ready-queue fill (Q_size / Q_max, 0..1)."""

@@ -16,6 +16,8 @@ def facts(loader: DataLoader) -> Facts:
     """The loader's decisions and the numbers behind them (a map-style dataset's loader)."""
     assert loader.pipeline is not None and loader.planning is not None
     pl, monitor = loader.planning, loader.monitor
+    stats = loader.stats()
+    running = stats.epochs[len(monitor.epochs):]  # the epoch under way, if one is
     return Facts(
         fingerprint=loader.pipeline.fingerprint(),
         samples=loader.pipeline.length(),
@@ -27,7 +29,8 @@ def facts(loader: DataLoader) -> Facts:
         order=pl.order,
         next_order=pl.decide(),
         handoff=loader.options.handoff and loader.pipeline.splittable and loader.num_workers > 0,
-        stats=loader.stats(),
+        stats=stats,
+        samples_done=monitor.samples_closed + sum(e.samples for e in running),
         timeout_samples=len(monitor.timeout._times),
         scale_decisions=tuple(monitor.scaler.decisions) if monitor.scaler else (),
         profile=pl.profile(),

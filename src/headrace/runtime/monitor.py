@@ -36,6 +36,8 @@ QUEUE_SAMPLE_S = 0.25
 """Seconds between two queue-depth samples in the stats timeline."""
 QUEUE_HISTORY = 4096
 """Queue-depth samples kept (older ones are dropped: memory stays bounded)."""
+TIMELINE_KEPT = 10_000
+"""Changes of the worker count and of the timeout kept in the stats timelines."""
 SKIP_LOG_EVERY = 100
 """A skipped sample is logged once, then once every this many."""
 REMAINING_UPDATE_S = 1.0
@@ -55,11 +57,13 @@ class Monitor:
         self.t0 = time.perf_counter()
         self.timeout = TimeoutPolicy(options.timeout)
         self.scaler = WorkerScaler(options.autoscale) if autoscale else None
-        self.workers_timeline: list[tuple[float, int]] = []
-        self.timeout_timeline: list[tuple[float, float]] = []
+        # the latest changes (bounded: a loader may run for weeks)
+        self.workers_timeline: deque[tuple[float, int]] = deque(maxlen=TIMELINE_KEPT)
+        self.timeout_timeline: deque[tuple[float, float]] = deque(maxlen=TIMELINE_KEPT)
         self.queues: deque[QueueSample] = deque(maxlen=QUEUE_HISTORY)
         self.skipped_total = 0
         self.worker_restarts = 0
+        self.samples_closed = 0  # samples the closed epochs delivered, all of them
         self.epochs: list[EpochStats] = []
         """Stats of epochs that ended (ran out or were abandoned), the latest
         ``telemetry.stats.EPOCHS_KEPT``."""
@@ -142,6 +146,7 @@ class Monitor:
         return start
 
     def on_epoch_closed(self, stats: EpochStats) -> None:
+        self.samples_closed += stats.samples
         self.epochs.append(stats)
         keep_latest(self.epochs)  # the cache's per-epoch lists drop the same ones
         for f in self.epoch_listeners:
