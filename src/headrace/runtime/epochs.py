@@ -57,7 +57,11 @@ def draw_epoch(
     try:
         rng = capture_rng(loader.generator)
         sampler_iter = iter(loader._index_sampler)
-        drew = loader._base_seed is None or not loader.persistent_workers
+        # a replayed epoch draws what it drew then: the base seed a resumed persistent loader
+        # already holds (state_dict's persistent_base_seed) was drawn by that very epoch when
+        # it was the first, and not drawing it moved the sampler's draws (wrong samples)
+        drew = (replay.drew_base_seed if replay is not None
+                else loader._base_seed is None or not loader.persistent_workers)
         if drew:
             loader._base_seed = int(
                 torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
