@@ -199,3 +199,32 @@ def test_an_index_drawn_again_in_an_epoch_gets_new_draws_and_keeps_them_on_resum
     second.load_state_dict(state)
     after, _ = run(second, 1)
     assert [r for b in before[0] + after[0] for r in b] == flat_full
+
+
+@pytest.mark.parametrize("stop_in_epoch", [True, False])
+def test_a_sampler_with_its_own_generator_resumes_a_later_epoch_exactly(stop_in_epoch, no_leaks):
+    # RandomSampler(generator=g): at a checkpoint in epoch 1 or after it, g had moved past the
+    # epoch's order; the resume replayed another order (some samples twice, others never)
+    def loader():
+        sampler = torch.utils.data.RandomSampler(range(N), generator=torch.Generator().manual_seed(5))
+        return make(batch_size=4, sampler=sampler, num_workers=2, in_order=True,
+                     generator=torch.Generator().manual_seed(7))  # the base seeds
+
+    reference = loader()
+    full, _ = run(reference, 3)
+    reference.close()
+    first = loader()
+    before, it = run(first, 1)  # epoch 0 whole
+    got = [rows(b) for b in iter(first)] if not stop_in_epoch else []
+    if stop_in_epoch:
+        it = iter(first)
+        got = [rows(next(it)) for _ in range(2)]
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    first.close()
+    second = loader()
+    second.load_state_dict(state)
+    after, _ = run(second, 2 if stop_in_epoch else 1)
+    second.close()
+    assert got + (after[0] if stop_in_epoch else []) == full[1]  # in order: the same order
+    assert after[-1] == full[2]

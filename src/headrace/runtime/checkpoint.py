@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from headrace.errors import StateDictError
+from headrace.pipeline.source import user_attr
 from headrace.runtime.bitmap import Bitmap
 
 SCHEMA_VERSION = 2
@@ -34,6 +35,33 @@ def rng_to_str(state: torch.Tensor) -> str:
 
 def rng_from_str(s: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def sampler_generators(index_sampler: Any, loader_generator: torch.Generator | None
+                       ) -> tuple[torch.Generator, ...]:
+    """The ``torch.Generator``s a sampler draws its order from, other than the loader's own
+    ``generator=`` (already saved): ``RandomSampler(generator=g)`` and the like, also inside a
+    ``BatchSampler``. Without them in the state dict a resume in a later epoch replayed another
+    order (the generator had moved on), delivering some samples twice and others never."""
+    out: list[torch.Generator] = []
+    s, seen = index_sampler, set()
+    while s is not None and id(s) not in seen:
+        seen.add(id(s))
+        g = user_attr(s, "generator")
+        if isinstance(g, torch.Generator) and g is not loader_generator and g not in out:
+            out.append(g)
+        s = user_attr(s, "sampler")
+    return tuple(out)
+
+
+def set_states(generators: tuple[torch.Generator, ...], states: tuple[torch.Tensor, ...]) -> None:
+    """Put saved ``states`` back into ``generators`` (a sampler built the same way)."""
+    if len(states) != len(generators):
+        raise StateDictError(
+            f"state dict saved {len(states)} sampler generator(s), this loader's sampler has "
+            f"{len(generators)}: build the sampler as the run that saved it did")
+    for g, st in zip(generators, states, strict=True):
+        g.set_state(st)
 
 
 def capture_rng(generator: torch.Generator | None) -> torch.Tensor:
@@ -69,6 +97,7 @@ class EpochOrigin:
     rng: torch.Tensor
     base_seed: int
     drew_base_seed: bool  # False for later epochs of persistent workers (torch draws once)
+    sampler_rngs: tuple[torch.Tensor, ...] = ()  # the sampler's own generators at epoch start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +111,7 @@ class ResumePoint:
     generator_state: torch.Tensor | None
     persistent_base_seed: int | None
     steps: tuple[str, ...] | None = None  # the step order the saved epoch ran (None: unknown)
+    sampler_generator_states: tuple[torch.Tensor, ...] = ()  # their states when saved
 
 
 def build(
@@ -91,6 +121,7 @@ def build(
     delivered: Bitmap | None,
     generator: torch.Generator | None,
     persistent_base_seed: int | None,
+    sampler_generators: tuple[torch.Generator, ...] = (),
 ) -> dict[str, Any]:
     in_epoch = origin is not None
     return {
@@ -110,6 +141,10 @@ def build(
         "delivered_count": delivered.count if in_epoch and delivered is not None else 0,
         "generator_state": rng_to_str(generator.get_state()) if generator is not None else None,
         "persistent_base_seed": persistent_base_seed,
+        # a sampler's own generator (RandomSampler(generator=g)): its state at the saved epoch's
+        # start replays that epoch's order; its state now, the epochs after a finished one
+        "epoch_sampler_rngs": [rng_to_str(r) for r in origin.sampler_rngs] if origin else [],
+        "sampler_generator_states": [rng_to_str(g.get_state()) for g in sampler_generators],
     }
 
 
@@ -151,7 +186,8 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
     origin = None
     if sd["in_epoch"]:
         origin = EpochOrigin(sd["epoch"], rng_from_str(sd["epoch_rng"]), int(sd["base_seed"]),
-                             bool(sd["drew_base_seed"]))
+                             bool(sd["drew_base_seed"]),
+                             tuple(map(rng_from_str, sd.get("epoch_sampler_rngs") or ())))
     gen = sd.get("generator_state")
     steps = sd.get("steps")
     return ResumePoint(
@@ -162,6 +198,7 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
         generator_state=rng_from_str(gen) if gen else None,
         persistent_base_seed=sd.get("persistent_base_seed"),
         steps=tuple(steps) if steps is not None else None,
+        sampler_generator_states=tuple(map(rng_from_str, sd.get("sampler_generator_states") or ())),
     )
 
 

@@ -21,7 +21,12 @@ from headrace.runtime import ordering, pinning
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
-from headrace.runtime.checkpoint import EpochOrigin, capture_rng
+from headrace.runtime.checkpoint import (
+    EpochOrigin,
+    capture_rng,
+    sampler_generators,
+    set_states,
+)
 from headrace.runtime.collate_rng import drawn_apart, place_for
 from headrace.runtime.draws import may_repeat
 from headrace.runtime.epoch import EpochIterator
@@ -46,6 +51,9 @@ def draw_epoch(
     ``replay`` redraws a saved epoch from its saved RNG state (exact resume).
     """
     user_rng = None
+    own = sampler_generators(loader._index_sampler, loader.generator)
+    if replay is not None and replay.sampler_rngs:
+        set_states(own, replay.sampler_rngs)
     if replay is not None:
         if loader.generator is not None:
             loader.generator.set_state(replay.rng)
@@ -56,6 +64,7 @@ def draw_epoch(
             loader._base_seed = replay.base_seed
     try:
         rng = capture_rng(loader.generator)
+        sampler_rngs = tuple(g.get_state() for g in own)
         sampler_iter = iter(loader._index_sampler)
         # a replayed epoch draws what it drew then: the base seed a resumed persistent loader
         # already holds (state_dict's persistent_base_seed) was drawn by that very epoch when
@@ -76,7 +85,7 @@ def draw_epoch(
             "replaying the saved epoch drew another base seed: the sampler or generator "
             "does not reproduce its order from the saved RNG state"
         )
-    origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew)
+    origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs)
     groups = sampler_iter if first is _END else _after(first, sampler_iter)
     return origin, groups
 

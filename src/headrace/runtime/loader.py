@@ -280,7 +280,8 @@ class DataLoader(tud.DataLoader[_T_co]):
             origin, delivered, epoch = None, None, self._epoch
         persistent = self._base_seed if self.persistent_workers else None
         return checkpoint.build(self._identity(steps), epoch, origin, delivered, self.generator,
-                                persistent)
+                                persistent, checkpoint.sampler_generators(self._index_sampler,
+                                                                          self.generator))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` delivers exactly what was left,
@@ -304,6 +305,9 @@ class DataLoader(tud.DataLoader[_T_co]):
             self._base_seed = point.persistent_base_seed
         if not point.in_epoch and point.generator_state is not None and self.generator is not None:
             self.generator.set_state(point.generator_state)
+        if not point.in_epoch and point.sampler_generator_states:  # mid-epoch: the replay's
+            checkpoint.set_states(checkpoint.sampler_generators(self._index_sampler, self.generator),
+                                  point.sampler_generator_states)
         self._resume = point if point.in_epoch else None
 
     def _abandoned(self, it: Any) -> None:
