@@ -64,6 +64,12 @@ def drawn_apart(groups: Iterator[Any]) -> Iterator[Any]:
         yield group
 
 
+def one_at_a_time(place: CollatePlace, collate: Callable[[], Any]) -> Any:
+    """``collate()`` on a collate thread, never beside another call of the same collate_fn."""
+    with place.one_at_a_time:
+        return collate()
+
+
 def place_for(collate_fn: Any, kept: CollatePlace | None) -> CollatePlace | None:
     """The decision for ``collate_fn``: ``kept`` while it is that function's, a new one for
     another, ``None`` for torch's own collate functions (they draw nothing)."""
@@ -79,6 +85,9 @@ class CollatePlace:
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn  # the collate_fn decided for
+        self.one_at_a_time = threading.Lock()
+        """Held by each call, in the loop or on the one collate thread, so none overlap: the
+        batches queued for the loop while it was watched still run there after the move."""
         self.watched = 0  # calls watched so far
         self.drew = False  # one of them moved a global generator
 
@@ -120,7 +129,8 @@ def _seeded(collate: Callable[[], Any], place: CollatePlace, base_seed: int, epo
     try:
         seed_globals(sample_seed(base_seed, epoch, key, _KEY))
         seeded = global_states() if place.mode == "probe" else None
-        out = collate()
+        with place.one_at_a_time:
+            out = collate()
         if seeded is not None:
             place.observe(not _same(seeded, global_states()))
         return out

@@ -29,7 +29,7 @@ from typing import Any
 from headrace.errors import StepError, WorkerDiedError
 from headrace.planner.workers import available_cpus
 from headrace.runtime.assembly import BatchAssembly
-from headrace.runtime.collate_rng import collated_in_loop
+from headrace.runtime.collate_rng import collated_in_loop, one_at_a_time
 from headrace.runtime.ring import Ring
 from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error
 
@@ -110,6 +110,8 @@ class BatchOutput:
             if self._collators is None:
                 self._collators = ThreadPoolExecutor(  # one: calls never overlap
                     min(self.spec.collate_threads, available_cpus()), "headrace-collate")
+            if place is not None and self.spec.collate_threads == 1:  # nor with the loop's
+                collate = functools.partial(one_at_a_time, place, collate)
             self.out.put(("future", self._collators.submit(collate), positions))
             return
         try:
