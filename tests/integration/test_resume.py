@@ -228,3 +228,28 @@ def test_a_sampler_with_its_own_generator_resumes_a_later_epoch_exactly(stop_in_
     second.close()
     assert got + (after[0] if stop_in_epoch else []) == full[1]  # in order: the same order
     assert after[-1] == full[2]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_samplers_empty_batches_are_not_delivered_again_after_a_resume(workers, no_leaks):
+    # an empty batch has no position for the delivered bitmap: each resume delivered it again,
+    # and the epoch had more batches than len(loader)
+    batches = [[0, 1, 2], [], [3], [], [4, 5, 6, 7], [], [8, 9]]
+
+    def loader():
+        return make(batch_sampler=batches, num_workers=workers, in_order=True,
+                    collate_fn=lambda b: [int(x[0]) for x in b])
+
+    first = loader()
+    it = iter(first)
+    before = [next(it) for _ in range(4)]
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    first.close()
+    second = loader()
+    second.load_state_dict(state)
+    after = list(second)
+    again = second.state_dict()  # the resumed epoch is whole again: nothing left in it
+    second.close()
+    assert before + after == batches
+    assert not again["in_epoch"]

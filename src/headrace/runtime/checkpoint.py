@@ -112,6 +112,7 @@ class ResumePoint:
     persistent_base_seed: int | None
     steps: tuple[str, ...] | None = None  # the step order the saved epoch ran (None: unknown)
     sampler_generator_states: tuple[torch.Tensor, ...] = ()  # their states when saved
+    empty_batches: int = 0  # a batch sampler's empty batches the saved epoch delivered
 
 
 def build(
@@ -122,6 +123,7 @@ def build(
     generator: torch.Generator | None,
     persistent_base_seed: int | None,
     sampler_generators: tuple[torch.Generator, ...] = (),
+    empty_batches: int = 0,
 ) -> dict[str, Any]:
     in_epoch = origin is not None
     return {
@@ -145,6 +147,8 @@ def build(
         # start replays that epoch's order; its state now, the epochs after a finished one
         "epoch_sampler_rngs": [rng_to_str(r) for r in origin.sampler_rngs] if origin else [],
         "sampler_generator_states": [rng_to_str(g.get_state()) for g in sampler_generators],
+        # empty batches (a batch sampler's []) have no position: the saved epoch's count of them
+        "empty_batches_delivered": empty_batches if in_epoch else 0,
     }
 
 
@@ -199,6 +203,7 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
         persistent_base_seed=sd.get("persistent_base_seed"),
         steps=tuple(steps) if steps is not None else None,
         sampler_generator_states=tuple(map(rng_from_str, sd.get("sampler_generator_states") or ())),
+        empty_batches=int(sd.get("empty_batches_delivered") or 0),
     )
 
 

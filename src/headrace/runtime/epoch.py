@@ -78,6 +78,7 @@ class EpochBase:
         self.origin: Any = None
         self.steps: tuple[str, ...] = ()  # the step order this epoch runs (set by the loader)
         self.loader: Any = None
+        self.empty_batches = 0  # a batch sampler's empty batches delivered (before a resume too)
         self._closed = False
         self._replaced = False
 
@@ -115,6 +116,8 @@ class EpochBase:
 
     def mark(self, positions: Any) -> None:
         """The batch at ``positions`` reached the training loop: it is delivered."""
+        if not positions:  # a batch sampler's empty batch: counted, a resume skips as many
+            self.empty_batches += 1
         for p in positions:
             self.delivered.set(p if self.ods is None else self.ods.index_of(p))
         self.meter.batches += 1

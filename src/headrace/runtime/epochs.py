@@ -90,6 +90,27 @@ def draw_epoch(
     return origin, groups
 
 
+def skip_empty(groups: Iterator[Any], n: int, loader: DataLoader) -> Iterator[Any]:
+    """``groups`` less its first ``n`` empty batches (a batch sampler's ``[]``, which a resumed
+    epoch delivered before: they have no position for the delivered bitmap to hold)."""
+    if n <= 0 or not loader._auto_collation:
+        return groups
+    return _skipping_empty(groups, n)
+
+
+def _skipping_empty(groups: Iterator[Any], n: int) -> Iterator[Any]:
+    while True:
+        try:
+            group = next(groups)
+        except StopIteration:
+            return
+        items = list(group)  # a batch sampler may yield generators: read once
+        if n > 0 and not items:
+            n -= 1
+            continue
+        yield items
+
+
 def _after(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
     """``first``, then what ``next(rest)`` gives. Never ``iter(rest)`` again (as
     ``itertools.chain`` and ``yield from`` do): a sampler whose ``__iter__`` returns itself
@@ -164,7 +185,9 @@ def start_epoch(loader: DataLoader) -> Any:
     epoch, base_seed = origin.epoch, origin.base_seed
     loader._epoch = epoch + 1
     delivered = resume.delivered if resume is not None else Bitmap()
-    it = make_iterator(loader, epoch, base_seed, groups, delivered)
+    empty = resume.empty_batches if resume is not None else 0
+    it = make_iterator(loader, epoch, base_seed, skip_empty(groups, empty, loader), delivered)
+    it.empty_batches = empty
     it.origin = origin
     it.steps = loader.planning.executed_names
     return it

@@ -269,19 +269,21 @@ class DataLoader(tud.DataLoader[_T_co]):
         assert self.planning is not None
         it = self._iterator_ref()
         steps = self.planning.executed_names
+        empty = 0
         if it is not None and not it.closed:
             origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
+            empty = it.empty_batches
         elif self._resume is not None or self._unfinished is not None:
             point = self._resume if self._resume is not None else self._unfinished
             assert point is not None
             origin, delivered, epoch = point.origin, point.delivered, point.epoch
-            steps = point.steps or steps
+            steps, empty = point.steps or steps, point.empty_batches
         else:
             origin, delivered, epoch = None, None, self._epoch
         persistent = self._base_seed if self.persistent_workers else None
         return checkpoint.build(self._identity(steps), epoch, origin, delivered, self.generator,
                                 persistent, checkpoint.sampler_generators(self._index_sampler,
-                                                                          self.generator))
+                                                                          self.generator), empty)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` delivers exactly what was left,
@@ -318,7 +320,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         if it.origin is not None and (latest is None or latest is it):
             self._unfinished = checkpoint.ResumePoint(
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
-                generator_state=None, persistent_base_seed=None, steps=it.steps)
+                generator_state=None, persistent_base_seed=None, steps=it.steps,
+                empty_batches=it.empty_batches)
 
     def _identity(self, steps: tuple[str, ...]) -> checkpoint.Identity:
         assert self.pipeline is not None
