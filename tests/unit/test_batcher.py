@@ -95,3 +95,11 @@ def test_regroup_with_drop_last_drops_a_short_last_batch():
     assert b.pop(False)[:4] == (0, [0, 1, 2], [0, 1, 2], False)
     assert b.pop(True).drop
     assert b.ready_samples == 0
+
+
+def test_regroup_numbers_a_resumed_epochs_batches_past_those_it_delivered():
+    b = Batcher("regroup", 2, first_key=12)  # 12 samples delivered before the resume
+    assert b.place(30) == Place(12, 0, 2)
+    b.place(31)
+    assert b.pop(False).key == 12
+    assert b.place(32).key == 13

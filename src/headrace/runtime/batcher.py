@@ -50,14 +50,17 @@ class Ready(NamedTuple):
 
 
 class Batcher:
-    def __init__(self, mode: Mode, batch_size: int | None, drop_last: bool = False) -> None:
+    def __init__(self, mode: Mode, batch_size: int | None, drop_last: bool = False,
+                 first_key: int = 0) -> None:
+        """``first_key``: regroup's first batch key (batches are numbered from it; a resumed
+        epoch starts past the batches it delivered, whose keys seeded a collate_fn's draws)."""
         if mode == "regroup" and not batch_size:
             raise ValueError("regroup needs a batch size")
         self.mode = mode
         self.batch_size = batch_size or 1
         self.drop_last = drop_last  # regroup: a short last batch is dropped, as torch promises
         # regroup: the batch being filled
-        self._keys = itertools.count()
+        self._keys = itertools.count(first_key)
         self._open_key = next(self._keys)
         self._open: list[int] = []  # positions, row = list index
         self._full: deque[Ready] = deque()

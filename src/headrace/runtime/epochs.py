@@ -233,7 +233,10 @@ def make_iterator(
         base_seed=base_seed,
         groups=drawn_apart(groups) if place is not None else groups,
         auto_collation=loader._auto_collation,
-        batcher=Batcher(batch_mode(loader), loader.batch_size, loader.drop_last),
+        # a resumed epoch's batches are numbered past those it delivered (at most one per
+        # delivered sample): a collate_fn seeded by number repeated their draws
+        batcher=Batcher(batch_mode(loader), loader.batch_size, loader.drop_last,
+                        first_key=delivered.count),
         collate=loader.collate_fn,
         pin=pin,
         max_in_flight=max_in_flight,
