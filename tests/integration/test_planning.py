@@ -90,6 +90,9 @@ def test_the_profile_is_saved_after_the_first_epoch_then_at_most_once_per_interv
     for _ in range(3):
         list(loader)
     assert saved == [N]  # the first epoch's; the next two came within SAVE_EVERY_S
+    loader.close()  # what the last two epochs measured is kept at the end
+    assert len(saved) == 2 and saved[1] > saved[0]
     monkeypatch.setattr(planning, "SAVE_EVERY_S", 0.0)
     list(loader)
-    assert len(saved) == 2 and saved[1] > saved[0]
+    assert len(saved) == 3 and saved[2] > saved[1]
+    loader.close()

@@ -377,6 +377,9 @@ class DataLoader(tud.DataLoader[_T_co]):
             self._pool = None
         if self.cache is not None:
             self.cache.close()
+        if self.planning is not None:
+            self.planning.after_epoch(now=True)  # what the last epochs measured, if not saved
+
 
 def _no_iterator() -> None:
     return None

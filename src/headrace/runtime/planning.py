@@ -107,16 +107,17 @@ class Planning:
             log.info("headrace: %s", "; ".join(self.order.lines() if self.order else ()))
         return True
 
-    def after_epoch(self) -> None:
+    def after_epoch(self, now: bool = False) -> None:
         """Keep this run's profile for the next run of the same job: after the first epoch
-        that measured samples, then at most once per ``SAVE_EVERY_S`` when it has grown."""
+        that measured samples, then at most once per ``SAVE_EVERY_S`` when it has grown, and
+        when the loader closes (``now``) if it grew since."""
         p = self.monitor.profiler
         if self.store is None or p is None or p.samples == self._saved_samples:
             return
-        now = time.monotonic()
-        if self._saved_at is not None and now - self._saved_at < SAVE_EVERY_S:
+        t = time.monotonic()
+        if not now and self._saved_at is not None and t - self._saved_at < SAVE_EVERY_S:
             return
-        self._saved_at, self._saved_samples = now, p.samples
+        self._saved_at, self._saved_samples = t, p.samples
         rate = self.monitor.last_consumer_rate()
         if rate is None and self.stored is not None:  # too short to measure: keep the last known
             rate = self.stored.consumer_rate
