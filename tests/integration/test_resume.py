@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -100,6 +101,9 @@ def test_resume_delivers_exactly_the_rest_with_identical_content(mode, point, no
     assert not set(epoch0_before) & set(resumed_epoch0)
     if mode["in_order"]:
         assert epoch0_before + resumed_epoch0 == full0  # and in torch's order
+    elif mode["batch_size"] and point != "between":  # regrouped: full batches but the last,
+        # also resumed with no workers (each sampler batch then has holes to fill across)
+        assert all(len(b) == mode["batch_size"] for b in after[0][:-1])
     # the following epoch is identical too (the generator's state travelled in the state dict)
     for got, ref in zip(later, full[1:], strict=True):
         flat_got, flat_ref = [r for b in got for r in b], [r for b in ref for r in b]
@@ -253,3 +257,35 @@ def test_a_batch_samplers_empty_batches_are_not_delivered_again_after_a_resume(w
     second.close()
     assert before + after == batches
     assert not again["in_epoch"]
+
+
+class SlowFirst(torch.utils.data.Dataset):
+    """40 samples; sample 1 takes 0.3 s (simulated work), so later ones overtake it."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i == 1:
+            threading.Event().wait(0.3)
+        return i
+
+
+def test_a_regrouped_epoch_resumed_without_workers_keeps_full_batches(no_leaks):
+    # saved with workers, where slow samples were overtaken: every sampler batch left has
+    # holes; without workers each became a short batch (more batches than len(loader))
+    def loader(workers):
+        return hr.DataLoader(SlowFirst(), batch_size=4, num_workers=workers, in_order=False)
+
+    first = loader(2)
+    it = iter(first)
+    before = [next(it).tolist() for _ in range(3)]
+    state = first.state_dict()
+    del it
+    first.close()
+    assert state["delivered_count"] == 12
+    second = loader(0)
+    second.load_state_dict(state)
+    after = [b.tolist() for b in second]
+    assert sorted(i for b in before + after for i in b) == list(range(40))
+    assert [len(b) for b in after] == [4] * 7 and len(before + after) == len(second)

@@ -215,6 +215,11 @@ def make_iterator(
             cache=loader.cache.client() if loader.cache else None,
             cache_row=loader.cache.row if loader.cache else 0, ods=ods,
             may_repeat=may_repeat(loader.sampler, loader._user_batch_sampler),
+            # a resumed regrouped epoch (saved with workers, out of order) has holes in every
+            # sampler batch: its batches are filled across them, as the workers' would be
+            regroup=(loader.batch_size or 0) if delivered.count and batch_mode(loader) == "regroup"
+            else 0,
+            drop_last=loader.drop_last,
         )
     pin = pin_fn(loader)  # before loader._buffers is read: it may switch to pinned memory
     loader._collate_place = place_for(loader.collate_fn, loader._collate_place)

@@ -42,6 +42,8 @@ class InProcessIterator(EpochBase):
         cache_row: int = 0,
         ods: Any = None,
         may_repeat: bool = True,
+        regroup: int = 0,
+        drop_last: bool = False,
     ) -> None:
         super().__init__(epoch, hooks, delivered)
         self.runner = SampleRunner(pipeline, measure=measure)
@@ -59,6 +61,9 @@ class InProcessIterator(EpochBase):
         self.cache_row = cache_row
         self.ods = ods  # a cache.ods_epoch.OdsEpoch (Cache(ods=True)), or None
         self.draws = Draws(may_repeat)  # how many times each index came before, this epoch
+        self.regroup = regroup  # batch size when batches are regrouped (runtime/batcher.py)
+        self.drop_last = drop_last
+        self._carry: list[tuple[Any, int, Any]] = []
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         if self._closed:
@@ -66,17 +71,19 @@ class InProcessIterator(EpochBase):
         if not block:
             return None  # samples load in the training thread: nothing is ever ready ahead
         t0, c0 = time.perf_counter(), time.thread_time()
-        while True:
+        got, self._carry = self._carry, []  # (sample, position, index) loaded, not yet batched
+        target = self.regroup or 1
+        while len(got) < target:
             try:
                 group = next(self.groups)
             except StopIteration:
+                if got and not (self.regroup and self.drop_last):  # the last, short batch
+                    break
                 self.meter.t_end = time.perf_counter()
                 self.close()
                 raise
             indices = list(group) if self.auto_collation else [group]
             if not indices:  # a user batch_sampler's empty batch: collate_fn([]), as torch
-                samples: list[Any] = []
-                done: list[int] = []
                 break
             positions = range(self._position, self._position + len(indices))
             self._position += len(indices)
@@ -86,15 +93,15 @@ class InProcessIterator(EpochBase):
             else:
                 todo = [(p, i) for p, i in zip(positions, indices, strict=True)
                         if p not in self.delivered]
-            samples, done, indices = [], [], []
             for p, i in todo:
                 ok, value = self._one(i, draws.get(p, 0))
                 if ok:
-                    samples.append(value)
-                    done.append(p)
-                    indices.append(i)
-            if samples:
-                break
+                    got.append((value, p, i))
+        if self.regroup:  # batches of batch_size, whatever holes a resume left in the groups
+            got, self._carry = got[:self.regroup], got[self.regroup:]
+        samples = [g[0] for g in got]
+        done = [g[1] for g in got]
+        indices = [g[2] for g in got]
         try:
             batch = self.collate(samples) if self.auto_collation else self.collate(samples[0])
         except Exception as e:
