@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.utils.data as tud
 
+from headrace.pipeline.source import user_attr
+
 _DEFAULT_SAMPLERS = (tud.SequentialSampler, tud.RandomSampler)
 
 
@@ -47,10 +49,10 @@ def is_sharded(sampler: Any) -> bool:
     while sampler is not None and seen < 4:  # BatchSampler(DistributedSampler), wrappers of it
         if isinstance(sampler, tud.distributed.DistributedSampler):
             return True
-        if any(getattr(sampler, a, 1) not in (None, 1) for a in ("num_replicas", "num_processes")):
+        if any(user_attr(sampler, a) not in (None, 1) for a in ("num_replicas", "num_processes")):
             return True
-        inner = getattr(sampler, "sampler", None)
-        sampler = inner if inner is not None else getattr(sampler, "batch_sampler", None)
+        inner = user_attr(sampler, "sampler")
+        sampler = inner if inner is not None else user_attr(sampler, "batch_sampler")
         seen += 1
     return False
 

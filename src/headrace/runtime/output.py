@@ -131,18 +131,20 @@ class BatchOutput:
 def _collate(assembly: BatchAssembly, rows: list[int], pin: Callable[[Any], Any] | None) -> Any:
     """The batch of ``rows``; a failure is a ``StepError`` at step ``collate_fn`` naming the
     batch's sample indices."""
-    try:
-        batch = assembly.finish(rows)
-        return pin(batch) if pin is not None else batch
-    except Exception as e:  # noqa: BLE001 - collate_fn is user code: that batch raises
-        raise collate_error(e, [assembly.indices[r] for r in rows]) from e
+    return _pinned(lambda: assembly.finish(rows), pin, lambda: [assembly.indices[r] for r in rows])
 
 
 def _collate_empty(collate: Callable[[Any], Any], pin: Callable[[Any], Any] | None) -> Any:
     """``collate([])``, what torch makes of a batch sampler's empty batch (torch's
     ``default_collate`` raises ``IndexError`` there: a ``StepError`` at ``collate_fn``)."""
+    return _pinned(lambda: collate([]), pin, list)
+
+
+def _pinned(make: Callable[[], Any], pin: Callable[[Any], Any] | None,
+            indices: Callable[[], list[int]]) -> Any:
+    """``make()``, pinned; its failure a ``StepError`` naming the batch's ``indices()``."""
     try:
-        batch = collate([])
+        batch = make()
         return pin(batch) if pin is not None else batch
     except Exception as e:  # noqa: BLE001 - collate_fn is user code: that batch raises
-        raise collate_error(e, []) from e
+        raise collate_error(e, indices()) from e
