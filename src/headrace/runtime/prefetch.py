@@ -106,8 +106,8 @@ class DevicePrefetcher:
 
     ``epoch``: the epoch iterator (``runtime/epoch.py``); ``fence_host(tensors, fence)``: tells
     the buffer pool which copy reads a batch's host memory (``BufferPool.fence``).
-    Presents what the loader reads of an epoch (``origin``, ``delivered``, ``closed``,
-    ``close``, ``stats``, ``pool``); everything else is the wrapped ``epoch``'s.
+    Presents what the loader reads of an epoch (``origin``, ``delivered``, ``empty_batches``,
+    ``closed``, ``close``, ``stats``, ``pool``); everything else is the wrapped ``epoch``'s.
     """
 
     def __init__(
@@ -173,6 +173,10 @@ class DevicePrefetcher:
     @property
     def delivered(self) -> Any:
         return self.epoch.delivered
+
+    @property
+    def empty_batches(self) -> int:
+        return int(self.epoch.empty_batches)
 
     @property
     def closed(self) -> bool:
