@@ -442,3 +442,22 @@ def test_a_failing_worker_init_fn_raises_its_own_type_as_in_torch(init, cls, no_
     assert isinstance(info.value, hr.WorkerDiedError) and "failed to start" in str(info.value)
     again = pickle.loads(pickle.dumps(info.value))
     assert isinstance(again, cls) and str(again) == str(info.value)
+
+
+def _second_worker_cannot_open(worker_id):
+    if worker_id == 1:
+        raise FileNotFoundError(2, "cannot open the database", "/data/db")
+
+
+def test_a_worker_init_fn_failing_in_one_worker_is_raised_even_when_the_others_finish_first(
+        no_leaks):
+    # a short epoch ended on worker 0 before worker 1's error was read: no error at all
+    # (torch, whose every worker takes a turn, raises it); half the runs of a sweep's script
+    for _ in range(3):
+        loader = hr.DataLoader(IndexDataset(8), batch_size=4, num_workers=2,
+                               worker_init_fn=_second_worker_cannot_open)
+        try:
+            with pytest.raises(OSError, match="failed to start"):
+                list(loader)
+        finally:
+            loader.close()

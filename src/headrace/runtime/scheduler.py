@@ -48,6 +48,8 @@ log = logging.getLogger("headrace")
 
 POLL_S = 0.05
 """Longest the scheduler blocks before re-checking its stop event (seconds)."""
+START_WAIT_S = 5.0
+"""Longest an epoch's end waits to hear whether workers still starting started (seconds)."""
 IDLE_POLL_S = 1.0
 """...doubled up to this while no worker holds a task and nothing happens (seconds): an
 iterator abandoned mid-epoch but still referenced (a kept traceback, a notebook's variable)
@@ -203,9 +205,27 @@ class Scheduler:
         """Dispatch work and emit ready batches; True (and "end" put) when the epoch is done."""
         self.dispatcher.dispatch()
         if self.output.emit(self.lanes.complete):
+            self._starts_read()
             self.out.put(("end", None, None))
             self._finished = True
         return self._finished
+
+    def _starts_read(self) -> None:
+        """Before the epoch ends, hear how the workers that never became ready started, for
+        up to ``START_WAIT_S`` in all: a short epoch ended on the other workers while one's
+        ``worker_init_fn`` failed, and its error was never read (torch, whose every worker
+        takes its turn, raises it). Nothing waits when every worker is ready (the usual case)."""
+        deadline = time.monotonic() + START_WAIT_S
+        for w in list(self.pool.workers.values()):
+            if w.ready or w.ring is None or w.retiring or w.external:
+                continue
+            try:
+                if not w.conn.poll(max(0.0, deadline - time.monotonic())):
+                    continue
+                msg = w.conn.recv()
+            except (EOFError, OSError):
+                continue
+            self._handle(w, msg)  # an init_error raises Fatal: the training loop gets it
 
     def _finish_with(self, e: BaseException) -> None:
         if not self._finished:
