@@ -289,3 +289,41 @@ def test_a_regrouped_epoch_resumed_without_workers_keeps_full_batches(no_leaks):
     after = [b.tolist() for b in second]
     assert sorted(i for b in before + after for i in b) == list(range(40))
     assert [len(b) for b in after] == [4] * 7 and len(before + after) == len(second)
+
+
+class SlowFirstFailing(SlowFirst):
+    """``SlowFirst`` whose sample 21 raises."""
+
+    def __getitem__(self, i):
+        if i == 21:
+            raise ValueError("bad sample 21")
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_regrouped_epoch_resumed_without_workers_loses_no_sample_to_a_failing_one(on_error,
+                                                                                  no_leaks):
+    # regrouping across sampler batches gathered samples, and a failing one dropped them all
+    def loader(workers):
+        return hr.DataLoader(SlowFirstFailing(), batch_size=4, num_workers=workers,
+                             in_order=False, drop_last=True,
+                             options=hr.Options(on_error=on_error))
+
+    first = loader(2)
+    it = iter(first)
+    before = [next(it).tolist() for _ in range(3)]
+    state = first.state_dict()
+    del it
+    first.close()
+    second = loader(0)
+    second.load_state_dict(state)
+    after, it = [], iter(second)
+    for _ in range(20):  # bounded: 40 samples in batches of 4, one error
+        try:
+            after.append(next(it).tolist())
+        except hr.StepError:
+            continue
+        except StopIteration:
+            break
+    second.close()
+    assert sorted(i for b in before + after for i in b) == [i for i in range(40) if i != 21]

@@ -48,7 +48,8 @@ def sampler_generators(index_sampler: Any, loader_generator: torch.Generator | N
     while s is not None and id(s) not in seen:
         seen.add(id(s))
         g = user_attr(s, "generator")
-        if isinstance(g, torch.Generator) and g is not loader_generator and g not in out:
+        if (isinstance(g, torch.Generator) and g is not loader_generator and g not in out
+                and g is not torch.default_generator):  # the global one: the training loop's
             out.append(g)
         s = user_attr(s, "sampler")
     return tuple(out)
@@ -59,7 +60,9 @@ def set_states(generators: tuple[torch.Generator, ...], states: tuple[torch.Tens
     if len(states) != len(generators):
         raise StateDictError(
             f"state dict saved {len(states)} sampler generator(s), this loader's sampler has "
-            f"{len(generators)}: build the sampler as the run that saved it did")
+            f"{len(generators)} now: build the sampler as the run that saved it did (a sampler "
+            "that makes its generator in __iter__ cannot be replayed: give it one when it is "
+            "built)")
     for g, st in zip(generators, states, strict=True):
         g.set_state(st)
 

@@ -219,7 +219,6 @@ def make_iterator(
             # sampler batch: its batches are filled across them, as the workers' would be
             regroup=(loader.batch_size or 0) if delivered.count and batch_mode(loader) == "regroup"
             else 0,
-            drop_last=loader.drop_last,
         )
     pin = pin_fn(loader)  # before loader._buffers is read: it may switch to pinned memory
     loader._collate_place = place_for(loader.collate_fn, loader._collate_place)

@@ -43,7 +43,6 @@ class InProcessIterator(EpochBase):
         ods: Any = None,
         may_repeat: bool = True,
         regroup: int = 0,
-        drop_last: bool = False,
     ) -> None:
         super().__init__(epoch, hooks, delivered)
         self.runner = SampleRunner(pipeline, measure=measure)
@@ -62,8 +61,8 @@ class InProcessIterator(EpochBase):
         self.ods = ods  # a cache.ods_epoch.OdsEpoch (Cache(ods=True)), or None
         self.draws = Draws(may_repeat)  # how many times each index came before, this epoch
         self.regroup = regroup  # batch size when batches are regrouped (runtime/batcher.py)
-        self.drop_last = drop_last
         self._carry: list[tuple[Any, int, Any]] = []
+        self._pending: list[tuple[int, Any, int]] = []  # (position, index, draw) not yet run
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         if self._closed:
@@ -73,12 +72,15 @@ class InProcessIterator(EpochBase):
         t0, c0 = time.perf_counter(), time.thread_time()
         got, self._carry = self._carry, []  # (sample, position, index) loaded, not yet batched
         target = self.regroup or 1
+        if self._pending:  # a group's samples after one that raised (regroup only)
+            pending, self._pending = self._pending, []
+            self._run(pending, got)
         while len(got) < target:
             try:
                 group = next(self.groups)
             except StopIteration:
-                if got and not (self.regroup and self.drop_last):  # the last, short batch
-                    break
+                if got:  # the last, short batch (only skipped samples can make it short when
+                    break  # drop_last trimmed the sampler: they do so uninterrupted too)
                 self.meter.t_end = time.perf_counter()
                 self.close()
                 raise
@@ -93,10 +95,7 @@ class InProcessIterator(EpochBase):
             else:
                 todo = [(p, i) for p, i in zip(positions, indices, strict=True)
                         if p not in self.delivered]
-            for p, i in todo:
-                ok, value = self._one(i, draws.get(p, 0))
-                if ok:
-                    got.append((value, p, i))
+            self._run([(p, i, draws.get(p, 0)) for p, i in todo], got)
         if self.regroup:  # batches of batch_size, whatever holes a resume left in the groups
             got, self._carry = got[:self.regroup], got[self.regroup:]
         samples = [g[0] for g in got]
@@ -112,6 +111,21 @@ class InProcessIterator(EpochBase):
         m.stall_s += time.perf_counter() - t0  # every second in here is the loop waiting
         m.consumer_cpu_s += time.thread_time() - c0
         return batch, done
+
+    def _run(self, items: list[tuple[int, Any, int]], got: list[tuple[Any, int, Any]]) -> None:
+        """Load ``items`` ((position, index, draw) each) into ``got``. A sample that raises
+        (``on_error="raise"``) raises here; when batches are regrouped, what was gathered and the
+        items after it wait for the next batch, as the workers' regrouping keeps them (lost
+        before: up to two batches' worth per failing sample)."""
+        for n, (p, i, d) in enumerate(items):
+            try:
+                ok, value = self._one(i, d)
+            except StepError:
+                if self.regroup:
+                    self._carry, self._pending = got, items[n + 1:]
+                raise
+            if ok:
+                got.append((value, p, i))
 
     def _one(self, index: int, draw: int) -> tuple[bool, Any]:
         state = global_states()
