@@ -17,7 +17,11 @@ only on rare batches after the probe is not caught (``explain()`` says which was
 
 The seed of a batch: (base seed, epoch, the batch's key), the key being the sampler batch's
 first epoch position (``in_order=True``, a user batch sampler: the same in every run and after a
-resume) or, when batches are regrouped, the batch's number in the epoch.
+resume) or, when batches are regrouped, the batch's number in the epoch (a resumed epoch
+numbers past the batches it delivered). The sampler is never read inside a seeded window
+(:data:`SEEDED`), and no two calls of the collate_fn overlap across the move to the collate
+thread (``CollatePlace.one_at_a_time``). Not used with ``executor="threads"``, whose worker
+threads draw from the same global generators whenever they run.
 """
 
 from __future__ import annotations
