@@ -5,11 +5,11 @@ between epochs) the state dict goes through JSON into a new loader, possibly wit
 count, and the rest of the run is compared sample by sample with an uninterrupted run.
 """
 
+import fcntl
 import json
 import subprocess
 import sys
 import textwrap
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import headrace as hr
-from tests.helpers import ArraySource, noise
+from tests.helpers import ArraySource, noise, wait_at_gate
 
 pytestmark = pytest.mark.integration
 
@@ -259,31 +259,48 @@ def test_a_batch_samplers_empty_batches_are_not_delivered_again_after_a_resume(w
     assert not again["in_epoch"]
 
 
-class SlowFirst(torch.utils.data.Dataset):
-    """40 samples; sample 1 takes 0.3 s (simulated work), so later ones overtake it."""
+class HeldFirst(torch.utils.data.Dataset):
+    """40 samples; sample 1 waits at a gate the test holds (``wait_at_gate``), so later ones
+    overtake it; sample ``fail`` raises."""
+
+    def __init__(self, gate, fail=None):
+        self.gate, self.fail = gate, fail
 
     def __len__(self):
         return 40
 
     def __getitem__(self, i):
+        if i == self.fail:
+            raise ValueError(f"bad sample {i}")
         if i == 1:
-            threading.Event().wait(0.3)
+            wait_at_gate(self.gate)
         return i
 
 
-def test_a_regrouped_epoch_resumed_without_workers_keeps_full_batches(no_leaks):
-    # saved with workers, where slow samples were overtaken: every sampler batch left has
-    # holes; without workers each became a short batch (more batches than len(loader))
-    def loader(workers):
-        return hr.DataLoader(SlowFirst(), batch_size=4, num_workers=workers, in_order=False)
-
-    first = loader(2)
-    it = iter(first)
-    before = [next(it).tolist() for _ in range(3)]
-    state = first.state_dict()
+def saved_past_a_held_sample(make, gate):
+    """(the first 3 batches, the state dict then) of ``make(2)``'s epoch, taken while sample 1
+    is held at ``gate``: every sampler batch left has a hole where a delivered sample was."""
+    gate.touch()
+    with open(gate) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        first = make(2)
+        it = iter(first)
+        before = [next(it).tolist() for _ in range(3)]
+        state = first.state_dict()
     del it
     first.close()
-    assert state["delivered_count"] == 12
+    assert state["delivered_count"] == 12 and 1 not in {i for b in before for i in b}
+    return before, state
+
+
+def test_a_regrouped_epoch_resumed_without_workers_keeps_full_batches(tmp_path, no_leaks):
+    # saved with workers, where a held sample was overtaken: every sampler batch left has
+    # holes; without workers each became a short batch (more batches than len(loader))
+    def loader(workers):
+        return hr.DataLoader(HeldFirst(str(tmp_path / "gate")), batch_size=4,
+                             num_workers=workers, in_order=False)
+
+    before, state = saved_past_a_held_sample(loader, tmp_path / "gate")
     second = loader(0)
     second.load_state_dict(state)
     after = [b.tolist() for b in second]
@@ -291,30 +308,16 @@ def test_a_regrouped_epoch_resumed_without_workers_keeps_full_batches(no_leaks):
     assert [len(b) for b in after] == [4] * 7 and len(before + after) == len(second)
 
 
-class SlowFirstFailing(SlowFirst):
-    """``SlowFirst`` whose sample 21 raises."""
-
-    def __getitem__(self, i):
-        if i == 21:
-            raise ValueError("bad sample 21")
-        return super().__getitem__(i)
-
-
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
-def test_a_regrouped_epoch_resumed_without_workers_loses_no_sample_to_a_failing_one(on_error,
-                                                                                  no_leaks):
+def test_a_regrouped_epoch_resumed_without_workers_loses_no_sample_to_a_failing_one(
+        on_error, tmp_path, no_leaks):
     # regrouping across sampler batches gathered samples, and a failing one dropped them all
     def loader(workers):
-        return hr.DataLoader(SlowFirstFailing(), batch_size=4, num_workers=workers,
-                             in_order=False, drop_last=True,
+        return hr.DataLoader(HeldFirst(str(tmp_path / "gate"), fail=37), batch_size=4,
+                             num_workers=workers, in_order=False, drop_last=True,
                              options=hr.Options(on_error=on_error))
 
-    first = loader(2)
-    it = iter(first)
-    before = [next(it).tolist() for _ in range(3)]
-    state = first.state_dict()
-    del it
-    first.close()
+    before, state = saved_past_a_held_sample(loader, tmp_path / "gate")
     second = loader(0)
     second.load_state_dict(state)
     after, it = [], iter(second)
@@ -326,4 +329,4 @@ def test_a_regrouped_epoch_resumed_without_workers_loses_no_sample_to_a_failing_
         except StopIteration:
             break
     second.close()
-    assert sorted(i for b in before + after for i in b) == [i for i in range(40) if i != 21]
+    assert sorted(i for b in before + after for i in b) == [i for i in range(40) if i != 37]
