@@ -84,9 +84,8 @@ class DrawingSampler(tud.Sampler):
             yield random.randrange(self.n)
 
 
-def slow_plain(batch):
-    """Draws nothing, and takes long enough that the sampler is asked meanwhile."""
-    threading.Event().wait(0.002)  # simulates a collator's work
+def tensor_of(batch):
+    """Draws nothing (the mutual exclusion itself: tests/unit/test_collate_rng.py)."""
     return torch.tensor(batch)
 
 
@@ -96,7 +95,7 @@ def test_a_sampler_drawing_from_the_globals_is_never_rewound_by_a_seeded_collate
     random.seed(0)
     sampler = DrawingSampler(400)
     loader = hr.DataLoader(IndexDataset(400), batch_size=4, sampler=sampler, num_workers=2,
-                           collate_fn=slow_plain)
+                           collate_fn=tensor_of)
     try:
         assert sum(len(b) for b in loader) == 400
         assert "drew no random number" in loader.explain()
