@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
+import time
 
 import psutil
 import pytest
@@ -59,24 +59,31 @@ def test_exception_in_the_training_loop_stops_the_workers(no_leaks):
         train()
 
 
-def test_an_idle_abandoned_iterator_waits_longer_and_wakes_when_a_batch_is_taken(no_leaks):
-    # an iterator left mid-epoch (a kept traceback) polled 20 times a second; once nothing is
-    # assigned and nothing happens it backs off, and taking a batch wakes it for the rest
-    from headrace.runtime.scheduler import IDLE_POLL_S
+def test_an_idle_scheduler_backs_off_and_anything_that_happens_resets_it():
+    # an iterator left mid-epoch (a kept traceback) polled 20 times a second
+    from headrace.runtime.scheduler import IDLE_POLL_S, POLL_S, next_poll_s
 
+    waits = [POLL_S]
+    for _ in range(10):
+        waits.append(next_poll_s(waits[-1], idle=True))
+    assert waits[1] == 2 * POLL_S and waits[-1] == IDLE_POLL_S == max(waits)
+    assert next_poll_s(IDLE_POLL_S, idle=False) == POLL_S
+
+
+def test_a_scheduler_waiting_long_is_woken_by_everything_an_epoch_needs(monkeypatch, no_leaks):
+    # with the back-off a scheduler may block a second: workers ready, results, a batch taken
+    # and the end must each wake it (every wait made long here: a missed wake-up would make a
+    # batch later than the loader's timeout, which raises)
+    from headrace.runtime import scheduler
+
+    monkeypatch.setattr(scheduler, "POLL_S", 60.0)
     loader = hr.DataLoader(IndexDataset(64), batch_size=4, num_workers=2, prefetch_factor=1,
-                           in_order=True)
+                           in_order=True, timeout=20)
+    got = []
     try:
-        it = iter(loader)
-        got = next(it).tolist()
-        sched = it.scheduler
-        waited = threading.Event()
-        for _ in range(200):  # bounded: the back-off takes about 1.5 s of idle polls
-            if sched._poll_s >= IDLE_POLL_S:
-                break
-            waited.wait(0.05)
-        assert sched._poll_s == IDLE_POLL_S
-        got += [i for b in it for i in b.tolist()]
+        for b in loader:
+            got += b.tolist()
+            time.sleep(0.01)  # simulates a training step: the workers fill the cap meanwhile
         assert got == list(range(64))
     finally:
         loader.close()

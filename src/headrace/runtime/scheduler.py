@@ -57,6 +57,13 @@ ticked 20 times a second, about 1% of a core each, where torch's sits idle. Anyt
 give it work wakes it at once (a batch taken, a worker ready or added, stop)."""
 
 
+def next_poll_s(poll_s: float, idle: bool) -> float:
+    """The next wait's bound (seconds) after a wait of ``poll_s``: doubled up to
+    ``IDLE_POLL_S`` when it passed with nothing assigned and nothing happening, else
+    ``POLL_S``."""
+    return min(2 * poll_s, IDLE_POLL_S) if idle else POLL_S
+
+
 class Scheduler:
     """Runs one epoch in a background thread; the training loop reads ``out``."""
 
@@ -254,7 +261,7 @@ class Scheduler:
         events = self._waiter.wait(workers, self._poll_s)
         idle = (not events and time.monotonic() - t0 >= self._poll_s
                 and not any(w.assigned for w in workers))  # a wake-up returns early
-        self._poll_s = min(2 * self._poll_s, IDLE_POLL_S) if idle else POLL_S
+        self._poll_s = next_poll_s(self._poll_s, idle)
         for what, w in events:
             if what == "conn":
                 try:  # one message per readiness: the selector is level-triggered
