@@ -12,7 +12,7 @@ import pytest
 
 import headrace as hr
 from headrace.runtime.pool import WorkerPool
-from headrace.runtime.worker import POLL_S, Task
+from headrace.runtime.worker import Task
 from tests.helpers import wait_at_gate
 
 pytestmark = pytest.mark.integration
@@ -89,12 +89,26 @@ def test_tasks_waiting_in_the_pipe_are_taken_before_kept_samples_are_sent(tmp_pa
     assert [m[1] for m in got[0][1]] == [1, 2, 3, 4]
 
 
-def test_forkserver_workers_wait_idle_and_leave_the_cache_alone(no_leaks):
+def test_a_forkserver_child_knows_the_training_process_from_its_fork_server():
     # a fork server is a forkserver worker's parent, never the training process: workers took
     # their first idle wait for the training process's death, exited, and removed the live
     # cache on their way out (every epoch's cache gone, a worker replaced per idle gap)
     import os
-    import threading
+    import subprocess
+    import sys
+
+    from headrace.runtime.parent import parent_gone
+
+    with multiprocessing.get_context("forkserver").Pool(1) as pool:
+        assert pool.apply(os.getppid) != os.getpid()  # the fork server
+        assert pool.apply(parent_gone, (os.getpid(),)) is False
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])  # a pid now gone
+        gone.wait(timeout=30)
+        assert pool.apply(parent_gone, (gone.pid,)) is True
+
+
+def test_forkserver_workers_leave_the_cache_alone_across_epochs(no_leaks):
+    import os
 
     from tests.helpers import ArraySource, check_finite
 
@@ -106,7 +120,6 @@ def test_forkserver_workers_wait_idle_and_leave_the_cache_alone(no_leaks):
         for _ in range(2):
             assert sorted(float(v) for b in loader for v in b.flatten()) == [float(i) for i in range(64)]
             data = data or os.stat(os.path.join(loader.cache.backend.path, "data.mdb")).st_ino
-            threading.Event().wait(3 * POLL_S)  # idle between epochs, past a worker's wait
         assert os.stat(os.path.join(loader.cache.backend.path, "data.mdb")).st_ino == data
         assert loader.stats().worker_restarts == 0
     finally:
