@@ -49,7 +49,7 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
-from headrace.errors import RemoteUnavailableError
+from headrace.errors import RemoteUnavailableError, exception_attributes
 from headrace.pipeline.runner import SampleRunner
 from headrace.remote.actor import RemoteWorker
 from headrace.remote.config import Remote
@@ -327,7 +327,8 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
         if out.error is not None:
             step, exc, tb = out.error
             return ("msg", ("error", task.tid, step, _picklable_class(type(exc)),
-                            _qualname(type(exc)), str(exc), tb))
+                            _qualname(type(exc)), str(exc), tb,
+                            exception_attributes(exc, picklable=True)))
         if out.next_step is None:  # the load is the whole pipeline
             return ("msg", ("done", task.tid, out.value, out.timings, 0, None))
         value, before = out.value, out.timings

@@ -5,9 +5,10 @@ Used by the scheduler thread (``runtime/scheduler.py``), under its lock. The bat
 straight into that row (``runtime/assembly.py``). What the training loop reads from ``out``:
 ``("batch", batch, positions)``; ``("future", future, positions)`` for a batch a user
 ``collate_fn`` is collating on the collate threads (its result is the batch, its exception the
-batch's error); ``("deferred", collate, positions)`` for one the training loop's thread collates
-in ``next()`` (``collate()`` is the batch: ``runtime/collate_rng.py``); ``("raise", error, None)`` for a failed sample or batch (the epoch goes on, as in
-torch); ``("end" | "error", ...)`` from the scheduler itself.
+batch's error); ``("deferred", collate, positions)`` for one the training loop's thread
+collates in ``next()`` (``collate()`` is the batch: ``runtime/collate_rng.py``);
+``("raise", error, None)`` for a failed sample or batch (the epoch goes on, as in torch);
+``("end" | "error", ...)`` from the scheduler itself.
 
 A user ``collate_fn`` runs on collate threads of the training process, not in the scheduler
 thread: one expensive ``collate_fn`` run batch after batch in the scheduler (under its lock, so

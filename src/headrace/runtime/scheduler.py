@@ -340,11 +340,11 @@ class Scheduler:
             rec.task = rec.task._replace(start=next_step, payload=payload, may_hand_off=False)
             self.lanes.backlog.append(rec)
         elif kind == "error":
-            _, _, step, exc_cls, cause, text, tb, *attributes = msg
+            _, _, step, exc_cls, cause, text, tb, attributes = msg
             names = self.pool.pipeline.step_names
             step_name = names[step] if 0 <= step < len(names) else "transport"
             err = step_error_for(exc_cls, rec.index, step_name, cause, text, tb, w.slot,
-                                 attributes=attributes[0] if attributes else None)
+                                 attributes=attributes)
             self._fail(rec, err)
 
     def _fail(self, rec: Rec, err: StepError | WorkerDiedError) -> None:

@@ -11,8 +11,9 @@ Messages (tuples, to keep pickling cheap):
   ``("done", tid, payload, timings, bytes_in, ring_end)``; ``("partial", tid, next_step, payload,
   timings, bytes_in, ring_end)`` when the sample is handed off (timings: ``StepTiming`` per step
   run; bytes_in: size of the value a resumed run started from; ring_end: the worker's ring write
-  position after this payload, which the receiver frees up to); ``("error", tid, step, exc_class, cause_type, message, tb[, attributes])``
-  (``attributes``: the exception's own, those that pickle: ``errors.exception_attributes``);
+  position after this payload, which the receiver frees up to); ``("error", tid, step, exc_class, cause_type, message, tb, attributes)``
+  (``attributes``: the exception's own, those that pickle: ``errors.exception_attributes``;
+  ``None`` for a sample that could not be sent);
   ``("many", [message, ...])``: several finished samples' messages, in order (``Outbox``).
 
 See NOTE [headrace shutdown] in ``runtime/pool.py`` for how a worker exits.
@@ -330,7 +331,8 @@ def _send(conn: Any, msg: Any) -> bool:
                     "(docker --shm-size), or lower batch_size, prefetch_factor or "
                     "Options(max_in_flight=...)"
                 )
-            err = ("error", msg[1], -1, None, _qualname(type(e)), text, traceback.format_exc())
+            err = ("error", msg[1], -1, None, _qualname(type(e)), text, traceback.format_exc(),
+                   None)
             return _send(conn, err)
         raise
 
