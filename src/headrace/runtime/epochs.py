@@ -99,16 +99,17 @@ def skip_empty(groups: Iterator[Any], n: int, loader: DataLoader) -> Iterator[An
 
 
 def _skipping_empty(groups: Iterator[Any], n: int) -> Iterator[Any]:
-    while True:
+    while True:  # next() only, never iter() again (see _after)
         try:
             group = next(groups)
         except StopIteration:
             return
-        items = list(group)  # a batch sampler may yield generators: read once
-        if n > 0 and not items:
-            n -= 1
-            continue
-        yield items
+        if n > 0:
+            group = list(group)  # a batch sampler may yield generators: read once
+            if not group:
+                n -= 1
+                continue
+        yield group
 
 
 def _after(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
