@@ -124,22 +124,17 @@ def collated_in_loop(collate: Callable[[], Any], place: CollatePlace, base_seed:
     batch ``key``; the caller's generator states come back afterwards, whatever happens.
     While ``place`` probes, tells it whether the call moved a generator."""
     with SEEDED:
-        return _seeded(collate, place, base_seed, epoch, key)
-
-
-def _seeded(collate: Callable[[], Any], place: CollatePlace, base_seed: int, epoch: int,
-            key: int) -> Any:
-    saved = global_states()
-    try:
-        seed_globals(sample_seed(base_seed, epoch, key, _KEY))
-        seeded = global_states() if place.mode == "probe" else None
-        with place.one_at_a_time:
-            out = collate()
-        if seeded is not None:
-            place.observe(not _same(seeded, global_states()))
-        return out
-    finally:
-        restore_globals(saved)
+        saved = global_states()
+        try:
+            seed_globals(sample_seed(base_seed, epoch, key, _KEY))
+            seeded = global_states() if place.mode == "probe" else None
+            with place.one_at_a_time:
+                out = collate()
+            if seeded is not None:
+                place.observe(not _same(seeded, global_states()))
+            return out
+        finally:
+            restore_globals(saved)
 
 
 def _same(a: tuple[Any, Any, torch.Tensor], b: tuple[Any, Any, torch.Tensor]) -> bool:
