@@ -307,7 +307,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             self._base_seed = point.persistent_base_seed
         if not point.in_epoch and point.generator_state is not None and self.generator is not None:
             self.generator.set_state(point.generator_state)
-        if not point.in_epoch and point.sampler_generator_states:  # mid-epoch: the replay's
+        if not point.in_epoch and point.sampler_generator_states:  # (mid-epoch: the replay sets them)
             checkpoint.set_states(checkpoint.sampler_generators(self._index_sampler, self.generator),
                                   point.sampler_generator_states)
         self._resume = point if point.in_epoch else None
