@@ -81,3 +81,28 @@ def test_seeded_forms_are_keyed_by_seed_and_epoch_unless_shared() -> None:
     assert dec_t.namespace(1, 0) == dec_t.namespace(2, 5)
     shared = _layout(steps, shared=True).get("augmented")
     assert shared.shared and shared.namespace(1, 0) == shared.namespace(2, 5)
+
+
+def test_a_whole_dataset_form_saves_its_transforms_time_too() -> None:
+    """A dataset whose Compose runs inside ``__getitem__`` caches one form, the whole sample;
+    the runner times its transforms as steps after load, and all of it is what a hit saves."""
+    import multiprocessing as mp
+
+    from headrace.cache.client import MIN_MEASURED, CacheClient, Counters
+    from headrace.pipeline.runner import StepTiming
+
+    layout = TierLayout.for_pipeline(hr.Pipeline(Src(), [], opaque=True))
+    assert _pos(layout) == {"augmented": 0} and layout.steps == 1
+    client = CacheClient(layout, None, Counters(mp.get_context("fork"), 1), ("augmented",))
+    for _ in range(MIN_MEASURED):  # load 1 ms of its own, then transforms of 2 and 3 ms
+        client.observe([StepTiming(0, 0.001, 0.001), StepTiming(1, 0.002, 0.002),
+                        StepTiming(2, 0.003, 0.003)], row=0)
+    assert abs(client.counters.cost("augmented", 1) - 0.006) < 1e-12
+    split = TierLayout.for_pipeline(hr.Pipeline(Src(), [hr.step(dec), hr.step(crop, random=True)]))
+    c2 = CacheClient(split, None, Counters(mp.get_context("fork"), 1), ("decoded", "augmented"))
+    for _ in range(MIN_MEASURED):  # a step-by-step pipeline: each form its own prefix
+        c2.observe([StepTiming(0, 0.001, 0.001), StepTiming(1, 0.002, 0.002),
+                    StepTiming(2, 0.003, 0.003)], row=0)
+    assert _pos(split) == {"encoded": 0, "decoded": 1, "augmented": 2}
+    assert abs(c2.counters.cost("decoded", 1) - 0.003) < 1e-12
+    assert abs(c2.counters.cost("augmented", 1) - 0.006) < 1e-12

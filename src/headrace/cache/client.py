@@ -233,15 +233,21 @@ class CacheClient:
         return lk is None or cp is None or lk <= cp or self._probe % PROBE_EVERY == 0
 
     def observe(self, timings: list[Any], row: int) -> None:
-        """Learn what each form saves from a run that started at step 0."""
+        """Learn what each form saves from a run that started at step 0: the wall time of
+        the steps up to its position. The form at the layout's last position saves the whole
+        run, also where the timings go on past it: a dataset's transforms run inside its
+        ``load`` (one unit of work, ``TierLayout``) and are timed as steps of their own."""
         if not timings or timings[0].step != 0:
             return
         spent = 0.0
         at = self.at_position
+        last = self.layout.steps - 1
         for t in timings:
             spent += t.wall
-            if t.step in at:
+            if t.step in at and t.step < last:
                 self._record(at[t.step], 1, spent, row)
+        if last in at and timings[-1].step >= last:
+            self._record(at[last], 1, spent, row)
 
     def inserter(self, index: int, base_seed: int, epoch: int, start: int, row: int,
                  draw: int = 0) -> Insert | None:
