@@ -85,6 +85,61 @@ def test_an_error_inside_an_embedded_transform_names_that_transform():
     assert p.step_names[step] == "broken" and isinstance(exc, KeyError)
 
 
+def test_an_unprofiled_embedded_run_gives_the_same_sample_and_its_whole_time_at_load():
+    """Runs that are not profiled (most samples in a worker) do not time each transform: the
+    load's timing carries the whole sample, and a random Step inside the Compose still gets a
+    generator per call, the same draws as in a profiled run."""
+    from headrace.profiler import sizes
+
+    jitter = hr.step(noise, random=True)
+    ds = TupleDataset(Compose([add_one, jitter, jitter]))  # the random step called twice
+    p = hr.Pipeline.from_dataset(ds)
+    plain = SampleRunner(p).run(3, 0, None, base_seed=1, epoch=0)
+    profiled = SampleRunner(p, sizes.measure).run(3, 0, None, base_seed=1, epoch=0)
+    assert np.array_equal(plain.value[0], profiled.value[0])
+    assert not np.array_equal(plain.value[0], [4, 4])  # noise from the generators it got
+    assert [t.step for t in plain.timings] == [0, 1, 2, 3]
+    assert plain.timings[0].wall > 0 and all(t.wall == 0 and t.cpu == 0 for t in plain.timings[1:])
+    assert all(t.wall > 0 for t in profiled.timings[1:])
+
+
+def _load_twice_in_a_child(src, out):
+    from headrace.pipeline.inplace import Timed
+
+    ds = src.dataset
+    first = src.load(1)
+    installed = ds.transform  # the instrumented copy stays between calls in a worker
+    second = src.load(2)
+    ds.transform = Compose([double, add_one])  # the worker's code assigns another: measured from the next
+    third = src.load(2)
+    out.put((np.array_equal(first[0], [4, 4]), np.array_equal(second[0], [6, 6]),
+             isinstance(installed.transforms[0], Timed) and installed.transforms[0].fn is add_one,
+             isinstance(ds.transform.transforms[0], Timed) and ds.transform.transforms[0].fn is double,
+             np.array_equal(third[0], [5, 5])))
+
+
+def test_a_worker_process_keeps_the_instrumented_transform_installed():
+    """In a process other than the training process the dataset is the worker's own: the
+    instrumented copy is installed once, not swapped in and out per sample; in the training
+    process the user's object is put back after each call."""
+    import multiprocessing as mp
+
+    from headrace.pipeline.inplace import EmbeddedSource, Timed
+
+    tf = Compose([add_one, double])
+    ds = TupleDataset(tf)
+    src = EmbeddedSource(ds, 2)
+    assert np.array_equal(src.load(1)[0], [4, 4]) and ds.transform is tf  # restored here
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    child = ctx.Process(target=_load_twice_in_a_child, args=(src, q))
+    child.start()
+    got = q.get(timeout=30)
+    child.join(30)
+    assert child.exitcode == 0 and got == (True, True, True, True, True)
+    assert ds.transform is tf and not isinstance(tf.transforms[0], Timed)  # the parent's untouched
+
+
 def test_plain_dataset_is_opaque():
     p = hr.Pipeline.from_dataset(TupleDataset())
     assert p.opaque and p.step_names == ["load"]

@@ -186,7 +186,7 @@ class SampleRunner:
         def rngs(position: int, call: int) -> Any:
             return step_rng(step_seed(root, keys[position + 1] + 0x9E3779B1 * call))
 
-        probe = Probe(n, self.measure, rngs)
+        probe = Probe(n, self.measure, rngs, timed=self.measure is not None)
         ws, cs = time.perf_counter(), time.thread_time()
         try:
             with probing(probe):
