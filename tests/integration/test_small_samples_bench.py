@@ -14,14 +14,14 @@ def test_small_samples_bench_runs_every_row_and_reports_ratios():
     before = [getattr(queueing, k) for k in names]
     res = small_samples.run(rounds=1, samples=400, workers=1, batch=32)
     assert before == [getattr(queueing, k) for k in names]
-    assert set(res) == {"cifar", "tiny"}
+    assert set(res) == {"cifar", "cifar-dataset", "tiny"}
     for rows in res.values():
         assert set(rows) == {"headrace", "headrace, 1 ms messages",
                              "headrace, a message per sample", "torch, 1 workers",
                              "torch, 2 workers"}
         assert all(len(v) == 1 and v[0][0] > 0 for v in rows.values())
     text = small_samples.markdown(res, 400, 1)
-    assert text.count("| headrace |") == 2 and "vs torch's best" in text
+    assert text.count("| headrace |") == 3 and "vs torch's best" in text
 
 
 def test_the_cifar_steps_match_torchs_dataset_on_a_sample():
@@ -41,3 +41,9 @@ def test_runner_costs_price_each_part_and_restore_the_runner():
     assert all(us > 0 for us in costs.values())
     assert (runner.seed_globals, runner.step_rng, runner.sample_root) == (
         seeding.seed_globals, seeding.step_rng, seeding.sample_root)
+
+
+def test_the_dataset_workload_is_one_object_for_both_loaders():
+    ds, torch_ds = small_samples.workloads(4)["cifar-dataset"]
+    x, y = ds[2]
+    assert torch_ds is ds and x.shape == (3, 32, 32) and y == 2

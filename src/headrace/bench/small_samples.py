@@ -3,10 +3,13 @@
     python -m headrace.bench.small_samples [--rounds 3] [--samples 20000] [--workers 2]
     python -m headrace.bench.small_samples --runner [--samples 5000]
 
-Two workloads, no simulated accelerator (the training loop only takes batches, so the loader's
-own throughput is measured): ``cifar`` (CIFAR-10-sized 32x32x3 images: reflect-pad-and-crop,
-flip, normalize, as a CIFAR training script does; about 70 µs of NumPy per sample) and
-``tiny`` (a 16 KB array and one addition: the per-sample price of the loader alone). Rows, each
+Three workloads, no simulated accelerator (the training loop only takes batches, so the
+loader's own throughput is measured): ``cifar`` (CIFAR-10-sized 32x32x3 images: reflect-pad-and-crop,
+flip, normalize, as a CIFAR training script does; about 40-70 µs of NumPy per sample, written as
+a headrace ``Pipeline`` of steps), ``cifar-dataset`` (the same work as a user writes it for
+torch: a map-style dataset with a Compose in ``__getitem__`` drawing from torch's global
+generator, returning ``(image, label)``) and ``tiny`` (a 16 KB array and one addition: the
+per-sample price of the loader alone). Rows, each
 a fresh loader's first epoch, interleaved round-robin over the rounds: ``headrace`` (defaults,
 out of order), ``headrace, 1 ms messages`` (cheap samples queued and sent as samples of
 1-2 ms are: ``queueing.CHEAP_QUEUE_S`` and ``CHEAP_HOLD_S`` set to ``QUEUE_S`` and ``HOLD_S``,
@@ -99,6 +102,57 @@ def pipelines(n: int) -> dict[str, Pipeline]:
     }
 
 
+class Compose:
+    """torchvision's ``Compose`` (not a dependency): the transforms in turn."""
+
+    def __init__(self, transforms: list[Callable[[Any], Any]]) -> None:
+        self.transforms = transforms
+
+    def __call__(self, x: Any) -> Any:
+        for t in self.transforms:
+            x = t(x)
+        return x
+
+
+def torch_pad_crop(x: np.ndarray) -> np.ndarray:
+    """``pad_crop`` drawing its offset from torch's global generator, as torchvision's
+    ``RandomCrop`` does."""
+    p = np.pad(x, ((4, 4), (4, 4), (0, 0)), mode="reflect")
+    i, j = torch.randint(0, 9, (2,)).tolist()
+    return p[i:i + 32, j:j + 32]
+
+
+def torch_flip(x: np.ndarray) -> np.ndarray:
+    return x[:, ::-1] if torch.rand(()) < 0.5 else x
+
+
+class CifarDataset(torch.utils.data.Dataset):
+    """The ``cifar`` workload as a user writes it for torch's loader: a map-style dataset
+    whose ``__getitem__`` applies a Compose of transforms drawing from torch's global
+    generator, returning ``(image, label)``; headrace measures the Compose where it stands."""
+
+    def __init__(self, n: int) -> None:
+        self.data = _Images(n).data
+        self.transform = Compose([torch_pad_crop, torch_flip, normalize])
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.transform(self.data[i]), i % 10
+
+
+def workloads(n: int) -> dict[str, tuple[Any, torch.utils.data.Dataset]]:
+    """``{name: (what headrace's loader is given, torch's dataset)}``: the two pipelines above
+    (torch's dataset runs their steps, :class:`_TorchDataset`) and ``cifar-dataset``, one
+    dataset object both loaders are given."""
+    out: dict[str, tuple[Any, torch.utils.data.Dataset]] = {
+        name: (pipe, _TorchDataset(pipe)) for name, pipe in pipelines(n).items()}
+    ds = CifarDataset(n)
+    out["cifar-dataset"] = (ds, ds)
+    return out
+
+
 class _TorchDataset(torch.utils.data.Dataset):
     """The same steps for torch's DataLoader, a generator per sample."""
 
@@ -122,7 +176,7 @@ def _epoch(make: Callable[[], Any], n: int, close: bool) -> tuple[float, float]:
     c0, t0 = time.process_time(), time.perf_counter()
     got = 0
     for b in loader:
-        got += len(b)
+        got += len(b[-1]) if isinstance(b, list) else len(b)  # [images, labels] or a tensor
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if close:
         loader.close()
@@ -142,10 +196,9 @@ def run(rounds: int, samples: int, workers: int, batch: int = 128) -> dict[str, 
 
     opts = Options(profile_store=False, cache=None)
     out: dict[str, dict[str, list]] = {}
-    for name, pipe in pipelines(samples).items():
-        ds = _TorchDataset(pipe)
+    for name, (pipe, ds) in workloads(samples).items():
 
-        def headrace_row(policy: dict[str, float], pipe: Pipeline = pipe) -> tuple[float, float]:
+        def headrace_row(policy: dict[str, float], pipe: Any = pipe) -> tuple[float, float]:
             saved = {k: getattr(queueing, k) for k in policy}
             for k, v in policy.items():
                 setattr(queueing, k, v)
