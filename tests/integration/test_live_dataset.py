@@ -9,7 +9,7 @@ import pytest
 import torch.utils.data as tud
 
 import headrace as hr
-from headrace.pipeline.inplace import EmbeddedSource, Probe, Timed, probing
+from headrace.pipeline.inplace import EmbeddedSource, Probe, Probing, Timed
 from tests.helpers import Compose
 
 pytestmark = pytest.mark.integration
@@ -230,7 +230,7 @@ def test_threads_sharing_the_dataset_measure_every_call_and_restore_it():
         for k in range(LOADS):
             i = (offset + k) % N
             probe = Probe(2, None, lambda position, call: None)
-            with probing(probe):
+            with Probing(probe):
                 got = src.load(i)
             probes.append(probe)
             if got != (i + 1) * 10:

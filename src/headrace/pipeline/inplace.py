@@ -18,7 +18,7 @@ are never modified, nothing is set to ``None``, and the result is the same, valu
 the dataset run by itself (tested against torch's loader).
 
 The measurements go to the :class:`Probe` the sample runner installs in this thread for the
-duration of one ``load`` (``probing``); outside of it the wrappers only call through.
+duration of one ``load`` (:class:`Probing`); outside of it the wrappers only call through.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import copy
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from headrace.pipeline.source import DatasetSource, user_attr
@@ -61,15 +61,23 @@ class Probe:
         self.failed: int | None = None
 
 
-@contextlib.contextmanager
-def probing(probe: Probe) -> Iterator[Probe]:
-    """Let the wrappers of this thread report to ``probe`` while the block runs."""
-    prev = getattr(_local, "probe", None)
-    _local.probe = probe
-    try:
-        yield probe
-    finally:
-        _local.probe = prev
+class Probing:
+    """``with Probing(probe):`` lets the wrappers of this thread report to ``probe`` while the
+    block runs (a class rather than a generator context manager: it runs once a sample)."""
+
+    __slots__ = ("prev", "probe")
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self.prev: Probe | None = None
+
+    def __enter__(self) -> Probe:
+        self.prev = getattr(_local, "probe", None)
+        _local.probe = self.probe
+        return self.probe
+
+    def __exit__(self, *_exc: object) -> None:
+        _local.probe = self.prev
 
 
 class Timed:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from headrace.pipeline.inplace import Probe, probing
+from headrace.pipeline.inplace import Probe, Probing
 from headrace.pipeline.seeding import sample_root, seed_globals, step_rng, step_seed
 
 if TYPE_CHECKING:
@@ -96,6 +96,8 @@ class SampleRunner:
             for s in pipeline.steps:
                 self._calls.append(s.__call__)
         self.n = len(self._calls)
+        self._untimed = [StepTiming(k, 0.0, 0.0) for k in range(1, len(self.names))]
+        """An embedded run's transforms when not profiled (immutable, shared by every run)."""
         self._random = [False, *(s.random for s in pipeline.steps)]
         self._seeded = reseed_globals or any(self._random)  # else no step needs a seed
 
@@ -179,7 +181,8 @@ class SampleRunner:
     ) -> tuple[Any, float] | Outcome:
         """``load`` of a dataset whose transforms run inside it (``pipeline/inplace.py``):
         append a timing for ``load`` itself (its time less its transforms') and one per
-        transform; an error inside a transform is reported at that transform's step."""
+        transform (on a run that is not profiled, the whole call is load's and the transforms
+        read zero); an error inside a transform is reported at that transform's step."""
         n = len(self.names) - 1
         keys = self.keys
 
@@ -189,19 +192,22 @@ class SampleRunner:
         probe = Probe(n, self.measure, rngs, timed=self.measure is not None)
         ws, cs = time.perf_counter(), time.thread_time()
         try:
-            with probing(probe):
+            with Probing(probe):
                 x = self._calls[0](index, None)
         except Exception as e:  # noqa: BLE001 - reported with its place
             step = 0 if probe.failed is None else probe.failed + 1
             return Outcome(None, None, timings, (step, e, traceback.format_exc()))
         wall, cpu = time.perf_counter() - ws, time.thread_time() - cs
-        measured = self.measure is not None
+        if self.measure is None:  # the transforms were not timed
+            timings.append(StepTiming(0, wall, cpu))
+            timings.extend(self._untimed)
+            return x, wall
         load_bytes = probe.bytes_in
-        if measured and load_bytes < 0:  # the dataset never called its transform
-            load_bytes = self.measure(x)[0]  # type: ignore[misc]
+        if load_bytes < 0:  # the dataset never called its transform
+            load_bytes = self.measure(x)[0]
         timings.append(StepTiming(0, max(0.0, wall - sum(probe.wall)),
-                                  max(0.0, cpu - sum(probe.cpu)), load_bytes if measured else -1))
+                                  max(0.0, cpu - sum(probe.cpu)), load_bytes))
         for k in range(n):
-            timings.append(StepTiming(k + 1, probe.wall[k], probe.cpu[k],
-                                      probe.bytes_out[k] if measured else -1, probe.changed[k]))
+            timings.append(StepTiming(k + 1, probe.wall[k], probe.cpu[k], probe.bytes_out[k],
+                                      probe.changed[k]))
         return x, wall

@@ -138,7 +138,7 @@ def worker_main(
         mp_util.Finalize(None, _if_orphaned, args=(setup.parent_pid, owner_gone), exitpriority=0)
 
     def to_ring(value: Any) -> tuple[Any, int]:
-        return encode(ring_encode(value, writer)), writer.write_pos
+        return ring_encode(value, writer, encode), writer.write_pos
 
     outbox = Outbox(results)
     writer.before_wait = outbox.flush  # held samples' ring space is freed once they are sent
