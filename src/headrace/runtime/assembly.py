@@ -27,7 +27,6 @@ Same result as ``default_collate``, by construction:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -148,7 +147,7 @@ class BatchAssembly:
     def _store(self, row: int, leaves: list[Any]) -> None:
         for dst, objects, leaf in zip(self._rows, self._objects, leaves, strict=True):
             if dst is not None:
-                np.copyto(dst[row, ...], leaf, casting="no")  # [row, ...]: a view even if 0-d
+                dst[row] = leaf  # the layout's dtype and shape: the spec compared equal
             else:
                 objects[row] = leaf
         self._stored.append(row)
@@ -180,9 +179,7 @@ def _flatten(x: Any, ring: Ring | None, leaves: list[Any], in_sequence: bool = F
     t = type(x)
     if t is RingRef:
         assert ring is not None
-        dt = np.dtype(x.dtype)
-        view = np.frombuffer(ring.buf, dtype=dt, count=math.prod(x.shape), offset=x.offset)
-        leaves.append(view.reshape(x.shape))
+        leaves.append(np.ndarray(x.shape, x.dtype, ring.buf, x.offset))  # a view of the ring
         return (_LEAF_ARRAY, x.kind, x.dtype, x.shape)
     if t is torch.Tensor:
         a = _numpy_of(x)

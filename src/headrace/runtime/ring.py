@@ -14,7 +14,6 @@ A leaf larger than a quarter of the ring falls back to torch's shared-memory pat
 
 from __future__ import annotations
 
-import math
 import mmap
 import time
 from collections.abc import Callable
@@ -149,7 +148,5 @@ def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
 def _decode_leaf(x: Any, ring: Ring) -> Any:
     if not isinstance(x, RingRef):
         return x
-    dt = np.dtype(x.dtype)
-    view = np.frombuffer(ring.buf, dtype=dt, count=math.prod(x.shape), offset=x.offset)
-    out = view.reshape(x.shape).copy()
+    out = np.ndarray(x.shape, x.dtype, ring.buf, x.offset).copy()
     return torch.from_numpy(out) if x.kind == "torch" else out
