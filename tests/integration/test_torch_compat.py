@@ -200,3 +200,44 @@ def test_a_collate_fn_error_raises_for_its_batch_and_the_epoch_goes_on(workers, 
             errors.append((e.step, e.index))
     assert errors == [("collate_fn", 12)]
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [16, 17, 18, 19]]
+
+
+class CarrierDataset(tud.Dataset):
+    """A leaf of each way a sample travels from a worker process: in the ring (``ringed``),
+    pickled inline (``small``), through torch's shared memory (``big``, over a quarter of the
+    ring; ``raw``, bytes over transport's inline limit), and inside a dict subclass (``dd``)."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import collections
+
+        import numpy as np
+
+        from headrace.runtime.transport import INLINE_LIMIT
+
+        return {"ringed": torch.full((2048,), float(i)), "small": torch.arange(4) + i,
+                "big": np.full((1200, 1000), i, np.float32), "raw": bytes([i]) * (INLINE_LIMIT + 8),
+                "dd": collections.defaultdict(list, {"t": torch.arange(3) + i})}
+
+
+def _same(a, b):
+    import numpy as np
+
+    if isinstance(a, (torch.Tensor, np.ndarray)):
+        return type(a) is type(b) and a.dtype == b.dtype and bool((a == b).all())
+    if isinstance(a, dict):
+        return type(a) is type(b) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("collate_fn", [None, list])
+def test_every_carrier_a_worker_uses_arrives_as_torch_delivers_it(collate_fn, no_leaks):
+    kw = {"batch_size": 2, "collate_fn": collate_fn} if collate_fn else {"batch_size": 2}
+    ref = list(tud.DataLoader(CarrierDataset(), num_workers=2, **kw))
+    got = list(hr.DataLoader(CarrierDataset(), num_workers=2, in_order=True, **kw))
+    assert len(got) == len(ref) == 2
+    assert all(_same(a, b) for a, b in zip(got, ref, strict=True))

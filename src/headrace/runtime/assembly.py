@@ -37,6 +37,7 @@ from torch.utils.data._utils import collate as torch_collate
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.ring import Ring, RingRef
 from headrace.runtime.ring import decode as ring_decode
+from headrace.runtime.transport import decode
 
 Spec = tuple[Any, ...]
 """A sample's structure: nested tuples naming containers and leaves (compared with ``==``)."""
@@ -90,8 +91,10 @@ class BatchAssembly:
     def put(self, row: int, index: int, value: Any, ring: Ring | None) -> None:
         """Add the sample of dataset ``index`` as row ``row``.
 
-        ``value``: the sample as it arrived, array leaves possibly still ``RingRef`` into
-        ``ring``; every byte needed from the ring is copied before this returns.
+        ``value``: the sample as it arrived; from a worker process (``ring``), as its message
+        carried it: array leaves ``RingRef`` into ``ring`` and the other leaves as
+        ``transport.encode`` made them (decoded here, in the same walk). Every byte needed
+        from the ring is copied before this returns.
         """
         self.indices[row] = index
         if self.in_place:
@@ -103,7 +106,7 @@ class BatchAssembly:
                 self._store(row, leaves)
                 return
             self._to_list()
-        self._samples[row] = ring_decode(value, ring) if ring is not None else value
+        self._samples[row] = ring_decode(value, ring, decode) if ring is not None else value
 
     def finish(self, rows: list[int]) -> Any:
         """The collated batch of ``rows`` (ascending). Raises what ``collate_fn`` raises."""
@@ -196,6 +199,10 @@ def _flatten(x: Any, ring: Ring | None, leaves: list[Any], in_sequence: bool = F
         return (t.__name__, tuple(_flatten(v, ring, leaves, True) for v in x))
     elif isinstance(x, tuple) and hasattr(x, "_fields"):
         return ("namedtuple", t, tuple(_flatten(v, ring, leaves, True) for v in x))
+    elif ring is not None:  # a worker process's leaf as transport.encode sent it
+        value = decode(x)
+        if value is not x:
+            return _flatten(value, None, leaves, in_sequence)
     leaves.append(x)
     return (_LEAF_OBJECT, in_sequence)
 

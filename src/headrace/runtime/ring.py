@@ -124,9 +124,10 @@ def encode(x: Any, w: RingWriter, other: Callable[[Any], Any] = lambda leaf: lea
     return map_leaves(x, lambda leaf: _encode_leaf(leaf, w, other))
 
 
-def decode(x: Any, ring: Ring) -> Any:
-    """Copy ring references out into fresh arrays/tensors (training-process side)."""
-    return map_leaves(x, lambda leaf: _decode_leaf(leaf, ring))
+def decode(x: Any, ring: Ring, other: Callable[[Any], Any] = lambda leaf: leaf) -> Any:
+    """Copy ring references out into fresh arrays/tensors (training-process side); every
+    other leaf becomes ``other(leaf)`` (``transport.decode``, the inverse of :func:`encode`'s)."""
+    return map_leaves(x, lambda leaf: _decode_leaf(leaf, ring, other))
 
 
 def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
@@ -145,8 +146,8 @@ def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
     return other(x)
 
 
-def _decode_leaf(x: Any, ring: Ring) -> Any:
+def _decode_leaf(x: Any, ring: Ring, other: Callable[[Any], Any]) -> Any:
     if not isinstance(x, RingRef):
-        return x
+        return other(x)
     out = np.ndarray(x.shape, x.dtype, ring.buf, x.offset).copy()
     return torch.from_numpy(out) if x.kind == "torch" else out

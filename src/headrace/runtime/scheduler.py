@@ -315,7 +315,7 @@ class Scheduler:
             if ring is None:
                 self.output.place(rec, payload, None)
             else:
-                self.output.place(rec, decode(payload), ring)
+                self.output.place(rec, payload, ring)  # decoded where it is copied
                 ring.read_pos.value = ring_end
             del self._recs[tid]
             rec.step_s += sum(t.wall for t in timings)
@@ -330,7 +330,7 @@ class Scheduler:
             c0 = time.thread_time()
             if ring is not None:
                 # copied out of the worker's ring; large arrays go to the next worker by shared memory
-                payload = encode(ring_decode(decode(payload), ring))
+                payload = encode(ring_decode(payload, ring, decode))
                 ring.read_pos.value = ring_end
             self.counters.forward_cpu_s += time.thread_time() - c0
             self.counters.forwarded += 1
