@@ -241,3 +241,49 @@ def test_every_carrier_a_worker_uses_arrives_as_torch_delivers_it(collate_fn, no
     got = list(hr.DataLoader(CarrierDataset(), num_workers=2, in_order=True, **kw))
     assert len(got) == len(ref) == 2
     assert all(_same(a, b) for a, b in zip(got, ref, strict=True))
+
+
+class _LengthUnknown(tud.Sampler):
+    """A sampler whose ``__len__`` raises what a stream's length may (not ``TypeError``)."""
+
+    def __iter__(self):
+        return iter(range(10))
+
+    def __len__(self):
+        raise NotImplementedError("length unknown")
+
+
+class _NoLen(tud.Sampler):
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+def test_a_sampler_whose_len_raises_is_iterated_as_torch_does(no_leaks):
+    """torch asks a sampler's length only for ``len(loader)``; headrace asked it at every epoch
+    start and raised the sampler's error from ``iter()``."""
+    kw = {"sampler": _LengthUnknown(), "batch_size": 4}
+    ref = batches(tud.DataLoader(list(range(10)), num_workers=2, **kw))
+    got = batches(hr.DataLoader(list(range(10)), num_workers=2, in_order=True, **kw))
+    assert got == ref == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kw", [{"sampler": _NoLen(range(12)), "batch_size": 4},
+                                {"batch_sampler": _NoLen([[0, 1, 2], [3, 4], [5]])}])
+def test_state_dict_of_a_loader_whose_sampler_has_no_length(workers, kw, no_leaks):
+    """``state_dict()`` mid-epoch raised ``TypeError`` (it recorded ``len(loader)``); now the
+    batches per epoch are recorded as unknown and a new loader resumes the rest."""
+    loader = hr.DataLoader(IndexDataset(12), num_workers=workers, in_order=True, **kw)
+    it = iter(loader)
+    first = next(it).tolist()
+    sd = loader.state_dict()
+    del it
+    assert sd["batches_per_epoch"] is None
+    again = hr.DataLoader(IndexDataset(12), num_workers=workers, in_order=True, **kw)
+    again.load_state_dict(sd)
+    rest = [i for b in batches(again) for i in b]
+    whole = [i for b in batches(hr.DataLoader(IndexDataset(12), in_order=True, **kw)) for i in b]
+    assert sorted(first + rest) == sorted(whole) and len(first + rest) == len(whole)

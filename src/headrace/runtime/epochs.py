@@ -153,7 +153,9 @@ def pin_fn(loader: DataLoader) -> Callable[[Any], Any] | None:
 
 
 def total_positions(loader: DataLoader) -> int | None:
-    """Samples in an epoch when the sampler knows its length, else ``None``."""
+    """Samples in an epoch when the sampler knows its length, else ``None`` (also where its
+    ``__len__`` raises something else than ``TypeError``: torch asks it only in ``len(loader)``,
+    so a sampler may say ``NotImplementedError`` there)."""
     try:
         if not loader._auto_collation:
             return len(loader._index_sampler)
@@ -162,7 +164,7 @@ def total_positions(loader: DataLoader) -> int | None:
         n = len(loader.sampler)  # type: ignore[arg-type]
         bs = loader.batch_size or 1
         return n - n % bs if loader.drop_last else n
-    except TypeError:
+    except Exception:  # noqa: BLE001 - a length the sampler cannot give is an unknown one
         return None
 
 

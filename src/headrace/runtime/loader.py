@@ -326,7 +326,7 @@ class DataLoader(tud.DataLoader[_T_co]):
     def _identity(self, steps: tuple[str, ...]) -> checkpoint.Identity:
         assert self.pipeline is not None
         return checkpoint.Identity(
-            samples=self.pipeline.length(), batches=len(self), steps=steps,
+            samples=self.pipeline.length(), batches=_length_or_none(self), steps=steps,
             dataset=source_fingerprint(self.pipeline.source),
             step_code=step_digests(self.pipeline),
             delivered_by="index" if self.cache is not None and self.cache.config.ods
@@ -383,3 +383,12 @@ class DataLoader(tud.DataLoader[_T_co]):
 
 def _no_iterator() -> None:
     return None
+
+
+def _length_or_none(loader: DataLoader) -> int | None:
+    """``len(loader)``, or None where the sampler cannot say (no ``__len__``, or one that
+    raises): a state dict of such a loader records its batches per epoch as unknown."""
+    try:
+        return len(loader)
+    except Exception:  # noqa: BLE001 - as torch, which asks only when the user does
+        return None
