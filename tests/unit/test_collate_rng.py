@@ -9,10 +9,8 @@ from torch.utils.data import default_collate, default_convert
 
 from headrace.runtime.collate_rng import (
     PROBE_BATCHES,
-    SEEDED,
     CollatePlace,
     collated_in_loop,
-    drawn_apart,
     place_for,
 )
 
@@ -74,23 +72,3 @@ def test_a_call_that_raises_still_restores_the_callers_generators():
     with pytest.raises(ValueError, match="bad batch"):
         collated_in_loop(boom, CollatePlace(boom), 0, 0, 0)
     assert torch.equal(torch.rand(1), expected)
-
-
-def test_the_sampler_is_read_and_a_collate_fn_seeded_under_one_lock():
-    # a sampler drawing from the global generators on the scheduler thread had its draws
-    # rewound when a seeded window closed: the two never overlap, one lock held by each
-    seen = []
-
-    class Recording:
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            if len(seen) == 2:
-                raise StopIteration
-            seen.append(SEEDED.locked())
-            return len(seen)
-
-    assert list(drawn_apart(Recording())) == [1, 2] and seen == [True, True]
-    inside = collated_in_loop(SEEDED.locked, CollatePlace(len), 0, 0, 0)
-    assert inside and not SEEDED.locked()

@@ -18,16 +18,16 @@ only on rare batches after the probe is not caught (``explain()`` says which was
 The seed of a batch: (base seed, epoch, the batch's key), the key being the sampler batch's
 first epoch position (``in_order=True``, a user batch sampler: the same in every run and after a
 resume) or, when batches are regrouped, the batch's number in the epoch (a resumed epoch
-numbers past the batches it delivered). The sampler is never read inside a seeded window
-(:data:`SEEDED`), and no two calls of the collate_fn overlap across the move to the collate
-thread (``CollatePlace.one_at_a_time``). Not used with ``executor="threads"``, whose worker
+numbers past the batches it delivered). The sampler is read in the training thread too
+(``runtime/feed.py``), so never inside a seeded window, and no two calls of the collate_fn
+overlap across the move to the collate thread (``CollatePlace.one_at_a_time``). Not used with ``executor="threads"``, whose worker
 threads draw from the same global generators whenever they run.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,26 +46,6 @@ PROBE_BATCHES = 4
 """Batches collated in the training loop, watched, before a collator that never drew moves to
 the collate threads."""
 _KEY = step_key("collate_fn")
-
-
-SEEDED = threading.Lock()
-"""Held while the global generators are seeded for a ``collate_fn`` (:func:`collated_in_loop`)
-and while the scheduler thread takes the sampler's next element (:func:`drawn_apart`): a
-sampler drawing from them would otherwise draw inside that window, have its draws rewound
-when the window closes (the same values again), and make a collator that drew nothing look as
-if it had."""
-
-
-def drawn_apart(groups: Iterator[Any]) -> Iterator[Any]:
-    """The sampler's elements, each taken outside any seeded window."""
-    it = iter(groups)
-    while True:
-        with SEEDED:
-            try:
-                group = next(it)
-            except StopIteration:
-                return
-        yield group
 
 
 def one_at_a_time(place: CollatePlace, collate: Callable[[], Any]) -> Any:
@@ -123,18 +103,17 @@ def collated_in_loop(collate: Callable[[], Any], place: CollatePlace, base_seed:
     """``collate()`` in the calling (training) thread under the global generators seeded for
     batch ``key``; the caller's generator states come back afterwards, whatever happens.
     While ``place`` probes, tells it whether the call moved a generator."""
-    with SEEDED:
-        saved = global_states()
-        try:
-            seed_globals(sample_seed(base_seed, epoch, key, _KEY))
-            seeded = global_states() if place.mode == "probe" else None
-            with place.one_at_a_time:
-                out = collate()
-            if seeded is not None:
-                place.observe(not _same(seeded, global_states()))
-            return out
-        finally:
-            restore_globals(saved)
+    saved = global_states()
+    try:
+        seed_globals(sample_seed(base_seed, epoch, key, _KEY))
+        seeded = global_states() if place.mode == "probe" else None
+        with place.one_at_a_time:
+            out = collate()
+        if seeded is not None:
+            place.observe(not _same(seeded, global_states()))
+        return out
+    finally:
+        restore_globals(saved)
 
 
 def _same(a: tuple[Any, Any, torch.Tensor], b: tuple[Any, Any, torch.Tensor]) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 
 from headrace.errors import StepError
 from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.feed import Feed
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.scheduler import Scheduler
 from headrace.runtime.work import EpochSpec
@@ -175,15 +176,36 @@ class EpochIterator(EpochBase):
         self.timeout_s = timeout_s
         self._out: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self._held: tuple[str, Any, Any] | None = None  # seen by a non-blocking take, for later
+        self._raised = 0  # samples of batches whose collate_fn raised in the training loop
+        self.feed = spec.groups if isinstance(spec.groups, Feed) else None
+        if self.feed is not None:  # the scheduler found nothing fed: read more at the next turn
+            out = self._out  # (the queue alone: a reference to self would be a cycle)
+            self.feed.on_empty = lambda: out.put(("feed", None, None))
         self.scheduler = Scheduler(pool, spec, hooks, self._out)
         self.scheduler.start()
+
+    def mark(self, positions: Any) -> None:
+        super().mark(positions)
+        self._top_up()
+
+    def _top_up(self) -> None:
+        """Read the sampler in this (the training) thread for the room the settled samples
+        left (``runtime/feed.py``), and let the scheduler dispatch what came. Settled: as the
+        scheduler counts them out of flight, but for batches taken and not yet delivered (the
+        device prefetcher's), so the count follows deliveries, not timing."""
+        c = self.scheduler.counters
+        if self.feed is not None and self.feed.top_up(
+                self.meter.samples + self._raised + c.skipped + c.failed + c.discarded):
+            self.scheduler.room_freed()
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         if self._closed:
             self._check_open()
         c0 = time.thread_time()
         item, self._held = self._held, None
-        if item is None:
+        while item is None or item[0] == "feed":  # "feed": the scheduler asks for the sampler
+            if item is not None:
+                self._top_up()
             try:
                 item = self._out.get_nowait()
             except queue.Empty:
@@ -202,7 +224,10 @@ class EpochIterator(EpochBase):
                 value = value.result() if kind == "future" else value()
             except StepError:
                 self.scheduler.consumed += len(positions)  # its samples leave with its error
+                self._raised += len(positions)
+                self._top_up()
                 self.scheduler.room_freed()
+                value = item = None  # held by the error's traceback: a cycle through the future
                 raise
             finally:
                 self.meter.stall_s += time.perf_counter() - t0
@@ -217,12 +242,15 @@ class EpochIterator(EpochBase):
             return None
         if kind == "raise":  # one sample's (or batch's) error: raised, and the epoch goes on
             self.meter.consumer_cpu_s += time.thread_time() - c0
+        else:
+            self.meter.t_end = time.perf_counter()
+            self.close()
+            if kind == "end":
+                raise StopIteration
+        try:
             raise value
-        self.meter.t_end = time.perf_counter()
-        self.close()
-        if kind == "end":
-            raise StopIteration
-        raise value
+        finally:  # this frame is in the error's traceback: it must not hold the error itself
+            value = item = None
 
     def _get_blocking(self) -> tuple[str, Any, Any]:
         deadline = time.monotonic() + self.timeout_s if self.timeout_s > 0 else None

@@ -27,9 +27,10 @@ from headrace.runtime.checkpoint import (
     sampler_generators,
     set_states,
 )
-from headrace.runtime.collate_rng import drawn_apart, place_for
+from headrace.runtime.collate_rng import place_for
 from headrace.runtime.draws import may_repeat
 from headrace.runtime.epoch import EpochIterator
+from headrace.runtime.feed import Feed
 from headrace.runtime.inprocess import InProcessIterator
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.work import EpochSpec, default_max_in_flight
@@ -235,10 +236,13 @@ def make_iterator(
         hi += loader.remote.max_workers  # remote workers need samples in flight too
     max_in_flight = opts.max_in_flight or default_max_in_flight(
         bs, hi, loader.prefetch_factor or 2)
+    # the sampler is read in this (the training) thread, now and as batches are delivered
+    feed = Feed(groups, loader._auto_collation, max_in_flight, runs_after_resume(delivered, ods))
+    feed.top_up(0)
     spec = EpochSpec(
         epoch=epoch,
         base_seed=base_seed,
-        groups=drawn_apart(groups) if place is not None else groups,
+        groups=feed,
         auto_collation=loader._auto_collation,
         # a resumed epoch's batches are numbered past those it delivered (at most one per
         # delivered sample): a collate_fn seeded by number repeated their draws
@@ -320,3 +324,13 @@ def close_pool(holder: list[WorkerPool | None]) -> None:
     for pool in holder:
         if pool is not None:
             pool.shutdown()
+
+
+def runs_after_resume(delivered: Bitmap, ods: Any) -> Callable[[int, Any], bool] | None:
+    """Whether the sample at (position, sampler index) runs in a resumed epoch, by the rule the
+    scheduler applies (``Lanes.pull_group``): one not delivered before, by position, or by
+    sampler index under ODS (``OdsEpoch.fill``); ``None`` when nothing was delivered before."""
+    if ods is not None:
+        resumed = ods.resumed
+        return (lambda p, i: i not in resumed) if resumed.count else None
+    return (lambda p, i: p not in delivered) if delivered.count else None

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from headrace.runtime.draws import Draws
+from headrace.runtime.feed import NotYet, detached
 from headrace.runtime.work import EpochSpec, Rec
 from headrace.runtime.worker import Task
 
@@ -37,6 +38,7 @@ class Lanes:
         self.draws = Draws(spec.may_repeat)  # how many times each index came before
         self.empty_groups = 0  # empty sampler batches so far (keyed -1, -2, ...: no position)
         self.repeats: dict[int, int] = {}  # position -> its draw, for the positions above 0
+        self.error: Exception | None = None  # what the sampler raised: the epoch's end
 
     @property
     def complete(self) -> bool:
@@ -75,9 +77,8 @@ class Lanes:
         """A new task for the next fresh position, pulling a sampler batch when none is left and
         fewer than ``spec.max_in_flight`` samples are in flight."""
         while not self.fresh:
-            if self.exhausted or in_flight >= self.spec.max_in_flight:
+            if self.exhausted or in_flight >= self.spec.max_in_flight or not self.pull_group():
                 return None
-            self.pull_group()
         position, index = self.fresh.popleft()
         s = self.spec
         task = Task(next(self.tids), index, 0, None, s.base_seed, s.epoch, s.handoff,
@@ -86,18 +87,26 @@ class Lanes:
         self.recs[task.tid] = rec
         return rec
 
-    def pull_group(self) -> None:
-        """Pull one sampler element (a batch of indices, or one index) into ``fresh``."""
+    def pull_group(self) -> bool:
+        """Pull one sampler element (a batch of indices, or one index) into ``fresh``; False
+        when none was read yet (``runtime/feed.py``: the training thread reads the sampler).
+        An error the sampler raised ends the epoch's reading: kept in ``error`` and raised once
+        what was pulled before it is delivered."""
         try:
             group = next(self.spec.groups)
+        except NotYet:
+            return False
         except StopIteration:
             self.exhausted = True
-            return
+            return True
+        except Exception as e:  # noqa: BLE001 - the sampler's own
+            self.exhausted, self.error = True, detached(e)
+            return True
         indices = list(group) if self.spec.auto_collation else [group]
         if not indices:  # a user batch_sampler's empty batch: collate_fn([]) in its turn
             self.empty_groups += 1
             self.spec.batcher.add_group(-self.empty_groups, [])
-            return
+            return True
         start = self.positions
         self.positions += len(indices)
         positions = list(range(start, start + len(indices)))
@@ -112,3 +121,4 @@ class Lanes:
             self.spec.batcher.add_group(start, [p for p, _ in todo])
         self.fresh.extend(todo)
         self.pulled += len(todo)
+        return True

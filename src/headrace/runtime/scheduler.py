@@ -209,11 +209,13 @@ class Scheduler:
             return True
 
     def _advance(self) -> bool:
-        """Dispatch work and emit ready batches; True (and "end" put) when the epoch is done."""
+        """Dispatch work and emit ready batches; True (and "end" put, or the error the sampler
+        raised once what it gave before is delivered) when the epoch is done."""
         self.dispatcher.dispatch()
         if self.output.emit(self.lanes.complete):
             self._starts_read()
-            self.out.put(("end", None, None))
+            err, self.lanes.error = self.lanes.error, None  # held by the queue alone: a cycle
+            self.out.put(("end", None, None) if err is None else ("error", err, None))
             self._finished = True
         return self._finished
 

@@ -1,0 +1,119 @@
+"""The sampler's elements, read in the training loop's thread, as torch's loader reads them.
+
+A sampler may draw from the global generators as it yields: an infinite random sampler
+(``yield torch.randint(n, ()).item()``), a shard shuffler drawing a new permutation per shard.
+Read on the scheduler thread, those draws interleave with the training loop's own (dropout, a
+random schedule) in an order that thread timing sets: other samples and other training draws
+in each run (a compatibility sweep: 3 of 4 seeded runs differed, and none matched torch). torch
+reads its sampler in the training thread, at ``iter()`` and after each batch it hands over.
+
+So does headrace: at ``iter()`` and each time a batch reaches the training loop, the training
+thread reads the sampler until ``ahead`` samples to run are fed past those settled (delivered
+to the training loop or raised there in their batch's place, skipped, failed or discarded: what
+the scheduler counts out of flight, so the feed never holds the scheduler below its bound for
+long); the scheduler thread takes the fed elements (``next(feed)``) and raises :class:`NotYet`
+when none is there. Until a sample fails, how many elements are read before each ``next()``
+returns depends on the batches delivered alone, never on timing; a failure settles samples at
+a time set by the workers. Should the scheduler find the feed empty with room to dispatch (a
+failure, batches taken ahead of their delivery by the device prefetcher), ``on_empty`` asks
+the training thread for more (``EpochIterator`` wakes it). Positions a resumed epoch
+delivered before never run, so they are not counted as fed (``runs``): the feed reads past
+them, as the scheduler skips them.
+
+An error the sampler raises is kept and given to the scheduler after every element read
+before it, so the epoch delivers those samples, then raises it (as torch does without workers).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class NotYet(Exception):  # noqa: N818 - a state, not a failure
+    """Nothing fed yet: the training thread reads more at its next turn."""
+
+
+class Feed:
+    """An iterator over ``groups`` (the sampler's elements) that only the training thread
+    advances (:meth:`top_up`); the scheduler thread takes what it read.
+
+    ``auto_collation``: each element is a batch of indices (``len`` positions), else one index.
+    ``ahead``: samples to keep fed past those settled (the epoch's in-flight bound).
+    ``runs(position, index)``: whether that sample will run, the scheduler's own rule (a
+    resumed epoch leaves out what it delivered before: by position, or by sampler index under
+    ODS); ``None``: every one runs.
+    """
+
+    def __init__(self, groups: Iterator[Any], auto_collation: bool, ahead: int,
+                 runs: Callable[[int, Any], bool] | None = None) -> None:
+        self._groups = groups
+        self._auto = auto_collation
+        self._runs = runs
+        self.ahead = ahead
+        self._items: deque[Any] = deque()
+        self._ended = False  # the sampler stopped (or raised)
+        self._error: Exception | None = None  # what it raised, until given to the scheduler
+        self.positions = 0  # positions read from the sampler
+        self.fed = 0  # samples to run among them (what the scheduler will count as pulled)
+        self.asked = False  # on_empty was called and no top-up followed yet
+        self.on_empty: Callable[[], None] = lambda: None
+
+    # -- training thread ------------------------------------------------------------------------
+    def top_up(self, settled: int) -> bool:
+        """Read the sampler until ``ahead`` samples to run are fed past ``settled`` (samples
+        out of flight, as the scheduler counts them); True when something new is there for the
+        scheduler (an element, or the end)."""
+        self.asked = False
+        added = False
+        while not self._ended and self.fed - settled < self.ahead:
+            try:
+                group = next(self._groups)
+            except StopIteration:
+                self._ended = True
+            except Exception as e:  # noqa: BLE001 - the sampler's: raised after what came before
+                self._ended, self._error = True, detached(e)
+            else:
+                if self._auto:
+                    group = list(group)  # a batch sampler may yield generators: read once
+                n = len(group) if self._auto else 1
+                start, self.positions = self.positions, self.positions + n
+                runs = self._runs
+                self.fed += n if runs is None else sum(
+                    map(runs, range(start, start + n), group if self._auto else [group]))
+                self._items.append(group)
+                added = True
+                continue
+            added = True
+        return added
+
+    # -- scheduler thread ------------------------------------------------------------------------
+    def __iter__(self) -> Feed:
+        return self
+
+    def __next__(self) -> Any:
+        if self._items:
+            return self._items.popleft()
+        if not self._ended:
+            if not self.asked:
+                self.asked = True
+                self.on_empty()
+            raise NotYet
+        if self._items:  # fed between the two reads above, before the end was set
+            return self._items.popleft()
+        error, self._error = self._error, None  # given once (the epoch ends with it)
+        if error is None:
+            raise StopIteration
+        try:
+            raise error
+        finally:  # this frame joins the error's traceback: it must not hold the error
+            error = None
+
+
+def detached(e: Exception) -> Exception:
+    """``e`` without the frame that caught it, to be kept by the object whose method caught
+    it: that frame holds the object, a cycle that would keep the epoch (its scheduler, its
+    sampler) alive until the garbage collector ran."""
+    tb = e.__traceback__
+    return e.with_traceback(tb.tb_next if tb is not None else None)

@@ -1,0 +1,111 @@
+"""The sampler's feed: read by the training thread as batches settle (pure, no threads)."""
+
+from __future__ import annotations
+
+import pytest
+
+from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.epochs import runs_after_resume
+from headrace.runtime.feed import Feed, NotYet
+
+
+class Counting:
+    """An iterator over ``items`` that counts the elements read; raises ``error`` at the end."""
+
+    def __init__(self, items, error=None):
+        self.items = list(items)
+        self.error = error
+        self.read = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.read == len(self.items):
+            if self.error is not None:
+                raise self.error
+            raise StopIteration
+        self.read += 1
+        return self.items[self.read - 1]
+
+
+def test_reads_until_ahead_positions_are_fed_past_the_settled_ones():
+    src = Counting(range(100))
+    feed = Feed(src, auto_collation=False, ahead=8)
+    assert feed.top_up(0) and src.read == 8
+    assert [next(feed) for _ in range(3)] == [0, 1, 2]
+    assert not feed.top_up(0) and src.read == 8  # nothing settled: nothing more read
+    assert feed.top_up(4) and src.read == 12  # four settled: four more
+    assert list(_drain(feed)) == list(range(3, 12))
+
+
+def test_batches_count_their_positions_and_generators_are_read_once():
+    src = Counting([(i for i in (0, 1, 2)), [3, 4, 5], [6, 7, 8]])
+    feed = Feed(src, auto_collation=True, ahead=5)
+    feed.top_up(0)
+    assert src.read == 2 and [next(feed), next(feed)] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_samples_a_resumed_epoch_will_not_run_are_not_counted_as_fed():
+    delivered = Bitmap()
+    for p in (0, 1, 2, 5):
+        delivered.set(p)
+    src = Counting(range(20))
+    feed = Feed(src, auto_collation=False, ahead=4, runs=runs_after_resume(delivered, None))
+    feed.top_up(0)
+    assert src.read == 8  # positions 0..7, of which 3, 4, 6, 7 will run
+
+
+def test_under_ods_a_resumed_epoch_leaves_out_sampler_indices_not_positions():
+    # ODS records deliveries by sample: indices 10 and 11 came before the cut, wherever the
+    # replayed sampler puts them (the scheduler's rule: OdsEpoch.fill)
+    class Ods:
+        resumed = Bitmap()
+
+    Ods.resumed.set(10)
+    Ods.resumed.set(11)
+    src = Counting([[11, 3], [10, 4], [5, 6]])
+    feed = Feed(src, auto_collation=True, ahead=3, runs=runs_after_resume(Bitmap(), Ods()))
+    feed.top_up(0)
+    assert src.read == 3 and feed.fed == 4  # 3, 4, then both of [5, 6]
+    assert runs_after_resume(Bitmap(), None) is None  # nothing delivered: everything runs
+
+
+def test_the_end_and_a_sampler_error_come_after_every_element_read_before_them():
+    feed = Feed(Counting([1, 2], error=ValueError("bad sampler")), False, ahead=10)
+    assert feed.top_up(0)
+    assert [next(feed), next(feed)] == [1, 2]
+    with pytest.raises(ValueError, match="bad sampler") as raised:
+        next(feed)
+    # kept without the frame that read it (that frame holds the feed: a reference cycle)
+    frames = [f.name for f in raised.traceback]
+    assert "top_up" not in frames and "__next__" in frames
+    with pytest.raises(StopIteration):  # given once; the epoch ended with it
+        next(feed)
+    done = Feed(Counting([7]), False, ahead=10)
+    done.top_up(0)
+    assert list(done) == [7]
+
+
+def test_an_empty_feed_asks_the_training_thread_once_until_it_reads_again():
+    asked = []
+    feed = Feed(Counting(range(10)), False, ahead=2)
+    feed.on_empty = lambda: asked.append(1)
+    with pytest.raises(NotYet):
+        next(feed)
+    with pytest.raises(NotYet):
+        next(feed)
+    assert asked == [1]  # asked once
+    feed.top_up(0)
+    assert [next(feed), next(feed)] == [0, 1]
+    with pytest.raises(NotYet):
+        next(feed)
+    assert asked == [1, 1]
+
+
+def _drain(feed):
+    while True:
+        try:
+            yield next(feed)
+        except (NotYet, StopIteration):
+            return
