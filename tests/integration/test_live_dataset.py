@@ -2,6 +2,8 @@
 user, ``worker_init_fn`` and ``__getitem__`` do to it is seen, as with torch's loader, while its
 transforms are still measured step by step (``pipeline/inplace.py``)."""
 
+import copy
+import pickle
 import threading
 
 import numpy as np
@@ -344,3 +346,119 @@ def test_two_loaders_over_one_dataset_leave_the_users_transform_in_place():
     t.join(30)
     assert got == [1] and ds.transform is user
     assert not any(isinstance(x, Timed) for x in user.transforms)
+
+
+class Fixed:
+    def __call__(self, x):
+        return x + 1000
+
+
+class Jitter:
+    def __call__(self, x):
+        return x + 1
+
+
+class Resumable:
+    """A Compose that can start part-way (MONAI's ``Compose.__call__(start=...)``)."""
+
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def __call__(self, x, start=0):
+        for t in self.transforms[start:]:
+            x = t(x)
+        return x
+
+
+class CachedPrefix(tud.Dataset):
+    """MONAI's ``CacheDataset`` pattern: the transforms before the first random one ran at
+    construction (cached); ``__getitem__`` finds where to resume with ``isinstance``."""
+
+    def __init__(self):
+        self.transform = Resumable([Fixed(), Jitter()])
+        self.cache = [self.transform.transforms[0](i) for i in range(N)]
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        ts = self.transform.transforms
+        start = next(k for k, t in enumerate(ts) if isinstance(t, Jitter)
+                     or not isinstance(t, (Fixed, Jitter)))
+        looks = ([type(t).__name__ for t in ts], [t.__class__ for t in ts],
+                 [type(copy.deepcopy(t)) for t in ts], [type(pickle.loads(pickle.dumps(t)))
+                                                        for t in ts])
+        return self.transform(self.cache[i], start=start), looks
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_getitem_sees_its_own_transform_classes(workers, no_leaks):
+    """The measured copy's wrappers passed ``isinstance`` for nothing: a cached prefix ran a
+    second time (1000 added twice, silently, MONAI's ``CacheDataset`` and
+    ``PersistentDataset``, whose disk cache then held the wrong values for torch too)."""
+    ref = list(tud.DataLoader(CachedPrefix(), batch_size=None, num_workers=workers))
+    loader = hr.DataLoader(CachedPrefix(), batch_size=None, num_workers=workers,
+                           options=hr.Options(profile_store=False))
+    try:
+        assert loader.pipeline.embedded  # still measured step by step
+        got = list(loader)
+    finally:
+        loader.close()
+    assert [v for v, _ in ref] == [1001 + i for i in range(N)]
+    assert got == ref
+    assert list(ref[0][1]) == [["Fixed", "Jitter"], [Fixed, Jitter], [Fixed, Jitter], [Fixed, Jitter]]
+
+
+class Pairs:
+    """A Compose whose list holds (transform, probability) pairs, not transforms."""
+
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def __call__(self, x):
+        for t, p in self.transforms:
+            if p >= 1.0:
+                x = t(x)
+        return x
+
+
+class Named:
+    """A Compose whose list names its own methods."""
+
+    def __init__(self, transforms):
+        self.transforms = transforms
+
+    def negate(self, x):
+        return -x
+
+    def shift(self, x):
+        return x + 100
+
+    def __call__(self, x):
+        for name in self.transforms:
+            x = getattr(self, name)(x)
+        return x
+
+
+class Plain(tud.Dataset):
+    def __init__(self, transform):
+        self.transform = transform
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return self.transform(i)
+
+
+@pytest.mark.parametrize("transform", [lambda: Pairs([(add_one, 1.0), (times_ten, 1.0)]),
+                                       lambda: Named(["negate", "shift"])])
+def test_a_transforms_list_of_anything_but_callables_runs_as_it_is(transform, no_leaks):
+    """It raised at construction ("step 'tuple': fn must be callable")."""
+    ref = list(tud.DataLoader(Plain(transform()), batch_size=None))
+    loader = hr.DataLoader(Plain(transform()), batch_size=None, num_workers=2)
+    try:
+        assert not loader.pipeline.embedded
+        assert sorted(loader) == sorted(ref)
+    finally:
+        loader.close()

@@ -85,11 +85,25 @@ class Timed:
 
     A random headrace :class:`~headrace.pipeline.step.Step` in the list gets its ``rng`` here
     (seeded per sample, step and call), which a plain Compose could not give it.
+
+    To the dataset's code it passes for the original: ``isinstance`` and ``__class__`` answer
+    with the original's class (MONAI's ``CacheDataset`` finds where to resume its Compose with
+    ``isinstance(t, RandomizableTrait)``: with the wrapper's class, the transforms it had
+    cached the results of ran a second time), and a copy or a pickle of it is a copy of the
+    original, unwrapped. ``type(t)`` is a subclass of this one named as the original's class
+    (:func:`timed`), so only an identity test (``type(t) is X``) tells them apart.
     """
 
     def __init__(self, fn: Any, position: int) -> None:
         self.fn = fn
         self.position = position
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: D105 - what isinstance() reads after type()
+        return type(self.fn)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # copy, deepcopy, pickle: the original
+        return _original, (self.fn,)
 
     def __getattr__(self, name: str) -> Any:  # attributes of the original transform
         if name in ("fn", "position"):
@@ -149,10 +163,37 @@ class Timed:
         return out
 
 
+_TIMED_CLASSES: dict[type, type[Timed]] = {}
+"""The user's transform class -> the :class:`Timed` subclass named after it (one per class a
+Compose holds; classes are few)."""
+
+
+def timed(fn: Any, position: int) -> Timed:
+    """``fn`` wrapped as transform ``position`` of its Compose: a :class:`Timed` subclass with
+    the name of ``fn``'s class."""
+    user = type(fn)
+    try:
+        cls = _TIMED_CLASSES.get(user)
+        if cls is None:
+            cls = _TIMED_CLASSES[user] = type(
+                user.__name__, (Timed,), {"__qualname__": user.__qualname__, "__slots__": ()})
+    except TypeError:  # a class its metaclass made unhashable: the plain wrapper
+        cls = Timed
+    return cls(fn, position)
+
+
+def _original(fn: Any) -> Any:
+    """What a copied or unpickled :class:`Timed` becomes: its transform (copied as ever)."""
+    return fn
+
+
 def compose_parts(tf: Any) -> list[Any] | None:
-    """The ``transforms`` list of a Compose-like callable ``tf``, else None."""
+    """The ``transforms`` list of a Compose-like callable ``tf``, else None. A list holding
+    anything but callables (``(fn, p)`` pairs, method names, settings) is the Compose's own
+    data, not transforms to measure: None too, and the dataset runs as it is."""
     parts = user_attr(tf, "transforms")
-    if tf is not None and callable(tf) and isinstance(parts, (list, tuple)) and parts:
+    if tf is not None and callable(tf) and isinstance(parts, (list, tuple)) and parts \
+            and all(callable(t) for t in parts):
         return list(parts)
     return None
 
@@ -169,7 +210,7 @@ def instrumented(tf: Any) -> Any | None:
     parts = compose_parts(tf)
     if parts is None:
         return None
-    wrapped = [Timed(t, k) for k, t in enumerate(parts)]
+    wrapped = [timed(t, k) for k, t in enumerate(parts)]
     try:
         tf_copy = copy.copy(tf)
         tf_copy.transforms = type(tf.transforms)(wrapped)
