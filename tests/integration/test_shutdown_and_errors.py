@@ -245,7 +245,8 @@ def test_an_epoch_per_step_keeps_a_bounded_history(monkeypatch, no_leaks):
     from headrace.telemetry import stats
 
     monkeypatch.setattr(stats, "EPOCHS_KEPT", 3)
-    loader = hr.DataLoader(IndexDataset(8), batch_size=2, num_workers=0)
+    loader = hr.DataLoader(IndexDataset(8), batch_size=2, num_workers=0,  # a cache: asked for
+                           options=hr.Options(cache=hr.Cache(shared_augmented=True)))
     try:
         firsts = [next(iter(loader)).tolist() for _ in range(10)]
         assert firsts == [[0, 1]] * 10

@@ -44,7 +44,7 @@ def _headrace_packages(package: str) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("package, allowed", [
     ("pipeline", {"errors"}),
-    ("planner", {"pipeline", "profiler", "telemetry", "units", "errors"}),
+    ("planner", {"pipeline", "profiler", "telemetry", "units", "errors", "resources"}),
     ("profiler", {"pipeline", "units", "errors"}),
 ])
 def test_a_lower_layer_imports_no_higher_one(package: str, allowed: set[str]) -> None:

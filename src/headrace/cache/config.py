@@ -6,10 +6,17 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
+from headrace import resources
+
 DEFAULT_MEMORY_SHARE = 0.25
 """The default budget is this share of the memory available when the loader starts..."""
 DEFAULT_SHM_SHARE = 0.5
 """...and at most this share of the free space of ``/dev/shm``, where the memory backend lives."""
+MIN_DEFAULT_BUDGET = 256 * 10**6
+"""The default cache is on only when its budget reaches this (bytes). Below it (Docker's 64 MB
+``/dev/shm``, a small memory cgroup) a cache holds a few batches' worth and takes the shared
+memory that torch's own loaders in the same job need for theirs (a compatibility sweep: a torch
+validation loader beside a headrace one ran out of ``/dev/shm`` in 8 of 9 runs)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,9 +34,12 @@ class Cache:
             the loader closes.
         budget_bytes: the most bytes the cache holds (all tiers together), enforced by headrace.
             ``None``: ``DEFAULT_MEMORY_SHARE`` (25%) of the memory available when the loader
-            starts, at most ``DEFAULT_SHM_SHARE`` (50%) of ``/dev/shm``'s free space. The memory
-            is taken as samples are cached (epoch 1), not up front, and is page cache of a
-            tmpfs file: it counts in the machine's shared memory, not in any process's RSS.
+            starts (within the process's memory cgroup limit: a container's), at most
+            ``DEFAULT_SHM_SHARE`` (50%) of ``/dev/shm``'s free space; under
+            ``MIN_DEFAULT_BUDGET`` (256 MB) the default cache is off (``explain()`` says why).
+            The memory is taken as samples are cached (epoch 1), not up front, and is page
+            cache of a tmpfs file: it counts in the machine's shared memory and in the memory
+            cgroup, not in any process's RSS.
         shared_augmented: serve the augmented (final) form across epochs and jobs. Off by
             default: the final output of a random step is exact only for one (base seed,
             epoch), so it is keyed by both and never reused by another epoch. On, an
@@ -107,12 +117,20 @@ class Cache:
 
 def default_budget_bytes() -> int:
     """The default budget (see ``Cache.budget_bytes``), in bytes."""
-    import psutil
+    return default_budget()[0]
 
-    avail = psutil.virtual_memory().available * DEFAULT_MEMORY_SHARE
+
+def default_budget() -> tuple[int, str]:
+    """The default budget in bytes, and what bounded it, in words."""
+    from headrace import units
+
+    mem = resources.available_memory()  # within a cgroup's limit
+    budget, why = int(mem * DEFAULT_MEMORY_SHARE), f"25% of {units.size(mem)} available memory"
     try:
         st = os.statvfs("/dev/shm")
-        avail = min(avail, st.f_bavail * st.f_frsize * DEFAULT_SHM_SHARE)
+        shm = st.f_bavail * st.f_frsize
+        if shm * DEFAULT_SHM_SHARE < budget:
+            budget, why = int(shm * DEFAULT_SHM_SHARE), f"50% of /dev/shm's {units.size(shm)} free"
     except OSError:
         pass
-    return int(avail)
+    return budget, why

@@ -110,6 +110,7 @@ def _open(path: str, budget: int, readers: int) -> tuple[Any, Any, Any]:
     with _envs_lock:
         dbs = _envs.get(key)
         if dbs is None:
+            _reserve_lock_file(path, readers)
             env = lmdb.open(path, map_size=int(budget * MAP_SLACK) + MAP_EXTRA, max_dbs=2,
                             max_readers=readers, sync=False, metasync=False, readahead=False,
                             meminit=False)
@@ -117,6 +118,29 @@ def _open(path: str, budget: int, readers: int) -> tuple[Any, Any, Any]:
                 dbs = (env, env.open_db(b"data"), env.open_db(b"meta"))
             _envs[key] = dbs
         return dbs
+
+
+def _reserve_lock_file(path: str, readers: int) -> None:
+    """Create LMDB's lock file with its pages reserved (``posix_fallocate``), unless it exists.
+
+    LMDB writes its reader table through a shared mapping of ``lock.mdb``; on a full tmpfs a
+    write to a page not yet there kills the process with SIGBUS instead of failing (a
+    compatibility sweep: a full ``/dev/shm`` ended the training process at an epoch's close,
+    with no message). Reserved first, the lack of space is an ``OSError`` here. The size
+    covers LMDB's table for ``readers`` (64 bytes a slot plus its header); LMDB keeps a larger
+    file as it is.
+    """
+    lock = os.path.join(path, "lock.mdb")
+    if os.path.exists(lock):
+        return
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, -(-((readers + 4) * 64 + PAGE) // PAGE) * PAGE)
+    except OSError:
+        os.close(fd)
+        os.unlink(lock)
+        raise
+    os.close(fd)
 
 
 class MemoryBackend:

@@ -7,12 +7,13 @@ workers and the ``num_workers=0`` path use for one executed step order.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from headrace.cache.client import CacheClient, Counters
-from headrace.cache.config import Cache, default_budget_bytes
+from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget, default_budget_bytes
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.pipeline import Pipeline
 from headrace.planner.cache_partition import (
@@ -25,6 +26,8 @@ from headrace.planner.cache_partition import (
 )
 from headrace.profiler.report import PipelineProfile
 from headrace.telemetry.stats import CacheStats, EpochStats, keep_latest
+
+log = logging.getLogger("headrace")
 
 
 def _fresh_job_name() -> str:
@@ -54,12 +57,51 @@ def default_split(layout: TierLayout, config: Cache) -> dict[str, float]:
     return {exact[0]: 1.0} if exact else {}
 
 
-class CacheSession:
-    """The cache of one loader (``Options(cache=...)``)."""
+def open_session(config: Cache, ctx: Any, worker_rows: int,
+                 pipeline: Pipeline) -> tuple[CacheSession | None, str | None]:
+    """A loader's cache session, or ``None`` and why the cache is off (for ``explain()``).
 
-    def __init__(self, config: Cache, ctx: Any, worker_rows: int) -> None:
+    Off where it could only cost: a Dataset in the memory cache without ``shared_augmented``
+    (its only form, ``__getitem__``'s output, is never reused: nothing would be stored), a
+    default budget under ``MIN_DEFAULT_BUDGET``. Off with a warning where it cannot be set up
+    (no usable ``/dev/shm`` for its counters): the cache is optional, and torch's loader runs
+    there at ``num_workers=0``. ODS changes what a state dict records, so it is never dropped:
+    its errors are raised.
+    """
+    from headrace import units
+
+    if (config.url == "memory" and not config.shared_augmented
+            and (pipeline.opaque or pipeline.embedded)):
+        return None, ("a Dataset (not a Pipeline): only __getitem__'s output could be cached, "
+                      "as its steps run inside it, and it is exact only within one (base seed, "
+                      "epoch); Cache(shared_augmented=True) reuses it across epochs")
+    budget = config.budget_bytes
+    if budget is None:
+        budget, why = default_budget()
+        if budget < MIN_DEFAULT_BUDGET:
+            return None, (f"the default budget would be {units.size(budget)} ({why}), under "
+                          f"{units.size(MIN_DEFAULT_BUDGET)}: a cache that small holds a few "
+                          "batches and takes shared memory other loaders need; "
+                          "Cache(budget_bytes=...) sets one")
+    try:
+        return CacheSession(config, ctx, worker_rows, budget), None
+    except OSError as e:
+        if config.ods:
+            raise
+        log.warning("headrace: the cache is off: it could not be set up (%s: %s)",
+                    type(e).__name__, e)
+        return None, f"it could not be set up ({type(e).__name__}: {e})"
+
+
+class CacheSession:
+    """The cache of one loader (``Options(cache=...)``); ``budget``: its bytes (``None``: the
+    config's, else the default)."""
+
+    def __init__(self, config: Cache, ctx: Any, worker_rows: int,
+                 budget: int | None = None) -> None:
         self.config = config
-        self.budget = config.budget_bytes if config.budget_bytes is not None else default_budget_bytes()
+        self.budget = (budget if budget is not None else config.budget_bytes
+                       if config.budget_bytes is not None else default_budget_bytes())
         self.counters = Counters(ctx, worker_rows + 1)
         self.row = worker_rows
         """Counter row of the training process (``num_workers=0``)."""
@@ -227,7 +269,7 @@ class CacheSession:
         by_tier = {t: d[f"hit_{t}"] for t in ("encoded", "decoded", "augmented")
                    if self.layout is None or self.layout.get(t) is not None}
         used, budgets = {}, {}
-        if self.backend is not None and self.layout is not None:
+        if self.backend is not None and self.layout is not None and self.active:
             try:
                 used = self.backend.usage()
                 budgets = {t.name: self.backend.budget(t.name) for t in self.layout.tiers}

@@ -32,18 +32,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections import deque
 
+from headrace import resources
 from headrace.planner import ranks
 
 
 def available_cpus() -> int:
-    """CPU cores this process may run on (affinity-aware)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    """CPU cores this process may run on: its affinity, bounded by its cgroup's CPU quota
+    (``headrace.resources``)."""
+    return resources.available_cpus()
 
 
 def rank_cpus() -> int:

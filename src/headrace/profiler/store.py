@@ -124,6 +124,16 @@ def default_store_path() -> Path:
     return Path(cache) / "headrace" / "profiles.sqlite"
 
 
+def _missing_home(path: Path) -> str | None:
+    """The home directory ``path`` lies under when that directory does not exist (a
+    service account's ``HOME=/nonexistent``): the store is not created there, where torch
+    writes nothing. ``None`` otherwise."""
+    home = os.path.expanduser("~")
+    if home not in ("~", "/") and not os.path.isdir(home) and str(path).startswith(home + os.sep):
+        return home
+    return None
+
+
 class ProfileStore:
     """Profiles in one SQLite file, keyed by :class:`ProfileKey`. Safe across processes."""
 
@@ -217,6 +227,9 @@ class ProfileStore:
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection | None]:
         """A connection with the current schema, or ``None`` for a newer headrace's file."""
+        home = _missing_home(self.path)
+        if home is not None:
+            raise FileNotFoundError(f"the home directory {home} does not exist")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
         try:

@@ -7,6 +7,7 @@ attributes are torch's arguments and headrace's runtime state.
 
 from __future__ import annotations
 
+import logging
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from headrace.runtime.loader import DataLoader
 
 _END = object()
+log = logging.getLogger("headrace")
 
 
 def draw_epoch(
@@ -203,14 +205,7 @@ def make_iterator(
     """The epoch iterator: in this process (``num_workers=0``) or fed by the worker pool."""
     assert loader.pipeline is not None and loader.planning is not None
     opts = loader.options
-    ods = None
-    if loader.cache is not None:
-        loader.cache.begin_epoch()
-        if loader.cache.config.ods:
-            loader.cache.ods_off = ods_eligible(loader)
-        loader.cache.replan(loader.planning.executed, loader.planning.profile(),
-                            loader.num_workers, loader.num_workers == 0)
-        ods = loader.cache.start_ods(epoch, delivered)
+    ods = start_cache(loader, epoch, delivered)
     if loader.num_workers == 0:
         return InProcessIterator(
             loader.planning.executed, epoch, base_seed, groups, loader._auto_collation,
@@ -324,6 +319,32 @@ def close_pool(holder: list[WorkerPool | None]) -> None:
     for pool in holder:
         if pool is not None:
             pool.shutdown()
+
+
+def start_cache(loader: DataLoader, epoch: int, delivered: Bitmap) -> Any:
+    """Plan the cache for a starting epoch; its ``OdsEpoch`` (``None`` without ODS). A cache
+    that fails here (a full ``/dev/shm``: LMDB's ``No space left on device``) is dropped with
+    a warning and the epoch runs without it, as samples do when it fails under them; ODS,
+    which changes what the state dict records, raises instead."""
+    cache = loader.cache
+    if cache is None:
+        return None
+    try:
+        cache.begin_epoch()
+        if cache.config.ods:
+            cache.ods_off = ods_eligible(loader)
+        assert loader.planning is not None
+        cache.replan(loader.planning.executed, loader.planning.profile(), loader.num_workers,
+                     loader.num_workers == 0)
+        return cache.start_ods(epoch, delivered)
+    except Exception as e:
+        if cache.config.ods:
+            raise
+        log.warning("headrace: the cache failed (%s: %s); continuing without it",
+                    type(e).__name__, e)
+        loader.cache, loader._cache_off = None, f"it failed ({type(e).__name__}: {e})"
+        cache.close()
+        return None
 
 
 def runs_after_resume(delivered: Bitmap, ods: Any) -> Callable[[int, Any], bool] | None:

@@ -34,10 +34,11 @@ def facts(loader: DataLoader) -> Facts:
         timeout_samples=len(monitor.timeout._times),
         scale_decisions=tuple(monitor.scaler.decisions) if monitor.scaler else (),
         profile=pl.profile(),
-        profile_note=pl.note + (f"; kept in {pl.store.path}" if pl.store is not None else ""),
+        profile_note=pl.note + (f"; kept in {pl.store.path}" if pl.store is not None else
+                                f"; not kept: {pl.store_failed}" if pl.store_failed else ""),
         cache_lines=tuple(loader.cache.explain_lines(
             loader.pipeline.opaque or loader.pipeline.embedded, monitor.epochs))
-        if loader.cache else (),
+        if loader.cache else (f"cache: off: {loader._cache_off}",) if loader._cache_off else (),
         remote=_remote_facts(loader),
         executor=_executor_line(loader),
         start_note=monitor.start_note,

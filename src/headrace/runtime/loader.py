@@ -25,7 +25,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data._utils import collate as torch_collate
 
-from headrace.cache.session import CacheSession
+from headrace.cache.session import CacheSession, open_session
 from headrace.errors import HeadraceError, StateDictError
 from headrace.pipeline import Pipeline
 from headrace.pipeline.fingerprint import source_fingerprint, step_digests
@@ -157,11 +157,14 @@ class DataLoader(tud.DataLoader[_T_co]):
         self._epoch_ref: Callable[[], Any] = _no_iterator  # the epoch under those wrappers
         self._finalizer = weakref.finalize(self, epochs.close_pool, [None])
         self.cache: CacheSession | None = None  # the sample cache (headrace.cache)
+        self._cache_off: str | None = None  # why Options(cache=...) is not in use (explain())
         if self.pipeline is not None and self.options.cache is not None:
             hi_slots = self.options.autoscale.slot_bound() if self.autoscale else self.num_workers
             ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
-            self.cache = CacheSession(self.options.cache, ctx, hi_slots)
-            self.monitor.epoch_listeners.append(self.cache.epoch_listener(self.monitor))
+            self.cache, self._cache_off = open_session(self.options.cache, ctx, hi_slots,
+                                                       self.pipeline)
+            if self.cache is not None:
+                self.monitor.epoch_listeners.append(self.cache.epoch_listener(self.monitor))
         self.remote = remote_session(self.options.remote, self.monitor)
         """Remote workers (``headrace.remote``), or None without ``Options(remote=...)``."""
 

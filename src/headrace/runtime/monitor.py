@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from headrace import resources
 from headrace.pipeline.runner import StepTiming
 from headrace.planner import ranks
 from headrace.planner.executor import ExecutorDecision, choose_executor
@@ -346,7 +347,7 @@ class Monitor:
             cfg_budget = self.scaler.cfg.memory_budget_bytes
             self._memory_budget = float(
                 cfg_budget if cfg_budget is not None
-                else ranks.memory_share(psutil.virtual_memory().available / 2,
+                else ranks.memory_share(resources.available_memory() / 2,
                                         ranks.local_world_size())
             )
         return self._memory_budget

@@ -101,7 +101,8 @@ class Options:
             that sleeps: 0.89x torch's epoch with 4 threads, 1.56x with one;
             docs/benchmarks.md). At most the available cores are used.
         cache: Seneca's tiered sample cache (:class:`headrace.Cache`; ``None``: off). Default:
-            a memory cache whose budget is 25% of the available memory (see ``Cache``); it
+            a memory cache whose budget is 25% of the available memory, within the
+            process's memory cgroup, off under 256 MB (see ``Cache``); it
             caches a Pipeline's or split dataset's decoded form (else its encoded form), so
             epochs after the first skip those steps. An opaque dataset caches nothing by
             default (its only form, the final output, is exact only within one epoch).

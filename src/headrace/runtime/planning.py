@@ -25,6 +25,10 @@ SAVE_EVERY_S = 10.0
 """Least seconds between two saves of a loader's profile to its store (the first epoch's is
 saved at once): a save is a SQLite transaction of about 2 ms, and ``next(iter(loader))`` once
 per step ends an epoch per step (it made each such call 3 ms instead of 1)."""
+STORE_WAIT_S = 2.0
+"""Longest a read or save waits for another process's lock on the store (seconds): a save
+takes milliseconds, so a longer wait is a lock held elsewhere (a stuck job, a network file
+system); the training loop waits for it (it waited 30 s per access before)."""
 
 
 class Planning:
@@ -38,7 +42,8 @@ class Planning:
         self.store: ProfileStore | None = None
         if options.profile and options.profile_store:
             path = None if options.profile_store is True else options.profile_store
-            self.store = ProfileStore(path)
+            self.store = ProfileStore(path, timeout=STORE_WAIT_S)
+        self.store_failed: str | None = None  # why the store is no longer used (explain())
         self._key: ProfileKey | None = None
         self._looked_up = False
         self._pinned: tuple[Step, ...] | None = None  # an order a state dict restored
@@ -125,7 +130,7 @@ class Planning:
         try:
             self.store.put(self.key, report)
         except Exception as e:  # noqa: BLE001 - a broken cache must not break training
-            log.warning("headrace: could not save the profile to %s: %s", self.store.path, e)
+            self._give_up("save the profile to", e)
 
     def _lookup(self) -> None:
         if self._looked_up or self.store is None:
@@ -134,7 +139,7 @@ class Planning:
         try:
             self.stored = self.store.get(self.key)
         except Exception as e:  # noqa: BLE001
-            log.warning("headrace: could not read profiles from %s: %s", self.store.path, e)
+            self._give_up("read profiles from", e)
             return
         if self.stored is not None and self.stored.samples:
             q = list(self.stored.total_quantiles)
@@ -145,6 +150,15 @@ class Planning:
                 f"reused a stored profile of {self.stored.samples} samples from {self.store.path} "
                 "(warm-up skipped)"
             )
+
+    def _give_up(self, what: str, e: Exception) -> None:
+        """The store failed: warn once and use it no more in this loader (each later access
+        would wait ``STORE_WAIT_S`` again, and fail the same way)."""
+        assert self.store is not None
+        log.warning("headrace: could not %s %s (%s: %s); this loader keeps its profile in "
+                    "memory only", what, self.store.path, type(e).__name__, e)
+        self.store_failed = f"could not {what} {self.store.path} ({type(e).__name__}: {e})"
+        self.store = None
 
     def profile(self) -> PipelineProfile | None:
         p = self.monitor.profiler

@@ -1,0 +1,188 @@
+"""What this process may use of the machine: cores and memory within its cgroup's limits.
+
+``os.cpu_count()`` and ``psutil.virtual_memory()`` describe the host. In a container (Docker,
+Kubernetes, Slurm, systemd) the process's cgroup may allow far less: a 1.5 GB memory limit on a
+24 GB host still reads 23 GB available, and the default cache sized from that got the training
+process killed by the kernel's OOM killer inside the limit (a compatibility sweep's find).
+Every budget headrace derives from the machine (the default cache, the workers' memory budget,
+the worker count) reads these functions instead.
+
+Both cgroup versions are read, from the mounts in ``/proc/self/mountinfo`` and the process's
+groups in ``/proc/self/cgroup``: v2 (``memory.max``, ``memory.current``, ``cpu.max``, the
+tightest limit of the group and its ancestors) and v1 (``memory.stat``'s
+``hierarchical_memory_limit``, ``cpu.cfs_quota_us``). Memory the cgroup holds as inactive page
+cache counts as available, as the kernel would reclaim it before killing anything. Where no
+cgroup file can be read, the host's numbers stand. The parsers are pure (tested on synthetic
+files); :func:`available_memory` and :func:`cpu_limit` read the live system.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+
+UNLIMITED = 1 << 60
+"""Limits at or above this (bytes) mean none: cgroup v1 writes ``PAGE_COUNTER_MAX`` pages."""
+
+
+def parse_mountinfo(text: str) -> list[tuple[str, str, str, set[str]]]:
+    """Cgroup mounts of ``/proc/self/mountinfo``: ``(fs type, root, mount point, options)``,
+    ``fs type`` ``"cgroup"`` (v1, one or more controllers in the options) or ``"cgroup2"``."""
+    out = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
+            continue
+        out.append((tail[0], _unescape(fields[3]), _unescape(fields[4]), set(tail[2].split(","))))
+    return out
+
+
+def parse_cgroups(text: str) -> dict[str, str]:
+    """``/proc/self/cgroup`` as ``{controller: path}``; the v2 group under the key ``""``."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(","):
+            out[controller] = parts[2]
+    return out
+
+
+def group_dirs(mounts: list[tuple[str, str, str, set[str]]], groups: dict[str, str],
+               controller: str) -> list[str]:
+    """Directories of the process's group for ``controller`` (``""``: cgroup v2), innermost
+    first, then each ancestor up to the mount's root: a limit set on any of them applies."""
+    for fstype, root, point, opts in mounts:
+        if (controller == "") != (fstype == "cgroup2") or controller and controller not in opts:
+            continue
+        path = groups.get(controller)
+        if path is None:
+            continue
+        if root == "/":
+            rel = path
+        elif path == root or path.startswith(root + "/"):  # a mount of a subtree
+            rel = path[len(root):]
+        else:  # a container's view: its mount's root is the group the process is in
+            rel = "/"
+        parts = [p for p in rel.split("/") if p]
+        return [os.path.join(point, *parts[:k]) for k in range(len(parts), -1, -1)]
+    return []
+
+
+def memory_left(read: Callable[[str], str | None], v2: list[str], v1: list[str]) -> int | None:
+    """Bytes the cgroup still lets this process's group use (``None``: no limit found).
+    ``read(path)``: a file's text, or ``None`` when it cannot be read."""
+    best: int | None = None
+    for d in v2:
+        limit = _number(read(os.path.join(d, "memory.max")))
+        used = _number(read(os.path.join(d, "memory.current")))
+        if limit is None or limit >= UNLIMITED or used is None:
+            continue
+        left = limit - used + _stat(read(os.path.join(d, "memory.stat")), "inactive_file")
+        best = left if best is None else min(best, left)
+    if v1:  # the group's own statistics carry the tightest limit of its ancestors
+        stat = read(os.path.join(v1[0], "memory.stat"))
+        limit = _stat(stat, "hierarchical_memory_limit") or None
+        used = _number(read(os.path.join(v1[0], "memory.usage_in_bytes")))
+        if limit is not None and limit < UNLIMITED and used is not None:
+            left = limit - used + _stat(stat, "total_inactive_file")
+            best = left if best is None else min(best, left)
+    return None if best is None else max(0, best)
+
+
+def cpu_quota(read: Callable[[str], str | None], v2: list[str], v1: list[str]) -> float | None:
+    """Cores' worth of CPU time the cgroup allows per second (``None``: no quota)."""
+    best: float | None = None
+    for d in v2:
+        text = read(os.path.join(d, "cpu.max"))
+        fields = text.split() if text else []
+        q = _ratio(fields[0], fields[1]) if len(fields) == 2 else None
+        if q is not None:
+            best = q if best is None else min(best, q)
+    for d in v1:
+        q = _ratio(read(os.path.join(d, "cpu.cfs_quota_us")), read(os.path.join(d, "cpu.cfs_period_us")))
+        if q is not None:
+            best = q if best is None else min(best, q)
+    return best
+
+
+def available_memory() -> int:
+    """Bytes this process may still use: the host's available memory (``psutil``), bounded
+    by what its memory cgroup allows."""
+    import psutil
+
+    host = int(psutil.virtual_memory().available)
+    left = memory_left(_read, *_dirs("memory"))
+    return host if left is None else min(host, left)
+
+
+def cpu_limit() -> float | None:
+    """Cores' worth of CPU the process's cgroup allows (``None``: no quota)."""
+    return cpu_quota(_read, *_dirs("cpu"))
+
+
+def available_cpus() -> int:
+    """Cores this process may run on: its affinity, bounded by its cgroup's CPU quota
+    (rounded up: a quota of 1.5 cores keeps two busy part of the time)."""
+    try:
+        cores = max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        cores = max(1, os.cpu_count() or 1)
+    quota = cpu_limit()
+    return cores if quota is None else max(1, min(cores, math.ceil(quota - 1e-9)))
+
+
+def _dirs(controller: str) -> tuple[list[str], list[str]]:
+    """(v2 directories, v1 directories) of this process's group for ``controller``."""
+    mounts = parse_mountinfo(_read("/proc/self/mountinfo") or "")
+    groups = parse_cgroups(_read("/proc/self/cgroup") or "")
+    return group_dirs(mounts, groups, ""), group_dirs(mounts, groups, controller)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _number(text: str | None) -> int | None:
+    if text is None:
+        return None
+    text = text.strip()
+    if text == "max":
+        return UNLIMITED
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _stat(text: str | None, key: str) -> int:
+    """The value of ``key`` in a ``memory.stat`` file (0: absent)."""
+    for line in (text or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
+
+
+def _ratio(quota: str | None, period: str | None) -> float | None:
+    q, p = _number(quota), _number(period)
+    if q is None or p is None or q <= 0 or p <= 0 or q >= UNLIMITED:
+        return None
+    return q / p
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path with its octal escapes (``\\040`` for a space) decoded."""
+    return field.encode().decode("unicode_escape") if "\\" in field else field

@@ -1,0 +1,223 @@
+"""The loader on machines that give it less than the host has: a container's small or full
+``/dev/shm``, a read-only one, a memory cgroup's limit. The cache is optional: it must never
+take the job down where torch's loader runs (a compatibility sweep found SIGBUS, an OOM kill
+and a construction error). Each case runs in a private mount namespace or a cgroup made here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import headrace as hr
+from headrace import resources
+from tests.helpers import ArraySource, IndexDataset
+
+pytestmark = pytest.mark.integration
+ROOT = str(Path(__file__).parents[2])
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a mount namespace or "
+                             "a cgroup")
+
+SCRIPT = """
+import json, os, sys, warnings
+sys.path.insert(0, {root!r})
+import numpy as np
+import headrace as hr
+
+class Source:
+    def __len__(self):
+        return 64
+    def load(self, i):
+        return i
+
+def decode(i):
+    return np.full(16384, i, dtype=np.float32)  # 64 KB: the form the cache keeps
+
+def shift(x, rng):
+    y = x.copy()
+    y[1:] += rng.integers(0, 2)  # element 0 keeps the index
+    return y
+
+def fill_shm():
+    with open("/dev/shm/filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"x" * (1 << 20)); f.flush()
+        except OSError:
+            pass
+
+case = {case!r}
+if case == "full":
+    fill_shm()
+pipe = hr.Pipeline(source=Source(), steps=[hr.step(decode, kind="decode"),
+                                           hr.step(shift, random=True)])
+cache = hr.Cache() if case == "default" else hr.Cache(budget_bytes=8 << 20)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    loader = hr.DataLoader(pipe, batch_size=8, shuffle=True, num_workers={workers},
+                           options=hr.Options(cache=cache, profile_store=False))
+    epochs = [sorted(int(row[0]) for b in loader for row in b)
+              for _ in range(2)]
+lines = [l for l in loader.explain().splitlines() if l.startswith("cache")]
+loader.close()
+print(json.dumps({{"epochs": epochs, "cache": lines,
+                  "left": sorted(n for n in os.listdir("/dev/shm") if n != "filler")}}))
+"""
+
+
+def _in_namespace(tmp_path, shm: str, case: str, workers: int = 2) -> dict:
+    """Run SCRIPT with a fresh tmpfs of options ``shm`` on /dev/shm, seen by it alone."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT.format(root=ROOT, case=case, workers=workers))
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+           f"mount -t tmpfs -o {shm} tmpfs /dev/shm && exec {sys.executable} {script}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _exactly_once(epochs: list[list[int]]) -> None:
+    assert epochs == [list(range(64))] * 2, epochs
+
+
+@pytest.mark.root
+@as_root
+def test_dockers_64_mb_dev_shm_leaves_the_default_cache_off(tmp_path):
+    got = _in_namespace(tmp_path, "size=64m", "default")
+    _exactly_once(got["epochs"])
+    assert got["cache"][0].startswith("cache: off: the default budget would be"), got["cache"]
+    assert "50% of /dev/shm" in got["cache"][0] and got["left"] == []
+
+
+@pytest.mark.root
+@as_root
+def test_a_full_dev_shm_runs_the_epochs_without_the_cache(tmp_path):
+    """LMDB wrote its reader table through a mapping of a file on the full tmpfs: SIGBUS,
+    the training process gone without a word; now the cache fails, with a warning."""
+    got = _in_namespace(tmp_path, "size=64m", "full")
+    _exactly_once(got["epochs"])
+    assert got["cache"][0].startswith("cache: off: it failed"), got["cache"]
+    assert "No space left on device" in got["cache"][0] and got["left"] == []
+
+
+@pytest.mark.root
+@as_root
+def test_a_read_only_dev_shm_still_loads_in_process(tmp_path):
+    """As on AWS Lambda: torch's loader runs at num_workers=0; headrace's raised at
+    construction (its cache counters live in /dev/shm)."""
+    got = _in_namespace(tmp_path, "size=1m,ro", "explicit", workers=0)
+    _exactly_once(got["epochs"])
+    assert got["cache"][0].startswith("cache: off: it could not be set up"), got["cache"]
+
+
+def test_a_dataset_sets_up_no_cache_it_could_not_use(no_leaks):
+    loader = hr.DataLoader(IndexDataset(8), batch_size=4, num_workers=0)
+    assert loader.cache is None
+    assert "cache: off: a Dataset (not a Pipeline)" in loader.explain()
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    shared = hr.DataLoader(IndexDataset(8), batch_size=4,
+                           options=hr.Options(cache=hr.Cache(shared_augmented=True)))
+    assert shared.cache is not None  # asked for: its output is reused across epochs
+    shared.close()
+
+
+BUDGET_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from headrace import resources
+from headrace.cache.config import default_budget_bytes
+print(resources.available_memory(), default_budget_bytes(), resources.available_cpus())
+"""
+
+
+def _v1_child(controller: str, tmp_name: str) -> str | None:
+    """A new child of this process's cgroup-v1 group for ``controller``, or None."""
+    v2, v1 = resources._dirs(controller)
+    if not v1 or not os.path.isdir(v1[0]):
+        return None
+    path = os.path.join(v1[0], tmp_name)
+    try:
+        os.mkdir(path)
+    except OSError:
+        return None
+    return path
+
+
+@pytest.mark.root
+@as_root
+def test_a_memory_cgroup_limit_bounds_the_default_cache_and_a_quota_the_cores(tmp_path):
+    """psutil reads the host: in a 2 GB cgroup of a 24 GB machine the default cache took 25%
+    of the host's memory, and the kernel killed the training process inside the limit."""
+    name = f"headrace-test-{os.getpid()}"
+    mem, cpu = _v1_child("memory", name), _v1_child("cpu", name)
+    if mem is None or cpu is None:
+        for p in (mem, cpu):
+            if p is not None:
+                os.rmdir(p)
+        pytest.skip("no cgroup-v1 memory and cpu hierarchy to make a child group in")
+    try:
+        Path(mem, "memory.limit_in_bytes").write_text(str(2 << 30))
+        Path(cpu, "cpu.cfs_period_us").write_text("100000")
+        Path(cpu, "cpu.cfs_quota_us").write_text("100000")  # one core's worth
+        script = tmp_path / "budget.py"
+        script.write_text(BUDGET_SCRIPT.format(root=ROOT))
+        join = (f"echo $$ > {mem}/cgroup.procs && echo $$ > {cpu}/cgroup.procs && "
+                f"exec {sys.executable} {script}")
+        out = subprocess.run(["sh", "-c", join], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        available, budget, cores = map(int, out.stdout.split())
+    finally:
+        for p in (mem, cpu):
+            os.rmdir(p)
+    assert 0 < available <= 2 << 30
+    assert 0 < budget <= available // 4 + 1
+    assert cores == 1
+
+
+def _pipeline_loader(**options):
+    pipe = hr.Pipeline(source=ArraySource(16), steps=[hr.step(lambda x: x + 1, name="inc")])
+    return hr.DataLoader(pipe, batch_size=4, num_workers=0,
+                         options=hr.Options(cache=None, **options))
+
+
+def test_a_locked_profile_store_is_given_up_after_one_wait(tmp_path, caplog, no_leaks):
+    """A lock held elsewhere (a stuck job, a network file system): each read and save of the
+    profile waited 30 s in the training loop, epoch after epoch, warning each time."""
+    import sqlite3
+
+    path = tmp_path / "profiles.sqlite"
+    first = _pipeline_loader(profile_store=str(path))  # a store with this job's profile
+    list(first)
+    first.close()
+    assert path.exists()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # held until the end of the test
+    try:
+        loader = _pipeline_loader(profile_store=str(path))
+        with caplog.at_level("WARNING", logger="headrace"):
+            for _ in range(3):
+                assert sorted(int(x) for b in loader for x in b.flatten()) == list(range(1, 17))
+            loader.close()
+        warned = [r for r in caplog.records if "profile" in r.getMessage()]
+        assert len(warned) == 1 and "database is locked" in warned[0].getMessage()
+        assert "not kept: could not read profiles from" in loader.explain()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_no_profile_store_is_made_in_a_home_that_does_not_exist(tmp_path, monkeypatch,
+                                                                 no_leaks):
+    home = tmp_path / "nonexistent"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HEADRACE_PROFILE_STORE", raising=False)
+    loader = _pipeline_loader()
+    assert sorted(int(x) for b in loader for x in b.flatten()) == list(range(1, 17))
+    loader.close()
+    assert not home.exists()
+    assert f"the home directory {home} does not exist" in loader.explain()

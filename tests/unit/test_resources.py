@@ -1,0 +1,97 @@
+"""What the process may use within its cgroup (``headrace.resources``), on synthetic files."""
+
+from __future__ import annotations
+
+import os
+
+from headrace import resources as r
+
+V1_MOUNTINFO = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+V1_CGROUP = "4:memory:/job/step\n2:cpu,cpuacct:/job\n0::/\n"
+
+
+def files(d: dict[str, str]):
+    return lambda path: d.get(path)
+
+
+def test_cgroup_v1_paths_limit_and_quota():
+    mounts, groups = r.parse_mountinfo(V1_MOUNTINFO), r.parse_cgroups(V1_CGROUP)
+    mem = r.group_dirs(mounts, groups, "memory")
+    assert mem == ["/sys/fs/cgroup/memory/job/step", "/sys/fs/cgroup/memory/job",
+                   "/sys/fs/cgroup/memory"]
+    cpu = r.group_dirs(mounts, groups, "cpu")
+    assert cpu == ["/sys/fs/cgroup/cpu,cpuacct/job", "/sys/fs/cgroup/cpu,cpuacct"]
+    read = files({
+        # the group's own statistics carry its ancestors' tightest limit (1.5 GB here)
+        "/sys/fs/cgroup/memory/job/step/memory.stat":
+            "cache 10\nhierarchical_memory_limit 1500000000\ntotal_inactive_file 100000000\n",
+        "/sys/fs/cgroup/memory/job/step/memory.usage_in_bytes": "600000000\n",
+        "/sys/fs/cgroup/cpu,cpuacct/job/cpu.cfs_quota_us": "150000\n",
+        "/sys/fs/cgroup/cpu,cpuacct/job/cpu.cfs_period_us": "100000\n",
+        "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
+        "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+    })
+    v2 = r.group_dirs(mounts, groups, "")
+    assert r.memory_left(read, v2, mem) == 1_500_000_000 - 600_000_000 + 100_000_000
+    assert r.cpu_quota(read, v2, cpu) == 1.5
+
+
+def test_cgroup_v1_without_a_limit():
+    read = files({"/m/memory.stat": f"hierarchical_memory_limit {2**63 - 4096}\n",
+                  "/m/memory.usage_in_bytes": "5\n", "/c/cpu.cfs_quota_us": "-1\n",
+                  "/c/cpu.cfs_period_us": "100000\n"})
+    assert r.memory_left(read, [], ["/m"]) is None
+    assert r.cpu_quota(read, [], ["/c"]) is None
+
+
+def test_cgroup_v2_takes_the_tightest_ancestor():
+    mounts = r.parse_mountinfo("30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n")
+    groups = r.parse_cgroups("0::/user.slice/job\n")
+    dirs = r.group_dirs(mounts, groups, "")
+    assert dirs == ["/sys/fs/cgroup/user.slice/job", "/sys/fs/cgroup/user.slice",
+                    "/sys/fs/cgroup"]
+    read = files({
+        "/sys/fs/cgroup/user.slice/job/memory.max": "max\n",
+        "/sys/fs/cgroup/user.slice/job/memory.current": "100\n",
+        "/sys/fs/cgroup/user.slice/memory.max": "4000000000\n",
+        "/sys/fs/cgroup/user.slice/memory.current": "3000000000\n",
+        "/sys/fs/cgroup/user.slice/memory.stat": "anon 1\ninactive_file 500000000\n",
+        "/sys/fs/cgroup/user.slice/job/cpu.max": "200000 100000\n",
+        "/sys/fs/cgroup/user.slice/cpu.max": "max 100000\n",
+    })
+    assert r.memory_left(read, dirs, []) == 4_000_000_000 - 3_000_000_000 + 500_000_000
+    assert r.cpu_quota(read, dirs, []) == 2.0
+    # over its limit (usage may exceed memory.max briefly): nothing left, never negative
+    over = files({"/g/memory.max": "100\n", "/g/memory.current": "150\n"})
+    assert r.memory_left(over, ["/g"], []) == 0
+
+
+def test_a_containers_mount_root_is_its_own_group():
+    # Docker without a cgroup namespace: the mount's root is the container's group, and
+    # /proc/self/cgroup names it in full (or names a group outside the mount)
+    mounts = r.parse_mountinfo(
+        "40 30 0:33 /docker/abc /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n")
+    assert r.group_dirs(mounts, {"memory": "/docker/abc"}, "memory") == ["/sys/fs/cgroup/memory"]
+    assert r.group_dirs(mounts, {"memory": "/docker/abc/x"}, "memory") == [
+        "/sys/fs/cgroup/memory/x", "/sys/fs/cgroup/memory"]
+    assert r.group_dirs(mounts, {"memory": "/other"}, "memory") == ["/sys/fs/cgroup/memory"]
+    assert r.group_dirs(mounts, {}, "memory") == []  # no such controller: no limit read
+
+
+def test_escaped_mount_points_and_unreadable_files():
+    mounts = r.parse_mountinfo("1 0 0:1 / /mnt/a\\040b rw - cgroup2 cgroup2 rw\n")
+    assert mounts[0][2] == "/mnt/a b"
+    assert r.memory_left(files({}), ["/x"], ["/y"]) is None
+    assert r.cpu_quota(files({"/x/cpu.max": "garbage"}), ["/x"], []) is None
+
+
+def test_the_live_numbers_are_within_the_hosts():
+    import psutil
+
+    assert 0 < r.available_memory() <= psutil.virtual_memory().total
+    assert 1 <= r.available_cpus() <= (os.cpu_count() or 1)
