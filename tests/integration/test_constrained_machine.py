@@ -130,7 +130,13 @@ import sys
 sys.path.insert(0, {root!r})
 from headrace import resources
 from headrace.cache.config import default_budget_bytes
-print(resources.available_memory(), default_budget_bytes(), resources.available_cpus())
+import time
+meter = resources.CpuUse()
+end = time.monotonic() + 0.3
+while time.monotonic() < end:  # one core's worth: the whole quota
+    pass
+print(resources.available_memory(), default_budget_bytes(), resources.available_cpus(),
+      meter.quota, meter.read())
 """
 
 
@@ -169,13 +175,16 @@ def test_a_memory_cgroup_limit_bounds_the_default_cache_and_a_quota_the_cores(tm
                 f"exec {sys.executable} {script}")
         out = subprocess.run(["sh", "-c", join], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
-        available, budget, cores = map(int, out.stdout.split())
+        fields = out.stdout.split()
+        available, budget, cores = map(int, fields[:3])
+        quota, busy = map(float, fields[3:])
     finally:
         for p in (mem, cpu):
             os.rmdir(p)
     assert 0 < available <= 2 << 30
     assert 0 < budget <= available // 4 + 1
-    assert cores == 1
+    assert cores == 1 and quota == 1.0
+    assert 0.6 < busy <= 1.0  # the group's time over its quota (on the host's 2 cores: half)
 
 
 def _pipeline_loader(**options):

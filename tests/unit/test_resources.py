@@ -95,3 +95,22 @@ def test_the_live_numbers_are_within_the_hosts():
 
     assert 0 < r.available_memory() <= psutil.virtual_memory().total
     assert 1 <= r.available_cpus() <= (os.cpu_count() or 1)
+
+
+def test_cpu_time_of_the_group_and_its_share_of_the_quota():
+    read = files({"/v2/cpu.stat": "usage_usec 2500000\nuser_usec 2000000\n",
+                  "/v1/cpuacct.usage": "7000000000\n"})
+    assert r.cpu_usage_ns(read, ["/v2"], ["/v1"]) == 2_500_000_000  # v2 first
+    assert r.cpu_usage_ns(read, [], ["/v1"]) == 7_000_000_000
+    assert r.cpu_usage_ns(files({}), ["/x"], []) is None
+    # a pod allowed 4 cores that used 3.6 CPU-seconds in one second: 90% busy, whatever the
+    # 64-core host reads
+    assert r.busy_share(3_600_000_000, 1.0, 4.0) == 0.9
+    assert r.busy_share(9_000_000_000, 1.0, 4.0) == 1.0 and r.busy_share(5, 0.0, 4.0) == 0.0
+
+
+def test_without_a_quota_the_meter_reads_the_hosts_share():
+    meter = r.CpuUse()
+    if meter.quota is None:
+        assert meter._last is None
+    assert 0.0 <= meter.read() <= 1.0

@@ -101,8 +101,7 @@ class Monitor:
         self._gil_banked = (0.0, 0.0)  # the same, from earlier pools
         self.meter: Any = None
         """The running epoch's ``EpochMeter`` (the consumer's side: samples taken, stall)."""
-        if autoscale:
-            psutil.cpu_percent(None)  # start the CPU-usage interval
+        self.cpu_use = resources.CpuUse() if autoscale else None  # its interval starts now
 
     def use_executor(self, executor: str) -> None:
         """Workers run on ``executor`` (``"processes"`` or ``"threads"``) from now on. A new
@@ -250,7 +249,8 @@ class Monitor:
             elif self._starting:
                 self._starting = False
                 self._last_scale = now
-                psutil.cpu_percent(None)  # a new CPU window...
+                assert self.cpu_use is not None
+                self.cpu_use.read()  # a new CPU window...
                 self.scaler.queue_avg = None  # ...and queue average (empty while they started)
             elif now - self._last_scale >= self.scaler.cfg.interval_s:
                 self._last_scale = now
@@ -366,7 +366,8 @@ class Monitor:
                 pass
         per_worker = sum(rss) / len(rss) if rss else None
         steps = self._profile_steps()  # one report for both numbers
-        d = self.scaler.decide(len(live), psutil.cpu_percent(None) / 100.0, per_worker,
+        assert self.cpu_use is not None
+        d = self.scaler.decide(len(live), self.cpu_use.read(), per_worker,
                                self.memory_budget(), self._cpu_share(steps), rank_cpus(),
                                self._consumer_rate(), self._sample_wall_s(steps),
                                draining=sched.lanes.exhausted and not sched.lanes.fresh)
