@@ -235,3 +235,38 @@ def test_a_repeated_index_still_reads_the_forms_before_the_first_random_step(no_
         assert loader.stats().last.cache.lookups == N
     finally:
         loader.close()
+
+
+def test_a_cache_dropped_mid_run_is_dropped_by_persistent_workers_too(monkeypatch, no_leaks):
+    """The cache failing as an epoch starts (a full /dev/shm) is dropped, but persistent
+    workers kept the client they started with: they served the next epochs from the deleted
+    directory, whose shared memory stayed mapped, while explain() said the cache was off."""
+    from headrace.cache import session
+
+    real, calls = session.CacheSession.replan, []
+
+    def fails_second(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(session.CacheSession, "replan", fails_second)
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=2, persistent_workers=True,
+                           timeout=60, options=hr.Options(cache=hr.Cache(budget_bytes=1 << 20),
+                                                          profile_store=False))
+    try:
+        assert sorted(samples(loader)) == list(range(N))
+        path = loader.cache.backend.path
+        first = {w.process.pid for w in loader._pool.workers.values()}
+        assert sorted(samples(loader)) == list(range(N))  # the cache failed: dropped
+        assert loader.cache is None and "cache: off: it failed (OSError" in loader.explain()
+        assert not {w.process.pid for w in loader._pool.workers.values()} & first  # new ones
+        for w in loader._pool.workers.values():
+            with open(f"/proc/{w.process.pid}/maps") as f:
+                assert path not in f.read()
+        epochs = loader.stats().epochs
+        assert epochs[0].cache is not None and epochs[0].cache.inserts == N  # kept
+        assert epochs[1].cache is None
+    finally:
+        loader.close()

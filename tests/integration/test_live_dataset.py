@@ -462,3 +462,32 @@ def test_a_transforms_list_of_anything_but_callables_runs_as_it_is(transform, no
         assert sorted(loader) == sorted(ref)
     finally:
         loader.close()
+
+
+class PrivateCopy(tud.Dataset):
+    """A ``__getitem__`` that copies a transform to change it for one sample."""
+
+    def __init__(self):
+        self.transform = Compose([Scale()])
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        t = copy.copy(self.transform.transforms[0])
+        t.factor *= 2
+        return int(t(1))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_copy_of_a_measured_transform_is_a_copy_of_the_users(workers, no_leaks):
+    """copy.copy of a wrapper gave the user's transform itself: the per-sample change landed
+    on it, and each sample doubled the last (2, 4, 8, ...)."""
+    ref = [int(x) for x in tud.DataLoader(PrivateCopy(), batch_size=None, num_workers=workers)]
+    loader = hr.DataLoader(PrivateCopy(), batch_size=None, num_workers=workers, in_order=True,
+                           options=hr.Options(profile_store=False))
+    try:
+        assert loader.pipeline.embedded
+        assert [int(x) for x in loader] == ref == [2] * N
+    finally:
+        loader.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 import torch
@@ -56,6 +57,18 @@ def test_a_sampler_drawing_from_the_global_generator_is_reproducible_with_worker
     out_of_order = [_run(_headrace(False)) for _ in range(3)]
     assert all(sorted(sum(r[0], [])) == sorted(sum(ref[0], [])) for r in out_of_order)
     assert all(r[1] == ref[1] for r in out_of_order)  # the loop's draws untouched
+
+
+@pytest.mark.parametrize("workers, prefetch", [(1, 2), (2, 1), (3, 2)])
+def test_torchs_order_reads_the_sampler_as_far_ahead_as_torch(workers, prefetch, no_leaks):
+    """Where a batch keeps torch's content, the read-ahead is torch's prefetch_factor x workers
+    batches; with one worker or a prefetch_factor of 1 it was two batches plus one sample per
+    worker, one read more than torch: other batches and other loop draws."""
+    def loader(cls, **kw):
+        return lambda n: cls(IndexDataset(n), batch_size=4, sampler=LazyGlobal(n),
+                             num_workers=workers, prefetch_factor=prefetch, **kw)
+
+    assert _run(loader(hr.DataLoader, in_order=True, timeout=60)) == _run(loader(tud.DataLoader))
 
 
 class RaisesAfter(tud.Sampler):
@@ -140,5 +153,73 @@ def test_an_epoch_ended_by_a_sampler_error_is_freed_without_the_garbage_collecto
         loader.close()
         del loader
         assert sum(isinstance(o, Scheduler) for o in gc.get_objects()) == before
+    finally:
+        gc.enable()
+
+
+class Preempted(BaseException):
+    """What a preemption handler or Ctrl-C raises in the training thread."""
+
+
+class InterruptedOnce(tud.Sampler):
+    """Raises ``Preempted`` (or ``error``) once, when element ``at`` is read, then yields on;
+    a resumed loader gets a fresh one (a replay reads it again)."""
+
+    def __init__(self, n, at, error=Preempted):
+        self.n, self.at, self.error, self.fired = n, at, error, False
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            if i == self.at and not self.fired:
+                self.fired = True
+                raise self.error("preempted")
+            yield i
+
+
+@pytest.mark.parametrize("error", [Preempted, ValueError])
+def test_an_interrupted_sampler_read_loses_no_sample_on_resume(error, no_leaks):
+    """The training thread reads the sampler when it delivers a batch: marking the batch
+    first and then reading lost it (delivered for state_dict(), never returned), and an
+    epoch ended by the sampler's error counted as finished, so a resume skipped its rest."""
+    n = 40
+    loader = hr.DataLoader(IndexDataset(n), batch_size=4, sampler=InterruptedOnce(n, 24, error),
+                           num_workers=2, in_order=True, timeout=60)
+    got = []
+    with pytest.raises(error):
+        for b in loader:
+            got += b.tolist()
+    sd = loader.state_dict()
+    loader.close()
+    assert sd["in_epoch"] and sd["delivered_count"] == len(got)
+    again = hr.DataLoader(IndexDataset(n), batch_size=4, sampler=InterruptedOnce(n, -1),
+                          num_workers=2, in_order=True, timeout=60)
+    again.load_state_dict(sd)
+    rest = [i for b in again for i in b.tolist()]
+    again.close()
+    assert sorted(got + rest) == list(range(n))
+
+
+def test_an_abandoned_epoch_drops_what_it_queued(no_leaks):
+    """A loop that left before the sampler's error was taken kept the error, and with it the
+    scheduler's frames, the feed and the queued batches, until the garbage collector ran."""
+    from headrace.runtime.feed import Feed
+
+    gc.collect()
+    gc.disable()
+    try:
+        loader = hr.DataLoader(IndexDataset(10), batch_size=1, sampler=RaisesAfter(),
+                               num_workers=2, timeout=60)
+        it = iter(loader)
+        next(it), next(it)  # the feed has now read up to the sampler's error (4 ahead)
+        deadline = time.monotonic() + 30
+        while not it.scheduler._finished:  # bounded: 30 s
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # waiting for the scheduler to queue the rest and the error
+        del it
+        loader.close()
+        assert sum(isinstance(o, Feed) for o in gc.get_objects()) == 0
     finally:
         gc.enable()

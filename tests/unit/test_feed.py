@@ -109,3 +109,42 @@ def _drain(feed):
             yield next(feed)
         except (NotYet, StopIteration):
             return
+
+
+def test_empty_batches_count_as_one_so_endless_ones_are_read_boundedly():
+    def empties():
+        while True:
+            yield []
+
+    feed = Feed(empties(), auto_collation=True, ahead=4)
+    feed.top_up(0)
+    assert feed.fed == 4 and len(list(_drain(feed))) == 4
+
+
+def test_one_top_up_reads_a_bounded_number_of_positions():
+    # a resumed epoch whose delivered positions all come first: they are read past, a bounded
+    # stretch at a time (the scheduler asks for the next), not all at once
+    from headrace.runtime import feed as feed_module
+
+    src = Counting(range(3 * feed_module.MAX_READ))
+    feed = Feed(src, auto_collation=False, ahead=8, runs=lambda p, i: False)
+    assert feed.top_up(0) and src.read == feed_module.MAX_READ
+    feed.top_up(0)
+    assert src.read == 2 * feed_module.MAX_READ
+
+
+class Interrupt(BaseException):
+    pass
+
+
+def test_an_interrupted_read_raises_at_once_and_ends_the_reading():
+    def sampler():
+        yield 0
+        raise Interrupt
+
+    feed = Feed(sampler(), auto_collation=False, ahead=10)
+    with pytest.raises(Interrupt):
+        feed.top_up(0)
+    assert next(feed) == 0  # what was read before stays
+    with pytest.raises(RuntimeError, match="interrupted while it was read"):
+        next(feed)

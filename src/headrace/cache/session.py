@@ -109,6 +109,7 @@ class CacheSession:
         self.layout: TierLayout | None = None
         self.split: dict[str, float] = {}
         self.closed_epochs: list[CacheStats] = []
+        self.dropped = False  # the loader went on without it (``drop``)
         self.epoch_numbers: list[int] = []
         self._epoch_start: dict[str, int] = self.counters.totals()
         self._finalizer: Any = None
@@ -242,7 +243,7 @@ class CacheSession:
 
         def closed() -> None:
             me = ref()
-            if me is not None and monitor.epochs:
+            if me is not None and monitor.epochs and not me.dropped:
                 last = monitor.epochs[-1]
                 if last.finished:
                     me.measured_t_gpu = consumer_rate(last.samples, last.wall_s, last.stall_s)
@@ -351,6 +352,12 @@ class CacheSession:
             lines.append("  ODS with shared_augmented: augmented samples made by other jobs "
                          "are served, so a sample's content depends on the other jobs' seeds")
         return lines
+
+    def drop(self) -> None:
+        """Close for good, in the middle of a run (the loader goes on without a cache): the
+        epochs recorded so far stay (``attach``), no later one is recorded."""
+        self.dropped = True
+        self.close()
 
     def close(self) -> None:
         """Remove the memory backend's files (a later epoch starts an empty cache); leave the

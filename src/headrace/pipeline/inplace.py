@@ -102,7 +102,13 @@ class Timed:
     def __class__(self) -> type:  # noqa: D105 - what isinstance() reads after type()
         return type(self.fn)
 
-    def __reduce_ex__(self, protocol: Any) -> Any:  # copy, deepcopy, pickle: the original
+    def __copy__(self) -> Any:  # a copy of the original: writes to it stay in the copy
+        return copy.copy(self.fn)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return copy.deepcopy(self.fn, memo)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # pickled: the original
         return _original, (self.fn,)
 
     def __getattr__(self, name: str) -> Any:  # attributes of the original transform

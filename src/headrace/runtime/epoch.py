@@ -177,6 +177,7 @@ class EpochIterator(EpochBase):
         self._out: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self._held: tuple[str, Any, Any] | None = None  # seen by a non-blocking take, for later
         self._raised = 0  # samples of batches whose collate_fn raised in the training loop
+        self._empty = 0  # empty batches (a batch sampler's) delivered in this run
         self.feed = spec.groups if isinstance(spec.groups, Feed) else None
         if self.feed is not None:  # the scheduler found nothing fed: read more at the next turn
             out = self._out  # (the queue alone: a reference to self would be a cycle)
@@ -185,17 +186,23 @@ class EpochIterator(EpochBase):
         self.scheduler.start()
 
     def mark(self, positions: Any) -> None:
+        # the sampler first: a read interrupted there (Ctrl-C) leaves this batch undelivered,
+        # where marking first lost it (delivered for state_dict(), never returned)
+        self._top_up(len(positions) or 1)
+        if not positions:
+            self._empty += 1
         super().mark(positions)
-        self._top_up()
 
-    def _top_up(self) -> None:
+    def _top_up(self, delivering: int = 0) -> None:
         """Read the sampler in this (the training) thread for the room the settled samples
         left (``runtime/feed.py``), and let the scheduler dispatch what came. Settled: as the
         scheduler counts them out of flight, but for batches taken and not yet delivered (the
-        device prefetcher's), so the count follows deliveries, not timing."""
+        device prefetcher's), so the count follows deliveries, not timing; an empty batch
+        counts as one (as the feed counts it); ``delivering``: the batch being delivered."""
         c = self.scheduler.counters
         if self.feed is not None and self.feed.top_up(
-                self.meter.samples + self._raised + c.skipped + c.failed + c.discarded):
+                self.meter.samples + self._empty + self._raised + delivering + c.skipped
+                + c.failed + c.discarded):
             self.scheduler.room_freed()
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
@@ -224,7 +231,7 @@ class EpochIterator(EpochBase):
                 value = value.result() if kind == "future" else value()
             except StepError:
                 self.scheduler.consumed += len(positions)  # its samples leave with its error
-                self._raised += len(positions)
+                self._raised += len(positions) or 1  # (an empty batch counts as one)
                 self._top_up()
                 self.scheduler.room_freed()
                 value = item = None  # held by the error's traceback: a cycle through the future
@@ -242,11 +249,12 @@ class EpochIterator(EpochBase):
             return None
         if kind == "raise":  # one sample's (or batch's) error: raised, and the epoch goes on
             self.meter.consumer_cpu_s += time.thread_time() - c0
-        else:
+        elif kind == "end":
             self.meter.t_end = time.perf_counter()
             self.close()
-            if kind == "end":
-                raise StopIteration
+            raise StopIteration
+        else:  # an error that ends the epoch (the sampler's): unfinished, so state_dict()
+            self.close()  # still describes it and a resume delivers the rest
         try:
             raise value
         finally:  # this frame is in the error's traceback: it must not hold the error itself
@@ -277,8 +285,15 @@ class EpochIterator(EpochBase):
                                    c.failed, c.shared_samples)
 
     def _release(self) -> None:
-        """Stop the scheduler; stop the workers unless they persist."""
+        """Stop the scheduler; stop the workers unless they persist; drop what it queued and
+        nobody will take (batches, an error whose traceback holds the scheduler's frames)."""
         self.scheduler.stop()
+        self._held = None
+        while True:
+            try:
+                self._out.get_nowait()
+            except queue.Empty:
+                break
         if self.owns_pool:
             self.pool.shutdown()
         else:

@@ -225,12 +225,7 @@ def make_iterator(
     # they run: no window could be seeded for a collate_fn alone (docs/design.md)
     place = loader._collate_place if loader._executor != "threads" else None
     pool, owns = get_pool(loader, base_seed)
-    bs = loader.batch_size or 1
-    hi = loader.options.autoscale.bounds()[1] if loader.autoscale else loader.num_workers
-    if loader.remote is not None and loader.remote.available:
-        hi += loader.remote.max_workers  # remote workers need samples in flight too
-    max_in_flight = opts.max_in_flight or default_max_in_flight(
-        bs, hi, loader.prefetch_factor or 2)
+    max_in_flight = opts.max_in_flight or in_flight_bound(loader)
     # the sampler is read in this (the training) thread, now and as batches are delivered
     feed = Feed(groups, loader._auto_collation, max_in_flight, runs_after_resume(delivered, ods))
     feed.top_up(0)
@@ -321,6 +316,28 @@ def close_pool(holder: list[WorkerPool | None]) -> None:
             pool.shutdown()
 
 
+def in_flight_bound(loader: DataLoader) -> int:
+    """Samples in flight at most by default (``Options(max_in_flight)`` overrides it), which is
+    also how far ahead the training thread reads the sampler. Where batches keep torch's
+    content (``in_order=True``, a non-random order, a user batch sampler) with a fixed worker
+    count, torch's own ``prefetch_factor × workers`` batches, so the sampler is read exactly
+    as far ahead as torch reads it (a sampler drawing random numbers then draws them at the
+    same moments of the training loop); elsewhere ``default_max_in_flight``, which keeps a
+    batch filling while another is out. A user batch sampler's batch size is its
+    ``batch_size`` attribute where it has one (torch's ``BatchSampler``, Accelerate's shards):
+    counted as one sample, it kept about one batch in flight where torch keeps four."""
+    bs = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1
+    if not isinstance(bs, int) or bs < 1:
+        bs = 1
+    pf = loader.prefetch_factor or 2
+    if batch_mode(loader) != "regroup" and not loader.autoscale and loader.remote is None:
+        return pf * loader.num_workers * bs
+    hi = loader.options.autoscale.bounds()[1] if loader.autoscale else loader.num_workers
+    if loader.remote is not None and loader.remote.available:
+        hi += loader.remote.max_workers  # remote workers need samples in flight too
+    return default_max_in_flight(bs, hi, pf)
+
+
 def start_cache(loader: DataLoader, epoch: int, delivered: Bitmap) -> Any:
     """Plan the cache for a starting epoch; its ``OdsEpoch`` (``None`` without ODS). A cache
     that fails here (a full ``/dev/shm``: LMDB's ``No space left on device``) is dropped with
@@ -343,7 +360,11 @@ def start_cache(loader: DataLoader, epoch: int, delivered: Bitmap) -> Any:
         log.warning("headrace: the cache failed (%s: %s); continuing without it",
                     type(e).__name__, e)
         loader.cache, loader._cache_off = None, f"it failed ({type(e).__name__}: {e})"
-        cache.close()
+        if loader._pool is not None:  # persistent workers hold its client: new ones, without
+            loader._pool.shutdown()
+            loader._pool = None
+        cache.drop()  # stats() keeps the numbers of the epochs it served
+        loader._cache_dropped = cache
         return None
 
 

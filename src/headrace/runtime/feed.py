@@ -21,7 +21,12 @@ delivered before never run, so they are not counted as fed (``runs``): the feed 
 them, as the scheduler skips them.
 
 An error the sampler raises is kept and given to the scheduler after every element read
-before it, so the epoch delivers those samples, then raises it (as torch does without workers).
+before it, so the epoch delivers those samples, then raises it (as torch does without workers);
+the epoch stays unfinished, so ``state_dict()`` resumes it. A ``BaseException`` (Ctrl-C, a
+preemption) goes to the caller at once; the batch being delivered is marked only after its read
+(``EpochIterator.mark``). An empty batch counts as one sample read ahead, and one call reads at
+most ``MAX_READ`` positions, so neither endless empty batches nor a resumed epoch's delivered
+stretch is read all at once.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
+
+MAX_READ = 1 << 16
+"""Most positions one :meth:`Feed.top_up` reads: a resumed epoch reads past the positions it
+delivered before, and all at once they were a list per sampler batch, O(dataset) in memory;
+the scheduler asks for more once it has taken these."""
 
 
 class NotYet(Exception):  # noqa: N818 - a state, not a failure
@@ -58,7 +68,7 @@ class Feed:
         self.positions = 0  # positions read from the sampler
         self.fed = 0  # samples to run among them (what the scheduler will count as pulled)
         self.asked = False  # on_empty was called and no top-up followed yet
-        self.on_empty: Callable[[], None] = lambda: None
+        self.on_empty: Callable[[], None] = _nothing
 
     # -- training thread ------------------------------------------------------------------------
     def top_up(self, settled: int) -> bool:
@@ -67,21 +77,30 @@ class Feed:
         scheduler (an element, or the end)."""
         self.asked = False
         added = False
-        while not self._ended and self.fed - settled < self.ahead:
+        read = 0
+        while not self._ended and self.fed - settled < self.ahead and read < MAX_READ:
             try:
                 group = next(self._groups)
+                if self._auto:
+                    group = list(group)  # a batch sampler may yield generators: read once
             except StopIteration:
                 self._ended = True
             except Exception as e:  # noqa: BLE001 - the sampler's: raised after what came before
                 self._ended, self._error = True, detached(e)
+            except BaseException as e:  # Ctrl-C, SystemExit: to the caller at once
+                self._ended, self._error = True, RuntimeError(
+                    f"the sampler was interrupted while it was read ({type(e).__name__}): the "
+                    "rest of this epoch cannot be read from it; state_dict() resumes it")
+                raise
             else:
-                if self._auto:
-                    group = list(group)  # a batch sampler may yield generators: read once
                 n = len(group) if self._auto else 1
                 start, self.positions = self.positions, self.positions + n
                 runs = self._runs
-                self.fed += n if runs is None else sum(
+                # an empty batch counts as one: it is delivered (and settled) as a batch, and
+                # endless empty ones must not keep this loop reading
+                self.fed += max(1, n) if runs is None or not n else sum(
                     map(runs, range(start, start + n), group if self._auto else [group]))
+                read += max(1, n)
                 self._items.append(group)
                 added = True
                 continue
@@ -103,12 +122,17 @@ class Feed:
         if self._items:  # fed between the two reads above, before the end was set
             return self._items.popleft()
         error, self._error = self._error, None  # given once (the epoch ends with it)
+        self.on_empty = _nothing  # (it holds the batch queue, which may hold the error)
         if error is None:
             raise StopIteration
         try:
             raise error
         finally:  # this frame joins the error's traceback: it must not hold the error
             error = None
+
+
+def _nothing() -> None:
+    pass
 
 
 def detached(e: Exception) -> Exception:

@@ -158,6 +158,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         self._finalizer = weakref.finalize(self, epochs.close_pool, [None])
         self.cache: CacheSession | None = None  # the sample cache (headrace.cache)
         self._cache_off: str | None = None  # why Options(cache=...) is not in use (explain())
+        self._cache_dropped: CacheSession | None = None  # one that failed mid-run (its stats)
         if self.pipeline is not None and self.options.cache is not None:
             hi_slots = self.options.autoscale.slot_bound() if self.autoscale else self.num_workers
             ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
@@ -239,8 +240,9 @@ class DataLoader(tud.DataLoader[_T_co]):
         """Per-epoch wall, stall, throughput, lanes, timeout, workers, queues (see LoaderStats)."""
         it = self._iterator_ref()
         epochs: tuple[EpochStats, ...] = tuple(self.monitor.epochs)
-        if self.cache is not None:
-            epochs = self.cache.attach(epochs)
+        kept = self.cache if self.cache is not None else self._cache_dropped
+        if kept is not None:
+            epochs = kept.attach(epochs)
         if it is not None and not it.closed:
             running = it.stats()
             epochs += (dataclasses.replace(running, cache=self.cache.current())
