@@ -76,11 +76,11 @@ class PageableMemory:
 
     Not inherited by forked workers (``MADV_DONTFORK``): without persistent workers, each
     epoch forks new workers while the pool keeps the last epoch's buffers, and every page the
-    workers then shared was copied when the training process wrote its next batch there (a
-    sweep: 112k page faults, 0.5-0.7 s more CPU and about twice torch's time to the first
-    batch of every epoch after the first, 8 batches of 50 MB samples). Workers never read
-    batch memory; a worker that touched a batch held from before the fork would fault there,
-    and die as a crashed worker does, naming its sample, rather than read stale pages.
+    workers then shared was copied when the training process wrote its next batch there: a
+    page fault per page before each later epoch's first batch (a compatibility sweep saw that
+    first batch take about twice torch's time with 50 MB samples). Workers never read batch
+    memory; a worker that touched a batch held from before the fork would fault there, and
+    die as a crashed worker does, naming its sample, rather than read stale pages.
     """
 
     pinned = False
