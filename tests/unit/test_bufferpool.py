@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import default_collate
 
 from headrace.runtime.assembly import BatchAssembly
-from headrace.runtime.bufferpool import BufferPool
+from headrace.runtime.bufferpool import STALE_AFTER, BufferPool
+from tests.device_fakes import FakePinned
 
 
 def test_buffer_returns_only_after_every_tensor_and_view_is_gone():
@@ -148,3 +149,31 @@ def test_a_freed_batch_buffer_is_unmapped():
     del a
     gc.collect()
     assert pool.idle_bytes == 0 and _mapping_flags(addr) is None
+
+
+def test_buffers_of_sizes_not_asked_for_again_are_freed():
+    # variable-size volumes: every batch a shape of its own, none ever reused
+    pool = BufferPool(max_idle=4)
+    for k in range(4):
+        pool.empty(((1 << 20) + k * 4096,), np.uint8)  # released at once (no reference kept)
+    gc.collect()
+    assert pool.idle_bytes >= 4 << 20
+    for _ in range(STALE_AFTER + 1):
+        a = pool.empty((2 << 20,), np.uint8)  # another size: the four above stay unused
+        del a
+    gc.collect()
+    assert pool.idle_bytes == 2 << 20  # only the size still asked for
+
+
+def test_trim_frees_what_waits_and_keeps_what_a_copy_still_reads():
+    mem = FakePinned()  # every release gets a fence the test completes
+    pool = BufferPool(memory=mem)
+    a, b = pool.empty((1 << 20,), np.uint8), pool.empty((1 << 20,), np.uint8)
+    del a, b
+    gc.collect()
+    mem.fences[0].done = True
+    pool.trim()
+    assert pool.idle_bytes == 1 << 20  # the one whose copy is still running
+    mem.fences[1].done = True
+    pool.trim()
+    assert pool.idle_bytes == 0

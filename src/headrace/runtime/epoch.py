@@ -294,6 +294,8 @@ class EpochIterator(EpochBase):
                 self._out.get_nowait()
             except queue.Empty:
                 break
+        if self.spec.buffers is not None:
+            self.spec.buffers.trim()  # idle batch memory goes back between epochs
         if self.owns_pool:
             self.pool.shutdown()
         else:
