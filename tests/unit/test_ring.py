@@ -29,13 +29,27 @@ def test_writer_wraps_around_once_the_reader_has_freed_space():
     ring = Ring(mp.get_context("fork"), size=64 * 1024)
     w = RingWriter(ring, parent_pid=0)
     offsets = []
+    lagging = 0
     for i in range(10):  # 10 x 12 KB through a 64 KB ring
         off = w.put(np.full(3072, i, dtype=np.float32))
         offsets.append(off)
         got = np.frombuffer(ring.buf, dtype=np.float32, count=3072, offset=off)
         assert (got == i).all()
-        ring.read_pos.value = w.write_pos  # the reader consumed it
-    assert min(offsets) == 0 and offsets.count(0) >= 2  # wrapped
+        ring.read_pos.value, lagging = lagging, w.write_pos  # the reader one array behind
+    assert min(offsets) == 0 and offsets.count(0) >= 2 and max(offsets) > 32 * 1024  # wrapped
+
+
+def test_a_ring_the_reader_keeps_up_with_is_written_from_its_start():
+    # each array freed before the next is written: the writer goes back to the start, so the
+    # ring touches only the pages one array needs, not all of them on its way round
+    ring = Ring(mp.get_context("fork"), size=1 << 20)
+    w = RingWriter(ring, parent_pid=0)
+    offsets = []
+    for i in range(40):
+        offsets.append(w.put(np.full(16384, i, dtype=np.float32)))  # 64 KB
+        if i % 4 == 3:
+            ring.read_pos.value = w.write_pos  # four in flight, then all taken
+    assert max(offsets) < 256 * 1024 and offsets.count(0) == 10
 
 
 def test_bfloat16_and_oversized_leaves_fall_back():
@@ -82,3 +96,20 @@ def test_ring_space_of_messages_an_error_left_unhandled_is_freed_and_never_taken
     assert ring.read_pos.value == 12288  # up to the last handed-off sample's end
     _free_ring(w, [("done", 0, None, [], 0, 1024)])
     assert ring.read_pos.value == 12288  # a stale, earlier end never moves it back
+
+
+def test_a_writer_touches_only_the_span_its_arrays_in_flight_need():
+    # 64 KB arrays, the reader freeing them `behind` arrays late: a 16 MB ring was written all
+    # the way round (32 workers: 512 MB of shared memory); now the span grows to what is held
+    for behind, most in ((4, 1 << 20), (40, 4 << 20)):
+        ring = Ring(mp.get_context("fork"), size=16 << 20)
+        w = RingWriter(ring, parent_pid=0)
+        held, ends = [], []
+        for i in range(300):
+            held.append((w.put(np.full(16384, i, dtype=np.float32)), i))
+            ends.append(w.write_pos)
+            if len(held) > behind:  # the reader takes the oldest: still intact, then freed
+                off, v = held.pop(0)
+                assert (np.frombuffer(ring.buf, np.float32, 16384, off) == v).all()
+                ring.read_pos.value = ends[i - behind]
+        assert w.span == most and max(e % ring.size or ring.size for e in ends) <= most

@@ -10,6 +10,14 @@ MB) as soon as the message arrives and frees the space. One producer (the worker
 a shared read position written by the consumer are the whole protocol, no lock.
 
 A leaf larger than a quarter of the ring falls back to torch's shared-memory path.
+
+A writer uses only the first ``span`` bytes of its ring, from 1 MB, doubling whenever what is
+in flight would make it wait for space, up to the whole ring; and when the consumer has freed
+everything written, the next array goes to the start again. The pages a ring touches are those
+its samples in flight need: every ring was written all the way round, so 32 workers' rings
+held 512 MB of shared memory for 64 KB samples (a sweep). Skipping from the span's end to the
+ring's start is a pad in the monotonic positions, as at the ring's own end: the protocol is
+unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from headrace.runtime.transport import plain_tensor
 
 RING_BYTES = 16 * 1024 * 1024
 """Bytes of one worker's ring."""
+SPAN_BYTES = 1024 * 1024
+"""Bytes of its ring a writer starts with (``RingWriter.span``)."""
 MIN_LEAF = 4096
 """Arrays smaller than this many bytes are pickled inline (cheaper than a ring slot)."""
 ALIGN = 64
@@ -75,6 +85,9 @@ class RingWriter:
         self.ring = ring
         self.mem = ring.array()
         self.write_pos = 0  # total bytes reserved (monotonic)
+        self.span = min(ring.size, SPAN_BYTES)
+        """Bytes from the ring's start this writer uses (grows, up to the ring, when what is
+        in flight needs more): pages beyond it are never touched."""
         self.parent_pid = parent_pid
         self.before_wait: Callable[[], Any] = lambda: None
         """Called once before waiting for space (the worker sends samples it kept, whose
@@ -87,9 +100,18 @@ class RingWriter:
         """Copy ``arr`` into the ring; returns its offset. Waits while the ring is full."""
         n = (arr.nbytes + ALIGN - 1) // ALIGN * ALIGN
         size = self.ring.size
-        pos = self.write_pos % size
-        pad = size - pos if pos + n > size else 0
-        need = self.write_pos + pad + n - size
+        while True:
+            pos = self.write_pos % size
+            if pos + n > size or pos and pos + n > self.span:
+                pad = size - pos  # to the start: it does not fit before the end (or the span)
+            elif 0 < n <= pos and self.ring.read_pos.value == self.write_pos:
+                pad = size - pos  # all freed: back to the start, where the pages are touched
+            else:
+                pad = 0
+            need = self.write_pos + pad + n - size
+            if self.span >= size or self.ring.read_pos.value >= need:
+                break
+            self.span = min(size, 2 * self.span)  # the samples in flight need more of it
         if self.ring.read_pos.value < need:
             self.before_wait()
         while self.ring.read_pos.value < need:  # consumer has not freed enough yet
