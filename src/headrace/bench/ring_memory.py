@@ -48,8 +48,8 @@ def ring_pages() -> tuple[int, int]:
 def measure(workers: int, sample_kb: int, batches: int) -> dict[str, Any]:
     from headrace.runtime import DataLoader
 
-    loader = DataLoader(_Samples(8 * batches + 8, sample_kb * 256), batch_size=8,
-                        num_workers=workers, shuffle=True, timeout=120)
+    loader: Any = DataLoader(_Samples(8 * batches + 8, sample_kb * 256), batch_size=8,
+                             num_workers=workers, shuffle=True, timeout=120)
     try:
         for k, _ in enumerate(loader):
             if k + 1 == batches:
