@@ -106,3 +106,27 @@ def test_a_whole_dataset_form_saves_its_transforms_time_too() -> None:
     assert _pos(split) == {"encoded": 0, "decoded": 1, "augmented": 2}
     assert abs(c2.counters.cost("decoded", 1) - 0.003) < 1e-12
     assert abs(c2.counters.cost("augmented", 1) - 0.006) < 1e-12
+
+
+def test_a_form_its_steps_make_in_about_a_copys_time_is_not_stored() -> None:
+    """Storing copies a form twice and a hit once more: a cheap decode of a large array never
+    pays (a sweep: the default cache made such a first epoch 2.3x slower)."""
+    import multiprocessing as mp
+
+    from headrace.cache.client import MIN_MEASURED, PROBE_EVERY, CacheClient, Counters
+    from headrace.pipeline.runner import StepTiming
+
+    layout = TierLayout.for_pipeline(hr.Pipeline(Src(), [hr.step(dec), hr.step(crop, random=True)]))
+
+    def client(decode_s: float) -> CacheClient:
+        c = CacheClient(layout, None, Counters(mp.get_context("fork"), 1), ("decoded",))
+        assert c.worth_storing("decoded")  # nothing measured yet: stored
+        for _ in range(MIN_MEASURED):
+            c.observe([StepTiming(0, 0.0, 0.0), StepTiming(1, decode_s, decode_s)], row=0)
+            c.encoded("decoded", 0.001)  # encoding took a millisecond
+        return c
+
+    cheap = client(0.002)  # the decode it saves: 2 ms, under 3 encodings
+    assert sum(cheap.worth_storing("decoded") for _ in range(PROBE_EVERY)) == 1  # a probe
+    dear = client(0.004)
+    assert all(dear.worth_storing("decoded") for _ in range(PROBE_EVERY))

@@ -27,7 +27,7 @@ from headrace.cache.tiers import TIERS, TierLayout, sample_key
 log = logging.getLogger("headrace")
 
 FIELDS = ("lookups", "hit_encoded", "hit_decoded", "hit_augmented", "inserts", "uncacheable",
-          "full", "errors", "not_worth")
+          "full", "errors", "not_worth", "not_stored")
 """Counter columns (see ``telemetry.stats.CacheStats`` for their meaning)."""
 _F = {n: i for i, n in enumerate(FIELDS)}
 PROBE_EVERY = 32
@@ -36,6 +36,9 @@ many lookups, so the comparison follows changes (a cache that got faster)."""
 WINDOW = 15
 """Lookup and compute times are the median of this many recent measurements (a reconnect or
 a page fault does not switch a tier off)."""
+STORE_MARGIN = 3.0
+"""A form is stored only when the steps it saves take more than this many times its encoding
+(one copy): storing costs two copies, a hit one more (``CacheClient.worth_storing``)."""
 MIN_MEASURED = 5
 """Measurements needed before a tier's lookups may be judged not worth making."""
 
@@ -87,15 +90,23 @@ class Insert:
 
     def after_step(self, position: int, value: Any) -> None:
         """Called by the runner after each step with its output."""
-        tier = self.client.at_position.get(position)
-        if tier is None or tier in self.client.full:
+        c = self.client
+        tier = c.at_position.get(position)
+        if tier is None or tier in c.full:
             return
-        if not self.seeded_ok and tier in self.client.seeded:
+        if not self.seeded_ok and tier in c.seeded:
             return
+        if not c.worth_storing(tier):
+            c.counters.add(self.row, "not_stored")
+            return
+        t0 = time.perf_counter()
         try:
-            self.forms.append((tier, codec.encode(value)))
+            blob = codec.encode(value)
         except codec.Uncacheable:
-            self.client.counters.add(self.row, "uncacheable")
+            c.counters.add(self.row, "uncacheable")
+            return
+        c.encoded(tier, time.perf_counter() - t0)
+        self.forms.append((tier, blob))
 
     def commit(self) -> None:
         """Store the most processed collected form whose tier has room."""
@@ -154,6 +165,8 @@ class CacheClient:
         self._times: dict[tuple[str, int], deque[float]] = {}
         """(tier, 0) lookup seconds, (tier, 1) seconds of the steps the form saves."""
         self._probe = 0
+        self._encode_s: dict[str, deque[float]] = {}  # tier -> seconds encoding its forms took
+        self._store_probe = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"layout": self.layout, "backend": self.backend, "counters": self.counters,
@@ -225,6 +238,25 @@ class CacheClient:
         d.append(seconds)
         if len(d) >= MIN_MEASURED:
             self.counters.set_cost(row, tier, which, statistics.median(d))
+
+    def encoded(self, tier: str, seconds: float) -> None:
+        """A form of ``tier`` was encoded for storing in ``seconds`` (one copy of its bytes)."""
+        self._encode_s.setdefault(tier, deque(maxlen=WINDOW)).append(seconds)
+
+    def worth_storing(self, tier: str) -> bool:
+        """False when the steps a form of ``tier`` saves take less than ``STORE_MARGIN`` times
+        encoding it (medians of recent measurements), except one in ``PROBE_EVERY``.
+
+        Storing a form copies it twice (encoded, then written), and a hit copies it out once
+        more: a form its steps make in about the time of a copy never pays. A sweep found the
+        default cache making a first epoch of 1 MB samples with a cheap decode 2.3x slower
+        than without it (16 workers), then skipping most lookups as not worth making."""
+        d = self._encode_s.get(tier)
+        cp = self._median(tier, 1)
+        if d is None or len(d) < MIN_MEASURED or cp is None:
+            return True
+        self._store_probe += 1
+        return cp > STORE_MARGIN * statistics.median(d) or self._store_probe % PROBE_EVERY == 0
 
     def worth_looking_up(self, tier: str) -> bool:
         """False when a lookup of ``tier`` costs more than computing its form (medians of

@@ -39,6 +39,8 @@ class CacheStats:
             moment); each such sample ran uncached.
         not_worth: tier lookups not made because they cost more than computing the form
             (both measured per tier; one in 32 is still made, to keep measuring).
+        not_stored: forms not stored because the steps they save take less than three
+            times encoding them (a copy of their bytes); one in 32 is still stored.
         bytes_by_tier: bytes held per tier when the numbers were taken (all epochs' entries).
         budget_by_tier: each tier's share of the budget (bytes).
         substituted: (ODS, ``Cache(ods=True)``) positions filled by a cached sample the job
@@ -56,6 +58,7 @@ class CacheStats:
     full: int
     errors: int
     not_worth: int = 0
+    not_stored: int = 0
     bytes_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
     budget_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
     substituted: int = 0
