@@ -96,7 +96,7 @@ class Insert:
             return
         if not self.seeded_ok and tier in c.seeded:
             return
-        if not c.worth_storing(tier):
+        if tier not in c.ods_tiers and not c.worth_storing(tier):  # ODS: as its lookups
             c.counters.add(self.row, "not_stored")
             return
         t0 = time.perf_counter()
