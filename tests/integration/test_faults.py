@@ -164,7 +164,7 @@ class Big(torch.utils.data.Dataset):
         return 4
 
     def __getitem__(self, i):
-        return torch.ones(2_000_000)  # 8 MB, more than the 1 MB /dev/shm below
+        return torch.ones(20_000_000)  # 80 MB: over a ring's quarter, through /dev/shm (1 MB)
 
 try:
     list(hr.DataLoader(Big(), batch_size=2, num_workers=1))

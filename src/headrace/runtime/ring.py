@@ -34,7 +34,13 @@ from headrace.runtime.parent import parent_gone
 from headrace.runtime.transport import plain_tensor
 
 RING_BYTES = 16 * 1024 * 1024
-"""Bytes of one worker's ring."""
+"""Bytes of one worker's ring where it is allocated up front (start methods other than fork)."""
+FORK_RING_BYTES = 256 * 1024 * 1024
+"""Bytes of one worker's ring under fork: address space only, since its pages are made on
+first touch and a writer touches the span its samples in flight need (``RingWriter.span``).
+Leaves up to a quarter of it (64 MB) go through the ring; with 16 MB rings every leaf over
+4 MB went through torch's shared memory, one descriptor and a handshake each, and a sweep
+measured 5-16 MB samples at about twice torch's epoch."""
 SPAN_BYTES = 1024 * 1024
 """Bytes of its ring a writer starts with (``RingWriter.span``)."""
 MIN_LEAF = 4096
@@ -51,12 +57,18 @@ class Ring:
     buffer that can be sent at process start, so they get a ``RawArray``.
     """
 
-    def __init__(self, ctx: Any, size: int = RING_BYTES) -> None:
-        self.size = size
-        if ctx.get_start_method() == "fork":
-            self.buf: Any = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS
+    def __init__(self, ctx: Any, size: int | None = None) -> None:
+        fork = ctx.get_start_method() == "fork"
+        size = size or (FORK_RING_BYTES if fork else RING_BYTES)
+        if fork:
+            try:
+                self.buf: Any = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS
+            except OSError:  # strict overcommit (vm.overcommit_memory=2) counts the mapping
+                size = min(size, RING_BYTES)
+                self.buf = mmap.mmap(-1, size)
         else:
             self.buf = ctx.RawArray("B", size)
+        self.size = size
         self.read_pos = ctx.RawValue("Q", 0)
 
     def array(self) -> np.ndarray:
