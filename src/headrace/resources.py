@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 
 UNLIMITED = 1 << 60
@@ -238,5 +239,6 @@ def _ratio(quota: str | None, period: str | None) -> float | None:
 
 
 def _unescape(field: str) -> str:
-    """A mountinfo path with its octal escapes (``\\040`` for a space) decoded."""
-    return field.encode().decode("unicode_escape") if "\\" in field else field
+    """A mountinfo path with its octal escapes (``\\040`` for a space) decoded; other
+    characters, UTF-8 ones included, as they are."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)

@@ -86,6 +86,8 @@ def test_a_containers_mount_root_is_its_own_group():
 def test_escaped_mount_points_and_unreadable_files():
     mounts = r.parse_mountinfo("1 0 0:1 / /mnt/a\\040b rw - cgroup2 cgroup2 rw\n")
     assert mounts[0][2] == "/mnt/a b"
+    accented = r.parse_mountinfo("1 0 0:1 / /mnt/caf\u00e9\\011x rw - cgroup2 cgroup2 rw\n")
+    assert accented[0][2] == "/mnt/caf\u00e9\tx"  # UTF-8 kept, the octal escape decoded
     assert r.memory_left(files({}), ["/x"], ["/y"]) is None
     assert r.cpu_quota(files({"/x/cpu.max": "garbage"}), ["/x"], []) is None
 

@@ -115,13 +115,9 @@ class Cache:
                                  f"summing to at most 1, got {dict(self.split)}")
 
 
-def default_budget_bytes() -> int:
-    """The default budget (see ``Cache.budget_bytes``), in bytes."""
-    return default_budget()[0]
-
-
 def default_budget() -> tuple[int, str]:
-    """The default budget in bytes, and what bounded it, in words."""
+    """The default budget (see ``Cache.budget_bytes``) in bytes, and what bounded it, in
+    words."""
     from headrace import units
 
     mem = resources.available_memory()  # within a cgroup's limit

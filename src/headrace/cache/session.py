@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from headrace.cache.client import CacheClient, Counters
-from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget, default_budget_bytes
+from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.pipeline import Pipeline
 from headrace.planner.cache_partition import (
@@ -94,14 +94,12 @@ def open_session(config: Cache, ctx: Any, worker_rows: int,
 
 
 class CacheSession:
-    """The cache of one loader (``Options(cache=...)``); ``budget``: its bytes (``None``: the
-    config's, else the default)."""
+    """The cache of one loader (``Options(cache=...)``, made by :func:`open_session`);
+    ``budget``: its bytes, all tiers together."""
 
-    def __init__(self, config: Cache, ctx: Any, worker_rows: int,
-                 budget: int | None = None) -> None:
+    def __init__(self, config: Cache, ctx: Any, worker_rows: int, budget: int) -> None:
         self.config = config
-        self.budget = (budget if budget is not None else config.budget_bytes
-                       if config.budget_bytes is not None else default_budget_bytes())
+        self.budget = budget
         self.counters = Counters(ctx, worker_rows + 1)
         self.row = worker_rows
         """Counter row of the training process (``num_workers=0``)."""

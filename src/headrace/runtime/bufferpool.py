@@ -98,7 +98,8 @@ class BufferPool:
                 raw = buf
                 del self._idle[i]
                 break
-            self._drop(lambda freed: self._requests - freed > STALE_AFTER)
+            if self._idle:
+                self._drop(self._requests - STALE_AFTER)
         if raw is None:
             raw = self.memory.allocate(nbytes)
             self.allocated += 1
@@ -140,13 +141,13 @@ class BufferPool:
         1.8 GB with 100 MB samples), to save the next epoch's first few batches their page
         faults."""
         with self._lock:
-            self._drop(lambda freed: True)
+            self._drop(self._requests + 1)
 
-    def _drop(self, stale: Any) -> None:
-        """Free the idle buffers that ``stale(request count when freed)`` picks and whose fence
-        has completed (lock held)."""
+    def _drop(self, before: int) -> None:
+        """Free the idle buffers freed before request ``before`` whose fence has completed
+        (lock held)."""
         self._idle = [e for e in self._idle
-                      if not (stale(e[2]) and (e[1] is None or e[1].query()))]
+                      if not (e[2] < before and (e[1] is None or e[1].query()))]
 
     def _release(self, raw: np.ndarray) -> None:
         addr = raw.ctypes.data

@@ -188,21 +188,26 @@ class EpochIterator(EpochBase):
     def mark(self, positions: Any) -> None:
         # the sampler first: a read interrupted there (Ctrl-C) leaves this batch undelivered,
         # where marking first lost it (delivered for state_dict(), never returned)
-        self._top_up(len(positions) or 1)
+        self._top_up(len(positions) or 1, wake=True)
         if not positions:
             self._empty += 1
         super().mark(positions)
 
-    def _top_up(self, delivering: int = 0) -> None:
+    def _top_up(self, delivering: int = 0, wake: bool = False) -> None:
         """Read the sampler in this (the training) thread for the room the settled samples
-        left (``runtime/feed.py``), and let the scheduler dispatch what came. Settled: as the
-        scheduler counts them out of flight, but for batches taken and not yet delivered (the
-        device prefetcher's), so the count follows deliveries, not timing; an empty batch
-        counts as one (as the feed counts it); ``delivering``: the batch being delivered."""
+        left (``runtime/feed.py``), and let the scheduler dispatch what came (``wake``: in any
+        case, samples having left). Settled: as the scheduler counts them out of flight, but
+        for batches taken and not yet delivered (the device prefetcher's), so the count
+        follows deliveries, not timing; an empty batch counts as one (as the feed counts it);
+        ``delivering``: the batch being delivered.
+
+        The one wake-up a batch gives the scheduler: taking a batch gives none, since what
+        the scheduler may dispatch is what the feed holds, and the feed grows here (a wake at
+        ``take`` as well woke it twice a batch, the first time to find nothing to pull)."""
         c = self.scheduler.counters
         if self.feed is not None and self.feed.top_up(
                 self.meter.samples + self._empty + self._raised + delivering + c.skipped
-                + c.failed + c.discarded):
+                + c.failed + c.discarded) or wake:
             self.scheduler.room_freed()
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
@@ -232,16 +237,14 @@ class EpochIterator(EpochBase):
             except StepError:
                 self.scheduler.consumed += len(positions)  # its samples leave with its error
                 self._raised += len(positions) or 1  # (an empty batch counts as one)
-                self._top_up()
-                self.scheduler.room_freed()
+                self._top_up(wake=True)
                 value = item = None  # held by the error's traceback: a cycle through the future
                 raise
             finally:
                 self.meter.stall_s += time.perf_counter() - t0
             kind = "batch"
         if kind == "batch":
-            self.scheduler.consumed += len(positions)
-            self.scheduler.room_freed()
+            self.scheduler.consumed += len(positions)  # the scheduler is woken at ``mark``
             self.meter.consumer_cpu_s += time.thread_time() - c0
             return value, positions
         if not block:

@@ -114,7 +114,7 @@ class RingWriter:
         size = self.ring.size
         while True:
             pos = self.write_pos % size
-            if pos + n > size or pos and pos + n > self.span:
+            if pos + n > size or (pos > 0 and pos + n > self.span):
                 pad = size - pos  # to the start: it does not fit before the end (or the span)
             elif 0 < n <= pos and self.ring.read_pos.value == self.write_pos:
                 pad = size - pos  # all freed: back to the start, where the pages are touched
