@@ -46,9 +46,11 @@ class Dispatcher:
         self._slow_takers = False  # a worker with prefers_slow is dispatched to
 
     def dispatch(self) -> None:
-        """Give ready workers work up to their depth; idle ones what waits behind slow samples."""
+        """Give ready workers work up to their depth (the pool's first workers while they
+        start, too: ``WorkerHandle.eager``); idle ones what waits behind slow samples."""
         pool = list(self.pool.workers.values())
-        workers = [w for w in pool if w.ready and not w.retiring and (w.gate is None or w.gate())]
+        workers = [w for w in pool if (w.ready or w.eager) and not w.retiring
+                   and (w.gate is None or w.gate())]
         if not workers:
             return
         # The slow lane gets its share of the workers; a backlog longer than the pool means that
@@ -93,6 +95,8 @@ class Dispatcher:
             for w in workers:
                 if depth > 1 and w.slot in slow_now:
                     continue  # nothing queues behind a sample already over the timeout
+                if depth > DEPTH and not w.ready:
+                    continue  # still starting (``eager``): the usual two until it runs
                 while len(w.assigned) + len(outbox.get(w, ())) < depth:
                     near_end = depth > 1 and lanes.near_end(margin)
                     fresh_ok = not near_end and (w.fetches or not fetchers)

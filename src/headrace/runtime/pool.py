@@ -27,6 +27,7 @@ Written once here; every loop that blocks points to it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import itertools
 import math
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headrace.pipeline import Pipeline
+from headrace.runtime.native_threads import resolved_for_fork
 from headrace.runtime.ring import Ring
 from headrace.runtime.taskpipe import TaskPipe
 from headrace.runtime.threadworker import (
@@ -93,6 +95,7 @@ class WorkerHandle:
     ring: Ring | None  # where the worker puts finished samples' arrays (None: a thread)
     assigned: dict[int, Task] = field(default_factory=dict)
     ready: bool = False
+    eager: bool = False  # started with the pool: gets work before it says it is ready
     retiring: bool = False
     external: bool = False  # started by a backend (remote/): the pool does not restart it
     gate: Callable[[], bool] | None = None  # a backend's dispatch limit (remote/: offload ratio)
@@ -201,9 +204,26 @@ class WorkerPool:
     def start(self, n: int, on_added: Any = None) -> None:
         """Start ``n`` workers; ``on_added()`` after each (e.g. wake the scheduler thread so it
         watches the new worker's pipe now rather than at its next poll timeout)."""
+        forks = self.executor != "threads" and self.ctx.get_start_method() == "fork"
+        if forks:
+            # Each worker seeds NumPy's global generator, as torch's do; NumPy 2 imports
+            # numpy.random on first use (5 ms alone, 39-117 ms a worker measured on 16 cores
+            # while the others fork, the import's writes copying the pages they touch).
+            # Imported once here, every forked worker has it.
+            import numpy.random  # noqa: F401
+        with (resolved_for_fork() if forks and self.blas_threads is not None
+              else contextlib.nullcontext()):
+            self._start(n, on_added)
+
+    def _start(self, n: int, on_added: Any) -> None:
         for _ in range(n):
-            if self.add_worker(num_workers=n) is None:
+            h = self.add_worker(num_workers=n)
+            if h is None:
                 return  # closed, or every slot taken
+            # as torch's workers, the pool's first ones find their first samples waiting in
+            # their pipe when they have started: no round trip through the scheduler thread
+            # after each start (docs/design.md, "The pool's first workers get work...")
+            h.eager = not h.is_thread
             if on_added is not None:
                 on_added()
 

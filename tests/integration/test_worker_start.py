@@ -1,0 +1,91 @@
+"""A fresh pool's workers find their first samples waiting when they have started, as torch's
+do; a worker started later (the scaler's, a replacement) gets work once it says it is ready.
+And the workers the pool forks run OpenBLAS with one thread without starting its thread pool."""
+
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+
+import headrace as hr
+from headrace.runtime.batcher import Batcher
+from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.dispatch import DEPTH
+from headrace.runtime.native_threads import blas_limited, blas_threads, limit_in_worker, resolved_for_fork
+from headrace.runtime.pool import WorkerPool
+from headrace.runtime.scheduler import Scheduler
+from headrace.runtime.work import EpochSpec
+from tests.helpers import ArraySource
+
+pytestmark = pytest.mark.integration
+
+CTX = multiprocessing.get_context("fork")
+
+
+class Hooks:
+    """What dispatch asks the monitor: no timeout learned yet, a deep queue allowed."""
+
+    def slow_threshold_s(self) -> float:
+        return float("inf")
+
+    def queue_depth(self) -> int:
+        return 8
+
+    def on_tick(self, sched) -> None:
+        pass
+
+
+def test_the_pools_first_workers_get_work_before_they_are_ready_later_ones_after():
+    pipe = hr.Pipeline(ArraySource(64), [])
+    pool = WorkerPool(pipe, None, CTX, None, 0, 3, profile=False)
+    spec = EpochSpec(epoch=0, base_seed=0, groups=iter([[i] for i in range(64)]),
+                     auto_collation=True, batcher=Batcher("regroup", 1), collate=lambda b: b,
+                     pin=None, max_in_flight=64, handoff=False, slow_lane_share=0.25,
+                     on_error="raise", max_restarts=2, delivered=Bitmap(64), total_positions=64)
+    sched = Scheduler(pool, spec, Hooks(), None)  # its thread is not started: nobody reads
+    try:                                          # the workers' "ready" messages
+        pool.start(2)
+        first = list(pool.workers.values())
+        assert [(w.eager, w.ready) for w in first] == [(True, False)] * 2
+        sched.dispatcher.dispatch()
+        # the usual two each while they start, not the deep queue ready workers may get
+        assert [len(w.assigned) for w in first] == [DEPTH] * 2
+        later = pool.add_worker()  # as the scaler adds one mid-epoch
+        assert later is not None and not later.eager
+        sched.dispatcher.dispatch()
+        assert later.assigned == {}  # its samples would wait for its start: it waits for "ready"
+        later.ready = True
+        sched.dispatcher.dispatch()
+        assert len(later.assigned) == 8  # ready: the deep queue
+    finally:
+        sched.stop()
+        pool.shutdown()
+
+
+def _report_limited(conn) -> None:
+    limit_in_worker(1)
+    a = np.ones((300, 300))
+    product = float((a @ a)[0, 0])  # a BLAS call after the limit: runs, on this thread
+    conn.send((sorted(set(blas_threads().values())), len(os.listdir("/proc/self/task")), product))
+
+
+@pytest.mark.parametrize("resolved", [True, False], ids=["forked-inside", "looks-itself"])
+def test_a_forked_worker_limits_openblas_with_or_without_resolved_setters(resolved):
+    assert blas_threads(), "no OpenBLAS found among this process's libraries"
+    with blas_limited(2):
+        reader, writer = CTX.Pipe(duplex=False)
+        proc = CTX.Process(target=_report_limited, args=(writer,))
+        if resolved:
+            with resolved_for_fork():
+                proc.start()
+        else:
+            proc.start()
+        try:
+            assert reader.poll(30), "the child did not report"
+            counts, threads, product = reader.recv()
+            assert counts == [1] and product == 300.0
+            assert threads == 1  # OpenBLAS's pool, stopped by the fork, was not started again
+        finally:
+            proc.join(30)
+        assert set(blas_threads().values()) == {2}  # the training process keeps its count
