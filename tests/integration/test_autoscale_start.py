@@ -75,7 +75,9 @@ def test_a_profile_measured_on_threads_does_not_size_a_process_pool(tmp_path):
     it, and a process run starts from the cores instead."""
     store = tmp_path / "profiles.sqlite"
     cores = rank_cpus()
-    loader = hr.DataLoader(SpinDataset(), batch_size=4, num_workers=3,
+    # six threads for 2 cores: their GIL waits dominate (with three, one run in about a dozen
+    # read a CPU share of 0.84, too little waiting for what this test reproduces)
+    loader = hr.DataLoader(SpinDataset(), batch_size=4, num_workers=6,
                            options=hr.Options(cache=None, profile_store=store,
                                               executor="threads"))
     try:

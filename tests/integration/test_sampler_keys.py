@@ -3,6 +3,8 @@ NumPy's and torch's integers (``SubsetRandomSampler(np.where(mask)[0])``), strin
 (a multi-scale batch sampler), negative indices, lists of indices fetched at once (torch's
 ``batch_size=None, sampler=BatchSampler(...)``). Each gets its own seed (docs/design.md)."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -101,6 +103,7 @@ class Wrapping:
 
 
 def widen(raw):
+    time.sleep(0.002)  # a decode worth caching: every form is stored, every lookup made
     return np.frombuffer(raw, dtype=np.uint8).astype(np.float32)
 
 
@@ -121,10 +124,11 @@ def test_the_sample_cache_keys_any_sampler_key(keys, workers, no_leaks):
     try:
         for _ in range(2):
             assert sum(len(b) for b in loader) == len(keys)
-        # the second epoch finds what the first stored under each key: every lookup hits,
-        # or is skipped as not worth it (the steps here cost less than a lookup)
+        # the second epoch finds what the first stored under each key: every lookup hits
+        # (a 2 ms decode is always worth storing and looking up; with microsecond steps the
+        # store and lookup decisions, timed apart, could disagree on a sample)
         cache = loader.stats().last.cache
         assert cache.errors == 0 and cache.bytes_by_tier["decoded"] > 0
-        assert cache.hits + cache.not_worth == cache.lookups == len(keys)
+        assert cache.hits == cache.lookups == len(keys)
     finally:
         loader.close()

@@ -12,7 +12,12 @@ import headrace as hr
 from headrace.runtime.batcher import Batcher
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.dispatch import DEPTH
-from headrace.runtime.native_threads import blas_limited, blas_threads, limit_in_worker, resolved_for_fork
+from headrace.runtime.native_threads import (
+    blas_limited,
+    blas_threads,
+    limit_in_worker,
+    resolved_for_fork,
+)
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.scheduler import Scheduler
 from headrace.runtime.work import EpochSpec

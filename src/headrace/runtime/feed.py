@@ -125,10 +125,16 @@ class Feed:
         self.on_empty = _nothing  # (it holds the batch queue, which may hold the error)
         if error is None:
             raise StopIteration
+        tb = error.__traceback__  # the sampler's own frames
         try:
             raise error
-        finally:  # this frame joins the error's traceback: it must not hold the error
-            error = None
+        finally:
+            # as it leaves, the error's traceback goes back to the sampler's frames: with this
+            # frame in it, the frames that called it (the scheduler thread's, holding the
+            # scheduler that queues the error) came too, a cycle that kept the epoch alive
+            # until the garbage collector ran; and this frame must not hold the error
+            error.__traceback__ = tb
+            error = tb = None
 
 
 def _nothing() -> None:
