@@ -37,6 +37,13 @@ _SETTERS = (
     "openblas_set_num_threads64_",
     "openblas_set_num_threads",
 )
+_PARALLEL = (
+    "scipy_openblas_get_parallel64_",
+    "scipy_openblas_get_parallel",
+    "openblas_get_parallel64_",
+    "openblas_get_parallel",
+)
+"""How the library was built: 0 sequential, 1 its own threads (pthreads), 2 OpenMP."""
 _GETTERS = (
     "scipy_openblas_get_num_threads64_",
     "scipy_openblas_get_num_threads",
@@ -101,17 +108,23 @@ the workers it forks meanwhile."""
 
 def _openblas_counts() -> list[tuple[Any, ctypes.c_int | None]]:
     """Every loaded OpenBLAS's thread-count setter, with its ``blas_cpu_number`` (the threads a
-    call may use) where the library exports that variable, else None."""
+    call may use) where the library exports that variable and runs its own threads, else None
+    (an OpenMP build reads OpenMP's count at each call, and only its setter changes that)."""
     found = []
     for path in _loaded_openblas():
         lib = ctypes.CDLL(path)
         set_threads = _function(lib, _SETTERS)
         if set_threads is None:
             continue
-        try:
-            count: ctypes.c_int | None = ctypes.c_int.in_dll(lib, "blas_cpu_number")
-        except ValueError:
-            count = None
+        count: ctypes.c_int | None = None
+        parallel = _function(lib, _PARALLEL)
+        if parallel is not None:
+            parallel.restype = ctypes.c_int
+            if parallel() == 1:
+                try:
+                    count = ctypes.c_int.in_dll(lib, "blas_cpu_number")
+                except ValueError:
+                    pass
         found.append((set_threads, count))
     return found
 
