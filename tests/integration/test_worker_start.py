@@ -21,7 +21,7 @@ from headrace.runtime.native_threads import (
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.scheduler import Scheduler
 from headrace.runtime.work import EpochSpec
-from tests.helpers import ArraySource
+from tests.helpers import ArraySource, IndexDataset
 
 pytestmark = pytest.mark.integration
 
@@ -94,3 +94,45 @@ def test_a_forked_worker_limits_openblas_with_or_without_resolved_setters(resolv
         finally:
             proc.join(30)
         assert set(blas_threads().values()) == {2}  # the training process keeps its count
+
+
+def _dies_in_slot_1(worker_id: int) -> None:
+    if worker_id == 1:
+        os._exit(3)  # as a segfault in an import, or the OOM killer at start-up
+
+
+class _DiesOnce:
+    """A ``worker_init_fn`` that ends worker 1's process the first time only (a flag file)."""
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def __call__(self, worker_id: int) -> None:
+        if worker_id == 1 and not os.path.exists(self.flag):
+            open(self.flag, "w").close()
+            os._exit(3)
+
+
+def test_a_worker_whose_start_always_kills_it_raises_instead_of_restarting_for_ever(no_leaks):
+    """It was replaced again and again (16 forks in a 0.2 s epoch, one per death, for as long
+    as the epoch ran), its first samples re-run elsewhere; torch raises at the first death."""
+    loader = hr.DataLoader(IndexDataset(64, slow_every=1, slow_s=0.002), batch_size=4,
+                           num_workers=2, worker_init_fn=_dies_in_slot_1, timeout=60)
+    try:
+        with pytest.raises(hr.WorkerDiedError, match="worker 1 died 3 times in a row while "
+                                                     r"starting.*exit code 3"):
+            for _ in loader:
+                pass
+    finally:
+        loader.close()
+
+
+def test_a_worker_that_dies_once_while_starting_is_replaced(tmp_path, no_leaks):
+    loader = hr.DataLoader(IndexDataset(64, slow_every=1, slow_s=0.002), batch_size=4,
+                           num_workers=2, worker_init_fn=_DiesOnce(str(tmp_path / "died")),
+                           timeout=60)
+    try:
+        assert sorted(i for b in loader for i in b.tolist()) == list(range(64))
+        assert (tmp_path / "died").exists()  # it did die, and its first samples ran elsewhere
+    finally:
+        loader.close()

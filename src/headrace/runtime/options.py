@@ -48,7 +48,8 @@ class Options:
         timeout: the learned hand-off timeout (see ``headrace.planner.timeout``).
         autoscale: the worker scaler used with ``num_workers="auto"``.
         max_worker_restarts: a sample whose worker died this many times is treated as failed
-            (2: retried once elsewhere).
+            (2: retried once elsewhere); a worker slot whose workers die more times than this
+            in a row while starting (before running a sample) raises ``WorkerDiedError``.
         sample_timeout_s: a sample running longer than this (seconds, in one worker) is taken for
             a hung step: its worker is replaced and the sample retried, then failed per
             ``on_error``. ``None``: no limit (the default; the slow lane handles slow samples).

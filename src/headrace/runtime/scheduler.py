@@ -42,7 +42,14 @@ from headrace.runtime.pool import WorkerHandle, WorkerPool
 from headrace.runtime.ring import decode as ring_decode
 from headrace.runtime.transport import decode, encode
 from headrace.runtime.waiter import Waiter
-from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, death_error
+from headrace.runtime.work import (
+    Counters,
+    EpochSpec,
+    Fatal,
+    Rec,
+    death_error,
+    start_death_error,
+)
 
 log = logging.getLogger("headrace")
 
@@ -90,6 +97,7 @@ class Scheduler:
         self.dispatcher = Dispatcher(pool, spec, self.lanes, self.counters, hooks,
                                      lambda: me.in_flight)
         self._hung: dict[int, tuple[int, int]] = {}  # slot -> (tid, step) of a killed hung task
+        self._start_deaths: dict[int, int] = {}  # slot -> its workers that died before "ready"
         self._stop = threading.Event()
         self._waiter = Waiter()
         self._poll_s = POLL_S  # how long the next wait blocks at most (seconds): IDLE_POLL_S
@@ -296,6 +304,7 @@ class Scheduler:
         kind = msg[0]
         if kind == "ready":
             w.ready = True
+            self._start_deaths.pop(w.slot, None)
             if len(msg) > 2 and msg[2]:
                 self.hooks.on_worker_reseeded(msg[2])
             return
@@ -391,6 +400,10 @@ class Scheduler:
             else:
                 self.counters.retried += 1
                 self.lanes.retry.append(rec)
+        if not w.ready and not w.external:  # a start that kills the process is not retried
+            deaths = self._start_deaths[w.slot] = self._start_deaths.get(w.slot, 0) + 1
+            if deaths > self.spec.max_restarts:  # for ever (a fork of this process each time)
+                raise Fatal(start_death_error(w.slot, deaths, exitcode))
         if self.pool.replace(w) is not None:  # None once the pool is shutting down
             self.hooks.on_worker_restart()
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from headrace.errors import StepError, WorkerDiedError, step_error_for
+from headrace.errors import StepError, WorkerDiedError, step_error_for, worker_start_error
 from headrace.runtime.batcher import Batcher
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
@@ -99,6 +99,17 @@ def collate_error(e: Exception, indices: list[int]) -> StepError:
         type(e), indices[0] if indices else None, "collate_fn", type(e).__qualname__,
         f"{e} ({where})", traceback.format_exc(),
     )
+
+
+def start_death_error(slot: int, deaths: int, exitcode: int | None) -> WorkerDiedError:
+    """The error of a worker slot whose workers died ``deaths`` times in a row while starting,
+    before their "ready" (``worker_init_fn`` or the dataset's setup ends the process: a
+    segfault in an import, ``os._exit``, the OOM killer at start-up). torch raises at the first
+    such death; headrace replaces the worker up to ``Options(max_worker_restarts)`` times."""
+    return worker_start_error(None, (
+        f"worker {slot} died {deaths} times in a row while starting, before it ran a sample "
+        f"(last exit code {exitcode}): worker_init_fn or the dataset's setup ends the worker "
+        "process"))
 
 
 def death_error(rec: Rec, hung: tuple[int, int] | None, names: list[str], exitcode: int | None,
