@@ -164,8 +164,7 @@ class CpuUse:
 
         self._clock = time.monotonic
         self.quota = cpu_limit()
-        dirs = (_dirs("")[0], _dirs("cpuacct")[1]) if self.quota is not None else ([], [])
-        self._dirs = dirs
+        self._dirs = _dirs("cpuacct") if self.quota is not None else ([], [])
         self._last = self._sample()
 
     def _sample(self) -> tuple[float, int] | None:

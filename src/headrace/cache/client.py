@@ -165,7 +165,9 @@ class CacheClient:
         self._times: dict[tuple[str, int], deque[float]] = {}
         """(tier, 0) lookup seconds, (tier, 1) seconds of the steps the form saves."""
         self._probe = 0
+        self._medians: dict[tuple[str, int], float] = {}  # of ``_times``, once measured enough
         self._encode_s: dict[str, deque[float]] = {}  # tier -> seconds encoding its forms took
+        self._encode_median: dict[str, float] = {}  # of ``_encode_s``, once measured enough
         self._store_probe = 0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -228,20 +230,21 @@ class CacheClient:
         return None
 
     def _median(self, tier: str, which: int) -> float | None:
-        d = self._times.get((tier, which))
-        if d is not None and len(d) >= MIN_MEASURED:
-            return statistics.median(d)
-        return self.counters.cost(tier, which)  # what other processes or epochs measured
+        m = self._medians.get((tier, which))
+        return m if m is not None else self.counters.cost(tier, which)  # else: what other
+        # processes or epochs measured
 
     def _record(self, tier: str, which: int, seconds: float, row: int) -> None:
-        d = self._times.setdefault((tier, which), deque(maxlen=WINDOW))
-        d.append(seconds)
-        if len(d) >= MIN_MEASURED:
-            self.counters.set_cost(row, tier, which, statistics.median(d))
+        m = _add(self._times.setdefault((tier, which), deque(maxlen=WINDOW)), seconds)
+        if m is not None:
+            self._medians[(tier, which)] = m
+            self.counters.set_cost(row, tier, which, m)
 
     def encoded(self, tier: str, seconds: float) -> None:
         """A form of ``tier`` was encoded for storing in ``seconds`` (one copy of its bytes)."""
-        self._encode_s.setdefault(tier, deque(maxlen=WINDOW)).append(seconds)
+        m = _add(self._encode_s.setdefault(tier, deque(maxlen=WINDOW)), seconds)
+        if m is not None:
+            self._encode_median[tier] = m
 
     def worth_storing(self, tier: str) -> bool:
         """False when the steps a form of ``tier`` saves take less than ``STORE_MARGIN`` times
@@ -251,12 +254,12 @@ class CacheClient:
         more: a form its steps make in about the time of a copy never pays. A sweep found the
         default cache making a first epoch of 1 MB samples with a cheap decode 2.3x slower
         than without it (16 workers), then skipping most lookups as not worth making."""
-        d = self._encode_s.get(tier)
+        enc = self._encode_median.get(tier)
         cp = self._median(tier, 1)
-        if d is None or len(d) < MIN_MEASURED or cp is None:
+        if enc is None or cp is None:
             return True
         self._store_probe += 1
-        return cp > STORE_MARGIN * statistics.median(d) or self._store_probe % PROBE_EVERY == 0
+        return cp > STORE_MARGIN * enc or self._store_probe % PROBE_EVERY == 0
 
     def worth_looking_up(self, tier: str) -> bool:
         """False when a lookup of ``tier`` costs more than computing its form (medians of
@@ -349,3 +352,9 @@ def run_cached(
 
 
 __all__ = ["TIERS", "CacheClient", "Counters", "run_cached"]
+
+
+def _add(d: deque[float], seconds: float) -> float | None:
+    """Append a measurement (seconds); the window's median once it holds ``MIN_MEASURED``."""
+    d.append(seconds)
+    return statistics.median(d) if len(d) >= MIN_MEASURED else None

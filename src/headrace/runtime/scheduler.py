@@ -400,9 +400,9 @@ class Scheduler:
             else:
                 self.counters.retried += 1
                 self.lanes.retry.append(rec)
-        if not w.ready and not w.external:  # a start that kills the process is not retried
+        if not w.ready and not w.external:  # it died starting: replaced, but not for ever
             deaths = self._start_deaths[w.slot] = self._start_deaths.get(w.slot, 0) + 1
-            if deaths > self.spec.max_restarts:  # for ever (a fork of this process each time)
+            if deaths > self.spec.max_restarts:  # (a fork of this process each time)
                 raise Fatal(start_death_error(w.slot, deaths, exitcode))
         if self.pool.replace(w) is not None:  # None once the pool is shutting down
             self.hooks.on_worker_restart()
