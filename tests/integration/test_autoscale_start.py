@@ -17,13 +17,16 @@ pytestmark = pytest.mark.integration
 
 
 class SpinDataset(Dataset):
-    """CPU-bound samples: each spins for 3 ms of its thread's CPU time (simulated work)."""
+    """CPU-bound samples: each spins for ``spin_s`` of its thread's CPU time (simulated work)."""
+
+    def __init__(self, spin_s: float = 0.003) -> None:
+        self.spin_s = spin_s
 
     def __len__(self) -> int:
         return 48
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        end = time.thread_time() + 0.003
+        end = time.thread_time() + self.spin_s
         while time.thread_time() < end:
             pass
         return torch.tensor(i)
@@ -75,9 +78,11 @@ def test_a_profile_measured_on_threads_does_not_size_a_process_pool(tmp_path):
     it, and a process run starts from the cores instead."""
     store = tmp_path / "profiles.sqlite"
     cores = rank_cpus()
-    # six threads for 2 cores: their GIL waits dominate (with three, one run in about a dozen
-    # read a CPU share of 0.84, too little waiting for what this test reproduces)
-    loader = hr.DataLoader(SpinDataset(), batch_size=4, num_workers=6,
+    # samples longer than CPython's 5 ms switch interval, so each is made to give the GIL up
+    # midway to the other threads and its wall time counts their turns; at 3 ms a thread
+    # could run a whole sample on one turn (handing over between samples), and runs read a
+    # CPU share of 0.84-0.98 where this test needs the waits
+    loader = hr.DataLoader(SpinDataset(0.012), batch_size=4, num_workers=6,
                            options=hr.Options(cache=None, profile_store=store,
                                               executor="threads"))
     try:
