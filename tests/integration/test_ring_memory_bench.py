@@ -10,7 +10,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_ring_memory_finds_the_rings_and_their_resident_pages(no_leaks, capsys):
-    r = ring_memory.measure(workers=2, sample_kb=64, batches=50)
+    r = ring_memory.measure(workers=2, sample_kb=64, batches=50)  # this loader's rings only
     assert r["rings"] == 2 and r["mapped_mb"] == 2 * (FORK_RING_BYTES >> 20)
     assert 0 < r["resident_mb"] < r["mapped_mb"]  # 50 batches of 64 KB samples: a span's worth
     ring_memory.main(["--workers", "1", "--batches", "10"])

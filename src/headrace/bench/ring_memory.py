@@ -51,14 +51,17 @@ def ring_pages() -> tuple[int, int, int]:
 
 
 def measure(workers: int, sample_kb: int, batches: int) -> dict[str, Any]:
+    """This loader's rings after ``batches`` batches: how many, MB resident and MB mapped
+    (what other loaders of the process still map is not counted)."""
     from headrace.runtime import DataLoader
 
+    before = ring_pages()
     loader: Any = DataLoader(_Samples(8 * batches + 8, sample_kb * 256), batch_size=8,
                              num_workers=workers, shuffle=True, timeout=120)
     try:
         for k, _ in enumerate(loader):
             if k + 1 == batches:
-                rings, mb, mapped = ring_pages()
+                rings, mb, mapped = (a - b for a, b in zip(ring_pages(), before, strict=True))
                 return {"workers": workers, "rings": rings, "resident_mb": mb,
                         "mapped_mb": mapped}
     finally:

@@ -366,6 +366,8 @@ class WorkerPool:
                 close()
             except (OSError, ValueError):
                 pass
+        if h.ring is not None:  # the worker is gone and its pipe closed: nothing reads it now
+            h.ring.close()
         try:
             p.close()
         except ValueError:

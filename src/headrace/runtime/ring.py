@@ -74,6 +74,20 @@ class Ring:
     def array(self) -> np.ndarray:
         return np.frombuffer(self.buf, dtype=np.uint8)
 
+    def close(self) -> None:
+        """Unmap the training process's side once its worker is gone (``WorkerPool``'s
+        dispose): the pages it made resident (up to the span its samples needed, 256 MB of
+        address space) went back only when the last reference to the worker's handle did,
+        and an iterator kept after its epoch (a framework's fetcher, a traceback) kept them
+        for as long. Left to the garbage collector while a view of it is still alive (the
+        mapping refuses to close then); a ``RawArray`` (other start methods) is left to it
+        too."""
+        if isinstance(self.buf, mmap.mmap):
+            try:
+                self.buf.close()
+            except BufferError:
+                pass
+
 
 class RingRef:
     """Where one array of a sample lies in the ring."""
