@@ -152,7 +152,9 @@ def workload_section(w: WorkloadResult, plots: dict[str, str] | None = None) -> 
             f"{x['headrace_main_cpu_per_batch_ms']:.1f} ms/batch"
             + (f", no batch ready in {100 * empty:.0f}% of queue samples" if empty is not None
                else "")
-            + "."
+            + f"; inside next(): {x['next_waiting_ms']:.0f} ms waiting for batches, "
+            f"{x['next_other_ms']:.0f} ms otherwise (the GIL held by the scheduler thread, "
+            "bookkeeping)."
         )
     for row in w.rows:
         if row.spec.executor == "threads" and hr_row is not None and row.runs and hr_row.runs:

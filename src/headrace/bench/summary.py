@@ -76,6 +76,11 @@ class RowSummary:
         starved = [
             sum(q[1] == 0 for q in t.queues) / len(t.queues) for t in traces if t.queues
         ]
+        # the consumer's time inside next() (the harness's stall) is headrace's own wait for a
+        # batch, and the rest: the training thread waiting for the GIL the scheduler thread
+        # holds, or its own bookkeeping (marking delivered, reading the sampler)
+        waits = [(r.headrace.stall_s, r.stall_s - r.headrace.stall_s)
+                 for r in self.runs if r.headrace is not None]
         return {
             "slow_samples": med([t.slow_samples for t in traces]),
             "fast_samples": med([t.fast_samples for t in traces]),
@@ -84,6 +89,8 @@ class RowSummary:
             "headrace_main_cpu_per_batch_ms": med([t.main_cpu_per_batch_ms for t in traces]),
             "ready_batches_empty_share": med(starved) if starved else None,
             "max_slow_backlog": max(max((q[4] for q in t.queues), default=0) for t in traces),
+            "next_waiting_ms": med([1000.0 * w for w, _ in waits]),
+            "next_other_ms": med([1000.0 * max(0.0, o) for _, o in waits]),
         }
 
 
