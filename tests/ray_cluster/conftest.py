@@ -51,11 +51,44 @@ def ray_cluster():
         cluster.shutdown()
 
 
+GCS_ANSWER_S = 30.0
+"""Longest the actor-table query may take (seconds). Ray's accessor waits for the GCS's reply
+with no timeout of its own, in C++ where pytest-timeout's signal cannot interrupt it: one full
+``make test`` hung there for good in a teardown (``GlobalStateAccessor::GetAllActorInfo``)."""
+_gcs_silent: list[str] = []  # set once the GCS failed to answer: later queries fail at once
+
+
 def live_headrace_actors() -> list[str]:
-    """Actors of headrace's remote worker class that are not dead (per Ray's GCS)."""
+    """Actors of headrace's remote worker class that are not dead (per Ray's GCS).
+
+    Raises:
+        TimeoutError: the GCS did not answer within ``GCS_ANSWER_S`` (now or earlier in the
+            session): the test errors instead of the session hanging.
+    """
+    import threading
+
     import ray
 
-    table = ray._private.state.actors()  # the GCS's table: no dashboard needed
+    if _gcs_silent:
+        raise TimeoutError(_gcs_silent[0])
+    box: dict[str, object] = {}
+
+    def ask() -> None:
+        try:
+            box["table"] = ray._private.state.actors()  # the GCS's table: no dashboard needed
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            box["error"] = e
+
+    asker = threading.Thread(target=ask, name="gcs-actor-table", daemon=True)
+    asker.start()
+    asker.join(GCS_ANSWER_S)
+    if asker.is_alive():
+        _gcs_silent.append(f"Ray's GCS did not answer the actor-table query in {GCS_ANSWER_S:.0f} s")
+        raise TimeoutError(_gcs_silent[0])
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    table = box["table"]
+    assert isinstance(table, dict)
     return [a for a, info in table.items()
             if "RemoteWorker" in info.get("ActorClassName", "") and info.get("State") != "DEAD"]
 
