@@ -69,7 +69,8 @@ class RowSummary:
 
     def extras(self) -> dict[str, Any]:
         """headrace's own numbers (median over runs), empty for torch rows."""
-        traces = [r.headrace for r in self.runs if r.headrace is not None]
+        pairs = [(r, t) for r in self.runs if (t := r.headrace) is not None]
+        traces = [t for _, t in pairs]
         if not traces:
             return {}
         med = statistics.median
@@ -79,8 +80,7 @@ class RowSummary:
         # the consumer's time inside next() (the harness's stall) is headrace's own wait for a
         # batch, and the rest: the training thread waiting for the GIL the scheduler thread
         # holds, or its own bookkeeping (marking delivered, reading the sampler)
-        waits = [(r.headrace.stall_s, r.stall_s - r.headrace.stall_s)
-                 for r in self.runs if r.headrace is not None]
+        waits = [(t.stall_s, r.stall_s - t.stall_s) for r, t in pairs]
         return {
             "slow_samples": med([t.slow_samples for t in traces]),
             "fast_samples": med([t.fast_samples for t in traces]),
