@@ -1,27 +1,30 @@
 """python -m headrace.bench.small_samples: every row runs, delivers every sample, and the
-rows that change the queueing policy leave it as it found it."""
+rows that change the queueing or hand-off policy leave it as they found it."""
 
 import pytest
 
 from headrace.bench import small_samples
-from headrace.planner import queueing
+from headrace.planner import queueing, timeout
 
 pytestmark = pytest.mark.integration
 
 
 def test_small_samples_bench_runs_every_row_and_reports_ratios():
     names = ("MAX_DEPTH", "CHEAP_QUEUE_S", "CHEAP_HOLD_S")
-    before = [getattr(queueing, k) for k in names]
+    before = [getattr(queueing, k) for k in names] + [timeout.HANDOFF_MIN_S]
     res = small_samples.run(rounds=1, samples=400, workers=1, batch=32)
-    assert before == [getattr(queueing, k) for k in names]
+    assert before == [getattr(queueing, k) for k in names] + [timeout.HANDOFF_MIN_S]
     assert set(res) == {"cifar", "cifar-dataset", "tiny"}
     for rows in res.values():
-        assert set(rows) == {"headrace", "headrace, 1 ms messages",
+        assert set(rows) == {"headrace", "headrace, short moves", "headrace, 1 ms messages",
                              "headrace, a message per sample", "torch, 1 workers",
                              "torch, 2 workers"}
         assert all(len(v) == 1 and v[0][0] > 0 for v in rows.values())
+        for label, v in rows.items():  # moves are counted for headrace's rows only
+            assert (v[0][2] is None) == label.startswith("torch"), label
     text = small_samples.markdown(res, 400, 1)
     assert text.count("| headrace |") == 3 and "vs torch's best" in text
+    assert "moved to the slow lane" in text
 
 
 def test_the_cifar_steps_match_torchs_dataset_on_a_sample():

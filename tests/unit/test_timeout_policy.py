@@ -3,7 +3,14 @@ import math
 import numpy as np
 import pytest
 
-from headrace.planner.timeout import TimeoutConfig, TimeoutPolicy, move_cost, remaining_after
+from headrace.planner.timeout import (
+    HANDOFF_MIN_S,
+    TimeoutConfig,
+    TimeoutPolicy,
+    move_cost,
+    remaining_after,
+    worth_moving,
+)
 
 
 def feed(policy, times, slow=lambda t, p: t > p.timeout_s):
@@ -63,6 +70,18 @@ def test_remaining_after_sums_the_steps_left_less_the_moves_cost():
     # the second only 5 ms, so a sample late there does not move (the worker wants half the
     # timeout or more); past the last step nothing is left either way
     assert remaining_after([0.01, 0.02, 0.03], 0.025) == pytest.approx([0.035, 0.025, 0.005, 0.0])
+
+
+def test_a_late_sample_moves_only_with_half_the_timeout_and_two_ms_of_steps_left():
+    assert not worth_moving(0.009, 0.010, 0.5)  # not late
+    assert worth_moving(0.011, 0.010, 0.005)  # late, half the timeout left
+    assert not worth_moving(0.011, 0.010, 0.004)  # late, too little left to gain
+    assert not worth_moving(0.011, 0.010, -0.001)  # the move costs more than the steps left
+    # CIFAR-sized samples: 0.1 ms steps, late because preempted; 0.08 ms left is over half the
+    # timeout but under what a move itself costs: they stay
+    assert not worth_moving(0.0003, 0.0001, 0.00008)
+    assert worth_moving(0.0003, 0.0001, HANDOFF_MIN_S)
+    assert not worth_moving(math.inf, math.inf, math.inf)  # no timeout yet (warm-up)
 
 
 def test_move_cost_is_the_mean_once_four_moves_measured_it():

@@ -11,14 +11,17 @@ torch: a map-style dataset with a Compose in ``__getitem__`` drawing from torch'
 generator, returning ``(image, label)``) and ``tiny`` (a 16 KB array and one addition: the
 per-sample price of the loader alone). Rows, each
 a fresh loader's first epoch, interleaved round-robin over the rounds: ``headrace`` (defaults,
-out of order), ``headrace, 1 ms messages`` (cheap samples queued and sent as samples of
+out of order), ``headrace, short moves`` (a late sample moves to the slow lane however
+little of its steps is left: ``planner.timeout.HANDOFF_MIN_S`` set to 0, as before that floor),
+``headrace, 1 ms messages`` (cheap samples queued and sent as samples of
 1-2 ms are: ``queueing.CHEAP_QUEUE_S`` and ``CHEAP_HOLD_S`` set to ``QUEUE_S`` and ``HOLD_S``,
 as before the cheap tier), ``headrace, a message per sample`` (worker processes given one
 sample at a time: ``planner.queueing.MAX_DEPTH`` set to its minimum for that row, as before
 queueing was adaptive) and torch's DataLoader (out of order) at half, equal and twice the
 worker count. torch's dataset runs the same steps, each sample drawing from its own
 ``default_rng(index)`` (so both loaders pay for a generator per sample). Prints a Markdown
-table: samples/s and the training process's CPU per sample, median (min-max) over the rounds.
+table: samples/s, the training process's CPU per sample and headrace's samples moved to the slow
+lane per epoch, median (min-max) over the rounds.
 
 ``--runner`` prices, in this process and without workers, what running one sample's steps
 costs beyond the steps themselves (``pipeline/runner.py``'s ``SampleRunner``): the per-step
@@ -40,7 +43,7 @@ import torch
 
 from headrace.bench.summary import Spread
 from headrace.pipeline import Pipeline, runner, step
-from headrace.planner import queueing
+from headrace.planner import queueing, timeout
 
 _MEAN = np.array([125.3, 123.0, 113.9], np.float32)
 _STD = np.array([63.0, 62.1, 66.7], np.float32)
@@ -170,54 +173,61 @@ class _TorchDataset(torch.utils.data.Dataset):
         return x
 
 
-def _epoch(make: Callable[[], Any], n: int, close: bool) -> tuple[float, float]:
-    """(wall seconds, training-process CPU seconds) of one epoch of a fresh loader."""
+def _epoch(make: Callable[[], Any], n: int, close: bool) -> tuple[float, float, int | None]:
+    """(wall seconds, training-process CPU seconds, samples moved to the slow lane: ``None``
+    for torch) of one epoch of a fresh loader."""
     loader = make()
     c0, t0 = time.process_time(), time.perf_counter()
     got = 0
     for b in loader:
         got += len(b[-1]) if isinstance(b, list) else len(b)  # [images, labels] or a tensor
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    moved = loader.stats().last.slow_samples if hasattr(loader, "stats") else None
     if close:
         loader.close()
     if got != n:
         raise RuntimeError(f"{got} samples delivered, expected {n}")
-    return wall, cpu
+    return wall, cpu, moved
 
 
-_ONE_MS = {"CHEAP_QUEUE_S": queueing.QUEUE_S, "CHEAP_HOLD_S": queueing.HOLD_S}
+_ONE_MS = {(queueing, "CHEAP_QUEUE_S"): queueing.QUEUE_S, (queueing, "CHEAP_HOLD_S"): queueing.HOLD_S}
 """The row ``headrace, 1 ms messages``: samples under ``queueing.CHEAP_S`` queued and held as
 samples of 1-2 ms are (what every cheap sample had before the cheap tier)."""
+_SHORT_MOVES = {(timeout, "HANDOFF_MIN_S"): 0.0}
+"""The row ``headrace, short moves``: a late sample moves whenever its steps left typically take
+half the timeout, however short that is (what every late sample had before the 2 ms floor)."""
 
 
 def run(rounds: int, samples: int, workers: int, batch: int = 128) -> dict[str, dict[str, list]]:
-    """``{workload: {row: [(wall s, cpu s), ...]}}``, rows interleaved, one epoch each."""
+    """``{workload: {row: [(wall s, cpu s, moved), ...]}}``, rows interleaved, one epoch each."""
     from headrace.runtime import DataLoader, Options
 
     opts = Options(profile_store=False, cache=None)
     out: dict[str, dict[str, list]] = {}
     for name, (pipe, ds) in workloads(samples).items():
 
-        def headrace_row(policy: dict[str, float], pipe: Any = pipe) -> tuple[float, float]:
-            saved = {k: getattr(queueing, k) for k in policy}
-            for k, v in policy.items():
-                setattr(queueing, k, v)
+        def headrace_row(policy: dict[tuple[Any, str], float],
+                         pipe: Any = pipe) -> tuple[float, float, int | None]:
+            saved = {k: getattr(*k) for k in policy}  # (module, name): value
+            for (module, name), v in policy.items():
+                setattr(module, name, v)
             try:
                 return _epoch(lambda: DataLoader(pipe, batch_size=batch, num_workers=workers,
                                                  in_order=False, options=opts), samples, True)
             finally:
-                for k, v in saved.items():
-                    setattr(queueing, k, v)
+                for (module, name), v in saved.items():
+                    setattr(module, name, v)
 
-        def torch_row(w: int, ds: Any = ds) -> tuple[float, float]:
+        def torch_row(w: int, ds: Any = ds) -> tuple[float, float, int | None]:
             return _epoch(lambda: torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=w,
                                                               in_order=False), samples, False)
 
-        rows: dict[str, Callable[[], tuple[float, float]]] = {
+        rows: dict[str, Callable[[], tuple[float, float, int | None]]] = {
             "headrace": lambda: headrace_row({}),
+            "headrace, short moves": lambda: headrace_row(_SHORT_MOVES),
             "headrace, 1 ms messages": lambda: headrace_row(_ONE_MS),
             "headrace, a message per sample": lambda: headrace_row(
-                {"MAX_DEPTH": queueing.MIN_DEPTH}),
+                {(queueing, "MAX_DEPTH"): queueing.MIN_DEPTH}),
         }
         for w in sorted({max(1, workers // 2), workers, 2 * workers}):
             rows[f"torch, {w} workers"] = functools.partial(torch_row, w)
@@ -274,16 +284,19 @@ def runner_costs(samples: int, repeats: int = 5) -> dict[str, float]:
 def markdown(results: dict[str, dict[str, list]], samples: int, workers: int) -> str:
     lines = []
     for name, rows in results.items():
-        best_torch = max((statistics.median(samples / w for w, _ in v), k)
+        best_torch = max((statistics.median(samples / r[0] for r in v), k)
                          for k, v in rows.items() if k.startswith("torch"))
         lines += [f"**{name}** ({samples} samples, batch 128, headrace {workers} workers)", "",
-                  "| loader | samples/s | training-process CPU µs/sample | vs torch's best |",
-                  "|---|---|---|---|"]
+                  "| loader | samples/s | training-process CPU µs/sample | vs torch's best "
+                  "| moved to the slow lane |",
+                  "|---|---|---|---|---|"]
         for label, runs in rows.items():
-            rate = Spread.of([samples / w for w, _ in runs])
-            cpu = Spread.of([c * 1e6 / samples for _, c in runs])
+            rate = Spread.of([samples / r[0] for r in runs])
+            cpu = Spread.of([r[1] * 1e6 / samples for r in runs])
+            moved = [r[2] for r in runs if r[2] is not None]
             lines.append(f"| {label} | {rate.text('.0f')} | {cpu.text('.1f')} | "
-                         f"{rate.median / best_torch[0]:.2f}x |")
+                         f"{rate.median / best_torch[0]:.2f}x | "
+                         f"{Spread.of(moved).text('.0f') if moved else '–'} |")
         lines.append("")
     return "\n".join(lines)
 

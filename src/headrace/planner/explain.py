@@ -8,6 +8,7 @@ import math
 from headrace import units
 from headrace.planner.offload import OffloadDecision
 from headrace.planner.order import OrderPlan
+from headrace.planner.timeout import HANDOFF_MIN_S
 from headrace.planner.workers import ScaleDecision
 from headrace.profiler.report import PipelineProfile
 from headrace.telemetry.stats import LoaderStats
@@ -160,7 +161,9 @@ def explain_text(f: Facts) -> str:
         fb = " (fallback: too many samples went slow at p75)" if st.timeout_percentile != 75 else ""
         cost = (f"; a move costs this process {units.duration(f.move_cost_s)} (measured), so a "
                 "late sample moves only if its steps left typically take that plus half the "
-                "timeout" if f.move_cost_s > 0 else "")
+                f"timeout, and at least {units.duration(HANDOFF_MIN_S)}" if f.move_cost_s > 0 else
+                "; a late sample moves only if its steps left typically take half the timeout "
+                f"and at least {units.duration(HANDOFF_MIN_S)}")
         out.append(
             f"slow lane: hand-off timeout {units.duration(st.timeout_s)} = p{st.timeout_percentile:g} of "
             f"per-sample time over the last {f.timeout_samples} samples{fb}{share}{cost}"

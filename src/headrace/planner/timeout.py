@@ -165,6 +165,31 @@ def move_cost(moves: int, cpu_s: float) -> float:
     return cpu_s / moves if moves >= MOVES_TO_MEASURE else 0.0
 
 
+HANDOFF_MIN_SHARE = 0.5
+"""A sample over the timeout is handed off only if the steps it has left typically take (sum of
+their median times, less the measured cost of a move: :func:`remaining_after`) at least this
+share of the timeout: moving a sample whose remaining work is trivial costs a round trip and
+saves nothing (a departure from MinatoLoader, which moves every late sample)."""
+HANDOFF_MIN_S = 0.002
+"""...and at least this many seconds. A move adds a partial result, a task of its own and a
+second result to the messages of a sample (each about 0.1-0.2 ms of CPU, ``planner/queueing.py``)
+and holds back the refill of its worker's queue; ``move_cost`` counts only the forwarding. On
+CIFAR-sized samples (steps of ~0.1 ms, a late one being a preempted one) 450-760 samples moved
+per 20,000-sample epoch, each costing about 0.6 ms of training-process CPU and as much in the
+workers: this floor gave 1.11x the samples/s (1.29x on tiny samples) with a third less
+training-process CPU per sample (docs/benchmarks.md, "No hand-off for under 2 ms of steps
+left"). Samples of a few milliseconds and more (every workload of ``headrace bench``) moved
+none before it either."""
+
+
+def worth_moving(spent_s: float, timeout_s: float, left_s: float) -> bool:
+    """Whether a worker hands its sample off before the next step: it has spent ``spent_s``
+    seconds of step time, over the timeout (``timeout_s``), and the steps it has left typically
+    take ``left_s`` (net of a move's measured cost, :func:`remaining_after`), at least
+    ``HANDOFF_MIN_SHARE`` of the timeout and ``HANDOFF_MIN_S``."""
+    return spent_s > timeout_s and left_s >= max(HANDOFF_MIN_SHARE * timeout_s, HANDOFF_MIN_S)
+
+
 def remaining_after(typical_s: Sequence[float], move_cost_s: float = 0.0) -> list[float]:
     """What a move to the slow lane leaves to gain before each step: entry ``i`` is the typical
     seconds of steps ``i..`` (the sum of their ``typical_s``, medians) less ``move_cost_s``,
@@ -172,8 +197,8 @@ def remaining_after(typical_s: Sequence[float], move_cost_s: float = 0.0) -> lis
     of the worker's ring, encode it, send it on); the last entry, past every step, is 0.
 
     Workers hand a sample off only when this is at least ``HANDOFF_MIN_SHARE`` × the timeout
-    (``runtime/worker.py``): a move whose forwarding costs the training process more than the
-    steps it frees a worker from cannot pay (measured on 16 cores: 0.13 s of training-process
+    and ``HANDOFF_MIN_S`` (:func:`worth_moving`): a move whose forwarding costs the training
+    process more than the steps it frees a worker from cannot pay (measured on 16 cores: 0.13 s of training-process
     CPU per imagenet hand-off, against a few ms of steps left)."""
     out = [0.0] * (len(typical_s) + 1)
     acc = 0.0

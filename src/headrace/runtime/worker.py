@@ -38,6 +38,7 @@ from headrace.cache.client import run_cached
 from headrace.errors import exception_attributes
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import Outcome, SampleRunner
+from headrace.planner.timeout import worth_moving
 from headrace.profiler import sizes
 from headrace.profiler.runqueue import run_queue_s
 from headrace.runtime.gilprobe import start_probe
@@ -90,13 +91,6 @@ class WorkerSetup(NamedTuple):
     cache: Any = None  # headrace.cache.client.CacheClient, or None
     probe_gil: bool = False  # run the GIL probe (runtime/gilprobe.py): executor="auto"
     blas_threads: int | None = None  # native pools' threads (runtime/native_threads.py)
-
-
-HANDOFF_MIN_SHARE = 0.5
-"""A sample over the timeout is handed off only if the steps it has left typically take (sum of
-their median times, less the measured cost of a move: ``planner.timeout.remaining_after``) at
-least this share of the timeout: moving a sample whose remaining work is trivial costs a round
-trip and saves nothing (a departure from MinatoLoader, which moves every late sample)."""
 
 
 def worker_main(
@@ -254,8 +248,7 @@ class TaskRunner:
         limit, remaining = handoff.timeout, handoff.remaining
 
         def hand_off(next_step: int, spent: float) -> bool:
-            t = limit.value
-            return spent > t and remaining[next_step] >= HANDOFF_MIN_SHARE * t
+            return worth_moving(spent, limit.value, remaining[next_step])
 
         self.hand_off = hand_off
         self.on_step: Callable[[int], None] = functools.partial(progress.step.__setitem__, setup.slot)
