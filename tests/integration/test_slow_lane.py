@@ -32,6 +32,25 @@ def test_handed_off_samples_resume_at_the_next_step_and_run_each_step_once(execu
     assert st.slow_samples >= 6 and st.slow_samples + st.fast_samples == 24
 
 
+def test_a_fixed_timeout_hands_off_in_every_epoch(no_leaks):
+    # each epoch has a pool of its own (no persistent_workers): the timeout must reach each
+    steps = [Trace("a", slow_every=4, slow_s=0.02), Trace("b", slow_every=1, slow_s=0.004)]
+    pipe = hr.Pipeline(TraceSource(32), [hr.step(s, name=s.name) for s in steps])
+    opts = hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.005), cache=None)  # (a cached sample
+    # would run no step in the second epoch)
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=2, collate_fn=lambda b: b, options=opts)
+    try:
+        slow = []
+        for _ in range(2):
+            assert sorted(s["index"] for b in loader for s in b) == list(range(32))
+            slow.append(loader.stats().last.slow_samples)
+    finally:
+        loader.close()
+    # the 8 slow ones each epoch, 20 ms after "a" with 4 ms of "b" left; on a loaded machine a
+    # fast one preempted in "a" may go slow too
+    assert min(slow) >= 8, slow
+
+
 def test_learned_timeout_lies_between_fast_and_slow_costs(no_leaks):
     # 1 in 16 slow (p90 among fast ones); b leaves enough work after a for hand-offs to pay
     steps = [Trace("a", slow_every=16, slow_s=0.06), Trace("b", slow_every=1, slow_s=0.01), Trace("c")]

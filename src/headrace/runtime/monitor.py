@@ -90,7 +90,7 @@ class Monitor:
         self._last_scale = time.perf_counter()
         self._starting = False  # a worker of the pool was not ready at the last tick
         self._memory_budget: float | None = None
-        self._pushed_timeout = float("nan")
+        self._timeline_timeout = float("nan")  # the timeout of timeout_timeline's last entry
         self._warned_reseed = False
         self.probe_gil = False
         """``executor="auto"`` measures the GIL share of worker processes' steps."""
@@ -218,9 +218,13 @@ class Monitor:
     def on_tick(self, sched: Scheduler) -> None:
         pool = sched.pool
         t = self.timeout.timeout_s if sched.spec.handoff else float("inf")
-        if t != self._pushed_timeout:
+        # Every pool gets it: a new pool (each epoch's, unless persistent_workers) starts with
+        # none. Pushed on changes alone, a fixed timeout moved no sample after the first epoch,
+        # and a learned one none before its value next changed.
+        if pool.handoff.timeout.value != t:
             pool.handoff.timeout.value = t
-            self._pushed_timeout = t
+        if t != self._timeline_timeout:
+            self._timeline_timeout = t
             self.timeout_timeline.append((self.now(), t))
         self.move_cost_s = move_cost(sched.counters.forwarded, sched.counters.forward_cpu_s)
         now = time.perf_counter()
