@@ -51,6 +51,23 @@ def test_a_fixed_timeout_hands_off_in_every_epoch(no_leaks):
     assert min(slow) >= 8, slow
 
 
+def test_a_late_sample_with_under_two_ms_of_steps_left_stays_on_its_worker(no_leaks):
+    # "a" is slow on every 4th sample (20 ms, far over the 0.5 ms timeout); "b", the step left
+    # after it, takes 1 ms: over half the timeout, under what a move costs (HANDOFF_MIN_S)
+    steps = [Trace("a", slow_every=4, slow_s=0.02), Trace("b", slow_every=1, slow_s=0.001)]
+    pipe = hr.Pipeline(TraceSource(32), [hr.step(s, name=s.name) for s in steps])
+    opts = hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.0005), cache=None)
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=2, collate_fn=lambda b: b, options=opts)
+    try:
+        for _ in range(2):  # the second epoch knows the steps' times from its first tick
+            assert sorted(s["index"] for b in loader for s in b) == list(range(32))
+        st = loader.stats().last
+    finally:
+        loader.close()
+    assert st.slow_samples == 0 and st.fast_samples == 32
+    assert "at least 2.0 ms" in loader.explain()
+
+
 def test_learned_timeout_lies_between_fast_and_slow_costs(no_leaks):
     # 1 in 16 slow (p90 among fast ones); b leaves enough work after a for hand-offs to pay
     steps = [Trace("a", slow_every=16, slow_s=0.06), Trace("b", slow_every=1, slow_s=0.01), Trace("c")]
