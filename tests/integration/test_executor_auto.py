@@ -1,6 +1,7 @@
 """``Options(executor="auto")``: worker processes measure the GIL share of their steps in the
 first epoch, and the loader moves to threads when the GIL would not limit them."""
 
+import random
 import time
 from collections import Counter
 
@@ -59,6 +60,32 @@ def test_gil_releasing_steps_move_to_threads_and_compute_the_same(no_leaks):
     assert key(second) == key(ref_second)  # threads computed what processes compute
     loader.close()
     ref.close()
+
+
+def sleepy_jitter(x: np.ndarray) -> np.ndarray:
+    time.sleep(0.01)  # releases the GIL: on its own, threads would be chosen
+    return x + random.random()  # Python's global generator, which processes re-seed per step
+
+
+@pytest.mark.timeout(120)
+def test_a_step_drawing_from_the_global_generators_keeps_processes(no_leaks):
+    pipe = hr.Pipeline(ArraySource(120), [hr.step(sleepy_jitter, name="jitter")])
+
+    def contents() -> list[list[float]]:
+        loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+        try:
+            out = [sorted(np.concatenate([b.numpy().reshape(-1) for b in loader]).tolist())
+                   for _ in range(2)]
+            d = loader.monitor.executor_decision
+            assert d is not None and d.executor == "processes"
+            assert "'jitter' draws from a global random generator" in d.reason
+            assert loader._executor == "processes" and "jitter" in loader.explain()
+            return out
+        finally:
+            loader.close()
+
+    # both epochs re-seed the globals per sample: the same content run after run
+    assert contents() == contents()
 
 
 @pytest.mark.timeout(120)

@@ -5,7 +5,7 @@ import multiprocessing as mp
 import threading
 import time
 
-from headrace.runtime.worker import Outbox
+from headrace.runtime.outbox import Outbox
 
 
 def done(tid):

@@ -1,3 +1,4 @@
+import random
 import traceback
 
 import numpy as np
@@ -168,6 +169,40 @@ def test_random_streams_depend_on_sample_and_step_not_on_order_or_process():
     # swapping two commuting random steps keeps each one's draws: same result
     q = SampleRunner(hr.Pipeline(ArraySource(8), [s2, s1]))
     assert np.allclose(a, q.run(5, 0, None, base_seed=42, epoch=1).value)
+
+
+def _py_draw(x):
+    return x + random.random()
+
+
+def _np_draw(x):
+    return x + np.random.rand()
+
+
+def _torch_draw(x):
+    return x + float(torch.rand(1))
+
+
+def _own_generators(x):  # a generator of its own draws nothing from the globals
+    return x + np.random.default_rng(3).random() + float(torch.rand(1, generator=torch.Generator()))
+
+
+def test_the_runner_sees_which_steps_draw_from_the_global_generators():
+    steps = [hr.step(_own_generators, name="own"), hr.step(_py_draw, name="py"),
+             hr.step(noise, name="rng", random=True), hr.step(_np_draw, name="np"),
+             hr.step(_torch_draw, name="torch")]
+    p = hr.Pipeline(ArraySource(4), steps)
+    seen: list[int] = []
+    out = SampleRunner(p, on_global_draw=seen.append).run(2, 0, None, base_seed=1, epoch=0)
+    assert out.error is None
+    assert [p.step_names[i] for i in seen] == ["py", "np", "torch"]
+    # same values as a runner that does not watch (the watch draws nothing itself)
+    plain = SampleRunner(p).run(2, 0, None, base_seed=1, epoch=0)
+    assert np.array_equal(out.value, plain.value)
+    # worker threads do not re-seed the globals: nothing to watch there
+    unseeded: list[int] = []
+    SampleRunner(p, reseed_globals=False, on_global_draw=unseeded.append).run(2, 0, None, 1, 0)
+    assert unseeded == []
 
 
 def test_runner_hands_off_between_steps_and_resumes_without_rerunning():

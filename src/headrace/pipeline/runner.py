@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from headrace.pipeline.inplace import Probe, Probing
-from headrace.pipeline.seeding import sample_root, seed_globals, step_rng, step_seed
+from headrace.pipeline.seeding import (
+    global_token,
+    sample_root,
+    seed_globals,
+    step_rng,
+    step_seed,
+)
 
 if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline
@@ -74,6 +80,11 @@ class SampleRunner:
     generators from the step's seed (``seeding.seed_globals``), so user code drawing from them
     is deterministic per sample. Worker threads share those generators and turn it off: their
     steps must draw from the ``rng`` they receive.
+
+    ``on_global_draw(step)``: called when a step drew from those global generators (their
+    states compared around it, ``seeding.global_token``: about 0.1 ms a step; with
+    ``reseed_globals`` only, and not for the transforms of a dataset, which run inside
+    ``load``). ``executor="auto"`` keeps such pipelines on worker processes.
     """
 
     def __init__(
@@ -82,9 +93,11 @@ class SampleRunner:
         measure: Measure | None = None,
         reseed_globals: bool = True,
         queued: Clock | None = None,
+        on_global_draw: Callable[[int], None] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.reseed_globals = reseed_globals
+        self.on_global_draw = on_global_draw if reseed_globals else None
         self.measure = measure
         self.queued = queued if measure is not None else None
         self.names = pipeline.step_names
@@ -131,6 +144,7 @@ class SampleRunner:
             bytes_in, sig = measure(x)
         spent = 0.0
         root = sample_root(base_seed, epoch, index, draw) if self._seeded else 0
+        watch, token = self.on_global_draw, None
         for i in range(start, self.n):
             rng = None
             if self._seeded:
@@ -150,6 +164,8 @@ class SampleRunner:
                 if after_step is not None:
                     after_step(0, x)
                 continue
+            if watch is not None:
+                token = global_token()
             # the run-queue reads lie inside the wall window: a wait between them and the
             # step then counts in both, never in ``queued`` alone
             ws = time.perf_counter()
@@ -163,6 +179,8 @@ class SampleRunner:
             q = queued() - qs if queued is not None else 0.0
             we = time.perf_counter()
             spent += we - ws
+            if watch is not None and global_token() != token:
+                watch(i)
             if measure is not None:
                 size, new_sig = measure(x)
                 timings.append(StepTiming(i, we - ws, ce - cs, size, i > 0 and new_sig != sig,

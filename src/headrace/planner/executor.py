@@ -7,6 +7,11 @@ many threads there are. Processes have no such limit but pay the copy. So thread
 lock is not what limits them: ``1 / h`` at least ``margin`` × the parallelism processes would
 get, ``min(workers, cores)``.
 
+Threads never re-seed the global random generators (they share them), so a step that draws
+from Python's, NumPy's or torch's keeps the pipeline on processes: the probing workers compare
+those generators' states around the steps of the samples they measure
+(``SampleRunner.on_global_draw``), and the first draw seen decides (:func:`global_draw_reason`).
+
 ``h`` is measured, not guessed: a probe thread in each worker process (``runtime/gilprobe.py``)
 sleeps a fraction of a millisecond at a time while a step runs and times how late it wakes; a
 late wake-up means the step held the lock (CPython hands it over after the switch interval,
@@ -65,6 +70,15 @@ def choose_executor(held_s: float, probed_s: float, workers: int, cores: int,
     else:
         why += f", fewer than the {parallel} processes would run in parallel"
     return ExecutorDecision("threads" if threads else "processes", h, probed_s, parallel, why)
+
+
+def global_draw_reason(step: str) -> str:
+    """Why ``executor="auto"`` stays on processes once step ``step`` was seen drawing from
+    Python's, NumPy's or torch's global generator (``SampleRunner.on_global_draw``)."""
+    return (f"step {step!r} draws from a global random generator (Python's, NumPy's or "
+            "torch's), which worker processes re-seed per sample and step and threads would "
+            "share: threads would change what it computes (give the step random=True and draw "
+            "from its rng to allow them)")
 
 
 def forced_processes(reason: str) -> ExecutorDecision:

@@ -55,9 +55,10 @@ from headrace.remote.actor import RemoteWorker
 from headrace.remote.config import Remote
 from headrace.remote.link import PROBE_BUDGET_S, PROBE_BYTES, LinkEcho, LinkMeasure
 from headrace.remote.payload import pack, unpack
+from headrace.runtime.outbox import qualname
 from headrace.runtime.threadworker import ThreadResults, ThreadTasks
 from headrace.runtime.transport import decode, encode
-from headrace.runtime.worker import Task, WorkerSetup, _picklable_class, _qualname
+from headrace.runtime.worker import Task, WorkerSetup, _picklable_class
 
 log = logging.getLogger("headrace")
 
@@ -327,7 +328,7 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
         if out.error is not None:
             step, exc, tb = out.error
             return ("msg", ("error", task.tid, step, _picklable_class(type(exc)),
-                            _qualname(type(exc)), str(exc), tb,
+                            qualname(type(exc)), str(exc), tb,
                             exception_attributes(exc, picklable=True)))
         if out.next_step is None:  # the load is the whole pipeline
             return ("msg", ("done", task.tid, out.value, out.timings, 0, None))

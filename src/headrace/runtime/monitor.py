@@ -18,13 +18,14 @@ import psutil
 from headrace import resources
 from headrace.pipeline.runner import StepTiming
 from headrace.planner import ranks
-from headrace.planner.executor import ExecutorDecision, choose_executor
+from headrace.planner.executor import ExecutorDecision
 from headrace.planner.queueing import describe as describe_queueing
 from headrace.planner.queueing import queue_depth
 from headrace.planner.timeout import TimeoutPolicy, move_cost, remaining_after
 from headrace.planner.workers import WorkerScaler, consumer_rate, demand_workers, rank_cpus
 from headrace.profiler.report import cpu_share
 from headrace.profiler.stats import Profiler
+from headrace.runtime.executor_auto import ExecutorProbes
 from headrace.runtime.options import Options
 from headrace.telemetry.stats import EpochStats, QueueSample, keep_latest
 
@@ -96,9 +97,7 @@ class Monitor:
         """``executor="auto"`` measures the GIL share of worker processes' steps."""
         self.executor_decision: ExecutorDecision | None = None
         """What ``executor="auto"`` chose (None: still measuring, or not auto)."""
-        self._gil_pool: Any = lambda: None  # weakref to the pool whose probes were read last
-        self._gil_last = (0.0, 0.0)  # (held, probed) seconds read from that pool
-        self._gil_banked = (0.0, 0.0)  # the same, from earlier pools
+        self._executor_probes = ExecutorProbes()  # what the probing pools measured
         self.meter: Any = None
         """The running epoch's ``EpochMeter`` (the consumer's side: samples taken, stall)."""
         self.cpu_use = resources.CpuUse() if autoscale else None  # its interval starts now
@@ -260,22 +259,9 @@ class Monitor:
                 self._last_scale = now
                 self._autoscale(sched)
         if self.probe_gil and self.executor_decision is None and pool.executor == "processes":
-            self._decide_executor(pool)
+            self.executor_decision = self._executor_probes.decide(pool)
         for f in self.tick_listeners:
             f(sched)
-
-    def _decide_executor(self, pool: Any) -> None:
-        """``executor="auto"``: add up what the GIL probes of this pool (and earlier epochs'
-        pools) measured, and decide once enough was probed (``planner/executor.py``)."""
-        if self._gil_pool() is not pool:
-            self._gil_banked = (self._gil_banked[0] + self._gil_last[0],
-                                self._gil_banked[1] + self._gil_last[1])
-            self._gil_pool = weakref.ref(pool)
-        prog = pool.progress
-        self._gil_last = (sum(prog.gil_held), sum(prog.gil_probed))
-        self.executor_decision = choose_executor(
-            self._gil_banked[0] + self._gil_last[0], self._gil_banked[1] + self._gil_last[1],
-            max(1, pool.size), rank_cpus())
 
     def _push_remaining(self, pool: Any) -> None:
         """Typical seconds from each step to the end: the sum of the remaining steps' median

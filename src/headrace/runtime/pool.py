@@ -73,6 +73,8 @@ class Progress:
     main process: ``revoked[slot]``: a queued task id the worker must skip (it was moved to
     another worker; see ``Dispatcher._steal``). ``gil_held[slot]`` / ``gil_probed[slot]``: seconds
     of step time a worker process's GIL probe saw held / watched (``runtime/gilprobe.py``).
+    ``global_draw[slot]``: 1 + the position of the first step a probing worker saw draw from
+    the global random generators (0: none seen; kept when the slot's worker is replaced).
     """
 
     def __init__(self, ctx: Any, slots: int) -> None:
@@ -82,6 +84,7 @@ class Progress:
         self.revoked = ctx.RawArray("q", [-1] * slots)
         self.gil_held = ctx.RawArray("d", slots)
         self.gil_probed = ctx.RawArray("d", slots)
+        self.global_draw = ctx.RawArray("i", slots)
 
 
 @dataclass(eq=False)

@@ -43,6 +43,7 @@ from headrace.profiler import sizes
 from headrace.profiler.runqueue import run_queue_s
 from headrace.runtime.gilprobe import start_probe
 from headrace.runtime.native_threads import limit_in_worker
+from headrace.runtime.outbox import Outbox, qualname, send
 from headrace.runtime.parent import parent_gone
 from headrace.runtime.ring import Ring, RingWriter
 from headrace.runtime.ring import encode as ring_encode
@@ -123,10 +124,10 @@ def worker_main(
         if setup.probe_gil:
             start_probe(progress, slot)
     except Exception as e:  # noqa: BLE001 - reported to the main process
-        _send(results, ("init_error", slot, _qualname(type(e)), str(e), traceback.format_exc(),
+        send(results, ("init_error", slot, qualname(type(e)), str(e), traceback.format_exc(),
                         _picklable_class(type(e))))
         return
-    _send(results, ("ready", slot, reseeded))
+    send(results, ("ready", slot, reseeded))
     owner_gone = getattr(getattr(setup.cache, "backend", None), "owner_gone", None)
     if owner_gone is not None:  # runs as this process exits (multiprocessing's finalisers)
         mp_util.Finalize(None, _if_orphaned, args=(setup.parent_pid, owner_gone), exitpriority=0)
@@ -174,71 +175,32 @@ def worker_main(
             return
 
 
-class Outbox:
-    """A worker process's finished samples not sent yet (``planner/queueing.py``).
-
-    ``add`` keeps a "done" message while the first one kept, were one more sample as long as
-    this one run first, would still be younger than ``hold_s`` seconds (a sample longer than
-    ``hold_s`` is never kept), and sends everything kept, in one ``("many", [message, ...])``,
-    once that is no longer so; other messages (a hand-off, an error) and ``hold_s == 0`` send at
-    once, with what was kept. The worker's loop flushes before it waits for tasks, its ring
-    writer before it waits for ring space, and the step hook before each step once the first
-    kept is older than ``hold_s``: nothing kept waits on the training process, and nothing
-    waits more than ``hold_s`` plus one step.
-    """
-
-    def __init__(self, results: Any) -> None:
-        self.results = results
-        self.kept: list[tuple[Any, ...]] = []
-        self.since = 0.0  # time.monotonic() when the first kept message was added
-        self.hold_s = 0.0  # seconds of work a finished sample may wait (the task message's)
-
-    def add(self, msg: tuple[Any, ...], started: float) -> bool:
-        """Keep or send ``msg``, the result of a sample started at ``started``
-        (``time.monotonic()``); False when the training process is gone."""
-        now = time.monotonic()
-        if not self.kept:
-            self.since = now
-        self.kept.append(msg)
-        if msg[0] == "done" and (now - self.since) + (now - started) < self.hold_s:
-            return True
-        return self.flush()
-
-    def flush_if_due(self) -> None:
-        """Send what was kept once the first kept is older than ``hold_s`` (before a step)."""
-        if self.kept and time.monotonic() - self.since >= self.hold_s:
-            self.flush()
-
-    def flush(self) -> bool:
-        """Send every kept message; False when the training process is gone."""
-        kept, self.kept = self.kept, []
-        if not kept:
-            return True
-        if len(kept) == 1:
-            return _send(self.results, kept[0])
-        try:
-            self.results.send(("many", kept))
-            return True
-        except (BrokenPipeError, EOFError, OSError):
-            return False
-        except Exception:  # noqa: BLE001 - one unpicklable sample: each on its own, so the
-            return all(_send(self.results, m) for m in kept)  # error names that sample
-
-
 class TaskRunner:
     """Runs tasks in one worker, process or thread (``runtime/threadworker.py``).
 
     Keeps the worker's ``progress`` slot current (the tid, start time and step the main
     process reads), measures output sizes on the first ``MEASURE_ALL`` runs and then one in
-    ``MEASURE_EVERY``, and asks the hand-off rule between steps: over the shared timeout
-    (``handoff``: the pool's ``HandOff``), and enough typical work left for a move to pay.
+    ``MEASURE_EVERY`` (in a pool that probes for ``executor="auto"``, also whether a step drew
+    from the global random generators: ``Progress.global_draw``), and asks the hand-off rule
+    between steps: over the shared timeout (``handoff``: the pool's ``HandOff``), and enough
+    typical work left for a move to pay.
     """
 
     def __init__(
         self, setup: WorkerSetup, handoff: Any, progress: Any, reseed_globals: bool = True
     ) -> None:
         measure = sizes.measure if setup.profile else None
-        self.measured = SampleRunner(setup.pipeline, measure, reseed_globals, run_queue_s)
+        watch: Callable[[int], None] | None = None
+        if setup.probe_gil:  # executor="auto": threads would not re-seed the global generators
+            draws, slot = progress.global_draw, setup.slot
+
+            def note_draw(step: int) -> None:
+                if not draws[slot]:
+                    draws[slot] = step + 1
+
+            watch = note_draw
+        self.measured = SampleRunner(setup.pipeline, measure, reseed_globals, run_queue_s,
+                                     on_global_draw=watch)
         self.plain = SampleRunner(setup.pipeline, None, reseed_globals)
         self.slot = setup.slot
         self.cache = setup.cache
@@ -290,7 +252,7 @@ class TaskRunner:
         msg: tuple[Any, ...]
         if out.error is not None:
             step, exc, tb = out.error
-            msg = ("error", tid, step, _picklable_class(type(exc)), _qualname(type(exc)), str(exc), tb,
+            msg = ("error", tid, step, _picklable_class(type(exc)), qualname(type(exc)), str(exc), tb,
                    exception_attributes(exc, picklable=True))
         else:
             payload, ring_end = send_value(out.value)
@@ -307,37 +269,6 @@ def _if_orphaned(parent_pid: int, clean_up: Callable[[], Any]) -> None:
     ``POLL_S`` and exits; a second removal finds nothing)."""
     if parent_gone(parent_pid):
         clean_up()
-
-
-def _send(conn: Any, msg: Any) -> bool:
-    try:
-        conn.send(msg)
-        return True
-    except (BrokenPipeError, EOFError, OSError):
-        return False  # the main process closed our pipe: shutting down
-    except Exception as e:  # noqa: BLE001 - e.g. an unpicklable sample, /dev/shm full
-        if msg[0] in ("done", "partial"):
-            text = f"the sample could not be sent to the main process: {e}"
-            if _looks_like_shm_exhaustion(e):
-                text += (
-                    ". Shared memory (/dev/shm) is exhausted: free it, give the container more "
-                    "(docker --shm-size), or lower batch_size, prefetch_factor or "
-                    "Options(max_in_flight=...)"
-                )
-            err = ("error", msg[1], -1, None, _qualname(type(e)), text, traceback.format_exc(),
-                   None)
-            return _send(conn, err)
-        raise
-
-
-def _looks_like_shm_exhaustion(e: BaseException) -> bool:
-    text = str(e).lower()
-    return any(k in text for k in ("no space left", "shm", "shared memory", "unable to write to file"))
-
-
-def _qualname(cls: type) -> str:
-    mod = cls.__module__
-    return cls.__qualname__ if mod in ("builtins", "__main__") else f"{mod}.{cls.__qualname__}"
 
 
 def _picklable_class(cls: type) -> type | None:

@@ -1,0 +1,95 @@
+"""A worker process's messages to the training process: finished samples kept to share a
+message (``Outbox``, ``planner/queueing.py``), and sending that turns a sample that cannot be
+sent into that sample's error (``send``). Message formats: ``runtime/worker.py``."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any
+
+
+class Outbox:
+    """A worker process's finished samples not sent yet (``planner/queueing.py``).
+
+    ``add`` keeps a "done" message while the first one kept, were one more sample as long as
+    this one run first, would still be younger than ``hold_s`` seconds (a sample longer than
+    ``hold_s`` is never kept), and sends everything kept, in one ``("many", [message, ...])``,
+    once that is no longer so; other messages (a hand-off, an error) and ``hold_s == 0`` send at
+    once, with what was kept. The worker's loop flushes before it waits for tasks, its ring
+    writer before it waits for ring space, and the step hook before each step once the first
+    kept is older than ``hold_s``: nothing kept waits on the training process, and nothing
+    waits more than ``hold_s`` plus one step.
+    """
+
+    def __init__(self, results: Any) -> None:
+        self.results = results
+        self.kept: list[tuple[Any, ...]] = []
+        self.since = 0.0  # time.monotonic() when the first kept message was added
+        self.hold_s = 0.0  # seconds of work a finished sample may wait (the task message's)
+
+    def add(self, msg: tuple[Any, ...], started: float) -> bool:
+        """Keep or send ``msg``, the result of a sample started at ``started``
+        (``time.monotonic()``); False when the training process is gone."""
+        now = time.monotonic()
+        if not self.kept:
+            self.since = now
+        self.kept.append(msg)
+        if msg[0] == "done" and (now - self.since) + (now - started) < self.hold_s:
+            return True
+        return self.flush()
+
+    def flush_if_due(self) -> None:
+        """Send what was kept once the first kept is older than ``hold_s`` (before a step)."""
+        if self.kept and time.monotonic() - self.since >= self.hold_s:
+            self.flush()
+
+    def flush(self) -> bool:
+        """Send every kept message; False when the training process is gone."""
+        kept, self.kept = self.kept, []
+        if not kept:
+            return True
+        if len(kept) == 1:
+            return send(self.results, kept[0])
+        try:
+            self.results.send(("many", kept))
+            return True
+        except (BrokenPipeError, EOFError, OSError):
+            return False
+        except Exception:  # noqa: BLE001 - one unpicklable sample: each on its own, so the
+            return all(send(self.results, m) for m in kept)  # error names that sample
+
+
+def send(conn: Any, msg: Any) -> bool:
+    """Send ``msg`` to the training process; False when it is gone. A finished or handed-off
+    sample that cannot be sent (it does not pickle, /dev/shm is full) is reported as that
+    sample's error instead, so the training loop hears which sample failed and why."""
+    try:
+        conn.send(msg)
+        return True
+    except (BrokenPipeError, EOFError, OSError):
+        return False  # the main process closed our pipe: shutting down
+    except Exception as e:  # noqa: BLE001 - e.g. an unpicklable sample, /dev/shm full
+        if msg[0] in ("done", "partial"):
+            text = f"the sample could not be sent to the main process: {e}"
+            if _looks_like_shm_exhaustion(e):
+                text += (
+                    ". Shared memory (/dev/shm) is exhausted: free it, give the container more "
+                    "(docker --shm-size), or lower batch_size, prefetch_factor or "
+                    "Options(max_in_flight=...)"
+                )
+            err = ("error", msg[1], -1, None, qualname(type(e)), text, traceback.format_exc(),
+                   None)
+            return send(conn, err)
+        raise
+
+
+def _looks_like_shm_exhaustion(e: BaseException) -> bool:
+    text = str(e).lower()
+    return any(k in text for k in ("no space left", "shm", "shared memory", "unable to write to file"))
+
+
+def qualname(cls: type) -> str:
+    """``cls``'s name as error messages give it: qualified by its module unless builtin."""
+    mod = cls.__module__
+    return cls.__qualname__ if mod in ("builtins", "__main__") else f"{mod}.{cls.__qualname__}"
