@@ -115,3 +115,26 @@ def test_options_accept_auto_and_reject_others():
     assert hr.Options(executor="auto").executor == "auto"
     with pytest.raises(ValueError, match="'processes', 'threads' or 'auto'"):
         hr.Options(executor="fibers")
+
+
+@pytest.mark.timeout(180)
+def test_threads_slower_than_processes_in_their_trial_epoch_go_back(no_leaks):
+    # NumPy on CIFAR-sized arrays lets go of the GIL often but briefly: the probes read it as
+    # mostly free, and threads then ran these steps 3x slower than processes
+    from headrace.bench.small_samples import pipelines
+
+    n = 16_000  # enough step time in the first epoch for the probes to decide (1 s)
+    loader = hr.DataLoader(pipelines(n)["cifar"], batch_size=128, num_workers=2,
+                           in_order=False, options=AUTO)
+    executors = []
+    try:
+        for _ in range(3):
+            it = iter(loader)
+            executors.append(it.pool.executor)
+            assert sum(len(b) for b in it) == n
+        d = loader.monitor.executor_decision
+    finally:
+        loader.close()
+    assert executors == ["processes", "threads", "processes"]
+    assert d is not None and d.executor == "processes"
+    assert "threads were tried for an epoch" in d.reason

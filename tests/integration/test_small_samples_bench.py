@@ -50,3 +50,9 @@ def test_the_dataset_workload_is_one_object_for_both_loaders():
     ds, torch_ds = small_samples.workloads(4)["cifar-dataset"]
     x, y = ds[2]
     assert torch_ds is ds and x.shape == (3, 32, 32) and y == 2
+
+
+def test_the_executors_mode_runs_each_executor_over_its_epochs():
+    res = small_samples.executors(samples=256, workers=1, epochs=2, batch=32)
+    assert list(res) == ["processes", "auto", "threads"]
+    assert all(len(rates) == 2 and min(rates) > 0 for rates, _ in res.values())

@@ -37,3 +37,28 @@ def test_never_held_and_forced():
     f = forced_processes("worker_init_fn needs worker processes")
     assert f.executor == "processes" and math.isnan(f.held_share)
     assert "worker_init_fn" in f.describe()
+
+
+def test_threads_first_epoch_is_a_trial_against_the_last_epoch_on_processes():
+    from headrace.planner.executor import after_trial
+
+    d = choose_executor(0.16, 1.0, workers=2, cores=2)  # CIFAR-sized NumPy read as 16% held
+    assert d is not None and d.executor == "threads"
+    assert after_trial(d, 9000.0, 10000.0) is d  # 0.9x: kept (no copy, no process per worker)
+    back = after_trial(d, 3300.0, 7400.0)
+    assert back.executor == "processes" and back.held_share == d.held_share
+    assert "3300 samples/s against 7400 on processes (0.45x)" in back.reason
+
+
+def test_the_trial_compares_the_first_long_enough_threads_epoch_once():
+    from headrace.runtime.executor_auto import ExecutorProbes
+
+    threads = choose_executor(0.16, 1.0, workers=2, cores=2)
+    probes = ExecutorProbes()
+    assert probes.after_epoch("processes", 0.5, 9000.0, None) is None  # too short to count
+    assert probes.after_epoch("processes", 2.0, 7400.0, threads) is threads
+    assert probes.after_epoch("threads", 0.5, 100.0, threads) is threads  # too short to tell
+    back = probes.after_epoch("threads", 6.0, 3300.0, threads)
+    assert back is not None and back.executor == "processes"
+    # once tried, never again: a later threads epoch (forced by nobody) is not re-judged
+    assert probes.after_epoch("threads", 6.0, 100.0, threads) is threads

@@ -2,6 +2,7 @@
 
     python -m headrace.bench.small_samples [--rounds 3] [--samples 20000] [--workers 2]
     python -m headrace.bench.small_samples --runner [--samples 5000]
+    python -m headrace.bench.small_samples --executors [--samples 20000]
 
 Three workloads, no simulated accelerator (the training loop only takes batches, so the
 loader's own throughput is measured): ``cifar`` (CIFAR-10-sized 32x32x3 images: reflect-pad-and-crop,
@@ -22,6 +23,9 @@ worker count. torch's dataset runs the same steps, each sample drawing from its 
 ``default_rng(index)`` (so both loaders pay for a generator per sample). Prints a Markdown
 table: samples/s, the training process's CPU per sample and headrace's samples moved to the slow
 lane per epoch, median (min-max) over the rounds.
+
+``--executors`` runs the ``cifar`` pipeline over three epochs with one loader per executor
+(processes, ``"auto"``, threads) and prints each epoch's samples/s and auto's decision.
 
 ``--runner`` prices, in this process and without workers, what running one sample's steps
 costs beyond the steps themselves (``pipeline/runner.py``'s ``SampleRunner``): the per-step
@@ -281,6 +285,27 @@ def runner_costs(samples: int, repeats: int = 5) -> dict[str, float]:
     return out
 
 
+def executors(samples: int, workers: int, epochs: int = 3, batch: int = 128) -> dict[str, Any]:
+    """``{executor: (samples/s per epoch, what explain() says of the executor)}`` for one loader
+    per executor over ``epochs`` epochs of the ``cifar`` pipeline: ``executor="auto"`` decides
+    in its first epoch and runs its choice from the next (threads' first epoch is a trial)."""
+    from headrace.runtime import DataLoader, Options
+
+    pipe = pipelines(samples)["cifar"]
+    out: dict[str, Any] = {}
+    for executor in ("processes", "auto", "threads"):
+        loader: Any = DataLoader(pipe, batch_size=batch, num_workers=workers, in_order=False,
+                            options=Options(profile_store=False, cache=None, executor=executor))
+        try:
+            same = functools.partial(lambda x: x, loader)  # each epoch of this one loader
+            rates = [samples / _epoch(same, samples, False)[0] for _ in range(epochs)]
+            d = loader.monitor.executor_decision
+            out[executor] = (rates, d.describe() if d is not None else "")
+        finally:
+            loader.close()
+    return out
+
+
 def markdown(results: dict[str, dict[str, list]], samples: int, workers: int) -> str:
     lines = []
     for name, rows in results.items():
@@ -309,7 +334,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--runner", action="store_true",
                     help="price the runner's per-sample seeding instead (no workers)")
+    ap.add_argument("--executors", action="store_true",
+                    help="cifar over 3 epochs per executor: processes, auto, threads")
     a = ap.parse_args(argv)
+    if a.executors:
+        n = a.samples or 20000
+        print(f"**cifar: samples/s per epoch, one loader per executor** ({n} samples, "
+              f"{a.workers} workers)\n\n| executor | epoch 1 | epoch 2 | epoch 3 |\n|---|---|---|---|")
+        notes = []
+        for executor, (rates, why) in executors(n, a.workers).items():
+            print(f"| {executor} | " + " | ".join(f"{r:.0f}" for r in rates) + " |")
+            if why:
+                notes.append(f"{executor}: {why}")
+        print("\n" + "\n".join(notes))
+        return
     if a.runner:
         n = a.samples or 5000
         print(f"**cifar: one sample's run in the runner** ({n} samples, least of 5 interleaved rounds)\n\n"

@@ -201,7 +201,8 @@ def seed_globals(seed: int) -> None:
 def global_token() -> tuple[Any, ...]:
     """Python's, NumPy's and torch's global CPU generator states as one value comparable with
     ``==``: a step that drew from any of them changes it (about 45 µs; ``executor="auto"``
-    takes it around the steps its probing workers measure, ``SampleRunner.on_global_draw``)."""
+    takes it around the steps of its probing workers' first 64 samples,
+    ``SampleRunner.on_global_draw``)."""
     legacy: Any = np.random.get_state()  # ("MT19937", keys, pos, has_gauss, cached_gaussian)
     return (_pyrandom.getstate(), legacy[1].tobytes(), legacy[2:],
             torch.default_generator.get_state().numpy().tobytes())

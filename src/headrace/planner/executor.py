@@ -9,13 +9,18 @@ get, ``min(workers, cores)``.
 
 Threads never re-seed the global random generators (they share them), so a step that draws
 from Python's, NumPy's or torch's keeps the pipeline on processes: the probing workers compare
-those generators' states around the steps of the samples they measure
+those generators' states around the steps of their first 64 samples
 (``SampleRunner.on_global_draw``), and the first draw seen decides (:func:`global_draw_reason`).
 
 ``h`` is measured, not guessed: a probe thread in each worker process (``runtime/gilprobe.py``)
 sleeps a fraction of a millisecond at a time while a step runs and times how late it wakes; a
 late wake-up means the step held the lock (CPython hands it over after the switch interval,
-5 ms). Pure: the runtime measures, this decides.
+5 ms). What it cannot see: steps that let go of the lock often but briefly, such as NumPy on
+CIFAR-sized arrays (each call releases it for microseconds, between Python that holds it), read
+as free (16% held), and threads ran them 3x slower than processes. So the first epoch on
+threads is a trial (:func:`after_trial`): when it delivers fewer samples per second than the
+last epoch on processes did, by more than ``TRIAL_KEEP``, the loader goes back to processes for
+good. Pure: the runtime measures, this decides.
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ MIN_PROBED_S = 1.0
 """Seconds of step time the probes must have watched (summed over workers) before deciding."""
 MARGIN = 0.9
 """Threads are chosen when ``1 / h >= MARGIN × min(workers, cores)`` (see the module docstring)."""
+TRIAL_KEEP = 0.9
+"""Threads stay after their first epoch if it delivered at least this share of the samples per
+second of the last epoch on processes (whose rate the probing lowers a little: a tie keeps
+threads, which hold no copy of a sample and no process per worker)."""
+TRIAL_MIN_S = 1.0
+"""Epochs shorter than this (wall seconds) are not compared: the next one is."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +81,21 @@ def choose_executor(held_s: float, probed_s: float, workers: int, cores: int,
     else:
         why += f", fewer than the {parallel} processes would run in parallel"
     return ExecutorDecision("threads" if threads else "processes", h, probed_s, parallel, why)
+
+
+def after_trial(decision: ExecutorDecision, threads_rate: float, processes_rate: float,
+                keep: float = TRIAL_KEEP) -> ExecutorDecision:
+    """``decision`` (threads) after its first epoch delivered ``threads_rate`` samples/s against
+    ``processes_rate`` for the last epoch on processes: kept at ``keep`` × that or more, else
+    processes, with both rates in the reason."""
+    if threads_rate >= keep * processes_rate:
+        return decision
+    why = (f"threads were tried for an epoch and delivered {threads_rate:.0f} samples/s against "
+           f"{processes_rate:.0f} on processes ({threads_rate / processes_rate:.2f}x), so "
+           f"processes again for good (the GIL probes had read the steps as holding it "
+           f"{decision.held_share:.0%} of their time: steps that let go of it often but briefly "
+           "read as free)")
+    return dataclasses.replace(decision, executor="processes", reason=why)
 
 
 def global_draw_reason(step: str) -> str:

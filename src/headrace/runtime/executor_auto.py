@@ -9,7 +9,9 @@ import weakref
 from typing import Any
 
 from headrace.planner.executor import (
+    TRIAL_MIN_S,
     ExecutorDecision,
+    after_trial,
     choose_executor,
     forced_processes,
     global_draw_reason,
@@ -18,12 +20,31 @@ from headrace.planner.workers import rank_cpus
 
 
 class ExecutorProbes:
-    """The GIL probes' totals (seconds of step time held and watched) of the pools seen so far."""
+    """The GIL probes' totals (seconds of step time held and watched) of the pools seen so far,
+    and the samples per second of the epochs on each executor (threads' trial)."""
 
     def __init__(self) -> None:
         self._pool: Any = lambda: None  # weakref to the pool whose probes were read last
         self._last = (0.0, 0.0)  # (held, probed) seconds read from that pool
         self._banked = (0.0, 0.0)  # the same, from earlier pools
+        self._processes_rate: float | None = None  # samples/s of the last epoch on processes
+        self._tried = False  # threads had their trial epoch
+
+    def after_epoch(self, executor: str, wall_s: float, samples_per_s: float,
+                    decision: ExecutorDecision | None) -> ExecutorDecision | None:
+        """The decision once an epoch that ran on ``executor`` closed: threads' first epoch
+        long enough to tell (``TRIAL_MIN_S``) is compared with the last such epoch on
+        processes (``planner.executor.after_trial``); otherwise ``decision`` as it was."""
+        if wall_s < TRIAL_MIN_S:
+            return decision
+        if executor == "processes":
+            self._processes_rate = samples_per_s
+            return decision
+        if (decision is None or decision.executor != "threads" or self._tried
+                or self._processes_rate is None):
+            return decision
+        self._tried = True
+        return after_trial(decision, samples_per_s, self._processes_rate)
 
     def decide(self, pool: Any) -> ExecutorDecision | None:
         """The decision once enough was probed (None: not yet); processes at once when a step

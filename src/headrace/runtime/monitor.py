@@ -147,6 +147,10 @@ class Monitor:
     def on_epoch_closed(self, stats: EpochStats) -> None:
         self.samples_closed += stats.samples
         self.epochs.append(stats)
+        if self.probe_gil:  # executor="auto": threads' first epoch is a trial
+            self.executor_decision = self._executor_probes.after_epoch(
+                self.executor or "processes", stats.wall_s, stats.samples_per_s,
+                self.executor_decision)
         keep_latest(self.epochs)  # the cache's per-epoch lists drop the same ones
         for f in self.epoch_listeners:
             f()

@@ -74,9 +74,10 @@ class Options:
             processes, each sample copied to the training process through shared memory.
             ``"threads"``: threads of the training process, samples handed over without a copy
             or a message. It can only pay when the steps spend their time in code that
-            releases the GIL (Pillow, OpenCV, NumPy on large arrays, I/O); on our 2-core
-            benchmarks it is level with processes in wall time on speech, 2-3% faster
-            on objdet and imseg and 11% faster on imagenet (docs/benchmarks.md). With
+            releases the GIL (Pillow, OpenCV, NumPy on large arrays, I/O); in the latest
+            full run on our 2 cores it was level with processes on speech and imseg, 2% slower
+            on objdet, 10% slower on imagenet and 3x slower on CIFAR-sized samples
+            (docs/benchmarks.md). With
             threads, steps must draw randomness from their ``rng`` (the global generators are
             shared and not re-seeded), ``get_worker_info()`` is ``None``, ``worker_init_fn``
             and ``sample_timeout_s`` are refused (a thread cannot be killed), and dataset and
@@ -84,7 +85,9 @@ class Options:
             ``"auto"``: processes, whose workers measure during the first epoch how much of
             their steps' time holds the GIL (``runtime/gilprobe.py``); threads from the next
             epoch on when the GIL would not limit them (``planner/executor.py``; the decision
-            and its numbers are in ``explain()``). Threads are considered only where they
+            and its numbers are in ``explain()``), and back to processes for good when that
+            first epoch on threads delivers under 0.9x the samples/s of the last one on
+            processes (the probe reads steps that let go of the GIL often but briefly as free). Threads are considered only where they
             cannot change what the code computes: a ``Pipeline`` (its random steps draw from
             their ``rng``, and no step was seen drawing from Python's, NumPy's or torch's
             global generator while the probes ran), torch's default collation, no
