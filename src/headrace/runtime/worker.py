@@ -125,7 +125,7 @@ def worker_main(
             start_probe(progress, slot)
     except Exception as e:  # noqa: BLE001 - reported to the main process
         send(results, ("init_error", slot, qualname(type(e)), str(e), traceback.format_exc(),
-                        _picklable_class(type(e))))
+                       _picklable_class(type(e))))
         return
     send(results, ("ready", slot, reseeded))
     owner_gone = getattr(getattr(setup.cache, "backend", None), "owner_gone", None)
