@@ -62,3 +62,25 @@ def test_the_trial_compares_the_first_long_enough_threads_epoch_once():
     assert back is not None and back.executor == "processes"
     # once tried, never again: a later threads epoch (forced by nobody) is not re-judged
     assert probes.after_epoch("threads", 6.0, 100.0, threads) is threads
+
+
+def test_a_draw_seen_after_threads_were_chosen_still_keeps_processes():
+    from types import SimpleNamespace
+
+    from headrace.runtime.executor_auto import ExecutorProbes
+
+    class Pool:  # what decide() reads of a WorkerPool (weakly referenced, as pools are)
+        progress = SimpleNamespace(gil_held=[0.05, 0.05], gil_probed=[0.6, 0.6],
+                                   global_draw=[0, 0])
+        size = 2
+        pipeline = SimpleNamespace(step_names=["load", "flip"])
+
+    pool = Pool()
+    progress = pool.progress
+    probes = ExecutorProbes()
+    first = probes.decide(pool, None)
+    assert first is not None and first.executor == "threads"
+    assert probes.decide(pool, first) is first  # nothing new: as it was
+    progress.global_draw[1] = 2  # worker 1 saw step 1 ("flip") draw, after the choice
+    later = probes.decide(pool, first)
+    assert later is not None and later.executor == "processes" and "'flip'" in later.reason

@@ -46,16 +46,22 @@ class ExecutorProbes:
         self._tried = True
         return after_trial(decision, samples_per_s, self._processes_rate)
 
-    def decide(self, pool: Any) -> ExecutorDecision | None:
-        """The decision once enough was probed (None: not yet); processes at once when a step
-        of ``pool``'s workers was seen drawing from the global random generators."""
+    def decide(self, pool: Any, decision: ExecutorDecision | None) -> ExecutorDecision | None:
+        """``decision`` once ``pool`` (a probing pool) measured more: made once enough was
+        probed (None: not yet), and processes at once when a step of its workers was seen
+        drawing from the global random generators, also after a choice of threads (their
+        watch covers each worker's first samples, which may come after enough probing)."""
         if self._pool() is not pool:
             self._banked = (self._banked[0] + self._last[0], self._banked[1] + self._last[1])
             self._pool = weakref.ref(pool)
         prog = pool.progress
+        if decision is not None and decision.executor == "processes":
+            return decision
         drew = max(prog.global_draw)
         if drew:  # threads would share the generators that worker processes re-seed
             return forced_processes(global_draw_reason(pool.pipeline.step_names[drew - 1]))
+        if decision is not None:
+            return decision
         self._last = (sum(prog.gil_held), sum(prog.gil_probed))
         return choose_executor(self._banked[0] + self._last[0], self._banked[1] + self._last[1],
                                max(1, pool.size), rank_cpus())

@@ -5,7 +5,7 @@ times how late it wakes. The wake-up needs the GIL: while the step's Python code
 probe waits until CPython forces a switch (``sys.getswitchinterval()``, 5 ms by default); while
 the step runs in C code that released it (decoding, NumPy, torch ops), the probe gets it at once.
 The lateness above ``JITTER_S`` counts as held time. It stops after ``BUDGET_S`` of probed step
-time, so it costs nothing after the warm-up. On a machine whose cores are all busy a late
+time, or once the training process has decided, so it costs nothing after the warm-up. On a machine whose cores are all busy a late
 wake-up may also be a wait for a core, not for the GIL: on Linux the probe subtracts the time
 its thread spent runnable without a core (``/proc/thread-self/schedstat``, second field); a
 thread waiting for the GIL sleeps on a condition variable, which that field does not count.
@@ -41,7 +41,8 @@ def start_probe(progress: Any, slot: int) -> threading.Thread:
 
 
 def _probe(progress: Any, slot: int) -> None:
-    """Probe until ``BUDGET_S`` of step time is watched.
+    """Probe until ``BUDGET_S`` of step time is watched, or the training process has decided
+    (``Progress.probe_stop``: the probes cost the worker a wake-up every ``PERIOD_S``).
 
     Each probe is timed whole, from before the first run-queue read to after the second: every
     call in it that releases the GIL (the sleep and both reads) waits for the lock again while
@@ -55,7 +56,8 @@ def _probe(progress: Any, slot: int) -> None:
     busy, started = progress.tid, progress.started
     held_arr, probed_arr = progress.gil_held, progress.gil_probed
     held = probed = 0.0
-    while probed < BUDGET_S:
+    stop = progress.probe_stop
+    while probed < BUDGET_S and not stop.value:
         was_busy = busy[slot] >= 0
         period = PERIOD_S if was_busy else IDLE_POLL_S
         t0 = time.monotonic()

@@ -262,8 +262,10 @@ class Monitor:
             elif now - self._last_scale >= self.scaler.cfg.interval_s:
                 self._last_scale = now
                 self._autoscale(sched)
-        if self.probe_gil and self.executor_decision is None and pool.executor == "processes":
-            self.executor_decision = self._executor_probes.decide(pool)
+        if self.probe_gil and pool.probe_gil:  # executor="auto", a pool that measures
+            self.executor_decision = self._executor_probes.decide(pool, self.executor_decision)
+            if self.executor_decision is not None:
+                pool.progress.probe_stop.value = 1  # (the GIL probes' wake-ups cost)
         for f in self.tick_listeners:
             f(sched)
 

@@ -75,6 +75,8 @@ class Progress:
     of step time a worker process's GIL probe saw held / watched (``runtime/gilprobe.py``).
     ``global_draw[slot]``: 1 + the position of the first step a probing worker saw draw from
     the global random generators (0: none seen; kept when the slot's worker is replaced).
+    ``probe_stop``: set by the main process once ``executor="auto"`` decided: the GIL probes
+    stop.
     """
 
     def __init__(self, ctx: Any, slots: int) -> None:
@@ -85,6 +87,7 @@ class Progress:
         self.gil_held = ctx.RawArray("d", slots)
         self.gil_probed = ctx.RawArray("d", slots)
         self.global_draw = ctx.RawArray("i", slots)
+        self.probe_stop = ctx.RawValue("i", 0)
 
 
 @dataclass(eq=False)
