@@ -372,3 +372,17 @@ def test_in_this_process_the_original_exceptions_attributes_are_carried():
     # and as the training process rebuilds one from a worker's message
     e = step_error_for(SyntaxError, 2, "parse", "SyntaxError", "'[' was never closed")
     assert "sample index 2" in "".join(traceback.format_exception_only(e))
+
+
+def test_the_watch_reads_numpys_global_generator_whatever_its_bit_generator():
+    from headrace.pipeline.seeding import global_token
+
+    before = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(5))  # a user's choice since NumPy 1.25
+    try:
+        token = global_token()
+        assert global_token() == token
+        np.random.rand()
+        assert global_token() != token
+    finally:
+        np.random.set_bit_generator(before)

@@ -203,9 +203,10 @@ def global_token() -> tuple[Any, ...]:
     ``==``: a step that drew from any of them changes it (about 45 µs; ``executor="auto"``
     takes it around the steps of its probing workers' first 64 samples,
     ``SampleRunner.on_global_draw``)."""
-    legacy: Any = np.random.get_state()  # ("MT19937", keys, pos, has_gauss, cached_gaussian)
-    return (_pyrandom.getstate(), legacy[1].tobytes(), legacy[2:],
-            torch.default_generator.get_state().numpy().tobytes())
+    # a dict of arrays and numbers, whatever the global bit generator (np.random's MT19937
+    # unless np.random.set_bit_generator replaced it), compared as its pickled bytes
+    legacy = pickle.dumps(np.random.get_state(legacy=False), protocol=5)
+    return (_pyrandom.getstate(), legacy, torch.default_generator.get_state().numpy().tobytes())
 
 
 def global_states() -> tuple[Any, Any, torch.Tensor]:
