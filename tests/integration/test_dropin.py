@@ -143,6 +143,29 @@ def test_drawing_in_worker_init_fn_is_not_taken_for_seeding(no_leaks, recwarn):
     assert not [w for w in recwarn if "worker_init_fn seeded" in str(w.message)]
 
 
+def seeds_numpy(worker_id):
+    np.random.seed(7)
+
+
+def test_a_seed_set_in_worker_init_fn_on_numpys_global_generator_is_said_too(no_leaks):
+    with pytest.warns(UserWarning, match="worker_init_fn seeded numpy's global generator"):
+        list(hr.DataLoader(SeedOfSample(), batch_size=2, num_workers=2,
+                           worker_init_fn=seeds_numpy))
+
+
+def test_another_global_numpy_bit_generator_and_a_worker_init_fn_work_as_with_torch(no_leaks):
+    # np.random.set_bit_generator (NumPy >= 1.25): np.random.get_state() is a dict then, and
+    # reading it as the Mersenne Twister's tuple failed every worker's start (torch's loader ran)
+    before = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(5))
+    try:
+        got = [s for b in hr.DataLoader(SeedOfSample(), batch_size=2, num_workers=2,
+                                        worker_init_fn=draws_only) for s in b.tolist()]
+    finally:
+        np.random.set_bit_generator(before)
+    assert len(got) == 8
+
+
 class Growing(tud.Dataset):
     def __init__(self):
         self.items = []

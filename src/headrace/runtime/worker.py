@@ -299,17 +299,22 @@ def _global_states() -> tuple[Any, Any, int]:
 
     import numpy as np
 
-    return random.getstate(), np.random.get_state(), torch.initial_seed()
+    return random.getstate(), np.random.get_state(legacy=False), torch.initial_seed()
 
 
 def _reseeded(before: tuple[Any, Any, int], after: tuple[Any, Any, int]) -> tuple[str, ...]:
     """The global generators ``worker_init_fn`` seeded (not merely drew from): torch's initial
     seed changed; Python's or NumPy's state changed and sits at a freshly seeded position
-    (Mersenne Twister: 624, where drawing would have moved it)."""
+    (Mersenne Twister: 624, where drawing would have moved it). NumPy's global bit generator
+    may be another than its Mersenne Twister (``np.random.set_bit_generator``): a seed cannot
+    be told from a draw there, and none is reported."""
     out = []
     if after[0] != before[0] and after[0][1][-1] == 624:
         out.append("random")
-    if not np.array_equal(after[1][1], before[1][1]) and after[1][2] == 624:
+    b, a = before[1], after[1]
+    if (a["bit_generator"] == b["bit_generator"] == "MT19937"
+            and not np.array_equal(a["state"]["key"], b["state"]["key"])
+            and a["state"]["pos"] == 624):
         out.append("numpy")
     if after[2] != before[2]:
         out.append("torch")
