@@ -106,3 +106,35 @@ def test_a_sampler_drawing_from_the_globals_is_never_rewound_by_a_seeded_collate
     finally:
         loader.close()
     assert len({hash(s) for s in sampler.states}) == len(sampler.states) == 400
+
+
+def np_mask(batch):
+    """Masks from NumPy's global generator (whatever bit generator the user gave it)."""
+    import numpy as np
+
+    x = torch.stack([torch.full((8,), float(i)) for i in batch])
+    return x.masked_fill(torch.from_numpy(np.random.rand(*x.shape) < 0.15), -1.0)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_users_own_global_numpy_bit_generator_is_kept_and_batches_repeat(workers, no_leaks):
+    # np.random.set_bit_generator (NumPy >= 1.25): np.random.get_state() is a dict there, which
+    # the collate probe once indexed as the Mersenne Twister's tuple (TypeError at the first batch)
+    import numpy as np
+
+    before = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(5))
+    try:
+        runs = []
+        for _ in range(2):
+            loader = hr.DataLoader(IndexDataset(32), batch_size=8, shuffle=True, collate_fn=np_mask,
+                                   num_workers=workers, generator=torch.Generator().manual_seed(1),
+                                   in_order=True)
+            runs.append([b.numpy().tobytes() for b in loader])
+            loader.close()
+        assert all(len(r) == 4 for r in runs)
+        if workers:  # seeded per batch, as with the Mersenne Twister (in the training process,
+            assert runs[0] == runs[1]  # num_workers=0, it draws from them as torch's does)
+        assert np.random.get_bit_generator().state["bit_generator"] == "PCG64"  # still the user's
+    finally:
+        np.random.set_bit_generator(before)

@@ -211,8 +211,9 @@ def global_token() -> tuple[Any, ...]:
 
 def global_states() -> tuple[Any, Any, torch.Tensor]:
     """Python's, NumPy's and torch's default CPU generator states, for :func:`restore_globals`
-    (about 30 µs)."""
-    return _pyrandom.getstate(), np.random.get_state(), torch.get_rng_state()
+    (about 30 µs; NumPy's as the dict ``get_state(legacy=False)`` gives, which also holds a
+    global bit generator a user set with ``np.random.set_bit_generator``)."""
+    return _pyrandom.getstate(), np.random.get_state(legacy=False), torch.get_rng_state()
 
 
 def restore_globals(states: tuple[Any, Any, torch.Tensor]) -> None:

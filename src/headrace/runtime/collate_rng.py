@@ -30,12 +30,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import torch
 from torch.utils.data._utils import collate as torch_collate
 
 from headrace.pipeline.seeding import (
     global_states,
+    global_token,
     restore_globals,
     sample_seed,
     seed_globals,
@@ -106,16 +105,11 @@ def collated_in_loop(collate: Callable[[], Any], place: CollatePlace, base_seed:
     saved = global_states()
     try:
         seed_globals(sample_seed(base_seed, epoch, key, _KEY))
-        seeded = global_states() if place.mode == "probe" else None
+        seeded = global_token() if place.mode == "probe" else None
         with place.one_at_a_time:
             out = collate()
         if seeded is not None:
-            place.observe(not _same(seeded, global_states()))
+            place.observe(global_token() != seeded)
         return out
     finally:
         restore_globals(saved)
-
-
-def _same(a: tuple[Any, Any, torch.Tensor], b: tuple[Any, Any, torch.Tensor]) -> bool:
-    return (a[0] == b[0] and a[1][2:] == b[1][2:] and np.array_equal(a[1][1], b[1][1])
-            and torch.equal(a[2], b[2]))
