@@ -62,14 +62,15 @@ def test_gil_releasing_steps_move_to_threads_and_compute_the_same(no_leaks):
     ref.close()
 
 
-def sleepy_jitter(x: np.ndarray) -> np.ndarray:
-    time.sleep(0.01)  # releases the GIL: on its own, threads would be chosen
+def jitter(x: np.ndarray) -> np.ndarray:
     return x + random.random()  # Python's global generator, which processes re-seed per step
 
 
 @pytest.mark.timeout(120)
 def test_a_step_drawing_from_the_global_generators_keeps_processes(no_leaks):
-    pipe = hr.Pipeline(ArraySource(120), [hr.step(sleepy_jitter, name="jitter")])
+    # "sleepy" releases the GIL: on their own, these steps would get threads
+    pipe = hr.Pipeline(ArraySource(120), [hr.step(sleepy, name="sleepy"),
+                                          hr.step(jitter, name="jitter")])
 
     def contents() -> list[list[float]]:
         loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
