@@ -21,34 +21,44 @@ from typing import Any, Literal
 
 from headrace.bench.summary import Spread
 
-Executor = Literal["processes", "auto"]
-EXECUTORS: tuple[Executor, Executor] = ("processes", "auto")
+Executor = Literal["processes", "auto", "threads"]
+EXECUTORS: tuple[Executor, ...] = ("processes", "auto")
 
 
-def epochs(workload: Any, executor: Executor, workers: int, n: int) -> tuple[list[float], str]:
-    """(wall seconds of each of ``n`` epochs of one loader, what ``explain()`` says of the
-    executor: empty for processes)."""
+def epochs(pipeline: Any, executor: Executor, workers: int, n: int, batch_size: int,
+           step_s: float = 0.0) -> tuple[list[float], str]:
+    """(wall seconds of each of ``n`` epochs of one loader of ``pipeline``, what ``explain()``
+    says of the executor: empty when it decided nothing), sleeping ``step_s`` per batch (the
+    simulated accelerator step); every epoch is checked exactly once by its sample count."""
     import headrace
 
     options = headrace.Options(cache=None, profile_store=False, executor=executor)
-    loader: Any = headrace.DataLoader(workload.pipeline, batch_size=workload.batch_size,
-                                      shuffle=True, num_workers=workers, in_order=False,
-                                      options=options)
+    loader: Any = headrace.DataLoader(pipeline, batch_size=batch_size, shuffle=True,
+                                      num_workers=workers, in_order=False, options=options)
     walls = []
     try:
         for epoch in range(n):
             seen = 0
             t0 = time.perf_counter()
             for batch in loader:
-                seen += len(batch["index"])
-                time.sleep(workload.accelerator_step_s)  # the simulated accelerator step
+                seen += _samples(batch)
+                if step_s:
+                    time.sleep(step_s)  # the simulated accelerator step
             walls.append(time.perf_counter() - t0)
-            if seen != len(workload):
-                raise AssertionError(f"{executor}, epoch {epoch}: {seen} of {len(workload)}")
+            if seen != len(pipeline):
+                raise AssertionError(f"{executor}, epoch {epoch}: {seen} of {len(pipeline)}")
         d = loader.monitor.executor_decision
         return walls, d.describe() if d is not None else ""
     finally:
         loader.close()
+
+
+def _samples(batch: Any) -> int:
+    """Samples in ``batch``: a workload's dict (its ``"index"``), a list (its last column, the
+    labels), or a tensor."""
+    if isinstance(batch, dict):
+        return len(batch["index"])
+    return len(batch[-1]) if isinstance(batch, list) else len(batch)
 
 
 def run(workloads: list[str], rounds: int, n: int, workers: int,
@@ -66,7 +76,8 @@ def run(workloads: list[str], rounds: int, n: int, workers: int,
             res: dict[str, Any] = {ex: ([], []) for ex in EXECUTORS}
             for r in range(rounds):
                 for ex in EXECUTORS if r % 2 == 0 else EXECUTORS[::-1]:
-                    walls, why = epochs(workload, ex, workers, n)
+                    walls, why = epochs(workload.pipeline, ex, workers, n,
+                                        workload.batch_size, workload.accelerator_step_s)
                     res[ex][0].append(walls)
                     res[ex][1].append(why)
             out[name] = res

@@ -287,22 +287,16 @@ def runner_costs(samples: int, repeats: int = 5) -> dict[str, float]:
 
 def executors(samples: int, workers: int, epochs: int = 3, batch: int = 128) -> dict[str, Any]:
     """``{executor: (samples/s per epoch, what explain() says of the executor)}`` for one loader
-    per executor over ``epochs`` epochs of the ``cifar`` pipeline: ``executor="auto"`` decides
-    in its first epoch and runs its choice from the next (threads' first epoch is a trial)."""
-    from headrace.runtime import DataLoader, Options
+    per executor over ``epochs`` epochs of the ``cifar`` pipeline (``bench/executor_epochs.py``):
+    ``executor="auto"`` decides in its first epoch and runs its choice from the next (threads'
+    first epoch is a trial)."""
+    from headrace.bench import executor_epochs
 
     pipe = pipelines(samples)["cifar"]
     out: dict[str, Any] = {}
     for executor in ("processes", "auto", "threads"):
-        loader: Any = DataLoader(pipe, batch_size=batch, num_workers=workers, in_order=False,
-                            options=Options(profile_store=False, cache=None, executor=executor))
-        try:
-            same = functools.partial(lambda x: x, loader)  # each epoch of this one loader
-            rates = [samples / _epoch(same, samples, False)[0] for _ in range(epochs)]
-            d = loader.monitor.executor_decision
-            out[executor] = (rates, d.describe() if d is not None else "")
-        finally:
-            loader.close()
+        walls, why = executor_epochs.epochs(pipe, executor, workers, epochs, batch)
+        out[executor] = ([samples / w for w in walls], why)
     return out
 
 

@@ -199,14 +199,12 @@ def seed_globals(seed: int) -> None:
 
 
 def global_token() -> tuple[Any, ...]:
-    """Python's, NumPy's and torch's global CPU generator states as one value comparable with
-    ``==``: a step that drew from any of them changes it (about 45 µs; ``executor="auto"``
-    takes it around the steps of its probing workers' first 64 samples,
-    ``SampleRunner.on_global_draw``)."""
-    # a dict of arrays and numbers, whatever the global bit generator (np.random's MT19937
-    # unless np.random.set_bit_generator replaced it), compared as its pickled bytes
-    legacy = pickle.dumps(np.random.get_state(legacy=False), protocol=5)
-    return (_pyrandom.getstate(), legacy, torch.default_generator.get_state().numpy().tobytes())
+    """:func:`global_states` as one value comparable with ``==``: a step that drew from any of
+    the generators changes it (about 45 µs; ``executor="auto"`` takes it around the steps of
+    its probing workers' first 64 samples, ``SampleRunner.on_global_draw``). NumPy's state, a
+    dict of arrays and numbers whatever the bit generator, compares as its pickled bytes."""
+    py, legacy, t = global_states()
+    return py, pickle.dumps(legacy, protocol=5), t.numpy().tobytes()
 
 
 def global_states() -> tuple[Any, Any, torch.Tensor]:
