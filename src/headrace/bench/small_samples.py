@@ -194,7 +194,8 @@ def _epoch(make: Callable[[], Any], n: int, close: bool) -> tuple[float, float, 
     return wall, cpu, moved
 
 
-_ONE_MS = {(queueing, "CHEAP_QUEUE_S"): queueing.QUEUE_S, (queueing, "CHEAP_HOLD_S"): queueing.HOLD_S}
+_ONE_MS = {(queueing, "CHEAP_QUEUE_S"): queueing.QUEUE_S,
+           (queueing, "CHEAP_HOLD_S"): queueing.HOLD_S}
 """The row ``headrace, 1 ms messages``: samples under ``queueing.CHEAP_S`` queued and held as
 samples of 1-2 ms are (what every cheap sample had before the cheap tier)."""
 _SHORT_MOVES = {(timeout, "HANDOFF_MIN_S"): 0.0}
@@ -334,7 +335,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.executors:
         n = a.samples or 20000
         print(f"**cifar: samples/s per epoch, one loader per executor** ({n} samples, "
-              f"{a.workers} workers)\n\n| executor | epoch 1 | epoch 2 | epoch 3 |\n|---|---|---|---|")
+              f"{a.workers} workers)\n\n| executor | epoch 1 | epoch 2 | epoch 3 |\n"
+              "|---|---|---|---|")
         notes = []
         for executor, (rates, why) in executors(n, a.workers).items():
             print(f"| {executor} | " + " | ".join(f"{r:.0f}" for r in rates) + " |")

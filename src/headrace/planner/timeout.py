@@ -198,8 +198,8 @@ def remaining_after(typical_s: Sequence[float], move_cost_s: float = 0.0) -> lis
 
     Workers hand a sample off only when this is at least ``HANDOFF_MIN_SHARE`` × the timeout
     and ``HANDOFF_MIN_S`` (:func:`worth_moving`): a move whose forwarding costs the training
-    process more than the steps it frees a worker from cannot pay (measured on 16 cores: 0.13 s of training-process
-    CPU per imagenet hand-off, against a few ms of steps left)."""
+    process more than the steps it frees a worker from cannot pay (measured on 16 cores:
+    0.13 s of training-process CPU per imagenet hand-off, against a few ms of steps left)."""
     out = [0.0] * (len(typical_s) + 1)
     acc = 0.0
     for i in range(len(typical_s) - 1, -1, -1):

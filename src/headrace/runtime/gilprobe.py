@@ -5,10 +5,11 @@ times how late it wakes. The wake-up needs the GIL: while the step's Python code
 probe waits until CPython forces a switch (``sys.getswitchinterval()``, 5 ms by default); while
 the step runs in C code that released it (decoding, NumPy, torch ops), the probe gets it at once.
 The lateness above ``JITTER_S`` counts as held time. It stops after ``BUDGET_S`` of probed step
-time, or once the training process has decided, so it costs nothing after the warm-up. On a machine whose cores are all busy a late
-wake-up may also be a wait for a core, not for the GIL: on Linux the probe subtracts the time
-its thread spent runnable without a core (``/proc/thread-self/schedstat``, second field); a
-thread waiting for the GIL sleeps on a condition variable, which that field does not count.
+time, or once the training process has decided, so it costs nothing after the warm-up. On a
+machine whose cores are all busy a late wake-up may also be a wait for a core, not for the GIL:
+on Linux the probe subtracts the time its thread spent runnable without a core (``/proc/thread-
+self/schedstat``, second field); a thread waiting for the GIL sleeps on a condition variable,
+which that field does not count.
 
 The totals go to shared per-slot arrays (``pool.Progress.gil_held`` / ``gil_probed``, seconds)
 that the training process reads (``planner/executor.py`` decides).

@@ -87,12 +87,12 @@ class Options:
             epoch on when the GIL would not limit them (``planner/executor.py``; the decision
             and its numbers are in ``explain()``), and back to processes for good when that
             first epoch on threads delivers under 0.9x the samples/s of the last one on
-            processes (the probe reads steps that let go of the GIL often but briefly as free). Threads are considered only where they
-            cannot change what the code computes: a ``Pipeline`` (its random steps draw from
-            their ``rng``, and no step was seen drawing from Python's, NumPy's or torch's
-            global generator while the probes ran), torch's default collation, no
-            ``worker_init_fn``, ``sample_timeout_s`` or ``remote``; anything else stays on
-            processes.
+            processes (the probe reads steps that let go of the GIL often but briefly as free).
+            Threads are considered only where they cannot change what the code computes: a
+            ``Pipeline`` (its random steps draw from their ``rng``, and no step was seen drawing
+            from Python's, NumPy's or torch's global generator on each worker's first 64
+            samples), torch's default collation, no ``worker_init_fn``, ``sample_timeout_s`` or
+            ``remote``; anything else stays on processes.
         device: device prefetch (``runtime/prefetch.py``): ``"cuda"``, ``"cuda:N"`` or a
             ``torch.device`` (e.g. ``torch.accelerator.current_accelerator()``). The next
             batches are copied there on a side CUDA stream while the current one trains, from
