@@ -91,6 +91,11 @@ def test_with_the_lock_held_elsewhere_the_scheduler_thread_is_woken():
         sched.room_freed()
         assert not pool.workers[0].assigned  # nothing dispatched from here
         assert os.read(sched._wake_r, 1) == b"x"
+        assert not sched._waiter._leaving  # not from mark(): the training thread may wait
+        sched.room_freed(leaving=True)  # from mark(), on the way out of next()
+        assert sched._waiter._leaving and os.read(sched._wake_r, 1) == b"x"
+        sched.left()
+        assert not sched._waiter._leaving
     finally:
         done.set()
         t.join()

@@ -113,16 +113,22 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def wake(self) -> None:
-        """Wake the scheduler thread (a byte on its wake-up pipe): work to dispatch."""
-        self._waiter.wake()
+    def wake(self, leaving: bool = False) -> None:
+        """Wake the scheduler thread (a byte on its wake-up pipe): work to dispatch.
+        ``leaving``: the training thread, on its way out of ``next()`` (``Waiter.wake``)."""
+        self._waiter.wake(leaving)
+
+    def left(self) -> None:
+        """The training thread is out of ``next()``: the woken thread need not give way."""
+        self._waiter.left()
 
     @property
     def _wake_r(self) -> int:
         return self._waiter.wake_fd
 
-    def room_freed(self) -> None:
-        """Called by the training loop after taking a batch: room for more work.
+    def room_freed(self, leaving: bool = False) -> None:
+        """Called by the training loop after taking a batch: room for more work. ``leaving``:
+        on its way out of ``next()`` (from ``mark``), not about to wait for a batch.
 
         With worker threads the training thread dispatches that work itself when the
         scheduler's lock is free. Waking the scheduler thread instead (a pipe write) releases
@@ -132,9 +138,10 @@ class Scheduler:
         that get work take the GIL only when the training loop lets go of it. With worker
         processes (sending their tasks is a pipe write too), or when another thread holds the
         lock (a worker thread in ``deliver``, or the scheduler thread), the scheduler thread is
-        woken, and its next pass sees the room. An error in the dispatch (the sampler, a
-        ``collate_fn``) ends the epoch as it would in the scheduler thread: the training loop
-        gets it after the batches already queued.
+        woken, and its next pass sees the room; it first lets the training thread leave
+        ``next()`` (``runtime/waiter.py``), which calls :meth:`left`. An error in the dispatch
+        (the sampler, a ``collate_fn``) ends the epoch as it would in the scheduler thread: the
+        training loop gets it after the batches already queued.
         """
         if self.pool.executor == "threads" and self._lock.acquire(blocking=False):
             try:
@@ -145,7 +152,7 @@ class Scheduler:
             finally:
                 self._lock.release()
             return
-        self.wake()
+        self.wake(leaving)
 
     def stop(self) -> None:
         """Stop the thread (idempotent); the pool is the caller's to stop or keep."""
