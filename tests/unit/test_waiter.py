@@ -43,7 +43,7 @@ def test_a_wake_on_the_way_out_returns_after_the_training_thread_left(clock, mon
         w.wait([], 10.0)
         order.append("pass")
 
-    t = threading.Thread(target=scheduler_thread)
+    t = threading.Thread(target=scheduler_thread, daemon=True)
     t.start()
     try:
         w.wake(leaving=True)
@@ -59,12 +59,13 @@ def test_a_wake_on_the_way_out_returns_after_the_training_thread_left(clock, mon
         w.close()
 
 
-def test_the_give_way_is_bounded_and_forgotten(clock):
+def test_the_give_way_is_bounded_and_forgotten(clock, monkeypatch):
+    monkeypatch.setattr(waiter_mod, "GIVE_WAY_MAX_S", 0.2)  # a first sleep even on a busy host
     w = Waiter()
     try:
-        w.wake(leaving=True)  # and no left(): a next() that raised, say
+        w.wake(leaving=True)  # and no left(): a training thread that never says it left
         assert w.wait([], 10.0) == []  # returns: GIVE_WAY_MAX_S bounds it
-        assert clock.sleeps >= 1
+        assert clock.sleeps >= 1 and not w._leaving
         slept = clock.sleeps
         w.wake()
         assert w.wait([], 10.0) == []

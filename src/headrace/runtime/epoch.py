@@ -189,21 +189,21 @@ class EpochIterator(EpochBase):
         # the sampler first: a read interrupted there (Ctrl-C) leaves this batch undelivered,
         # where marking first lost it (delivered for state_dict(), never returned)
         try:
-            self._top_up(len(positions) or 1, wake=True)
+            self._top_up(len(positions) or 1, wake=True, leaving=True)
             if not positions:
                 self._empty += 1
             super().mark(positions)
         finally:  # next() returns (or raises) now: the woken scheduler may take the GIL
             self.scheduler.left()
 
-    def _top_up(self, delivering: int = 0, wake: bool = False) -> None:
+    def _top_up(self, delivering: int = 0, wake: bool = False, leaving: bool = False) -> None:
         """Read the sampler in this (the training) thread for the room the settled samples
         left (``runtime/feed.py``), and let the scheduler dispatch what came (``wake``: in any
-        case, samples having left; only ``mark`` passes it, on the way out of ``next()``).
-        Settled: as the scheduler counts them out of flight, but for batches taken and not yet
-        delivered (the device prefetcher's), so the count follows deliveries, not timing; an
-        empty batch counts as one (as the feed counts it); ``delivering``: the batch being
-        delivered.
+        case, samples having left; ``leaving``: from ``mark``, on the way out of ``next()``,
+        which then calls ``Scheduler.left``). Settled: as the scheduler counts them out of
+        flight, but for batches taken and not yet delivered (the device prefetcher's), so the
+        count follows deliveries, not timing; an empty batch counts as one (as the feed counts
+        it); ``delivering``: the batch being delivered.
 
         The one wake-up a batch gives the scheduler: taking a batch gives none, since what
         the scheduler may dispatch is what the feed holds, and the feed grows here (a wake at
@@ -212,7 +212,7 @@ class EpochIterator(EpochBase):
         if self.feed is not None and self.feed.top_up(
                 self.meter.samples + self._empty + self._raised + delivering + c.skipped
                 + c.failed + c.discarded) or wake:
-            self.scheduler.room_freed(leaving=wake)
+            self.scheduler.room_freed(leaving)
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         if self._closed:

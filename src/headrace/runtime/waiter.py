@@ -129,12 +129,15 @@ class Waiter:
 
     def _give_way(self) -> None:
         """Sleep (the GIL released) until the training thread left ``next()``, at most
-        ``GIVE_WAY_MAX_S``; the flag is cleared either way, so a ``next()`` that raised costs
-        one such wait, not one per wake-up."""
+        ``GIVE_WAY_MAX_S``, after which the flag is forgotten: a training thread that never
+        says it left costs one such wait, not one per wake-up. (Cleared here only then: a
+        clear after the loop could erase the next ``mark``'s flag, set meanwhile.)"""
         deadline = time.monotonic() + GIVE_WAY_MAX_S
-        while self._leaving and time.monotonic() < deadline:
+        while self._leaving:
+            if time.monotonic() >= deadline:
+                self._leaving = False
+                break
             time.sleep(GIVE_WAY_S)
-        self._leaving = False
 
     def close(self) -> None:
         """Close the pipes and the selector (idempotent)."""
