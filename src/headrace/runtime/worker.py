@@ -182,9 +182,8 @@ class TaskRunner:
     process reads), measures output sizes on the first ``MEASURE_ALL`` runs and then one in
     ``MEASURE_EVERY`` (in a pool that probes for ``executor="auto"``, also whether a step drew
     from the global random generators on the first ``MEASURE_ALL``: ``Progress.global_draw``),
-    and asks the hand-off rule
-    between steps: over the shared timeout (``handoff``: the pool's ``HandOff``), and enough
-    typical work left for a move to pay.
+    and asks the hand-off rule between steps: over the shared timeout (``handoff``: the pool's
+    ``HandOff``), and enough typical work left for a move to pay.
     """
 
     def __init__(
