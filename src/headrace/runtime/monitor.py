@@ -91,7 +91,6 @@ class Monitor:
         self._last_scale = time.perf_counter()
         self._starting = False  # a worker of the pool was not ready at the last tick
         self._memory_budget: float | None = None
-        self._timeline_timeout = float("nan")  # the timeout of timeout_timeline's last entry
         self._warned_reseed = False
         self.probe_gil = False
         """``executor="auto"`` measures the GIL share of worker processes' steps."""
@@ -226,8 +225,7 @@ class Monitor:
         # and a learned one none before its value next changed.
         if pool.handoff.timeout.value != t:
             pool.handoff.timeout.value = t
-        if t != self._timeline_timeout:
-            self._timeline_timeout = t
+        if not self.timeout_timeline or self.timeout_timeline[-1][1] != t:
             self.timeout_timeline.append((self.now(), t))
         self.move_cost_s = move_cost(sched.counters.forwarded, sched.counters.forward_cpu_s)
         now = time.perf_counter()
