@@ -182,7 +182,9 @@ def test_a_memory_cgroup_limit_bounds_the_default_cache_and_a_quota_the_cores(tm
         for p in {mem, cpu}:
             os.rmdir(p)
     assert 0 < available <= 2 << 30
-    assert 0 < budget <= available // 4 + 1
+    # 25% of the group's limit at most (the host's 24 GB gave 6 GB); not of `available`, which
+    # the group's own use moves between the two reads (CI: 1 KB apart, the budget 1 KB over)
+    assert 0 < budget <= (2 << 30) // 4
     assert cores == 1 and quota == 1.0
     assert 0.6 < busy <= 1.0  # the group's time over its quota (on the host's 2 cores: half)
 
