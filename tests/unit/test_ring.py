@@ -84,7 +84,7 @@ def test_a_full_ring_asks_its_writer_to_send_what_it_kept_before_waiting():
 
 
 def test_ring_space_of_messages_an_error_left_unhandled_is_freed_and_never_taken_back():
-    from headrace.runtime.pool import WorkerHandle
+    from headrace.runtime.handles import WorkerHandle
     from headrace.runtime.scheduler import _free_ring
 
     ring = Ring(mp.get_context("fork"), size=64 * 1024)

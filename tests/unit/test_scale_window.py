@@ -1,6 +1,7 @@
 """The worker scaler's first window starts once every worker runs: a window with a worker
 still starting (its fork and imports, the cores idle while it initialises) read CPU-bound
-imagenet's cores as unsaturated and added a third worker on 2 cores (``Monitor.on_tick``)."""
+imagenet's cores as unsaturated and added a third worker on 2 cores (``Monitor.on_tick``); so
+does one asked for and waiting for the training thread to fork it."""
 
 import queue
 from types import SimpleNamespace
@@ -17,7 +18,7 @@ HOUR = 3600.0
 
 def fake_scheduler(workers):
     timeout = SimpleNamespace(timeout=SimpleNamespace(value=0.0))
-    pool = SimpleNamespace(workers=workers, handoff=timeout, executor="processes")
+    pool = SimpleNamespace(workers=workers, handoff=timeout, executor="processes", requests=[])
     spec = SimpleNamespace(handoff=False, max_in_flight=8,
                            batcher=SimpleNamespace(batch_size=4, ready_samples=0))
     return SimpleNamespace(pool=pool, spec=spec, out=queue.Queue(), in_flight=0, slow_backlog=0,
@@ -51,6 +52,17 @@ def test_no_decision_while_a_worker_starts_and_a_fresh_window_after():
     monitor._last_scale -= HOUR
     monitor.on_tick(sched)
     assert decided == [sched, sched]
+    # a worker asked for and not yet forked by the training thread (runtime/forks.py) starts too
+    sched.pool.requests.append((None, None))
+    monitor._last_scale -= HOUR
+    monitor.on_tick(sched)
+    assert decided == [sched, sched]
+    sched.pool.requests.clear()
+    monitor.on_tick(sched)
+    assert decided == [sched, sched]  # a new window from here
+    monitor._last_scale -= HOUR
+    monitor.on_tick(sched)
+    assert decided == [sched, sched, sched]
 
 
 def test_the_move_cost_counts_once_four_moves_measured_it_this_epoch():

@@ -7,7 +7,8 @@ import select
 import numpy as np
 
 import headrace as hr
-from headrace.runtime.pool import HandOff, Progress, WorkerPool
+from headrace.runtime.handles import HandOff, Progress
+from headrace.runtime.pool import WorkerPool
 from headrace.runtime.threadworker import ThreadResults, ThreadRun, ThreadTasks, thread_main
 from headrace.runtime.worker import Task, WorkerSetup
 from tests.helpers import ArraySource

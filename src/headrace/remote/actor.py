@@ -23,7 +23,7 @@ from headrace.runtime.worker import Task, TaskRunner, WorkerSetup
 
 
 def _progress() -> SimpleNamespace:
-    """The one-slot ``pool.Progress`` a ``TaskRunner`` writes (nobody reads it here)."""
+    """The one-slot ``handles.Progress`` a ``TaskRunner`` writes (nobody reads it here)."""
     return SimpleNamespace(tid=[-1], started=[0.0], step=[0], revoked=[-1])
 
 
@@ -64,7 +64,7 @@ class RemoteWorker:
         (``runtime/worker.py``'s ``done`` / ``partial`` / ``error``) with the value packed as
         arrays. ``value``: the packed partial value when ``task.start > 0``. ``handoff``: the
         training process's hand-off timeout (seconds) and, per step position, the typical
-        seconds left from there (``pool.HandOff``) when the task may be handed off over the
+        seconds left from there (``handles.HandOff``) when the task may be handed off over the
         timeout; None: it runs to ``stop``."""
         self._stop = stop
         late = handoff is not None and task.may_hand_off

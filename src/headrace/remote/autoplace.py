@@ -7,7 +7,7 @@ for is still being placed (a Ray actor starting: seconds), nothing is measured: 
 without the new worker's help would say that adding it did not pay.
 
 Moves are applied to the epoch's pool: remote workers through the session (``target`` too, so
-the next epoch starts with the same count), local workers with ``pool.add_worker`` /
+the next epoch starts with the same count), local workers with ``pool.request_worker`` /
 ``pool.retire``. Without persistent workers every epoch has a new pool, started with
 ``num_workers`` local workers: once it has started them (``RemoteSession.attach``), the
 controller brings it to the local count it had reached (``adopt``), so what it learned
@@ -113,7 +113,7 @@ class PlacementController:
         def local() -> list[Any]:
             return [w for w in list(pool.workers.values()) if not w.external and not w.retiring]
 
-        while len(local()) < n and len(pool.workers) < pool.max_slots and not pool.closed:
-            pool.add_worker()
+        while len(local()) + len(pool.requests) < n and pool.request_worker():
+            pass  # forked by the training thread at its next batch (runtime/forks.py)
         while len(local()) > n:
             pool.retire(min(local(), key=lambda w: len(w.assigned)))

@@ -1,7 +1,7 @@
 """The Ray backend: the ONLY module of headrace that imports ``ray``.
 
 A remote worker is a Ray actor (``remote/actor.py``) on some node of the cluster, and, in the
-training process, a proxy thread that stands behind the same ``pool.WorkerHandle`` as a local
+training process, a proxy thread that stands behind the same ``handles.WorkerHandle`` as a local
 worker thread (``runtime/threadworker.py``): a task queue, a result queue the scheduler's
 selector watches (or that hands results straight to the scheduler), and a sentinel readable
 when the proxy ends. To the scheduler a remote worker is one more worker: exactly-once (task

@@ -15,7 +15,8 @@ from typing import Any
 from headrace.errors import PipelineError, RemoteUnavailableError
 from headrace.remote.config import Remote
 from headrace.remote.storage import RESOURCE, NearStorage, StorageSide
-from headrace.runtime.pool import WorkerHandle, WorkerPool
+from headrace.runtime.handles import WorkerHandle
+from headrace.runtime.pool import WorkerPool
 from headrace.runtime.threadworker import ThreadResults, ThreadRun
 from headrace.runtime.worker import WorkerSetup
 

@@ -22,8 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from headrace.planner.queueing import hold_s
+from headrace.runtime.handles import WorkerHandle
 from headrace.runtime.lanes import Lanes
-from headrace.runtime.pool import WorkerHandle, WorkerPool
+from headrace.runtime.pool import WorkerPool
 from headrace.runtime.work import Counters, EpochSpec
 from headrace.runtime.worker import Task
 

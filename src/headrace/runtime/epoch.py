@@ -179,9 +179,11 @@ class EpochIterator(EpochBase):
         self._raised = 0  # samples of batches whose collate_fn raised in the training loop
         self._empty = 0  # empty batches (a batch sampler's) delivered in this run
         self.feed = spec.groups if isinstance(spec.groups, Feed) else None
+        out = self._out  # (the queue alone: a reference to self would be a cycle)
         if self.feed is not None:  # the scheduler found nothing fed: read more at the next turn
-            out = self._out  # (the queue alone: a reference to self would be a cycle)
             self.feed.on_empty = lambda: out.put(("feed", None, None))
+        # a worker to fork on this thread (runtime/forks.py): at the next turn, woken if waiting
+        pool.requests.on_asked = lambda: out.put(("start", None, None))
         self.scheduler = Scheduler(pool, spec, hooks, self._out)
         self.scheduler.start()
 
@@ -219,8 +221,11 @@ class EpochIterator(EpochBase):
             self._check_open()
         c0 = time.thread_time()
         item, self._held = self._held, None
-        while item is None or item[0] == "feed":  # "feed": the scheduler asks for the sampler
-            if item is not None:
+        # "feed": the scheduler asks for the sampler; "start": for workers to fork (forks.py)
+        while item is None or item[0] in ("feed", "start"):
+            if len(self.pool.requests):
+                self.pool.start_requested(on_added=self.scheduler.wake)
+            if item is not None and item[0] == "feed":
                 self._top_up()
             try:
                 item = self._out.get_nowait()

@@ -11,7 +11,7 @@ on Linux the probe subtracts the time its thread spent runnable without a core (
 self/schedstat``, second field); a thread waiting for the GIL sleeps on a condition variable,
 which that field does not count.
 
-The totals go to shared per-slot arrays (``pool.Progress.gil_held`` / ``gil_probed``, seconds)
+The totals go to shared per-slot arrays (``handles.Progress.gil_held`` / ``gil_probed``, seconds)
 that the training process reads (``planner/executor.py`` decides).
 """
 

@@ -244,12 +244,13 @@ class Monitor:
                 cap = max(1, sched.spec.max_in_flight // max(1, sched.spec.batcher.batch_size))
                 self.scaler.observe_queue(sched.out.qsize() / cap)
         if self.scaler is not None:
-            if any(not w.ready for w in list(pool.workers.values())
-                   if not w.retiring and not w.external):
+            if len(pool.requests) or any(not w.ready for w in list(pool.workers.values())
+                                         if not w.retiring and not w.external):
                 # A worker still starting: its fork and imports, and the cores idling while it
                 # initialises, say nothing of the load the pool puts on them (imagenet's first
                 # window read as unsaturated and added a third worker on 2 cores). No decision
-                # meanwhile; the next one's window starts once every worker runs.
+                # meanwhile (nor while one waits for the training thread to fork it); the next
+                # one's window starts once every worker runs.
                 self._starting = True
             elif self._starting:
                 self._starting = False
@@ -365,13 +366,14 @@ class Monitor:
                                self.memory_budget(), self._cpu_share(steps), rank_cpus(),
                                self._consumer_rate(), self._sample_wall_s(steps),
                                draining=sched.lanes.exhausted and not sched.lanes.fresh)
-        if d.new > d.current:
-            for _ in range(min(d.new - d.current, pool.max_slots - len(pool.workers))):
-                pool.add_worker(num_workers=d.new)
+        if d.new > d.current:  # forked by the training thread at its next batch (forks.py)
+            for _ in range(d.new - d.current):
+                if not pool.request_worker(num_workers=d.new):
+                    break
         elif d.new < d.current:
             for w in sorted(live, key=lambda w: len(w.assigned))[: d.current - d.new]:
                 pool.retire(w)
-        self.record_workers(pool.size)
+        self.record_workers(pool.size + len(pool.requests))
 
 
 def _start_note(n: int, share: float | None, rate: float | None, demand: int | None,

@@ -30,16 +30,16 @@ import atexit
 import contextlib
 import gc
 import itertools
-import math
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from headrace.pipeline import Pipeline
+from headrace.runtime.forks import StartRequests
+from headrace.runtime.handles import HandOff, Progress, WorkerHandle
 from headrace.runtime.native_threads import resolved_for_fork
 from headrace.runtime.ring import Ring
 from headrace.runtime.taskpipe import TaskPipe
@@ -50,107 +50,7 @@ from headrace.runtime.threadworker import (
     current_run,
     thread_main,
 )
-from headrace.runtime.worker import Task, Tasks, WorkerSetup, worker_main
-
-
-class HandOff:
-    """What a worker needs to decide a hand-off, shared without locks.
-
-    ``timeout.value``: the learned timeout in seconds (``inf``: none yet). ``remaining[i]``:
-    typical seconds of steps ``i..n-1`` (sum of their median times; ``inf`` unknown).
-    """
-
-    def __init__(self, ctx: Any, steps: int) -> None:
-        self.timeout = ctx.RawValue("d", math.inf)
-        self.remaining = ctx.RawArray("d", [math.inf] * (steps + 1))
-
-
-class Progress:
-    """Shared arrays, one entry per worker slot, written by workers without locks.
-
-    ``tid[slot]``: task id being run (−1: idle); ``started[slot]``: ``time.monotonic()`` when
-    it started (seconds); ``step[slot]``: execution step it is in (0 = load). Written by the
-    main process: ``revoked[slot]``: a queued task id the worker must skip (it was moved to
-    another worker; see ``Dispatcher._steal``). ``gil_held[slot]`` / ``gil_probed[slot]``: seconds
-    of step time a worker process's GIL probe saw held / watched (``runtime/gilprobe.py``).
-    ``global_draw[slot]``: 1 + the position of the first step a probing worker saw draw from
-    the global random generators (0: none seen; kept when the slot's worker is replaced).
-    ``probe_stop``: set by the main process once ``executor="auto"`` decided: the GIL probes
-    stop.
-    """
-
-    def __init__(self, ctx: Any, slots: int) -> None:
-        self.tid = ctx.RawArray("q", [-1] * slots)
-        self.started = ctx.RawArray("d", slots)
-        self.step = ctx.RawArray("i", slots)
-        self.revoked = ctx.RawArray("q", [-1] * slots)
-        self.gil_held = ctx.RawArray("d", slots)
-        self.gil_probed = ctx.RawArray("d", slots)
-        self.global_draw = ctx.RawArray("i", slots)
-        self.probe_stop = ctx.RawValue("i", 0)
-
-
-@dataclass(eq=False)
-class WorkerHandle:
-    """One worker process and what the main process has assigned to it."""
-
-    slot: int
-    process: Any
-    tasks: TaskPipe | ThreadTasks  # Task | None (exit) to the worker
-    conn: Any  # multiprocessing.connection.Connection, read end of the result pipe
-    ring: Ring | None  # where the worker puts finished samples' arrays (None: a thread)
-    assigned: dict[int, Task] = field(default_factory=dict)
-    ready: bool = False
-    eager: bool = False  # started with the pool: gets work before it says it is ready
-    retiring: bool = False
-    external: bool = False  # started by a backend (remote/): the pool does not restart it
-    gate: Callable[[], bool] | None = None  # a backend's dispatch limit (remote/: offload ratio)
-    prefers_slow: bool = False  # takes slow-lane samples first, beyond the slow-lane share
-    fetches: bool = False  # near storage: while one runs, fresh samples go to such workers only
-
-    @property
-    def sentinel(self) -> int:
-        return self.process.sentinel
-
-    def send(self, task: Task) -> None:
-        self.assigned[task.tid] = task
-        self._write(task)
-
-    def send_many(self, tasks: list[Task], hold_s: float) -> None:
-        """Assign ``tasks`` and write them in one message (a worker process only): the worker
-        may keep what it finishes for ``hold_s`` seconds of work and send it in one message
-        (``planner/queueing.py``). One task with nothing to hold travels as a plain ``Task``."""
-        for task in tasks:
-            self.assigned[task.tid] = task
-        if len(tasks) == 1 and hold_s <= 0:
-            self._write(tasks[0])
-        else:  # plain tuples: a third of the pickling time of named ones
-            self._write(Tasks([tuple(t) for t in tasks], hold_s))
-
-    def _write(self, obj: Any) -> None:
-        try:
-            self.tasks.send(obj)
-        except OSError:
-            pass  # the worker is gone: its death is handled by its sentinel, tasks re-run
-
-    @property
-    def is_thread(self) -> bool:
-        """A worker thread (``runtime/threadworker.py``): no ring, results are objects."""
-        return self.ring is None
-
-    def send_exit(self, now: bool = False) -> None:
-        """Ask the worker to exit once its queued tasks are done (best effort); ``now``: once
-        the sample it runs is done (a thread; a process reads ``None`` only after the samples
-        queued in it, up to ``planner.queueing.MAX_DEPTH``). A process gets ``None`` either way:
-        closing our end of its pipe would not reach it, as workers forked later hold copies of
-        that end."""
-        if now and self.is_thread:
-            self.tasks.close()
-            return
-        try:
-            self.tasks.send(None)
-        except OSError:
-            pass
+from headrace.runtime.worker import WorkerSetup, worker_main
 
 
 class WorkerPool:
@@ -194,6 +94,8 @@ class WorkerPool:
         self.workers: dict[int, WorkerHandle] = {}
         self.tids = itertools.count()
         """Task ids, unique over the pool's life (persistent workers span epochs)."""
+        self.requests = StartRequests()
+        """Workers the scheduler thread asked for, to fork on the training thread (``forks.py``)."""
         self._closed = False
         self._lock = threading.RLock()  # shutdown (atexit, finalizers) races the scheduler thread
         _live_pools.add(self)
@@ -206,6 +108,11 @@ class WorkerPool:
     def size(self) -> int:
         """Workers not being retired."""
         return sum(not w.retiring for w in self.workers.values())
+
+    @property
+    def forks(self) -> bool:
+        """Workers are processes forked from this one: started on the training thread only."""
+        return self.executor != "threads" and self.ctx.get_start_method() == "fork"
 
     def start(self, n: int, on_added: Any = None) -> None:
         """Start ``n`` workers; ``on_added()`` after each (e.g. wake the scheduler thread so it
@@ -306,16 +213,50 @@ class WorkerPool:
         run.start()
         return WorkerHandle(setup.slot, run, tasks, results, None)
 
-    def replace(self, dead: WorkerHandle) -> WorkerHandle | None:
-        """Discard a dead worker and start a fresh one in its slot (None once closed, or for a
-        backend's worker: its backend decides whether and where to start another)."""
+    def request_worker(self, num_workers: int | None = None) -> bool:
+        """One more worker, asked for on the scheduler thread (the scaler): started now where
+        that forks nothing, else by the training thread (``start_requested``; ``forks.py``).
+        False once closed, or when every slot is taken or asked for."""
+        with self._lock:
+            if self._closed or len(self.workers) + len(self.requests) >= self.max_slots:
+                return False
+            if self.forks:
+                self.requests.ask(None, num_workers)
+            else:
+                self._add_worker(None, num_workers)
+            return True
+
+    def replace(self, dead: WorkerHandle) -> bool:
+        """Discard a dead worker and start a fresh one in its slot, as ``request_worker``
+        does; False once closed, or for a backend's worker (its backend decides whether and
+        where to start another)."""
         with self._lock:
             if self._closed:
-                return None
+                return False
             self._dispose(dead, grace_s=0.0)
             if dead.external:
-                return None
-            return self._add_worker(dead.slot, None)
+                return False
+            if self.forks:
+                self.requests.ask(dead.slot, None)
+            else:
+                self._add_worker(dead.slot, None)
+            return True
+
+    def start_requested(self, on_added: Any = None) -> None:
+        """Fork the workers the scheduler thread asked for (``forks.py``), in the order asked;
+        on the training thread (``EpochIterator.take``). ``on_added()`` after each, as ``start``.
+        A replacement whose slot a worker took meanwhile takes another."""
+        for slot, num_workers in self.requests.take():
+            with self._lock:
+                if self._closed:
+                    return
+                if slot in self.workers:
+                    slot = None
+                if slot is None and len(self.workers) >= self.max_slots:
+                    continue
+                self._add_worker(slot, num_workers)
+            if on_added is not None:
+                on_added()
 
     def retire(self, h: WorkerHandle) -> None:
         """Ask a worker to exit once its queued tasks are done."""
@@ -338,6 +279,7 @@ class WorkerPool:
             if self._closed:
                 return
             self._closed = True
+            self.requests.drop()
             handles = list(self.workers.values())
             self.workers.clear()
         here = current_run()

@@ -36,9 +36,10 @@ from typing import Any
 
 from headrace.errors import StepError, WorkerDiedError, step_error_for, worker_start_error
 from headrace.runtime.dispatch import Dispatcher, running_longer_than
+from headrace.runtime.handles import WorkerHandle
 from headrace.runtime.lanes import Lanes
 from headrace.runtime.output import BatchOutput
-from headrace.runtime.pool import WorkerHandle, WorkerPool
+from headrace.runtime.pool import WorkerPool
 from headrace.runtime.ring import decode as ring_decode
 from headrace.runtime.transport import decode, encode
 from headrace.runtime.waiter import Waiter
@@ -411,7 +412,7 @@ class Scheduler:
             deaths = self._start_deaths[w.slot] = self._start_deaths.get(w.slot, 0) + 1
             if deaths > self.spec.max_restarts:  # (a fork of this process each time)
                 raise Fatal(start_death_error(w.slot, deaths, exitcode))
-        if self.pool.replace(w) is not None:  # None once the pool is shutting down
+        if self.pool.replace(w):  # not once the pool is shutting down
             self.hooks.on_worker_restart()
 
 

@@ -10,7 +10,7 @@ that releases the GIL (image decoding and resizing in Pillow or OpenCV, NumPy on
 I/O, sleeps); steps that run Python bytecode most of the time serialise on the GIL, and so
 does the training loop's own Python, which shares it with them.
 
-Each thread stands behind the same ``pool.WorkerHandle`` as a process, so the scheduler runs
+Each thread stands behind the same ``handles.WorkerHandle`` as a process, so the scheduler runs
 unchanged: :class:`ThreadTasks` takes the task pipe's place, :class:`ThreadResults` the result
 pipe's, and :class:`ThreadRun` the process's (its sentinel becomes readable when the thread
 ends). Once the epoch's scheduler watches a thread, the thread hands each result to it directly

@@ -26,7 +26,7 @@ import selectors
 import time
 from typing import Any
 
-from headrace.runtime.pool import WorkerHandle
+from headrace.runtime.handles import WorkerHandle
 
 GIVE_WAY_S = 20e-6
 """One sleep of the woken scheduler thread while the training thread leaves ``next()``

@@ -99,9 +99,9 @@ def worker_main(
 ) -> None:
     """Entry point of a worker process.
 
-    ``handoff``: shared values (``pool.HandOff``): the timeout in seconds and, per step
+    ``handoff``: shared values (``handles.HandOff``): the timeout in seconds and, per step
     position, the expected seconds of the steps from there to the end (read between steps).
-    ``progress``: shared arrays (``pool.Progress``) where the worker writes, per slot, the tid it
+    ``progress``: shared arrays (``handles.Progress``) where the worker writes, per slot, the tid it
     runs (−1: idle), when it started (``time.monotonic()``) and the step it is in, so the main
     process knows what a dead or hung worker held.
     """

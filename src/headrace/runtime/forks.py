@@ -1,0 +1,59 @@
+"""Where worker processes fork: on the thread that iterates the loader, never on the scheduler's.
+
+A forked child has one thread, the one that called ``fork()``, and every lock that another
+thread of the parent held at that moment stays held in the child for ever. The training thread
+holds torch's native locks inside its operators: the CPU generator's during every random draw
+(``torch.randn``, dropout on a CPU), and others. Measured (a one-off script, 2 cores): of 10
+children forked by a second thread while the training thread ran ``torch.randn`` in a loop, 9
+hung in their first ``torch.manual_seed``; a headrace worker replaced mid-epoch from the
+scheduler thread hung the same way (``futex_wait``, never ready), and its epoch took 6.4 s
+instead of 0.7. torch's DataLoader forks its workers in ``iter()``, on the training thread,
+between two of its operations, where it holds none of them.
+
+headrace forks there too: the pool's first workers in ``iter()``; a worker the scaler adds and
+one that replaces a dead one are asked for on the scheduler thread (:class:`StartRequests`) and
+forked by the training thread when it next takes a batch (``EpochIterator.take``), woken if it
+waits for one. That is at most one training step later than the decision. Worker threads and
+the ``spawn`` and ``forkserver`` start methods run no parent code in the child, and start at
+once from any thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+
+class StartRequests:
+    """Worker starts asked for by one thread and carried out by another, first asked first.
+
+    A request is ``(slot, num_workers)``: the slot of the worker it replaces (None: any free
+    one) and the worker count its ``get_worker_info()`` reports (None: the pool's). ``on_asked``
+    (set by the epoch that iterates the pool) wakes the thread that carries them out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asked: list[tuple[int | None, int | None]] = []
+        self.on_asked: Callable[[], None] | None = None
+
+    def __len__(self) -> int:
+        """Starts asked for and not yet taken."""
+        return len(self._asked)
+
+    def ask(self, slot: int | None, num_workers: int | None) -> None:
+        with self._lock:
+            self._asked.append((slot, num_workers))
+        wake = self.on_asked
+        if wake is not None:
+            wake()
+
+    def take(self) -> list[tuple[int | None, int | None]]:
+        """Every request asked for so far, in order; none is left."""
+        with self._lock:
+            out, self._asked = self._asked, []
+        return out
+
+    def drop(self) -> None:
+        """Forget every request (the pool is shutting down)."""
+        with self._lock:
+            self._asked = []

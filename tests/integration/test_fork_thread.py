@@ -1,0 +1,120 @@
+"""Worker processes fork on the training thread only (``runtime/forks.py``): a child forked by
+the scheduler thread inherited the locks the training thread held at that moment (torch's CPU
+generator's, inside ``torch.randn``) and hung in its first ``torch.manual_seed``."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+import headrace as hr
+from headrace.runtime.pool import WorkerPool
+from tests.helpers import ArraySource
+
+pytestmark = pytest.mark.integration
+
+_forks: list[int] | None = None  # the threads that forked, while a test records them
+
+
+def _record_fork() -> None:
+    if _forks is not None:
+        _forks.append(threading.get_ident())
+
+
+os.register_at_fork(before=_record_fork)
+
+
+class _Recorded:
+    """Record which threads fork inside the ``with`` block (``forked_by``)."""
+
+    def __enter__(self) -> list[int]:
+        global _forks
+        _forks = []
+        return _forks
+
+    def __exit__(self, *exc: object) -> None:
+        global _forks
+        _forks = None
+
+
+class PidDataset(torch.utils.data.Dataset):
+    """``(index, pid of the process that made it)``, 2 ms a sample (simulated reading)."""
+
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        time.sleep(0.002)
+        return i, os.getpid()
+
+
+def _draw_for(seconds: float) -> None:
+    """The training step: CPU random draws, holding torch's CPU generator lock (bounded)."""
+    end = time.monotonic() + seconds
+    for _ in range(1000):
+        torch.randn(1_000_000)
+        if time.monotonic() > end:
+            return
+
+
+def test_a_worker_replaced_while_the_training_thread_draws_forks_there_and_serves(no_leaks):
+    torch.set_num_threads(1)
+    loader = hr.DataLoader(PidDataset(), batch_size=8, num_workers=2, persistent_workers=True)
+    got, pids, killed = [], Counter(), None
+    try:
+        with _Recorded() as forked_by:
+            it = iter(loader)
+            for k, (index, pid) in enumerate(it):
+                got += index.tolist()
+                pids.update(pid.tolist())
+                if k == 2:
+                    killed = it.pool.workers[0].process.pid
+                    os.kill(killed, signal.SIGKILL)  # replaced while the next step draws
+                _draw_for(0.3 if k == 2 else 0.0)
+        replacement = loader._pool.workers[0].process.pid
+    finally:
+        loader.close()
+    assert Counter(got) == Counter(range(400))
+    assert forked_by and set(forked_by) == {threading.get_ident()}, "forked off the training thread"
+    assert replacement != killed and pids[replacement] > 0  # it started, and served samples
+    assert loader.stats().worker_restarts == 1
+
+
+def test_the_scalers_workers_fork_on_the_training_thread(no_leaks):
+    opts = hr.Options(autoscale=hr.AutoscaleConfig(initial=1, max_workers=3, interval_s=0.05))
+    loader = hr.DataLoader(PidDataset(), batch_size=8, num_workers="auto", options=opts)
+    with _Recorded() as forked_by:
+        got = [i for index, _ in loader for i in index.tolist()]
+    assert Counter(got) == Counter(range(400))
+    assert max(n for _, n in loader.stats().workers_timeline) > 1  # it added workers
+    assert len(forked_by) > 1 and set(forked_by) == {threading.get_ident()}
+
+
+def test_requests_wait_for_the_training_thread_and_keep_their_order(no_leaks):
+    pool = WorkerPool(hr.Pipeline(ArraySource(8), []), None, multiprocessing.get_context("fork"),
+                      None, 0, 3, profile=False)
+    woken: list[int] = []
+    pool.requests.on_asked = lambda: woken.append(len(pool.requests))
+    try:
+        pool.start(1)
+        asked = threading.Thread(target=lambda: [pool.request_worker(), pool.request_worker(),
+                                                 pool.request_worker()])
+        asked.start()
+        asked.join()
+        assert woken == [1, 2] and len(pool.workers) == 1  # the third slot was asked for
+        dead = pool.workers[0]
+        assert pool.replace(dead) and 0 not in pool.workers and len(pool.requests) == 3
+        added: list[int] = []
+        pool.start_requested(on_added=lambda: added.append(len(pool.workers)))
+        # the scaler's took slots 0 and 1 (0 was free); the replacement of 0 then took 2
+        assert added == [1, 2, 3] and sorted(pool.workers) == [0, 1, 2]
+        assert len(pool.requests) == 0 and not pool.request_worker()  # every slot taken
+    finally:
+        pool.shutdown()
