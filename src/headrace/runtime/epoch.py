@@ -182,7 +182,7 @@ class EpochIterator(EpochBase):
         out = self._out  # (the queue alone: a reference to self would be a cycle)
         if self.feed is not None:  # the scheduler found nothing fed: read more at the next turn
             self.feed.on_empty = lambda: out.put(("feed", None, None))
-        # a worker to fork on this thread (runtime/forks.py): at the next turn, woken if waiting
+        # a worker to fork on this thread (runtime/forks.py): when no batch is ready, or soon
         pool.requests.on_asked = lambda: out.put(("start", None, None))
         self.scheduler = Scheduler(pool, spec, hooks, self._out)
         self.scheduler.start()
@@ -223,7 +223,7 @@ class EpochIterator(EpochBase):
         item, self._held = self._held, None
         # "feed": the scheduler asks for the sampler; "start": for workers to fork (forks.py)
         while item is None or item[0] in ("feed", "start"):
-            if len(self.pool.requests):
+            if self.pool.requests.due(idle=self._out.empty()):
                 self.pool.start_requested(on_added=self.scheduler.wake)
             if item is not None and item[0] == "feed":
                 self._top_up()

@@ -12,16 +12,25 @@ between two of its operations, where it holds none of them.
 
 headrace forks there too: the pool's first workers in ``iter()``; a worker the scaler adds and
 one that replaces a dead one are asked for on the scheduler thread (:class:`StartRequests`) and
-forked by the training thread when it next takes a batch (``EpochIterator.take``), woken if it
-waits for one. That is at most one training step later than the decision. Worker threads and
-the ``spawn`` and ``forkserver`` start methods run no parent code in the child, and start at
-once from any thread.
+forked by the training thread in ``EpochIterator.take``: when no batch is ready (it would wait
+anyway; woken if it already waits), or once a request has waited ``DEFER_S`` with batches ready.
+Forking at once in ``take`` put each fork (8-29 ms in the benchmark process on 2 cores) on the
+path of a fed training loop, where the scheduler thread's forks overlapped its steps: the
+first epoch of ``num_workers="auto"`` on speech-3s took 1-2% longer; deferred, it is level
+(docs/benchmarks.md, "Workers fork on the training thread").
+Worker threads and the ``spawn`` and ``forkserver`` start methods run no parent code in the
+child, and start at once from any thread.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+
+DEFER_S = 0.5
+"""Seconds a requested worker may wait for the training loop to run out of ready batches
+before it is forked all the same (half the scaler's decision interval)."""
 
 
 class StartRequests:
@@ -34,6 +43,7 @@ class StartRequests:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._asked: list[tuple[int | None, int | None]] = []
+        self._since = 0.0  # time.monotonic() of the oldest request not taken
         self.on_asked: Callable[[], None] | None = None
 
     def __len__(self) -> int:
@@ -42,10 +52,19 @@ class StartRequests:
 
     def ask(self, slot: int | None, num_workers: int | None) -> None:
         with self._lock:
+            if not self._asked:
+                self._since = time.monotonic()
             self._asked.append((slot, num_workers))
         wake = self.on_asked
         if wake is not None:
             wake()
+
+    def due(self, idle: bool, now: float | None = None) -> bool:
+        """Fork now? Something is asked, and the training thread has no batch to take
+        (``idle``) or the oldest request waited ``DEFER_S`` seconds (``now``: monotonic)."""
+        if not self._asked:
+            return False
+        return idle or (time.monotonic() if now is None else now) - self._since >= DEFER_S
 
     def take(self) -> list[tuple[int | None, int | None]]:
         """Every request asked for so far, in order; none is left."""
