@@ -48,7 +48,7 @@ class PidDataset(torch.utils.data.Dataset):
     """``(index, pid of the process that made it)``, 2 ms a sample (simulated reading)."""
 
     def __len__(self) -> int:
-        return 400
+        return 800  # ~0.8 s on 2 workers after the kill: time for the replacement to serve
 
     def __getitem__(self, i: int) -> tuple[int, int]:
         time.sleep(0.002)
@@ -81,7 +81,7 @@ def test_a_worker_replaced_while_the_training_thread_draws_forks_there_and_serve
         replacement = loader._pool.workers[0].process.pid
     finally:
         loader.close()
-    assert Counter(got) == Counter(range(400))
+    assert Counter(got) == Counter(range(800))
     assert forked_by and set(forked_by) == {threading.get_ident()}, "forked off the training thread"
     assert replacement != killed and pids[replacement] > 0  # it started, and served samples
     assert loader.stats().worker_restarts == 1
@@ -92,7 +92,7 @@ def test_the_scalers_workers_fork_on_the_training_thread(no_leaks):
     loader = hr.DataLoader(PidDataset(), batch_size=8, num_workers="auto", options=opts)
     with _Recorded() as forked_by:
         got = [i for index, _ in loader for i in index.tolist()]
-    assert Counter(got) == Counter(range(400))
+    assert Counter(got) == Counter(range(800))
     assert max(n for _, n in loader.stats().workers_timeline) > 1  # it added workers
     assert len(forked_by) > 1 and set(forked_by) == {threading.get_ident()}
 
@@ -111,10 +111,66 @@ def test_requests_wait_for_the_training_thread_and_keep_their_order(no_leaks):
         assert woken == [1, 2] and len(pool.workers) == 1  # the third slot was asked for
         dead = pool.workers[0]
         assert pool.replace(dead) and 0 not in pool.workers and len(pool.requests) == 3
-        added: list[int] = []
-        pool.start_requested(on_added=lambda: added.append(len(pool.workers)))
-        # the scaler's took slots 0 and 1 (0 was free); the replacement of 0 then took 2
-        assert added == [1, 2, 3] and sorted(pool.workers) == [0, 1, 2]
+        added: list[list[int]] = []
+        pool.start_requested(on_added=lambda: added.append(sorted(pool.workers)))
+        # the replacement first, in its slot (the scaler's two were asked before the death)
+        assert added == [[0], [0, 1], [0, 1, 2]]
         assert len(pool.requests) == 0 and not pool.request_worker()  # every slot taken
     finally:
         pool.shutdown()
+
+
+def test_autoplacement_counts_and_withdraws_local_workers_not_yet_forked(no_leaks):
+    """AutoPlacement's local moves (``remote/autoplace.py``, on the scheduler thread) ask for
+    workers; a count lowered before they were forked withdraws them instead of leaving more
+    workers than the policy chose."""
+    from types import SimpleNamespace
+
+    from headrace.planner.placement import PlacementConfig
+    from headrace.remote.autoplace import PlacementController
+
+    pool = WorkerPool(hr.Pipeline(ArraySource(8), []), None, multiprocessing.get_context("fork"),
+                      None, 0, 4, profile=False)
+    ctl = PlacementController(SimpleNamespace(target=0), PlacementConfig(max_remote=2, max_local=4),
+                              local=1, batch_size=4)
+    try:
+        pool.start(1)
+        ctl._set_local(pool, 3)
+        assert len(pool.workers) == 1 and len(pool.requests) == 2  # for the training thread
+        ctl._set_local(pool, 3)
+        assert len(pool.requests) == 2  # asked already: not again
+        ctl._set_local(pool, 2)
+        assert len(pool.workers) == 1 and len(pool.requests) == 1  # one withdrawn, none retired
+        pool.start_requested()
+        assert len(pool.workers) == 2 and not any(w.retiring for w in pool.workers.values())
+    finally:
+        pool.shutdown()
+
+
+def test_wake_ups_of_a_waiting_next_do_not_push_the_loaders_timeout_back(no_leaks):
+    """Each "start" (or "feed") item that woke a waiting ``next()`` restarted ``timeout``: a
+    loader whose workers hang, while the scaler asks for workers, waited on and on."""
+    from tests.helpers import IndexDataset
+
+    loader = hr.DataLoader(IndexDataset(8, slow_every=1, slow_s=30.0), batch_size=4,
+                           num_workers=1, timeout=0.5)
+    it = iter(loader)
+    stop, done = threading.Event(), threading.Event()
+
+    def wake_up() -> None:  # as the scheduler thread asking for a worker, 50 times in 5 s
+        for _ in range(50):
+            if stop.wait(0.1):
+                break
+            it._out.put(("start", None, None))
+        done.set()
+
+    waker = threading.Thread(target=wake_up)
+    waker.start()
+    try:
+        with pytest.raises(RuntimeError, match="timed out after 0.5 seconds"):
+            next(it)
+        assert not done.is_set()  # it raised while the wake-ups still came
+    finally:
+        stop.set()
+        waker.join()
+        loader.close()

@@ -3,8 +3,9 @@
 Ticked by the scheduler thread (``Monitor.tick_listeners``). Batch time is measured where the
 training loop takes batches: the wall time between two ticks divided by the batches it took
 in between (the training step included, as Pecan's bpt). While a remote worker the policy asked
-for is still being placed (a Ray actor starting: seconds), nothing is measured: a window
-without the new worker's help would say that adding it did not pay.
+for is still being placed (a Ray actor starting: seconds), or a local one waits for the training
+thread to fork it (``runtime/forks.py``), nothing is measured: a window without the new
+worker's help would say that adding it did not pay.
 
 Moves are applied to the epoch's pool: remote workers through the session (``target`` too, so
 the next epoch starts with the same count), local workers with ``pool.request_worker`` /
@@ -65,7 +66,8 @@ class PlacementController:
             self._sched, self._batches, self._t_last = sched, batches, now
             return
         new = batches - self._batches
-        placing = any(w.external and not w.ready for w in list(pool.workers.values()))
+        placing = len(pool.requests) > 0 or any(  # a local worker not forked yet, or a remote
+            w.external and not w.ready for w in list(pool.workers.values()))  # one starting
         if placing:
             self._batches, self._t_last = batches, now
             self.state = dataclasses.replace(self.state, acc=0.0, n=0)
@@ -114,6 +116,7 @@ class PlacementController:
             return [w for w in list(pool.workers.values()) if not w.external and not w.retiring]
 
         while len(local()) + len(pool.requests) < n and pool.request_worker():
-            pass  # forked by the training thread at its next batch (runtime/forks.py)
+            pass  # forked by the training thread (runtime/forks.py)
+        pool.requests.cancel(len(local()) + len(pool.requests) - n)  # asked for, not forked
         while len(local()) > n:
             pool.retire(min(local(), key=lambda w: len(w.assigned)))

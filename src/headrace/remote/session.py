@@ -127,8 +127,8 @@ class RemoteSession:
         by the training thread (``attach``) and the scheduler thread (``on_tick``): one at a
         time."""
         with self._add_lock:
-            if pool.closed or len(pool.workers) >= pool.max_slots:
-                return None
+            if pool.closed or len(pool.workers) + len(pool.requests) >= pool.max_slots:
+                return None  # (a local worker asked for and not yet forked holds a slot)
             return pool.add_worker(start=lambda setup: self._start(pool, setup))
 
     def retire(self, pool: WorkerPool) -> bool:

@@ -221,9 +221,11 @@ class EpochIterator(EpochBase):
             self._check_open()
         c0 = time.thread_time()
         item, self._held = self._held, None
-        # "feed": the scheduler asks for the sampler; "start": for workers to fork (forks.py)
+        deadline = None  # of loader.timeout: one for the whole wait, whatever wakes it meanwhile
+        # "feed": the scheduler asks for the sampler; "start": for workers to fork (forks.py),
+        # forked when this thread would wait (not a non-blocking take: the device prefetcher's)
         while item is None or item[0] in ("feed", "start"):
-            if self.pool.requests.due(idle=self._out.empty()):
+            if self.pool.requests.due(idle=block and self._out.empty()):
                 self.pool.start_requested(on_added=self.scheduler.wake)
             if item is not None and item[0] == "feed":
                 self._top_up()
@@ -232,8 +234,10 @@ class EpochIterator(EpochBase):
             except queue.Empty:
                 if not block:
                     return None
+                if deadline is None and self.timeout_s > 0:
+                    deadline = time.monotonic() + self.timeout_s
                 t0 = time.perf_counter()
-                item = self._get_blocking()
+                item = self._get_blocking(deadline)
                 self.meter.stall_s += time.perf_counter() - t0
         kind, value, positions = item
         if kind in ("future", "deferred"):  # a user collate_fn's batch (runtime/output.py)
@@ -272,8 +276,9 @@ class EpochIterator(EpochBase):
         finally:  # this frame is in the error's traceback: it must not hold the error itself
             value = item = None
 
-    def _get_blocking(self) -> tuple[str, Any, Any]:
-        deadline = time.monotonic() + self.timeout_s if self.timeout_s > 0 else None
+    def _get_blocking(self, deadline: float | None) -> tuple[str, Any, Any]:
+        """The next item of the queue; ``deadline``: ``time.monotonic()`` at which the loader's
+        ``timeout`` raises (None: never)."""
         while True:
             wait = GET_POLL_S
             if deadline is not None:

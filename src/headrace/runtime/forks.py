@@ -19,7 +19,10 @@ path of a fed training loop, where the scheduler thread's forks overlapped its s
 first epoch of ``num_workers="auto"`` on speech-3s took 1-2% longer; deferred, it is level
 (docs/benchmarks.md, "Workers fork on the training thread").
 Worker threads and the ``spawn`` and ``forkserver`` start methods run no parent code in the
-child, and start at once from any thread.
+child, and start at once from any thread. Not covered: other threads of the training process
+that run user code while the training thread forks, as torch's forks in ``iter()`` do not
+cover them either: the user's own, and the collate threads (``runtime/collate_rng.py``) running
+a ``collate_fn`` that draws from torch's generator too rarely to be moved to the training loop.
 """
 
 from __future__ import annotations
@@ -66,11 +69,30 @@ class StartRequests:
             return False
         return idle or (time.monotonic() if now is None else now) - self._since >= DEFER_S
 
-    def take(self) -> list[tuple[int | None, int | None]]:
-        """Every request asked for so far, in order; none is left."""
+    def pop(self) -> tuple[int | None, int | None] | None:
+        """The next request to carry out (None: none): the first replacement of a given slot,
+        else the first asked. A replacement goes first so that a request for any slot, asked
+        before the death, does not take the dead worker's slot (its ``get_worker_info().id``,
+        its count of deaths while starting)."""
         with self._lock:
-            out, self._asked = self._asked, []
-        return out
+            if not self._asked:
+                return None
+            i = next((k for k, (slot, _) in enumerate(self._asked) if slot is not None), 0)
+            out = self._asked.pop(i)
+            if self._asked and i == 0:
+                self._since = time.monotonic()  # the wait of the oldest left starts now
+            return out
+
+    def cancel(self, n: int) -> int:
+        """Withdraw up to ``n`` requests for any slot, the latest first (a scaler that lowered
+        its count before they were forked); replacements stay. Returns how many."""
+        with self._lock:
+            gone = 0
+            for k in range(len(self._asked) - 1, -1, -1):
+                if gone < n and self._asked[k][0] is None:
+                    del self._asked[k]
+                    gone += 1
+            return gone
 
     def drop(self) -> None:
         """Forget every request (the pool is shutting down)."""

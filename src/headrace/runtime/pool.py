@@ -30,6 +30,7 @@ import atexit
 import contextlib
 import gc
 import itertools
+import logging
 import os
 import threading
 import time
@@ -51,6 +52,8 @@ from headrace.runtime.threadworker import (
     thread_main,
 )
 from headrace.runtime.worker import WorkerSetup, worker_main
+
+log = logging.getLogger("headrace")
 
 
 class WorkerPool:
@@ -117,7 +120,7 @@ class WorkerPool:
     def start(self, n: int, on_added: Any = None) -> None:
         """Start ``n`` workers; ``on_added()`` after each (e.g. wake the scheduler thread so it
         watches the new worker's pipe now rather than at its next poll timeout)."""
-        forks = self.executor != "threads" and self.ctx.get_start_method() == "fork"
+        forks = self.forks
         if forks:
             # Each worker seeds NumPy's global generator, as torch's do; NumPy 2 imports
             # numpy.random on first use (5 ms alone, 39-117 ms a worker measured on 16 cores
@@ -243,16 +246,23 @@ class WorkerPool:
             return True
 
     def start_requested(self, on_added: Any = None) -> None:
-        """Fork the workers the scheduler thread asked for (``forks.py``), in the order asked;
-        on the training thread (``EpochIterator.take``). ``on_added()`` after each, as ``start``.
-        A replacement whose slot a worker took meanwhile takes another."""
-        for slot, num_workers in self.requests.take():
+        """Fork the workers the scheduler thread asked for (``forks.py``; replacements first,
+        then in the order asked) on the training thread (``EpochIterator.take``); ``on_added()``
+        after each, as ``start``. Each leaves ``requests`` under the pool's lock as it forks, so
+        a start is always counted in one of ``requests`` and ``workers``. A replacement whose
+        slot another worker took (a backend's) takes another; one with no slot free is dropped,
+        with a warning."""
+        while True:
             with self._lock:
-                if self._closed:
+                req = None if self._closed else self.requests.pop()
+                if req is None:
                     return
+                slot, num_workers = req
                 if slot in self.workers:
                     slot = None
                 if slot is None and len(self.workers) >= self.max_slots:
+                    log.warning("headrace: a worker start was dropped: all %d slots are taken",
+                                self.max_slots)
                     continue
                 self._add_worker(slot, num_workers)
             if on_added is not None:
