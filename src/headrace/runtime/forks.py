@@ -37,7 +37,7 @@ before it is forked all the same (half the scaler's decision interval)."""
 
 
 class StartRequests:
-    """Worker starts asked for by one thread and carried out by another, first asked first.
+    """Worker starts asked for by one thread and carried out by another (``pop``).
 
     A request is ``(slot, num_workers)``: the slot of the worker it replaces (None: any free
     one) and the worker count its ``get_worker_info()`` reports (None: the pool's). ``on_asked``
@@ -46,11 +46,11 @@ class StartRequests:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._asked: list[tuple[int | None, int | None]] = []
-        self._since = 0.0  # time.monotonic() of the oldest request not taken
+        self._since = 0.0  # time.monotonic() since the oldest request left waits
         self.on_asked: Callable[[], None] | None = None
 
     def __len__(self) -> int:
-        """Starts asked for and not yet taken."""
+        """Starts asked for and not yet popped."""
         return len(self._asked)
 
     def ask(self, slot: int | None, num_workers: int | None) -> None:
