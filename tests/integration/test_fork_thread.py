@@ -10,13 +10,17 @@ import signal
 import threading
 import time
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import headrace as hr
+from headrace.planner.placement import PlacementConfig
+from headrace.remote.autoplace import PlacementController
+from headrace.runtime import epoch as epoch_module
 from headrace.runtime.pool import WorkerPool
-from tests.helpers import ArraySource
+from tests.helpers import ArraySource, IndexDataset
 
 pytestmark = pytest.mark.integration
 
@@ -126,11 +130,6 @@ def test_autoplacement_counts_and_withdraws_local_workers_not_yet_forked(no_leak
     """AutoPlacement's local moves (``remote/autoplace.py``, on the scheduler thread) ask for
     workers; a count lowered before they were forked withdraws them instead of leaving more
     workers than the policy chose."""
-    from types import SimpleNamespace
-
-    from headrace.planner.placement import PlacementConfig
-    from headrace.remote.autoplace import PlacementController
-
     pool = WorkerPool(hr.Pipeline(ArraySource(8), []), None, multiprocessing.get_context("fork"),
                       None, 0, 4, profile=False)
     ctl = PlacementController(SimpleNamespace(target=0), PlacementConfig(max_remote=2, max_local=4),
@@ -149,30 +148,44 @@ def test_autoplacement_counts_and_withdraws_local_workers_not_yet_forked(no_leak
         pool.shutdown()
 
 
-def test_wake_ups_of_a_waiting_next_do_not_push_the_loaders_timeout_back(no_leaks):
+def test_wake_ups_of_a_waiting_next_do_not_push_the_loaders_timeout_back(monkeypatch, no_leaks):
     """Each "start" (or "feed") item that woke a waiting ``next()`` restarted ``timeout``: a
-    loader whose workers hang, while the scaler asks for workers, waited on and on."""
-    from tests.helpers import IndexDataset
-
+    loader whose workers hang, while the scaler asks for workers, waited on and on. Here each
+    wake-up comes as soon as ``next()`` waits again, and moves the epoch's clock on 0.2 s: with
+    a 0.5 s timeout the third one is past it."""
     loader = hr.DataLoader(IndexDataset(8, slow_every=1, slow_s=30.0), batch_size=4,
                            num_workers=1, timeout=0.5)
     it = iter(loader)
-    stop, done = threading.Event(), threading.Event()
+    ahead = [0.0]  # seconds the epoch's clock runs ahead of the real one
+    monkeypatch.setattr(epoch_module, "time", SimpleNamespace(
+        monotonic=lambda: time.monotonic() + ahead[0], perf_counter=time.perf_counter,
+        thread_time=time.thread_time))
+    waiting, stop = threading.Event(), threading.Event()
+    get = it._out.get
 
-    def wake_up() -> None:  # as the scheduler thread asking for a worker, 50 times in 5 s
-        for _ in range(50):
-            if stop.wait(0.1):
-                break
+    def get_and_say_so(block=True, timeout=None):
+        if block:  # the blocking wait inside next() (get_nowait calls get(block=False))
+            waiting.set()
+        return get(block, timeout)
+
+    it._out.get = get_and_say_so
+    woken = []
+
+    def wake_up() -> None:  # as the scheduler thread asking for a worker, at most 20 times
+        while len(woken) < 20 and waiting.wait(10) and not stop.is_set():
+            waiting.clear()
+            ahead[0] += 0.2
+            woken.append(ahead[0])
             it._out.put(("start", None, None))
-        done.set()
 
     waker = threading.Thread(target=wake_up)
     waker.start()
     try:
         with pytest.raises(RuntimeError, match="timed out after 0.5 seconds"):
             next(it)
-        assert not done.is_set()  # it raised while the wake-ups still came
+        assert len(woken) <= 3  # 0.6 s in: one deadline for the whole wait (20 before)
     finally:
         stop.set()
+        waiting.set()
         waker.join()
         loader.close()

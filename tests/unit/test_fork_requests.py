@@ -2,6 +2,8 @@
 (``runtime/forks.py``): once each, replacements first, then in the order asked; when it has no
 batch to take or a request has waited ``DEFER_S``; withdrawn when the scaler lowers its count."""
 
+import time
+
 from headrace.runtime.forks import DEFER_S, StartRequests
 
 
@@ -40,14 +42,15 @@ def test_a_lowered_count_withdraws_the_latest_requests_for_any_slot_not_replacem
 def test_forks_wait_for_an_idle_training_thread_or_for_the_oldest_request_to_wait_long():
     r = StartRequests()
     assert not r.due(idle=True)  # nothing asked
+    before = time.monotonic()
     r.ask(None, None)
-    t0 = r._since
-    assert r.due(idle=True, now=t0)  # no batch to take: fork now
-    assert not r.due(idle=False, now=t0 + DEFER_S / 2)  # a batch is ready: not yet
-    r.ask(None, None)  # a later request does not restart the wait
-    assert r.due(idle=False, now=t0 + DEFER_S)
-    r.pop()
-    assert not r.due(idle=False, now=r._since + DEFER_S / 2)  # the one left waits from now
-    r.pop()
-    r.ask(None, None)  # a new first request waits afresh
-    assert not r.due(idle=False, now=r._since + DEFER_S / 2)
+    after = time.monotonic()
+    assert r.due(idle=True, now=after)  # no batch to take: fork now
+    assert not r.due(idle=False, now=before + DEFER_S / 2)  # a batch is ready: not yet
+    before2 = time.monotonic()
+    r.ask(None, None)
+    after2 = time.monotonic()
+    assert r.due(idle=False, now=after + DEFER_S)  # the oldest decides, not the latest
+    r.pop()  # once the first is forked, the one left waits from when it was asked
+    assert not r.due(idle=False, now=before2 + DEFER_S / 2)
+    assert r.due(idle=False, now=after2 + DEFER_S)

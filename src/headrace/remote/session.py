@@ -116,7 +116,7 @@ class RemoteSession:
         self.local_started = sum(not w.external for w in list(pool.workers.values()))
         if self.placement is not None:
             self.placement.adopt(pool)
-        while len(self.remote_workers(pool)) < self.target and len(pool.workers) < pool.max_slots:
+        while len(self.remote_workers(pool)) < self.target:  # add: None once the pool is full
             if self.add(pool) is None:
                 return
             if on_added is not None:
@@ -126,9 +126,7 @@ class RemoteSession:
         """Start one remote worker in ``pool`` (None once the pool is closed or full). Called
         by the training thread (``attach``) and the scheduler thread (``on_tick``): one at a
         time."""
-        with self._add_lock:
-            if pool.closed or len(pool.workers) + len(pool.requests) >= pool.max_slots:
-                return None  # (a local worker asked for and not yet forked holds a slot)
+        with self._add_lock:  # None when full: a local worker not yet forked holds a slot too
             return pool.add_worker(start=lambda setup: self._start(pool, setup))
 
     def retire(self, pool: WorkerPool) -> bool:

@@ -225,7 +225,8 @@ class EpochIterator(EpochBase):
         # "feed": the scheduler asks for the sampler; "start": for workers to fork (forks.py),
         # forked when this thread would wait (not a non-blocking take: the device prefetcher's)
         while item is None or item[0] in ("feed", "start"):
-            if self.pool.requests.due(idle=block and self._out.empty()):
+            asked = self.pool.requests
+            if asked and asked.due(idle=block and self._out.empty()):  # (rarely anything asked)
                 self.pool.start_requested(on_added=self.scheduler.wake)
             if item is not None and item[0] == "feed":
                 self._top_up()

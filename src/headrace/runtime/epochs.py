@@ -262,7 +262,6 @@ def make_iterator(
         # num_workers="auto" starts where the last epoch's scaler left off (the first epoch:
         # where a stored profile says the cores stay busy), not from scratch.
         n = loader.monitor.start_workers(loader.num_workers) if loader.autoscale else loader.num_workers
-        pool.requests.drop()  # a persistent pool whose workers all died: these n replace them
         pool.start(n, on_added=it.scheduler.wake)
         if loader.remote is not None:
             loader.remote.attach(pool, on_added=it.scheduler.wake)

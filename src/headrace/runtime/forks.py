@@ -45,8 +45,7 @@ class StartRequests:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._asked: list[tuple[int | None, int | None]] = []
-        self._since = 0.0  # time.monotonic() since the oldest request left waits
+        self._asked: list[tuple[int | None, int | None, float]] = []  # ..., time.monotonic()
         self.on_asked: Callable[[], None] | None = None
 
     def __len__(self) -> int:
@@ -55,9 +54,7 @@ class StartRequests:
 
     def ask(self, slot: int | None, num_workers: int | None) -> None:
         with self._lock:
-            if not self._asked:
-                self._since = time.monotonic()
-            self._asked.append((slot, num_workers))
+            self._asked.append((slot, num_workers, time.monotonic()))
         wake = self.on_asked
         if wake is not None:
             wake()
@@ -65,9 +62,10 @@ class StartRequests:
     def due(self, idle: bool, now: float | None = None) -> bool:
         """Fork now? Something is asked, and the training thread has no batch to take
         (``idle``) or the oldest request waited ``DEFER_S`` seconds (``now``: monotonic)."""
-        if not self._asked:
+        asked = self._asked
+        if not asked:
             return False
-        return idle or (time.monotonic() if now is None else now) - self._since >= DEFER_S
+        return idle or (time.monotonic() if now is None else now) - asked[0][2] >= DEFER_S
 
     def pop(self) -> tuple[int | None, int | None] | None:
         """The next request to carry out (None: none): the first replacement of a given slot,
@@ -77,11 +75,9 @@ class StartRequests:
         with self._lock:
             if not self._asked:
                 return None
-            i = next((k for k, (slot, _) in enumerate(self._asked) if slot is not None), 0)
-            out = self._asked.pop(i)
-            if self._asked and i == 0:
-                self._since = time.monotonic()  # the wait of the oldest left starts now
-            return out
+            i = next((k for k, req in enumerate(self._asked) if req[0] is not None), 0)
+            slot, num_workers, _ = self._asked.pop(i)
+            return slot, num_workers
 
     def cancel(self, n: int) -> int:
         """Withdraw up to ``n`` requests for any slot, the latest first (a scaler that lowered
@@ -95,6 +91,6 @@ class StartRequests:
             return gone
 
     def drop(self) -> None:
-        """Forget every request (the pool is shutting down)."""
+        """Forget every request (the pool is shutting down, or starts afresh)."""
         with self._lock:
             self._asked = []

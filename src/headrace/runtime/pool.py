@@ -113,13 +113,21 @@ class WorkerPool:
         return sum(not w.retiring for w in self.workers.values())
 
     @property
+    def full(self) -> bool:
+        """Every slot is taken, or asked for (``requests``)."""
+        return len(self.workers) + len(self.requests) >= self.max_slots
+
+    @property
     def forks(self) -> bool:
         """Workers are processes forked from this one: started on the training thread only."""
         return self.executor != "threads" and self.ctx.get_start_method() == "fork"
 
     def start(self, n: int, on_added: Any = None) -> None:
         """Start ``n`` workers; ``on_added()`` after each (e.g. wake the scheduler thread so it
-        watches the new worker's pipe now rather than at its next poll timeout)."""
+        watches the new worker's pipe now rather than at its next poll timeout). They are the
+        pool's first (or, persistent, replace all that died): starts asked for before are
+        dropped."""
+        self.requests.drop()
         forks = self.forks
         if forks:
             # Each worker seeds NumPy's global generator, as torch's do; NumPy 2 imports
@@ -147,13 +155,13 @@ class WorkerPool:
                    start: Callable[[WorkerSetup], WorkerHandle] | None = None
                    ) -> WorkerHandle | None:
         """Start one worker in ``slot`` (default: the lowest free slot); None once closed, or
-        when every slot is taken (the scaler, on the scheduler thread, may fill them while
-        ``start`` still forks its first workers). ``start(setup)``: a backend's own kind of
-        worker (``remote/``) instead of the pool's."""
+        when every slot is taken or asked for (``full``: the scaler, on the scheduler thread,
+        may fill them with worker threads while ``start`` still starts its first workers).
+        ``start(setup)``: a backend's own kind of worker (``remote/``) instead of the pool's."""
         with self._lock:
             if self._closed:
                 return None
-            if slot is None and len(self.workers) >= self.max_slots:
+            if slot is None and self.full:
                 return None
             return self._add_worker(slot, num_workers, start)
 
@@ -221,7 +229,7 @@ class WorkerPool:
         that forks nothing, else by the training thread (``start_requested``; ``forks.py``).
         False once closed, or when every slot is taken or asked for."""
         with self._lock:
-            if self._closed or len(self.workers) + len(self.requests) >= self.max_slots:
+            if self._closed or self.full:
                 return False
             if self.forks:
                 self.requests.ask(None, num_workers)
