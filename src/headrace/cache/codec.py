@@ -96,8 +96,8 @@ def _enc_array(a: np.ndarray, out: list[bytes]) -> None:
         raise Uncacheable("array of Python objects")
     dt = a.dtype.str.encode()
     out += [bytes([len(dt)]), dt, bytes([a.ndim]), *(_U64.pack(d) for d in a.shape)]
-    data = np.ascontiguousarray(a).tobytes()
-    out += [_U64.pack(len(data)), data]
+    data = _raw(np.ascontiguousarray(a))
+    out += [_U64.pack(data.nbytes), data]
 
 
 def _enc_other(x: Any, out: list[bytes]) -> None:
@@ -111,11 +111,19 @@ def _enc_other(x: Any, out: list[bytes]) -> None:
     shape = tuple(x.shape)
     t = x.contiguous()
     try:
-        data = t.numpy().tobytes()
+        data = _raw(t.numpy())
     except TypeError:  # bfloat16 and friends: their bits through a same-size integer view
-        data = t.view(_int_view(t.element_size())).numpy().tobytes()
+        data = _raw(t.view(_int_view(t.element_size())).numpy())
     out += [b"t", bytes([len(name)]), name, bytes([len(shape)]), *(_U64.pack(d) for d in shape)]
-    out += [_U64.pack(len(data)), data]
+    out += [_U64.pack(data.nbytes), data]
+
+
+def _raw(a: np.ndarray) -> memoryview:
+    """The bytes of C-contiguous ``a`` as a flat view, not a copy: ``encode``'s one join is
+    the only copy of a large array (``tobytes`` then the join copied it twice)."""
+    if a.itemsize == 0 or a.size == 0:
+        return memoryview(b"")
+    return memoryview(a.reshape(-1).view(np.uint8))
 
 
 def _int_view(size: int) -> Any:
