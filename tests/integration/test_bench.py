@@ -178,5 +178,8 @@ def test_demo_trains_several_epochs_and_says_why(tmp_path):
     text = "\n".join(lines)
     assert "headrace trained 2 epochs in" in text and "Why: epoch 1" in text
     assert "served 100% of samples from its sample cache" in text
+    filled = result.workloads[0].rows[2].typical.headrace.cache
+    assert filled is not None and filled.inserts == 16  # epoch 1 filled it, and says so
+    assert "headrace also stored 16 samples" in text
     plot = tmp_path / "demo" / "demo.png"
     assert plot.stat().st_size > 0 and f"Plot: {plot.resolve()}" in text

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from headrace import units
 from headrace.bench import write_outputs
 from headrace.bench.config import BenchConfig, LoaderSpec
 from headrace.bench.measure import RunRecord, run_epochs
@@ -132,8 +133,12 @@ def _reason(torch_runs: list[RunRecord], hr_runs: list[RunRecord]) -> str:
     later_t = [r.wall_s for r in torch_runs[1:]]
     later_h = [r.wall_s for r in hr_runs[1:]]
     caches = [r.headrace.cache for r in hr_runs[1:] if r.headrace and r.headrace.cache]
-    first = (f"epoch 1 (nothing cached yet) took {hr_runs[0].wall_s:.2f} s vs "
-             f"{torch_runs[0].wall_s:.2f} s")
+    filled = hr_runs[0].headrace.cache if hr_runs[0].headrace else None
+    stored = (f", in which headrace also stored {filled.inserts} samples "
+              f"({units.size(sum(filled.bytes_by_tier.values()))}) in its cache"
+              if filled is not None and filled.inserts else " (nothing cached yet)")
+    first = (f"epoch 1 took {hr_runs[0].wall_s:.2f} s vs {torch_runs[0].wall_s:.2f} s"
+             f"{stored}")
     if caches and later_t:
         lookups = sum(c.lookups for c in caches)
         hits = sum(c.hits for c in caches)
