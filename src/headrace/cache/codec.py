@@ -32,6 +32,8 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
+_Parts = list[bytes | memoryview]
+"""The pieces ``encode`` joins: headers as bytes, array data as views of the arrays."""
 MAX_DEPTH = 32
 """Nesting deeper than this is not cached (and not accepted when decoding)."""
 
@@ -46,12 +48,12 @@ class CorruptEntry(HeadraceError, ValueError):
 
 def encode(value: Any) -> bytes:
     """The blob for ``value``; raises :class:`Uncacheable` for what the format cannot store."""
-    out: list[bytes] = [MAGIC]
+    out: _Parts = [MAGIC]
     _enc(value, out, 0)
     return b"".join(out)
 
 
-def _enc(x: Any, out: list[bytes], depth: int) -> None:
+def _enc(x: Any, out: _Parts, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise Uncacheable("nested deeper than MAX_DEPTH")
     t = type(x)
@@ -91,7 +93,7 @@ def _enc(x: Any, out: list[bytes], depth: int) -> None:
         _enc_other(x, out)
 
 
-def _enc_array(a: np.ndarray, out: list[bytes]) -> None:
+def _enc_array(a: np.ndarray, out: _Parts) -> None:
     if a.dtype.hasobject:
         raise Uncacheable("array of Python objects")
     dt = a.dtype.str.encode()
@@ -100,7 +102,7 @@ def _enc_array(a: np.ndarray, out: list[bytes]) -> None:
     out += [_U64.pack(data.nbytes), data]
 
 
-def _enc_other(x: Any, out: list[bytes]) -> None:
+def _enc_other(x: Any, out: _Parts) -> None:
     import torch
 
     if type(x) is not torch.Tensor:
@@ -123,7 +125,7 @@ def _raw(a: np.ndarray) -> memoryview:
     the only copy of a large array (``tobytes`` then the join copied it twice)."""
     if a.itemsize == 0 or a.size == 0:
         return memoryview(b"")
-    return memoryview(a.reshape(-1).view(np.uint8))
+    return a.reshape(-1).view(np.uint8).data
 
 
 def _int_view(size: int) -> Any:
