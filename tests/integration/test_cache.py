@@ -125,6 +125,36 @@ def test_shared_augmented_serves_another_epochs_sample_once(no_leaks) -> None:
     assert "depends on what that epoch or job drew" in text
 
 
+def test_a_sharded_cache_fills_every_shard_and_serves_what_it_holds(no_leaks,
+                                                                      monkeypatch) -> None:
+    """A cache split into LMDB shards (``memory_backend``: one per 4 cores, so set to 3 here on
+    a smaller machine) with room for half the samples: two workers fill every shard's share in
+    epoch 1 (a full shard does not stop them storing into the others), and later epochs hit
+    exactly what was stored, identical to a miss."""
+    from headrace.cache import memory_backend
+
+    monkeypatch.setattr(memory_backend, "shard_count", lambda _budget, _cpus: 3)
+    entry = len(codec.encode(np.zeros((9, 8), np.float32))) + 24 + 16
+    budget = 24 * entry  # eight a shard
+    ref, _, _ = run(None, 2)
+    opts = hr.Options(seed=7, cache=hr.Cache(budget_bytes=budget, split={"decoded": 1.0}))
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=2, options=opts)
+    try:
+        got = [samples(loader) for _ in range(3)]
+        backend = loader.cache.backend
+        assert len(backend.shards) == 3
+        assert [s.usage()["decoded"] for s in backend.shards] == [8 * entry] * 3
+        assert backend.scan_bytes() == budget
+        assert "LMDB on /dev/shm in 3 shards, shared" in loader.explain()
+        stats = [e.cache for e in loader.stats().epochs]
+    finally:
+        loader.close()
+    for e in range(3):
+        _equal(got[e], ref[e])
+    assert stats[0].inserts == 24 and stats[0].full >= 1
+    assert all(s.hits == 24 and s.lookups == N for s in stats[1:])
+
+
 def test_budget_holds_a_share_and_is_never_exceeded(no_leaks) -> None:
     entry = len(codec.encode(np.zeros((9, 8), np.float32))) + 24 + 16
     budget = 12 * entry
@@ -164,9 +194,10 @@ def test_a_planted_pickle_is_an_error_not_execution(no_leaks, tmp_path) -> None:
     samples(loader)
     ns = loader.cache.layout.get("decoded").namespace(0, 0)
     backend = loader.cache.backend
-    env, data, _ = backend._dbs()
+    key = sample_key(ns, 5)
+    env, data, _ = backend.shards[backend._shard(key)]._dbs()  # the shard the key goes to
     with env.begin(write=True, db=data) as txn:
-        txn.put(sample_key(ns, 5), pickle.dumps(Touch()))
+        txn.put(key, pickle.dumps(Touch()))
     with pytest.raises(hr.StepError) as e:
         samples(loader)
     assert "raw format" in str(e.value) and e.value.index == 5

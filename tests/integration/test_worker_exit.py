@@ -119,8 +119,9 @@ def test_forkserver_workers_leave_the_cache_alone_across_epochs(no_leaks):
         data = None
         for _ in range(2):
             assert sorted(float(v) for b in loader for v in b.flatten()) == [float(i) for i in range(64)]
-            data = data or os.stat(os.path.join(loader.cache.backend.path, "data.mdb")).st_ino
-        assert os.stat(os.path.join(loader.cache.backend.path, "data.mdb")).st_ino == data
+            shard = loader.cache.backend.shards[0].path  # the cache exists from the first epoch
+            data = data or os.stat(os.path.join(shard, "data.mdb")).st_ino
+        assert os.stat(os.path.join(shard, "data.mdb")).st_ino == data
         assert loader.stats().worker_restarts == 0
     finally:
         loader.close()

@@ -124,8 +124,8 @@ class Insert:
                 return
             if r == "exists":
                 return
-            if tier not in c.ods_tiers:
-                c.full.add(tier)
+            if r == "full" and tier not in c.ods_tiers:  # not "shard_full": other shards of
+                c.full.add(tier)  # the memory backend have room
             c.counters.add(self.row, "full")
 
 
@@ -190,6 +190,9 @@ class CacheClient:
                 self._ns = {t.name: t.namespace(base_seed, epoch) for t in self.tiers}
                 self._epoch_key = (base_seed, epoch)
                 self.full = set()  # a new epoch may make older entries evictable
+                forget = getattr(self.backend, "forget_full", None)  # the memory backend's
+                if forget is not None:  # shards found full, likewise
+                    forget()
         return self._ns
 
     def lookup(self, index: int, base_seed: int, epoch: int, row: int,

@@ -1,14 +1,14 @@
-"""The ``"memory"`` backend: an LMDB environment on tmpfs, shared by one job's worker processes.
+"""One LMDB environment on tmpfs: a shard of the ``"memory"`` backend (``memory_backend``).
 
 Why LMDB: it is a well-kept, multi-process-safe, memory-mapped store. Readers in every worker
 process read entries in place from the shared mapping (no pickles through a pipe, no copy
 before ``codec.decode`` makes the step's private value); writers are serialised by LMDB's
-own lock, so the byte accounting below is exact across processes. Its file lives on
+own lock, so the byte accounting below is exact across processes. Its files live on
 ``/dev/shm`` (tmpfs): the cache is memory and goes away with the machine or with ``close()``.
 
 Budget: headrace counts every entry at what it occupies in LMDB (``entry_cost``: key, value and
 node header, page-rounded for large values, which LMDB keeps on their own pages) and keeps each
-tier's total under its share of ``budget_bytes``; LMDB's ``map_size`` is only a hard stop far
+tier's total under its share of the store's budget; LMDB's ``map_size`` is only a hard stop far
 above it. When an entry does not fit, entries of namespaces no longer live (a changed prefix
 after AutoOrder, an earlier epoch of a seeded form) are evicted first; live entries are never
 evicted for other live ones: under uniform random sampling every sample is equally likely to
@@ -23,7 +23,6 @@ before worker processes fork, unless it runs samples itself (``num_workers=0``: 
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import threading
 from collections.abc import Callable, Iterable
@@ -39,21 +38,29 @@ MAP_SLACK = 2.0
 """``map_size`` is this times the budget plus ``MAP_EXTRA``: room for LMDB's copy-on-write
 pages and free list; the budget, not the map, bounds what headrace stores."""
 MAP_EXTRA = 64 << 20
-SHM_ROOT = "/dev/shm"
-DIR_PREFIX = "headrace-cache-"
 
 _U64 = struct.Struct("<Q")
 _envs: dict[tuple[int, str], tuple[Any, Any, Any]] = {}
 """Environments by (pid, path); entries of a parent process are kept, never closed (fork)."""
 _envs_lock = threading.Lock()
-_write_lock = threading.Lock()
-"""One LMDB write transaction at a time per process: py-lmdb waits for LMDB's writer mutex
-holding the GIL, so a second thread starting a write while the first is in one deadlocks."""
+_write_locks: dict[str, threading.Lock] = {}
+"""One LMDB write transaction at a time per process and environment: py-lmdb waits for LMDB's
+writer mutex holding the GIL, so a second thread starting a write in an environment while the
+first is in one deadlocks. Writes to different environments (shards) do not wait for each
+other."""
+
+
+def _write_lock(path: str) -> threading.Lock:
+    lock = _write_locks.get(path)
+    if lock is None:  # setdefault is atomic: two threads get the same lock
+        lock = _write_locks.setdefault(path, threading.Lock())
+    return lock
 
 
 def _reinit_locks() -> None:
-    global _envs_lock, _write_lock
-    _envs_lock, _write_lock = threading.Lock(), threading.Lock()
+    global _envs_lock
+    _envs_lock = threading.Lock()
+    _write_locks.clear()
 
 
 os.register_at_fork(after_in_child=_reinit_locks)  # a lock held by a thread at fork time
@@ -67,39 +74,14 @@ def entry_cost(key_len: int, value_len: int) -> int:
     return key_len + NODE_HEADER + -(-(value_len + 16) // PAGE) * PAGE
 
 
-def make_dir(owner_pid: int | None = None) -> str:
-    """A fresh private directory on tmpfs for one job's cache; removes dead owners' dirs."""
-    root = SHM_ROOT if os.path.isdir(SHM_ROOT) else None
-    import tempfile
-
-    _remove_orphans(root or tempfile.gettempdir())
-    pid = owner_pid or os.getpid()
-    return tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{pid}-", dir=root)
-
-
-def _remove_orphans(root: str) -> None:
-    """Remove cache dirs left by a process that was killed (its pid is in the name)."""
-    import psutil
-
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return
-    for n in names:
-        if not n.startswith(DIR_PREFIX):
-            continue
-        pid = n[len(DIR_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(os.path.join(root, n), ignore_errors=True)
-
-
-def remove_dir(path: str) -> None:
-    """Delete a cache directory (called by the owning loader on close and at exit)."""
+def close_envs(path: str) -> None:
+    """Close this process's environments at ``path`` and below it (a backend's shards)."""
     with _envs_lock:
-        dbs = _envs.pop((os.getpid(), path), None)
-    if dbs is not None:
+        keys = [k for k in _envs if k[0] == os.getpid()
+                and (k[1] == path or k[1].startswith(path.rstrip(os.sep) + os.sep))]
+        envs = [_envs.pop(k) for k in keys]
+    for dbs in envs:
         dbs[0].close()
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _open(path: str, budget: int, readers: int) -> tuple[Any, Any, Any]:
@@ -114,7 +96,7 @@ def _open(path: str, budget: int, readers: int) -> tuple[Any, Any, Any]:
             env = lmdb.open(path, map_size=int(budget * MAP_SLACK) + MAP_EXTRA, max_dbs=2,
                             max_readers=readers, sync=False, metasync=False, readahead=False,
                             meminit=False)
-            with _write_lock:  # open_db writes
+            with _write_lock(path):  # open_db writes
                 dbs = (env, env.open_db(b"data"), env.open_db(b"meta"))
             _envs[key] = dbs
         return dbs
@@ -143,12 +125,13 @@ def _reserve_lock_file(path: str, readers: int) -> None:
     os.close(fd)
 
 
-class MemoryBackend:
-    """One job's LMDB cache at ``path``; picklable (each process opens the environment itself).
+class LmdbStore:
+    """One LMDB environment at ``path`` (a directory, created on first use); picklable (each
+    process opens the environment itself).
 
-    ``budget_bytes``: the job's budget, all tiers together; ``set_budgets`` splits it (kept in
-    LMDB, so every process sees the split at once). ``readers``: the most processes and threads
-    reading at once (LMDB's reader table).
+    ``budget_bytes``: the store's budget, all tiers together; ``set_budgets`` splits it (kept
+    in LMDB, so every process sees the split at once). ``readers``: the most processes and
+    threads reading at once (LMDB's reader table).
     """
 
     def __init__(self, path: str, budget_bytes: int, readers: int = 126) -> None:
@@ -167,11 +150,6 @@ class MemoryBackend:
         self.__init__(state["path"], state["budget"], state["readers"])  # type: ignore[misc]
         self.budgets = state["budgets"]
 
-    def owner_gone(self) -> None:
-        """In a worker whose training process died (SIGTERM, SIGKILL: no finaliser ran there):
-        remove the cache's directory, which holds up to the cache budget of /dev/shm."""
-        remove_dir(self.path)
-
     def close_here(self) -> None:
         """Close this process's environment (no transaction may be open); reopened on use."""
         with _envs_lock:
@@ -183,6 +161,10 @@ class MemoryBackend:
     def _dbs(self) -> tuple[Any, Any, Any]:
         dbs = self._dbs_here
         if dbs is None or self._pid != os.getpid():
+            try:  # not makedirs: a cache directory its owner removed stays removed
+                os.mkdir(self.path)
+            except FileExistsError:
+                pass
             dbs = _open(self.path, self.total_budget, self.readers)
             self._dbs_here, self._pid = dbs, os.getpid()
         return dbs
@@ -198,7 +180,7 @@ class MemoryBackend:
     def take(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
         """As ``get``, and the entry is removed (an augmented form served once)."""
         env, data, meta = self._dbs()
-        with _write_lock, env.begin(write=True, buffers=True) as txn:
+        with _write_lock(self.path), env.begin(write=True, buffers=True) as txn:
             buf = txn.get(key, db=data)
             if buf is None:
                 return None
@@ -210,16 +192,17 @@ class MemoryBackend:
 
     # -- writes --------------------------------------------------------------------------------
     def put(self, key: bytes, tier: str, blob: bytes, live: Iterable[bytes]) -> str:
-        """Store ``blob``; ``"stored"``, ``"exists"`` or ``"full"`` (over the tier's budget).
+        """Store ``blob``; ``"stored"``, ``"exists"``, ``"full"`` (no room left in the tier's
+        budget) or ``"too_big"`` (the entry alone exceeds it).
 
         ``live``: namespaces still in use; others of this tier are evicted to make room.
         """
         cost = entry_cost(len(key), len(blob))
         env, data, meta = self._dbs()
-        with _write_lock, env.begin(write=True) as txn:
+        with _write_lock(self.path), env.begin(write=True) as txn:
             budget = self._budget(txn, meta, tier)
             if cost > budget:
-                return "full"
+                return "too_big"
             if txn.get(key, db=data) is not None:
                 return "exists"
             used = self._used(txn, meta, tier)
@@ -237,7 +220,7 @@ class MemoryBackend:
         if sum(budgets.values()) > self.total_budget:
             raise ValueError(f"tier budgets {budgets} exceed the cache's {self.total_budget} bytes")
         env, data, meta = self._dbs()
-        with _write_lock, env.begin(write=True) as txn:
+        with _write_lock(self.path), env.begin(write=True) as txn:
             for tier in set(self.budgets) | set(budgets):
                 b = budgets.get(tier, 0)
                 txn.put(b"b:" + tier.encode(), _U64.pack(b), db=meta)

@@ -288,7 +288,9 @@ class CacheSession:
     def explain_lines(self, opaque: bool, epochs: Sequence[EpochStats] = ()) -> list[str]:
         from headrace import units
 
-        where = ("memory (LMDB on /dev/shm, shared by this job's workers)"
+        shards = len(getattr(self.backend, "shards", ())) if self.backend is not None else 0
+        split_in = f" in {shards} shards" if shards > 1 else ""
+        where = (f"memory (LMDB on /dev/shm{split_in}, shared by this job's workers)"
                  if self.config.url == "memory" else f"{self.config.url} (shared; raw entries)")
         out = [f"cache: {where}, budget {units.size(self.budget)}"]
         if self.layout is None:

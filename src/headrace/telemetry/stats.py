@@ -34,7 +34,8 @@ class CacheStats:
         inserts: forms stored (at most one per sample run).
         uncacheable: forms not stored because the raw format cannot hold them (a type other
             than arrays, tensors, numbers, strings, bytes and tuples/lists/dicts of them).
-        full: inserts refused because their tier's budget was full (nothing stale to evict).
+        full: inserts refused because their tier's budget was full (nothing stale to evict);
+            with the memory backend's shards, the share of it in the shard the key falls in.
         errors: backend failures (or lookups while a failed backend is left alone for a
             moment); each such sample ran uncached.
         not_worth: tier lookups not made because they cost more than computing the form
