@@ -16,6 +16,7 @@ from typing import Any
 from headrace.errors import StepError
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.feed import Feed
+from headrace.runtime.output import WAKE_UPS
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.scheduler import Scheduler
 from headrace.runtime.work import EpochSpec
@@ -224,7 +225,7 @@ class EpochIterator(EpochBase):
         deadline = None  # of loader.timeout: one for the whole wait, whatever wakes it meanwhile
         # "feed": the scheduler asks for the sampler; "start": for workers to fork (forks.py),
         # forked when this thread would wait (not a non-blocking take: the device prefetcher's)
-        while item is None or item[0] in ("feed", "start"):
+        while item is None or item[0] in WAKE_UPS:
             asked = self.pool.requests
             if asked and asked.due(idle=block and self._out.empty()):  # (rarely anything asked)
                 self.pool.start_requested(on_added=self.scheduler.wake)

@@ -27,6 +27,7 @@ from headrace.profiler.report import cpu_share
 from headrace.profiler.stats import Profiler
 from headrace.runtime.executor_auto import ExecutorProbes
 from headrace.runtime.options import Options
+from headrace.runtime.output import batches_queued
 from headrace.telemetry.stats import EpochStats, QueueSample, keep_latest
 
 if TYPE_CHECKING:
@@ -236,13 +237,14 @@ class Monitor:
             self._push_remaining(pool)
         if now - self._last_queue >= QUEUE_SAMPLE_S:
             self._last_queue = now
+            queued = batches_queued(sched.out)
             self.queues.append(
-                QueueSample(self.now(), sched.out.qsize(), sched.spec.batcher.ready_samples,
+                QueueSample(self.now(), queued, sched.spec.batcher.ready_samples,
                             sched.in_flight, sched.slow_backlog)
             )
             if self.scaler is not None:
                 cap = max(1, sched.spec.max_in_flight // max(1, sched.spec.batcher.batch_size))
-                self.scaler.observe_queue(sched.out.qsize() / cap)
+                self.scaler.observe_queue(queued / cap)
         if self.scaler is not None:
             if len(pool.requests) or any(not w.ready for w in list(pool.workers.values())
                                          if not w.retiring and not w.external):

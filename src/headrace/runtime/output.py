@@ -8,7 +8,9 @@ straight into that row (``runtime/assembly.py``). What the training loop reads f
 batch's error); ``("deferred", collate, positions)`` for one the training loop's thread
 collates in ``next()`` (``collate()`` is the batch: ``runtime/collate_rng.py``);
 ``("raise", error, None)`` for a failed sample or batch (the epoch goes on, as in torch);
-``("end" | "error", ...)`` from the scheduler itself.
+``("end" | "error", ...)`` from the scheduler itself; and the wake-ups ``("feed" | "start",
+None, None)`` (``WAKE_UPS``), which ask the training thread to read the sampler or to fork a
+worker and are not batches (``batches_queued``).
 
 A user ``collate_fn`` runs on collate threads of the training process, not in the scheduler
 thread: one expensive ``collate_fn`` run batch after batch in the scheduler (under its lock, so
@@ -33,6 +35,18 @@ from headrace.runtime.assembly import BatchAssembly
 from headrace.runtime.collate_rng import collated_in_loop, one_at_a_time
 from headrace.runtime.ring import Ring
 from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error
+
+WAKE_UPS = ("feed", "start")
+"""Kinds of the training loop's queue items that wake its thread for work of its own (read the
+sampler, fork a worker: ``runtime/epoch.py``) and carry no batch."""
+
+
+def batches_queued(out: queue.Queue[tuple[str, Any, Any]]) -> int:
+    """Items on the training loop's queue that are batches (or a batch's error or the end),
+    not wake-ups: its occupancy. A wake-up waits there while the training step runs, and
+    counted as a batch it made the queue look fuller than it was to the worker scaler."""
+    with out.mutex:
+        return sum(1 for item in out.queue if item[0] not in WAKE_UPS)
 
 
 class BatchOutput:
