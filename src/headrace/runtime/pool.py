@@ -118,7 +118,7 @@ class WorkerPool:
         return len(self.workers) + len(self.requests) >= self.max_slots
 
     @property
-    def forks(self) -> bool:
+    def forked(self) -> bool:
         """Workers are processes forked from this one: started on the training thread only."""
         return self.executor != "threads" and self.ctx.get_start_method() == "fork"
 
@@ -128,14 +128,14 @@ class WorkerPool:
         pool's first (or, persistent, replace all that died): starts asked for before are
         dropped."""
         self.requests.drop()
-        forks = self.forks
-        if forks:
+        forked = self.forked
+        if forked:
             # Each worker seeds NumPy's global generator, as torch's do; NumPy 2 imports
             # numpy.random on first use (5 ms alone, 39-117 ms a worker measured on 16 cores
             # while the others fork, the import's writes copying the pages they touch).
             # Imported once here, every forked worker has it.
             import numpy.random  # noqa: F401
-        with (resolved_for_fork() if forks and self.blas_threads is not None
+        with (resolved_for_fork() if forked and self.blas_threads is not None
               else contextlib.nullcontext()):
             self._start(n, on_added)
 
@@ -231,7 +231,7 @@ class WorkerPool:
         with self._lock:
             if self._closed or self.full:
                 return False
-            if self.forks:
+            if self.forked:
                 self.requests.ask(None, num_workers)
             else:
                 self._add_worker(None, num_workers)
@@ -247,7 +247,7 @@ class WorkerPool:
             self._dispose(dead, grace_s=0.0)
             if dead.external:
                 return False
-            if self.forks:
+            if self.forked:
                 self.requests.ask(dead.slot, None)
             else:
                 self._add_worker(dead.slot, None)
