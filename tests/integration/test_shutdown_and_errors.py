@@ -178,6 +178,72 @@ def test_a_killed_training_process_leaves_no_cache_in_shared_memory(sig):
         proc.wait(timeout=30)
 
 
+@pytest.mark.parametrize("stuck_in", ["worker_init_fn", "step"])
+def test_workers_stuck_in_user_code_exit_when_the_training_process_is_killed(stuck_in):
+    """A worker whose ``worker_init_fn`` or step does not return (here: sleeps up to 60 s)
+    cannot see the training process go from its loop; its watchdog thread ends it within a
+    second or so of a SIGKILL of the training process, with its sibling."""
+    script = textwrap.dedent(
+        """
+        import os, sys, time
+        sys.path.insert(0, {root!r})
+        import headrace as hr
+        from tests.helpers import ArraySource
+
+        def stuck(i=None):
+            open({marker!r} + str(os.getpid()), "w").close()
+            for _ in range(600):  # bounded: 60 s
+                time.sleep(0.1)
+
+        def init(worker_id):
+            if {stuck_in!r} == "worker_init_fn" and worker_id == 1:
+                stuck()
+
+        def step(x):
+            if {stuck_in!r} == "step" and int(x[0]) == 5:
+                stuck()
+            return x
+
+        loader = hr.DataLoader(hr.Pipeline(ArraySource(64), [step]), batch_size=4,
+                               num_workers=2, worker_init_fn=init)
+        it = iter(loader)
+        print("started", flush=True)
+        for b in it:
+            pass
+        """.format(root=str(__import__("pathlib").Path(__file__).parents[2]),
+                   marker="/dev/shm/headrace-test-stuck-", stuck_in=stuck_in)
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    workers: list[psutil.Process] = []
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 30
+        stuck_pid = None
+        while stuck_pid is None and time.monotonic() < deadline:
+            workers = psutil.Process(proc.pid).children()
+            for w in workers:
+                if os.path.exists(f"/dev/shm/headrace-test-stuck-{w.pid}"):
+                    stuck_pid = w.pid
+            time.sleep(0.05)
+        assert stuck_pid is not None and len(workers) == 2
+        proc.kill()
+        proc.wait(timeout=30)
+        gone, alive = psutil.wait_procs(workers, timeout=15)  # not the stuck code's 60 s
+        alive = [w for w in alive if w.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"{[w.pid for w in alive]} outlived the training process"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        for w in workers:  # a failed check leaves none behind
+            try:
+                w.kill()
+            except psutil.NoSuchProcess:
+                pass
+        for f in os.listdir("/dev/shm"):
+            if f.startswith("headrace-test-stuck-"):
+                os.unlink(os.path.join("/dev/shm", f))
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_failing_step_raises_with_index_step_and_traceback(workers, no_leaks):
     loader = hr.DataLoader(FailingDataset(20, {13}), batch_size=4, num_workers=workers)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 
 def parent_gone(parent_pid: int) -> bool:
@@ -22,3 +26,34 @@ def parent_gone(parent_pid: int) -> bool:
     except PermissionError:  # alive, someone else's (a reused pid): not ours to judge
         return False
     return False
+
+
+PARENT_CHECK_S = 1.0
+"""Seconds between two checks, by a worker process's watchdog thread, that the training process
+is still there."""
+
+
+def exit_when_parent_gone(parent_pid: int, clean_up: Callable[[], Any] | None = None,
+                          every_s: float = PARENT_CHECK_S) -> threading.Thread:
+    """Start a daemon thread that ends this worker process (``os._exit``) within ``every_s``
+    seconds of the training process ``parent_pid`` going away, after ``clean_up()``.
+
+    The worker's own loop sees the training process go only while it waits for work. A worker
+    stuck in ``worker_init_fn`` or in a long step outlived a killed training process (one found
+    asleep in its ``worker_init_fn`` 10 minutes after the training process was gone, adopted by
+    init, holding what it had loaded); torch's workers check only in their loop too. The
+    thread sleeps between checks and takes the GIL only for them (``parent_gone``: a µs)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            if parent_gone(parent_pid):
+                try:
+                    if clean_up is not None:
+                        clean_up()
+                finally:
+                    os._exit(0)
+
+    t = threading.Thread(target=watch, name="headrace-parent-watch", daemon=True)
+    t.start()
+    return t

@@ -44,7 +44,7 @@ from headrace.profiler.runqueue import run_queue_s
 from headrace.runtime.gilprobe import start_probe
 from headrace.runtime.native_threads import limit_in_worker
 from headrace.runtime.outbox import Outbox, qualname, send
-from headrace.runtime.parent import parent_gone
+from headrace.runtime.parent import exit_when_parent_gone, parent_gone
 from headrace.runtime.ring import Ring, RingWriter
 from headrace.runtime.ring import encode as ring_encode
 from headrace.runtime.transport import decode, encode
@@ -107,6 +107,8 @@ def worker_main(
     """
     slot = setup.slot
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
+    owner_gone = getattr(getattr(setup.cache, "backend", None), "owner_gone", None)
+    exit_when_parent_gone(setup.parent_pid, owner_gone)  # also while in worker_init_fn or a step
     try:
         torch.set_num_threads(1)
         if setup.blas_threads is not None:  # before worker_init_fn, which may change it
@@ -128,7 +130,6 @@ def worker_main(
                        _picklable_class(type(e))))
         return
     send(results, ("ready", slot, reseeded))
-    owner_gone = getattr(getattr(setup.cache, "backend", None), "owner_gone", None)
     if owner_gone is not None:  # runs as this process exits (multiprocessing's finalisers)
         mp_util.Finalize(None, _if_orphaned, args=(setup.parent_pid, owner_gone), exitpriority=0)
 
