@@ -79,9 +79,10 @@ class Dispatcher:
             for w, tasks in outbox.items():
                 self.counters.task_messages += len(tasks) > 1
                 w.send_many(tasks, hold)
-        idle = [w for w in workers if not w.assigned]
-        if idle and slow_now:
-            self._steal(idle, workers, slow_now)
+        idle = [w for w in workers if not w.assigned and w.ready]
+        starting = [w for w in workers if not w.ready and w.assigned and not w.fetches]
+        if idle and (slow_now or starting):
+            self._steal(idle, workers, slow_now, starting)
 
     def _fill(self, workers: list[WorkerHandle], deep: int, slow_now: dict[int, float],
               slow_cap: int, fetchers: bool, outbox: dict[WorkerHandle, list[Task]]) -> None:
@@ -141,9 +142,11 @@ class Dispatcher:
         return {w.slot: started for w, _, started in running_longer_than(self.pool, limit, workers)}
 
     def _steal(
-        self, idle: list[WorkerHandle], workers: list[WorkerHandle], slow_now: dict[int, float]
+        self, idle: list[WorkerHandle], workers: list[WorkerHandle], slow_now: dict[int, float],
+        starting: list[WorkerHandle],
     ) -> None:
-        """Give idle workers the tasks queued behind slow samples (they have nothing else).
+        """Give idle workers the tasks queued behind slow samples, or on workers still starting
+        (they have nothing else).
 
         A task queued on a worker that runs a slow sample would wait for it while others idle;
         at the end of an epoch the last batch waits for it. It moves to an idle worker under a
@@ -153,11 +156,18 @@ class Dispatcher:
         queued task (``_fill``). With a deeper queue (cheap samples) several may wait behind it:
         one moves per pass, and each move's revocation replaces the last, so the worker may still
         run an earlier-moved one; its result is dropped as stale (wasted work, not a duplicate).
+
+        The pool's first workers get their first samples before they are ready (``eager``): a
+        worker whose ``worker_init_fn`` took long, or never returned, held them while the
+        others ran out of work, and an epoch waiting for them never ended (torch's too hangs).
+        Its samples move the same way to a worker that is ready and idle. Only ready workers
+        take: a worker still starting is no thief.
         """
         prog = self.pool.progress
         victims = sorted((w for w in workers if w.slot in slow_now and len(w.assigned) > 1
                           and not w.fetches),  # near storage: its samples stay on storage
                          key=lambda w: slow_now[w.slot])  # the longest-running first
+        victims += starting
         for victim, thief in zip(victims, idle, strict=False):
             running = prog.tid[victim.slot]
             # the last queued: earlier ones may be done already, kept by the worker (Outbox)
