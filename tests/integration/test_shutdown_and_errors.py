@@ -178,11 +178,20 @@ def test_a_killed_training_process_leaves_no_cache_in_shared_memory(sig):
         proc.wait(timeout=30)
 
 
+def _running(p: psutil.Process) -> bool:
+    """Not exited (an exited child not yet reaped by init is a zombie: exited)."""
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 @pytest.mark.parametrize("stuck_in", ["worker_init_fn", "step"])
 def test_workers_stuck_in_user_code_exit_when_the_training_process_is_killed(stuck_in):
     """A worker whose ``worker_init_fn`` or step does not return (here: sleeps up to 60 s)
     cannot see the training process go from its loop; its watchdog thread ends it within a
-    second or so of a SIGKILL of the training process, with its sibling."""
+    second or so of a SIGKILL of the training process, with its sibling, and the cache's
+    directory on /dev/shm goes with them."""
     script = textwrap.dedent(
         """
         import os, sys, time
@@ -207,7 +216,7 @@ def test_workers_stuck_in_user_code_exit_when_the_training_process_is_killed(stu
         loader = hr.DataLoader(hr.Pipeline(ArraySource(64), [step]), batch_size=4,
                                num_workers=2, worker_init_fn=init)
         it = iter(loader)
-        print("started", flush=True)
+        print(loader.cache.backend.path, flush=True)  # the default cache, on /dev/shm
         for b in it:
             pass
         """.format(root=str(__import__("pathlib").Path(__file__).parents[2]),
@@ -216,7 +225,8 @@ def test_workers_stuck_in_user_code_exit_when_the_training_process_is_killed(stu
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     workers: list[psutil.Process] = []
     try:
-        assert proc.stdout.readline().strip() == "started"
+        cache_dir = proc.stdout.readline().strip()
+        assert cache_dir.startswith("/dev/shm/headrace-cache-") and os.path.isdir(cache_dir)
         deadline = time.monotonic() + 30
         stuck_pid = None
         while stuck_pid is None and time.monotonic() < deadline:
@@ -229,8 +239,9 @@ def test_workers_stuck_in_user_code_exit_when_the_training_process_is_killed(stu
         proc.kill()
         proc.wait(timeout=30)
         gone, alive = psutil.wait_procs(workers, timeout=15)  # not the stuck code's 60 s
-        alive = [w for w in alive if w.status() != psutil.STATUS_ZOMBIE]
+        alive = [w for w in alive if _running(w)]
         assert not alive, f"{[w.pid for w in alive]} outlived the training process"
+        assert not os.path.exists(cache_dir)
     finally:
         proc.kill()
         proc.wait(timeout=30)

@@ -1,18 +1,39 @@
 """A worker whose ``worker_init_fn`` does not return does not hold the epoch: the samples it
-got before it was ready move to a worker that is ready and idle, each delivered once."""
+got before it was ready move to a worker that is ready and idle, each delivered once, and each
+run once (the worker skips both when it starts at last)."""
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import os
+import time
 
 import pytest
 import torch
+from torch.utils.data import Dataset
 
 import headrace as hr
-from tests.helpers import IndexDataset, wait_at_gate
+from tests.helpers import wait_at_gate
 
 pytestmark = pytest.mark.integration
+N = 48
+
+
+class LoggedIndex(Dataset):
+    """``__getitem__(i)`` is ``i``; every call appends ``"<pid> <i>"`` to ``log``."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> int:
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {i}\n")
+        time.sleep(0.005)  # simulated work: an epoch is long enough for both workers
+        return i
 
 
 class _Init:
@@ -24,23 +45,35 @@ class _Init:
     def __call__(self, worker_id: int) -> None:
         if worker_id == 1:
             wait_at_gate(self.gate, self.held)
+            open(os.path.join(self.held, "started"), "w").close()
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_an_epoch_ends_while_a_worker_is_still_in_its_worker_init_fn(tmp_path, no_leaks,
                                                                     shuffle):
-    gate, held = tmp_path / "gate", tmp_path / "held"
+    gate, held, log = tmp_path / "gate", tmp_path / "held", tmp_path / "calls"
     held.mkdir()
     gate.touch()
-    with open(gate) as g:
-        fcntl.flock(g, fcntl.LOCK_EX)  # worker 1's worker_init_fn waits until released
-        loader = hr.DataLoader(IndexDataset(48), batch_size=4, num_workers=2, shuffle=shuffle,
-                               worker_init_fn=_Init(str(gate), str(held)), timeout=30)
-        try:
-            got = [int(v) for b in loader for v in torch.as_tensor(b).flatten()]
-            assert sorted(got) == list(range(48))  # every sample, once, without worker 1
+    loader = hr.DataLoader(LoggedIndex(str(log)), batch_size=4, num_workers=2, shuffle=shuffle,
+                           worker_init_fn=_Init(str(gate), str(held)), timeout=30,
+                           persistent_workers=True)
+    try:
+        with open(gate) as g:
+            fcntl.flock(g, fcntl.LOCK_EX)  # worker 1's worker_init_fn waits until released
+            first = [int(v) for b in loader for v in torch.as_tensor(b).flatten()]
+            assert sorted(first) == list(range(N))  # every sample, once, without worker 1
             assert len(os.listdir(held)) == 1  # which still waits in its worker_init_fn
-            assert loader.stats().last.moved_samples >= 1  # its first samples moved to worker 0
-        finally:
-            fcntl.flock(g, fcntl.LOCK_UN)
-            loader.close()
+            assert loader.stats().last.moved_samples == 2  # its first two, and no more
+            fcntl.flock(g, fcntl.LOCK_UN)  # (the forked workers share this open file)
+        deadline = time.monotonic() + 30
+        while not (held / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)  # worker 1's worker_init_fn returns, now the gate is open
+        second = [int(v) for b in loader for v in torch.as_tensor(b).flatten()]  # both work
+        assert sorted(second) == list(range(N))
+        calls = [line.split() for line in log.read_text().splitlines()]
+        stuck = int(next(f for f in os.listdir(held) if f != "started"))
+        assert stuck in {int(pid) for pid, _ in calls}  # worker 1 started and ran samples
+        # each sample ran once an epoch: worker 1 skipped both samples moved off it
+        assert collections.Counter(int(i) for _, i in calls) == {i: 2 for i in range(N)}
+    finally:
+        loader.close()

@@ -159,6 +159,13 @@ class MemoryBackend:
         remove the cache's directory, which holds up to the cache budget of /dev/shm."""
         remove_dir(self.path)
 
+    def remove_files(self) -> None:
+        """Remove the cache's directory without closing this process's environments: from a
+        worker's watchdog thread (``runtime/parent.py``) while another thread may be inside a
+        transaction or reading an entry in place; the process ends next. Its mappings stay
+        valid after the files are unlinked."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
     def close_here(self) -> None:
         """Close this process's environments (no transaction may be open); reopened on use."""
         for store in self.shards:

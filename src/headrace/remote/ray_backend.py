@@ -281,7 +281,7 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
             if task is None:
                 retiring = True
                 break
-            if task.tid == progress.revoked[slot]:
+            if progress.is_revoked(slot, task.tid):
                 continue  # moved to an idle worker while queued here (Dispatcher._steal)
             sent = _submit(actor, task, opts, local)
             if sent[0] == "msg":

@@ -80,7 +80,8 @@ class Dispatcher:
                 self.counters.task_messages += len(tasks) > 1
                 w.send_many(tasks, hold)
         idle = [w for w in workers if not w.assigned and w.ready]
-        starting = [w for w in workers if not w.ready and w.assigned and not w.fetches]
+        starting = [w for w in pool if not w.ready and w.assigned and not w.retiring
+                    and not w.fetches]  # eager, or no longer (its first samples moving)
         if idle and (slow_now or starting):
             self._steal(idle, workers, slow_now, starting)
 
@@ -160,8 +161,9 @@ class Dispatcher:
         The pool's first workers get their first samples before they are ready (``eager``): a
         worker whose ``worker_init_fn`` took long, or never returned, held them while the
         others ran out of work, and an epoch waiting for them never ended (torch's too hangs).
-        Its samples move the same way to a worker that is ready and idle. Only ready workers
-        take: a worker still starting is no thief.
+        Its samples move the same way to a worker that is ready and idle, and it gets no more
+        until it is ready (``eager`` off). Only ready workers take: a worker still starting is
+        no thief.
         """
         prog = self.pool.progress
         victims = sorted((w for w in workers if w.slot in slow_now and len(w.assigned) > 1
@@ -176,7 +178,9 @@ class Dispatcher:
                 continue
             task = victim.assigned.pop(queued)
             rec = self.lanes.recs.pop(queued)
-            prog.revoked[victim.slot] = queued
+            prog.revoke(victim.slot, queued)
+            if not victim.ready:
+                victim.eager = False  # nothing more for it until it says it is ready
             rec.task = task._replace(tid=next(self.pool.tids))
             self.lanes.recs[rec.task.tid] = rec
             rec.worker = thief.slot

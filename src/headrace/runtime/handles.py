@@ -27,13 +27,20 @@ class HandOff:
         self.remaining = ctx.RawArray("d", [math.inf] * (steps + 1))
 
 
+REVOKED_KEPT = 2
+"""Revoked task ids a worker slot remembers: as many as a worker still starting holds
+(``dispatch.DEPTH``), all of which move when a ready worker idles (``Dispatcher._steal``); one
+slot let the worker run the first moved one anyway, once it started (wasted, its result
+dropped as stale)."""
+
+
 class Progress:
     """Shared arrays, one entry per worker slot, written by workers without locks.
 
     ``tid[slot]``: task id being run (−1: idle); ``started[slot]``: ``time.monotonic()`` when
     it started (seconds); ``step[slot]``: execution step it is in (0 = load). Written by the
-    main process: ``revoked[slot]``: a queued task id the worker must skip (it was moved to
-    another worker; see ``Dispatcher._steal``). ``gil_held[slot]`` / ``gil_probed[slot]``: seconds
+    main process: ``revoked``: per slot, the last ``REVOKED_KEPT`` queued task ids the worker
+    must skip (moved to another worker; see ``Dispatcher._steal``, :meth:`revoke`). ``gil_held[slot]`` / ``gil_probed[slot]``: seconds
     of step time a worker process's GIL probe saw held / watched (``runtime/gilprobe.py``).
     ``global_draw[slot]``: 1 + the position of the first step a probing worker saw draw from
     the global random generators (0: none seen; kept when the slot's worker is replaced).
@@ -45,11 +52,30 @@ class Progress:
         self.tid = ctx.RawArray("q", [-1] * slots)
         self.started = ctx.RawArray("d", slots)
         self.step = ctx.RawArray("i", slots)
-        self.revoked = ctx.RawArray("q", [-1] * slots)
+        self.revoked = ctx.RawArray("q", [-1] * (slots * REVOKED_KEPT))
+        self._next_revoked = [0] * slots  # the main process's write position per slot
         self.gil_held = ctx.RawArray("d", slots)
         self.gil_probed = ctx.RawArray("d", slots)
         self.global_draw = ctx.RawArray("i", slots)
         self.probe_stop = ctx.RawValue("i", 0)
+
+    def revoke(self, slot: int, tid: int) -> None:
+        """(Main process) the worker in ``slot`` must skip queued task ``tid``; the slot keeps
+        the last ``REVOKED_KEPT`` such ids."""
+        k = self._next_revoked[slot]
+        self.revoked[slot * REVOKED_KEPT + k] = tid
+        self._next_revoked[slot] = (k + 1) % REVOKED_KEPT
+
+    def is_revoked(self, slot: int, tid: int) -> bool:
+        """(Worker) whether queued task ``tid`` of ``slot`` moved to another worker."""
+        return tid in self.revoked[slot * REVOKED_KEPT:(slot + 1) * REVOKED_KEPT]
+
+    def clear_revoked(self, slot: int) -> None:
+        """(Main process) a new worker in ``slot``: its predecessor's revocations do not carry
+        over."""
+        for k in range(REVOKED_KEPT):
+            self.revoked[slot * REVOKED_KEPT + k] = -1
+        self._next_revoked[slot] = 0
 
 
 @dataclass(eq=False)

@@ -184,7 +184,7 @@ class WorkerPool:
         )
         self.progress.tid[slot] = -1
         self.progress.gil_held[slot] = self.progress.gil_probed[slot] = 0.0
-        self.progress.revoked[slot] = -1  # a dead predecessor's revocation does not carry over
+        self.progress.clear_revoked(slot)  # a dead predecessor's revocations do not carry over
         if start is None:
             start = self._start_thread if self.executor == "threads" else self._start_process
         h = self.workers[slot] = start(setup)

@@ -399,8 +399,8 @@ class Scheduler:
         log.warning("headrace worker %d died (exit code %s); re-running %d sample(s)",
                     w.slot, exitcode, len(lost))
         for rec in lost:
-            if rec.task.tid == running or len(lost) == 1:
-                rec.attempts += 1  # only the sample it was running is suspect
+            if rec.task.tid == running or len(lost) == 1 and w.ready:
+                rec.attempts += 1  # only the sample it was running is suspect (none, starting)
             if rec.attempts >= self.spec.max_restarts:
                 err = death_error(rec, hung, self.pool.pipeline.step_names, exitcode,
                                   self.spec.sample_timeout_s, w.slot)

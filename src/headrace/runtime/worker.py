@@ -107,8 +107,10 @@ def worker_main(
     """
     slot = setup.slot
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
-    owner_gone = getattr(getattr(setup.cache, "backend", None), "owner_gone", None)
-    exit_when_parent_gone(setup.parent_pid, owner_gone)  # also while in worker_init_fn or a step
+    backend = getattr(setup.cache, "backend", None)
+    owner_gone = getattr(backend, "owner_gone", None)
+    # also while in worker_init_fn or a step; from its own thread, the files only
+    exit_when_parent_gone(setup.parent_pid, getattr(backend, "remove_files", None))
     try:
         torch.set_num_threads(1)
         if setup.blas_threads is not None:  # before worker_init_fn, which may change it
@@ -217,8 +219,9 @@ class TaskRunner:
         self.on_step: Callable[[int], None] = functools.partial(progress.step.__setitem__, setup.slot)
 
     def revoked(self, task: Task) -> bool:
-        """The task moved to an idle worker while it waited behind a slow sample here."""
-        return task.tid == self.progress.revoked[self.slot]
+        """The task moved to an idle worker while it waited here (behind a slow sample, or
+        while this worker started)."""
+        return bool(self.progress.is_revoked(self.slot, task.tid))
 
     def run(self, task: Task, value: Any) -> Outcome:
         """Run ``task`` (from its partial ``value`` when it resumes at a later step)."""
