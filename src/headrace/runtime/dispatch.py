@@ -155,8 +155,9 @@ class Dispatcher:
         the old worker start it anyway (a race), its result carries the old tid and is dropped
         as stale: the sample is still delivered once. A worker over the timeout gets no new
         queued task (``_fill``). With a deeper queue (cheap samples) several may wait behind it:
-        one moves per pass, and each move's revocation replaces the last, so the worker may still
-        run an earlier-moved one; its result is dropped as stale (wasted work, not a duplicate).
+        one moves per pass, and a slot remembers only the last ``REVOKED_KEPT`` (2) revoked ids,
+        so the worker may still run an earlier-moved one; its result is dropped as stale
+        (wasted work, not a duplicate).
 
         The pool's first workers get their first samples before they are ready (``eager``): a
         worker whose ``worker_init_fn`` took long, or never returned, held them while the
