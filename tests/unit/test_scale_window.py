@@ -4,13 +4,14 @@ imagenet's cores as unsaturated and added a third worker on 2 cores (``Monitor.o
 does one asked for and waiting for the training thread to fork it."""
 
 import queue
+import time
 from types import SimpleNamespace
 
 import pytest
 
 import headrace as hr
 from headrace.planner.workers import AutoscaleConfig
-from headrace.runtime.monitor import Monitor
+from headrace.runtime.monitor import STARTING_PAUSE_S, Monitor
 from headrace.runtime.work import Counters
 
 HOUR = 3600.0
@@ -31,7 +32,8 @@ def test_no_decision_while_a_worker_starts_and_a_fresh_window_after():
     monitor = Monitor(opts, autoscale=True, step_names=None)
     decided = []
     monitor._autoscale = decided.append
-    starting = SimpleNamespace(ready=False, retiring=False, external=False)
+    starting = SimpleNamespace(ready=False, retiring=False, external=False,
+                               started=time.monotonic())
     running = SimpleNamespace(ready=True, retiring=False, external=False)
     sched = fake_scheduler({0: running, 1: starting})
 
@@ -63,6 +65,29 @@ def test_no_decision_while_a_worker_starts_and_a_fresh_window_after():
     monitor._last_scale -= HOUR
     monitor.on_tick(sched)
     assert decided == [sched, sched, sched]
+
+
+def test_a_worker_starting_for_ever_does_not_freeze_the_scaler():
+    """A ``worker_init_fn`` that never returns: its worker holds decisions back for
+    ``STARTING_PAUSE_S`` from its start, not for the rest of the run."""
+    opts = hr.Options(profile=False, autoscale=AutoscaleConfig(interval_s=HOUR))
+    monitor = Monitor(opts, autoscale=True, step_names=None)
+    decided = []
+    monitor._autoscale = decided.append
+    stuck = SimpleNamespace(ready=False, retiring=False, external=False,
+                            started=time.monotonic())
+    running = SimpleNamespace(ready=True, retiring=False, external=False)
+    sched = fake_scheduler({0: running, 1: stuck})
+    monitor._last_scale -= 10 * HOUR
+    monitor.scaler.observe_queue(0.0)
+    monitor.on_tick(sched)
+    assert decided == []  # it may still be starting
+    stuck.started -= STARTING_PAUSE_S  # ...and now it has been, for too long
+    monitor.on_tick(sched)
+    assert decided == []  # a fresh window begins without it
+    monitor._last_scale -= HOUR
+    monitor.on_tick(sched)
+    assert decided == [sched]
 
 
 def test_the_move_cost_counts_once_four_moves_measured_it_this_epoch():

@@ -5,6 +5,7 @@ the workers behind them."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +96,7 @@ class WorkerHandle:
     gate: Callable[[], bool] | None = None  # a backend's dispatch limit (remote/: offload ratio)
     prefers_slow: bool = False  # takes slow-lane samples first, beyond the slow-lane share
     fetches: bool = False  # near storage: while one runs, fresh samples go to such workers only
+    started: float = field(default_factory=time.monotonic)  # its start (time.monotonic(), s)
 
     @property
     def sentinel(self) -> int:

@@ -43,6 +43,9 @@ TIMELINE_KEPT = 10_000
 """Changes of the worker count and of the timeout kept in the stats timelines."""
 SKIP_LOG_EVERY = 100
 """A skipped sample is logged once, then once every this many."""
+STARTING_PAUSE_S = 30.0
+"""A worker not ready this long after its start (seconds) no longer holds the scaler's
+decisions: a ``worker_init_fn`` that never returns froze ``num_workers="auto"`` for the run."""
 REMAINING_UPDATE_S = 1.0
 """Seconds between two updates of the expected remaining step time workers read."""
 
@@ -246,13 +249,17 @@ class Monitor:
                 cap = max(1, sched.spec.max_in_flight // max(1, sched.spec.batcher.batch_size))
                 self.scaler.observe_queue(queued / cap)
         if self.scaler is not None:
-            if len(pool.requests) or any(not w.ready for w in list(pool.workers.values())
-                                         if not w.retiring and not w.external):
+            mono = time.monotonic()
+            if len(pool.requests) or any(
+                not w.ready and mono - w.started < STARTING_PAUSE_S
+                for w in list(pool.workers.values()) if not w.retiring and not w.external
+            ):
                 # A worker still starting: its fork and imports, and the cores idling while it
                 # initialises, say nothing of the load the pool puts on them (imagenet's first
                 # window read as unsaturated and added a third worker on 2 cores). No decision
                 # meanwhile (nor while one waits for the training thread to fork it); the next
-                # one's window starts once every worker runs.
+                # one's window starts once every worker runs, or once one has been starting for
+                # STARTING_PAUSE_S (a worker_init_fn that never returns froze the scaler).
                 self._starting = True
             elif self._starting:
                 self._starting = False
