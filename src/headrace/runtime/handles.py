@@ -41,8 +41,9 @@ class Progress:
     ``tid[slot]``: task id being run (−1: idle); ``started[slot]``: ``time.monotonic()`` when
     it started (seconds); ``step[slot]``: execution step it is in (0 = load). Written by the
     main process: ``revoked``: per slot, the last ``REVOKED_KEPT`` queued task ids the worker
-    must skip (moved to another worker; see ``Dispatcher._steal``, :meth:`revoke`). ``gil_held[slot]`` / ``gil_probed[slot]``: seconds
-    of step time a worker process's GIL probe saw held / watched (``runtime/gilprobe.py``).
+    must skip (moved to another worker; see ``Dispatcher._steal``, :meth:`revoke`).
+    ``gil_held[slot]`` / ``gil_probed[slot]``: seconds of step time a worker process's GIL
+    probe saw held / watched (``runtime/gilprobe.py``).
     ``global_draw[slot]``: 1 + the position of the first step a probing worker saw draw from
     the global random generators (0: none seen; kept when the slot's worker is replaced).
     ``probe_stop``: set by the main process once ``executor="auto"`` decided: the GIL probes
