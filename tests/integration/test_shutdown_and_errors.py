@@ -200,7 +200,7 @@ def test_workers_stuck_in_user_code_exit_when_the_training_process_is_killed(stu
         from tests.helpers import ArraySource
 
         def stuck(i=None):
-            open({marker!r} + str(os.getpid()), "w").close()
+            print("stuck", os.getpid(), flush=True)  # the same stdout as the training process
             for _ in range(600):  # bounded: 60 s
                 time.sleep(0.1)
 
@@ -220,22 +220,19 @@ def test_workers_stuck_in_user_code_exit_when_the_training_process_is_killed(stu
         for b in it:
             pass
         """.format(root=str(__import__("pathlib").Path(__file__).parents[2]),
-                   marker="/dev/shm/headrace-test-stuck-", stuck_in=stuck_in)
+                   stuck_in=stuck_in)
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     workers: list[psutil.Process] = []
     try:
-        cache_dir = proc.stdout.readline().strip()
+        # two lines, in either order: the cache's directory (training process), "stuck <pid>"
+        # (the worker, in the stuck code: its 60 s bound the wait if it never gets there)
+        lines = [proc.stdout.readline().strip() for _ in range(2)]
+        cache_dir = next(x for x in lines if not x.startswith("stuck"))
+        stuck_pid = int(next(x for x in lines if x.startswith("stuck")).split()[1])
         assert cache_dir.startswith("/dev/shm/headrace-cache-") and os.path.isdir(cache_dir)
-        deadline = time.monotonic() + 30
-        stuck_pid = None
-        while stuck_pid is None and time.monotonic() < deadline:
-            workers = psutil.Process(proc.pid).children()
-            for w in workers:
-                if os.path.exists(f"/dev/shm/headrace-test-stuck-{w.pid}"):
-                    stuck_pid = w.pid
-            time.sleep(0.05)
-        assert stuck_pid is not None and len(workers) == 2
+        workers = psutil.Process(proc.pid).children()
+        assert stuck_pid in [w.pid for w in workers] and len(workers) == 2
         proc.kill()
         proc.wait(timeout=30)
         gone, alive = psutil.wait_procs(workers, timeout=15)  # not the stuck code's 60 s
@@ -250,9 +247,6 @@ def test_workers_stuck_in_user_code_exit_when_the_training_process_is_killed(stu
                 w.kill()
             except psutil.NoSuchProcess:
                 pass
-        for f in os.listdir("/dev/shm"):
-            if f.startswith("headrace-test-stuck-"):
-                os.unlink(os.path.join("/dev/shm", f))
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import fcntl
 import os
+import select
 import time
 
 import pytest
@@ -37,25 +38,31 @@ class LoggedIndex(Dataset):
 
 
 class _Init:
-    """``worker_init_fn``: worker 1 waits at the gate (leaving its pid in ``held``)."""
+    """``worker_init_fn``: worker 1 waits at the gate (leaving its pid in ``held``), then says
+    it passed through the FIFO ``passed``."""
 
-    def __init__(self, gate: str, held: str) -> None:
-        self.gate, self.held = gate, held
+    def __init__(self, gate: str, held: str, passed: str) -> None:
+        self.gate, self.held, self.passed = gate, held, passed
 
     def __call__(self, worker_id: int) -> None:
         if worker_id == 1:
             wait_at_gate(self.gate, self.held)
-            open(os.path.join(self.held, "started"), "w").close()
+            fd = os.open(self.passed, os.O_WRONLY)  # the test has its read end open
+            os.write(fd, b"x")
+            os.close(fd)
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_an_epoch_ends_while_a_worker_is_still_in_its_worker_init_fn(tmp_path, no_leaks,
                                                                     shuffle):
     gate, held, log = tmp_path / "gate", tmp_path / "held", tmp_path / "calls"
+    passed = tmp_path / "passed"
     held.mkdir()
     gate.touch()
+    os.mkfifo(passed)
+    passed_fd = os.open(passed, os.O_RDONLY | os.O_NONBLOCK)
     loader = hr.DataLoader(LoggedIndex(str(log)), batch_size=4, num_workers=2, shuffle=shuffle,
-                           worker_init_fn=_Init(str(gate), str(held)), timeout=30,
+                           worker_init_fn=_Init(str(gate), str(held), str(passed)), timeout=30,
                            persistent_workers=True)
     try:
         with open(gate) as g:
@@ -65,15 +72,15 @@ def test_an_epoch_ends_while_a_worker_is_still_in_its_worker_init_fn(tmp_path, n
             assert len(os.listdir(held)) == 1  # which still waits in its worker_init_fn
             assert loader.stats().last.moved_samples == 2  # its first two, and no more
             fcntl.flock(g, fcntl.LOCK_UN)  # (the forked workers share this open file)
-        deadline = time.monotonic() + 30
-        while not (held / "started").exists() and time.monotonic() < deadline:
-            time.sleep(0.01)  # worker 1's worker_init_fn returns, now the gate is open
+        ready, _, _ = select.select([passed_fd], [], [], 30)  # worker 1's init returns now
+        assert ready and os.read(passed_fd, 1) == b"x"
         second = [int(v) for b in loader for v in torch.as_tensor(b).flatten()]  # both work
         assert sorted(second) == list(range(N))
         calls = [line.split() for line in log.read_text().splitlines()]
-        stuck = int(next(f for f in os.listdir(held) if f != "started"))
+        stuck = int(os.listdir(held)[0])
         assert stuck in {int(pid) for pid, _ in calls}  # worker 1 started and ran samples
         # each sample ran once an epoch: worker 1 skipped both samples moved off it
         assert collections.Counter(int(i) for _, i in calls) == {i: 2 for i in range(N)}
     finally:
         loader.close()
+        os.close(passed_fd)
