@@ -188,21 +188,20 @@ def _running(p: psutil.Process) -> bool:
 
 @pytest.mark.parametrize("stuck_in", ["worker_init_fn", "step"])
 def test_workers_stuck_in_user_code_exit_when_the_training_process_is_killed(stuck_in):
-    """A worker whose ``worker_init_fn`` or step does not return (here: sleeps up to 60 s)
+    """A worker whose ``worker_init_fn`` or step does not return (here: waits up to 60 s)
     cannot see the training process go from its loop; its watchdog thread ends it within a
     second or so of a SIGKILL of the training process, with its sibling, and the cache's
     directory on /dev/shm goes with them."""
     script = textwrap.dedent(
         """
-        import os, sys, time
+        import os, sys, threading
         sys.path.insert(0, {root!r})
         import headrace as hr
         from tests.helpers import ArraySource
 
         def stuck(i=None):
             print("stuck", os.getpid(), flush=True)  # the same stdout as the training process
-            for _ in range(600):  # bounded: 60 s
-                time.sleep(0.1)
+            threading.Event().wait(60)  # user code that does not return (bounded: 60 s)
 
         def init(worker_id):
             if {stuck_in!r} == "worker_init_fn" and worker_id == 1:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import collections
 import fcntl
+import multiprocessing
 import os
 import select
-import time
 
 import pytest
 import torch
@@ -22,10 +22,14 @@ N = 48
 
 
 class LoggedIndex(Dataset):
-    """``__getitem__(i)`` is ``i``; every call appends ``"<pid> <i>"`` to ``log``."""
+    """``__getitem__(i)`` is ``i``; every call appends ``"<pid> <i>"`` to ``log``. Once
+    ``meet_now`` is set, each worker's next sample first waits at ``meet`` for the other's: both
+    workers run samples from then on."""
 
     def __init__(self, log: str) -> None:
-        self.log = log
+        ctx = multiprocessing.get_context("fork")  # shared with the workers by the fork
+        self.log, self.meet, self.meet_now = log, ctx.Barrier(2), ctx.Event()
+        self.met = False  # in this worker process
 
     def __len__(self) -> int:
         return N
@@ -33,7 +37,9 @@ class LoggedIndex(Dataset):
     def __getitem__(self, i: int) -> int:
         with open(self.log, "a") as f:
             f.write(f"{os.getpid()} {i}\n")
-        time.sleep(0.005)  # simulated work: an epoch is long enough for both workers
+        if self.meet_now.is_set() and not self.met:
+            self.meet.wait(30)
+            self.met = True
         return i
 
 
@@ -61,7 +67,8 @@ def test_an_epoch_ends_while_a_worker_is_still_in_its_worker_init_fn(tmp_path, n
     gate.touch()
     os.mkfifo(passed)
     passed_fd = os.open(passed, os.O_RDONLY | os.O_NONBLOCK)
-    loader = hr.DataLoader(LoggedIndex(str(log)), batch_size=4, num_workers=2, shuffle=shuffle,
+    dataset = LoggedIndex(str(log))
+    loader = hr.DataLoader(dataset, batch_size=4, num_workers=2, shuffle=shuffle,
                            worker_init_fn=_Init(str(gate), str(held), str(passed)), timeout=30,
                            persistent_workers=True)
     try:
@@ -74,6 +81,7 @@ def test_an_epoch_ends_while_a_worker_is_still_in_its_worker_init_fn(tmp_path, n
             fcntl.flock(g, fcntl.LOCK_UN)  # (the forked workers share this open file)
         ready, _, _ = select.select([passed_fd], [], [], 30)  # worker 1's init returns now
         assert ready and os.read(passed_fd, 1) == b"x"
+        dataset.meet_now.set()  # epoch 2 runs on both workers
         second = [int(v) for b in loader for v in torch.as_tensor(b).flatten()]  # both work
         assert sorted(second) == list(range(N))
         calls = [line.split() for line in log.read_text().splitlines()]

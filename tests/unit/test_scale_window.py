@@ -26,8 +26,10 @@ def fake_scheduler(workers):
                            counters=Counters())
 
 
-def test_no_decision_while_a_worker_starts_and_a_fresh_window_after():
-    # an hour between decisions: the test's own ticks never make one due by themselves
+def monitor_with_a_starting_worker():
+    """(monitor, decisions it took, scheduler, worker 1 still starting): worker 0 runs, and a
+    decision is long due (an hour between decisions: the test's own ticks never make one due
+    by themselves)."""
     opts = hr.Options(profile=False, autoscale=AutoscaleConfig(interval_s=HOUR))
     monitor = Monitor(opts, autoscale=True, step_names=None)
     decided = []
@@ -36,9 +38,13 @@ def test_no_decision_while_a_worker_starts_and_a_fresh_window_after():
                                started=time.monotonic())
     running = SimpleNamespace(ready=True, retiring=False, external=False)
     sched = fake_scheduler({0: running, 1: starting})
-
-    monitor._last_scale -= 10 * HOUR  # a decision is long due...
+    monitor._last_scale -= 10 * HOUR
     monitor.scaler.observe_queue(0.0)
+    return monitor, decided, sched, starting
+
+
+def test_no_decision_while_a_worker_starts_and_a_fresh_window_after():
+    monitor, decided, sched, starting = monitor_with_a_starting_worker()
     monitor.on_tick(sched)
     assert decided == []  # ...but worker 1 still starts: none
     starting.ready = True
@@ -70,16 +76,7 @@ def test_no_decision_while_a_worker_starts_and_a_fresh_window_after():
 def test_a_worker_starting_for_ever_does_not_freeze_the_scaler():
     """A ``worker_init_fn`` that never returns: its worker holds decisions back for
     ``STARTING_PAUSE_S`` from its start, not for the rest of the run."""
-    opts = hr.Options(profile=False, autoscale=AutoscaleConfig(interval_s=HOUR))
-    monitor = Monitor(opts, autoscale=True, step_names=None)
-    decided = []
-    monitor._autoscale = decided.append
-    stuck = SimpleNamespace(ready=False, retiring=False, external=False,
-                            started=time.monotonic())
-    running = SimpleNamespace(ready=True, retiring=False, external=False)
-    sched = fake_scheduler({0: running, 1: stuck})
-    monitor._last_scale -= 10 * HOUR
-    monitor.scaler.observe_queue(0.0)
+    monitor, decided, sched, stuck = monitor_with_a_starting_worker()
     monitor.on_tick(sched)
     assert decided == []  # it may still be starting
     stuck.started -= STARTING_PAUSE_S  # ...and now it has been, for too long

@@ -80,9 +80,11 @@ class Dispatcher:
                 self.counters.task_messages += len(tasks) > 1
                 w.send_many(tasks, hold)
         idle = [w for w in workers if not w.assigned and w.ready]
+        if not idle:
+            return
         starting = [w for w in pool if not w.ready and w.assigned and not w.retiring
                     and not w.fetches]  # eager, or no longer (its first samples moving)
-        if idle and (slow_now or starting):
+        if slow_now or starting:
             self._steal(idle, workers, slow_now, starting)
 
     def _fill(self, workers: list[WorkerHandle], deep: int, slow_now: dict[int, float],
