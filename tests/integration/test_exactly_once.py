@@ -59,3 +59,40 @@ def test_autoscaled_workers_deliver_exactly_once():
     loader = hr.DataLoader(ds, batch_size=8, shuffle=True, num_workers="auto", options=opts)
     assert Counter(flat(loader)) == Counter(range(120))
     assert loader.stats().workers_timeline[0][1] == 1
+
+
+class _FailsAt(IndexDataset):
+    def __init__(self, n: int, bad: set[int]) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.bad:
+            raise ValueError(f"sample {i} is bad")
+        return i
+
+
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_drop_last_counts_what_a_failed_sample_leaves_out(on_error):
+    """Regrouped batches with drop_last stay full: when a failed sample leaves the last batch
+    short, its samples are dropped, and counted (they were not, and looked lost)."""
+    loader = hr.DataLoader(_FailsAt(100, {3, 50}), batch_size=4, num_workers=2, drop_last=True,
+                           in_order=False, options=hr.Options(on_error=on_error))
+    got, raised = [], 0
+    it = iter(loader)
+    while True:
+        try:
+            b = next(it)
+        except StopIteration:
+            break
+        except hr.StepError:
+            raised += 1
+            continue
+        assert len(b) == 4
+        got.extend(b.tolist())
+    e = loader.stats().last
+    assert len(got) == len(set(got)) and not {3, 50} & set(got)
+    assert (e.skipped_samples, e.failed_samples, raised) == ((2, 0, 0) if on_error == "skip"
+                                                            else (0, 2, 2))
+    assert e.dropped_samples == 98 - len(got) == 2  # 98 good samples: 24 batches and 2 left
+    assert "dropped 2 (drop_last)" in loader.explain()

@@ -197,10 +197,11 @@ def explain_text(f: Facts) -> str:
                    f"p99 {units.duration(p.total_p99)}, max {units.duration(p.total_max)}")
     out += f.cache_lines
     for e in st.epochs[-3:]:
+        dropped = f", dropped {e.dropped_samples} (drop_last)" if e.dropped_samples else ""
         out.append(
             f"epoch {e.epoch}: {e.samples} samples in {e.wall_s:.2f} s ({e.samples_per_s:.1f}/s), "
             f"stall {100 * e.stall_fraction:.0f}% of wall, fast {e.fast_samples} / slow "
-            f"{e.slow_samples}, skipped {e.skipped_samples}, main-process CPU "
+            f"{e.slow_samples}, skipped {e.skipped_samples}{dropped}, main-process CPU "
             f"{e.main_cpu_per_batch_ms:.2f} ms/batch{'' if e.finished else ' (running)'}"
         )
     return "\n".join(out)

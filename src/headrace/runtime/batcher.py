@@ -58,7 +58,9 @@ class Batcher:
             raise ValueError("regroup needs a batch size")
         self.mode = mode
         self.batch_size = batch_size or 1
-        self.drop_last = drop_last  # regroup: a short last batch is dropped, as torch promises
+        # regroup: a short last batch is dropped, as torch promises: every batch is batch_size
+        # long (short only because samples were skipped or failed: EpochStats.dropped_samples)
+        self.drop_last = drop_last
         # regroup: the batch being filled
         self._keys = itertools.count(first_key)
         self._open_key = next(self._keys)

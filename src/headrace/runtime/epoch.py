@@ -40,7 +40,7 @@ class EpochMeter:
 
     def snapshot(
         self, fast: int, slow: int, skipped: int, retried: int, scheduler_cpu_s: float,
-        moved: int = 0, failed: int = 0, shared: int = 0,
+        moved: int = 0, failed: int = 0, shared: int = 0, dropped: int = 0,
     ) -> EpochStats:
         end = self.t_end if self.t_end is not None else time.perf_counter()
         wall = end - self.t_start
@@ -61,6 +61,7 @@ class EpochMeter:
             moved_samples=moved,
             failed_samples=failed,
             shared_samples=shared,
+            dropped_samples=dropped,
         )
 
 
@@ -301,7 +302,7 @@ class EpochIterator(EpochBase):
     def stats(self) -> EpochStats:
         c = self.scheduler.counters
         return self.meter.snapshot(c.fast, c.slow, c.skipped, c.retried, c.scheduler_cpu_s, c.moved,
-                                   c.failed, c.shared_samples)
+                                   c.failed, c.shared_samples, c.dropped)
 
     def _release(self) -> None:
         """Stop the scheduler; stop the workers unless they persist; drop what it queued and

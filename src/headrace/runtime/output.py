@@ -102,6 +102,8 @@ class BatchOutput:
             err = self._raise_for.pop(ready.key, None)
             if assembly is None or err is not None or ready.drop:  # failed, skipped or dropped
                 self.counters.discarded += len(ready.rows)
+                if ready.drop:
+                    self.counters.dropped += len(ready.rows)
                 if err is not None:
                     self.out.put(("raise", err, None))
                 continue

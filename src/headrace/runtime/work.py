@@ -73,7 +73,9 @@ class Counters:
         self.retried = 0
         self.moved = 0  # tasks moved from behind a slow sample to an idle worker
         self.failed = 0  # samples whose error was raised to the training loop (on_error="raise")
-        self.discarded = 0  # finished samples of a batch that raised instead (as torch loses them)
+        self.discarded = 0  # finished samples never delivered: of a batch that raised instead
+        # (as torch loses them), or ``dropped``
+        self.dropped = 0  # finished samples of a short last batch that drop_last forbids
         self.scheduler_cpu_s = 0.0
         self.forwarded = 0  # slow-lane samples' partial values sent on to a worker
         self.forward_cpu_s = 0.0  # scheduler-thread CPU seconds those cost (ring copy, encode, send)

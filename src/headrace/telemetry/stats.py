@@ -94,6 +94,10 @@ class EpochStats:
         cache: what the sample cache did this epoch (``None``: no cache).
         shared_samples: samples that reached the training process in a message shared with
             others (cheap samples: ``planner/queueing.py``).
+        dropped_samples: samples that ran and were left out because ``drop_last`` forbids a
+            short batch: with batches regrouped (``in_order=False``), skipped or failed samples
+            leave the epoch's last batch short, and every batch stays ``batch_size`` long (the
+            sampler's own ``drop_last`` tail never runs and is not counted here).
     """
 
     epoch: int
@@ -112,6 +116,7 @@ class EpochStats:
     failed_samples: int = 0
     cache: CacheStats | None = None
     shared_samples: int = 0
+    dropped_samples: int = 0
 
     @property
     def stall_fraction(self) -> float:
