@@ -148,3 +148,25 @@ def test_an_interrupted_read_raises_at_once_and_ends_the_reading():
     assert next(feed) == 0  # what was read before stays
     with pytest.raises(RuntimeError, match="interrupted while it was read"):
         next(feed)
+
+
+def test_an_interrupt_between_reading_a_group_and_queueing_it_ends_the_reading():
+    """A Ctrl-C landing after the sampler gave a group and before it was queued (here in the
+    resume rule, the one call in between) lost the group without a word: the feed went on
+    reading after it, and the epoch ended without its samples."""
+    calls = {"n": 0}
+
+    def runs(position, index):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the second group's first position
+            raise Interrupt
+        return True
+
+    feed = Feed(Counting([[0, 1], [2, 3], [4, 5]]), auto_collation=True, ahead=10, runs=runs)
+    with pytest.raises(Interrupt):
+        feed.top_up(0)
+    assert next(feed) == [0, 1]
+    assert feed.positions == 2 and feed.fed == 2  # nothing of the interrupted group counted
+    assert not feed.top_up(0)  # the sampler is not read on
+    with pytest.raises(RuntimeError, match="interrupted while it was read"):
+        next(feed)

@@ -59,7 +59,7 @@ class FakeEpoch:
         self.closed = self.finished = True
         raise StopIteration
 
-    def mark(self, positions) -> None:
+    def deliver(self, positions) -> None:
         self.delivered.extend(positions)
 
     def stats(self):
@@ -105,6 +105,32 @@ def test_close_drops_batches_copied_ahead_undelivered():
     pf.close()
     assert pf.closed and pf.in_flight == 0 and epoch.delivered == [0, 1]
     assert pf.origin == "origin" and pf.stats() == "stats" and pf.delivered is epoch.delivered
+
+
+class Interrupted(FakeEpoch):
+    """Delivering its second batch is interrupted once (a Ctrl-C: ``EpochBase.deliver`` then
+    leaves it undelivered)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.calls = 0
+
+    def deliver(self, positions) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            raise KeyboardInterrupt
+        super().deliver(positions)
+
+
+def test_a_batch_whose_delivery_was_interrupted_comes_next():
+    epoch, copier = Interrupted(4), FakeCopier()
+    pf = DevicePrefetcher(epoch, copier, depth=2)
+    epoch.release(4)
+    assert next(pf)["id"] == 0
+    with pytest.raises(KeyboardInterrupt):
+        next(pf)
+    assert [b["id"] for b in pf] == [1, 2, 3]  # lost before: the epoch went on without it
+    assert epoch.delivered == list(range(8))
 
 
 def test_depth_validated():

@@ -28,6 +28,14 @@ class Bitmap:
         self.count += 1
         return True
 
+    def clear(self, i: int) -> None:
+        """Clear bit ``i`` (a batch whose delivery was interrupted: ``EpochBase.deliver``)."""
+        byte, bit = divmod(i, 8)
+        m = 1 << bit
+        if byte < len(self._bits) and self._bits[byte] & m:
+            self._bits[byte] &= ~m & 0xFF
+            self.count -= 1
+
     def __contains__(self, i: int) -> bool:
         byte, bit = divmod(i, 8)
         return byte < len(self._bits) and bool(self._bits[byte] & (1 << bit))

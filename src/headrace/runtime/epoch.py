@@ -5,6 +5,14 @@ only writer of the delivered bitmap, so a ``state_dict()`` taken between two ``n
 exact. A batch is marked when it reaches the training loop (``mark``), not when it is taken
 from the scheduler (``take``): the device prefetcher (``runtime/prefetch.py``) takes batches
 ahead, and those are not delivered yet. Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
+
+An interrupt (Ctrl-C: a signal handler's exception lands between two bytecodes) may come
+anywhere in ``next()``, and a notebook user reads the same iterator on. A batch that left the
+queue is kept until it reached the training loop: interrupted in ``take`` it is held for the
+next one (``_batch``), interrupted in ``mark`` it is unmarked and given back (``deliver``,
+``give_back``). The scheduler counts the batches it queued (``Counters.batches_out``) and the
+epoch the ones taken (``batches_taken``); at the end a difference (a batch lost inside
+``queue.Queue.get``, after it left the queue) ends the epoch unfinished with an error.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from typing import Any
 
 from headrace.errors import StepError
 from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.epoch_base import EpochBase
 from headrace.runtime.feed import Feed
 from headrace.runtime.output import WAKE_UPS
 from headrace.runtime.pool import WorkerPool
@@ -24,139 +33,6 @@ from headrace.telemetry.stats import EpochStats
 
 GET_POLL_S = 0.5
 """How often a waiting ``next()`` checks that the scheduler thread is alive (seconds)."""
-
-
-class EpochMeter:
-    """Wall time, stall and CPU of one epoch as the training loop sees it."""
-
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.t_start = time.perf_counter()
-        self.t_end: float | None = None
-        self.stall_s = 0.0
-        self.batches = 0
-        self.samples = 0
-        self.consumer_cpu_s = 0.0
-
-    def snapshot(
-        self, fast: int, slow: int, skipped: int, retried: int, scheduler_cpu_s: float,
-        moved: int = 0, failed: int = 0, shared: int = 0, dropped: int = 0,
-    ) -> EpochStats:
-        end = self.t_end if self.t_end is not None else time.perf_counter()
-        wall = end - self.t_start
-        cpu = self.consumer_cpu_s + scheduler_cpu_s
-        return EpochStats(
-            epoch=self.epoch,
-            wall_s=wall,
-            stall_s=self.stall_s,
-            batches=self.batches,
-            samples=self.samples,
-            samples_per_s=self.samples / wall if wall > 0 else 0.0,
-            fast_samples=fast,
-            slow_samples=slow,
-            skipped_samples=skipped,
-            retried_samples=retried,
-            main_cpu_per_batch_ms=1000.0 * cpu / self.batches if self.batches else 0.0,
-            finished=self.t_end is not None,
-            moved_samples=moved,
-            failed_samples=failed,
-            shared_samples=shared,
-            dropped_samples=dropped,
-        )
-
-
-class EpochBase:
-    """What every epoch iterator shares: its meter, origin, closing protocol.
-
-    Subclasses implement ``__next__``, ``stats`` and ``_release`` (free what the epoch holds).
-    ``origin`` (a ``checkpoint.EpochOrigin``) and ``loader`` (kept alive while the epoch runs)
-    are set by the loader.
-    """
-
-    def __init__(self, epoch: int, hooks: Any, delivered: Bitmap) -> None:
-        self.meter = EpochMeter(epoch)
-        self.hooks = hooks
-        self.delivered = delivered
-        self.ods: Any = None  # cache.ods_epoch.OdsEpoch: delivered is then by sample index
-        self.origin: Any = None
-        self.steps: tuple[str, ...] = ()  # the step order this epoch runs (set by the loader)
-        self.loader: Any = None
-        self.empty_batches = 0  # a batch sampler's empty batches delivered (before a resume too)
-        self._closed = False
-        self._replaced = False
-
-    def __iter__(self) -> EpochBase:
-        return self
-
-    def __len__(self) -> int:
-        """Batches in an epoch of the loader (torch's iterators answer ``len()`` the same way)."""
-        return len(self.loader) if self.loader is not None else 0
-
-    def _check_open(self) -> None:
-        """``StopIteration`` once closed; a clear error if a newer ``iter(loader)`` took this
-        epoch's persistent workers (torch would silently reset the shared iterator)."""
-        if self._replaced:
-            raise RuntimeError(
-                "this DataLoader iterator was replaced by a newer iter(loader): with "
-                "persistent_workers=True the workers are shared, so only the newest iterator "
-                "runs. Finish one epoch before starting the next, or use "
-                "persistent_workers=False for independent iterators")
-        raise StopIteration
-
-    def __next__(self) -> Any:
-        got = self.take()
-        assert got is not None  # a blocking take returns a batch or raises
-        self.mark(got[1])
-        return got[0]
-
-    def take(self, block: bool = True) -> tuple[Any, Any] | None:
-        """The next batch and its positions, not yet delivered (``mark`` delivers it).
-
-        ``block=False``: ``None`` when no batch is ready yet or the epoch's end is next (the
-        end is then kept for the next blocking call). Raises ``StopIteration`` at the end.
-        """
-        raise NotImplementedError
-
-    def mark(self, positions: Any) -> None:
-        """The batch at ``positions`` reached the training loop: it is delivered."""
-        if not positions:  # a batch sampler's empty batch: counted, a resume skips as many
-            self.empty_batches += 1
-        for p in positions:
-            self.delivered.set(p if self.ods is None else self.ods.index_of(p))
-        self.meter.batches += 1
-        self.meter.samples += len(positions)
-
-    def stats(self) -> EpochStats:
-        raise NotImplementedError
-
-    def _release(self) -> None:
-        """Free what the epoch holds (threads, workers); called once by ``close``."""
-
-    @property
-    def finished(self) -> bool:
-        return self.meter.t_end is not None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self, replaced: bool = False) -> None:
-        """Release the epoch and record its stats (idempotent). ``replaced``: a newer iterator
-        took its persistent workers over; advancing this one then raises."""
-        if self._closed:
-            return
-        self._closed = True
-        self._replaced = replaced
-        self._release()
-        if self.loader is not None and not self.finished:
-            self.loader._abandoned(self)  # state_dict() still describes this epoch
-        self.hooks.on_epoch_closed(self.stats())
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
 
 class EpochIterator(EpochBase):
@@ -179,6 +55,7 @@ class EpochIterator(EpochBase):
         self._out: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self._held: tuple[str, Any, Any] | None = None  # seen by a non-blocking take, for later
         self._raised = 0  # samples of batches whose collate_fn raised in the training loop
+        self.batches_taken = 0  # batches take() returned or raised (Counters.batches_out)
         self._empty = 0  # empty batches (a batch sampler's) delivered in this run
         self.feed = spec.groups if isinstance(spec.groups, Feed) else None
         out = self._out  # (the queue alone: a reference to self would be a cycle)
@@ -194,11 +71,16 @@ class EpochIterator(EpochBase):
         # where marking first lost it (delivered for state_dict(), never returned)
         try:
             self._top_up(len(positions) or 1, wake=True, leaving=True)
-            if not positions:
-                self._empty += 1
-            super().mark(positions)
         finally:  # next() returns (or raises) now: the woken scheduler may take the GIL
             self.scheduler.left()
+        super().mark(positions)  # last: nothing that can be interrupted comes after it
+        if not positions:
+            self._empty += 1
+
+    def give_back(self, batch: Any, positions: Any) -> None:
+        self.batches_taken -= 1
+        self.scheduler.consumed -= len(positions)
+        self._held = ("batch", batch, positions)
 
     def _top_up(self, delivering: int = 0, wake: bool = False, leaving: bool = False) -> None:
         """Read the sampler in this (the training) thread for the room the settled samples
@@ -243,41 +125,79 @@ class EpochIterator(EpochBase):
                 item = self._get_blocking(deadline)
                 self.meter.stall_s += time.perf_counter() - t0
         kind, value, positions = item
-        if kind in ("future", "deferred"):  # a user collate_fn's batch (runtime/output.py)
-            if kind == "future" and not block and not value.done():
-                self._held = item
-                return None
-            t0 = time.perf_counter()
-            try:
-                value = value.result() if kind == "future" else value()
-            except StepError:
-                self.scheduler.consumed += len(positions)  # its samples leave with its error
-                self._raised += len(positions) or 1  # (an empty batch counts as one)
-                self._top_up(wake=True)
-                value = item = None  # held by the error's traceback: a cycle through the future
-                raise
-            finally:
-                self.meter.stall_s += time.perf_counter() - t0
-            kind = "batch"
-        if kind == "batch":
-            self.scheduler.consumed += len(positions)  # the scheduler is woken at ``mark``
-            self.meter.consumer_cpu_s += time.thread_time() - c0
-            return value, positions
+        if kind in ("batch", "future", "deferred"):
+            return self._batch(item, block, c0)
         if not block:
             self._held = item  # the end, or an error, comes after the batches taken ahead
             return None
         if kind == "raise":  # one sample's (or batch's) error: raised, and the epoch goes on
             self.meter.consumer_cpu_s += time.thread_time() - c0
         elif kind == "end":
+            lost = self.scheduler.counters.batches_out - self.batches_taken
+            if lost:  # unfinished: state_dict() still describes the epoch
+                self._end_with(RuntimeError(
+                    f"{lost} batch(es) of this epoch left the loader's queue and never reached "
+                    "the training loop (an interrupt such as Ctrl-C inside next()): the epoch "
+                    "is not finished; state_dict() resumes the samples not delivered"))
             self.meter.t_end = time.perf_counter()
             self.close()
             raise StopIteration
         else:  # an error that ends the epoch (the sampler's): unfinished, so state_dict()
-            self.close()  # still describes it and a resume delivers the rest
+            item = None  # still describes it and a resume delivers the rest
+            try:
+                self._end_with(value)
+            finally:  # this frame is in the error's traceback: it must not hold the error
+                value = None
         try:
             raise value
         finally:  # this frame is in the error's traceback: it must not hold the error itself
             value = item = None
+
+    def _batch(self, item: tuple[str, Any, Any], block: bool,
+               c0: float) -> tuple[Any, Any] | None:
+        """The batch of a queue ``item`` (``"batch"``, or a user ``collate_fn``'s
+        ``"future"`` or ``"deferred"`` one, collated now) and its positions; ``None`` when a
+        non-blocking take finds its collation still running (held for later). Interrupted
+        once the item left the queue (a Ctrl-C while it waits for the collation or runs it),
+        the item is held for the next take, which returns it: dropped, its batch was lost for
+        the rest of the epoch."""
+        kind, value, positions = item
+        try:
+            if kind != "batch":  # a user collate_fn's batch (runtime/output.py)
+                if kind == "future" and not block and not value.done():
+                    self._held = item
+                    return None
+                value = self._collated(kind, value, positions)
+                item = ("batch", value, positions)  # collated: held as such if interrupted now
+            n = len(positions)
+            self.meter.consumer_cpu_s += time.thread_time() - c0
+            self.batches_taken += 1  # these two last: nothing can interrupt what follows
+            self.scheduler.consumed += n  # (the scheduler is woken at ``mark``)
+            return value, positions
+        except StepError:
+            del value, item  # held by the error's traceback: a cycle through the future
+            raise
+        except BaseException:  # not the future's own outcome: the next take returns it
+            if item[0] != "future" or not value.done() or value.exception() is None:
+                self._held = item
+            raise
+
+    def _collated(self, kind: str, collate: Any, positions: Any) -> Any:
+        """What a user ``collate_fn`` made of a batch: the ``"future"``'s result, or the
+        ``"deferred"`` collation run here. Its ``StepError`` (the batch raises in place, as in
+        torch) takes the batch's samples out of flight."""
+        t0 = time.perf_counter()
+        try:
+            return collate.result() if kind == "future" else collate()
+        except StepError:
+            self.batches_taken += 1
+            self.scheduler.consumed += len(positions)  # its samples leave with its error
+            self._raised += len(positions) or 1  # (an empty batch counts as one)
+            self._top_up(wake=True)
+            collate = None  # held by the error's traceback: a cycle through the future
+            raise
+        finally:
+            self.meter.stall_s += time.perf_counter() - t0
 
     def _get_blocking(self, deadline: float | None) -> tuple[str, Any, Any]:
         """The next item of the queue; ``deadline``: ``time.monotonic()`` at which the loader's

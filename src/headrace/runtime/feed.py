@@ -88,24 +88,44 @@ class Feed:
             except Exception as e:  # noqa: BLE001 - the sampler's: raised after what came before
                 self._ended, self._error = True, detached(e)
             except BaseException as e:  # Ctrl-C, SystemExit: to the caller at once
-                self._ended, self._error = True, RuntimeError(
-                    f"the sampler was interrupted while it was read ({type(e).__name__}): the "
-                    "rest of this epoch cannot be read from it; state_dict() resumes it")
+                self._interrupted(e)
                 raise
             else:
-                n = len(group) if self._auto else 1
-                start, self.positions = self.positions, self.positions + n
-                runs = self._runs
-                # an empty batch counts as one: it is delivered (and settled) as a batch, and
-                # endless empty ones must not keep this loop reading
-                self.fed += max(1, n) if runs is None or not n else sum(
-                    map(runs, range(start, start + n), group if self._auto else [group]))
-                read += max(1, n)
-                self._items.append(group)
+                try:
+                    read += self._queue(group)
+                except BaseException as e:  # between reading the group and queueing it
+                    self._interrupted(e)
+                    raise
                 added = True
                 continue
             added = True
         return added
+
+    def _queue(self, group: Any) -> int:
+        """Count ``group``'s positions and samples to run, then queue it for the scheduler;
+        the positions it read. Interrupted part-way (a Ctrl-C between two of these lines), the
+        group was read and not queued: the feed ends (:meth:`_interrupted`)."""
+        n = len(group) if self._auto else 1
+        start = self.positions
+        runs = self._runs
+        # an empty batch counts as one: it is delivered (and settled) as a batch, and endless
+        # empty ones must not keep the reading loop going
+        to_run = max(1, n) if runs is None or not n else sum(
+            map(runs, range(start, start + n), group if self._auto else [group]))
+        self.positions = start + n
+        self.fed += to_run
+        self._items.append(group)
+        return max(1, n)
+
+    def _interrupted(self, e: BaseException) -> None:
+        """A ``BaseException`` (Ctrl-C, SystemExit) while a group was read or queued: the
+        sampler cannot be read on from where it stopped, so the scheduler gets, after what was
+        queued before, an error that ends the epoch (unfinished: ``state_dict()`` resumes it).
+        Read on, a group read and never queued was lost without a word (its samples never ran,
+        and with a small in-flight bound the epoch waited for them for ever)."""
+        self._ended, self._error = True, RuntimeError(
+            f"the sampler was interrupted while it was read ({type(e).__name__}): the rest of "
+            "this epoch cannot be read from it; state_dict() resumes it")
 
     # -- scheduler thread ------------------------------------------------------------------------
     def __iter__(self) -> Feed:

@@ -17,7 +17,7 @@ from headrace.pipeline.runner import SampleRunner
 from headrace.pipeline.seeding import global_states, restore_globals
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.draws import Draws
-from headrace.runtime.epoch import EpochBase
+from headrace.runtime.epoch_base import EpochBase
 from headrace.runtime.work import collate_error
 from headrace.telemetry.stats import EpochStats
 
@@ -63,38 +63,55 @@ class InProcessIterator(EpochBase):
         self.regroup = regroup  # batch size when batches are regrouped (runtime/batcher.py)
         self._carry: list[tuple[Any, int, Any]] = []
         self._pending: list[tuple[int, Any, int]] = []  # (position, index, draw) not yet run
+        self._again: tuple[Any, Any] | None = None  # a batch whose next() was interrupted
+        self._sampler_stopped: str | None = None  # why the sampler cannot be read on
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         if self._closed:
             self._check_open()
         if not block:
             return None  # samples load in the training thread: nothing is ever ready ahead
+        if self._again is not None:
+            again, self._again = self._again, None
+            return again
         t0, c0 = time.perf_counter(), time.thread_time()
         got, self._carry = self._carry, []  # (sample, position, index) loaded, not yet batched
         target = self.regroup or 1
-        if self._pending:  # a group's samples after one that raised (regroup only)
+        if self._pending:  # a group's samples after one that raised or was interrupted
             pending, self._pending = self._pending, []
             self._run(pending, got)
         while len(got) < target:
+            if self._sampler_stopped is not None:
+                if got:  # what was loaded before goes out first
+                    break
+                self._end_with(RuntimeError(self._sampler_stopped))  # unfinished:
+                # state_dict() resumes the rest
             try:
                 group = next(self.groups)
+                indices = list(group) if self.auto_collation else [group]
             except StopIteration:
                 if got:  # the last, short batch (only skipped samples can make it short when
                     break  # drop_last trimmed the sampler: they do so uninterrupted too)
                 self.meter.t_end = time.perf_counter()
                 self.close()
                 raise
-            indices = list(group) if self.auto_collation else [group]
+            except BaseException as e:
+                self._stop_reading(e, got)
+                raise
             if not indices:  # a user batch_sampler's empty batch: collate_fn([]), as torch
                 break
-            positions = range(self._position, self._position + len(indices))
-            self._position += len(indices)
-            draws = self.draws.repeats(positions, indices)  # delivered ones too
-            if self.ods is not None:
-                todo = self.ods.fill(positions, indices)
-            else:
-                todo = [(p, i) for p, i in zip(positions, indices, strict=True)
-                        if p not in self.delivered]
+            try:
+                positions = range(self._position, self._position + len(indices))
+                self._position += len(indices)
+                draws = self.draws.repeats(positions, indices)  # delivered ones too
+                if self.ods is not None:
+                    todo = self.ods.fill(positions, indices)
+                else:
+                    todo = [(p, i) for p, i in zip(positions, indices, strict=True)
+                            if p not in self.delivered]
+            except BaseException as e:  # a Ctrl-C: the group was read, and is not run
+                self._stop_reading(e, got)
+                raise
             self._run([(p, i, draws.get(p, 0)) for p, i in todo], got)
         if self.regroup:  # batches of batch_size, whatever holes a resume left in the groups
             got, self._carry = got[:self.regroup], got[self.regroup:]
@@ -102,11 +119,16 @@ class InProcessIterator(EpochBase):
         done = [g[1] for g in got]
         indices = [g[2] for g in got]
         try:
-            batch = self.collate(samples) if self.auto_collation else self.collate(samples[0])
-        except Exception as e:
-            raise collate_error(e, indices) from e
-        if self.pin is not None:
-            batch = self.pin(batch)
+            try:
+                batch = self.collate(samples) if self.auto_collation else self.collate(samples[0])
+            except Exception as e:
+                raise collate_error(e, indices) from e
+            if self.pin is not None:
+                batch = self.pin(batch)
+        except BaseException as e:
+            if not isinstance(e, Exception):  # a Ctrl-C: the next take collates them again
+                self._carry = got + self._carry
+            raise
         m = self.meter
         m.stall_s += time.perf_counter() - t0  # every second in here is the loop waiting
         m.consumer_cpu_s += time.thread_time() - c0
@@ -116,13 +138,18 @@ class InProcessIterator(EpochBase):
         """Load ``items`` ((position, index, draw) each) into ``got``. A sample that raises
         (``on_error="raise"``) raises here; when batches are regrouped, what was gathered and the
         items after it wait for the next batch, as the workers' regrouping keeps them (lost
-        before: up to two batches' worth per failing sample)."""
+        before: up to two batches' worth per failing sample). Interrupted (a Ctrl-C while a
+        sample loads), what was gathered waits too, and the interrupted sample runs again (its
+        seeds are its own): the rest of its batch was lost before."""
         for n, (p, i, d) in enumerate(items):
             try:
                 ok, value = self._one(i, d)
             except StepError:
                 if self.regroup:
                     self._carry, self._pending = got, items[n + 1:]
+                raise
+            except BaseException:
+                self._carry, self._pending = got, items[n:]
                 raise
             if ok:
                 got.append((value, p, i))
@@ -148,6 +175,20 @@ class InProcessIterator(EpochBase):
         self.skipped += 1
         self.hooks.on_skip(index, err)
         return False, None
+
+    def _stop_reading(self, e: BaseException, got: list[tuple[Any, int, Any]]) -> None:
+        """The sampler raised ``e``, or something interrupted a group's read (a Ctrl-C): the
+        sampler cannot be read on from where it stopped (a generator that raised is done, and
+        read on it ended the epoch early, finished for ``state_dict()`` too). What was loaded
+        goes out in the next batch, then the epoch ends unfinished with an error saying so
+        (``state_dict()`` resumes it), as with worker processes (``runtime/feed.py``)."""
+        self._sampler_stopped = (
+            f"the sampler raised or was interrupted while it was read ({type(e).__name__}): "
+            "the rest of this epoch cannot be read from it; state_dict() resumes it")
+        self._carry = got
+
+    def give_back(self, batch: Any, positions: Any) -> None:
+        self._again = (batch, positions)
 
     def stats(self) -> EpochStats:
         return self.meter.snapshot(self.meter.samples, 0, self.skipped, 0, 0.0, failed=self.failed)

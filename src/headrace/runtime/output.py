@@ -120,6 +120,7 @@ class BatchOutput:
         place = self.spec.collate_place
         if user and place is not None and place.mode != "threads":
             s = self.spec
+            self.counters.batches_out += 1
             self.out.put(("deferred", functools.partial(
                 collated_in_loop, collate, place, s.base_seed, s.epoch, key), positions))
             return
@@ -129,6 +130,7 @@ class BatchOutput:
                     min(self.spec.collate_threads, available_cpus()), "headrace-collate")
             if place is not None and self.spec.collate_threads == 1:  # nor with the loop's
                 collate = functools.partial(one_at_a_time, place, collate)
+            self.counters.batches_out += 1
             self.out.put(("future", self._collators.submit(collate), positions))
             return
         try:
@@ -137,6 +139,7 @@ class BatchOutput:
             self.counters.discarded += len(positions)
             self.out.put(("raise", e, None))
             return
+        self.counters.batches_out += 1
         self.out.put(("batch", batch, positions))
 
     def close(self) -> None:

@@ -135,8 +135,12 @@ class DevicePrefetcher:
         while len(self._ahead) <= self.depth and self.fill():
             pass  # the one returned now, and up to DEPTH copied behind it
         batch, positions, fence = self._ahead.popleft()
-        self.copier.hand_over(batch, fence)
-        self.epoch.mark(positions)
+        try:
+            self.copier.hand_over(batch, fence)  # a second hand-over only waits again
+            self.epoch.deliver(positions)
+        except BaseException:  # a Ctrl-C: not delivered, the next next() returns it
+            self._ahead.appendleft((batch, positions, fence))
+            raise
         return batch
 
     def fill(self, block: bool = False) -> bool:

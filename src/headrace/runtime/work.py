@@ -76,6 +76,8 @@ class Counters:
         self.discarded = 0  # finished samples never delivered: of a batch that raised instead
         # (as torch loses them), or ``dropped``
         self.dropped = 0  # finished samples of a short last batch that drop_last forbids
+        self.batches_out = 0  # batches put on the training loop's queue ("batch", "future",
+        # "deferred"): at the end, EpochIterator checks that each reached the training loop
         self.scheduler_cpu_s = 0.0
         self.forwarded = 0  # slow-lane samples' partial values sent on to a worker
         self.forward_cpu_s = 0.0  # scheduler-thread CPU seconds those cost (ring copy, encode, send)

@@ -1,0 +1,196 @@
+"""What every epoch iterator shares (``runtime/epoch.py`` with workers, ``runtime/inprocess.py``
+with ``num_workers=0``): its meter, the closing protocol, and delivery, which a Ctrl-C may
+interrupt anywhere (``deliver``, ``give_back``, ``_end_with``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from headrace.runtime.bitmap import Bitmap
+from headrace.telemetry.stats import EpochStats
+
+
+class EpochMeter:
+    """Wall time, stall and CPU of one epoch as the training loop sees it."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.t_start = time.perf_counter()
+        self.t_end: float | None = None
+        self.stall_s = 0.0
+        self.batches = 0
+        self.samples = 0
+        self.consumer_cpu_s = 0.0
+
+    def snapshot(
+        self, fast: int, slow: int, skipped: int, retried: int, scheduler_cpu_s: float,
+        moved: int = 0, failed: int = 0, shared: int = 0, dropped: int = 0,
+    ) -> EpochStats:
+        end = self.t_end if self.t_end is not None else time.perf_counter()
+        wall = end - self.t_start
+        cpu = self.consumer_cpu_s + scheduler_cpu_s
+        return EpochStats(
+            epoch=self.epoch,
+            wall_s=wall,
+            stall_s=self.stall_s,
+            batches=self.batches,
+            samples=self.samples,
+            samples_per_s=self.samples / wall if wall > 0 else 0.0,
+            fast_samples=fast,
+            slow_samples=slow,
+            skipped_samples=skipped,
+            retried_samples=retried,
+            main_cpu_per_batch_ms=1000.0 * cpu / self.batches if self.batches else 0.0,
+            finished=self.t_end is not None,
+            moved_samples=moved,
+            failed_samples=failed,
+            shared_samples=shared,
+            dropped_samples=dropped,
+        )
+
+
+class EpochBase:
+    """What every epoch iterator shares: its meter, origin, closing protocol.
+
+    Subclasses implement ``__next__``, ``stats`` and ``_release`` (free what the epoch holds).
+    ``origin`` (a ``checkpoint.EpochOrigin``) and ``loader`` (kept alive while the epoch runs)
+    are set by the loader.
+    """
+
+    def __init__(self, epoch: int, hooks: Any, delivered: Bitmap) -> None:
+        self.meter = EpochMeter(epoch)
+        self.hooks = hooks
+        self.delivered = delivered
+        self.ods: Any = None  # cache.ods_epoch.OdsEpoch: delivered is then by sample index
+        self.origin: Any = None
+        self.steps: tuple[str, ...] = ()  # the step order this epoch runs (set by the loader)
+        self.loader: Any = None
+        self.empty_batches = 0  # a batch sampler's empty batches delivered (before a resume too)
+        self._closed = False
+        self._replaced = False
+        self._ending: BaseException | None = None  # see _end_with
+
+    def __iter__(self) -> EpochBase:
+        return self
+
+    def __len__(self) -> int:
+        """Batches in an epoch of the loader (torch's iterators answer ``len()`` the same way)."""
+        return len(self.loader) if self.loader is not None else 0
+
+    def _check_open(self) -> None:
+        """``StopIteration`` once closed; a clear error if a newer ``iter(loader)`` took this
+        epoch's persistent workers (torch would silently reset the shared iterator)."""
+        if self._replaced:
+            raise RuntimeError(
+                "this DataLoader iterator was replaced by a newer iter(loader): with "
+                "persistent_workers=True the workers are shared, so only the newest iterator "
+                "runs. Finish one epoch before starting the next, or use "
+                "persistent_workers=False for independent iterators")
+        error, self._ending = self._ending, None
+        if error is not None:  # the close before it was interrupted (a Ctrl-C)
+            try:
+                raise error
+            finally:
+                error = None
+        raise StopIteration
+
+    def _end_with(self, error: BaseException) -> None:
+        """Close the epoch, then raise ``error`` (what ends it unfinished); the next
+        ``next()`` raises it should something interrupt the close (joining the workers takes
+        a while: a Ctrl-C there replaced the error, and the epoch then looked done)."""
+        self._ending = error
+        self.close()
+        self._ending = None
+        try:
+            raise error
+        finally:  # this frame is in the error's traceback: it must not hold the error itself
+            error = None  # type: ignore[assignment]
+
+    def __next__(self) -> Any:
+        got = self.take()
+        assert got is not None  # a blocking take returns a batch or raises
+        try:
+            self.deliver(got[1])
+        except BaseException:  # a Ctrl-C while it was marked: the next next() returns it
+            self.give_back(*got)
+            raise
+        return got[0]
+
+    def take(self, block: bool = True) -> tuple[Any, Any] | None:
+        """The next batch and its positions, not yet delivered (``mark`` delivers it).
+
+        ``block=False``: ``None`` when no batch is ready yet or the epoch's end is next (the
+        end is then kept for the next blocking call). Raises ``StopIteration`` at the end.
+        """
+        raise NotImplementedError
+
+    def give_back(self, batch: Any, positions: Any) -> None:
+        """A batch ``take`` returned did not reach the training loop (an interrupt such as
+        Ctrl-C while :meth:`deliver` marked it): the next ``take`` returns it again."""
+        raise NotImplementedError
+
+    def deliver(self, positions: Any) -> None:
+        """:meth:`mark`, undone when something interrupts it (a Ctrl-C lands between two
+        bytecodes, in it or in what it calls: the sampler's read, the scheduler's wake-up):
+        the batch is then not delivered, for ``state_dict()`` too, and its caller keeps it for
+        the next ``next()`` (:meth:`give_back`). Before, the interrupted ``next()`` had taken
+        the batch and returned nothing: it was lost for the rest of the epoch, which ended
+        without a word (and a ``state_dict()`` skipped it if its positions were marked)."""
+        before = self.meter.batches
+        try:
+            self.mark(positions)
+        except BaseException:
+            ods = self.ods
+            for p in positions:  # none was delivered before: a position comes in one batch
+                self.delivered.clear(p if ods is None else ods.index_of(p))
+            if self.meter.batches > before:  # the counts come last in mark: all or none
+                n = len(positions)
+                self.meter.batches -= 1
+                self.meter.samples -= n
+                if not n:
+                    self.empty_batches -= 1
+            raise
+
+    def mark(self, positions: Any) -> None:
+        """The batch at ``positions`` reached the training loop: it is delivered."""
+        n = len(positions)
+        ods = self.ods
+        for p in positions:
+            self.delivered.set(p if ods is None else ods.index_of(p))
+        if not n:  # a batch sampler's empty batch: counted, a resume skips as many
+            self.empty_batches += 1
+        self.meter.batches += 1
+        self.meter.samples += n
+
+    def stats(self) -> EpochStats:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Free what the epoch holds (threads, workers); called once by ``close``."""
+
+    @property
+    def finished(self) -> bool:
+        return self.meter.t_end is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, replaced: bool = False) -> None:
+        """Release the epoch and record its stats (idempotent). ``replaced``: a newer iterator
+        took its persistent workers over; advancing this one then raises."""
+        if self._closed:
+            return
+        self._closed = True
+        self._replaced = replaced
+        self._release()
+        if self.loader is not None and not self.finished:
+            self.loader._abandoned(self)  # state_dict() still describes this epoch
+        self.hooks.on_epoch_closed(self.stats())
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
