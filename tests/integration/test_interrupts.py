@@ -89,9 +89,10 @@ def test_an_interrupt_while_a_batch_is_marked_gives_it_back(workers):
                            generator=torch.Generator().manual_seed(0))
     it = iter(loader)
     first = next(it).tolist()
-    with interrupt_once(Bitmap.set.__code__, nth_call(2)) as fired:  # the 2nd position's mark
-        with pytest.raises(KeyboardInterrupt):
-            next(it)
+    # interrupted in the 2nd position's mark
+    with interrupt_once(Bitmap.set.__code__, nth_call(2)) as fired, \
+            pytest.raises(KeyboardInterrupt):
+        next(it)
     assert fired["n"] == 1
     state = loader.state_dict()  # the interrupted batch is not delivered
     got, _, err = read_on(it)
