@@ -186,10 +186,10 @@ def test_getitem_writes_land_on_the_users_object_and_transform_is_restored(no_le
 
 
 class Frozen(tud.Dataset):
-    """``transform`` is a read-only property: it cannot be swapped, so the dataset is opaque."""
+    """``transform`` is a read-only property: headrace never sets it, so it is still measured."""
 
-    def __init__(self):
-        self._tf = Compose([add_one])
+    def __init__(self, tf):
+        self._tf = tf
 
     @property
     def transform(self):
@@ -202,13 +202,27 @@ class Frozen(tud.Dataset):
         return self.transform(i)
 
 
-def test_a_transform_that_cannot_be_set_makes_the_dataset_opaque(no_leaks):
-    ds = Frozen()
+class FrozenList(Compose):
+    """A Compose whose ``transforms`` is a read-only property: the wrappers cannot be set."""
+
+    def __init__(self, transforms):
+        self._transforms = transforms
+
+    @property
+    def transforms(self):
+        return self._transforms
+
+
+@pytest.mark.parametrize("compose, measured", [(Compose, True), (FrozenList, False)])
+def test_only_a_transforms_list_that_cannot_be_set_makes_the_dataset_opaque(compose, measured,
+                                                                             no_leaks):
+    ds = Frozen(compose([add_one]))
     tf = ds.transform
     loader = hr.DataLoader(ds, batch_size=N)
     try:
-        assert loader.pipeline.opaque and ds.transform is tf
+        assert loader.pipeline.embedded == measured and loader.pipeline.opaque != measured
         assert [b.tolist() for b in loader] == [[i + 1 for i in range(N)]]
+        assert ds.transform is tf and tf.transforms == [add_one]
     finally:
         loader.close()
 
@@ -316,7 +330,7 @@ def test_writes_through_the_transform_reach_the_users_transform(workers, no_leak
 
 def test_two_loaders_over_one_dataset_leave_the_users_transform_in_place():
     # a train and a val loader over one dataset, their loads interleaved (worker threads):
-    # the second runs on the first's installed copy and never takes it for the user's
+    # the second runs on the first's installed wrappers and never takes them for the user's
     inside, gate = threading.Event(), threading.Event()
 
     class Waits(tud.Dataset):
@@ -339,8 +353,8 @@ def test_two_loaders_over_one_dataset_leave_the_users_transform_in_place():
     got = []
     t = threading.Thread(target=lambda: got.append(first.load(0)))
     t.start()
-    assert inside.wait(30)  # the first load has installed its copy
-    assert ds.transform is not user
+    assert inside.wait(30)  # the first load has installed its wrappers
+    assert ds.transform is user and isinstance(user.transforms[0], Timed)
     assert second.load(1) == 2
     gate.set()
     t.join(30)

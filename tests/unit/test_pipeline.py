@@ -109,7 +109,7 @@ def _load_twice_in_a_child(src, out):
 
     ds = src.dataset
     first = src.load(1)
-    installed = ds.transform  # the instrumented copy stays between calls in a worker
+    installed = ds.transform  # its wrappers stay installed between calls in a worker
     second = src.load(2)
     ds.transform = Compose([double, add_one])  # the worker's code assigns another: measured from the next
     third = src.load(2)
@@ -121,7 +121,7 @@ def _load_twice_in_a_child(src, out):
 
 def test_a_worker_process_keeps_the_instrumented_transform_installed():
     """In a process other than the training process the dataset is the worker's own: the
-    instrumented copy is installed once, not swapped in and out per sample; in the training
+    wrappers are installed once, not swapped in and out per sample; in the training
     process the user's object is put back after each call."""
     import multiprocessing as mp
 

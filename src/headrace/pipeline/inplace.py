@@ -3,19 +3,21 @@
 A user's ``__getitem__`` may call ``self.transform(x)`` unconditionally, post-process after it,
 apply it to two views or to something other than element 0 of its sample. Splitting the
 transform out of the dataset would change what ``__getitem__`` computes. Instead headrace runs
-the user's dataset object itself (no copy of it: changes the user makes to it later, such as
-``ds.epoch = e`` or ``ds.transform = other``, what ``__getstate__`` would drop, what a
-``worker_init_fn`` sets on ``get_worker_info().dataset`` and what ``__getitem__`` writes to
-``self`` are all seen, as with torch's loader). For the duration of each ``dataset[i]``,
-:class:`EmbeddedSource` sets the dataset's ``transform`` attribute to a shallow copy of the
-user's Compose-like object (read again at every call) whose ``transforms`` list holds
-:class:`Timed` wrappers, and puts the user's object back afterwards: the Compose's own
-``__call__`` runs, each wrapper calls the original transform with the same arguments and
-returns its result unchanged, and measures it for the profiler (on the runs the worker
-profiles; on the others it only counts calls and notes a failure). In a worker process the
-copy stays installed between calls (:class:`EmbeddedSource`). The user's transform objects
-are never modified, nothing is set to ``None``, and the result is the same, value for value, as
-the dataset run by itself (tested against torch's loader).
+the user's dataset object itself, and its Compose-like object itself (no copy of either:
+changes the user makes later, such as ``ds.epoch = e``, ``ds.transform = other``,
+``ds.transform.offset = k`` or ``DS.transform = other`` on the class, what ``__getstate__``
+would drop, what a ``worker_init_fn`` sets on ``get_worker_info().dataset`` and what
+``__getitem__`` or the Compose's ``__call__`` write to ``self`` are all seen, as with torch's
+loader). For the duration of each ``dataset[i]``, :class:`EmbeddedSource` sets the
+``transforms`` attribute of the Compose the dataset has *now* to a list of :class:`Timed`
+wrappers of the same transforms, and puts the user's list object back afterwards (deleting the
+attribute instead where the Compose read it from its class): the Compose's own ``__call__``
+runs, each wrapper calls the original transform with the same arguments and returns its result
+unchanged, and measures it for the profiler (on the runs the worker profiles; on the others it
+only counts calls and notes a failure). In a worker process the wrappers stay installed
+between calls (:class:`EmbeddedSource`). The dataset's attributes are never written, the
+user's transform objects are never modified, nothing is set to ``None``, and the result is the
+same, value for value, as the dataset run by itself (tested against torch's loader).
 
 The measurements go to the :class:`Probe` the sample runner installs in this thread for the
 duration of one ``load`` (:class:`Probing`); outside of it the wrappers only call through.
@@ -131,7 +133,7 @@ class Timed:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         probe: Probe | None = getattr(_local, "probe", None)
         if probe is not None and self.position >= len(probe.calls):
-            probe = None  # another loader's copy, of a Compose grown since this one was built
+            probe = None  # another loader's wrappers, of a Compose grown since this one was built
         fn = self.fn
         if isinstance(fn, Step) and fn.random and len(args) == 1 and not kwargs:
             call = self.position, (probe.calls[self.position] if probe is not None else 0)
@@ -210,48 +212,61 @@ def transform_list(dataset: Any) -> list[Any] | None:
 
 
 def instrumented(tf: Any) -> Any | None:
-    """A shallow copy of the Compose-like ``tf`` whose ``transforms`` are :class:`Timed`
-    wrappers of its own, or ``None`` when it is not Compose-like or cannot be copied that way
-    (``__slots__``, properties, frozen classes). ``tf`` itself is not modified."""
+    """The ``transforms`` of the Compose-like ``tf`` as :class:`Timed` wrappers, in a container
+    of the list's own type, or ``None`` when ``tf`` is not Compose-like or that container cannot
+    be built. ``tf`` itself is not modified."""
     parts = compose_parts(tf)
     if parts is None:
         return None
-    wrapped = [timed(t, k) for k, t in enumerate(parts)]
     try:
-        tf_copy = copy.copy(tf)
-        tf_copy.transforms = type(tf.transforms)(wrapped)
-    except Exception:  # noqa: BLE001 - slots, properties, frozen classes: leave it alone
+        return type(tf.transforms)([timed(t, k) for k, t in enumerate(parts)])
+    except Exception:  # noqa: BLE001 - a container that cannot be rebuilt: leave it alone
         return None
-    if tf_copy.transforms[0] is not wrapped[0]:
-        return None  # a property or __setattr__ did something else with the assignment
-    return tf_copy
 
 
-def measured(tf: Any) -> bool:
-    """Whether ``tf`` is an instrumented copy (its transforms are :class:`Timed` wrappers)."""
-    parts = compose_parts(tf)
-    return parts is not None and isinstance(parts[0], Timed)
+def held(tf: Any) -> bool:
+    """Whether ``tf`` holds its ``transforms`` itself (its ``__dict__``, a slot, a property)
+    rather than reading its class's attribute (or its ``__getattr__``): what is put back is then
+    set, else the attribute the wrappers were set as is deleted, so that no instance attribute
+    is left that the user's object did not have and a later change to the class is seen."""
+    own = user_attr(tf, "__dict__")
+    if own is None or "transforms" in own:
+        return True
+    for k in type(tf).__mro__:
+        if "transforms" in vars(k):
+            return hasattr(type(vars(k)["transforms"]), "__set__")
+    return False
+
+
+def put_back(tf: Any, parts: Any, own: bool) -> None:
+    """Give the Compose ``tf`` its ``transforms`` ``parts`` again (``own``: :func:`held`)."""
+    if own:
+        tf.transforms = parts
+    else:
+        del tf.transforms
 
 
 def swappable(dataset: Any) -> bool:
-    """Whether the dataset's ``transform`` attribute can be set to an instrumented copy and
-    back: tried once on the user's object (set, then restored at once); a property,
-    ``__slots__`` or ``__setattr__`` that refuses or alters the assignment makes it False."""
+    """Whether the ``transforms`` of the dataset's Compose-like transform can be set to
+    wrappers and back: tried once on the user's Compose (set, then restored at once). A
+    ``transform`` that is another object at each read, or ``transforms`` that a property,
+    ``__slots__`` or ``__setattr__`` refuses or alters, makes it False."""
     tf = user_attr(dataset, "transform")
-    tf_copy = instrumented(tf)
-    if tf_copy is None:
+    wrapped = instrumented(tf)
+    if wrapped is None or user_attr(dataset, "transform") is not tf:
         return False
+    parts, own = tf.transforms, held(tf)
     took = False
     try:
-        dataset.transform = tf_copy
-        took = user_attr(dataset, "transform") is tf_copy
+        tf.transforms = wrapped
+        took = user_attr(tf, "transforms") is wrapped
     except Exception:  # noqa: BLE001 - the assignment is refused: the dataset stays opaque
         return False
     finally:
-        if user_attr(dataset, "transform") is not tf:
+        if user_attr(tf, "transforms") is not parts:
             with contextlib.suppress(Exception):
-                dataset.transform = tf
-    return took and user_attr(dataset, "transform") is tf
+                put_back(tf, parts, own)
+    return took and user_attr(tf, "transforms") is parts and held(tf) == own
 
 
 class EmbeddedSource(DatasetSource):
@@ -262,24 +277,29 @@ class EmbeddedSource(DatasetSource):
     (the runner then reports zero time for each transform, as for a dataset that never calls
     its transform).
 
-    For each call, the ``transform`` attribute the dataset has *now* is replaced by its
-    instrumented copy (:func:`instrumented`, cached while the user's object and its list stay
-    the same) and put back once no call is in flight. Worker threads
+    For each call, the ``transforms`` of the Compose the dataset has *now* are set to their
+    wrappers (:func:`instrumented`, cached while the Compose's list and its items stay the same)
+    and put back once no call is in flight. The Compose itself is the user's object, not a copy:
+    an attribute the user changes between epochs (a curriculum knob, MONAI's
+    ``set_random_state``) is the one the next call reads, and what the Compose writes to itself
+    while it runs (a call counter) lands on the user's object, as with torch's loader at
+    ``num_workers=0``; a cached copy of the Compose, refreshed only when the Compose or its list
+    was replaced, ran every epoch with the first epoch's attributes. Worker threads
     (``Options(executor="threads")``) share one dataset: a counter of the calls in flight,
     guarded by a lock held only around the swap (never during ``dataset[i]``), makes the first
-    call install the copy and the last one restore the user's object. Calls in between run on
-    the installed copy, so every thread's transforms are measured (each :class:`Timed` reports to
-    the probe of the thread that calls it) and a random headrace ``Step`` always gets its rng;
-    swapping per call instead would let one thread restore the user's object under another, or
-    save the installed copy as "the original". If the attribute is found changed at the end
-    (``__getitem__`` or the user assigned it), the new value is left in place. The lock and the
-    cache are not pickled: a worker process builds its own.
+    call install the wrappers and the last one restore the user's list. Calls in between run on
+    the installed wrappers, so every thread's transforms are measured (each :class:`Timed`
+    reports to the probe of the thread that calls it) and a random headrace ``Step`` always gets
+    its rng; swapping per call instead would let one thread restore the user's list under
+    another, or save the installed wrappers as "the original". If ``transforms`` is found
+    changed at the end (the Compose, ``__getitem__`` or the user assigned it), the new value is
+    left in place. The lock and the cache are not pickled: a worker process builds its own.
 
-    In a worker process (any process but the one that made this source) the copy stays
+    In a worker process (any process but the one that made this source) the wrappers stay
     installed between calls: the dataset there is the worker's own, which only the worker's
-    code sees, and the swap and restore cost about 5 µs a sample. A ``transform`` the dataset
-    is found with that is not the installed copy (``__getitem__`` or ``worker_init_fn``
-    assigned one) gets its own copy at the next call, as in the training process.
+    code sees, and the swap and restore cost about 5 µs a sample. A Compose the dataset is found
+    with whose list is not the installed one (``__getitem__`` or ``worker_init_fn`` assigned a
+    transform, or a list) gets its own wrappers at the next call, as in the training process.
     """
 
     def __init__(self, dataset: Any, steps: int, owner_pid: int | None = None) -> None:
@@ -288,9 +308,11 @@ class EmbeddedSource(DatasetSource):
         self._owner_pid = os.getpid() if owner_pid is None else owner_pid
         self._lock = threading.Lock()
         self._in_flight = 0  # calls of load() between their swap and their restore
-        self._user: Any = None  # the user's transform object the installed copy stands for
-        self._installed: Any = None  # the instrumented copy set on the dataset, or None
-        self._cache: tuple[Any, list[Any], Any] | None = None  # (user's tf, its list, copy)
+        self._compose: Any = None  # the user's Compose whose list is installed, or None
+        self._parts: Any = None  # the user's list (or tuple) to give it back
+        self._own = True  # held(): put back by setting the list, else by deleting the attribute
+        self._installed: Any = None  # the wrappers set as its transforms, or None
+        self._cache: tuple[Any, list[Any], Any] | None = None  # (user's list, its items, wrappers)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "steps": self.steps, "owner_pid": self._owner_pid}
@@ -299,37 +321,46 @@ class EmbeddedSource(DatasetSource):
         self.__init__(state["dataset"], state["steps"],  # type: ignore[misc]
                       state.get("owner_pid"))
 
-    def _copy_of(self, tf: Any) -> Any | None:
-        """The instrumented copy of ``tf`` (None: run it unmeasured); called under the lock."""
+    def _install(self, tf: Any) -> bool:
+        """Set the wrappers of ``tf``'s transforms on it, unless they are another loader's
+        (False: run on those, and leave the restore to that loader); called under the lock."""
         parts = compose_parts(tf)
         if parts is None or len(parts) != self.steps:
-            return None
+            return True  # runs unmeasured
+        if isinstance(parts[0], Timed):
+            return False  # another loader over this dataset (or Compose) installed its wrappers
+        user = tf.transforms
         c = self._cache
-        if c is None or c[0] is not tf or any(a is not b for a, b in zip(c[1], parts, strict=True)):
-            self._cache = c = (tf, parts, instrumented(tf))
-        return c[2]
+        if c is None or c[0] is not user or any(a is not b for a, b in zip(c[1], parts, strict=True)):
+            self._cache = c = (user, parts, instrumented(tf))
+        if c[2] is not None:
+            self._compose, self._parts, self._own, self._installed = tf, user, held(tf), c[2]
+            tf.transforms = c[2]
+        return True
+
+    def _restore(self) -> None:
+        """Give the Compose its list back, if the wrappers are still there; under the lock."""
+        tf, self._compose = self._compose, None
+        if tf is not None and user_attr(tf, "transforms") is self._installed:
+            put_back(tf, self._parts, self._own)
+        self._parts = self._installed = None
 
     def load(self, index: int) -> Any:
         ds = self.dataset
         if os.getpid() != self._owner_pid:  # a worker process: install once, never restore
             tf = user_attr(ds, "transform")
-            if tf is not self._installed and not measured(tf):
-                self._installed = self._copy_of(tf)
-                if self._installed is not None:
-                    ds.transform = self._installed
+            if self._installed is None or user_attr(tf, "transforms") is not self._installed:
+                self._compose = None
+                self._install(tf)
             return ds[index]
         with self._lock:
             tf = user_attr(ds, "transform")
-            if tf is not self._installed and measured(tf):
-                # another loader over the same dataset installed its copy: run on it (its
-                # wrappers report to this thread's probe); that loader restores the user's
-                ours = False
-            else:
-                ours = True
-                if tf is not self._installed:  # the user's object: the first call, or reassigned
-                    self._user, self._installed = tf, self._copy_of(tf)
-                    if self._installed is not None:
-                        ds.transform = self._installed
+            if self._installed is not None and user_attr(tf, "transforms") is self._installed:
+                ours = True  # installed by a call still in flight
+            else:  # the first call, or the transform or its list reassigned meanwhile
+                self._restore()
+                ours = self._install(tf)
+            if ours:
                 self._in_flight += 1
         if not ours:
             return ds[index]
@@ -338,7 +369,5 @@ class EmbeddedSource(DatasetSource):
         finally:
             with self._lock:
                 self._in_flight -= 1
-                if self._in_flight == 0 and self._installed is not None:
-                    if user_attr(ds, "transform") is self._installed:
-                        ds.transform = self._user
-                    self._user = self._installed = None
+                if self._in_flight == 0:
+                    self._restore()

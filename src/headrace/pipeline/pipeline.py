@@ -102,15 +102,16 @@ class Pipeline:
         changes.
 
         A dataset whose ``transform`` attribute is Compose-like (has a ``transforms`` list) runs
-        as it is, the user's object itself, not a copy: during each ``dataset[i]`` its
-        ``transform`` attribute is set to a copy of the Compose whose transforms are measured
-        step by step where the dataset calls them, and set back after it (``EmbeddedSource``,
-        ``pipeline/inplace.py``), so changes made to the dataset later (``ds.epoch = e``, a new
-        ``transform``), a ``worker_init_fn``'s setup and ``__getitem__``'s own writes are seen as
-        with torch. ``steps`` name the transforms for the profiler and ``explain()``. Any other
-        dataset, or one whose ``transform`` attribute cannot be set and set back (a property,
-        ``__slots__``, a ``__setattr__``: tried once here), is opaque: ``dataset[i]`` is the
-        single unit of work. ``batched``: the loader batches samples (torch then fetches
+        as it is, the user's object itself, not a copy, and so does its Compose: during each
+        ``dataset[i]`` the Compose's ``transforms`` are set to wrappers that measure them step
+        by step where the dataset calls them, and set back after it (``EmbeddedSource``,
+        ``pipeline/inplace.py``), so changes made to the dataset or its Compose later
+        (``ds.epoch = e``, a new ``transform``, ``ds.transform.offset = k``), a
+        ``worker_init_fn``'s setup and the writes of ``__getitem__`` and of the Compose are seen
+        as with torch. ``steps`` name the transforms for the profiler and ``explain()``. Any
+        other dataset, or one whose Compose's ``transforms`` cannot be set and set back (a
+        property, ``__slots__``, a ``__setattr__``; or a ``transform`` that is another object at
+        each read: tried once here), is opaque: ``dataset[i]`` is the single unit of work. ``batched``: the loader batches samples (torch then fetches
         through ``__getitems__`` where the dataset has it: ``DatasetSource``; such a dataset is
         opaque).
         """
