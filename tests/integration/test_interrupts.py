@@ -179,16 +179,16 @@ def test_an_interrupted_sampler_in_process_ends_the_epoch_unfinished():
     assert sorted(got + read_on(iter(resumed))[0]) == list(range(N))
 
 
-def _taking_a_batch(n: int) -> Callable[[FrameType, int], bool]:
-    """In ``queue.Queue.get``, after it took the ``n``-th batch off the queue, before
-    ``return`` (its ``notify()`` line): where a signal can still land after ``take``."""
+def _taking(kind: str, n: int) -> Callable[[FrameType, int], bool]:
+    """In ``queue.Queue.get``, after it took the ``n``-th item of ``kind`` off the queue,
+    before ``return`` (its ``notify()`` line): where a signal can still land after ``take``."""
     src = Queue_get_lines()
     line = next(k for k, text in src if "self.not_full.notify()" in text)
     seen = {"n": 0}
 
     def when(frame: FrameType, call: int) -> bool:
         item = frame.f_locals.get("item")
-        if frame.f_lineno != line or not (isinstance(item, tuple) and item[0] == "batch"):
+        if frame.f_lineno != line or not (isinstance(item, tuple) and item[0] == kind):
             return False
         seen["n"] += 1
         return seen["n"] == n
@@ -209,7 +209,7 @@ def test_a_batch_lost_inside_the_queue_ends_the_epoch_with_an_error_not_silently
     short at the end is an error (unfinished: state_dict() resumes it), not a quiet end."""
     loader = hr.DataLoader(IndexDataset(N), batch_size=4, num_workers=2)
     it = iter(loader)
-    with interrupt_once(queue.Queue.get.__code__, _taking_a_batch(3)) as fired:
+    with interrupt_once(queue.Queue.get.__code__, _taking("batch", 3)) as fired:
         got, interrupts, err = read_on(it)
     assert fired["n"] == 1 and interrupts == 1
     assert isinstance(err, RuntimeError) and "1 batch(es)" in str(err)
@@ -219,3 +219,24 @@ def test_a_batch_lost_inside_the_queue_ends_the_epoch_with_an_error_not_silently
     resumed = hr.DataLoader(IndexDataset(N), batch_size=4, num_workers=2)
     resumed.load_state_dict(state)
     assert Counter(got + read_on(iter(resumed))[0]) == Counter(range(N))
+
+
+class _FailsFirst(IndexDataset):
+    def __getitem__(self, i: int) -> int:
+        if i < 4:
+            raise ValueError(f"sample {i} is bad")
+        return i
+
+
+def test_a_lost_wake_up_does_not_hang_the_epoch():
+    """The first four samples (every one in flight) are skipped: the scheduler then asks the
+    training thread to read the sampler ("feed" on its queue). That request lost inside
+    ``queue.Queue.get`` left both threads waiting for each other; the waiting thread now reads
+    what was asked once nothing came for ``GET_POLL_S``. ``timeout=`` turns a hang into an
+    error here."""
+    loader = hr.DataLoader(_FailsFirst(N), batch_size=4, num_workers=2, in_order=False, timeout=20,
+                           options=hr.Options(on_error="skip", max_in_flight=4))
+    with interrupt_once(queue.Queue.get.__code__, _taking("feed", 1)) as fired:
+        got, interrupts, err = read_on(iter(loader))
+    assert fired["n"] == 1 and interrupts == 1
+    assert err is None and Counter(got) == Counter(range(4, N))

@@ -12,7 +12,8 @@ queue is kept until it reached the training loop: interrupted in ``take`` it is 
 next one (``_batch``), interrupted in ``mark`` it is unmarked and given back (``deliver``,
 ``give_back``). The scheduler counts the batches it queued (``Counters.batches_out``) and the
 epoch the ones taken (``batches_taken``); at the end a difference (a batch lost inside
-``queue.Queue.get``, after it left the queue) ends the epoch unfinished with an error.
+``queue.Queue.get``, after it left the queue) ends the epoch unfinished with an error. A
+wake-up lost there is done once a wait found nothing for ``GET_POLL_S`` (``_get_blocking``).
 """
 
 from __future__ import annotations
@@ -218,6 +219,13 @@ class EpochIterator(EpochBase):
             if not self.scheduler._thread.is_alive() and self._out.empty():
                 self.close()
                 raise RuntimeError("headrace scheduler thread stopped unexpectedly")
+            # a wake-up lost to an interrupt inside queue.Queue.get (after it left the queue):
+            # nothing came for GET_POLL_S, so do what it asked (the scheduler waited for it)
+            if self.feed is not None and self.feed.asked:
+                self._top_up()
+            asked = self.pool.requests
+            if asked and asked.due(idle=True):
+                self.pool.start_requested(on_added=self.scheduler.wake)
 
     def stats(self) -> EpochStats:
         c = self.scheduler.counters
