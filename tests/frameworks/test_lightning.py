@@ -143,3 +143,44 @@ def test_persistent_workers_last_the_run_and_stop_when_fit_returns(no_leaks):
         assert pids[0].isdisjoint(children)  # and stopped when fit returned
     finally:
         loader.close()
+
+
+def test_a_checkpoint_at_an_epochs_last_step_resumes_with_the_next_full_epoch(tmp_path, no_leaks):
+    """ModelCheckpoint(every_n_train_steps=len(loader)) writes at the epoch's last batch, where
+    Lightning (it knows len(loader)) has not asked for the end: the loader's state then said
+    "epoch 0, every sample delivered", and the resumed run trained an empty epoch 1 (0 of its
+    steps) where torch's loader gives the next full epoch."""
+    import lightning as L
+
+    class Seen(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen: dict[int, list[int]] = {}
+
+        def training_step(self, batch, batch_idx):
+            self.seen.setdefault(self.current_epoch, []).extend(batch.tolist())
+            return self.layer(batch.float().unsqueeze(1)).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+    def trainer(epochs, callbacks=()):
+        return L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=list(callbacks), default_root_dir=tmp_path)
+
+    def loader():
+        return hr.DataLoader(IndexDataset(40), batch_size=4, shuffle=True, num_workers=2)
+
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=10,
+                                               save_top_k=-1, filename="{step}")
+    first = loader()
+    trainer(1, [ckpt]).fit(Seen(), first)  # 10 batches: the checkpoint at the last one
+    first.close()
+    model, second = Seen(), loader()
+    resumed = trainer(2)
+    resumed.fit(model, second, ckpt_path=str(tmp_path / "step=10.ckpt"))
+    second.close()
+    assert sorted(model.seen[1]) == list(range(40)) and 0 not in model.seen
+    assert resumed.global_step == 20

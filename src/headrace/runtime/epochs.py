@@ -171,6 +171,12 @@ def total_positions(loader: DataLoader) -> int | None:
         return None
 
 
+def _nothing_left(loader: DataLoader, delivered: Bitmap) -> bool:
+    """Whether a resumed epoch delivered every sample before it was saved (its length known)."""
+    total = total_positions(loader)
+    return total is not None and total > 0 and delivered.count >= total
+
+
 def start_epoch(loader: DataLoader) -> Any:
     """A new epoch (or the rest of a resumed one): its step order, order and seeds, iterator."""
     assert loader.pipeline is not None and loader.planning is not None
@@ -188,6 +194,17 @@ def start_epoch(loader: DataLoader) -> Any:
     if replay is not None:
         loader._epoch = replay.epoch
     origin, groups = draw_epoch(loader, replay)
+    if resume is not None and _nothing_left(loader, resume.delivered):
+        # a state taken after the epoch's last batch, before its end was seen (Lightning knows
+        # len(loader) and asks no further): that epoch is done, and this iter() is the next
+        # one. It gave an empty epoch: a run resumed from a checkpoint written at an epoch's
+        # last step lost a whole epoch of steps. The replay's sampler is read to its end, as
+        # the rest of that epoch would have been (a sampler drawing as it goes draws the same).
+        for _ in groups:
+            pass
+        resume = None
+        loader._epoch = origin.epoch + 1
+        origin, groups = draw_epoch(loader)
     epoch, base_seed = origin.epoch, origin.base_seed
     loader._epoch = epoch + 1
     delivered = resume.delivered if resume is not None else Bitmap()
