@@ -57,6 +57,23 @@ def test_mid_epoch_checkpoint_resumes_exactly_the_rest_in_a_new_process(tmp_path
     assert sorted(load(tmp_path / "rank0_epoch1.json")) == list(range(N))
 
 
+def test_ddp_mid_epoch_checkpoint_resumes_each_rank_with_its_own_rest(tmp_path):
+    """Lightning writes rank 0's checkpoint only, and every rank loads it: each rank resumed
+    from rank 0's delivered positions (its own differ: batches regrouped in the order its
+    samples finished), trained some samples twice and missed others. The loader's state is
+    now every rank's, gathered while Lightning asks all ranks for it."""
+    run_script("lightning_train.py", "ddp_crash", str(tmp_path), str(N), timeout_s=400)
+    run_script("lightning_train.py", "ddp_resume", str(tmp_path), str(N), timeout_s=400)
+    shares = []
+    for r in (0, 1):
+        before = load(tmp_path / f"before_crash_rank{r}.json")
+        after = load(tmp_path / f"rank{r}_epoch0.json")  # the rest of epoch 0, resumed
+        assert len(before) == 4 * 4 and len(before) + len(after) == N // 2
+        assert len(set(before + after)) == N // 2  # each of its samples once
+        shares.append(set(before + after))
+    assert shares[0] | shares[1] == set(range(N)) and not shares[0] & shares[1]
+
+
 def test_fabric_setup_dataloaders_keeps_headrace(no_leaks):
     from lightning.fabric import Fabric
 

@@ -32,7 +32,7 @@ from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.planner.executor import forced_processes
 from headrace.planner.explain import explain_text
 from headrace.remote.session import remote_session
-from headrace.runtime import checkpoint, distributed, epochs, explaining, prefetch
+from headrace.runtime import checkpoint, distributed, epochs, explaining, prefetch, ranks
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import CollatePlace
 from headrace.runtime.monitor import Monitor
@@ -286,9 +286,10 @@ class DataLoader(tud.DataLoader[_T_co]):
         else:
             origin, delivered, epoch = None, None, self._epoch
         persistent = self._base_seed if self.persistent_workers else None
-        return checkpoint.build(self._identity(steps), epoch, origin, delivered, self.generator,
-                                persistent, checkpoint.sampler_generators(self._index_sampler,
-                                                                          self.generator), empty)
+        state = checkpoint.build(self._identity(steps), epoch, origin, delivered, self.generator,
+                                 persistent, checkpoint.sampler_generators(self._index_sampler,
+                                                                           self.generator), empty)
+        return ranks.gathered(state, ranks.shard(self._index_sampler))  # DDP: whose it is
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` delivers exactly what was left,
@@ -300,6 +301,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         """
         if self.pipeline is None or self.planning is None:
             raise StateDictError("load_state_dict is not supported for an IterableDataset")
+        state = ranks.own(state, ranks.shard(self._index_sampler))  # DDP: this rank's
         point = checkpoint.parse(state, self._identity(self.planning.executed_names))
         it = self._iterator_ref()
         if it is not None:

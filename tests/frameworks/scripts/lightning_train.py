@@ -4,7 +4,9 @@ trained on in each epoch (``<out>/rank<r>_epoch<e>.json``).
 Run by tests/frameworks/test_lightning.py in a fresh process:
     python lightning_train.py MODE OUT [N]
 MODE: fit (1 process), ddp / ddp_spawn (2 CPU processes, gloo), crash (1 process, saves a
-checkpoint mid-epoch then stops as a crash would), resume (a new process resumes from it).
+checkpoint mid-epoch then stops as a crash would), resume (a new process resumes from it),
+ddp_crash / ddp_resume (the same on 2 CPU processes, strategy="ddp", one epoch; a third of the
+samples take 0.1 s, so each rank's batches are regrouped in its own order).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -34,6 +37,15 @@ class Indexed(Dataset):
 
     def __getitem__(self, i: int):
         return torch.full((4,), float(i) / self.n), i
+
+
+class SlowThird(Indexed):
+    """A third of the samples take 0.1 s (simulated work): completions come out of order."""
+
+    def __getitem__(self, i: int):
+        if i % 3 == 0:
+            time.sleep(0.1)
+        return super().__getitem__(i)
 
 
 class Tiny(L.LightningModule):
@@ -69,8 +81,10 @@ class CrashMidEpoch(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if batch_idx == CRASH_AT:
-            trainer.save_checkpoint(self.out / "mid.ckpt")
-            (self.out / "before_crash.json").write_text(json.dumps(pl_module.seen))
+            trainer.save_checkpoint(self.out / "mid.ckpt")  # on every rank, as Lightning asks
+            name = "before_crash.json" if trainer.world_size == 1 else \
+                f"before_crash_rank{trainer.global_rank}.json"
+            (self.out / name).write_text(json.dumps(pl_module.seen))
             raise Crash
 
 
@@ -82,19 +96,25 @@ def main() -> None:
     if mode == "ddp_spawn":  # workers are spawned too and import this script (and Lightning)
         loader = hr.DataLoader(Indexed(n), batch_size=4, shuffle=True, num_workers=1,
                                persistent_workers=True)
+    elif mode in ("ddp_crash", "ddp_resume"):
+        loader = hr.DataLoader(SlowThird(n), batch_size=4, shuffle=True, num_workers=2)
     else:
         loader = hr.DataLoader(Indexed(n), batch_size=4, shuffle=True, num_workers=2)
     common = dict(accelerator="cpu", logger=False, enable_checkpointing=False,
                   enable_progress_bar=False, enable_model_summary=False, max_epochs=2)
     if mode in ("ddp", "ddp_spawn"):
         trainer = L.Trainer(devices=2, strategy=mode, **common)
+    elif mode in ("ddp_crash", "ddp_resume"):
+        callbacks = [CrashMidEpoch(out)] if mode == "ddp_crash" else []
+        trainer = L.Trainer(devices=2, strategy="ddp", callbacks=callbacks,
+                            **dict(common, max_epochs=1))
     elif mode == "crash":
         trainer = L.Trainer(devices=1, callbacks=[CrashMidEpoch(out)], **common)
     else:
         trainer = L.Trainer(devices=1, **common)
     model = Tiny(out)
     try:
-        trainer.fit(model, loader, ckpt_path=out / "mid.ckpt" if mode == "resume" else None)
+        trainer.fit(model, loader, ckpt_path=out / "mid.ckpt" if mode.endswith("resume") else None)
     except Crash:
         pass
     (out / f"loader_type_rank{trainer.global_rank}.txt").write_text(

@@ -1,0 +1,31 @@
+"""Whose state a state dict is under DDP (runtime/ranks.py): pure, no process group."""
+
+import pytest
+
+from headrace.errors import StateDictError
+from headrace.runtime import ranks
+
+
+def test_a_state_records_its_rank_and_is_gathered_only_inside_lightnings_checkpoint():
+    state = ranks.gathered({"epoch": 3}, (1, 2))
+    assert state == {"epoch": 3, "rank": 1, "world": 2}  # no collective outside Lightning
+    assert ranks.gathered({"epoch": 3}, None) == {"epoch": 3, "rank": None, "world": None}
+    assert not ranks.in_lightning_checkpoint()
+
+
+def test_each_rank_takes_its_own_entry_of_a_gathered_state():
+    gathered = {ranks.GATHERED: [{"rank": 0, "world": 2, "x": "a"}, {"rank": 1, "world": 2, "x": "b"}]}
+    assert ranks.own(gathered, (1, 2))["x"] == "b"
+    assert ranks.own(gathered, (0, 2))["x"] == "a"
+    with pytest.raises(StateDictError, match="states of 2 ranks"):
+        ranks.own(gathered, (0, 3))
+    with pytest.raises(StateDictError, match="not sharded"):
+        ranks.own(gathered, None)
+
+
+def test_another_ranks_state_is_refused_rather_than_delivering_other_samples():
+    with pytest.raises(StateDictError, match="saved by rank 0 of 2.*rank 1 of 2"):
+        ranks.own({"rank": 0, "world": 2}, (1, 2))
+    assert ranks.own({"rank": 1, "world": 2}, (1, 2)) == {"rank": 1, "world": 2}
+    assert ranks.own({"rank": None, "world": None}, (1, 2))  # older or unsharded: as before
+    assert ranks.own({"epoch": 0}, (1, 2)) == {"epoch": 0}
