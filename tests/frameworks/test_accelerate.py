@@ -58,6 +58,26 @@ def test_a_bare_prepare_raises_naming_the_helper():
         acc.prepare(loader)
 
 
+def test_use_seedable_sampler_is_refused_without_a_seed_of_the_loaders_own():
+    """It was silently ignored: the shuffle order moved with other draws from torch's global
+    generator, what the setting exists to prevent."""
+    from accelerate.utils import DataLoaderConfiguration
+
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    with pytest.raises(hr.HeadraceError, match="use_seedable_sampler"):
+        hr_accel.prepare_data_loader(acc, hr.DataLoader(IndexDataset(8), batch_size=4, shuffle=True))
+    orders = []
+    for _ in range(2):  # with a seed of its own, other global draws do not move the order
+        torch.rand(3)
+        seeded = hr.DataLoader(IndexDataset(8), batch_size=4, shuffle=True,
+                               options=hr.Options(seed=3))
+        orders.append([i for b in hr_accel.prepare_data_loader(acc, seeded) for i in b.tolist()])
+        seeded.close()
+    assert orders[0] == orders[1] and sorted(orders[0]) == list(range(8))
+    ordered = hr.DataLoader(IndexDataset(8), batch_size=4)  # nothing to seed: accepted
+    assert [i for b in hr_accel.prepare_data_loader(acc, ordered) for i in b.tolist()] == list(range(8))
+
+
 def saved_then_restored(tmp_path, make_loader):
     """Three batches of a prepared loader, ``save_state``, then a fresh accelerator and loader
     (as after a crash) with ``load_state``: (the indices before, the restored prepared loader,

@@ -40,3 +40,17 @@ def test_two_processes_shard_sync_and_resume(tmp_path):
         assert not set(before) & set(after)
         everything += before + after
     assert sorted(everything) == list(range(N))  # each rank resumed its own share exactly
+
+
+def test_gather_for_metrics_on_three_ranks_gives_the_dataset_as_torchs_loader(tmp_path):
+    """An evaluation loader was sharded with a DistributedSampler (indices interleaved, the
+    tail padded by wrapping), and gather_for_metrics, which trims the padding off the end of
+    the last gathered step, kept a duplicate and dropped a sample on 3 ranks and more (15 of
+    75 lengths and batch sizes tried); it also trimmed with one sample a rank per step where
+    the loader was built over Accelerate's BatchSamplerShard."""
+    launcher = [*TORCHRUN[:-1], "--nproc_per_node=3"]
+    run_script("accelerate_ranks.py", str(tmp_path), "gather", launcher=launcher, timeout_s=400)
+    for r in range(3):
+        for n, torch_got, headrace_got in load_json(tmp_path / f"gather_rank{r}.json")["gathered"]:
+            assert torch_got == list(range(n))
+            assert headrace_got == torch_got

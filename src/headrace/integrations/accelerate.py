@@ -12,16 +12,19 @@ already-prepared loaders (``_is_accelerate_prepared``), so Accelerate registers 
 
     model, optimizer, loader = prepare(accelerator, model, optimizer, loader)
 
-How: the headrace loader is rebuilt with a ``DistributedSampler`` for this rank (its seed from
-rank 0, so every rank splits the same permutation; ``set_epoch`` is called by Accelerate each
-epoch), or, for a custom batch sampler, with Accelerate's own ``BatchSamplerShard``. It is then
+How: a shuffled headrace loader is rebuilt with a ``DistributedSampler`` for this rank (its
+seed from rank 0, so every rank splits the same permutation; ``set_epoch`` is called by
+Accelerate each epoch); any other (``shuffle=False``, a custom sampler or batch sampler) with
+Accelerate's own ``BatchSamplerShard``, whose layout ``gather_for_metrics`` expects. It is then
 wrapped in :class:`HeadraceShard`, an Accelerate ``DataLoaderShard`` whose inner loader is the
 headrace one: Accelerate's own iteration code moves batches to the device, looks one batch ahead
 to set ``end_of_dataloader`` (so gradient accumulation syncs at the epoch's last batch, as with
 torch's loader) and snapshots ``state_dict()`` before each batch it fetches.
 
 Not supported (raise): ``split_batches=True`` and ``dispatch_batches=True`` (both need the
-global batch in one process); an ``IterableDataset``. ``even_batches=False`` is not honoured:
+global batch in one process); an ``IterableDataset``; ``use_seedable_sampler=True`` on a
+shuffled loader without a seed of its own (it was silently ignored: the order moved with other
+draws from torch's global generator; ``generator=`` or ``Options(seed=)`` give what it asks). ``even_batches=False`` is not honoured:
 ``DistributedSampler`` always pads the ranks to the same number of samples.
 """
 
@@ -102,8 +105,13 @@ class HeadraceShard(DataLoaderShard):
 
     @property
     def total_batch_size(self) -> int:
-        """Samples per step over all processes (``gather_for_metrics`` trims with it)."""
-        return (self.base_dataloader.batch_size or 1) * self.num_processes
+        """Samples per step over all processes (``gather_for_metrics`` trims with it): the
+        batch sampler's size where the loader was rebuilt over ``BatchSamplerShard`` (its own
+        ``batch_size`` is then None, and a step counted one sample a rank: the last gathered
+        step was trimmed to its first sample or two)."""
+        loader = self.base_dataloader
+        size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1
+        return int(size) * self.num_processes
 
     def state_dict(self) -> dict[str, Any]:
         """The headrace loader's state as of the last batch handed out. With several
@@ -145,6 +153,14 @@ def prepare_data_loader(accelerator: Accelerator, loader: DataLoader,
     if accelerator.split_batches or accelerator.dispatch_batches:
         raise HeadraceError("split_batches / dispatch_batches need the global batch in one "
                             "process; headrace shards samples per rank: leave both off")
+    if (getattr(accelerator, "use_seedable_sampler", False)
+            and isinstance(loader.sampler, tud.RandomSampler) and loader.sampler.generator is None
+            and loader.generator is None and loader.options.seed is None):
+        raise HeadraceError(
+            "use_seedable_sampler=True asks for a shuffle order that other draws from torch's "
+            "global generator do not move; Accelerate's SeedableRandomSampler is not applied to "
+            "a headrace loader: give it its own seed instead, "
+            "generator=torch.Generator().manual_seed(s) or options=headrace.Options(seed=s)")
     n, rank = accelerator.num_processes, accelerator.process_index
     sharded = _shard(loader, n, rank) if n > 1 else loader
     if device_placement is None:
@@ -192,9 +208,12 @@ def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
     if distributed.is_sharded(loader._index_sampler):
         return loader  # the user sharded it already
     kwargs = _init_kwargs(loader)
-    if loader._user_batch_sampler or not isinstance(
-            loader.sampler, (tud.SequentialSampler, tud.RandomSampler)):
-        # Any other order: Accelerate's own batch sharding (whole batches per rank)
+    if loader._user_batch_sampler or not isinstance(loader.sampler, tud.RandomSampler):
+        # Any other order: Accelerate's own batch sharding (whole batches per rank, rank r the
+        # batches r, r + n, ...; the last ones padded from the start). gather_for_metrics
+        # trims the padding off the end of the last gathered step, which holds only in this
+        # layout: a DistributedSampler over a sequential order (interleaved, padded by
+        # wrapping) put a duplicate there and dropped a sample on 3 ranks and more.
         shard = BatchSamplerShard(loader.batch_sampler, num_processes=num_processes,
                                   process_index=rank, even_batches=True)
         return DataLoader(batch_sampler=shard, **kwargs)

@@ -4,6 +4,9 @@
 train: gradient-accumulation sync pattern with torch's loader and with headrace's (two epochs),
 the indices headrace gave this rank; then a second loader: two batches, ``save_state``, stop.
 resume: a fresh loader and accelerator, ``load_state``, the rest of that epoch.
+gather: ``gather_for_metrics`` over evaluation loaders (``shuffle=False``) of several lengths
+and batch sizes, with torch's loader and with headrace's (run on 3 ranks and more: the padding
+of the last step is where they differed).
 """
 
 from __future__ import annotations
@@ -45,7 +48,16 @@ def main() -> None:
     set_seed(0)
     acc = Accelerator(gradient_accumulation_steps=3, cpu=True)
     result = {"world": acc.num_processes}
-    if phase == "train":
+    if phase == "gather":
+        result["gathered"] = []
+        for n, bs in ((7, 3), (10, 2), (13, 4), (29, 3)):
+            torch_loader = acc.prepare(tud.DataLoader(IndexDataset(n), batch_size=bs))
+            loader = prepare_data_loader(acc, hr.DataLoader(IndexDataset(n), batch_size=bs))
+            result["gathered"].append([n] + [
+                [i for b in dl for i in acc.gather_for_metrics(b).tolist()]
+                for dl in (torch_loader, loader)])
+            loader.base_dataloader.close()
+    elif phase == "train":
         model = torch.nn.Linear(1, 1)
         model, torch_loader = acc.prepare(model, tud.DataLoader(IndexDataset(N), batch_size=BS,
                                                                 shuffle=True))
