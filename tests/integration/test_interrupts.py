@@ -240,3 +240,75 @@ def test_a_lost_wake_up_does_not_hang_the_epoch():
         got, interrupts, err = read_on(iter(loader))
     assert fired["n"] == 1 and interrupts == 1
     assert err is None and Counter(got) == Counter(range(4, N))
+
+
+def _at_line(fn: Any, text: str, nth: int = 1) -> tuple[CodeType, Callable[[FrameType, int], bool]]:
+    """``fn``'s code and a ``when`` true at the ``nth`` time its line holding ``text`` runs."""
+    import inspect
+
+    lines, start = inspect.getsourcelines(fn)
+    line = start + next(k for k, t in enumerate(lines) if text in t)
+    seen = {"n": 0}
+
+    def when(frame: FrameType, call: int) -> bool:
+        if frame.f_lineno != line:
+            return False
+        seen["n"] += 1
+        return seen["n"] == nth
+
+    return fn.__code__, when
+
+
+def test_an_interrupt_right_after_a_batch_left_the_queue_holds_it():
+    """Between the queue's get and the batch's return (the stall's clock read): dropped
+    there, the batch was lost, and the end of the epoch said so (the safety net); now the
+    next take returns it."""
+    from headrace.runtime.epoch import EpochIterator
+
+    loader = hr.DataLoader(IndexDataset(N), batch_size=4, num_workers=2)
+    code, when = _at_line(EpochIterator.take, "self.meter.stall_s += time.perf_counter() - t0", 3)
+    with interrupt_once(code, when) as fired:
+        got, interrupts, err = read_on(iter(loader))
+    assert fired["n"] == 1 and interrupts == 1
+    assert err is None and Counter(got) == Counter(range(N))
+
+
+def test_an_interrupt_after_an_in_process_batch_is_collated_keeps_its_samples():
+    from headrace.runtime.inprocess import InProcessIterator
+
+    loader = hr.DataLoader(IndexDataset(N), batch_size=4, num_workers=0)
+    code, when = _at_line(InProcessIterator._collate, "m.stall_s += time.perf_counter() - t0", 2)
+    with interrupt_once(code, when) as fired:
+        got, interrupts, err = read_on(iter(loader))
+    assert fired["n"] == 1 and interrupts == 1
+    assert err is None and Counter(got) == Counter(range(N))
+
+
+class _RaisingSampler(_Sampler):
+    def __iter__(self) -> Iterator[int]:
+        for i in range(self.n):
+            if i == self.at:
+                raise ValueError("the sampler broke")
+            yield i
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_error_comes_once_after_what_was_read_then_the_epoch_ends(workers):
+    """As torch raises it (once, then StopIteration), and the same with or without workers;
+    the epoch stays unfinished, so state_dict() resumes the rest."""
+    loader = hr.DataLoader(IndexDataset(N), batch_size=4, num_workers=workers, in_order=True,
+                           sampler=_RaisingSampler(N, at=6))
+    it = iter(loader)
+    got, outcome = [], []
+    for _ in range(6):
+        try:
+            got.extend(next(it).tolist())
+            outcome.append("batch")
+        except ValueError as e:
+            outcome.append(str(e))
+        except StopIteration:
+            outcome.append("stop")
+            break
+    assert got[:4] == [0, 1, 2, 3] and "the sampler broke" in outcome
+    assert outcome.count("the sampler broke") == 1 and outcome[-1] == "stop"
+    assert loader.state_dict()["in_epoch"]

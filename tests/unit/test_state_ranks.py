@@ -29,3 +29,20 @@ def test_another_ranks_state_is_refused_rather_than_delivering_other_samples():
     assert ranks.own({"rank": 1, "world": 2}, (1, 2)) == {"rank": 1, "world": 2}
     assert ranks.own({"rank": None, "world": None}, (1, 2))  # older or unsharded: as before
     assert ranks.own({"epoch": 0}, (1, 2)) == {"epoch": 0}
+
+
+def _as_lightning(module: str, name: str, body):
+    """A function named ``name`` whose frame reads as Lightning's ``module`` calling ``body``."""
+    scope = {"__name__": module, "body": body}
+    exec(f"def {name}():\n    return body()", scope)  # noqa: S102 - a frame to stand in
+    return scope[name]
+
+
+def test_only_lightnings_checkpoint_outside_its_exception_handling_gathers():
+    asked = _as_lightning("lightning.pytorch.utilities.combined_loader", "_state_dicts",
+                          ranks.in_lightning_checkpoint)
+    assert asked()  # ModelCheckpoint, save_checkpoint: every rank calls there
+    on_exception = _as_lightning("lightning.pytorch.trainer.call", "_interrupt", asked)
+    assert not on_exception()  # OnExceptionCheckpoint: perhaps one rank
+    elsewhere = _as_lightning("my_script", "_state_dicts", ranks.in_lightning_checkpoint)
+    assert not elsewhere()

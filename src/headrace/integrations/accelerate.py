@@ -199,8 +199,8 @@ def _resumed_batches(loader: DataLoader) -> int:
     point = loader._resume
     if point is None:
         return 0
-    size = loader.batch_size or 1
-    return -(-point.delivered.count // size)
+    size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1
+    return -(-point.delivered.count // int(size))
 
 
 def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
@@ -221,7 +221,7 @@ def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
             else int(torch.empty((), dtype=torch.int64).random_().item())]
     broadcast_object_list(seed, from_process=0)  # one permutation for all ranks
     sampler: tud.DistributedSampler[Any] = tud.DistributedSampler(loader.dataset, num_replicas=num_processes, rank=rank,
-                                     shuffle=isinstance(loader.sampler, tud.RandomSampler),
+                                     shuffle=True,
                                      seed=seed[0] % 2**63)
     return DataLoader(sampler=sampler, batch_size=loader.batch_size, drop_last=loader.drop_last,
                       **kwargs)

@@ -6,11 +6,13 @@ exact. A batch is marked when it reaches the training loop (``mark``), not when 
 from the scheduler (``take``): the device prefetcher (``runtime/prefetch.py``) takes batches
 ahead, and those are not delivered yet. Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
 
-An interrupt (Ctrl-C: a signal handler's exception lands between two bytecodes) may come
-anywhere in ``next()``, and a notebook user reads the same iterator on. A batch that left the
-queue is kept until it reached the training loop: interrupted in ``take`` it is held for the
-next one (``_batch``), interrupted in ``mark`` it is unmarked and given back (``deliver``,
-``give_back``). The scheduler counts the batches it queued (``Counters.batches_out``) and the
+An interrupt (Ctrl-C) may come anywhere in ``next()``, and a notebook user reads the same
+iterator on. CPython 3.11 runs a signal's handler, and so raises its exception, where a
+function starts, where a loop jumps back and after a call into C code, never between two
+plain stores nor on a Python function's return (measured: a handler raising on a timer in a
+loop of calls). An item is held (``_held``) from the store right after it left the queue
+until it is handed out, so a take interrupted meanwhile leaves it to the next one; a batch
+interrupted in ``mark`` is unmarked and given back (``deliver``, ``give_back``). The scheduler counts the batches it queued (``Counters.batches_out``) and the
 epoch the ones taken (``batches_taken``); at the end a difference (a batch lost inside
 ``queue.Queue.get``, after it left the queue) ends the epoch unfinished with an error. A
 wake-up lost there is done once a wait found nothing for ``GET_POLL_S`` (``_get_blocking``).
@@ -78,6 +80,10 @@ class EpochIterator(EpochBase):
         if not positions:
             self._empty += 1
 
+    def settled_undelivered(self) -> int:
+        c = self.scheduler.counters
+        return self._raised + c.skipped + c.failed + c.discarded
+
     def give_back(self, batch: Any, positions: Any) -> None:
         self.batches_taken -= 1
         self.scheduler.consumed -= len(positions)
@@ -105,7 +111,9 @@ class EpochIterator(EpochBase):
         if self._closed:
             self._check_open()
         c0 = time.thread_time()
-        item, self._held = self._held, None
+        # ``_held``: an item that left the queue and was not handed out yet (set the moment it
+        # left: an interrupt before it is returned or raised leaves it for the next take)
+        item = self._held
         deadline = None  # of loader.timeout: one for the whole wait, whatever wakes it meanwhile
         # "feed": the scheduler asks for the sampler; "start": for workers to fork (forks.py),
         # forked when this thread would wait (not a non-blocking take: the device prefetcher's)
@@ -115,6 +123,7 @@ class EpochIterator(EpochBase):
                 self.pool.start_requested(on_added=self.scheduler.wake)
             if item is not None and item[0] == "feed":
                 self._top_up()
+            self._held = None  # the wake-up is done
             try:
                 item = self._out.get_nowait()
             except queue.Empty:
@@ -124,18 +133,24 @@ class EpochIterator(EpochBase):
                     deadline = time.monotonic() + self.timeout_s
                 t0 = time.perf_counter()
                 item = self._get_blocking(deadline)
+                self._held = item  # (no call between: no interrupt lands between them)
                 self.meter.stall_s += time.perf_counter() - t0
+            else:
+                self._held = item
         kind, value, positions = item
         if kind in ("batch", "future", "deferred"):
-            return self._batch(item, block, c0)
+            try:
+                return self._batch(item, block, c0)
+            finally:  # an error's traceback holds this frame: not the future (or the batch)
+                item = value = None
         if not block:
-            self._held = item  # the end, or an error, comes after the batches taken ahead
-            return None
+            return None  # the end, or an error, comes after the batches taken ahead (held)
         if kind == "raise":  # one sample's (or batch's) error: raised, and the epoch goes on
+            self._held = None
             self.meter.consumer_cpu_s += time.thread_time() - c0
-        elif kind == "end":
+        elif kind == "end":  # (held: interrupted before the close, the next take ends it)
             lost = self.scheduler.counters.batches_out - self.batches_taken
-            if lost:  # unfinished: state_dict() still describes the epoch
+            if lost > 0:  # unfinished: state_dict() still describes the epoch
                 self._end_with(RuntimeError(
                     f"{lost} batch(es) of this epoch left the loader's queue and never reached "
                     "the training loop (an interrupt such as Ctrl-C inside next()): the epoch "
@@ -158,29 +173,29 @@ class EpochIterator(EpochBase):
                c0: float) -> tuple[Any, Any] | None:
         """The batch of a queue ``item`` (``"batch"``, or a user ``collate_fn``'s
         ``"future"`` or ``"deferred"`` one, collated now) and its positions; ``None`` when a
-        non-blocking take finds its collation still running (held for later). Interrupted
-        once the item left the queue (a Ctrl-C while it waits for the collation or runs it),
-        the item is held for the next take, which returns it: dropped, its batch was lost for
-        the rest of the epoch."""
+        non-blocking take finds its collation still running (held for later). The item stays
+        held (``_held``) until the batch is returned, so a take interrupted meanwhile (a Ctrl-C
+        while it waits for the collation or runs it) leaves it to the next take: dropped, its
+        batch was lost for the rest of the epoch. Held collated, once it is."""
         kind, value, positions = item
         try:
             if kind != "batch":  # a user collate_fn's batch (runtime/output.py)
                 if kind == "future" and not block and not value.done():
-                    self._held = item
-                    return None
+                    return None  # (held)
                 value = self._collated(kind, value, positions)
-                item = ("batch", value, positions)  # collated: held as such if interrupted now
+                self._held = item = ("batch", value, positions)
             n = len(positions)
             self.meter.consumer_cpu_s += time.thread_time() - c0
-            self.batches_taken += 1  # these two last: nothing can interrupt what follows
+            self._held = None  # these three last: nothing can interrupt what follows
+            self.batches_taken += 1
             self.scheduler.consumed += n  # (the scheduler is woken at ``mark``)
             return value, positions
         except StepError:
             del value, item  # held by the error's traceback: a cycle through the future
             raise
-        except BaseException:  # not the future's own outcome: the next take returns it
-            if item[0] != "future" or not value.done() or value.exception() is None:
-                self._held = item
+        except BaseException:  # the future's own outcome (not a wait interrupted) is not held
+            if item[0] == "future" and value.done() and value.exception() is not None:
+                self._held = None
             raise
 
     def _collated(self, kind: str, collate: Any, positions: Any) -> Any:
@@ -191,6 +206,7 @@ class EpochIterator(EpochBase):
         try:
             return collate.result() if kind == "future" else collate()
         except StepError:
+            self._held = None  # settled first: an interrupt in what follows must not re-run it
             self.batches_taken += 1
             self.scheduler.consumed += len(positions)  # its samples leave with its error
             self._raised += len(positions) or 1  # (an empty batch counts as one)

@@ -125,6 +125,12 @@ class EpochBase:
         """
         raise NotImplementedError
 
+    def settled_undelivered(self) -> int:
+        """Positions of this run of the epoch that are settled without being delivered
+        (skipped, failed, dropped with a batch): with the delivered ones, the epoch's length
+        once its last batch is out."""
+        return 0
+
     def give_back(self, batch: Any, positions: Any) -> None:
         """A batch ``take`` returned did not reach the training loop (an interrupt such as
         Ctrl-C while :meth:`deliver` marked it): the next ``take`` returns it again."""

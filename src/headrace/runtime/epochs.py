@@ -171,6 +171,16 @@ def total_positions(loader: DataLoader) -> int | None:
         return None
 
 
+def all_settled(loader: DataLoader, it: Any) -> bool:
+    """Whether every position of the running epoch ``it`` is delivered or settled without
+    (skipped, failed, dropped): its last batch is out and only its end is not seen yet, as
+    where Lightning, which knows ``len(loader)``, writes a checkpoint at an epoch's last step.
+    Its draws are all made (at ``iter()``), so the state between epochs describes it."""
+    total = total_positions(loader)
+    return total is not None and total > 0 and \
+        it.delivered.count + it.settled_undelivered() >= total
+
+
 def _nothing_left(loader: DataLoader, delivered: Bitmap) -> bool:
     """Whether a resumed epoch delivered every sample before it was saved (its length known)."""
     total = total_positions(loader)

@@ -7,6 +7,7 @@ so per-sample seeding does not disturb the training loop's own randomness.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -61,12 +62,17 @@ class InProcessIterator(EpochBase):
         self.ods = ods  # a cache.ods_epoch.OdsEpoch (Cache(ods=True)), or None
         self.draws = Draws(may_repeat)  # how many times each index came before, this epoch
         self.regroup = regroup  # batch size when batches are regrouped (runtime/batcher.py)
-        self._carry: list[tuple[Any, int, Any]] = []
-        self._pending: list[tuple[int, Any, int]] = []  # (position, index, draw) not yet run
+        self._carry: list[tuple[Any, int, Any]] = []  # (sample, position, index) loaded
+        self._pending: deque[tuple[int, Any, int]] = deque()  # (position, index, draw) to run
         self._again: tuple[Any, Any] | None = None  # a batch whose next() was interrupted
-        self._sampler_stopped: str | None = None  # why the sampler cannot be read on
+        self._stopped: BaseException | None = None  # why the sampler cannot be read on
+        self.discarded = 0  # loaded samples a failed batch took with it (as in torch)
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
+        """The next batch. What was loaded and not yet returned lives on ``self`` (``_carry``,
+        ``_pending``) from the moment it is loaded: a take interrupted anywhere (a Ctrl-C while
+        a sample loads, while the batch collates) leaves it to the next one, which goes on from
+        there; held in locals, it was lost for the rest of the epoch."""
         if self._closed:
             self._check_open()
         if not block:
@@ -75,84 +81,105 @@ class InProcessIterator(EpochBase):
             again, self._again = self._again, None
             return again
         t0, c0 = time.perf_counter(), time.thread_time()
-        got, self._carry = self._carry, []  # (sample, position, index) loaded, not yet batched
         target = self.regroup or 1
-        if self._pending:  # a group's samples after one that raised or was interrupted
-            pending, self._pending = self._pending, []
-            self._run(pending, got)
-        while len(got) < target:
-            if self._sampler_stopped is not None:
-                if got:  # what was loaded before goes out first
+        empty = False  # a user batch_sampler's empty batch: collate_fn([]), as torch
+        while True:
+            if self._pending:  # a group's samples not run yet
+                self._run(target if self.regroup else None)
+            if self._carry and (not self.regroup or len(self._carry) >= target):
+                break
+            if self._stopped is not None:  # the sampler cannot be read on
+                if self._carry:  # what was loaded before goes out first
                     break
-                self._end_with(RuntimeError(self._sampler_stopped))  # unfinished:
-                # state_dict() resumes the rest
+                self._end_with(self._stopped)  # unfinished: state_dict() resumes the rest
             try:
                 group = next(self.groups)
                 indices = list(group) if self.auto_collation else [group]
             except StopIteration:
-                if got:  # the last, short batch (only skipped samples can make it short when
-                    break  # drop_last trimmed the sampler: they do so uninterrupted too)
+                if self._carry:  # the last, short batch (only skipped samples can make it
+                    break  # short when drop_last trimmed the sampler)
                 self.meter.t_end = time.perf_counter()
                 self.close()
                 raise
             except BaseException as e:
-                self._stop_reading(e, got)
+                self._stop_reading(e)
+                if isinstance(e, Exception):  # the sampler's error, after what was loaded (as
+                    if self._carry:  # with workers), once, then the epoch ends unfinished
+                        break
+                    self._end_with(e)
                 raise
-            if not indices:  # a user batch_sampler's empty batch: collate_fn([]), as torch
+            if not indices:
+                empty = True
                 break
-            try:
-                positions = range(self._position, self._position + len(indices))
-                self._position += len(indices)
-                draws = self.draws.repeats(positions, indices)  # delivered ones too
-                if self.ods is not None:
-                    todo = self.ods.fill(positions, indices)
-                else:
-                    todo = [(p, i) for p, i in zip(positions, indices, strict=True)
-                            if p not in self.delivered]
-            except BaseException as e:  # a Ctrl-C: the group was read, and is not run
-                self._stop_reading(e, got)
-                raise
-            self._run([(p, i, draws.get(p, 0)) for p, i in todo], got)
-        if self.regroup:  # batches of batch_size, whatever holes a resume left in the groups
-            got, self._carry = got[:self.regroup], got[self.regroup:]
+            self._plan(indices)
+        return self._collate(empty, t0, c0)
+
+    def _plan(self, indices: list[Any]) -> None:
+        """Queue a group's samples to run (``_pending``); interrupted here, the group was read
+        and is not queued: the epoch ends as for an interrupted sampler (a tiny window, no user
+        code in it)."""
+        try:
+            positions = range(self._position, self._position + len(indices))
+            self._position += len(indices)
+            draws = self.draws.repeats(positions, indices)  # delivered ones too
+            if self.ods is not None:
+                todo = self.ods.fill(positions, indices)
+            else:
+                todo = [(p, i) for p, i in zip(positions, indices, strict=True)
+                        if p not in self.delivered]
+            items = [(p, i, draws.get(p, 0)) for p, i in todo]
+            self._pending.extend(items)  # all at once: a list holds no code to interrupt
+        except BaseException as e:
+            self._stop_reading(e)
+            raise
+
+    def _collate(self, empty: bool, t0: float, c0: float) -> tuple[Any, Any]:
+        """The batch of what was loaded (``batch_size`` of it when regrouped). Interrupted (a
+        Ctrl-C while ``collate_fn`` runs), the samples stay loaded for the next take; a
+        ``collate_fn`` error takes them with it, as in torch."""
+        carry = self._carry
+        got = [] if empty else carry[:self.regroup] if self.regroup else list(carry)
         samples = [g[0] for g in got]
-        done = [g[1] for g in got]
         indices = [g[2] for g in got]
         try:
-            try:
-                batch = self.collate(samples) if self.auto_collation else self.collate(samples[0])
-            except Exception as e:
-                raise collate_error(e, indices) from e
+            batch = self.collate(samples) if self.auto_collation else self.collate(samples[0])
             if self.pin is not None:
                 batch = self.pin(batch)
-        except BaseException as e:
-            if not isinstance(e, Exception):  # a Ctrl-C: the next take collates them again
-                self._carry = got + self._carry
-            raise
+        except Exception as e:
+            self.discarded += len(got)
+            del carry[:len(got)]
+            raise collate_error(e, indices) from e
+        done = [g[1] for g in got]
         m = self.meter
         m.stall_s += time.perf_counter() - t0  # every second in here is the loop waiting
         m.consumer_cpu_s += time.thread_time() - c0
+        del carry[:len(got)]  # last, with no call after it: returned, or still loaded
         return batch, done
 
-    def _run(self, items: list[tuple[int, Any, int]], got: list[tuple[Any, int, Any]]) -> None:
-        """Load ``items`` ((position, index, draw) each) into ``got``. A sample that raises
-        (``on_error="raise"``) raises here; when batches are regrouped, what was gathered and the
-        items after it wait for the next batch, as the workers' regrouping keeps them (lost
-        before: up to two batches' worth per failing sample). Interrupted (a Ctrl-C while a
-        sample loads), what was gathered waits too, and the interrupted sample runs again (its
-        seeds are its own): the rest of its batch was lost before."""
-        for n, (p, i, d) in enumerate(items):
+    def _run(self, limit: int | None) -> None:
+        """Load pending samples into ``_carry`` (until it holds ``limit``; ``None``: all of
+        them). A sample that raises (``on_error="raise"``) raises here; when batches are
+        regrouped, what was loaded and the samples after it wait for the next batch, as the
+        workers' regrouping keeps them (lost before: up to two batches' worth per failing
+        sample); with the sampler's batches, its batch-mates go with it, as in torch.
+        Interrupted (a Ctrl-C while a sample loads), nothing moved: the sample runs again at
+        the next take (its seeds are its own). A finished sample leaves ``_pending`` and joins
+        ``_carry`` with no call between the two, where no interrupt can land."""
+        pending, carry = self._pending, self._carry
+        while pending and (limit is None or len(carry) < limit):
+            p, i, d = pending[0]
             try:
                 ok, value = self._one(i, d)
             except StepError:
-                if self.regroup:
-                    self._carry, self._pending = got, items[n + 1:]
+                del pending[0]
+                if not self.regroup:
+                    self.discarded += len(pending) + len(carry)
+                    pending.clear()
+                    carry.clear()
                 raise
-            except BaseException:
-                self._carry, self._pending = got, items[n:]
-                raise
+            del pending[0]
             if ok:
-                got.append((value, p, i))
+                carry += [(value, p, i)]
 
     def _one(self, index: int, draw: int) -> tuple[bool, Any]:
         state = global_states()
@@ -176,19 +203,22 @@ class InProcessIterator(EpochBase):
         self.hooks.on_skip(index, err)
         return False, None
 
-    def _stop_reading(self, e: BaseException, got: list[tuple[Any, int, Any]]) -> None:
+    def _stop_reading(self, e: BaseException) -> None:
         """The sampler raised ``e``, or something interrupted a group's read (a Ctrl-C): the
         sampler cannot be read on from where it stopped (a generator that raised is done, and
         read on it ended the epoch early, finished for ``state_dict()`` too). What was loaded
-        goes out in the next batch, then the epoch ends unfinished with an error saying so
-        (``state_dict()`` resumes it), as with worker processes (``runtime/feed.py``)."""
-        self._sampler_stopped = (
-            f"the sampler raised or was interrupted while it was read ({type(e).__name__}): "
-            "the rest of this epoch cannot be read from it; state_dict() resumes it")
-        self._carry = got
+        goes out first; then the epoch ends unfinished (``state_dict()`` resumes it) with the
+        sampler's error, or after an interrupt an error saying so, as with worker processes
+        (``runtime/feed.py``)."""
+        self._stopped = e if isinstance(e, Exception) else RuntimeError(
+            f"the sampler was interrupted while it was read ({type(e).__name__}): the rest "
+            "of this epoch cannot be read from it; state_dict() resumes it")
 
     def give_back(self, batch: Any, positions: Any) -> None:
         self._again = (batch, positions)
+
+    def settled_undelivered(self) -> int:
+        return self.skipped + self.failed + self.discarded
 
     def stats(self) -> EpochStats:
         return self.meter.snapshot(self.meter.samples, 0, self.skipped, 0, 0.0, failed=self.failed)

@@ -275,7 +275,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         it = self._iterator_ref()
         steps = self.planning.executed_names
         empty = 0
-        if it is not None and not it.closed:
+        if it is not None and not it.closed and not epochs.all_settled(self, it):
             origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
             empty = it.empty_batches
         elif self._resume is not None or self._unfinished is not None:

@@ -178,6 +178,9 @@ class DevicePrefetcher:
     def delivered(self) -> Any:
         return self.epoch.delivered
 
+    def settled_undelivered(self) -> int:
+        return int(self.epoch.settled_undelivered())
+
     @property
     def empty_batches(self) -> int:
         return int(self.epoch.empty_batches)

@@ -35,6 +35,7 @@ GATHERED = "headrace_ranks"
 
 _LIGHTNING = ("lightning.pytorch.utilities.combined_loader",
               "pytorch_lightning.utilities.combined_loader")
+_LIGHTNING_CALL = ("lightning.pytorch.trainer.call", "pytorch_lightning.trainer.call")
 
 
 def shard(sampler: Any) -> tuple[int, int] | None:
@@ -45,15 +46,22 @@ def shard(sampler: Any) -> tuple[int, int] | None:
 
 
 def in_lightning_checkpoint() -> bool:
-    """Whether Lightning's checkpoint is asking (its ``_state_dicts`` is a caller's frame)."""
+    """Whether Lightning's checkpoint is asking (its ``_state_dicts`` is a caller's frame),
+    every rank at once: not while Lightning handles an exception (``_interrupt``, where
+    ``OnExceptionCheckpoint`` saves on the ranks the exception reached, perhaps one), where a
+    gather would wait for ranks that never come instead of writing the checkpoint."""
     frame: FrameType | None = sys._getframe(1)
-    for _ in range(32):
+    asked = False
+    for _ in range(64):
         if frame is None:
+            break
+        module = frame.f_globals.get("__name__", "")
+        if frame.f_code.co_name == "_state_dicts" and module in _LIGHTNING:
+            asked = True
+        elif frame.f_code.co_name == "_interrupt" and module in _LIGHTNING_CALL:
             return False
-        if frame.f_code.co_name == "_state_dicts" and frame.f_globals.get("__name__") in _LIGHTNING:
-            return True
         frame = frame.f_back
-    return False
+    return asked
 
 
 def gathered(state: dict[str, Any], where: tuple[int, int] | None) -> dict[str, Any]:
