@@ -146,8 +146,8 @@ class EpochIterator(EpochBase):
         if not block:
             return None  # the end, or an error, comes after the batches taken ahead (held)
         if kind == "raise":  # one sample's (or batch's) error: raised, and the epoch goes on
-            self._held = None
             self.meter.consumer_cpu_s += time.thread_time() - c0
+            self._held = None  # last: no call between it and the raise below
         elif kind == "end":  # (held: interrupted before the close, the next take ends it)
             lost = self.scheduler.counters.batches_out - self.batches_taken
             if lost > 0:  # unfinished: state_dict() still describes the epoch
