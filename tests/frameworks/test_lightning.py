@@ -60,8 +60,9 @@ def test_mid_epoch_checkpoint_resumes_exactly_the_rest_in_a_new_process(tmp_path
 def test_ddp_mid_epoch_checkpoint_resumes_each_rank_with_its_own_rest(tmp_path):
     """Lightning writes rank 0's checkpoint only, and every rank loads it: each rank resumed
     from rank 0's delivered positions (its own differ: batches regrouped in the order its
-    samples finished), trained some samples twice and missed others. The loader's state is
-    now every rank's, gathered while Lightning asks all ranks for it."""
+    samples finished; here rank 1's first sample is held back until the crash), trained some
+    samples twice and missed others. The loader's state is now every rank's, gathered while
+    Lightning asks all ranks for it."""
     run_script("lightning_train.py", "ddp_crash", str(tmp_path), str(N), timeout_s=400)
     run_script("lightning_train.py", "ddp_resume", str(tmp_path), str(N), timeout_s=400)
     shares = []

@@ -5,20 +5,22 @@ Run by tests/frameworks/test_lightning.py in a fresh process:
     python lightning_train.py MODE OUT [N]
 MODE: fit (1 process), ddp / ddp_spawn (2 CPU processes, gloo), crash (1 process, saves a
 checkpoint mid-epoch then stops as a crash would), resume (a new process resumes from it),
-ddp_crash / ddp_resume (the same on 2 CPU processes, strategy="ddp", one epoch; a third of the
-samples take 0.1 s, so each rank's batches are regrouped in its own order).
+ddp_crash / ddp_resume (the same on 2 CPU processes, strategy="ddp", one epoch; in ddp_crash
+rank 1's first sample to start waits at a gate its training process holds closed until it
+exits, so rank 1 delivers other positions than rank 0 before the checkpoint).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import lightning as L
 import torch
+from tests.helpers import wait_at_gate
 from torch.utils.data import Dataset
 
 import headrace as hr
@@ -39,12 +41,23 @@ class Indexed(Dataset):
         return torch.full((4,), float(i) / self.n), i
 
 
-class SlowThird(Indexed):
-    """A third of the samples take 0.1 s (simulated work): completions come out of order."""
+class FirstHeldOnRank1(Indexed):
+    """On rank 1 (``LOCAL_RANK``, which Lightning sets for the ranks it starts), the first
+    sample to start waits at the gate ``gate`` (``tests.helpers.wait_at_gate``) while the
+    others go on: rank 1's batches then hold other positions than rank 0's."""
+
+    def __init__(self, n: int, gate: Path) -> None:
+        super().__init__(n)
+        self.gate = gate
 
     def __getitem__(self, i: int):
-        if i % 3 == 0:
-            time.sleep(0.1)
+        if os.environ.get("LOCAL_RANK") == "1":
+            try:  # the first caller, whichever worker, creates the marker
+                os.close(os.open(self.gate.with_suffix(".first"), os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                wait_at_gate(str(self.gate))
         return super().__getitem__(i)
 
 
@@ -97,7 +110,12 @@ def main() -> None:
         loader = hr.DataLoader(Indexed(n), batch_size=4, shuffle=True, num_workers=1,
                                persistent_workers=True)
     elif mode in ("ddp_crash", "ddp_resume"):
-        loader = hr.DataLoader(SlowThird(n), batch_size=4, shuffle=True, num_workers=2)
+        gate = out / "rank1.gate"
+        if mode == "ddp_crash" and os.environ.get("LOCAL_RANK") == "1":
+            held = open(gate, "w")  # noqa: SIM115 - closed (and the gate opened) at exit
+            fcntl.flock(held, fcntl.LOCK_EX)
+        dataset = FirstHeldOnRank1(n, gate) if mode == "ddp_crash" else Indexed(n)
+        loader = hr.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2)
     else:
         loader = hr.DataLoader(Indexed(n), batch_size=4, shuffle=True, num_workers=2)
     common = dict(accelerator="cpu", logger=False, enable_checkpointing=False,
