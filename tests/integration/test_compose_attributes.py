@@ -8,6 +8,7 @@ import torch.utils.data as tud
 
 import headrace as hr
 from headrace.pipeline.inplace import Timed
+from tests.helpers import Compose
 
 pytestmark = pytest.mark.integration
 
@@ -122,16 +123,6 @@ def test_a_compose_changed_under_another_name_is_the_one_that_runs(workers, no_l
     ref = epochs(tud.DataLoader, Aliased, workers, set_offset)
     assert ref[0] == [[[14.0 * i for i in range(N)]]] * 3
     assert epochs(hr.DataLoader, Aliased, workers, set_offset) == ref
-
-
-class Compose:
-    def __init__(self, transforms):
-        self.transforms = transforms
-
-    def __call__(self, x):
-        for t in self.transforms:
-            x = t(x)
-        return x
 
 
 def class_level(loader_cls, workers):

@@ -9,6 +9,7 @@ ended without a word; with ``num_workers=0`` an interrupted sample's batch-mates
 
 from __future__ import annotations
 
+import inspect
 import queue
 import sys
 from collections import Counter
@@ -179,28 +180,39 @@ def test_an_interrupted_sampler_in_process_ends_the_epoch_unfinished():
     assert sorted(got + read_on(iter(resumed))[0]) == list(range(N))
 
 
-def _taking(kind: str, n: int) -> Callable[[FrameType, int], bool]:
-    """In ``queue.Queue.get``, after it took the ``n``-th item of ``kind`` off the queue,
-    before ``return`` (its ``notify()`` line): where a signal can still land after ``take``."""
-    src = Queue_get_lines()
-    line = next(k for k, text in src if "self.not_full.notify()" in text)
+def at_line(fn: Any, text: str, nth: int = 1,
+            kind: str | None = None) -> tuple[CodeType, Callable[[FrameType, int], bool]]:
+    """``fn``'s code and a ``when`` true the ``nth`` time its line holding ``text`` runs
+    (``kind``: counting only when its local ``item`` is a queue item of that kind)."""
+    lines, start = inspect.getsourcelines(fn)
+    line = start + next(k for k, t in enumerate(lines) if text in t)
     seen = {"n": 0}
 
     def when(frame: FrameType, call: int) -> bool:
+        if frame.f_lineno != line:
+            return False
         item = frame.f_locals.get("item")
-        if frame.f_lineno != line or not (isinstance(item, tuple) and item[0] == kind):
+        if kind is not None and not (isinstance(item, tuple) and item[0] == kind):
             return False
         seen["n"] += 1
-        return seen["n"] == n
+        return seen["n"] == nth
 
-    return when
+    return fn.__code__, when
 
 
-def Queue_get_lines() -> list[tuple[int, str]]:  # noqa: N802 - names what it reads
-    import inspect
+def read_on_interrupted(loader: Any, at: tuple[CodeType, Callable[[FrameType, int], bool]]
+                        ) -> tuple[list[int], BaseException | None]:
+    """:func:`read_on` over a new epoch of ``loader``, interrupted once ``at`` a place; the
+    indices and the error that ended it."""
+    with interrupt_once(*at) as fired:
+        got, interrupts, err = read_on(iter(loader))
+    assert fired["n"] == 1 and interrupts == 1
+    return got, err
 
-    lines, start = inspect.getsourcelines(queue.Queue.get)
-    return [(start + k, text) for k, text in enumerate(lines)]
+
+IN_QUEUE_GET = (queue.Queue.get, "self.not_full.notify()")
+"""Inside ``queue.Queue.get``, after the item left the queue, before its ``return``: where a
+signal can still land before ``take`` holds the item."""
 
 
 def test_a_batch_lost_inside_the_queue_ends_the_epoch_with_an_error_not_silently():
@@ -208,10 +220,7 @@ def test_a_batch_lost_inside_the_queue_ends_the_epoch_with_an_error_not_silently
     epoch counts the batches it queued and the ones that reached the training loop; one
     short at the end is an error (unfinished: state_dict() resumes it), not a quiet end."""
     loader = hr.DataLoader(IndexDataset(N), batch_size=4, num_workers=2)
-    it = iter(loader)
-    with interrupt_once(queue.Queue.get.__code__, _taking("batch", 3)) as fired:
-        got, interrupts, err = read_on(it)
-    assert fired["n"] == 1 and interrupts == 1
+    got, err = read_on_interrupted(loader, at_line(*IN_QUEUE_GET, nth=3, kind="batch"))
     assert isinstance(err, RuntimeError) and "1 batch(es)" in str(err)
     assert len(got) == N - 4 and len(set(got)) == len(got)
     state = loader.state_dict()
@@ -236,27 +245,8 @@ def test_a_lost_wake_up_does_not_hang_the_epoch():
     error here."""
     loader = hr.DataLoader(_FailsFirst(N), batch_size=4, num_workers=2, in_order=False, timeout=20,
                            options=hr.Options(on_error="skip", max_in_flight=4))
-    with interrupt_once(queue.Queue.get.__code__, _taking("feed", 1)) as fired:
-        got, interrupts, err = read_on(iter(loader))
-    assert fired["n"] == 1 and interrupts == 1
+    got, err = read_on_interrupted(loader, at_line(*IN_QUEUE_GET, kind="feed"))
     assert err is None and Counter(got) == Counter(range(4, N))
-
-
-def _at_line(fn: Any, text: str, nth: int = 1) -> tuple[CodeType, Callable[[FrameType, int], bool]]:
-    """``fn``'s code and a ``when`` true at the ``nth`` time its line holding ``text`` runs."""
-    import inspect
-
-    lines, start = inspect.getsourcelines(fn)
-    line = start + next(k for k, t in enumerate(lines) if text in t)
-    seen = {"n": 0}
-
-    def when(frame: FrameType, call: int) -> bool:
-        if frame.f_lineno != line:
-            return False
-        seen["n"] += 1
-        return seen["n"] == nth
-
-    return fn.__code__, when
 
 
 def test_an_interrupt_right_after_a_batch_left_the_queue_holds_it():
@@ -266,10 +256,8 @@ def test_an_interrupt_right_after_a_batch_left_the_queue_holds_it():
     from headrace.runtime.epoch import EpochIterator
 
     loader = hr.DataLoader(IndexDataset(N), batch_size=4, num_workers=2)
-    code, when = _at_line(EpochIterator.take, "self.meter.stall_s += time.perf_counter() - t0", 3)
-    with interrupt_once(code, when) as fired:
-        got, interrupts, err = read_on(iter(loader))
-    assert fired["n"] == 1 and interrupts == 1
+    got, err = read_on_interrupted(loader, at_line(
+        EpochIterator.take, "self.meter.stall_s += time.perf_counter() - t0", 3))
     assert err is None and Counter(got) == Counter(range(N))
 
 
@@ -277,10 +265,8 @@ def test_an_interrupt_after_an_in_process_batch_is_collated_keeps_its_samples():
     from headrace.runtime.inprocess import InProcessIterator
 
     loader = hr.DataLoader(IndexDataset(N), batch_size=4, num_workers=0)
-    code, when = _at_line(InProcessIterator._collate, "m.stall_s += time.perf_counter() - t0", 2)
-    with interrupt_once(code, when) as fired:
-        got, interrupts, err = read_on(iter(loader))
-    assert fired["n"] == 1 and interrupts == 1
+    got, err = read_on_interrupted(loader, at_line(
+        InProcessIterator._collate, "m.stall_s += time.perf_counter() - t0", 2))
     assert err is None and Counter(got) == Counter(range(N))
 
 
