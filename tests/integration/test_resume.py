@@ -342,12 +342,15 @@ def _fails_at_7(x: np.ndarray) -> np.ndarray:
     return x
 
 
+@pytest.mark.parametrize("left", [False, True])
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("in_order", [True, False])
-def test_a_state_after_the_last_batch_is_between_epochs_with_a_sample_skipped(workers, in_order):
+def test_a_state_after_the_last_batch_is_between_epochs_with_a_sample_skipped(workers, in_order,
+                                                                            left):
     """Every batch taken, the end not seen (Lightning's checkpoint at an epoch's last step),
     one sample skipped: the delivered positions alone fall one short of the epoch, and the
-    resume was a near-empty epoch (the skipped sample again) where the next epoch belonged."""
+    resume was a near-empty epoch (the skipped sample again) where the next epoch belonged.
+    ``left``: the loop left the iterator first (closed), as after a ``break``."""
     def loader(seed):
         pipe = hr.Pipeline(ArraySource(N), [_fails_at_7, hr.step(noise, random=True)])
         return hr.DataLoader(pipe, batch_size=4, shuffle=True, num_workers=workers,
@@ -359,6 +362,8 @@ def test_a_state_after_the_last_batch_is_between_epochs_with_a_sample_skipped(wo
     it = iter(first)
     for _ in range(len(full[0])):  # every batch, without asking past the last
         next(it)
+    if left:
+        it.close()
     state = json.loads(json.dumps(first.state_dict()))
     assert not state["in_epoch"] and state["epoch"] == 1
     del it

@@ -40,7 +40,7 @@ from accelerate.data_loader import BatchSamplerShard, DataLoaderShard
 from accelerate.utils import broadcast_object_list
 
 from headrace.errors import HeadraceError
-from headrace.runtime import distributed
+from headrace.runtime import distributed, ranks
 from headrace.runtime.loader import DataLoader
 
 __all__ = ["HeadraceShard", "prepare", "prepare_data_loader", "skip_first_batches"]
@@ -119,15 +119,11 @@ class HeadraceShard(DataLoaderShard):
         Accelerate writes one ``dl_state_dict.bin`` for all ranks, and each rank's share of the
         epoch is its own, so each rank restores its entry."""
         state = super().state_dict()
-        if self.num_processes == 1:
-            return state
-        ranks: list[Any] = [None] * self.num_processes
-        torch.distributed.all_gather_object(ranks, state)
-        return {"headrace_ranks": ranks}
+        return state if self.num_processes == 1 else ranks.gather_all(state, self.num_processes)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "headrace_ranks" in state_dict:
-            state_dict = state_dict["headrace_ranks"][self.process_index]
+        if ranks.GATHERED in state_dict:
+            state_dict = state_dict[ranks.GATHERED][self.process_index]
         state = {k: v for k, v in state_dict.items() if k != "_iterator_finished"}  # Accelerate's key
         self.base_dataloader.load_state_dict(state)
         self.dl_state_dict = self.base_dataloader.state_dict()

@@ -176,15 +176,13 @@ def all_settled(loader: DataLoader, it: Any) -> bool:
     (skipped, failed, dropped): its last batch is out and only its end is not seen yet, as
     where Lightning, which knows ``len(loader)``, writes a checkpoint at an epoch's last step.
     Its draws are all made (at ``iter()``), so the state between epochs describes it."""
-    total = total_positions(loader)
-    return total is not None and total > 0 and \
-        it.delivered.count + it.settled_undelivered() >= total
+    return _covers(loader, it.delivered.count + it.settled_undelivered())
 
 
-def _nothing_left(loader: DataLoader, delivered: Bitmap) -> bool:
-    """Whether a resumed epoch delivered every sample before it was saved (its length known)."""
+def _covers(loader: DataLoader, settled: int) -> bool:
+    """Whether ``settled`` positions are the whole epoch (its length known)."""
     total = total_positions(loader)
-    return total is not None and total > 0 and delivered.count >= total
+    return total is not None and 0 < total <= settled
 
 
 def start_epoch(loader: DataLoader) -> Any:
@@ -204,7 +202,7 @@ def start_epoch(loader: DataLoader) -> Any:
     if replay is not None:
         loader._epoch = replay.epoch
     origin, groups = draw_epoch(loader, replay)
-    if resume is not None and _nothing_left(loader, resume.delivered):
+    if resume is not None and _covers(loader, resume.delivered.count):
         # a state taken after the epoch's last batch, before its end was seen (Lightning knows
         # len(loader) and asks no further): that epoch is done, and this iter() is the next
         # one. It gave an empty epoch: a run resumed from a checkpoint written at an epoch's

@@ -324,7 +324,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         the next epoch starts, ``state_dict()`` describes where it stopped, as it would have
         while it was open, so a checkpoint written after leaving the loop resumes it."""
         latest = self._epoch_ref()
-        if it.origin is not None and (latest is None or latest is it):
+        if it.origin is not None and (latest is None or latest is it) \
+                and not epochs.all_settled(self, it):  # left after its last batch: it is done
             self._unfinished = checkpoint.ResumePoint(
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
                 generator_state=None, persistent_base_seed=None, steps=it.steps,

@@ -70,9 +70,15 @@ def gathered(state: dict[str, Any], where: tuple[int, int] | None) -> dict[str, 
     state = dict(state, rank=where[0] if where else None, world=where[1] if where else None)
     if where is None or not in_lightning_checkpoint():
         return state
-    ranks: list[Any] = [None] * where[1]
-    torch.distributed.all_gather_object(ranks, state)
-    return {GATHERED: ranks}
+    return gather_all(state, where[1])
+
+
+def gather_all(state: Any, world: int) -> dict[str, Any]:
+    """Every rank's ``state``, in rank order, under :data:`GATHERED` (a collective: every
+    rank of the process group calls it; also Accelerate's ``save_state``)."""
+    states: list[Any] = [None] * world
+    torch.distributed.all_gather_object(states, state)
+    return {GATHERED: states}
 
 
 def own(state: Any, where: tuple[int, int] | None) -> Any:
