@@ -386,3 +386,21 @@ def test_the_watch_reads_numpys_global_generator_whatever_its_bit_generator():
         assert global_token() != token
     finally:
         np.random.set_bit_generator(before)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1])
+def test_seed_globals_seeds_as_the_libraries_own_seed_functions_do(seed):
+    from headrace.pipeline.seeding import seed_globals
+
+    random.seed(3)
+    random.gauss(0, 1)  # a cached second Gaussian, which random.seed forgets
+    seed_globals(seed)
+    ours = random.getstate(), np.random.get_state(legacy=False), torch.get_rng_state()
+    random.gauss(0, 1)
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+    torch.manual_seed(seed & 0x7FFFFFFFFFFFFFFF)
+    assert ours[0] == random.getstate()
+    assert ours[1]["state"]["key"].tolist() == np.random.get_state(legacy=False)["state"]["key"].tolist()
+    assert ours[1]["state"]["pos"] == np.random.get_state(legacy=False)["state"]["pos"]
+    assert torch.equal(ours[2], torch.get_rng_state())
