@@ -194,10 +194,12 @@ def test_workers_stuck_in_user_code_exit_when_the_training_process_is_killed(stu
     directory on /dev/shm goes with them."""
     script = textwrap.dedent(
         """
-        import os, sys, threading
+        import multiprocessing, os, sys, threading
         sys.path.insert(0, {root!r})
         import headrace as hr
         from tests.helpers import ArraySource
+
+        in_init = multiprocessing.Event()  # the workers fork with it
 
         def stuck(i=None):
             print("stuck", os.getpid(), flush=True)  # the same stdout as the training process
@@ -205,6 +207,7 @@ def test_workers_stuck_in_user_code_exit_when_the_training_process_is_killed(stu
 
         def init(worker_id):
             if {stuck_in!r} == "worker_init_fn" and worker_id == 1:
+                in_init.set()
                 stuck()
 
         def step(x):
@@ -216,8 +219,9 @@ def test_workers_stuck_in_user_code_exit_when_the_training_process_is_killed(stu
                                num_workers=2, worker_init_fn=init)
         it = iter(loader)
         print(loader.cache.backend.path, flush=True)  # the default cache, on /dev/shm
-        for b in it:
-            pass
+        for b in it:  # worker 0 alone could finish the epoch before worker 1 starts
+            if {stuck_in!r} == "worker_init_fn":
+                in_init.wait(60)
         """.format(root=str(__import__("pathlib").Path(__file__).parents[2]),
                    stuck_in=stuck_in)
     )

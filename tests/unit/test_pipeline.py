@@ -404,3 +404,102 @@ def test_seed_globals_seeds_as_the_libraries_own_seed_functions_do(seed):
     assert ours[1]["state"]["key"].tolist() == np.random.get_state(legacy=False)["state"]["key"].tolist()
     assert ours[1]["state"]["pos"] == np.random.get_state(legacy=False)["state"]["pos"]
     assert torch.equal(ours[2], torch.get_rng_state())
+
+
+class _Drawing:
+    """Steps that record each call and draw from Python's global generator as told."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, int]] = []
+
+    def gauss_every(self, x):  # two Gaussians at a time: the second waits in gauss_next
+        self.calls.append(("gauss_every", int(x[0])))
+        return np.array([x[0], random.gauss(0, 1)])
+
+    def gauss_odd(self, x):  # takes the cached Gaussian, on odd samples only
+        self.calls.append(("gauss_odd", int(x[0])))
+        return np.append(x, random.gauss(0, 1) if int(x[0]) % 2 else 0.0)
+
+    def none(self, x):
+        self.calls.append(("none", int(x[0])))
+        return x
+
+    def fail_on_three(self, x):  # draws, then fails, on sample 3
+        self.calls.append(("fail_on_three", int(x[0])))
+        if int(x[0]) == 3:
+            raise ValueError(f"bad draw {random.random()}")
+        return x
+
+
+def _seeded_python(base_seed, epoch, index, key):
+    from headrace.pipeline.seeding import sample_root, step_seed
+
+    random.seed(step_seed(sample_root(base_seed, epoch, index), key))
+
+
+def test_python_generator_is_seeded_before_the_steps_that_draw_from_it_only():
+    from headrace.pipeline.seeding import PYTHON_MARKS
+
+    assert PYTHON_MARKS  # CPython's layout, checked at import
+    d = _Drawing()
+    p = hr.Pipeline(ArraySource(6), [hr.step(d.none, name="none"),
+                                     hr.step(d.gauss_every, name="gauss_every"),
+                                     hr.step(d.gauss_odd, name="gauss_odd")])
+    runner = SampleRunner(p)
+    values = [runner.run(i, 0, None, base_seed=9, epoch=1).value for i in range(6)]
+    for i, v in enumerate(values):  # what seeding Python's generator before every step gives
+        _seeded_python(9, 1, i, p.keys[2])
+        first = random.gauss(0, 1)
+        _seeded_python(9, 1, i, p.keys[3])
+        second = random.gauss(0, 1) if i % 2 else 0.0
+        assert v.tolist() == [i, first, second], (i, v)
+    assert runner.python_draws == [False, False, True, True]
+    # a step's first draw in this process runs its sample again: sample 0 for gauss_every,
+    # sample 1 for gauss_odd (which drew nothing on sample 0); every other sample runs once
+    runs = [sum(1 for name, k in d.calls if name == "none" and k == i) for i in range(6)]
+    assert runs == [2, 2, 1, 1, 1, 1], d.calls
+
+
+def test_a_step_that_fails_after_an_unseeded_draw_fails_as_seeded():
+    d = _Drawing()
+    p = hr.Pipeline(ArraySource(5), [hr.step(d.fail_on_three, name="fail_on_three")])
+    runner = SampleRunner(p)
+    out = [runner.run(i, 0, None, base_seed=4, epoch=0) for i in range(5)]
+    assert [o.error is None for o in out] == [True, True, True, False, True]
+    _seeded_python(4, 0, 3, p.keys[1])
+    assert str(out[3].error[1]) == f"bad draw {random.random()}"
+    assert [k for _, k in d.calls] == [0, 1, 2, 3, 3, 4]  # sample 3 ran again, seeded
+
+
+def test_runs_that_cannot_start_over_seed_python_before_every_step():
+    d = _Drawing()
+    p = hr.Pipeline(ArraySource(4), [hr.step(d.none, name="none"),
+                                     hr.step(d.gauss_every, name="gauss_every")])
+    runner = SampleRunner(p)
+    x = runner.run(2, 0, None, base_seed=1, epoch=0, hand_off=lambda step, _s: step == 2)
+    assert x.next_step == 2
+    resumed = runner.run(2, 2, x.value, base_seed=1, epoch=0)  # a hand-off's second half
+    _seeded_python(1, 0, 2, p.keys[2])
+    assert resumed.value.tolist() == [2, random.gauss(0, 1)]
+    assert runner.python_draws == [False, False, False]  # seeded: nothing to learn
+    stored: list[int] = []
+    cached = runner.run(3, 0, None, base_seed=1, epoch=0,
+                        after_step=lambda step, _x: stored.append(step))
+    _seeded_python(1, 0, 3, p.keys[2])
+    assert cached.value.tolist() == [3, random.gauss(0, 1)] and stored == [0, 1, 2]
+    assert [k for name, k in d.calls if name == "none"] == [2, 3]  # none ran twice
+
+
+def _py_jitter(x):
+    return x + random.random()
+
+
+def test_a_datasets_own_transforms_draw_from_python_seeded_per_sample():
+    p = hr.Pipeline.from_dataset(TupleDataset(Compose([add_one, _py_jitter])))
+    assert p.embedded
+    runner = SampleRunner(p)
+    for i in range(4):
+        x, label = runner.run(i, 0, None, base_seed=2, epoch=3).value
+        _seeded_python(2, 3, i, p.keys[0])  # seeded once, before the dataset's __getitem__
+        assert label == i and x.tolist() == (np.full(2, i + 1, np.float32) + random.random()).tolist()
+    assert runner.python_draws[0]

@@ -12,7 +12,9 @@ torch: a map-style dataset with a Compose in ``__getitem__`` drawing from torch'
 generator, returning ``(image, label)``) and ``tiny`` (a 16 KB array and one addition: the
 per-sample price of the loader alone). Rows, each
 a fresh loader's first epoch, interleaved round-robin over the rounds: ``headrace`` (defaults,
-out of order), ``headrace, short moves`` (a late sample moves to the slow lane however
+out of order), ``headrace, Python seeded every step`` (Python's global generator seeded before
+every step, not only before those that draw from it: ``runner.PYTHON_MARKS`` off, as before
+the marks), ``headrace, short moves`` (a late sample moves to the slow lane however
 little of its steps is left: ``planner.timeout.HANDOFF_MIN_S`` set to 0, as before that floor),
 ``headrace, 1 ms messages`` (cheap samples queued and sent as samples of
 1-2 ms are: ``queueing.CHEAP_QUEUE_S`` and ``CHEAP_HOLD_S`` set to ``QUEUE_S`` and ``HOLD_S``,
@@ -21,8 +23,9 @@ sample at a time: ``planner.queueing.MAX_DEPTH`` set to its minimum for that row
 queueing was adaptive) and torch's DataLoader (out of order) at half, equal and twice the
 worker count. torch's dataset runs the same steps, each sample drawing from its own
 ``default_rng(index)`` (so both loaders pay for a generator per sample). Prints a Markdown
-table: samples/s, the training process's CPU per sample and headrace's samples moved to the slow
-lane per epoch, median (min-max) over the rounds.
+table: samples/s, the training process's CPU per sample, the workers' CPU per sample (what the
+processes reaped during the epoch used) and headrace's samples moved to the slow lane per
+epoch, median (min-max) over the rounds.
 
 ``--executors`` runs the ``cifar`` pipeline over three epochs with one loader per executor
 (processes, ``"auto"``, threads) and prints each epoch's samples/s and auto's decision.
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -177,9 +181,12 @@ class _TorchDataset(torch.utils.data.Dataset):
         return x
 
 
-def _epoch(make: Callable[[], Any], n: int, close: bool) -> tuple[float, float, int | None]:
+def _epoch(make: Callable[[], Any], n: int, close: bool) -> tuple[float, float, int | None, float]:
     """(wall seconds, training-process CPU seconds, samples moved to the slow lane: ``None``
-    for torch) of one epoch of a fresh loader."""
+    for torch, the workers' CPU seconds) of one epoch of a fresh loader. The workers' CPU is
+    what the processes this process reaped during the epoch and its close used (``os.times``:
+    both loaders join their workers by then)."""
+    k0 = os.times()
     loader = make()
     c0, t0 = time.process_time(), time.perf_counter()
     got = 0
@@ -189,15 +196,22 @@ def _epoch(make: Callable[[], Any], n: int, close: bool) -> tuple[float, float, 
     moved = loader.stats().last.slow_samples if hasattr(loader, "stats") else None
     if close:
         loader.close()
+    del loader
+    k1 = os.times()
     if got != n:
         raise RuntimeError(f"{got} samples delivered, expected {n}")
-    return wall, cpu, moved
+    return wall, cpu, moved, (k1.children_user + k1.children_system
+                              - k0.children_user - k0.children_system)
 
 
 _ONE_MS = {(queueing, "CHEAP_QUEUE_S"): queueing.QUEUE_S,
            (queueing, "CHEAP_HOLD_S"): queueing.HOLD_S}
 """The row ``headrace, 1 ms messages``: samples under ``queueing.CHEAP_S`` queued and held as
 samples of 1-2 ms are (what every cheap sample had before the cheap tier)."""
+_SEEDED = {(runner, "PYTHON_MARKS"): False}
+"""The row ``headrace, Python seeded every step``: Python's global generator seeded before every
+step, not only before those that draw from it (``pipeline/runner.py``; what every step had
+before)."""
 _SHORT_MOVES = {(timeout, "HANDOFF_MIN_S"): 0.0}
 """The row ``headrace, short moves``: a late sample moves whenever its steps left typically take
 half the timeout, however short that is (what every late sample had before the 2 ms floor)."""
@@ -211,8 +225,8 @@ def run(rounds: int, samples: int, workers: int, batch: int = 128) -> dict[str, 
     out: dict[str, dict[str, list]] = {}
     for name, (pipe, ds) in workloads(samples).items():
 
-        def headrace_row(policy: dict[tuple[Any, str], float],
-                         pipe: Any = pipe) -> tuple[float, float, int | None]:
+        def headrace_row(policy: dict[tuple[Any, str], Any],
+                         pipe: Any = pipe) -> tuple[float, float, int | None, float]:
             saved = {k: getattr(*k) for k in policy}  # (module, name): value
             for (module, name), v in policy.items():
                 setattr(module, name, v)
@@ -223,12 +237,13 @@ def run(rounds: int, samples: int, workers: int, batch: int = 128) -> dict[str, 
                 for (module, name), v in saved.items():
                     setattr(module, name, v)
 
-        def torch_row(w: int, ds: Any = ds) -> tuple[float, float, int | None]:
+        def torch_row(w: int, ds: Any = ds) -> tuple[float, float, int | None, float]:
             return _epoch(lambda: torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=w,
                                                               in_order=False), samples, False)
 
-        rows: dict[str, Callable[[], tuple[float, float, int | None]]] = {
+        rows: dict[str, Callable[[], tuple[float, float, int | None, float]]] = {
             "headrace": lambda: headrace_row({}),
+            "headrace, Python seeded every step": lambda: headrace_row(_SEEDED),
             "headrace, short moves": lambda: headrace_row(_SHORT_MOVES),
             "headrace, 1 ms messages": lambda: headrace_row(_ONE_MS),
             "headrace, a message per sample": lambda: headrace_row(
@@ -255,7 +270,7 @@ def runner_costs(samples: int, repeats: int = 5) -> dict[str, float]:
     pipe = pipelines(samples)["cifar"]
     ds = _TorchDataset(pipe)
     shared = np.random.default_rng(0)
-    no_globals = {"seed_globals": lambda _s: None}
+    no_globals = {"seed_globals": lambda _s: None, "seed_numpy_torch": lambda _s: None}
     no_rngs = {**no_globals, "step_rng": lambda _s: shared}
     swaps: dict[str, dict[str, Any] | None] = {
         "the steps alone": None,
@@ -264,7 +279,8 @@ def runner_costs(samples: int, repeats: int = 5) -> dict[str, float]:
         "... and without a generator per random step": no_rngs,
         "... and without the sample's root seed": {**no_rngs, "sample_root": lambda *_a: 1},
     }
-    saved = {name: getattr(runner, name) for name in ("seed_globals", "step_rng", "sample_root")}
+    saved = {name: getattr(runner, name)
+             for name in ("seed_globals", "seed_numpy_torch", "step_rng", "sample_root")}
     out: dict[str, float] = {}
     try:
         for _ in range(repeats):
@@ -307,14 +323,16 @@ def markdown(results: dict[str, dict[str, list]], samples: int, workers: int) ->
         best_torch = max((statistics.median(samples / r[0] for r in v), k)
                          for k, v in rows.items() if k.startswith("torch"))
         lines += [f"**{name}** ({samples} samples, batch 128, headrace {workers} workers)", "",
-                  "| loader | samples/s | training-process CPU µs/sample | vs torch's best "
-                  "| moved to the slow lane |",
-                  "|---|---|---|---|---|"]
+                  "| loader | samples/s | training-process CPU µs/sample "
+                  "| workers' CPU µs/sample | vs torch's best | moved to the slow lane |",
+                  "|---|---|---|---|---|---|"]
         for label, runs in rows.items():
             rate = Spread.of([samples / r[0] for r in runs])
             cpu = Spread.of([r[1] * 1e6 / samples for r in runs])
+            reaped = Spread.of([r[3] * 1e6 / samples for r in runs])
             moved = [r[2] for r in runs if r[2] is not None]
             lines.append(f"| {label} | {rate.text('.0f')} | {cpu.text('.1f')} | "
+                         f"{reaped.text('.1f')} | "
                          f"{rate.median / best_torch[0]:.2f}x | "
                          f"{Spread.of(moved).text('.0f') if moved else '–'} |")
         lines.append("")

@@ -16,9 +16,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from headrace.pipeline.inplace import Probe, Probing
 from headrace.pipeline.seeding import (
+    PYTHON_MARKS,
     global_token,
+    python_mark,
     sample_root,
     seed_globals,
+    seed_numpy_torch,
     step_rng,
     step_seed,
 )
@@ -79,7 +82,14 @@ class SampleRunner:
     ``reseed_globals``: before each step, re-seed Python's, NumPy's and torch's global
     generators from the step's seed (``seeding.seed_globals``), so user code drawing from them
     is deterministic per sample. Worker threads share those generators and turn it off: their
-    steps must draw from the ``rng`` they receive.
+    steps must draw from the ``rng`` they receive. Python's generator (4 of the 7 µs) is
+    seeded only before the steps that have drawn from it (``python_draws``: a flag per step,
+    which a worker's runners share): around any other step its state is marked
+    (``seeding.python_mark``), and a step that drew after all is flagged and the sample runs
+    again from its start, every step seeded as before. A step's first draw from Python's
+    generator in a process thus costs its sample a second run; a run that starts at a later
+    step (a hand-off, a cache hit) or inserts into the cache, which could not run again from
+    the start, seeds every step.
 
     ``on_global_draw(step)``: called when a step drew from those global generators (their
     states compared around it, ``seeding.global_token``: about 0.1 ms a step; with
@@ -94,6 +104,7 @@ class SampleRunner:
         reseed_globals: bool = True,
         queued: Clock | None = None,
         on_global_draw: Callable[[int], None] | None = None,
+        python_draws: list[bool] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.reseed_globals = reseed_globals
@@ -113,6 +124,9 @@ class SampleRunner:
         """An embedded run's transforms when not profiled (immutable, shared by every run)."""
         self._random = [False, *(s.random for s in pipeline.steps)]
         self._seeded = reseed_globals or any(self._random)  # else no step needs a seed
+        self.python_draws = python_draws if python_draws is not None else [False] * self.n
+        """Per step: it drew from Python's global generator in this process (then seeded)."""
+        self._marks = reseed_globals and PYTHON_MARKS
 
     def run(
         self,
@@ -145,18 +159,27 @@ class SampleRunner:
         spent = 0.0
         root = sample_root(base_seed, epoch, index, draw) if self._seeded else 0
         watch, token = self.on_global_draw, None
+        marks = self._marks and start == 0 and after_step is None
+        python_draws = self.python_draws
         for i in range(start, self.n):
-            rng = None
+            rng, mark = None, None
             if self._seeded:
                 seed = step_seed(root, self.keys[i])
                 if self.reseed_globals:
-                    seed_globals(seed)
+                    if marks and not python_draws[i]:
+                        seed_numpy_torch(seed)
+                        mark = python_mark()
+                    else:
+                        seed_globals(seed)
                 if self._random[i]:
                     rng = step_rng(seed)
             if on_step is not None:
                 on_step(i)
             if i == 0 and self.embedded:
                 out = self._load_embedded(x, root, timings)
+                if mark is not None and python_mark() != mark:
+                    python_draws[i] = True
+                    return self.run(index, 0, None, base_seed, epoch, hand_off, on_step, None, draw)
                 if isinstance(out, Outcome):
                     out.bytes_in = bytes_in
                     return out
@@ -174,10 +197,14 @@ class SampleRunner:
             try:
                 x = self._calls[i](x, rng)
             except Exception as e:  # noqa: BLE001 - reported with its place
-                return Outcome(None, None, timings, (i, e, traceback.format_exc()), bytes_in)
+                if mark is None or python_mark() == mark:
+                    return Outcome(None, None, timings, (i, e, traceback.format_exc()), bytes_in)
             ce = time.thread_time()
             q = queued() - qs if queued is not None else 0.0
             we = time.perf_counter()
+            if mark is not None and python_mark() != mark:  # drew unseeded: again, seeded
+                python_draws[i] = True
+                return self.run(index, 0, None, base_seed, epoch, hand_off, on_step, None, draw)
             spent += we - ws
             if watch is not None and global_token() != token:
                 watch(i)

@@ -204,7 +204,8 @@ class TaskRunner:
             watch = note_draw
         self.measured = SampleRunner(setup.pipeline, measure, reseed_globals, run_queue_s,
                                      on_global_draw=watch)
-        self.plain = SampleRunner(setup.pipeline, None, reseed_globals)
+        self.plain = SampleRunner(setup.pipeline, None, reseed_globals,
+                                  python_draws=self.measured.python_draws)
         self.slot = setup.slot
         self.cache = setup.cache
         self.progress = progress
