@@ -184,6 +184,16 @@ _OWN = frozenset(("index", "step", "worker", "cause_type", "cause_message", "rem
 them."""
 
 
+def picklable_class(cls: type) -> type | None:
+    """``cls`` where it pickles by reference (a worker sends it, and the training process's
+    StepError is then also an instance of it), else None (a local class: a plain StepError)."""
+    try:
+        pickle.loads(pickle.dumps(cls))
+        return cls
+    except Exception:  # noqa: BLE001 - a local class, or one that will not load again
+        return None
+
+
 def exception_attributes(exc: BaseException, picklable: bool = False) -> dict[str, Any]:
     """``exc``'s attributes: its ``__dict__``, and the attributes builtin exception types keep
     in their C structures (``OSError.errno``, ``SystemExit.code``, ``UnicodeError.start``);

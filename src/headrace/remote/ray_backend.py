@@ -49,7 +49,7 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
-from headrace.errors import RemoteUnavailableError, exception_attributes
+from headrace.errors import RemoteUnavailableError, exception_attributes, picklable_class
 from headrace.pipeline.runner import SampleRunner
 from headrace.remote.actor import RemoteWorker
 from headrace.remote.config import Remote
@@ -58,7 +58,7 @@ from headrace.remote.payload import pack, unpack
 from headrace.runtime.outbox import qualname
 from headrace.runtime.threadworker import ThreadResults, ThreadTasks
 from headrace.runtime.transport import decode, encode
-from headrace.runtime.worker import Task, WorkerSetup, _picklable_class
+from headrace.runtime.worker import Task, WorkerSetup
 
 log = logging.getLogger("headrace")
 
@@ -327,7 +327,7 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
                         hand_off=lambda _next, _spent: True, draw=task.draw)
         if out.error is not None:
             step, exc, tb = out.error
-            return ("msg", ("error", task.tid, step, _picklable_class(type(exc)),
+            return ("msg", ("error", task.tid, step, picklable_class(type(exc)),
                             qualname(type(exc)), str(exc), tb,
                             exception_attributes(exc, picklable=True)))
         if out.next_step is None:  # the load is the whole pipeline

@@ -8,6 +8,8 @@ import time
 import traceback
 from typing import Any
 
+from headrace.errors import picklable_class
+
 
 class Outbox:
     """A worker process's finished samples not sent yet (``planner/queueing.py``).
@@ -78,8 +80,8 @@ def send(conn: Any, msg: Any) -> bool:
                     "(docker --shm-size), or lower batch_size, prefetch_factor or "
                     "Options(max_in_flight=...)"
                 )
-            err = ("error", msg[1], -1, None, qualname(type(e)), text, traceback.format_exc(),
-                   None)
+            err = ("error", msg[1], -1, picklable_class(type(e)), qualname(type(e)), text,
+                   traceback.format_exc(), None)
             return send(conn, err)
         raise
 

@@ -46,6 +46,22 @@ class _Inline:
         return (_Inline, (self.array,))
 
 
+class _View:
+    """A conjugate or negative view carried as its stored values and its two bits, which
+    torch's pickling drops (a ``x.conj()`` sample arrived conjugated back: its values changed).
+    The receiver makes the same view again (:func:`decode`)."""
+
+    __slots__ = ("conj", "neg", "tensor")
+
+    def __init__(self, tensor: Any, conj: bool, neg: bool) -> None:
+        self.tensor = tensor
+        self.conj = conj
+        self.neg = neg
+
+    def __reduce__(self):
+        return (_View, (self.tensor, self.conj, self.neg))
+
+
 def plain_tensor(x: Any) -> bool:
     """``x`` is a CPU ``torch.Tensor`` that travels as its bytes alone: not a subclass (whose
     type and attributes, e.g. a bounding box's format, pickling keeps), not one that requires
@@ -60,6 +76,10 @@ def encode(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         if not plain_tensor(x):
             return x  # torch's own pickling keeps what the bytes alone would lose
+        conj, neg = x.is_conj(), x.is_neg()
+        if conj or neg:  # the view's bits off: the values as stored
+            return _View(encode(torch._neg_view(x.conj() if conj else x) if neg
+                                else x.conj()), conj, neg)
         nbytes = x.numel() * x.element_size()
         if nbytes < INLINE_LIMIT and x.dtype != torch.bfloat16:
             try:
@@ -89,6 +109,10 @@ def decode(x: Any) -> Any:
     """Inverse of :func:`encode`, run in the receiving process (zero-copy for arrays)."""
     if isinstance(x, _Inline):
         return torch.from_numpy(x.array)
+    if isinstance(x, _View):
+        t = decode(x.tensor)
+        t = torch._neg_view(t) if x.neg else t
+        return t.conj() if x.conj else t
     if isinstance(x, _Shm):
         if x.kind == "np":
             return x.tensor.numpy()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import collections
 import functools
 import multiprocessing.util as mp_util
-import pickle
 import signal
 import time
 import traceback
@@ -35,7 +34,7 @@ import numpy as np
 import torch
 
 from headrace.cache.client import run_cached
-from headrace.errors import exception_attributes
+from headrace.errors import exception_attributes, picklable_class
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import Outcome, SampleRunner
 from headrace.planner.timeout import worth_moving
@@ -129,7 +128,7 @@ def worker_main(
             start_probe(progress, slot)
     except Exception as e:  # noqa: BLE001 - reported to the main process
         send(results, ("init_error", slot, qualname(type(e)), str(e), traceback.format_exc(),
-                       _picklable_class(type(e))))
+                       picklable_class(type(e))))
         return
     send(results, ("ready", slot, reseeded))
     if owner_gone is not None:  # runs as this process exits (multiprocessing's finalisers)
@@ -259,7 +258,7 @@ class TaskRunner:
         msg: tuple[Any, ...]
         if out.error is not None:
             step, exc, tb = out.error
-            msg = ("error", tid, step, _picklable_class(type(exc)), qualname(type(exc)), str(exc), tb,
+            msg = ("error", tid, step, picklable_class(type(exc)), qualname(type(exc)), str(exc), tb,
                    exception_attributes(exc, picklable=True))
         else:
             payload, ring_end = send_value(out.value)
@@ -276,14 +275,6 @@ def _if_orphaned(parent_pid: int, clean_up: Callable[[], Any]) -> None:
     ``POLL_S`` and exits; a second removal finds nothing)."""
     if parent_gone(parent_pid):
         clean_up()
-
-
-def _picklable_class(cls: type) -> type | None:
-    try:
-        pickle.loads(pickle.dumps(cls))
-        return cls
-    except Exception:  # noqa: BLE001 - a local class: re-raised as plain StepError
-        return None
 
 
 def _seed_like_torch(base_seed: int, worker_id: int, seed: int) -> None:
