@@ -40,3 +40,6 @@ class FakePinned:
         f = FakeFence()
         self.fences.append(f)
         return f
+
+    def set_idle(self, raw: np.ndarray, idle: bool) -> None:
+        """Pinned memory is inherited by forked processes, as any NumPy memory."""

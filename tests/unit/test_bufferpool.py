@@ -131,13 +131,22 @@ def test_batch_buffers_do_not_ask_for_huge_pages():
     assert "hg" in _mapping_flags(numpy_own.ctypes.data + nbytes // 2)
 
 
-def test_batch_buffers_are_not_inherited_by_forked_workers():
-    # "dc": the kernel's VM_DONTCOPY (MADV_DONTFORK). Shared with workers forked for a new
-    # epoch, every page the training process then wrote was copied (112k page faults before
-    # each epoch's first batch in a sweep, about twice torch's time to it)
+def test_idle_batch_buffers_are_not_inherited_by_forked_processes_held_ones_are():
+    # "dc": the kernel's VM_DONTCOPY (MADV_DONTFORK). An idle buffer shared with workers forked
+    # for a new epoch had every page copied when the training process wrote its next batch
+    # there (112k page faults before each epoch's first batch in a sweep, about twice torch's
+    # time to it); a batch the user holds must reach the processes the user forks (a bug hunt:
+    # a child read another mapping's bytes where a held batch had been)
     pool = BufferPool()
     a = pool.empty((1 << 20,), np.float32)
-    assert "dc" in _mapping_flags(a.ctypes.data)
+    addr = a.ctypes.data
+    assert "dc" not in _mapping_flags(addr)  # out: a batch
+    del a
+    gc.collect()
+    assert pool.idle_bytes == 4 << 20 and "dc" in _mapping_flags(addr)  # waits in the pool
+    b = pool.empty((1 << 20,), np.float32)
+    assert b.ctypes.data == addr and pool.reused == 1
+    assert "dc" not in _mapping_flags(addr)  # out again
     assert "dc" not in _mapping_flags(np.empty(4 << 20, np.uint8).ctypes.data)  # the check sees
 
 

@@ -104,6 +104,7 @@ class BufferPool:
             raw = self.memory.allocate(nbytes)
             self.allocated += 1
         else:
+            self.memory.set_idle(raw, False)  # a process the user forks may read the batch
             self.reused += 1
         with self._lock:
             self._live.add(raw.ctypes.data)
@@ -159,6 +160,10 @@ class BufferPool:
                 fence = self.memory.release_fence()
             except Exception:  # noqa: BLE001 - e.g. CUDA torn down at exit: never reuse it
                 return
+        try:  # before any other thread can take it: workers forked from now on do not share it
+            self.memory.set_idle(raw, True)
+        except Exception:  # noqa: BLE001 - at exit, say: freed rather than reused
+            return
         with self._lock:
             self._idle.append((raw, fence, self._requests))
             wait = self._evict()

@@ -60,6 +60,10 @@ class HostMemory(Protocol):
         (``None``: nothing reads host memory asynchronously)."""
         ...
 
+    def set_idle(self, raw: np.ndarray, idle: bool) -> None:
+        """``raw`` (from :meth:`allocate`) waits in the pool (``idle``) or holds a batch."""
+        ...
+
 
 class PageableMemory:
     """Ordinary memory; nothing reads it after its batch is gone.
@@ -74,13 +78,16 @@ class PageableMemory:
     huge pages save little. The mapping follows the system's own THP setting (huge pages only
     where it says ``always``).
 
-    Not inherited by forked workers (``MADV_DONTFORK``): without persistent workers, each
-    epoch forks new workers while the pool keeps the last epoch's buffers, and every page the
-    workers then shared was copied when the training process wrote its next batch there: a
-    page fault per page before each later epoch's first batch (a compatibility sweep saw that
-    first batch take about twice torch's time with 50 MB samples). Workers never read batch
-    memory; a worker that touched a batch held from before the fork would fault there, and
-    die as a crashed worker does, naming its sample, rather than read stale pages.
+    Not inherited by forked processes while it waits in the pool (``MADV_DONTFORK``, set by
+    :meth:`set_idle`): without persistent workers, each epoch forks new workers while the pool
+    keeps the last epoch's buffers, and every page the workers then shared was copied when the
+    training process wrote its next batch there: a page fault per page before each later
+    epoch's first batch (a compatibility sweep saw that first batch take about twice torch's
+    time with 50 MB samples). While a batch is out the buffer is inherited as any memory is:
+    the user's code may fork (its own processes, a dataset built from kept batches and read by
+    the next loader's workers) and read it there. A buffer marked for good at allocation left
+    such a child a hole in its address space, where a later mapping could land: it read
+    another mapping's bytes, silently, or crashed (a bug hunt).
     """
 
     pinned = False
@@ -89,12 +96,16 @@ class PageableMemory:
         if nbytes <= 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
             return np.empty(nbytes, dtype=np.uint8)
         pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_DONTFORK"):
-            pages.madvise(mmap.MADV_DONTFORK)
         return np.frombuffer(pages, dtype=np.uint8)  # keeps the mapping alive; unmapped with it
 
     def release_fence(self) -> Fence | None:
         return None
+
+    def set_idle(self, raw: np.ndarray, idle: bool) -> None:
+        """Forked processes inherit ``raw`` unless it is idle (one ``madvise``, a few µs)."""
+        pages = getattr(raw.base, "obj", None)  # the memoryview NumPy holds, over the mapping
+        if isinstance(pages, mmap.mmap) and hasattr(mmap, "MADV_DONTFORK"):
+            pages.madvise(mmap.MADV_DONTFORK if idle else mmap.MADV_DOFORK)
 
 
 _HOST_REGISTER_PORTABLE = 1
@@ -134,6 +145,9 @@ class CudaPinnedMemory:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.device))
         return event
+
+    def set_idle(self, raw: np.ndarray, idle: bool) -> None:
+        """Inherited by forked processes always, as any NumPy memory."""
 
 
 def pin_device(pin_memory_device: str, device: torch.device | None) -> torch.device | None:
