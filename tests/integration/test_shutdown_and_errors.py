@@ -146,6 +146,39 @@ def test_interpreter_exit_mid_epoch_leaves_no_worker(tmp_path):
     assert not alive
 
 
+def test_the_process_exits_while_a_collate_fn_call_is_still_running():
+    # the collate threads were joined at exit (ThreadPoolExecutor's): a collate_fn blocked on
+    # a later batch kept the script from ending (torch's workers, where it runs, are killed)
+    script = textwrap.dedent(
+        """
+        import sys, threading
+        sys.path.insert(0, {root!r})
+        import torch
+        import headrace as hr
+        from tests.helpers import IndexDataset
+
+        in_call = threading.Event()
+
+        def collate(batch):
+            if int(batch[0]) >= 16:  # batch 8 on: blocks (bounded: 60 s)
+                in_call.set()
+                threading.Event().wait(60)
+            return torch.utils.data.default_collate(batch)
+
+        loader = hr.DataLoader(IndexDataset(32), batch_size=2, num_workers=2, in_order=True,
+                               collate_fn=collate)
+        for i, b in enumerate(loader):  # the first 4 are collated in next(), then on the thread
+            if i == 4:
+                in_call.wait(60)  # the collate thread is inside the blocking call
+                break
+        print("left the loop", flush=True)
+        """.format(root=str(__import__("pathlib").Path(__file__).parents[2]))
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=45)  # under the call's 60 s: it did not wait for it
+    assert out.returncode == 0 and out.stdout == "left the loop\n", out.stderr
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_killed_training_process_leaves_no_cache_in_shared_memory(sig):
     # SLURM preemption, `docker stop`: no finaliser runs in the training process; its workers

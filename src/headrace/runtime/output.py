@@ -12,8 +12,8 @@ collates in ``next()`` (``collate()`` is the batch: ``runtime/collate_rng.py``);
 None, None)`` (``WAKE_UPS``), which ask the training thread to read the sampler or to fork a
 worker and are not batches (``batches_queued``).
 
-A user ``collate_fn`` runs on collate threads of the training process, not in the scheduler
-thread: one expensive ``collate_fn`` run batch after batch in the scheduler (under its lock, so
+A user ``collate_fn`` runs on collate threads of the training process (daemons:
+``runtime/daemon_pool.py``), not in the scheduler thread: one expensive ``collate_fn`` run batch after batch in the scheduler (under its lock, so
 nothing is dispatched meanwhile) made it the pipeline's bottleneck. One thread by default, so
 calls never overlap (torch calls it once at a time in each worker process; a collator reusing a
 buffer or a tokenizer returned wrong batches on several); ``Options(collate_threads=N)`` runs
@@ -26,13 +26,13 @@ from __future__ import annotations
 import functools
 import queue
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from headrace.errors import StepError, WorkerDiedError
 from headrace.planner.workers import available_cpus
 from headrace.runtime.assembly import BatchAssembly
 from headrace.runtime.collate_rng import collated_in_loop, one_at_a_time
+from headrace.runtime.daemon_pool import DaemonPool
 from headrace.runtime.ring import Ring
 from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error
 
@@ -58,7 +58,7 @@ class BatchOutput:
         self.hooks = hooks  # on_skip(index, error)
         self._batches: dict[int, BatchAssembly] = {}  # batch key -> batch being filled
         self._raise_for: dict[int, BaseException] = {}  # sampler batch key -> its sample's error
-        self._collators: ThreadPoolExecutor | None = None  # for a user collate_fn, made on use
+        self._collators: DaemonPool | None = None  # for a user collate_fn, made on use
 
     def place(self, rec: Rec, value: Any, ring: Ring | None) -> None:
         """Copy a finished sample into its row of its batch (out of ``ring`` before it is freed)."""
@@ -126,7 +126,7 @@ class BatchOutput:
             return
         if user:
             if self._collators is None:
-                self._collators = ThreadPoolExecutor(  # one: calls never overlap
+                self._collators = DaemonPool(  # one: calls never overlap
                     min(self.spec.collate_threads, available_cpus()), "headrace-collate")
             if place is not None and self.spec.collate_threads == 1:  # nor with the loop's
                 collate = functools.partial(one_at_a_time, place, collate)
@@ -143,9 +143,10 @@ class BatchOutput:
         self.out.put(("batch", batch, positions))
 
     def close(self) -> None:
-        """Stop the collate threads (batches not yet collated are never delivered)."""
+        """Stop the collate threads (batches not yet collated are never delivered; a call
+        running finishes in the background, and the process may exit before it does)."""
         if self._collators is not None:
-            self._collators.shutdown(wait=False, cancel_futures=True)
+            self._collators.shutdown()
 
 
 def _collate(assembly: BatchAssembly, rows: list[int], pin: Callable[[Any], Any] | None) -> Any:
