@@ -301,3 +301,66 @@ def test_a_cache_dropped_mid_run_is_dropped_by_persistent_workers_too(monkeypatc
         assert epochs[1].cache is None
     finally:
         loader.close()
+
+
+def _torch_flip(x: np.ndarray) -> np.ndarray:  # as torchvision's RandomHorizontalFlip draws
+    return x[:, ::-1].copy() if float(torch.rand(1)) < 0.5 else x
+
+
+def _numpy_noise(x: np.ndarray) -> np.ndarray:
+    return x + np.random.random((9, 8)).astype(np.float32)
+
+
+def _python_shift(x: np.ndarray) -> np.ndarray:
+    import random
+
+    return x + random.random() if int(x[8, 0]) % 3 == 0 else x  # on some samples only
+
+
+@pytest.mark.parametrize("draws", [_torch_flip, _numpy_noise, _python_shift])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_step_drawing_from_a_global_generator_is_never_frozen_by_the_cache(
+        no_leaks, draws, workers) -> None:
+    # not declared random=True: its output was cached as the deterministic decoded form in
+    # the first epoch and served in every later one (the same "augmentation" each epoch)
+    def run(cache):
+        pipe = hr.Pipeline(Raw(), [hr.step(decode, kind="decode"), hr.step(draws),
+                                   hr.step(to_tensor)])
+        loader = hr.DataLoader(pipe, batch_size=8, num_workers=workers,
+                               options=hr.Options(seed=3, cache=cache))
+        try:
+            return [samples(loader) for _ in range(3)], loader.stats(), loader.explain()
+        finally:
+            loader.close()
+
+    ref, _, _ = run(None)
+    got, stats, text = run(hr.Cache(budget_bytes=1 << 20))
+    for e in range(3):
+        _equal(got[e], ref[e])
+    assert any(not torch.equal(got[0][i], got[1][i]) for i in got[0])  # epochs differ
+    first = stats.epochs[0].cache
+    assert first.drew > 0 and first.inserts + first.drew == N  # only the encoded form stored
+    assert "drew from a global random generator" in text
+
+
+def test_a_hit_resumed_in_process_is_profiled_with_its_input_size(no_leaks, monkeypatch) -> None:
+    # num_workers=0 profiled a run resumed from a cached form as starting from 0 bytes: the
+    # next step looked inflating, and AutoOrder moved steps on that number
+    from headrace.runtime.monitor import Monitor
+
+    seen: list[tuple[int, int]] = []
+    own = Monitor.on_sample
+
+    def spy(self, index, step_s, slow, timings, bytes_in=0):
+        seen.append((timings[0].step if timings else -1, bytes_in))
+        return own(self, index, step_s, slow, timings, bytes_in)
+
+    monkeypatch.setattr(Monitor, "on_sample", spy)
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=0, options=hr.Options(seed=1))
+    try:
+        samples(loader)
+        samples(loader)  # every sample resumes after its cached decoded form
+    finally:
+        loader.close()
+    resumed = [b for step, b in seen if step > 0]
+    assert len(resumed) == N and all(b == 9 * 8 * 4 for b in resumed)  # the (9, 8) floats

@@ -74,6 +74,8 @@ class Box:
 @pytest.mark.parametrize("value", [
     Box(), {1: 2}, np.array([object()], dtype=object), 2**64, (1, Box()),
     torch.zeros(2, requires_grad=True),
+    np.zeros(2, dtype=[("a", "f4"), ("b", "i8")]),  # its fields were lost on a hit
+    np.zeros(2, dtype="V12"),
 ])
 def test_what_the_format_cannot_hold_is_refused(value) -> None:
     with pytest.raises(codec.Uncacheable):

@@ -9,6 +9,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 
 from headrace.cache import codec, memory_backend
 from headrace.cache.client import CacheClient, Counters
@@ -257,3 +258,18 @@ def test_a_worker_tries_full_shards_again_in_the_next_epoch(backend) -> None:
     backend.set_budgets({"decoded": 40 * cost})  # in the training process
     assert _fill(worker, 100, epoch=0) == 0  # same epoch: it remembers
     assert _fill(worker, 100, epoch=1) > 8  # next epoch: it tries again, and stores
+
+
+@pytest.mark.parametrize("value", [
+    torch.zeros(3, dtype=torch.cfloat).conj(),  # no NumPy view: RuntimeError
+    "caf\udce9",  # a lone surrogate (os.fsdecode of a Latin-1 name): UnicodeEncodeError
+])
+def test_a_form_that_fails_to_encode_is_not_stored_and_does_not_fail_its_sample(backend, value):
+    backend.set_budgets({"decoded": 1 << 20})
+    layout = TierLayout((Tier("decoded", 1, False, False, "p" * 16),), 2)
+    client = CacheClient(layout, backend, Counters(mp.get_context("fork"), 1), ("decoded",))
+    ins = client.inserter(0, 0, 0, 0, 0)
+    ins.after_step(1, value)  # raised out of the worker's run: the worker died
+    ins.commit()
+    totals = client.counters.totals()
+    assert totals["uncacheable"] == 1 and totals["inserts"] == 0

@@ -27,7 +27,7 @@ from headrace.cache.tiers import TIERS, TierLayout, sample_key
 log = logging.getLogger("headrace")
 
 FIELDS = ("lookups", "hit_encoded", "hit_decoded", "hit_augmented", "inserts", "uncacheable",
-          "full", "errors", "not_worth", "not_stored")
+          "full", "errors", "not_worth", "not_stored", "drew")
 """Counter columns (see ``telemetry.stats.CacheStats`` for their meaning)."""
 _F = {n: i for i, n in enumerate(FIELDS)}
 PROBE_EVERY = 32
@@ -77,7 +77,7 @@ class Counters:
 class Insert:
     """What one run of a sample will insert: collects tier forms as their steps finish."""
 
-    __slots__ = ("client", "forms", "index", "namespaces", "row", "seeded_ok")
+    __slots__ = ("client", "drew_at", "forms", "index", "namespaces", "row", "seeded_ok")
 
     def __init__(self, client: CacheClient, index: int, namespaces: dict[str, bytes], row: int,
                  seeded_ok: bool = True):
@@ -87,6 +87,16 @@ class Insert:
         self.row = row
         self.seeded_ok = seeded_ok  # False: a repeat of its index (its seeded forms are its own)
         self.forms: list[tuple[str, bytes]] = []  # (tier, blob), least processed first
+        self.drew_at: int | None = None
+        """The first step of this run that drew from a global random generator."""
+
+    def drew(self, position: int) -> None:
+        """Called by the runner when the step at ``position`` drew from Python's, NumPy's or
+        torch's global generator: the forms from there on differ from epoch to epoch (a step
+        not declared ``random=True``, a torchvision transform), so none is stored as a form
+        every epoch may read."""
+        if self.drew_at is None:
+            self.drew_at = position
 
     def after_step(self, position: int, value: Any) -> None:
         """Called by the runner after each step with its output."""
@@ -96,13 +106,17 @@ class Insert:
             return
         if not self.seeded_ok and tier in c.seeded:
             return
+        if self.drew_at is not None and tier not in c.seeded:
+            c.counters.add(self.row, "drew")
+            return
         if tier not in c.ods_tiers and not c.worth_storing(tier):  # ODS: as its lookups
             c.counters.add(self.row, "not_stored")
             return
         t0 = time.perf_counter()
         try:
             blob = codec.encode(value)
-        except codec.Uncacheable:
+        except Exception:  # noqa: BLE001 - Uncacheable, or a value that fails to encode (a
+            # conjugate view's .numpy(), a string with a lone surrogate): never the sample's
             c.counters.add(self.row, "uncacheable")
             return
         c.encoded(tier, time.perf_counter() - t0)
@@ -347,7 +361,8 @@ def run_cached(
     if ins is None:
         out = run(index, start, value, base_seed, epoch, **kwargs)
     else:
-        out = run(index, start, value, base_seed, epoch, after_step=ins.after_step, **kwargs)
+        out = run(index, start, value, base_seed, epoch, after_step=ins.after_step,
+                  on_drew=ins.drew, **kwargs)
         if out.error is None:
             ins.commit()  # handed off or finished: the forms made so far
     client.observe(out.timings, row)

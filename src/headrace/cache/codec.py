@@ -96,6 +96,8 @@ def _enc(x: Any, out: _Parts, depth: int) -> None:
 def _enc_array(a: np.ndarray, out: _Parts) -> None:
     if a.dtype.hasobject:
         raise Uncacheable("array of Python objects")
+    if a.dtype.fields is not None or a.dtype.kind == "V":  # ``dtype.str`` would lose the fields
+        raise Uncacheable("structured or void array")
     dt = a.dtype.str.encode()
     out += [bytes([len(dt)]), dt, bytes([a.ndim]), *(_U64.pack(d) for d in a.shape)]
     data = _raw(np.ascontiguousarray(a))

@@ -280,7 +280,8 @@ class CacheSession:
             lookups=d["lookups"], hits=sum(by_tier.values()), hits_by_tier=by_tier,
             inserts=d["inserts"], uncacheable=d["uncacheable"], full=d["full"],
             errors=d["errors"] + (ods.board.errors - ods.errors0 if ods else 0),
-            not_worth=d["not_worth"], not_stored=d["not_stored"], bytes_by_tier=used,
+            not_worth=d["not_worth"], not_stored=d["not_stored"], drew=d["drew"],
+            bytes_by_tier=used,
             budget_by_tier=budgets,
             substituted=ods.substituted if ods else 0, jobs=ods.board.jobs if ods else 0,
         )
@@ -337,6 +338,9 @@ class CacheSession:
                        f"{c.errors} errors"
                        + (f", {c.not_stored} not worth storing (the steps they save take less "
                           "than 3 copies of them)" if c.not_stored else "")
+                       + (f", {c.drew} not stored (a step drew from a global random generator: "
+                          "declare it random=True to cache its output per epoch)"
+                          if c.drew else "")
                        + (f", {c.substituted} substituted (ODS, {c.jobs} jobs)" if c.jobs else ""))
         return out
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from headrace.pipeline.inplace import Probe, Probing
 from headrace.pipeline.seeding import (
     PYTHON_MARKS,
+    draw_mark,
     global_token,
     python_mark,
     sample_root,
@@ -139,6 +140,7 @@ class SampleRunner:
         on_step: Callable[[int], None] | None = None,
         after_step: Callable[[int, Any], None] | None = None,
         draw: int = 0,
+        on_drew: Callable[[int], None] | None = None,
     ) -> Outcome:
         """Run steps ``start..n-1``; stop early when ``hand_off(next_step, seconds)`` says so.
 
@@ -148,7 +150,11 @@ class SampleRunner:
         bookkeeping is not counted); ``None`` means run to completion. ``on_step(i)`` is called
         before step ``i`` starts; ``after_step(i, output)`` after it (the cache copies a tier's
         form there, before a later step could write into it). ``draw``: the times ``index``
-        came earlier in this epoch (``runtime/draws.py``), part of its seed.
+        came earlier in this epoch (``runtime/draws.py``), part of its seed. ``on_drew(i)``:
+        called before ``after_step(i, ...)`` when step ``i`` drew from a global generator
+        (``seeding.draw_mark`` around each step, about 4 µs; exact where the globals are
+        re-seeded before every step, as in such a run): its output is then not the same in
+        every epoch, whatever the step declares (the cache stores no unseeded form of it).
         """
         x = index if start == 0 else value
         timings: list[StepTiming] = []
@@ -189,6 +195,7 @@ class SampleRunner:
                 continue
             if watch is not None:
                 token = global_token()
+            drawn = draw_mark() if on_drew is not None else None
             # the run-queue reads lie inside the wall window: a wait between them and the
             # step then counts in both, never in ``queued`` alone
             ws = time.perf_counter()
@@ -208,6 +215,8 @@ class SampleRunner:
             spent += we - ws
             if watch is not None and global_token() != token:
                 watch(i)
+            if drawn is not None and draw_mark() != drawn:
+                on_drew(i)  # type: ignore[misc]
             if measure is not None:
                 size, new_sig = measure(x)
                 timings.append(StepTiming(i, we - ws, ce - cs, size, i > 0 and new_sig != sig,

@@ -257,6 +257,61 @@ def python_mark() -> tuple[int, int, int, Any]:
     return words[0], words[1], words[624], _PY.gauss_next
 
 
+def _numpy_words(bg: Any) -> Any:
+    """NumPy's global MT19937 read in place (its ``mt19937_state``: 624 key words, then the
+    position), checked against its ``state``; None for another bit generator or layout."""
+    import ctypes
+
+    if type(bg) is not np.random.MT19937:
+        return None
+    try:
+        view = (ctypes.c_uint32 * 625).from_address(bg.ctypes.state_address)
+        st = bg.state["state"]
+        if (view[624], view[0], view[623]) != (st["pos"], st["key"][0], st["key"][623]):
+            return None
+    except Exception:  # noqa: BLE001 - another NumPy: the state dict is read instead
+        return None
+    return view
+
+
+_NP_WORDS: list[Any] = [None, None]
+"""[the bit generator last read, its :func:`_numpy_words`] (one lookup a mark)."""
+
+
+def _torch_counters() -> bool:
+    """Whether bytes 8-23 of torch's CPU generator state (the Mersenne Twister's ``left`` and
+    ``next``) change with every draw after a seed, as in torch 2.x; the state is put back."""
+    saved = _TORCH.get_state()
+    try:
+        _TORCH.manual_seed(3)
+        seeded = bytes(_TORCH.get_state().numpy()[8:24])
+        torch.rand(1)
+        drawn = bytes(_TORCH.get_state().numpy()[8:24])
+        _TORCH.manual_seed(3)
+        return drawn != seeded and bytes(_TORCH.get_state().numpy()[8:24]) == seeded
+    finally:
+        _TORCH.set_state(saved)
+
+
+_TORCH_COUNTERS = _torch_counters()
+
+
+def draw_mark() -> tuple[Any, Any, Any]:
+    """What any draw from Python's, NumPy's or torch's global generator changes, once it was
+    seeded (:func:`seed_globals` clears their cached Gaussians: a draw then moves the twister
+    itself). About 2 µs where the states can be read in place (CPython, NumPy's MT19937,
+    torch 2.x), else up to 30 µs."""
+    bg = np.random.get_bit_generator()  # type: ignore[attr-defined]
+    if _NP_WORDS[0] is not bg:
+        _NP_WORDS[0], _NP_WORDS[1] = bg, _numpy_words(bg)
+    words = _NP_WORDS[1]
+    numpy_ = ((words[624], words[0], words[623]) if words is not None
+              else pickle.dumps(bg.state, protocol=5))
+    state = _TORCH.get_state().numpy()
+    torch_ = bytes(state[8:24]) if _TORCH_COUNTERS else state.tobytes()
+    return (python_mark() if PYTHON_MARKS else _PY.getstate()), numpy_, torch_
+
+
 def global_token() -> tuple[Any, ...]:
     """:func:`global_states` as one value comparable with ``==``: a step that drew from any of
     the generators changes it (about 45 µs; ``executor="auto"`` takes it around the steps of

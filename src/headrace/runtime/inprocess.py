@@ -189,7 +189,8 @@ class InProcessIterator(EpochBase):
         finally:
             restore_globals(state)
         if out.error is None:
-            self.hooks.on_sample(index, sum(t.wall for t in out.timings), False, out.timings)
+            self.hooks.on_sample(index, sum(t.wall for t in out.timings), False, out.timings,
+                                 out.bytes_in)
             return True, out.value
         step, exc, tb = out.error
         err: StepError = step_error_for(

@@ -42,6 +42,9 @@ class CacheStats:
             (both measured per tier; one in 32 is still made, to keep measuring).
         not_stored: forms not stored because the steps they save take less than three
             times encoding them (a copy of their bytes); one in 32 is still stored.
+        drew: forms not stored because a step up to theirs drew from Python's, NumPy's or
+            torch's global random generator (not declared ``random=True``): such a form
+            differs from epoch to epoch, so it is not kept as one every epoch reads.
         bytes_by_tier: bytes held per tier when the numbers were taken (all epochs' entries).
         budget_by_tier: each tier's share of the budget (bytes).
         substituted: (ODS, ``Cache(ods=True)``) positions filled by a cached sample the job
@@ -60,6 +63,7 @@ class CacheStats:
     errors: int
     not_worth: int = 0
     not_stored: int = 0
+    drew: int = 0
     bytes_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
     budget_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
     substituted: int = 0
