@@ -373,3 +373,35 @@ def test_a_state_after_the_last_batch_is_between_epochs_with_a_sample_skipped(wo
     after, _ = run(second, 1)
     assert Counter(r for b in after[0] for r in b) == Counter(r for b in full[1] for r in b)
     assert len(after[0]) == len(full[1])
+
+
+@pytest.mark.parametrize("sampler", ["replacement", "weighted", "subset"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_drawing_from_the_global_rng_resumes_beside_the_loaders_generator(
+        sampler, workers, no_leaks):
+    # with generator= (or Options(seed=)), only the loader's generator was saved and
+    # replayed: a sampler built without one draws its order from torch's global generator,
+    # which the training loop moves, and the resumed epoch replayed another order
+    def loader():
+        s = {"replacement": lambda: torch.utils.data.RandomSampler(range(N), replacement=True),
+             "weighted": lambda: torch.utils.data.WeightedRandomSampler([1.0] * N, N),
+             "subset": lambda: torch.utils.data.SubsetRandomSampler(range(N))}[sampler]()
+        return make(batch_size=4, sampler=s, num_workers=workers, in_order=True,
+                    generator=torch.Generator().manual_seed(7))
+
+    torch.manual_seed(0)
+    reference = loader()
+    full, _ = run(reference, 1)
+    reference.close()
+    torch.manual_seed(0)
+    first = loader()
+    before, it = run(first, 1, stop_after=2)
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    first.close()
+    torch.rand(1000)  # the training loop draws on (a new process starts elsewhere too)
+    second = loader()
+    second.load_state_dict(state)
+    after, _ = run(second, 1)
+    second.close()
+    assert before[0] + after[0] == full[0]  # in order: the same samples, order and content

@@ -101,6 +101,8 @@ class EpochOrigin:
     base_seed: int
     drew_base_seed: bool  # False for later epochs of persistent workers (torch draws once)
     sampler_rngs: tuple[torch.Tensor, ...] = ()  # the sampler's own generators at epoch start
+    global_rng: torch.Tensor | None = None  # torch's global generator at epoch start, where
+    # ``rng`` is the loader's own: a sampler built without a generator draws from the global one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +151,8 @@ def build(
         # a sampler's own generator (RandomSampler(generator=g)): its state at the saved epoch's
         # start replays that epoch's order; its state now, the epochs after a finished one
         "epoch_sampler_rngs": [rng_to_str(r) for r in origin.sampler_rngs] if origin else [],
+        "epoch_global_rng": (rng_to_str(origin.global_rng)
+                             if origin and origin.global_rng is not None else None),
         "sampler_generator_states": [rng_to_str(g.get_state()) for g in sampler_generators],
         # empty batches (a batch sampler's []) have no position: the saved epoch's count of them
         "empty_batches_delivered": empty_batches if in_epoch else 0,
@@ -192,9 +196,11 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
                       "differ from the saved run's", UserWarning, stacklevel=3)
     origin = None
     if sd["in_epoch"]:
+        glob = sd.get("epoch_global_rng")
         origin = EpochOrigin(sd["epoch"], rng_from_str(sd["epoch_rng"]), int(sd["base_seed"]),
                              bool(sd["drew_base_seed"]),
-                             tuple(map(rng_from_str, sd.get("epoch_sampler_rngs") or ())))
+                             tuple(map(rng_from_str, sd.get("epoch_sampler_rngs") or ())),
+                             rng_from_str(glob) if glob is not None else None)
     gen = sd.get("generator_state")
     steps = sd.get("steps")
     return ResumePoint(

@@ -60,13 +60,15 @@ def draw_epoch(
     if replay is not None:
         if loader.generator is not None:
             loader.generator.set_state(replay.rng)
-        else:
+        global_rng = replay.rng if loader.generator is None else replay.global_rng
+        if global_rng is not None:  # a sampler without a generator of its own draws from it
             user_rng = torch.get_rng_state()
-            torch.set_rng_state(replay.rng)
+            torch.set_rng_state(global_rng)
         if not replay.drew_base_seed:
             loader._base_seed = replay.base_seed
     try:
         rng = capture_rng(loader.generator)
+        glob = torch.get_rng_state() if loader.generator is not None else None
         sampler_rngs = tuple(g.get_state() for g in own)
         sampler_iter = iter(loader._index_sampler)
         # a replayed epoch draws what it drew then: the base seed a resumed persistent loader
@@ -88,7 +90,7 @@ def draw_epoch(
             "replaying the saved epoch drew another base seed: the sampler or generator "
             "does not reproduce its order from the saved RNG state"
         )
-    origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs)
+    origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob)
     groups = sampler_iter if first is _END else _after(first, sampler_iter)
     return origin, groups
 
