@@ -405,3 +405,44 @@ def test_a_sampler_drawing_from_the_global_rng_resumes_beside_the_loaders_genera
     after, _ = run(second, 1)
     second.close()
     assert before[0] + after[0] == full[0]  # in order: the same samples, order and content
+
+
+@pytest.mark.parametrize("left", [False, True])
+@pytest.mark.parametrize("batching", ["batch_size", "batch_sampler"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_after_the_last_batch_gives_the_next_epoch_its_own_order(workers, batching, left):
+    """Every batch taken, the end not seen. ``num_workers=0`` had not read the sampler to its
+    end, where torch's RandomSampler draws one more permutation: the state recorded the
+    generator before that draw and the next epoch came in another order. With a user's
+    ``batch_sampler`` (torch's BatchSampler) the epoch's length was unknown and the state
+    resumed as an empty epoch."""
+    def loader():
+        g = torch.Generator().manual_seed(5)
+        if batching == "batch_size":
+            kw = {"batch_size": 4, "shuffle": True, "generator": g}
+        else:
+            kw = {"batch_sampler": torch.utils.data.BatchSampler(
+                torch.utils.data.RandomSampler(range(24), generator=g), 4, False)}
+        pipe = hr.Pipeline(ArraySource(24), [hr.step(noise, random=True)])
+        return hr.DataLoader(pipe, num_workers=workers, in_order=True, **kw)
+
+    torch.manual_seed(0)  # the base seeds of a batch_sampler's loader: torch's global generator
+    full, _ = run(loader(), 2)
+    torch.manual_seed(0)
+    first = loader()
+    it = iter(first)
+    for _ in range(6):  # every batch of 24 samples, without asking past the last
+        next(it)
+    if left:
+        it.close()
+    state = json.loads(json.dumps(first.state_dict()))
+    global_rng = torch.get_rng_state()  # saved with the model, as the docs ask
+    assert not state["in_epoch"] and state["epoch"] == 1
+    del it
+    first.close()
+    second = loader()
+    second.load_state_dict(state)
+    torch.set_rng_state(global_rng)
+    after, _ = run(second, 1)
+    second.close()
+    assert after[0] == full[1]  # in order: the same batches, order and content

@@ -164,8 +164,12 @@ def total_positions(loader: DataLoader) -> int | None:
     try:
         if not loader._auto_collation:
             return len(loader._index_sampler)
-        if loader._user_batch_sampler:
-            return None
+        if loader._user_batch_sampler:  # torch's own BatchSampler says how many it gives
+            bs = loader.batch_sampler
+            if type(bs) is not torch.utils.data.BatchSampler:
+                return None
+            n = len(bs.sampler)
+            return n - n % bs.batch_size if bs.drop_last else n
         n = len(loader.sampler)  # type: ignore[arg-type]
         bs = loader.batch_size or 1
         return n - n % bs if loader.drop_last else n
@@ -179,6 +183,16 @@ def all_settled(loader: DataLoader, it: Any) -> bool:
     where Lightning, which knows ``len(loader)``, writes a checkpoint at an epoch's last step.
     Its draws are all made (at ``iter()``), so the state between epochs describes it."""
     return _covers(loader, it.delivered.count + it.settled_undelivered())
+
+
+def at_end(loader: DataLoader, it: Any) -> bool:
+    """:func:`all_settled`, and the sampler read to its end (``num_workers=0`` reads it one
+    group at a time: its end is read here, as the ``next()`` that ends the epoch would), so
+    the state between epochs gives the next epoch the order it would have had."""
+    if not all_settled(loader, it):
+        return False
+    read_end = getattr(it, "read_end", None)
+    return read_end is None or bool(read_end())
 
 
 def _covers(loader: DataLoader, settled: int) -> bool:

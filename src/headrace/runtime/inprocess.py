@@ -65,6 +65,7 @@ class InProcessIterator(EpochBase):
         self._carry: list[tuple[Any, int, Any]] = []  # (sample, position, index) loaded
         self._pending: deque[tuple[int, Any, int]] = deque()  # (position, index, draw) to run
         self._again: tuple[Any, Any] | None = None  # a batch whose next() was interrupted
+        self._peeked: list[Any] = []  # a group read by read_end(), planned by the next next()
         self._stopped: BaseException | None = None  # why the sampler cannot be read on
         self.discarded = 0  # loaded samples a failed batch took with it (as in torch)
 
@@ -93,7 +94,7 @@ class InProcessIterator(EpochBase):
                     break
                 self._end_with(self._stopped)  # unfinished: state_dict() resumes the rest
             try:
-                group = next(self.groups)
+                group = self._peeked.pop() if self._peeked else next(self.groups)
                 indices = list(group) if self.auto_collation else [group]
             except StopIteration:
                 if self._carry:  # the last, short batch (only skipped samples can make it
@@ -113,6 +114,22 @@ class InProcessIterator(EpochBase):
                 break
             self._plan(indices)
         return self._collate(empty, t0, c0)
+
+    def read_end(self) -> bool:
+        """Read the sampler once more, as the ``next()`` that ends the epoch would: True when
+        it ended (the draws a sampler makes at its end are made: torch's ``RandomSampler``
+        draws one more permutation there, which the next epoch's order follows), False when
+        it gave more (kept for the next ``next()``). For ``state_dict()`` once every position
+        is settled: only then is the state between epochs."""
+        if self._peeked:
+            return False
+        try:
+            self._peeked.append(next(self.groups))
+        except StopIteration:
+            return True
+        except Exception:  # noqa: BLE001 - the sampler's error comes at the next next()
+            return False
+        return False
 
     def _plan(self, indices: list[Any]) -> None:
         """Queue a group's samples to run (``_pending``); interrupted here, the group was read

@@ -275,7 +275,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         it = self._iterator_ref()
         steps = self.planning.executed_names
         empty = 0
-        if it is not None and not it.closed and not epochs.all_settled(self, it):
+        if it is not None and not it.closed and not epochs.at_end(self, it):
             origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
             empty = it.empty_batches
         elif self._resume is not None or self._unfinished is not None:
@@ -325,7 +325,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         while it was open, so a checkpoint written after leaving the loop resumes it."""
         latest = self._epoch_ref()
         if it.origin is not None and (latest is None or latest is it) \
-                and not epochs.all_settled(self, it):  # left after its last batch: it is done
+                and not epochs.at_end(self, it):  # left after its last batch: it is done
             self._unfinished = checkpoint.ResumePoint(
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
                 generator_state=None, persistent_base_seed=None, steps=it.steps,
