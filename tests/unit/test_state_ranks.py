@@ -46,3 +46,19 @@ def test_only_lightnings_checkpoint_outside_its_exception_handling_gathers():
     assert not on_exception()  # OnExceptionCheckpoint: perhaps one rank
     elsewhere = _as_lightning("my_script", "_state_dicts", ranks.in_lightning_checkpoint)
     assert not elsewhere()
+
+
+def test_a_sampler_given_its_rank_without_a_process_group_is_that_rank():
+    # DistributedSampler(num_replicas=2, rank=r) in a script without a process group: the
+    # states recorded no rank, and rank 0's loaded silently into rank 1's loader
+    import torch.utils.data as tud
+
+    data = list(range(8))
+    for r in (0, 1):
+        sampler = tud.DistributedSampler(data, num_replicas=2, rank=r)
+        assert ranks.shard(sampler) == (r, 2)
+        assert ranks.shard(tud.BatchSampler(sampler, 2, False)) == (r, 2)
+    assert ranks.shard(tud.RandomSampler(data)) is None
+    state = ranks.gathered({"epoch": 0}, ranks.shard(tud.DistributedSampler(data, 2, 0)))
+    with pytest.raises(StateDictError, match="saved by rank 0 of 2"):
+        ranks.own(state, ranks.shard(tud.DistributedSampler(data, 2, 1)))

@@ -57,6 +57,22 @@ def is_sharded(sampler: Any) -> bool:
     return False
 
 
+def sampler_rank(sampler: Any) -> tuple[int, int] | None:
+    """``(rank, replicas)`` a sharded ``sampler`` (or the sampler under a batch sampler) was
+    given itself (``DistributedSampler(num_replicas=, rank=)`` without a process group;
+    Accelerate's ``process_index``/``num_processes``), else ``None``."""
+    seen = 0
+    while sampler is not None and seen < 4:
+        for rank, size in (("rank", "num_replicas"), ("process_index", "num_processes")):
+            r, n = user_attr(sampler, rank), user_attr(sampler, size)
+            if isinstance(r, int) and isinstance(n, int) and n > 1:
+                return r, n
+        inner = user_attr(sampler, "sampler")
+        sampler = inner if inner is not None else user_attr(sampler, "batch_sampler")
+        seen += 1
+    return None
+
+
 def unsharded_warning(sampler: Any, ranks: tuple[int, int] | None) -> str | None:
     """The warning for a loader that every one of several ranks would iterate whole, or
     ``None``. Only torch's default samplers count: a custom sampler is the user's decision."""

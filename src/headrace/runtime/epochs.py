@@ -165,11 +165,11 @@ def total_positions(loader: DataLoader) -> int | None:
         if not loader._auto_collation:
             return len(loader._index_sampler)
         if loader._user_batch_sampler:  # torch's own BatchSampler says how many it gives
-            bs = loader.batch_sampler
-            if type(bs) is not torch.utils.data.BatchSampler:
+            user: Any = loader.batch_sampler
+            if type(user) is not torch.utils.data.BatchSampler:
                 return None
-            n = len(bs.sampler)
-            return n - n % bs.batch_size if bs.drop_last else n
+            n = len(user.sampler)  # type: ignore[arg-type]
+            return n - n % user.batch_size if user.drop_last else n
         n = len(loader.sampler)  # type: ignore[arg-type]
         bs = loader.batch_size or 1
         return n - n % bs if loader.drop_last else n

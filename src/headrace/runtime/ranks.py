@@ -40,9 +40,13 @@ _LIGHTNING_CALL = ("lightning.pytorch.trainer.call", "pytorch_lightning.trainer.
 
 def shard(sampler: Any) -> tuple[int, int] | None:
     """``(rank, world size)`` of a loader whose ``sampler`` (or batch sampler) gives each rank
-    its own share (``distributed.is_sharded``) in a process group of several ranks, else
+    its own share (``distributed.is_sharded``): the process group's of several ranks, else the
+    rank and replicas the sampler was given itself (``DistributedSampler(num_replicas=2,
+    rank=1)`` without a process group, whose states were taken for any rank's); else
     ``None``."""
-    return distributed.world() if distributed.is_sharded(sampler) else None
+    if not distributed.is_sharded(sampler):
+        return None
+    return distributed.world() or distributed.sampler_rank(sampler)
 
 
 def in_lightning_checkpoint() -> bool:
@@ -68,8 +72,8 @@ def gathered(state: dict[str, Any], where: tuple[int, int] | None) -> dict[str, 
     """``state`` marked with its rank; every rank's, gathered, inside Lightning's checkpoint
     on a sharded loader of an initialised process group of that world size."""
     state = dict(state, rank=where[0] if where else None, world=where[1] if where else None)
-    if where is None or not in_lightning_checkpoint():
-        return state
+    if where is None or distributed.world() is None or not in_lightning_checkpoint():
+        return state  # (a gather needs the process group)
     return gather_all(state, where[1])
 
 
