@@ -446,3 +446,26 @@ def test_a_state_after_the_last_batch_gives_the_next_epoch_its_own_order(workers
     after, _ = run(second, 1)
     second.close()
     assert after[0] == full[1]  # in order: the same batches, order and content
+
+
+class _FailsAtItsEnd:
+    """A sampler of 8 indices that raises where it should end."""
+
+    def __iter__(self):
+        yield from range(8)
+        raise OSError("the index file went away")
+
+    def __len__(self):
+        return 8
+
+
+def test_a_sampler_failing_at_its_end_still_raises_after_a_state_is_taken():
+    # state_dict() reads a num_workers=0 sampler's end once every position is delivered; the
+    # error it met there must still reach the loop (read again, a generator just ends)
+    pipe = hr.Pipeline(ArraySource(8), [hr.step(noise, random=True)])
+    loader = hr.DataLoader(pipe, batch_size=4, sampler=_FailsAtItsEnd(), num_workers=0)
+    it = iter(loader)
+    next(it), next(it)
+    assert loader.state_dict()["in_epoch"]  # its end was not reached: the epoch is open
+    with pytest.raises(OSError, match="index file went away"):
+        next(it)

@@ -95,6 +95,8 @@ class InProcessIterator(EpochBase):
                 self._end_with(self._stopped)  # unfinished: state_dict() resumes the rest
             try:
                 group = self._peeked.pop() if self._peeked else next(self.groups)
+                if isinstance(group, _SamplerError):
+                    raise group.error  # what read_end() met: handled as if read here
                 indices = list(group) if self.auto_collation else [group]
             except StopIteration:
                 if self._carry:  # the last, short batch (only skipped samples can make it
@@ -127,8 +129,8 @@ class InProcessIterator(EpochBase):
             self._peeked.append(next(self.groups))
         except StopIteration:
             return True
-        except Exception:  # noqa: BLE001 - the sampler's error comes at the next next()
-            return False
+        except Exception as e:  # noqa: BLE001 - the sampler's error: raised by the next next()
+            self._peeked.append(_SamplerError(e))
         return False
 
     def _plan(self, indices: list[Any]) -> None:
@@ -240,3 +242,13 @@ class InProcessIterator(EpochBase):
 
     def stats(self) -> EpochStats:
         return self.meter.snapshot(self.meter.samples, 0, self.skipped, 0, 0.0, failed=self.failed)
+
+
+class _SamplerError:
+    """The error a sampler raised at :meth:`InProcessIterator.read_end`'s read, kept for the
+    next ``next()`` (a generator that raised is finished: read again, it would just end)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
