@@ -375,15 +375,15 @@ def test_in_this_process_the_original_exceptions_attributes_are_carried():
 
 
 def test_the_watch_reads_numpys_global_generator_whatever_its_bit_generator():
-    from headrace.pipeline.seeding import global_token
+    from headrace.pipeline.seeding import draw_mark
 
     before = np.random.get_bit_generator()
     np.random.set_bit_generator(np.random.PCG64(5))  # a user's choice since NumPy 1.25
     try:
-        token = global_token()
-        assert global_token() == token
+        token = draw_mark()
+        assert draw_mark() == token
         np.random.rand()
-        assert global_token() != token
+        assert draw_mark() != token
     finally:
         np.random.set_bit_generator(before)
 

@@ -24,7 +24,6 @@ in a process the user forked).
 from __future__ import annotations
 
 import argparse
-import mmap
 import resource
 import statistics
 from collections.abc import Callable
@@ -62,6 +61,10 @@ def _epoch(wl: Workload, spec: LoaderSpec, order: list[int], numpy_pages: bool,
 
 EPOCH_ROWS = ("headrace", "headrace, buffers never inherited")
 
+Row = Callable[[Workload, LoaderSpec, list[int], str, float, Options], tuple[float, float]]
+"""One measurement of a row: (workload, its loader spec, order, row label, resource interval
+s, options) -> (wall s, training-process system CPU s)."""
+
 
 def _epochs(wl: Workload, spec: LoaderSpec, order: list[int], epochs: int, never: bool,
             interval_s: float, options: Options) -> tuple[float, float]:
@@ -70,9 +73,7 @@ def _epochs(wl: Workload, spec: LoaderSpec, order: list[int], epochs: int, never
 
     def never_inherited(self: PageableMemory, nbytes: int) -> np.ndarray:
         raw = own[0](self, nbytes)
-        pages = getattr(raw.base, "obj", None)
-        if isinstance(pages, mmap.mmap):
-            pages.madvise(mmap.MADV_DONTFORK)
+        own[1](self, raw, True)  # kept from forks from the start, and never given back
         return raw
 
     if never:
@@ -87,30 +88,11 @@ def _epochs(wl: Workload, spec: LoaderSpec, order: list[int], epochs: int, never
         PageableMemory.allocate, PageableMemory.set_idle = own  # type: ignore[method-assign]
 
 
-def later_epochs(workloads: list[str], rounds: int, epochs: int,
-                 config: BenchConfig | None = None
+def _interleaved(workloads: list[str], rounds: int, config: BenchConfig | None,
+                 rows: tuple[str, ...], one: Row
                  ) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """``{workload: {row: [(mean wall s of epochs 2..N, system CPU s), ...]}}`` (``--epochs``)."""
-    config = config or full_config(workloads)
-    options = Options(profile_store=False, cache=None)
-    out: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    for name in workloads:
-        wl = build_workload(name, config)
-        order = sampler_order(len(wl), config.seed)
-        spec = next(s for s in standard_loaders(wl.num_workers) if s.label == "headrace")
-        res: dict[str, list[tuple[float, float]]] = {k: [] for k in EPOCH_ROWS}
-        for r in range(rounds):
-            for label in (EPOCH_ROWS if r % 2 == 0 else EPOCH_ROWS[::-1]):
-                res[label].append(_epochs(wl, spec, order, epochs, label == EPOCH_ROWS[1],
-                                          config.resource_interval_s, options))
-        out[name] = res
-    return out
-
-
-def run(workloads: list[str], rounds: int, config: BenchConfig | None = None
-        ) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """``{workload: {row: [(wall s, training-process system CPU s), ...]}}``; ``config``: the
-    workloads' scale (default: the full bench's)."""
+    """``{workload: {row: [one(...), ...]}}``: the rows round-robin over the rounds, each
+    starting one row later; a ``headrace...`` row runs the ``headrace`` loader spec."""
     config = config or full_config(workloads)
     options = Options(profile_store=False, cache=None)
     out: dict[str, dict[str, list[tuple[float, float]]]] = {}
@@ -118,15 +100,33 @@ def run(workloads: list[str], rounds: int, config: BenchConfig | None = None
         wl = build_workload(name, config)
         order = sampler_order(len(wl), config.seed)
         specs = {s.label: s for s in standard_loaders(wl.num_workers)}
-        res: dict[str, list[tuple[float, float]]] = {k: [] for k in ROWS}
+        res: dict[str, list[tuple[float, float]]] = {k: [] for k in rows}
         for r in range(rounds):
-            shift = r % len(ROWS)
-            for label in ROWS[shift:] + ROWS[:shift]:
+            shift = r % len(rows)
+            for label in rows[shift:] + rows[:shift]:
                 spec = specs["headrace" if label.startswith("headrace") else label]
-                res[label].append(_epoch(wl, spec, order, label == ROWS[1],
-                                         config.resource_interval_s, options))
+                res[label].append(one(wl, spec, order, label, config.resource_interval_s,
+                                      options))
         out[name] = res
     return out
+
+
+def later_epochs(workloads: list[str], rounds: int, epochs: int,
+                 config: BenchConfig | None = None
+                 ) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """``{workload: {row: [(mean wall s of epochs 2..N, system CPU s), ...]}}`` (``--epochs``)."""
+    return _interleaved(workloads, rounds, config, EPOCH_ROWS,
+                        lambda wl, spec, order, label, interval_s, options: _epochs(
+                            wl, spec, order, epochs, label == EPOCH_ROWS[1], interval_s, options))
+
+
+def run(workloads: list[str], rounds: int, config: BenchConfig | None = None
+        ) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """``{workload: {row: [(wall s, training-process system CPU s), ...]}}``; ``config``: the
+    workloads' scale (default: the full bench's)."""
+    return _interleaved(workloads, rounds, config, ROWS,
+                        lambda wl, spec, order, label, interval_s, options: _epoch(
+                            wl, spec, order, label == ROWS[1], interval_s, options))
 
 
 def markdown(results: dict[str, dict[str, list[tuple[float, float]]]]) -> str:

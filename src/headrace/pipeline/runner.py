@@ -18,7 +18,6 @@ from headrace.pipeline.inplace import Probe, Probing
 from headrace.pipeline.seeding import (
     PYTHON_MARKS,
     draw_mark,
-    global_token,
     python_mark,
     sample_root,
     seed_globals,
@@ -93,7 +92,7 @@ class SampleRunner:
     the start, seeds every step.
 
     ``on_global_draw(step)``: called when a step drew from those global generators (their
-    states compared around it, ``seeding.global_token``: about 0.1 ms a step; with
+    states compared around it, ``seeding.draw_mark``: about 4 µs a step; with
     ``reseed_globals`` only, and not for the transforms of a dataset, which run inside
     ``load``). ``executor="auto"`` keeps such pipelines on worker processes.
     """
@@ -164,7 +163,7 @@ class SampleRunner:
             bytes_in, sig = measure(x)
         spent = 0.0
         root = sample_root(base_seed, epoch, index, draw) if self._seeded else 0
-        watch, token = self.on_global_draw, None
+        watch = self.on_global_draw
         marks = self._marks and start == 0 and after_step is None
         python_draws = self.python_draws
         for i in range(start, self.n):
@@ -184,8 +183,7 @@ class SampleRunner:
             if i == 0 and self.embedded:
                 out = self._load_embedded(x, root, timings)
                 if mark is not None and python_mark() != mark:
-                    python_draws[i] = True
-                    return self.run(index, 0, None, base_seed, epoch, hand_off, on_step, None, draw)
+                    return self._again(i, index, base_seed, epoch, hand_off, on_step, draw)
                 if isinstance(out, Outcome):
                     out.bytes_in = bytes_in
                     return out
@@ -193,9 +191,7 @@ class SampleRunner:
                 if after_step is not None:
                     after_step(0, x)
                 continue
-            if watch is not None:
-                token = global_token()
-            drawn = draw_mark() if on_drew is not None else None
+            drawn = draw_mark() if watch is not None or on_drew is not None else None
             # the run-queue reads lie inside the wall window: a wait between them and the
             # step then counts in both, never in ``queued`` alone
             ws = time.perf_counter()
@@ -204,19 +200,19 @@ class SampleRunner:
             try:
                 x = self._calls[i](x, rng)
             except Exception as e:  # noqa: BLE001 - reported with its place
-                if mark is None or python_mark() == mark:
-                    return Outcome(None, None, timings, (i, e, traceback.format_exc()), bytes_in)
+                if mark is not None and python_mark() != mark:  # its error may be the draw's
+                    return self._again(i, index, base_seed, epoch, hand_off, on_step, draw)
+                return Outcome(None, None, timings, (i, e, traceback.format_exc()), bytes_in)
             ce = time.thread_time()
             q = queued() - qs if queued is not None else 0.0
             we = time.perf_counter()
             if mark is not None and python_mark() != mark:  # drew unseeded: again, seeded
-                python_draws[i] = True
-                return self.run(index, 0, None, base_seed, epoch, hand_off, on_step, None, draw)
+                return self._again(i, index, base_seed, epoch, hand_off, on_step, draw)
             spent += we - ws
-            if watch is not None and global_token() != token:
-                watch(i)
             if drawn is not None and draw_mark() != drawn:
-                on_drew(i)  # type: ignore[misc]
+                for tell in (watch, on_drew):
+                    if tell is not None:
+                        tell(i)
             if measure is not None:
                 size, new_sig = measure(x)
                 timings.append(StepTiming(i, we - ws, ce - cs, size, i > 0 and new_sig != sig,
@@ -229,6 +225,14 @@ class SampleRunner:
             if hand_off is not None and i + 1 < self.n and hand_off(i + 1, spent):
                 return Outcome(x, i + 1, timings, None, bytes_in)
         return Outcome(x, None, timings, None, bytes_in)
+
+    def _again(self, step: int, index: Any, base_seed: int, epoch: int,
+               hand_off: Callable[[int, float], bool] | None,
+               on_step: Callable[[int], None] | None, draw: int) -> Outcome:
+        """The run of a sample whose ``step`` drew from Python's generator unseeded: that
+        step is seeded from now on, and the sample runs again from its start."""
+        self.python_draws[step] = True
+        return self.run(index, 0, None, base_seed, epoch, hand_off, on_step, None, draw)
 
     def _load_embedded(
         self, index: int, root: int, timings: list[StepTiming]

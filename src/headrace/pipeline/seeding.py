@@ -297,10 +297,12 @@ _TORCH_COUNTERS = _torch_counters()
 
 
 def draw_mark() -> tuple[Any, Any, Any]:
-    """What any draw from Python's, NumPy's or torch's global generator changes, once it was
-    seeded (:func:`seed_globals` clears their cached Gaussians: a draw then moves the twister
-    itself). About 2 µs where the states can be read in place (CPython, NumPy's MT19937,
-    torch 2.x), else up to 30 µs."""
+    """What any draw from Python's, NumPy's or torch's global generator changes, once NumPy's
+    and torch's were seeded (:func:`seed_globals` clears their cached Gaussians: a draw then
+    moves the twister itself; Python's cached one is part of :func:`python_mark`). About 2 µs
+    where the states can be read in place (CPython, NumPy's MT19937, torch 2.x), else up to
+    30 µs. Taken around a step (``SampleRunner``: ``executor="auto"``'s watch, the cache's
+    inserts) and a collate call probed for draws (``runtime/collate_rng.py``)."""
     bg = np.random.get_bit_generator()  # type: ignore[attr-defined]
     if _NP_WORDS[0] is not bg:
         _NP_WORDS[0], _NP_WORDS[1] = bg, _numpy_words(bg)
@@ -310,15 +312,6 @@ def draw_mark() -> tuple[Any, Any, Any]:
     state = _TORCH.get_state().numpy()
     torch_ = bytes(state[8:24]) if _TORCH_COUNTERS else state.tobytes()
     return (python_mark() if PYTHON_MARKS else _PY.getstate()), numpy_, torch_
-
-
-def global_token() -> tuple[Any, ...]:
-    """:func:`global_states` as one value comparable with ``==``: a step that drew from any of
-    the generators changes it (about 45 µs; ``executor="auto"`` takes it around the steps of
-    its probing workers' first 64 samples, ``SampleRunner.on_global_draw``). NumPy's state, a
-    dict of arrays and numbers whatever the bit generator, compares as its pickled bytes."""
-    py, legacy, t = global_states()
-    return py, pickle.dumps(legacy, protocol=5), t.numpy().tobytes()
 
 
 def global_states() -> tuple[Any, Any, torch.Tensor]:

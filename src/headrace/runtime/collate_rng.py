@@ -33,8 +33,8 @@ from typing import Any
 from torch.utils.data._utils import collate as torch_collate
 
 from headrace.pipeline.seeding import (
+    draw_mark,
     global_states,
-    global_token,
     restore_globals,
     sample_seed,
     seed_globals,
@@ -105,11 +105,11 @@ def collated_in_loop(collate: Callable[[], Any], place: CollatePlace, base_seed:
     saved = global_states()
     try:
         seed_globals(sample_seed(base_seed, epoch, key, _KEY))
-        seeded = global_token() if place.mode == "probe" else None
+        seeded = draw_mark() if place.mode == "probe" else None
         with place.one_at_a_time:
             out = collate()
         if seeded is not None:
-            place.observe(global_token() != seeded)
+            place.observe(draw_mark() != seeded)
         return out
     finally:
         restore_globals(saved)

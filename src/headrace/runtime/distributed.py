@@ -20,6 +20,7 @@ for the same reason), and warns with the count.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -45,31 +46,34 @@ def is_sharded(sampler: Any) -> bool:
     share: torch's ``DistributedSampler``, or any sampler that says how many replicas or
     processes it serves (Accelerate's ``BatchSamplerShard``, most custom distributed
     samplers)."""
-    seen = 0
-    while sampler is not None and seen < 4:  # BatchSampler(DistributedSampler), wrappers of it
-        if isinstance(sampler, tud.distributed.DistributedSampler):
+    for s in _nested(sampler):
+        if isinstance(s, tud.distributed.DistributedSampler):
             return True
-        if any(user_attr(sampler, a) not in (None, 1) for a in ("num_replicas", "num_processes")):
+        if any(user_attr(s, a) not in (None, 1) for a in ("num_replicas", "num_processes")):
             return True
+    return False
+
+
+def _nested(sampler: Any) -> Iterator[Any]:
+    """``sampler`` and the samplers under it (``BatchSampler(DistributedSampler)``, wrappers
+    of it), four deep at most."""
+    for _ in range(4):
+        if sampler is None:
+            return
+        yield sampler
         inner = user_attr(sampler, "sampler")
         sampler = inner if inner is not None else user_attr(sampler, "batch_sampler")
-        seen += 1
-    return False
 
 
 def sampler_rank(sampler: Any) -> tuple[int, int] | None:
     """``(rank, replicas)`` a sharded ``sampler`` (or the sampler under a batch sampler) was
     given itself (``DistributedSampler(num_replicas=, rank=)`` without a process group;
     Accelerate's ``process_index``/``num_processes``), else ``None``."""
-    seen = 0
-    while sampler is not None and seen < 4:
+    for s in _nested(sampler):
         for rank, size in (("rank", "num_replicas"), ("process_index", "num_processes")):
-            r, n = user_attr(sampler, rank), user_attr(sampler, size)
+            r, n = user_attr(s, rank), user_attr(s, size)
             if isinstance(r, int) and isinstance(n, int) and n > 1:
                 return r, n
-        inner = user_attr(sampler, "sampler")
-        sampler = inner if inner is not None else user_attr(sampler, "batch_sampler")
-        seen += 1
     return None
 
 
