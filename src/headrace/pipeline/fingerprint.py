@@ -10,6 +10,7 @@ profile a run reuses and which steps a resume reports as changed; they never ref
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 from typing import TYPE_CHECKING, Any
@@ -19,8 +20,11 @@ from headrace.pipeline.source import user_attr
 if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline
 
-_MAX_DEPTH = 4
-"""Nesting levels of object state hashed; deeper state counts by its type only."""
+_MAX_DEPTH = 6
+"""Nesting levels of object state hashed; deeper state counts by its type only (numbers,
+strings and arrays count by value at any depth). An object and its state take a level each, so
+a ``Compose([Resize(224)])`` step reaches the 224 at level 5: object, state, list, transform,
+state, value."""
 _MAX_ITEMS = 64
 """Elements of a list, tuple, set or dict hashed; longer ones count by length beyond that."""
 
@@ -73,22 +77,75 @@ def state_digest(value: Any, depth: int = 0) -> str:
         keys = sorted(value, key=repr)[:_MAX_ITEMS]
         inner = [f"{state_digest(k, depth + 1)}={state_digest(value[k], depth + 1)}" for k in keys]
         return _h(f"dict{len(value)}:{','.join(inner)}".encode())
-    if callable(value):
-        return _h(code_identity(value, depth + 1).encode())
+    if callable(value):  # its state one level down, as any object's
+        return _h(code_identity(value, depth).encode())
     state = getattr(value, "__dict__", None)
     name = qualified_name(type(value))
     if isinstance(state, dict):
         return _h(f"{name}:{state_digest(state, depth + 1)}".encode())
-    return _h(name.encode())
+    rest = _dictless_state(value, depth + 1)
+    return _h(f"{name}:{rest}".encode() if rest is not None else name.encode())
+
+
+def _dictless_state(value: Any, depth: int) -> str | None:
+    """A digest of the state of an object without a ``__dict__``, hashed at ``depth`` as a
+    ``__dict__`` would be: its ``__slots__``' values, else what pickle rebuilds it from
+    (``__reduce_ex__``: a name for ``torch.float16``, constructor arguments for a
+    ``pathlib.Path``, ``datetime.date``, NumPy scalar, ``torch.device`` or
+    ``operator.itemgetter``). ``None`` when neither can be read: the object then counts by its
+    type only."""
+    slots: dict[str, Any] = {}
+    for cls in type(value).__mro__:
+        names = cls.__dict__.get("__slots__", ())
+        for n in (names,) if isinstance(names, str) else names:
+            if n.startswith("__") and not n.endswith("__"):  # a private name, mangled
+                n = f"_{cls.__name__.lstrip('_')}{n}"
+            if n not in ("__dict__", "__weakref__") and n not in slots and hasattr(value, n):
+                slots[n] = getattr(value, n)
+    if slots:
+        return state_digest(slots, depth)
+    try:
+        reduced = value.__reduce_ex__(4)
+    except Exception:  # noqa: BLE001 - not picklable: nothing to read its state from
+        return None
+    if isinstance(reduced, str):  # a module-level object, pickled by its name
+        return _h(reduced.encode())
+    if isinstance(reduced, tuple) and len(reduced) >= 2:
+        args = state_digest(reduced[1], depth)
+        extra = state_digest(reduced[2], depth) if len(reduced) > 2 else "-"
+        return _h(f"{args}:{extra}".encode())
+    return None
 
 
 def code_identity(fn: Any, depth: int = 0) -> str:
     """Identity of a callable's code: qualified name plus bytecode and constants when available.
 
     Callable objects are identified by their class, its ``__call__`` code and their state by
-    value, so two ``Resize(224)`` instances match and ``Resize(256)`` does not. Closures count
-    the values they captured.
+    value (``__dict__``, else ``__slots__`` or what pickle rebuilds them from), so two
+    ``Resize(224)`` instances match and ``Resize(256)`` does not. Closures count the values
+    they captured. A ``functools.partial`` is its function's identity plus its bound arguments
+    and keywords by value (nested partials likewise), and a bound method is its function plus
+    the object it is bound to, so ``partial(scale, factor=2)`` and ``partial(scale, factor=3)``,
+    or ``Scaler(2).apply`` and ``Scaler(3).apply``, differ. A built-in function is its
+    qualified name (``builtins.abs``, ``torch._VariableFunctionsClass.flatten``) plus the
+    object it is bound to, if any; a class is its qualified name and its ``__init__`` code.
     """
+    if isinstance(fn, functools.partial):
+        ident = (f"{qualified_name(type(fn))}({code_identity(fn.func, depth + 1)}"
+                 f";{state_digest(fn.args, depth + 1)};{state_digest(fn.keywords, depth + 1)})")
+        state = getattr(fn, "__dict__", None)
+        if state and depth < _MAX_DEPTH:
+            ident += ":" + state_digest(state, depth + 1)
+        return ident
+    if inspect.ismethod(fn) or inspect.isbuiltin(fn):
+        owner = fn.__self__
+        ident = code_identity(fn.__func__, depth) if inspect.ismethod(fn) else qualified_name(fn)
+        if owner is None or inspect.ismodule(owner):  # a plain built-in function
+            return ident
+        return f"{ident}@{state_digest(owner, depth)}"
+    if inspect.isclass(fn):
+        init_code = getattr(fn.__dict__.get("__init__"), "__code__", None)
+        return qualified_name(fn) + (f":{_code_digest(init_code)}" if init_code else "")
     code = getattr(fn, "__code__", None)
     if code is not None:
         ident = f"{qualified_name(fn)}:{_code_digest(code)}"
@@ -102,18 +159,18 @@ def code_identity(fn: Any, depth: int = 0) -> str:
                     captured.append("-")
             ident += ":" + _h(",".join(captured).encode())
         return ident
-    if inspect.isclass(type(fn)) and not inspect.isfunction(fn):
-        cls = type(fn)
-        ident = qualified_name(cls)
-        call_code = getattr(cls.__dict__.get("__call__"), "__code__", None) or getattr(
-            getattr(cls, "__call__", None), "__code__", None)  # noqa: B004 - the class's method
-        if call_code is not None:
-            ident += ":" + _code_digest(call_code)
-        state = getattr(fn, "__dict__", None)
-        if state and depth < _MAX_DEPTH:
-            ident += ":" + state_digest(state, depth + 1)
+    cls = type(fn)
+    ident = qualified_name(cls)
+    call_code = getattr(cls.__dict__.get("__call__"), "__code__", None) or getattr(
+        getattr(cls, "__call__", None), "__code__", None)  # noqa: B004 - the class's method
+    if call_code is not None:
+        ident += ":" + _code_digest(call_code)
+    if depth >= _MAX_DEPTH:
         return ident
-    return qualified_name(fn)
+    state = getattr(fn, "__dict__", None)
+    rest = (state_digest(state, depth + 1) if state else None) if isinstance(state, dict) \
+        else _dictless_state(fn, depth + 1)
+    return ident + (f":{rest}" if rest is not None else "")
 
 
 def step_digests(p: Pipeline) -> dict[str, str]:
