@@ -364,3 +364,47 @@ def test_a_hit_resumed_in_process_is_profiled_with_its_input_size(no_leaks, monk
         loader.close()
     resumed = [b for step, b in seen if step > 0]
     assert len(resumed) == N and all(b == 9 * 8 * 4 for b in resumed)  # the (9, 8) floats
+
+
+class Small:
+    """Four samples: fewer than a tier needs measured (``MIN_MEASURED``) before the cache may
+    judge a form not worth storing or looking up, so every form is stored and looked up."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def load(self, i: int) -> int:
+        return i
+
+
+def laid_out(i: int) -> dict:
+    """A deterministic step whose outputs are not in C order."""
+    base = np.arange(6 * 5, dtype=np.float32).reshape(6, 5) + i
+    t = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(1, 2, 3, 4) + i
+    return {"i": i, "fortran": np.asfortranarray(base), "crop": base[1:4, 1:3],
+            "channels_last": t.contiguous(memory_format=torch.channels_last)}
+
+
+def keep(batch: list) -> list:
+    return batch
+
+
+def test_a_hit_has_the_memory_layout_of_a_computed_sample(no_leaks) -> None:
+    # a Fortran-ordered array used to come back C-ordered from the cache: same values, other
+    # strides and flags than the first epoch computed
+    loader = hr.DataLoader(hr.Pipeline(Small(), [hr.step(laid_out)]), batch_size=2,
+                           collate_fn=keep, num_workers=0,
+                           options=hr.Options(seed=1, cache=hr.Cache(budget_bytes=1 << 20)))
+    try:
+        epochs = [{s["i"]: s for batch in loader for s in batch} for _ in range(2)]
+        computed, hit = epochs
+        assert [e.cache.hits for e in loader.stats().epochs] == [0, 4]
+    finally:
+        loader.close()
+    for i in range(4):
+        for k in ("fortran", "crop"):
+            np.testing.assert_array_equal(hit[i][k], computed[i][k])
+            assert hit[i][k].strides == computed[i][k].strides
+        assert hit[i]["fortran"].flags.f_contiguous
+        assert torch.equal(hit[i]["channels_last"], computed[i]["channels_last"])
+        assert hit[i]["channels_last"].stride() == computed[i]["channels_last"].stride()

@@ -107,3 +107,68 @@ def test_truncated_blobs_are_corrupt(cut) -> None:
         codec.decode(blob[:cut])
     with pytest.raises(codec.CorruptEntry):
         codec.decode(blob + b"x")
+
+
+_BASE = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+_IMG = np.arange(40 * 30, dtype=np.int16).reshape(40, 30)
+_T = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)
+LAYOUTS = {
+    "fortran": np.asfortranarray(_BASE),
+    "transpose": _BASE.transpose(2, 0, 1),
+    "flip": _BASE[:, ::-1],
+    "crop": _IMG[10:20, 5:9],  # gaps between rows
+    "flipped crop": _IMG[::-2, 3:7],
+    "broadcast": np.broadcast_to(np.arange(3.0), (4, 3)),  # zero strides
+    "new axis": np.arange(5)[:, None],
+    "fortran row": np.asfortranarray(np.ones((1, 5))),
+    "channels_last": _T.contiguous(memory_format=torch.channels_last),
+    "tensor transpose": _T.transpose(1, 3),
+    "tensor crop": _T[:, :, 1:3, 1:4],
+    "expanded": torch.arange(3.0).expand(4, 3),
+    "bfloat16 permuted": _T.to(torch.bfloat16).permute(3, 1, 2, 0),
+    "complex transpose": torch.arange(12.0).reshape(3, 4).to(torch.complex128).t(),
+}
+
+
+def _layout(x):
+    if isinstance(x, torch.Tensor):
+        return (x.stride(), x.is_contiguous(),
+                x.is_contiguous(memory_format=torch.channels_last))
+    return x.strides, x.flags.c_contiguous, x.flags.f_contiguous
+
+
+@pytest.mark.parametrize("value", LAYOUTS.values(), ids=list(LAYOUTS))
+def test_a_hit_keeps_the_memory_layout_a_computed_sample_has(value) -> None:
+    out = codec.decode(codec.encode({"x": value}))["x"]
+    _same(value, out)
+    assert _layout(out) == _layout(value)
+
+
+def test_a_fortran_array_is_stored_as_it_lies_in_memory() -> None:
+    """Its bytes are stored as they are (no reordering copy) and come back in Fortran order."""
+    f = np.asfortranarray(_BASE)
+    blob = codec.encode(f)
+    assert f.tobytes(order="F") in blob
+    out = codec.decode(blob)
+    assert out.flags.f_contiguous and not out.flags.c_contiguous
+    np.testing.assert_array_equal(out, _BASE)
+
+
+def test_a_laid_out_value_decoded_is_private() -> None:
+    blob = bytearray(codec.encode({"f": np.asfortranarray(_BASE), "c": _IMG[10:20, 5:9],
+                                   "t": _T.contiguous(memory_format=torch.channels_last)}))
+    out = codec.decode(blob)
+    for v in out.values():
+        v[...] = 0
+    again = codec.decode(blob)
+    np.testing.assert_array_equal(again["f"], _BASE)
+    np.testing.assert_array_equal(again["c"], _IMG[10:20, 5:9])
+    assert torch.equal(again["t"], _T)
+
+
+def test_a_laid_out_tensor_with_strides_torch_cannot_have_is_corrupt() -> None:
+    blob = bytearray(codec.encode(_T.transpose(0, 1)))
+    at = blob.index(b"M") + 1 + 1 + len(b"float32") + 1 + 8 * 4  # the first stride
+    blob[at:at + 8] = (-4).to_bytes(8, "little", signed=True)
+    with pytest.raises(codec.CorruptEntry):
+        codec.decode(blob)

@@ -6,6 +6,9 @@ format has no way to name a class or a function. What it stores (recursively):
 * ``None``, ``bool``, ``int`` (64-bit), ``float``, ``str``, ``bytes``;
 * ``numpy.ndarray`` (any non-object dtype) and numpy scalars: dtype string, shape, raw bytes;
 * CPU ``torch.Tensor`` (no grad): dtype name, shape, raw bytes;
+* an array or tensor laid out otherwise than in C order (Fortran order, ``channels_last``, a
+  transpose, a flip, a crop's gaps, a broadcast): also its strides, and it is decoded with the
+  same strides (``cache/layout.py``), so a hit has the layout a computed sample has;
 * ``tuple``, ``list`` and ``dict`` with ``str`` keys (exact types, not subclasses).
 
 Anything else raises :class:`Uncacheable`; the cache then does not store the value (and counts
@@ -23,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from headrace.cache import layout
 from headrace.errors import HeadraceError
 
 MAGIC = b"HRC1"
@@ -54,6 +58,8 @@ def encode(value: Any) -> bytes:
 
 
 def _enc(x: Any, out: _Parts, depth: int) -> None:
+    # tags: N T F (None, bools), i f s b, a S L (arrays in C order, NumPy scalars, arrays with
+    # their strides), t M (tensors in C order, tensors with their strides), ( [ {
     if depth > MAX_DEPTH:
         raise Uncacheable("nested deeper than MAX_DEPTH")
     t = type(x)
@@ -73,8 +79,9 @@ def _enc(x: Any, out: _Parts, depth: int) -> None:
     elif t is bytes:
         out += [b"b", _U64.pack(len(x)), x]
     elif t is np.ndarray:
-        out.append(b"a")
-        _enc_array(x, out)
+        laid_out = _laid_out(x.shape, x.strides, x.itemsize)
+        out.append(b"L" if laid_out else b"a")
+        _enc_array(x, out, laid_out)
     elif isinstance(x, np.generic) and not isinstance(x, np.object_):
         out.append(b"S")
         _enc_array(np.asarray(x), out)
@@ -93,14 +100,21 @@ def _enc(x: Any, out: _Parts, depth: int) -> None:
         _enc_other(x, out)
 
 
-def _enc_array(a: np.ndarray, out: _Parts) -> None:
+def _laid_out(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    """True when an array with elements is not laid out in C order: its strides are stored."""
+    return 0 not in shape and tuple(strides) != layout.c_strides(shape, itemsize)
+
+
+def _enc_array(a: np.ndarray, out: _Parts, laid_out: bool = False) -> None:
     if a.dtype.hasobject:
         raise Uncacheable("array of Python objects")
     if a.dtype.fields is not None or a.dtype.kind == "V":  # ``dtype.str`` would lose the fields
         raise Uncacheable("structured or void array")
     dt = a.dtype.str.encode()
     out += [bytes([len(dt)]), dt, bytes([a.ndim]), *(_U64.pack(d) for d in a.shape)]
-    data = _raw(np.ascontiguousarray(a))
+    if laid_out:
+        out += [_I64.pack(s) for s in a.strides]
+    data = _raw(layout.stored(a) if laid_out else np.ascontiguousarray(a))
     out += [_U64.pack(data.nbytes), data]
 
 
@@ -113,13 +127,23 @@ def _enc_other(x: Any, out: _Parts) -> None:
         raise Uncacheable("only dense CPU tensors without grad are cached")
     name = str(x.dtype).removeprefix("torch.").encode()
     shape = tuple(x.shape)
-    t = x.contiguous()
-    try:
-        data = _raw(t.numpy())
-    except TypeError:  # bfloat16 and friends: their bits through a same-size integer view
-        data = _raw(t.view(_int_view(t.element_size())).numpy())
-    out += [b"t", bytes([len(name)]), name, bytes([len(shape)]), *(_U64.pack(d) for d in shape)]
+    laid_out = _laid_out(shape, tuple(x.stride()), 1)
+    a = _as_numpy(x if laid_out else x.contiguous())  # the same memory, strides in bytes
+    out += [b"M" if laid_out else b"t", bytes([len(name)]), name, bytes([len(shape)]),
+            *(_U64.pack(d) for d in shape)]
+    if laid_out:
+        out += [_I64.pack(s) for s in a.strides]
+    data = _raw(layout.stored(a) if laid_out else a)
     out += [_U64.pack(data.nbytes), data]
+
+
+def _as_numpy(t: Any) -> np.ndarray:
+    """A NumPy view of CPU tensor ``t`` (same memory and strides); bfloat16 and friends, which
+    NumPy lacks, as their bits through a same-size integer view."""
+    try:
+        return t.numpy()
+    except TypeError:
+        return t.view(_int_view(t.element_size())).numpy()
 
 
 def _raw(a: np.ndarray) -> memoryview:
@@ -173,11 +197,11 @@ def _dec(mv: memoryview, o: int, depth: int) -> tuple[Any, int]:
         o += 8
         raw = _take(mv, o, n)
         return (raw.decode("utf-8") if tag == b"s" else raw), o + n
-    if tag in (b"a", b"S"):
-        a, o = _dec_array(mv, o)
-        return (a if tag == b"a" else a[()]), o
-    if tag == b"t":
-        return _dec_tensor(mv, o)
+    if tag in (b"a", b"S", b"L"):
+        a, o = _dec_array(mv, o, tag == b"L")
+        return (a[()] if tag == b"S" else a), o
+    if tag in (b"t", b"M"):
+        return _dec_tensor(mv, o, tag == b"M")
     if tag in (b"(", b"["):
         n = _U32.unpack_from(mv, o)[0]
         o += 4
@@ -212,22 +236,37 @@ def _shape(mv: memoryview, o: int) -> tuple[tuple[int, ...], int]:
     return shape, o + 8 * ndim
 
 
-def _dec_array(mv: memoryview, o: int) -> tuple[np.ndarray, int]:
+def _strides(mv: memoryview, o: int, shape: tuple[int, ...], item: int
+             ) -> tuple[tuple[int, ...], int]:
+    """The strides (bytes) of a laid-out entry, checked: such an entry has elements."""
+    strides = tuple(_I64.unpack_from(mv, o + 8 * i)[0] for i in range(len(shape)))
+    if not item or 0 in shape:
+        raise CorruptEntry("cached entry has strides but no elements")
+    return strides, o + 8 * len(shape)
+
+
+def _dec_array(mv: memoryview, o: int, laid_out: bool = False) -> tuple[np.ndarray, int]:
     n = mv[o]
     dtype = np.dtype(_take(mv, o + 1, n).decode("ascii"))
     if dtype.hasobject:
         raise CorruptEntry("cached array claims an object dtype")
     shape, o = _shape(mv, o + 1 + n)
+    strides, o = _strides(mv, o, shape, dtype.itemsize) if laid_out else ((), o)
     size = _U64.unpack_from(mv, o)[0]
     o += 8
     if size != dtype.itemsize * int(np.prod(shape, dtype=np.int64)) or o + size > len(mv):
         raise CorruptEntry("cached array's size does not match its header")
+    if laid_out:  # one copy into a buffer spanning the original's bytes
+        low, high = layout.span(shape, strides, dtype.itemsize)
+        fresh = np.empty if layout.dense(shape, strides, dtype.itemsize) else np.zeros
+        data = np.frombuffer(mv, np.uint8, size, o)
+        return layout.fill(fresh(high - low, np.uint8), data, shape, strides, dtype), o + size
     a = np.frombuffer(mv, dtype=dtype, count=size // dtype.itemsize if dtype.itemsize else 0,
                       offset=o).reshape(shape).copy()  # the one copy: the step gets a private array
     return a, o + size
 
 
-def _dec_tensor(mv: memoryview, o: int) -> tuple[Any, int]:
+def _dec_tensor(mv: memoryview, o: int, laid_out: bool = False) -> tuple[Any, int]:
     import torch
 
     n = mv[o]
@@ -235,11 +274,22 @@ def _dec_tensor(mv: memoryview, o: int) -> tuple[Any, int]:
     if not isinstance(dtype, torch.dtype):
         raise CorruptEntry("cached tensor names an unknown dtype")
     shape, o = _shape(mv, o + 1 + n)
+    item = torch.empty((), dtype=dtype).element_size()
+    strides, o = _strides(mv, o, shape, item) if laid_out else ((), o)
     size = _U64.unpack_from(mv, o)[0]
     o += 8
-    item = torch.empty((), dtype=dtype).element_size()
     if size != item * int(np.prod(shape, dtype=np.int64)) or o + size > len(mv):
         raise CorruptEntry("cached tensor's size does not match its header")
+    if laid_out:
+        if any(s < 0 or s % item for s in strides):  # torch has no such strides
+            raise CorruptEntry("cached tensor's strides are not whole, non-negative elements")
+        _, high = layout.span(shape, strides, item)
+        fresh = torch.empty if layout.dense(shape, strides, item) else torch.zeros
+        storage = fresh(high // item, dtype=dtype)
+        a = _as_numpy(storage)
+        layout.fill(a.view(np.uint8), np.frombuffer(mv, np.uint8, size, o), shape, strides,
+                    a.dtype)
+        return storage.as_strided(shape, tuple(s // item for s in strides)), o + size
     t = torch.empty(shape, dtype=dtype)
     if size:
         dst = t.view(_int_view(item)) if item in (1, 2, 4, 8) else t
