@@ -2,6 +2,7 @@
 
 from collections import Counter
 
+import numpy as np
 import pytest
 
 import headrace as hr
@@ -96,3 +97,55 @@ def test_the_profile_is_saved_after_the_first_epoch_then_at_most_once_per_interv
     list(loader)
     assert len(saved) == 3 and saved[2] > saved[1]
     loader.close()
+
+
+def test_explain_never_claims_a_reorder_that_swaps_steps_sharing_a_name(no_leaks):
+    # both steps named "aug": AutoOrder's order (crop first) was planned and explained as
+    # "reordered by AutoOrder", but the loader compared names, saw the same, and ran the
+    # declared order
+    pipe = hr.Pipeline(VecSource(N), [hr.step(pad4, name="aug", random=True),
+                                      hr.step(crop_quarter, name="aug", random=True)])
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=0,
+                           options=hr.Options(profile_store=False))
+    try:
+        sizes = [Counter(b.shape[1] for b in loader) for _ in range(2)]
+        text = loader.explain()
+        executed = [s.fn for s in loader.planning.executed.steps]
+    finally:
+        loader.close()
+    assert sizes[1] == sizes[0] == {4096: N // 8}  # the declared order ran both epochs
+    assert executed == [pad4, crop_quarter]
+    assert "reordered by AutoOrder" not in text, text
+    assert "as declared (AutoOrder's order would swap steps that share a name)" in text, text
+    assert "aug (steps 1 and 2 of the declared order) would swap places" in text, text
+
+
+def test_a_resume_runs_the_saved_order_of_steps_that_share_a_name(no_leaks):
+    # AutoOrder moved pad4 after two steps named "crop"; the state dict records the order by
+    # name, and a resume ignored an order with a repeated name: it ran the declared order
+    def make():
+        pipe = hr.Pipeline(VecSource(N), [hr.step(pad4, random=True),
+                                          hr.step(crop_quarter, name="crop", random=True),
+                                          hr.step(crop_quarter, name="crop", random=True)])
+        return hr.DataLoader(pipe, batch_size=8, num_workers=0,
+                             options=hr.Options(seed=5, profile_store=False))
+
+    ref, first, second = make(), make(), make()
+    try:
+        full = [[b.numpy() for b in ref] for _ in range(2)][1]
+        reordered = [s.name for s in ref.planning.executed.steps]
+        list(first)
+        it = iter(first)
+        before = [next(it).numpy() for _ in range(2)]
+        state = first.state_dict()
+        del it
+        second.load_state_dict(state)
+        after = [b.numpy() for b in second]
+        resumed = [s.name for s in second.planning.executed.steps]
+    finally:
+        for loader in (ref, first, second):
+            loader.close()
+    assert reordered == resumed == ["crop", "crop", "pad4"]
+    assert len(before + after) == len(full)
+    for got, want in zip(before + after, full, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -296,8 +296,29 @@ def test_revalidate_reports_a_step_whose_class_changed():
 
 
 def test_repeated_step_names_match_by_occurrence():
+    steps = [aug("Flip"), aug("Crop"), aug("Crop")]
+    prof = Profiler(["load", "Flip", "Crop", "Crop"])
+    prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(4)], [100, 100, 50, 50])
+    d = autoorder_from_profile(steps, prof.report())
+    assert d.factors == (1.0, 0.5, 1.0) and d.order == (1, 0, 2) and d.held == ()
+
+
+def test_steps_that_share_a_name_never_swap_and_the_decision_says_why():
+    # the second Crop is deflationary: moving it before the first would swap two steps told
+    # apart by their place among the Crops (profile entries, random streams, a state dict's
+    # order); AutoOrder planned that order although the loader could not run it
     steps = [aug("Crop"), aug("Flip"), aug("Crop")]
     prof = Profiler(["load", "Crop", "Flip", "Crop"])
     prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(4)], [100, 100, 100, 50])
     d = autoorder_from_profile(steps, prof.report())
-    assert d.factors == (1.0, 1.0, 0.5) and d.order == (2, 0, 1)
+    assert d.factors == (1.0, 1.0, 0.5)
+    assert d.order == (0, 1, 2) and not d.changed and d.moves == ()
+    (why,) = d.held
+    assert why.startswith("Crop (steps 1 and 3 of the declared order) would swap places")
+    assert d.explain()[0] == ("AutoOrder: kept the declared order (its order would have "
+                              "swapped steps that share a name; see the note)")
+    assert f"  note: {why}" in d.explain()
+    # other steps still move across steps that share a name, which keep their order
+    grow = [step(ident_rng, name="Pad", random=True), aug("Crop"), aug("Crop")]
+    d = autoorder(grow, [4.0, 0.5, 0.5])
+    assert names(d.steps) == ["Crop", "Crop", "Pad"] and d.order == (1, 2, 0) and d.held == ()

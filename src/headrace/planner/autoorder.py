@@ -13,6 +13,11 @@ Rules, as in Pecan with headrace's traits:
   bound sections like barriers (declare ``commutes=True`` to let AutoOrder move them).
 - Within a section, steps are stably partitioned: deflationary first, then neutral, then
   inflationary; factors within the neutral band [0.95, 1.05] count as 1, as do unknown ones.
+- Steps that share a name never swap places: headrace tells them apart by their place among
+  the steps of that name (the profile entry each is matched to, its per-sample random stream,
+  the step order a state dict records), so a section whose order would swap two of them keeps
+  its declared order, and a note says so (give them distinct names to let AutoOrder move them).
+  Other steps may still move across them.
 - Deviation from Algorithm 2: Pecan *prepends* each deflationary step to the prefix, which
   reverses the relative order of several deflationary steps; headrace keeps every class in its
   declared order (stable), so two crops, say, are never swapped for no measured gain. Pecan's
@@ -89,6 +94,8 @@ class AutoOrderDecision:
         sections: original positions of each reorderable section (runs of movable steps).
         moves: the steps actively moved (a neutral step shifted by them is not listed).
         notes: other observations worth reading (hints, data-dependent factors).
+        held: why sections kept their declared order although AutoOrder had another one for
+            them (the new order would have swapped steps that share a name); also in ``notes``.
         neutral: the neutral band used.
         cpu_before, cpu_after: expected CPU seconds per sample of the given and the chosen
             order under the cost model in the module docstring; ``None`` without costs.
@@ -105,6 +112,7 @@ class AutoOrderDecision:
     neutral: tuple[float, float] = NEUTRAL_BAND
     cpu_before: float | None = None
     cpu_after: float | None = None
+    held: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -123,6 +131,9 @@ class AutoOrderDecision:
                 f"AutoOrder: {' -> '.join(self.names)} "
                 f"(declared: {' -> '.join(s.name for s in self.original)})"
             ]
+        elif self.held:
+            lines = ["AutoOrder: kept the declared order (its order would have swapped steps "
+                     "that share a name; see the note)"]
         else:
             lines = ["AutoOrder: kept the declared order (no movable step gains from moving)"]
         lines += [f"  {m.reason}" for m in self.moves]
@@ -197,13 +208,19 @@ def autoorder(
     sections: list[tuple[int, ...]] = []
     order: list[int] = []
     run: list[int] = []
+    held: list[str] = []
     for i in [*range(n), None]:
         if i is not None and roles[i] not in ("barrier", "fixed"):
             run.append(i)
             continue
         if run:
             sections.append(tuple(run))
-            order += sorted(run, key=lambda j: _RANK[roles[j]])  # stable: ties keep their order
+            chosen = sorted(run, key=lambda j: _RANK[roles[j]])  # stable: ties keep their order
+            why = _swaps_a_name(steps, chosen)
+            if why is not None:
+                held.append(why)
+                chosen = run
+            order += chosen
             run = []
         if i is not None:
             order.append(i)
@@ -222,7 +239,7 @@ def autoorder(
                 factor = inflation[j]
                 assert factor is not None  # classified deflationary or inflationary
                 moves.append(_move(steps, j, role, factor, crossed, bytes_in, neutral))
-    notes = []
+    notes = list(held)
     for i, s in enumerate(steps):
         measured = classify(inflation[i], neutral)
         if roles[i] == "fixed" and measured in ("deflationary", "inflationary"):
@@ -251,6 +268,7 @@ def autoorder(
         neutral=neutral,
         cpu_before=before,
         cpu_after=after,
+        held=tuple(held),
     )
 
 
@@ -355,6 +373,22 @@ def _move(
         why = f"above {neutral[1]:.2f}{size}), so {runs} before the samples grow"
     reason = f"{head}: inflation {factor:.2f} ({role}, {why}"
     return StepMove(steps[j].name, j, role, factor, names, reason)
+
+
+def _swaps_a_name(steps: Sequence[Step], chosen: Sequence[int]) -> str | None:
+    """Why the order ``chosen`` (declared positions) may not run: it puts a step before an
+    earlier declared step of the same name. None when it keeps every name's steps in order."""
+    last: dict[str, int] = {}
+    for j in chosen:
+        name = steps[j].name
+        if last.get(name, -1) > j:
+            return (f"{name} (steps {j + 1} and {last[name] + 1} of the declared order) would "
+                    "swap places: steps that share a name are told apart by their place among "
+                    "the steps of that name (their profiles, their random streams, a state "
+                    "dict's step order), so their section keeps its declared order; give them "
+                    "distinct names (step(fn, name=...)) to let AutoOrder move them")
+        last[name] = max(j, last.get(name, -1))
+    return None
 
 
 def _check_len(what: str, seq: Sequence[object] | None, n: int) -> None:

@@ -68,7 +68,9 @@ def plan_order(
             "planned)",
         )
     decision = autoorder_from_profile(declared, profile)
-    verb = "reordered by AutoOrder" if decision.changed else "as declared (AutoOrder found no better order)"
+    verb = ("reordered by AutoOrder" if decision.changed
+            else "as declared (AutoOrder's order would swap steps that share a name)"
+            if decision.held else "as declared (AutoOrder found no better order)")
     return OrderPlan(
         tuple(decision.steps), decision,
         f"order: {verb}, from {profile.samples} samples ({profile_source})",

@@ -83,11 +83,15 @@ class Planning:
         """Run the next epoch in the order a state dict saved (an exact resume needs the order
         the saved epoch ran); AutoOrder decides again from the epoch after. An order that is not
         a permutation of this pipeline's steps (the script changed them) is ignored: the
-        loader warned about the change already."""
-        by_name = {s.name: s for s in self.declared.steps}
-        if sorted(names) != sorted(by_name) or len(by_name) != len(self.declared.steps):
+        loader warned about the change already. The k-th step of a name in the saved order is
+        the k-th declared step of that name: AutoOrder never swaps steps that share a name."""
+        if sorted(names) != sorted(s.name for s in self.declared.steps):
             return
-        self._pinned = tuple(by_name[n] for n in names)
+        by_name: dict[str, list[Step]] = {}
+        for s in self.declared.steps:
+            by_name.setdefault(s.name, []).append(s)
+        nth = {n: iter(steps) for n, steps in by_name.items()}
+        self._pinned = tuple(next(nth[n]) for n in names)
 
     def before_epoch(self) -> bool:
         """Choose this epoch's step order; True when it differs from the previous epoch's."""
@@ -100,7 +104,8 @@ class Planning:
                 return False
             self.order = plan
             steps = plan.steps
-        if tuple(s.name for s in steps) == self.executed_names:
+        if len(steps) == len(self.executed.steps) and all(
+                a is b for a, b in zip(steps, self.executed.steps, strict=True)):
             return False
         self.executed = self.declared.with_steps(steps)
         self.monitor.profiler = Profiler(self.executed.step_names,  # a new order, a new profile
