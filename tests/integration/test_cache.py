@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 import headrace as hr
 from headrace.cache import codec
-from headrace.cache.tiers import sample_key
+from headrace.cache.tiers import TierLayout, sample_key
 from tests.helpers import IndexDataset
 
 pytestmark = pytest.mark.integration
@@ -408,3 +409,57 @@ def test_a_hit_has_the_memory_layout_of_a_computed_sample(no_leaks) -> None:
         assert hit[i]["fortran"].flags.f_contiguous
         assert torch.equal(hit[i]["channels_last"], computed[i]["channels_last"])
         assert hit[i]["channels_last"].stride() == computed[i]["channels_last"].stride()
+
+
+class Rooted:
+    """A source of one class and length whatever its root, which opens a handle on first use."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.handle: object | None = None
+
+    def __len__(self) -> int:
+        return 4
+
+    def load(self, i: int) -> str:
+        if self.handle is None:
+            self.handle = object()  # state the source changes as it runs
+        return f"{self.root}/{i}"
+
+
+def test_sources_of_one_class_and_length_have_their_own_entries(no_leaks) -> None:
+    # two jobs over Rooted("/a") and Rooted("/b") shared a cache's namespaces (class and length
+    # were the source's whole identity): through Redis one was served the other's samples
+    def layout(root: str) -> tuple[str, ...]:
+        return tuple(t.prefix for t in TierLayout.for_pipeline(
+            hr.Pipeline(Rooted(root), [hr.step(str.upper)])).tiers)
+
+    assert layout("/a") != layout("/b")
+    assert layout("/a") == layout("/a")  # the same construction, the same entries
+    wrapped = [TierLayout.for_pipeline(hr.Pipeline.from_dataset(ListDataset(list(v)))).tiers
+               for v in ("abcd", "wxyz")]
+    assert wrapped[0][0].prefix != wrapped[1][0].prefix
+
+
+class ListDataset(torch.utils.data.Dataset):
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
+
+
+def test_a_source_changing_its_state_keeps_its_entries(no_leaks) -> None:
+    # the source's identity is taken once per loader: its handle, opened in epoch 1 in this
+    # process, does not move epoch 2's lookups to other entries
+    loader = hr.DataLoader(hr.Pipeline(Rooted("/a"), [hr.step(str.upper)]), batch_size=2,
+                           num_workers=0, options=hr.Options(seed=1, cache=hr.Cache(budget_bytes=1 << 20)))
+    try:
+        epochs = [[s for batch in loader for s in batch] for _ in range(2)]
+        assert [e.cache.hits for e in loader.stats().epochs] == [0, 4]
+    finally:
+        loader.close()
+    assert sorted(epochs[0]) == sorted(epochs[1]) == [f"/A/{i}" for i in range(4)]

@@ -206,3 +206,15 @@ def test_a_bound_method_over_a_large_dataset_keeps_its_fingerprint_cheap():
     before = fp.step_digests(pipe)
     d.images[-1, -1, -1, -1] = 9
     assert fp.step_digests(pipe) != before
+
+
+def test_large_bytes_are_hashed_by_a_sample_too():
+    from headrace.pipeline import fingerprint as fp
+
+    blob = bytes(fp._FULL_BYTES + 1)
+    changed = bytearray(blob)
+    changed[-1] = 1
+    assert fp.state_digest(blob) != fp.state_digest(bytes(changed))
+    assert fp.state_digest(blob) == fp.state_digest(bytearray(blob))  # by value, as before
+    small = bytes(100)
+    assert fp.state_digest(small) != fp.state_digest(bytes(99))

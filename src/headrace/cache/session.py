@@ -15,6 +15,7 @@ from typing import Any
 from headrace.cache.client import CacheClient, Counters
 from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget
 from headrace.cache.tiers import TierLayout
+from headrace.pipeline.fingerprint import source_fingerprint
 from headrace.pipeline.pipeline import Pipeline
 from headrace.planner.cache_partition import (
     INF,
@@ -112,6 +113,9 @@ class CacheSession:
         self._epoch_start: dict[str, int] = self.counters.totals()
         self._finalizer: Any = None
         self._main_uses = False
+        self._source: str | None = None
+        """The source's identity by content, taken at the first plan and kept: a source that
+        changes its own state as it runs (a handle opened on first use) keeps its entries."""
         self._b_cache: float | None = None
         self.plan: tuple[Split, list[Split]] | None = None
         """MDP's choice for the running epoch and the single-form splits' predictions."""
@@ -158,7 +162,9 @@ class CacheSession:
         backend open; otherwise it is closed here before workers fork (see ``memory_backend``).
         """
         self._main_uses = in_process
-        layout = TierLayout.for_pipeline(executed, self.config.shared_augmented)
+        if self._source is None:
+            self._source = source_fingerprint(executed.source, content=True)
+        layout = TierLayout.for_pipeline(executed, self.config.shared_augmented, self._source)
         self.layout = layout
         self.split = default_split(layout, self.config)
         self.plan = None

@@ -15,7 +15,7 @@ import hashlib
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from headrace.pipeline.source import user_attr
+from headrace.pipeline.source import DatasetSource, user_attr
 
 if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline
@@ -70,7 +70,9 @@ def state_digest(value: Any, depth: int = 0) -> str:
     if value is None or isinstance(value, (bool, int, float, complex, str)):
         return _h(repr(value).encode())
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return _h(bytes(value))
+        if len(value) <= _FULL_BYTES or isinstance(value, memoryview) and not value.contiguous:
+            return _h(bytes(value))
+        return _h(_array_bytes(np.frombuffer(value, np.uint8)))  # a sample, as a large array's
     if isinstance(value, np.ndarray):
         return _h(f"{value.dtype}{value.shape}".encode() + _array_bytes(value))
     if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
@@ -245,8 +247,19 @@ def pipeline_fingerprint(p: Pipeline) -> str:
     return h.hexdigest()[:16]
 
 
-def source_fingerprint(source: Any) -> str:
-    """The source's own ``fingerprint()`` if it has one, else its type and length."""
+def source_fingerprint(source: Any, content: bool = False) -> str:
+    """The source's own ``fingerprint()`` if it has one, else its type and length; with
+    ``content``, also its state by value (:func:`state_digest` of its attributes: the paths it
+    reads, its arrays by a sample, its transforms' code and parameters). A map-style dataset
+    wrapped as a source (``DatasetSource``) counts as the dataset.
+
+    Without ``content`` (a state dict's record of the dataset, the profile store), two datasets
+    of one class and length match. The sample cache keys its entries ``content``: a cache shared
+    through Redis otherwise served a job over ``Images("/data/a")`` the samples of a job over
+    ``Images("/data/b")`` of the same length (the cache takes it once per loader,
+    ``cache/session.py``, so state a source changes as it runs does not move its entries)."""
+    if content and isinstance(source, DatasetSource):
+        return f"{source_fingerprint(source.dataset, content)}:{bool(source._many)}"
     fp = user_attr(source, "fingerprint")
     if callable(fp):
         return str(fp())
@@ -254,4 +267,5 @@ def source_fingerprint(source: Any) -> str:
         n: int | str = len(source)
     except TypeError:  # a map-style dataset without __len__
         n = "?"
-    return f"{qualified_name(type(source))}:{n}"
+    name = f"{qualified_name(type(source))}:{n}"
+    return f"{name}:{state_digest(source)}" if content else name
