@@ -77,10 +77,12 @@ class Identity:
     """What a state dict must match, and what it only reports.
 
     A resume is refused only when it would deliver other samples: another ``samples`` (the
-    dataset's length) or ``batches`` (batches per epoch: batch size, ``drop_last``, sampler
-    length). Another dataset identity or changed step code (an edited script) is reported in a
-    warning and the resume goes on: positions, seeds and the step order are what decide which
-    samples come and with what content.
+    dataset's length), or mid-epoch another ``positions`` (the samples an epoch delivers: the
+    sampler's length less what ``drop_last`` leaves out; ``batches`` per epoch where that is
+    unknown). Another dataset identity, changed step code, another ``batch_size`` or
+    ``drop_last`` that leaves the epoch's samples as they were (an edited script) is reported in
+    a warning and the resume goes on: positions, seeds and the step order are what decide which
+    samples come and with what content; the batch settings only how they are grouped.
     """
 
     samples: int | None  # None: a map-style dataset without __len__
@@ -90,6 +92,9 @@ class Identity:
     step_code: dict[str, str]  # step name -> digest of its traits and code (fingerprint.py)
     delivered_by: str = "position"  # "index" under ODS (Cache(ods=True)): positions no longer
     # say which sample they delivered, so the delivered bitmap is over sample indices
+    positions: int | None = None  # samples an epoch delivers (None: unknown)
+    batch_size: int | None = None  # what the sampler's batches are cut with (epochs.batching)
+    drop_last: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +140,10 @@ def build(
         "schema_version": SCHEMA_VERSION if ident.delivered_by == "position" else BY_INDEX_VERSION,
         "samples": ident.samples,
         "batches_per_epoch": ident.batches,
+        # (optional keys, read where present: a state dict without them still loads)
+        "epoch_samples": ident.positions,
+        "batch_size": ident.batch_size,
+        "drop_last": ident.drop_last,
         "dataset": ident.dataset,
         "steps": list(ident.steps),
         "step_code": dict(ident.step_code),
@@ -161,8 +170,8 @@ def build(
 
 def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
     """Validate a state dict against this loader: raise StateDictError when a resume would
-    deliver other samples, warn (``UserWarning``) when only the dataset's identity or the steps'
-    code changed."""
+    deliver other samples, warn (``UserWarning``) when only the dataset's identity, the steps'
+    code or the batch settings changed."""
     if not isinstance(sd, dict) or "schema_version" not in sd:
         raise StateDictError("not a headrace DataLoader state dict (no schema_version)")
     if sd["schema_version"] not in READABLE_VERSIONS:
@@ -177,11 +186,7 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
             f"{ident.samples}: a resume would deliver other samples. Use the dataset of the run "
             "that saved it"
         )
-    if sd["batches_per_epoch"] != ident.batches:
-        raise StateDictError(
-            f"state dict was saved with {sd['batches_per_epoch']} batches per epoch, this loader "
-            f"has {ident.batches}: batch_size, drop_last or the sampler differ"
-        )
+    _check_positions(sd, ident)
     saved_by = sd.get("delivered_by", "position")
     if sd.get("in_epoch") and saved_by != ident.delivered_by:
         raise StateDictError(
@@ -189,11 +194,15 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
             f"{ident.delivered_by}: it was saved with{'' if saved_by == 'index' else 'out'} "
             "ODS (Cache(ods=True)) and this loader runs with"
             f"{'' if ident.delivered_by == 'index' else 'out'} it; resume with the same Cache")
-    changes = _changes(sd, ident)
-    if changes:
-        warnings.warn("headrace: resuming a state dict saved by other code (" + "; ".join(changes)
-                      + "). Positions and seeds are restored; samples whose steps changed will "
-                      "differ from the saved run's", UserWarning, stacklevel=3)
+    code, settings = _changes(sd, ident), _setting_changes(sd, ident)
+    if code or settings:
+        warnings.warn(
+            "headrace: resuming a state dict saved by other code (" + "; ".join(code + settings)
+            + "). Positions and seeds are restored"
+            + ("; samples whose steps changed will differ from the saved run's" if code else "")
+            + (("; the samples the saved epoch had left come, grouped into batches as this "
+                "loader's settings say" if sd["in_epoch"] else "; the next epochs run with this "
+                "loader's settings") if settings else ""), UserWarning, stacklevel=3)
     origin = None
     if sd["in_epoch"]:
         glob = sd.get("epoch_global_rng")
@@ -216,8 +225,50 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
     )
 
 
+def _check_positions(sd: dict[str, Any], ident: Identity) -> None:
+    """Refuse a state dict whose epoch had other positions than this loader's: the rest of it
+    would be other samples (more: those the saved epoch's ``drop_last`` left out; fewer: some
+    never come). Another ``batch_size`` or ``drop_last`` that keeps the positions only groups
+    the same samples otherwise (a warning, ``_setting_changes``), as does any change between
+    epochs. Where either side's positions are unknown (a state dict without them, a sampler
+    without ``__len__``), batches per epoch are compared instead."""
+    saved = sd.get("epoch_samples")
+    if saved is not None and ident.positions is not None:
+        if sd["in_epoch"] and saved != ident.positions:
+            settings = _setting_changes(sd, ident, positions=False)
+            raise StateDictError(
+                f"state dict was saved in an epoch of {saved} samples, this loader's epochs "
+                f"have {ident.positions} ("
+                + ("; ".join(settings) if settings else "the sampler differs") + "): a resume "
+                + ("would deliver samples the saved epoch left out" if ident.positions > saved
+                   else "would leave out samples the saved epoch had not delivered")
+                + ". Resume with the saved run's "
+                + ("batch_size and drop_last" if settings else "sampler")
+                + ", or load the state dict between epochs")
+        return
+    if sd["batches_per_epoch"] != ident.batches:
+        settings = _setting_changes(sd, ident, positions=False)
+        raise StateDictError(
+            f"state dict was saved with {sd['batches_per_epoch']} batches per epoch, this loader "
+            f"has {ident.batches} (" + ("; ".join(settings) if settings else
+                                        "batch_size, drop_last or the sampler differ") + ")")
+
+
+def _setting_changes(sd: dict[str, Any], ident: Identity, positions: bool = True) -> list[str]:
+    """The batch settings that differ between the saved run and this loader, in words: each
+    name with the saved and the present value (``positions``: also the samples per epoch)."""
+    out = [f"{name}={sd[name]!r} then, {now!r} now"
+           for name, now in (("batch_size", ident.batch_size), ("drop_last", ident.drop_last))
+           if name in sd and sd[name] != now]
+    saved = sd.get("epoch_samples")
+    if positions and saved is not None and ident.positions is not None \
+            and saved != ident.positions:
+        out.append(f"{saved} samples per epoch then, {ident.positions} now")
+    return out
+
+
 def _changes(sd: dict[str, Any], ident: Identity) -> list[str]:
-    """What differs between the saved run and this loader, in words (empty: nothing)."""
+    """What differs in code between the saved run and this loader, in words (empty: nothing)."""
     out = []
     if sd.get("dataset") is not None and sd["dataset"] != ident.dataset:
         out.append(f"dataset {sd['dataset']} then, {ident.dataset} now")

@@ -157,6 +157,20 @@ def pin_fn(loader: DataLoader) -> Callable[[Any], Any] | None:
     return lambda b: _pin_memory(b, kind)  # the rest: small or user-collated leaves
 
 
+def batching(loader: DataLoader) -> tuple[int | None, bool]:
+    """The ``batch_size`` and ``drop_last`` an epoch's sampler batches are cut with: a user's
+    torch ``BatchSampler``'s own, else the loader's; ``(None, False)`` with ``batch_size=None``
+    or a batch sampler of another kind (its batches are its own)."""
+    if not loader._auto_collation:
+        return None, False
+    if loader._user_batch_sampler:
+        user: Any = loader.batch_sampler
+        if type(user) is not torch.utils.data.BatchSampler:
+            return None, False
+        return user.batch_size, bool(user.drop_last)
+    return loader.batch_size, bool(loader.drop_last)
+
+
 def total_positions(loader: DataLoader) -> int | None:
     """Samples in an epoch when the sampler knows its length, else ``None`` (also where its
     ``__len__`` raises something else than ``TypeError``: torch asks it only in ``len(loader)``,
@@ -164,15 +178,13 @@ def total_positions(loader: DataLoader) -> int | None:
     try:
         if not loader._auto_collation:
             return len(loader._index_sampler)
-        if loader._user_batch_sampler:  # torch's own BatchSampler says how many it gives
-            user: Any = loader.batch_sampler
-            if type(user) is not torch.utils.data.BatchSampler:
-                return None
-            n = len(user.sampler)  # type: ignore[arg-type]
-            return n - n % user.batch_size if user.drop_last else n
-        n = len(loader.sampler)  # type: ignore[arg-type]
-        bs = loader.batch_size or 1
-        return n - n % bs if loader.drop_last else n
+        bs, drop_last = batching(loader)
+        if bs is None:  # a batch sampler of another kind: how many it gives is its own
+            return None
+        user: Any = loader.batch_sampler  # (a user's: torch's own BatchSampler, as checked)
+        sampler: Any = user.sampler if loader._user_batch_sampler else loader.sampler
+        n = len(sampler)
+        return n - n % bs if drop_last else n
     except Exception:  # noqa: BLE001 - a length the sampler cannot give is an unknown one
         return None
 

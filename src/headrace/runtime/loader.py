@@ -333,12 +333,14 @@ class DataLoader(tud.DataLoader[_T_co]):
 
     def _identity(self, steps: tuple[str, ...]) -> checkpoint.Identity:
         assert self.pipeline is not None
+        batch_size, drop_last = epochs.batching(self)
         return checkpoint.Identity(
             samples=self.pipeline.length(), batches=_length_or_none(self), steps=steps,
             dataset=source_fingerprint(self.pipeline.source),
             step_code=step_digests(self.pipeline),
             delivered_by="index" if self.cache is not None and self.cache.config.ods
-            and epochs.ods_eligible(self) is None else "position")
+            and epochs.ods_eligible(self) is None else "position",
+            positions=epochs.total_positions(self), batch_size=batch_size, drop_last=drop_last)
 
     def _threads_blocked(self) -> str | None:
         """Why ``executor="auto"`` may not choose threads here (None: it may)."""
