@@ -83,3 +83,34 @@ def test_another_batching_that_changes_the_epochs_samples_is_refused_mid_epoch(n
     assert sorted(i for b in second for i, _ in rows(b)) == list(range(26))
     first.close()
     second.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("then", [True, False])
+def test_another_shuffle_part_way_through_an_epoch_is_refused(then, workers, no_leaks):
+    # what it delivered, unrefused: the positions left of the saved order, read in the other
+    # order (after 3 batches of 4 out of 40, 8 samples came twice and 8 never)
+    state, _ = saved_after(40, 3, batch_size=4, shuffle=then, num_workers=workers)
+    second = loader(40, seed=99, batch_size=4, shuffle=not then, num_workers=workers)
+    with pytest.raises(hr.StateDictError, match=re.escape(
+            f"saved part-way through an epoch with shuffle={then}, this loader has "
+            f"shuffle={not then}")):
+        second.load_state_dict(state)
+    second.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("taken", [0, 10])
+def test_another_shuffle_before_an_epochs_first_batch_or_after_its_last_warns(taken, workers,
+                                                                                no_leaks):
+    state, rest = saved_after(40, taken, batch_size=4, shuffle=True, num_workers=workers)
+    # (after the last batch the state is the one between epochs: nothing of it is left)
+    assert state["in_epoch"] == (taken == 0) and sum(rest.values()) == 40 - 4 * taken
+    second = loader(40, seed=99, batch_size=4, shuffle=False, num_workers=workers)
+    with pytest.warns(UserWarning, match=re.escape("shuffle=True then, False now")):
+        second.load_state_dict(state)
+    got = [r for b in second for r in rows(b)]
+    if taken == 0:
+        assert Counter(got) == rest  # the whole epoch, with the saved run's content
+    assert [i for i, _ in got] == list(range(40))  # (after the last batch: the next epoch)
+    second.close()

@@ -95,6 +95,7 @@ class Identity:
     positions: int | None = None  # samples an epoch delivers (None: unknown)
     batch_size: int | None = None  # what the sampler's batches are cut with (epochs.batching)
     drop_last: bool = False
+    shuffle: bool | None = None  # the order's shuffle (ordering.shuffle_of; None: unknown)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +145,7 @@ def build(
         "epoch_samples": ident.positions,
         "batch_size": ident.batch_size,
         "drop_last": ident.drop_last,
+        "shuffle": ident.shuffle,
         "dataset": ident.dataset,
         "steps": list(ident.steps),
         "step_code": dict(ident.step_code),
@@ -194,6 +196,7 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
             f"{ident.delivered_by}: it was saved with{'' if saved_by == 'index' else 'out'} "
             "ODS (Cache(ods=True)) and this loader runs with"
             f"{'' if ident.delivered_by == 'index' else 'out'} it; resume with the same Cache")
+    _check_order(sd, ident)
     code, settings = _changes(sd, ident), _setting_changes(sd, ident)
     if code or settings:
         warnings.warn(
@@ -254,11 +257,35 @@ def _check_positions(sd: dict[str, Any], ident: Identity) -> None:
                                         "batch_size, drop_last or the sampler differ") + ")")
 
 
+def _check_order(sd: dict[str, Any], ident: Identity) -> None:
+    """Refuse a state dict saved part-way through an epoch with another ``shuffle``: what was
+    delivered is recorded by position in the saved epoch's order, and this loader's order is
+    another, so the positions left hold other samples (some delivered already, while as many
+    the saved epoch had left never come). Before the epoch's first batch or after its last one
+    nothing of it is told by position: a warning (``_setting_changes``), as between epochs."""
+    then, now = sd.get("shuffle"), ident.shuffle
+    if then is None or now is None or then == now or not sd["in_epoch"] \
+            or sd.get("delivered_by", "position") != "position":
+        return
+    done, total = int(sd.get("delivered_count") or 0), sd.get("epoch_samples")
+    if done == 0 or (total is not None and done >= total):
+        return
+    raise StateDictError(
+        f"state dict was saved part-way through an epoch with shuffle={then}, this loader has "
+        f"shuffle={now}: the {done} samples delivered are recorded by position in the saved "
+        "epoch's order, and in this loader's order those positions hold other samples, so a "
+        "resume would deliver some samples twice and never the others. Resume with "
+        f"shuffle={then} to finish that epoch, or load a state dict saved between epochs")
+
+
 def _setting_changes(sd: dict[str, Any], ident: Identity, positions: bool = True) -> list[str]:
     """The batch settings that differ between the saved run and this loader, in words: each
     name with the saved and the present value (``positions``: also the samples per epoch)."""
-    out = [f"{name}={sd[name]!r} then, {now!r} now"
-           for name, now in (("batch_size", ident.batch_size), ("drop_last", ident.drop_last))
+    pairs: list[tuple[str, Any]] = [("batch_size", ident.batch_size),
+                                    ("drop_last", ident.drop_last)]
+    if None not in (sd.get("shuffle"), ident.shuffle):  # None: a sampler of another kind
+        pairs.append(("shuffle", ident.shuffle))
+    out = [f"{name}={sd[name]!r} then, {now!r} now" for name, now in pairs
            if name in sd and sd[name] != now]
     saved = sd.get("epoch_samples")
     if positions and saved is not None and ident.positions is not None \

@@ -32,7 +32,7 @@ from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.planner.executor import forced_processes
 from headrace.planner.explain import explain_text
 from headrace.remote.session import remote_session
-from headrace.runtime import checkpoint, distributed, epochs, explaining, prefetch, ranks
+from headrace.runtime import checkpoint, distributed, epochs, explaining, ordering, prefetch, ranks
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import CollatePlace
 from headrace.runtime.monitor import Monitor
@@ -340,7 +340,8 @@ class DataLoader(tud.DataLoader[_T_co]):
             step_code=step_digests(self.pipeline),
             delivered_by="index" if self.cache is not None and self.cache.config.ods
             and epochs.ods_eligible(self) is None else "position",
-            positions=epochs.total_positions(self), batch_size=batch_size, drop_last=drop_last)
+            positions=epochs.total_positions(self), batch_size=batch_size, drop_last=drop_last,
+            shuffle=ordering.shuffle_of(self._index_sampler))
 
     def _threads_blocked(self) -> str | None:
         """Why ``executor="auto"`` may not choose threads here (None: it may)."""

@@ -31,6 +31,21 @@ def is_random_sampler(sampler: Any) -> bool:
     return False
 
 
+def shuffle_of(index_sampler: Any) -> bool | None:
+    """torch's ``shuffle`` as the sampler of a loader's order says it: ``True`` for a
+    ``RandomSampler`` and ``False`` for a ``SequentialSampler`` (what ``shuffle=`` builds, also
+    under a ``BatchSampler``), a ``DistributedSampler``'s own ``shuffle``; ``None`` for any
+    other sampler."""
+    s = index_sampler.sampler if isinstance(index_sampler, tud.BatchSampler) else index_sampler
+    if isinstance(s, tud.RandomSampler):
+        return True
+    if isinstance(s, tud.SequentialSampler):
+        return False
+    if isinstance(s, tud.distributed.DistributedSampler):
+        return bool(s.shuffle)
+    return None
+
+
 def batch_mode(
     in_order: bool | None, index_sampler: Any, auto_collation: bool, user_batch_sampler: bool
 ) -> Mode:
