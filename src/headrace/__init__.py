@@ -4,6 +4,7 @@ from headrace import sources
 from headrace.cache.config import Cache
 from headrace.errors import (
     HeadraceError,
+    LoaderClosedError,
     PipelineError,
     RemoteUnavailableError,
     StateDictError,
@@ -34,6 +35,7 @@ __all__ = [
     "DataLoader",
     "EpochStats",
     "HeadraceError",
+    "LoaderClosedError",
     "LoaderStats",
     "NearStorage",
     "Options",

@@ -9,6 +9,7 @@ from typing import Any
 
 __all__ = [
     "HeadraceError",
+    "LoaderClosedError",
     "PipelineError",
     "RemoteUnavailableError",
     "StateDictError",
@@ -27,6 +28,12 @@ class PipelineError(HeadraceError, ValueError):
 
 class StateDictError(HeadraceError, ValueError):
     """A state dict cannot be loaded into this loader (other dataset, other version, corrupt)."""
+
+
+class LoaderClosedError(HeadraceError, RuntimeError):
+    """``next()`` on an iterator whose epoch ``loader.close()`` stopped part-way (the message
+    says how much of the epoch was delivered and how much was not): a ``StopIteration`` there
+    passed for the epoch's end, and a training loop went on without the rest."""
 
 
 class RemoteUnavailableError(HeadraceError, ConnectionError):

@@ -3,6 +3,7 @@
 import gc
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,6 +103,38 @@ def test_repeated_create_iterate_destroy_leaves_nothing(no_leaks):
         it = iter(loader)
         next(it)
         del it, loader
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_next_after_close_mid_epoch_raises_saying_what_was_left(workers, no_leaks):
+    # it ended with a StopIteration after 1 of 20 batches: a training loop took that for the
+    # epoch's end and went on without the other 76 samples
+    loader = hr.DataLoader(IndexDataset(80), batch_size=4, num_workers=workers)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    for _ in range(2):  # each next() after it, never a StopIteration
+        with pytest.raises(hr.LoaderClosedError, match=re.escape(
+                "closed (loader.close()) part-way through epoch 0: 1 batch(es) were delivered, "
+                "and 19 of its 20 batches (76 samples) were not")) as caught:
+            next(it)
+    assert isinstance(caught.value, RuntimeError)
+    loader.load_state_dict(loader.state_dict())  # what the message offers: the rest
+    assert sorted(i for b in loader for i in b.tolist()) == list(range(4, 80))
+    loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_next_after_close_at_an_epochs_end_stops_and_a_new_iter_runs_an_epoch(workers, no_leaks):
+    loader = hr.DataLoader(IndexDataset(12), batch_size=4, num_workers=workers)
+    it = iter(loader)
+    for _ in range(3):  # every batch, the end not seen yet
+        next(it)
+    loader.close()
+    with pytest.raises(StopIteration):
+        next(it)
+    assert sorted(i for b in loader for i in b.tolist()) == list(range(12))  # after close too
+    loader.close()
 
 
 @pytest.mark.parametrize("executor", ["threads", "processes"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from headrace.errors import LoaderClosedError
 from headrace.runtime.bitmap import Bitmap
 from headrace.telemetry.stats import EpochStats
 
@@ -70,6 +71,7 @@ class EpochBase:
         self._closed = False
         self._replaced = False
         self._ending: BaseException | None = None  # see _end_with
+        self._halted: str | None = None  # see halting
 
     def __iter__(self) -> EpochBase:
         return self
@@ -80,7 +82,8 @@ class EpochBase:
 
     def _check_open(self) -> None:
         """``StopIteration`` once closed; a clear error if a newer ``iter(loader)`` took this
-        epoch's persistent workers (torch would silently reset the shared iterator)."""
+        epoch's persistent workers (torch would silently reset the shared iterator) or
+        ``loader.close()`` stopped the epoch part-way (:meth:`halting`)."""
         if self._replaced:
             raise RuntimeError(
                 "this DataLoader iterator was replaced by a newer iter(loader): with "
@@ -93,7 +96,31 @@ class EpochBase:
                 raise error
             finally:
                 error = None
+        if self._halted is not None:
+            raise LoaderClosedError(self._halted)
         raise StopIteration
+
+    def halting(self, total: int | None, batches: int | None) -> None:
+        """``loader.close()`` is about to close this epoch part-way (``total`` samples in it,
+        ``batches`` batches; ``None``: unknown): every later ``next()`` raises
+        ``LoaderClosedError`` saying what was delivered and what was not. It ended with a
+        ``StopIteration``, which a training loop takes for the epoch's end: the rest was lost
+        without a word."""
+        m = self.meter
+        before = self.delivered.count - m.samples  # delivered before a resume
+        if total is None:
+            left = "how much was not is unknown (the sampler has no length)"
+        else:
+            samples = total - self.delivered.count - self.settled_undelivered()
+            left = (f"{batches - m.batches} of its {batches} batches ({samples} samples) were not"
+                    if not before and batches is not None
+                    else f"{samples} of its {total} samples were not")
+        self._halted = (
+            f"the DataLoader was closed (loader.close()) part-way through epoch {m.epoch}: "
+            f"{m.batches} batch(es) were delivered{' since the resume' if before else ''}, and "
+            f"{left}. This iterator cannot deliver the rest: close the loader after the loop, "
+            "or resume the rest with loader.load_state_dict(loader.state_dict()) and a new "
+            "iter(loader)")
 
     def _end_with(self, error: BaseException) -> None:
         """Close the epoch, then raise ``error`` (what ends it unfinished); the next

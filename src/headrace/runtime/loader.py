@@ -379,8 +379,11 @@ class DataLoader(tud.DataLoader[_T_co]):
         self.monitor.sample_listeners.append(listener)
 
     def close(self) -> None:
-        """Stop the running epoch and every worker (also done on ``del`` and at exit)."""
-        it = self._iterator_ref()
+        """Stop the running epoch and every worker (also done on ``del`` and at exit). An
+        epoch stopped before its end raises ``LoaderClosedError`` at its next ``next()``."""
+        it, epoch = self._iterator_ref(), self._epoch_ref()
+        if epoch is not None and not epoch.closed and not epochs.all_settled(self, epoch):
+            epoch.halting(epochs.total_positions(self), _length_or_none(self))
         if it is not None:
             it.close()
         if self._pool is not None:
