@@ -2,7 +2,7 @@
 
 A test asserts what torch documents; where headrace differs on purpose it asserts the
 difference and names it with one of the constants below (the README's "Differences from
-torch's DataLoader" lists the same three, with the reason for each).
+torch's DataLoader" lists the same ones, with the reason for each).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ SAMPLE_AWARE = "sample-aware batching (in_order=None regroups a random order)"
 PER_SAMPLE_SEEDING = "per-sample seeding of the global generators in workers"
 COLLATE_IN_MAIN = "batches collated in the training process"
 REPLACED_ITERATOR = "a replaced persistent iterator raises instead of silently resetting"
+TIMEOUT_WITHOUT_WORKERS = "timeout>0 with num_workers=0 warns at iter() where torch raises"
 
 
 @pytest.fixture(params=["torch", "headrace"])

@@ -24,6 +24,17 @@ def test_timeout_raises_when_a_batch_is_late(Loader, no_leaks):
         next(iter(loader))
 
 
+def test_timeout_without_workers(Loader, no_leaks):
+    loader = Loader(Squares(4), batch_size=2, timeout=5)  # both build it
+    if is_headrace(Loader):  # difference: TIMEOUT_WITHOUT_WORKERS
+        with pytest.warns(UserWarning, match=r"timeout=5 has no effect with num_workers=0"):
+            it = iter(loader)
+        assert flat(it) == SQ[:4]
+    else:
+        with pytest.raises(AssertionError, match="requires timeout == 0"):
+            iter(loader)
+
+
 def test_timeout_is_validated(Loader):
     with pytest.raises(ValueError, match="timeout option should be non-negative"):
         Loader(Squares(4), timeout=-1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -223,6 +224,12 @@ class DataLoader(tud.DataLoader[_T_co]):
         an older one raises if advanced."""
         if self._iterable:
             return super().__iter__()
+        if self.timeout and not self.num_workers:  # where torch raises (README: differences)
+            warnings.warn(
+                f"headrace: timeout={self.timeout} has no effect with num_workers=0 (samples load "
+                "inside next(), no worker is waited for); torch's DataLoader raises here "
+                "(AssertionError: _SingleProcessDataLoaderIter requires timeout == 0), headrace "
+                "runs the epoch without a timeout", UserWarning, stacklevel=2)
         old = self._iterator_ref()
         if old is not None and self.persistent_workers:
             old.close(replaced=True)
