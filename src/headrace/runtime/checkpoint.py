@@ -124,6 +124,7 @@ class ResumePoint:
     steps: tuple[str, ...] | None = None  # the step order the saved epoch ran (None: unknown)
     sampler_generator_states: tuple[torch.Tensor, ...] = ()  # their states when saved
     empty_batches: int = 0  # a batch sampler's empty batches the saved epoch delivered
+    batches: int = 0  # batches the saved epoch delivered (0: before its first, or not recorded)
 
 
 def build(
@@ -135,6 +136,7 @@ def build(
     persistent_base_seed: int | None,
     sampler_generators: tuple[torch.Generator, ...] = (),
     empty_batches: int = 0,
+    batches: int = 0,
 ) -> dict[str, Any]:
     in_epoch = origin is not None
     return {
@@ -167,6 +169,9 @@ def build(
         "sampler_generator_states": [rng_to_str(g.get_state()) for g in sampler_generators],
         # empty batches (a batch sampler's []) have no position: the saved epoch's count of them
         "empty_batches_delivered": empty_batches if in_epoch else 0,
+        # batches the saved epoch delivered: DDP ranks padding a resumed epoch to the batch
+        # count every rank takes (``distributed.EvenBatches``) count those too
+        "batches_delivered": batches if in_epoch else 0,
     }
 
 
@@ -225,6 +230,7 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
         steps=tuple(steps) if steps is not None else None,
         sampler_generator_states=tuple(map(rng_from_str, sd.get("sampler_generator_states") or ())),
         empty_batches=int(sd.get("empty_batches_delivered") or 0),
+        batches=int(sd.get("batches_delivered") or 0),
     )
 
 

@@ -109,8 +109,8 @@ def start_epoch(loader: Any, it: Any) -> Any:
             loader._warned_unsharded = True
             warnings.warn(message, stacklevel=3)
     if needs_even_batches(sampler, loader.options.on_error):
-        try:
-            return EvenBatches(it, len(loader))
+        try:  # a resumed epoch: as many as every rank takes, less those delivered before it
+            return EvenBatches(it, len(loader) - int(getattr(it, "batches_before", 0)))
         except TypeError:  # a sampler without a length: nothing to agree on
             return it
     return it

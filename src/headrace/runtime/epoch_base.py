@@ -68,6 +68,7 @@ class EpochBase:
         self.steps: tuple[str, ...] = ()  # the step order this epoch runs (set by the loader)
         self.loader: Any = None
         self.empty_batches = 0  # a batch sampler's empty batches delivered (before a resume too)
+        self.batches_before = 0  # batches the epoch delivered before its resume (a state dict's)
         self._closed = False
         self._replaced = False
         self._ending: BaseException | None = None  # see _end_with
@@ -195,6 +196,11 @@ class EpochBase:
             self.empty_batches += 1
         self.meter.batches += 1
         self.meter.samples += n
+
+    @property
+    def batches_delivered(self) -> int:
+        """Batches this epoch delivered, those before its resume included."""
+        return self.batches_before + self.meter.batches
 
     def stats(self) -> EpochStats:
         raise NotImplementedError

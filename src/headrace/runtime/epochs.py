@@ -247,6 +247,7 @@ def start_epoch(loader: DataLoader) -> Any:
     empty = resume.empty_batches if resume is not None else 0
     it = make_iterator(loader, epoch, base_seed, skip_empty(groups, empty, loader), delivered)
     it.empty_batches = empty
+    it.batches_before = resume.batches if resume is not None else 0
     it.origin = origin
     it.steps = loader.planning.executed_names
     return it

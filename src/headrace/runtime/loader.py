@@ -281,21 +281,22 @@ class DataLoader(tud.DataLoader[_T_co]):
         assert self.planning is not None
         it = self._iterator_ref()
         steps = self.planning.executed_names
-        empty = 0
+        empty = batches = 0
         if it is not None and not it.closed and not epochs.at_end(self, it):
             origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
-            empty = it.empty_batches
+            empty, batches = it.empty_batches, it.batches_delivered
         elif self._resume is not None or self._unfinished is not None:
             point = self._resume if self._resume is not None else self._unfinished
             assert point is not None
             origin, delivered, epoch = point.origin, point.delivered, point.epoch
-            steps, empty = point.steps or steps, point.empty_batches
+            steps, empty, batches = point.steps or steps, point.empty_batches, point.batches
         else:
             origin, delivered, epoch = None, None, self._epoch
         persistent = self._base_seed if self.persistent_workers else None
         state = checkpoint.build(self._identity(steps), epoch, origin, delivered, self.generator,
                                  persistent, checkpoint.sampler_generators(self._index_sampler,
-                                                                           self.generator), empty)
+                                                                           self.generator), empty,
+                                 batches)
         return ranks.gathered(state, ranks.shard(self._index_sampler))  # DDP: whose it is
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -336,7 +337,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             self._unfinished = checkpoint.ResumePoint(
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
                 generator_state=None, persistent_base_seed=None, steps=it.steps,
-                empty_batches=it.empty_batches)
+                empty_batches=it.empty_batches, batches=it.batches_delivered)
 
     def _identity(self, steps: tuple[str, ...]) -> checkpoint.Identity:
         assert self.pipeline is not None

@@ -186,6 +186,14 @@ class DevicePrefetcher:
         return int(self.epoch.empty_batches)
 
     @property
+    def batches_before(self) -> int:
+        return int(self.epoch.batches_before)
+
+    @property
+    def batches_delivered(self) -> int:
+        return int(self.epoch.batches_delivered)
+
+    @property
     def closed(self) -> bool:
         return bool(self.epoch.closed)
 
