@@ -94,6 +94,32 @@ def test_a_batch_sampler_keeps_its_batches(Loader, workers, no_leaks):
     assert got == [[SQ[i] for i in b] for b in batches]
 
 
+class Shards(tud.BatchSampler):
+    """A ``BatchSampler`` subclass with no ``sampler`` attribute (Accelerate's
+    ``BatchSamplerShard`` is one): its batches are its own."""
+
+    def __init__(self, batches: list) -> None:  # no super(): nothing to wrap
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_sampler_subclass_without_a_sampler_keeps_its_batches(Loader, workers, no_leaks):
+    # headrace read batch_sampler.sampler to tell a random order and a shuffle setting: an
+    # AttributeError at iter(), state_dict() and explain(), where torch iterates
+    batches = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    loader = Loader(Squares(8), batch_sampler=Shards(batches), num_workers=workers)
+    assert [b.tolist() for b in loader] == [[SQ[i] for i in b] for b in batches]
+    if is_headrace(Loader):
+        assert loader.state_dict()["shuffle"] is None  # not known: not compared on resume
+        assert loader.explain()  # it raised AttributeError
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_empty_batch_from_a_batch_sampler_is_collated_in_its_turn(Loader, workers, no_leaks):
     # torch calls collate_fn([]) for it (a bucketing sampler's empty bucket): a custom collate_fn

@@ -82,7 +82,7 @@ def unsharded_warning(sampler: Any, ranks: tuple[int, int] | None) -> str | None
     ``None``. Only torch's default samplers count: a custom sampler is the user's decision."""
     if ranks is None or is_sharded(sampler):
         return None
-    inner = sampler.sampler if isinstance(sampler, tud.BatchSampler) else sampler
+    inner = user_attr(sampler, "sampler") if isinstance(sampler, tud.BatchSampler) else sampler
     if not isinstance(inner, _DEFAULT_SAMPLERS):
         return None
     rank, size = ranks

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch.utils.data as tud
 
+from headrace.pipeline.source import user_attr
 from headrace.runtime.batcher import Mode
 
 _RANDOM_SAMPLERS = (tud.RandomSampler, tud.SubsetRandomSampler, tud.WeightedRandomSampler)
@@ -22,8 +23,9 @@ def is_random_sampler(sampler: Any) -> bool:
     """True when ``sampler`` draws a random order: torch's random samplers, a
     ``DistributedSampler(shuffle=True)``, or a ``BatchSampler`` over one of those. Unknown
     samplers count as ordered (keeping their order is always safe)."""
-    if isinstance(sampler, tud.BatchSampler):
-        return is_random_sampler(sampler.sampler)
+    if isinstance(sampler, tud.BatchSampler):  # a subclass may have none (Accelerate's shards)
+        inner = user_attr(sampler, "sampler")
+        return inner is not None and is_random_sampler(inner)
     if isinstance(sampler, _RANDOM_SAMPLERS):
         return True
     if isinstance(sampler, tud.distributed.DistributedSampler):
@@ -35,8 +37,9 @@ def shuffle_of(index_sampler: Any) -> bool | None:
     """torch's ``shuffle`` as the sampler of a loader's order says it: ``True`` for a
     ``RandomSampler`` and ``False`` for a ``SequentialSampler`` (what ``shuffle=`` builds, also
     under a ``BatchSampler``), a ``DistributedSampler``'s own ``shuffle``; ``None`` for any
-    other sampler."""
-    s = index_sampler.sampler if isinstance(index_sampler, tud.BatchSampler) else index_sampler
+    other sampler (also a ``BatchSampler`` subclass without a ``sampler``)."""
+    s = (user_attr(index_sampler, "sampler") if isinstance(index_sampler, tud.BatchSampler)
+         else index_sampler)
     if isinstance(s, tud.RandomSampler):
         return True
     if isinstance(s, tud.SequentialSampler):
