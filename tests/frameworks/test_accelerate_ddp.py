@@ -47,10 +47,15 @@ def test_gather_for_metrics_on_three_ranks_gives_the_dataset_as_torchs_loader(tm
     tail padded by wrapping), and gather_for_metrics, which trims the padding off the end of
     the last gathered step, kept a duplicate and dropped a sample on 3 ranks and more (15 of
     75 lengths and batch sizes tried); it also trimmed with one sample a rank per step where
-    the loader was built over Accelerate's BatchSamplerShard."""
+    the loader was built over Accelerate's BatchSamplerShard. A shuffled loader's padding
+    was regrouped into any batch likewise."""
     launcher = [*TORCHRUN[:-1], "--nproc_per_node=3"]
     run_script("accelerate_ranks.py", str(tmp_path), "gather", launcher=launcher, timeout_s=400)
     for r in range(3):
-        for n, torch_got, headrace_got in load_json(tmp_path / f"gather_rank{r}.json")["gathered"]:
+        for n, torch_got, headrace_got, shuffled in load_json(
+                tmp_path / f"gather_rank{r}.json")["gathered"]:
             assert torch_got == list(range(n))
             assert headrace_got == torch_got
+            # shuffled: the ranks' padded duplicate was regrouped into any batch, and the
+            # trim of the last step dropped a real sample instead (one twice, one never)
+            assert sorted(shuffled) == list(range(n))

@@ -222,6 +222,42 @@ def test_a_resumed_rank_with_skip_takes_only_the_batches_it_had_left(workers, no
     assert Counter(r for b in before + after for r in b) == Counter(full)
 
 
+class Dealt(torch.utils.data.BatchSampler):
+    """Every other batch of a batch sampler, kept as ``batch_sampler`` (Accelerate's
+    ``BatchSamplerShard`` is built so)."""
+
+    def __init__(self, batch_sampler) -> None:  # no super(): nothing to wrap
+        self.batch_sampler = batch_sampler
+
+    def __iter__(self):
+        return (b for k, b in enumerate(self.batch_sampler) if k % 2 == 0)
+
+    def __len__(self) -> int:
+        return (len(self.batch_sampler) + 1) // 2
+
+
+def test_a_later_epoch_resumes_the_order_of_a_generator_under_a_wrapped_batch_sampler(no_leaks):
+    # the walk to a sampler's own generator followed ``sampler`` only: under a wrapper keeping
+    # ``batch_sampler`` its state was not saved, and epoch 1 resumed in another order
+    def loader():
+        order = torch.utils.data.RandomSampler(range(N), generator=torch.Generator().manual_seed(4))
+        batches = Dealt(torch.utils.data.BatchSampler(order, 3, False))
+        return hr.DataLoader(hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)]),
+                             batch_sampler=batches, in_order=True,
+                             options=hr.Options(seed=2))
+
+    full, _ = run(loader(), 2)
+    first = loader()
+    list(first)  # epoch 0
+    it = iter(first)
+    before = [rows(next(it)) for _ in range(2)]
+    state = json.loads(json.dumps(first.state_dict()))
+    del it, first
+    second = loader()
+    second.load_state_dict(state)
+    assert before + [rows(b) for b in second] == full[1]
+
+
 REPEATS = [3, 1, 3, 3, 0, 1, 7, 3, 2, 1, 3, 0]  # a sampler with replacement: 3 comes 5 times
 
 

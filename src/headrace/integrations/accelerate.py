@@ -14,7 +14,8 @@ already-prepared loaders (``_is_accelerate_prepared``), so Accelerate registers 
 
 How: a shuffled headrace loader is rebuilt with a ``DistributedSampler`` for this rank (its
 seed from rank 0, so every rank splits the same permutation; ``set_epoch`` is called by
-Accelerate each epoch); any other (``shuffle=False``, a custom sampler or batch sampler) with
+Accelerate each epoch) where the ranks' shares are equal, else as below over a permutation
+seeded alike on every rank; any other (``shuffle=False``, a custom sampler or batch sampler) with
 Accelerate's own ``BatchSamplerShard``, whose layout ``gather_for_metrics`` expects. It is then
 wrapped in :class:`HeadraceShard`, an Accelerate ``DataLoaderShard`` whose inner loader is the
 headrace one: Accelerate's own iteration code moves batches to the device, looks one batch ahead
@@ -25,7 +26,10 @@ Not supported (raise): ``split_batches=True`` and ``dispatch_batches=True`` (bot
 global batch in one process); an ``IterableDataset``; ``use_seedable_sampler=True`` on a
 shuffled loader without a seed of its own (it was silently ignored: the order moved with other
 draws from torch's global generator; ``generator=`` or ``Options(seed=)`` give what it asks). ``even_batches=False`` is not honoured:
-``DistributedSampler`` always pads the ranks to the same number of samples.
+``DistributedSampler`` always pads the ranks to the same number of samples. Where it would pad
+(the dataset's length is not a multiple of the processes), a shuffled loader is sharded as
+Accelerate shards one (whole batches of one permutation per rank, in order: no sample-aware
+batching), so ``gather_for_metrics`` trims the padding and not a real sample.
 """
 
 from __future__ import annotations
@@ -216,11 +220,25 @@ def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
     seed = [loader.options.seed if loader.options.seed is not None
             else int(torch.empty((), dtype=torch.int64).random_().item())]
     broadcast_object_list(seed, from_process=0)  # one permutation for all ranks
-    sampler: tud.DistributedSampler[Any] = tud.DistributedSampler(loader.dataset, num_replicas=num_processes, rank=rank,
-                                     shuffle=True,
-                                     seed=seed[0] % 2**63)
-    return DataLoader(sampler=sampler, batch_size=loader.batch_size, drop_last=loader.drop_last,
-                      **kwargs)
+    sampler: tud.DistributedSampler[Any] = tud.DistributedSampler(
+        loader.dataset, num_replicas=num_processes, rank=rank, shuffle=True, seed=seed[0] % 2**63)
+    dataset: Any = loader.dataset  # map-style, with a length (an IterableDataset raised)
+    if len(sampler) * num_processes == len(dataset):  # no padding: samples regrouped
+        return DataLoader(sampler=sampler, batch_size=loader.batch_size,
+                          drop_last=loader.drop_last, **kwargs)
+    # The sampler would pad ranks with samples from the start of the permutation, spread over
+    # the ranks' last samples, and gather_for_metrics trims the padding off the end of the
+    # last gathered step: it kept a duplicate and dropped a real sample (with torch's batches
+    # too). Accelerate's own layout instead: the permutation's batches dealt to the ranks,
+    # the padding in the last batches, kept in order (one permutation per epoch from a
+    # generator every rank seeds alike).
+    order = tud.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed[0] % 2**63))
+    batches = tud.BatchSampler(order, loader.batch_size or 1, loader.drop_last)
+    shard = BatchSamplerShard(batches, num_processes=num_processes, process_index=rank,
+                              even_batches=True)
+    if kwargs.get("in_order") is None:
+        kwargs["in_order"] = True
+    return DataLoader(batch_sampler=shard, **kwargs)
 
 
 _REPLACED = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")

@@ -41,8 +41,9 @@ def sampler_generators(index_sampler: Any, loader_generator: torch.Generator | N
                        ) -> tuple[torch.Generator, ...]:
     """The ``torch.Generator``s a sampler draws its order from, other than the loader's own
     ``generator=`` (already saved): ``RandomSampler(generator=g)`` and the like, also inside a
-    ``BatchSampler``. Without them in the state dict a resume in a later epoch replayed another
-    order (the generator had moved on), delivering some samples twice and others never."""
+    ``BatchSampler`` or a batch sampler wrapping one (Accelerate's ``BatchSamplerShard`` holds
+    its ``batch_sampler``). Without them in the state dict a resume in a later epoch replayed
+    another order (the generator had moved on), delivering some samples twice and others never."""
     out: list[torch.Generator] = []
     s, seen = index_sampler, set()
     while s is not None and id(s) not in seen:
@@ -51,7 +52,8 @@ def sampler_generators(index_sampler: Any, loader_generator: torch.Generator | N
         if (isinstance(g, torch.Generator) and g is not loader_generator and g not in out
                 and g is not torch.default_generator):  # the global one: the training loop's
             out.append(g)
-        s = user_attr(s, "sampler")
+        inner = user_attr(s, "sampler")
+        s = inner if inner is not None else user_attr(s, "batch_sampler")
     return tuple(out)
 
 

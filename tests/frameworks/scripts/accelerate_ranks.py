@@ -6,7 +6,7 @@ the indices headrace gave this rank; then a second loader: two batches, ``save_s
 resume: a fresh loader and accelerator, ``load_state``, the rest of that epoch.
 gather: ``gather_for_metrics`` over evaluation loaders (``shuffle=False``) of several lengths
 and batch sizes, with torch's loader and with headrace's (run on 3 ranks and more: the padding
-of the last step is where they differed).
+of the last step is where they differed), and over a shuffled headrace loader of each.
 """
 
 from __future__ import annotations
@@ -53,10 +53,13 @@ def main() -> None:
         for n, bs in ((7, 3), (10, 2), (13, 4), (29, 3)):
             torch_loader = acc.prepare(tud.DataLoader(IndexDataset(n), batch_size=bs))
             loader = prepare_data_loader(acc, hr.DataLoader(IndexDataset(n), batch_size=bs))
+            shuffled = prepare_data_loader(acc, hr.DataLoader(
+                IndexDataset(n), batch_size=bs, shuffle=True, options=hr.Options(seed=n)))
             result["gathered"].append([n] + [
                 [i for b in dl for i in acc.gather_for_metrics(b).tolist()]
-                for dl in (torch_loader, loader)])
+                for dl in (torch_loader, loader, shuffled)])
             loader.base_dataloader.close()
+            shuffled.base_dataloader.close()
     elif phase == "train":
         model = torch.nn.Linear(1, 1)
         model, torch_loader = acc.prepare(model, tud.DataLoader(IndexDataset(N), batch_size=BS,
