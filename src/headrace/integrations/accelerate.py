@@ -194,11 +194,14 @@ def skip_first_batches(loader: HeadraceShard, num_batches: int = 0) -> HeadraceS
 
 
 def _resumed_batches(loader: DataLoader) -> int:
-    """Batches of the epoch a loaded state dict resumes (0: none loaded): the samples it had
-    delivered, in batches of the loader's size (the last one short)."""
+    """Batches of the epoch a loaded state dict resumes (0: none loaded): as the state dict
+    counted them, else (one saved before it counted them) the samples it had delivered, in
+    batches of the loader's size (the last one short)."""
     point = loader._resume
     if point is None:
         return 0
+    if point.batches:
+        return point.batches
     size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1
     return -(-point.delivered.count // int(size))
 
