@@ -115,6 +115,25 @@ def test_the_load_state_then_skip_first_batches_pattern_skips_once(tmp_path, no_
     loader.close()
 
 
+class Failing(IndexDataset):
+    """Samples 1, 2, 3 and 5 raise (skipped with ``on_error="skip"``)."""
+
+    def __getitem__(self, i: int) -> int:
+        if i in (1, 2, 3, 5):
+            raise ValueError(f"bad sample {i}")
+        return super().__getitem__(i)
+
+
+def test_skip_first_batches_counts_short_batches_as_batches(tmp_path, no_leaks):
+    # three batches with four skipped samples among them: [0], [4, 6, 7], [8..11]; counted from
+    # the 8 samples delivered they were two, and the pattern skipped [12..15] besides
+    before, prepared, loader = saved_then_restored(tmp_path, lambda: hr.DataLoader(
+        Failing(32), batch_size=4, options=hr.Options(on_error="skip")))
+    after = [i for b in hr_accel.skip_first_batches(prepared, 3) for i in b.tolist()]
+    assert before == [0, 4, 6, 7, 8, 9, 10, 11] and after == list(range(12, 32))
+    loader.close()
+
+
 def test_skip_first_batches_keeps_headrace_or_raises(no_leaks):
     acc = Accelerator(cpu=True)
     loader = hr.DataLoader(IndexDataset(20), batch_size=4, num_workers=2)
