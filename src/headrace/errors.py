@@ -191,6 +191,16 @@ _OWN = frozenset(("index", "step", "worker", "cause_type", "cause_message", "rem
 them."""
 
 
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, or where the exception's own ``__str__`` raises (a typo in a user's
+    exception class) a message saying so: formatting the error must not become another error,
+    which lost the sample's index and step and, in a worker, killed it."""
+    try:
+        return str(exc)
+    except Exception as e:  # noqa: BLE001 - whatever its __str__ raises
+        return f"<its message could not be formatted: __str__ raised {type(e).__name__}>"
+
+
 def picklable_class(cls: type) -> type | None:
     """``cls`` where it pickles by reference (a worker sends it, and the training process's
     StepError is then also an instance of it), else None (a local class: a plain StepError)."""

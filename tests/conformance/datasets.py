@@ -95,6 +95,22 @@ class Failing(Dataset):
         return i
 
 
+class Unprintable(KeyError):
+    """A user's exception whose ``__str__`` itself raises (a typo in it)."""
+
+    def __str__(self) -> str:
+        return self.mesage  # type: ignore[attr-defined]
+
+
+class FailingUnprintably(Failing):
+    """``Failing``, raising :class:`Unprintable` (a ``KeyError``)."""
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.bad:
+            raise Unprintable(i)
+        return i
+
+
 class Counted(Dataset):
     """Counts the samples started, in a shared counter (``multiprocessing.Value``)."""
 

@@ -4,7 +4,14 @@ import pytest
 import torch.utils.data as tud
 
 from tests.conformance.conftest import SAMPLE_AWARE, flat, is_headrace
-from tests.conformance.datasets import Failing, Shards, Squares, Unsharded
+from tests.conformance.datasets import (
+    Failing,
+    FailingUnprintably,
+    Shards,
+    Squares,
+    Unprintable,
+    Unsharded,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +68,19 @@ def drain(it):
 def test_an_error_raises_for_its_batch_and_the_epoch_goes_on(Loader, workers, no_leaks):
     got = drain(iter(Loader(Failing(12, {5}), batch_size=2, num_workers=workers)))
     assert got == [[0, 1], [2, 3], "ERR", [6, 7], [8, 9], [10, 11]]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_error_whose_message_cannot_be_formatted_raises_for_its_batch(Loader, workers,
+                                                                         no_leaks):
+    # formatting its message raised inside headrace: with num_workers=0 every later next()
+    # raised that AttributeError, naming no sample; a worker died of it (WorkerDiedError)
+    it = iter(Loader(FailingUnprintably(12, {5}), batch_size=2, num_workers=workers))
+    assert drain(it) == [[0, 1], [2, 3], "ERR", [6, 7], [8, 9], [10, 11]]
+    if is_headrace(Loader):
+        with pytest.raises(Unprintable) as caught:
+            list(Loader(FailingUnprintably(4, {1}), batch_size=2, num_workers=workers))
+        assert caught.value.index == 1 and "could not be formatted" in caught.value.args[0]
 
 
 def test_when_every_sample_fails(Loader, no_leaks):

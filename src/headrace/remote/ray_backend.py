@@ -49,7 +49,12 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
-from headrace.errors import RemoteUnavailableError, exception_attributes, picklable_class
+from headrace.errors import (
+    RemoteUnavailableError,
+    exception_attributes,
+    message_of,
+    picklable_class,
+)
 from headrace.pipeline.runner import SampleRunner
 from headrace.remote.actor import RemoteWorker
 from headrace.remote.config import Remote
@@ -328,7 +333,7 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
         if out.error is not None:
             step, exc, tb = out.error
             return ("msg", ("error", task.tid, step, picklable_class(type(exc)),
-                            qualname(type(exc)), str(exc), tb,
+                            qualname(type(exc)), message_of(exc), tb,
                             exception_attributes(exc, picklable=True)))
         if out.next_step is None:  # the load is the whole pipeline
             return ("msg", ("done", task.tid, out.value, out.timings, 0, None))

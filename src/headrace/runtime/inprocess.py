@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from headrace.cache.client import run_cached
-from headrace.errors import StepError, step_error_for
+from headrace.errors import StepError, message_of, step_error_for
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import SampleRunner
 from headrace.pipeline.seeding import global_states, restore_globals
@@ -213,7 +213,8 @@ class InProcessIterator(EpochBase):
             return True, out.value
         step, exc, tb = out.error
         err: StepError = step_error_for(
-            type(exc), index, self.runner.names[step], type(exc).__qualname__, str(exc), tb,
+            type(exc), index, self.runner.names[step], type(exc).__qualname__, message_of(exc),
+            tb,
             instance=exc,
         )
         if self.on_error == "raise":

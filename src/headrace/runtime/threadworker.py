@@ -50,6 +50,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from headrace.errors import message_of
 from headrace.runtime.outbox import qualname
 from headrace.runtime.worker import TaskRunner, WorkerSetup
 
@@ -220,7 +221,8 @@ def thread_main(
     try:
         runner = TaskRunner(setup, handoff, progress, reseed_globals=False)
     except Exception as e:  # noqa: BLE001 - reported to the scheduler
-        results.send(("init_error", setup.slot, qualname(type(e)), str(e), traceback.format_exc(),
+        results.send(("init_error", setup.slot, qualname(type(e)), message_of(e),
+                      traceback.format_exc(),
                       type(e)))
         return
     results.send(("ready", setup.slot))

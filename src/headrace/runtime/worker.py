@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from headrace.cache.client import run_cached
-from headrace.errors import exception_attributes, picklable_class
+from headrace.errors import exception_attributes, message_of, picklable_class
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import Outcome, SampleRunner
 from headrace.planner.timeout import worth_moving
@@ -127,7 +127,8 @@ def worker_main(
         if setup.probe_gil:
             start_probe(progress, slot)
     except Exception as e:  # noqa: BLE001 - reported to the main process
-        send(results, ("init_error", slot, qualname(type(e)), str(e), traceback.format_exc(),
+        send(results, ("init_error", slot, qualname(type(e)), message_of(e),
+                       traceback.format_exc(),
                        picklable_class(type(e))))
         return
     send(results, ("ready", slot, reseeded))
@@ -258,7 +259,8 @@ class TaskRunner:
         msg: tuple[Any, ...]
         if out.error is not None:
             step, exc, tb = out.error
-            msg = ("error", tid, step, picklable_class(type(exc)), qualname(type(exc)), str(exc), tb,
+            msg = ("error", tid, step, picklable_class(type(exc)), qualname(type(exc)),
+                   message_of(exc), tb,
                    exception_attributes(exc, picklable=True))
         else:
             payload, ring_end = send_value(out.value)
