@@ -4,9 +4,11 @@ DataLoader[T], argument validation."""
 import copy
 import multiprocessing
 import pickle
+import time
 
 import pytest
 import torch
+from torch.utils.data import Dataset
 
 from tests.conformance.conftest import flat, is_headrace
 from tests.conformance.datasets import Counted, CountsStarts, Mutable, Squares, count_start
@@ -22,6 +24,34 @@ def test_timeout_raises_when_a_batch_is_late(Loader, no_leaks):
                     timeout=1)
     with pytest.raises(RuntimeError, match=r"DataLoader timed out after \d+ seconds"):
         next(iter(loader))
+
+
+class LateSample(Dataset):
+    """Sample 2 takes 1.5 s (simulated work); the others none."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if i == 2:
+            time.sleep(1.5)
+        return i
+
+
+def test_a_timeout_leaves_the_epoch_going(Loader, no_leaks):
+    # torch's iterator goes on after its timeout error; headrace's closed the epoch, and the
+    # next next() ended it (StopIteration): a loop that retried lost the rest without a word
+    it = iter(Loader(LateSample(), batch_size=2, num_workers=1, timeout=0.5))
+    got, timeouts = [], 0
+    for _ in range(20):  # bounded: at most three timeouts, then the four batches
+        try:
+            got.append(next(it).tolist())
+        except StopIteration:
+            break
+        except RuntimeError as e:
+            assert "timed out" in str(e)
+            timeouts += 1
+    assert timeouts >= 1 and got == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
 def test_timeout_without_workers(Loader, no_leaks):

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -122,6 +123,54 @@ def test_next_after_close_mid_epoch_raises_saying_what_was_left(workers, no_leak
     loader.load_state_dict(loader.state_dict())  # what the message offers: the rest
     assert sorted(i for b in loader for i in b.tolist()) == list(range(4, 80))
     loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_next_on_an_iterator_whose_position_load_state_dict_replaced_raises(workers, no_leaks):
+    # load_state_dict() closes the running epoch: its iterator ended with a StopIteration
+    loader = hr.DataLoader(IndexDataset(40), batch_size=4, num_workers=workers)
+    it = iter(loader)
+    next(it)
+    loader.load_state_dict(loader.state_dict())
+    with pytest.raises(hr.LoaderClosedError, match=re.escape(
+            "load_state_dict() gave the DataLoader another position part-way through epoch 0")):
+        next(it)
+    assert sorted(i for b in loader for i in b.tolist()) == list(range(4, 40))
+    loader.close()
+
+
+class Gated(IndexDataset):
+    """Samples from 4 on wait for ``gate`` (60 s at most): the epoch's queue stays empty."""
+
+    def __init__(self, n: int, gate: threading.Event) -> None:
+        super().__init__(n)
+        self.gate = gate
+
+    def __getitem__(self, i: int) -> int:
+        if i >= 4:
+            self.gate.wait(60)
+        return i
+
+
+def test_an_epoch_whose_scheduler_stopped_keeps_saying_so(no_leaks):
+    # "scheduler thread stopped unexpectedly" once, then StopIteration: the epoch looked done
+    gate = threading.Event()
+    loader = hr.DataLoader(Gated(40, gate), batch_size=4, num_workers=1)
+    it = iter(loader)
+    next(it)
+    dead = threading.Thread(target=lambda: None)
+    dead.start()
+    dead.join()
+    running, it.scheduler._thread = it.scheduler._thread, dead  # as if it had died
+    try:
+        with pytest.raises(RuntimeError, match="scheduler thread stopped unexpectedly"):
+            next(it)
+        with pytest.raises(RuntimeError, match="ended on an error and cannot deliver the rest"):
+            next(it)
+    finally:
+        gate.set()
+        it.scheduler._thread = running
+        loader.close()
 
 
 @pytest.mark.parametrize("workers", [0, 2])

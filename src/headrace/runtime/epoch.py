@@ -223,8 +223,7 @@ class EpochIterator(EpochBase):
             wait = GET_POLL_S
             if deadline is not None:
                 wait = min(wait, deadline - time.monotonic())
-                if wait <= 0:
-                    self.close()
+                if wait <= 0:  # the epoch goes on: the next next() waits again, as in torch
                     raise RuntimeError(
                         f"DataLoader timed out after {self.timeout_s} seconds waiting for a batch"
                     )
@@ -233,6 +232,7 @@ class EpochIterator(EpochBase):
             except queue.Empty:
                 pass  # checked outside the handler: a Ctrl-C there printed the Empty as its cause
             if not self.scheduler._thread.is_alive() and self._out.empty():
+                self.broken("headrace scheduler thread stopped unexpectedly")
                 self.close()
                 raise RuntimeError("headrace scheduler thread stopped unexpectedly")
             # a wake-up lost to an interrupt inside queue.Queue.get (after it left the queue):

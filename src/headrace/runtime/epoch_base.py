@@ -73,6 +73,7 @@ class EpochBase:
         self._replaced = False
         self._ending: BaseException | None = None  # see _end_with
         self._halted: str | None = None  # see halting
+        self._broken: str | None = None  # an error the epoch cannot go on from (``broken``)
 
     def __iter__(self) -> EpochBase:
         return self
@@ -99,14 +100,27 @@ class EpochBase:
                 error = None
         if self._halted is not None:
             raise LoaderClosedError(self._halted)
+        if self._broken is not None:
+            raise RuntimeError(f"this epoch ended on an error and cannot deliver the rest "
+                               f"({self._broken}); state_dict() resumes it in a new iter()")
         raise StopIteration
 
-    def halting(self, total: int | None, batches: int | None) -> None:
-        """``loader.close()`` is about to close this epoch part-way (``total`` samples in it,
-        ``batches`` batches; ``None``: unknown): every later ``next()`` raises
-        ``LoaderClosedError`` saying what was delivered and what was not. It ended with a
-        ``StopIteration``, which a training loop takes for the epoch's end: the rest was lost
-        without a word."""
+    def broken(self, message: str) -> None:
+        """The epoch is about to close on an error it cannot go on from (``message``): every
+        later ``next()`` raises a ``RuntimeError`` saying so. A ``StopIteration`` there passed
+        for the epoch's end."""
+        self._broken = message
+
+    def halting(self, total: int | None, batches: int | None,
+                why: str = "the DataLoader was closed (loader.close())",
+                then: str = ("close the loader after the loop, or resume the rest with "
+                             "loader.load_state_dict(loader.state_dict()) and a new "
+                             "iter(loader)")) -> None:
+        """``loader.close()`` (or what ``why`` says) is about to close this epoch part-way
+        (``total`` samples in it, ``batches`` batches; ``None``: unknown): every later
+        ``next()`` raises ``LoaderClosedError`` saying what was delivered and what was not. It
+        ended with a ``StopIteration``, which a training loop takes for the epoch's end: the
+        rest was lost without a word."""
         m = self.meter
         before = self.delivered.count - m.samples  # delivered before a resume
         if total is None:
@@ -117,11 +131,9 @@ class EpochBase:
                     if not before and batches is not None
                     else f"{samples} of its {total} samples were not")
         self._halted = (
-            f"the DataLoader was closed (loader.close()) part-way through epoch {m.epoch}: "
+            f"{why} part-way through epoch {m.epoch}: "
             f"{m.batches} batch(es) were delivered{' since the resume' if before else ''}, and "
-            f"{left}. This iterator cannot deliver the rest: close the loader after the loop, "
-            "or resume the rest with loader.load_state_dict(loader.state_dict()) and a new "
-            "iter(loader)")
+            f"{left}. This iterator cannot deliver the rest: {then}")
 
     def _end_with(self, error: BaseException) -> None:
         """Close the epoch, then raise ``error`` (what ends it unfinished); the next

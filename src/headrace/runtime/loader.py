@@ -311,7 +311,11 @@ class DataLoader(tud.DataLoader[_T_co]):
             raise StateDictError("load_state_dict is not supported for an IterableDataset")
         state = ranks.own(state, ranks.shard(self._index_sampler))  # DDP: this rank's
         point = checkpoint.parse(state, self._identity(self.planning.executed_names))
-        it = self._iterator_ref()
+        it, epoch = self._iterator_ref(), self._epoch_ref()
+        if epoch is not None and not epoch.closed and not epochs.all_settled(self, epoch):
+            epoch.halting(epochs.total_positions(self), _length_or_none(self),
+                          "load_state_dict() gave the DataLoader another position",
+                          "a new iter(loader) delivers what the loaded state dict left")
         if it is not None:
             it.close()
         self._unfinished = None
