@@ -148,6 +148,37 @@ def test_an_interrupt_while_a_sample_loads_in_process_loses_no_batch_mate(in_ord
     assert Counter(got) == Counter(range(N))
 
 
+class Abort(BaseException):
+    """A user's own ``BaseException`` (not an ``Exception``): raised by sample 5 every time."""
+
+
+class _AbortsAtFive(IndexDataset):
+    def __getitem__(self, i: int) -> int:
+        if i == 5:
+            raise Abort(i)
+        return i
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_sample_raising_a_base_exception_every_time_fails_on_its_rerun(in_order):
+    # taken for an interrupt, the sample ran again at every next(), raising again: the
+    # iterator could never go past it (torch raises it once and goes on)
+    loader = hr.DataLoader(_AbortsAtFive(20), batch_size=4, num_workers=0, in_order=in_order)
+    it = iter(loader)
+    events: list = []
+    for _ in range(12):  # bounded: it raised for ever
+        try:
+            events.append(next(it).tolist())
+        except StopIteration:
+            break
+        except Abort:
+            events.append("Abort")
+    assert events == [[0, 1, 2, 3], "Abort", "Abort", [8, 9, 10, 11], [12, 13, 14, 15],
+                      [16, 17, 18, 19]]  # run once again, as after a Ctrl-C, then failed
+    stats = it.stats()
+    assert stats.failed_samples == 1 and stats.samples == 16
+
+
 class _Sampler:
     """0..n-1, interrupted once it reached ``at`` (a Ctrl-C while it is read)."""
 

@@ -68,6 +68,7 @@ class InProcessIterator(EpochBase):
         self._peeked: list[Any] = []  # a group read by read_end(), planned by the next next()
         self._stopped: BaseException | None = None  # why the sampler cannot be read on
         self.discarded = 0  # loaded samples a failed batch took with it (as in torch)
+        self._interrupted: int | None = None  # the position whose run an exception cut short
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         """The next batch. What was loaded and not yet returned lives on ``self`` (``_carry``,
@@ -182,23 +183,42 @@ class InProcessIterator(EpochBase):
         workers' regrouping keeps them (lost before: up to two batches' worth per failing
         sample); with the sampler's batches, its batch-mates go with it, as in torch.
         Interrupted (a Ctrl-C while a sample loads), nothing moved: the sample runs again at
-        the next take (its seeds are its own). A finished sample leaves ``_pending`` and joins
-        ``_carry`` with no call between the two, where no interrupt can land."""
+        the next take (its seeds are its own); a sample whose run raises such an exception
+        (not an ``Exception``) twice in a row fails as one that raises an error does, with that
+        exception: user code that raises ``SystemExit`` or its own ``BaseException`` for a
+        sample made every later ``next()`` raise it again. A finished sample leaves
+        ``_pending`` and joins ``_carry`` with no call between the two, where no interrupt
+        can land."""
         pending, carry = self._pending, self._carry
         while pending and (limit is None or len(carry) < limit):
             p, i, d = pending[0]
             try:
                 ok, value = self._one(i, d)
             except StepError:
-                del pending[0]
-                if not self.regroup:
-                    self.discarded += len(pending) + len(carry)
-                    pending.clear()
-                    carry.clear()
+                self._drop_first()
                 raise
+            except BaseException:
+                if self._interrupted == p:  # its re-run raised too: the sample's own doing
+                    self._interrupted = None
+                    self.failed += 1
+                    self._drop_first()
+                else:
+                    self._interrupted = p
+                raise
+            self._interrupted = None
             del pending[0]
             if ok:
                 carry += [(value, p, i)]
+
+    def _drop_first(self) -> None:
+        """The first pending sample failed: it leaves, and with the sampler's batches its
+        batch-mates with it, as in torch."""
+        pending, carry = self._pending, self._carry
+        del pending[0]
+        if not self.regroup:
+            self.discarded += len(pending) + len(carry)
+            pending.clear()
+            carry.clear()
 
     def _one(self, index: int, draw: int) -> tuple[bool, Any]:
         state = global_states()
