@@ -126,3 +126,21 @@ def test_a_slow_consumer_stored_with_the_profile_starts_fewer_workers(tmp_path):
         loader.close()
     # that run's loop took no time to measure: the stored rate is kept, not forgotten
     assert first_pool_size(store) == 1
+
+
+def test_samples_of_microseconds_start_where_nothing_was_stored(tmp_path):
+    # a dataset returning its index: the profiler's clock reads made its CPU share 0.04-0.23,
+    # and the next run started up to 32 worker processes on 2 cores; explain() said the
+    # count was "auto as given (never changed by headrace)"
+    store = tmp_path / "profiles.sqlite"
+    cold = first_pool_size(store, IndexDataset(48))
+    assert first_pool_size(store, IndexDataset(48)) == cold
+    loader = hr.DataLoader(IndexDataset(48), batch_size=4, num_workers="auto",
+                           options=hr.Options(cache=None, profile_store=store))
+    try:
+        list(loader)
+        text = loader.explain()
+    finally:
+        loader.close()
+    assert 'num_workers="auto", not adapted since the start' in text
+    assert "as given" not in text

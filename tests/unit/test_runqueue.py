@@ -50,3 +50,14 @@ def test_the_cpu_share_leaves_out_the_wait_for_a_core():
     assert cpu_share([_step(0.125, 0.0088)]) == pytest.approx(0.0704, abs=1e-3)  # sleeps: kept
     assert cpu_share([_step(0.01, 0.0101)]) == 1.0  # clock reads a few µs apart: one core
     assert cpu_share([_step(0.0, 0.0)]) is None
+
+
+def test_a_sample_of_microseconds_has_no_cpu_share():
+    """A dataset returning its index: 2 µs of CPU in 9 µs of wall, the profiler's own clock
+    reads most of it. Read as a share of 0.23 it started 9 worker processes on 2 cores."""
+    from headrace.profiler.report import MIN_SHARE_WALL_S
+
+    assert cpu_share([_step(9e-6, 2e-6)]) is None
+    assert cpu_share([_step(MIN_SHARE_WALL_S * 2, MIN_SHARE_WALL_S * 0.3,
+                            MIN_SHARE_WALL_S * 1.5)]) is None  # what is left once the wait is out
+    assert cpu_share([_step(MIN_SHARE_WALL_S, MIN_SHARE_WALL_S / 2)]) == pytest.approx(0.5)

@@ -177,6 +177,9 @@ def explain_text(f: Facts) -> str:
     if f.scale_decisions:
         out.append(f"workers: adapted {len(f.scale_decisions)} times (Formulas 1-2); last: "
                    + f.scale_decisions[-1].describe())
+    elif f.workers == "auto":  # headrace chose the count: never "as given"
+        out.append("workers: num_workers=\"auto\", not adapted since the start (no "
+                   "decision of Formulas 1-2 yet)")
     else:
         out.append(f"workers: {f.workers} as given (never changed by headrace)")
     if st.worker_restarts:

@@ -74,14 +74,24 @@ class StepStats:
         return self.type_changes > 0
 
 
+MIN_SHARE_WALL_S = 200e-6
+"""Seconds of steps (wall less waits for a core) a sample needs for :func:`cpu_share`: the
+profiler's own clock reads lie inside the wall it measures, a few µs a step, so a sample of
+microseconds reads as mostly waiting (a dataset returning its index measured 0.04-0.23, and
+``num_workers="auto"`` started 9-32 worker processes on 2 cores from that profile); under
+this floor the share is unknown. At 200 µs those reads are a few percent of the wall."""
+
+
 def cpu_share(steps: Sequence[StepStats]) -> float | None:
     """CPU ÷ wall time of a sample's ``steps``, the wall less the time they waited for a core
     (``queued_mean``), at most 1: the share of a core a sample's thread keeps busy while it
     runs, whatever the load it was measured under. ``cpu_mean`` is the worker thread's own CPU
     time, so only measurement error (clock reads a few µs apart) can put the ratio above 1.
-    ``None`` when no wall time was measured."""
+    ``None`` when no wall time was measured, or less than ``MIN_SHARE_WALL_S``."""
     wall = sum(s.wall_mean - min(s.queued_mean, s.wall_mean) for s in steps)
-    return min(1.0, sum(s.cpu_mean for s in steps) / wall) if wall > 0 else None
+    if wall < MIN_SHARE_WALL_S:
+        return None
+    return min(1.0, sum(s.cpu_mean for s in steps) / wall)
 
 
 @dataclasses.dataclass(frozen=True)
