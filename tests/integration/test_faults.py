@@ -97,6 +97,14 @@ def test_hung_step_is_replaced_retried_once_then_fails_per_policy(no_leaks):
     assert skip.stats().worker_restarts >= 2  # first attempt and the retry elsewhere
 
 
+def test_sample_timeout_without_workers_warns_that_it_has_no_effect(no_leaks):
+    # a step hung for ever with num_workers=0, the option silently ignored
+    loader = hr.DataLoader(IndexDataset(4), batch_size=2, options=hr.Options(sample_timeout_s=1))
+    with pytest.warns(UserWarning, match=r"sample_timeout_s=1\) has no effect with num_workers=0"):
+        it = iter(loader)
+    assert flat(it) == [0, 1, 2, 3]
+
+
 class JpegSource:
     def __init__(self, blobs):
         self.blobs = blobs

@@ -230,6 +230,11 @@ class DataLoader(tud.DataLoader[_T_co]):
                 "inside next(), no worker is waited for); torch's DataLoader raises here "
                 "(AssertionError: _SingleProcessDataLoaderIter requires timeout == 0), headrace "
                 "runs the epoch without a timeout", UserWarning, stacklevel=2)
+        if self.options.sample_timeout_s is not None and not self.num_workers:
+            warnings.warn(
+                f"headrace: Options(sample_timeout_s={self.options.sample_timeout_s}) has no "
+                "effect with num_workers=0: samples run in this thread, where a hung step "
+                "cannot be stopped; it applies to worker processes", UserWarning, stacklevel=2)
         old = self._iterator_ref()
         if old is not None and self.persistent_workers:
             old.close(replaced=True)
