@@ -95,7 +95,7 @@ class Identity:
     delivered_by: str = "position"  # "index" under ODS (Cache(ods=True)): positions no longer
     # say which sample they delivered, so the delivered bitmap is over sample indices
     positions: int | None = None  # samples an epoch delivers (None: unknown)
-    batch_size: int | None = None  # what the sampler's batches are cut with (epochs.batching)
+    batch_size: int | None = None  # what the sampler's batches are cut with (span.batching)
     drop_last: bool = False
     shuffle: bool | None = None  # the order's shuffle (ordering.shuffle_of; None: unknown)
 

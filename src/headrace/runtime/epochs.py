@@ -34,6 +34,7 @@ from headrace.runtime.epoch import EpochIterator
 from headrace.runtime.feed import Feed
 from headrace.runtime.inprocess import InProcessIterator
 from headrace.runtime.pool import WorkerPool
+from headrace.runtime.span import covers, total_positions
 from headrace.runtime.work import EpochSpec, default_max_in_flight
 
 if TYPE_CHECKING:
@@ -157,60 +158,23 @@ def pin_fn(loader: DataLoader) -> Callable[[Any], Any] | None:
     return lambda b: _pin_memory(b, kind)  # the rest: small or user-collated leaves
 
 
-def batching(loader: DataLoader) -> tuple[int | None, bool]:
-    """The ``batch_size`` and ``drop_last`` an epoch's sampler batches are cut with: a user's
-    torch ``BatchSampler``'s own, else the loader's; ``(None, False)`` with ``batch_size=None``
-    or a batch sampler of another kind (its batches are its own)."""
-    if not loader._auto_collation:
-        return None, False
-    if loader._user_batch_sampler:
-        user: Any = loader.batch_sampler
-        if type(user) is not torch.utils.data.BatchSampler:
-            return None, False
-        return user.batch_size, bool(user.drop_last)
-    return loader.batch_size, bool(loader.drop_last)
-
-
-def total_positions(loader: DataLoader) -> int | None:
-    """Samples in an epoch when the sampler knows its length, else ``None`` (also where its
-    ``__len__`` raises something else than ``TypeError``: torch asks it only in ``len(loader)``,
-    so a sampler may say ``NotImplementedError`` there)."""
-    try:
-        if not loader._auto_collation:
-            return len(loader._index_sampler)
-        bs, drop_last = batching(loader)
-        if bs is None:  # a batch sampler of another kind: how many it gives is its own
-            return None
-        user: Any = loader.batch_sampler  # (a user's: torch's own BatchSampler, as checked)
-        sampler: Any = user.sampler if loader._user_batch_sampler else loader.sampler
-        n = len(sampler)
-        return n - n % bs if drop_last else n
-    except Exception:  # noqa: BLE001 - a length the sampler cannot give is an unknown one
-        return None
-
-
-def all_settled(loader: DataLoader, it: Any) -> bool:
-    """Whether every position of the running epoch ``it`` is delivered or settled without
-    (skipped, failed, dropped): its last batch is out and only its end is not seen yet, as
-    where Lightning, which knows ``len(loader)``, writes a checkpoint at an epoch's last step.
-    Its draws are all made (at ``iter()``), so the state between epochs describes it."""
-    return _covers(loader, it.delivered.count + it.settled_undelivered())
-
-
-def at_end(loader: DataLoader, it: Any) -> bool:
-    """:func:`all_settled`, and the sampler read to its end (``num_workers=0`` reads it one
-    group at a time: its end is read here, as the ``next()`` that ends the epoch would), so
-    the state between epochs gives the next epoch the order it would have had."""
-    if not all_settled(loader, it):
-        return False
-    read_end = getattr(it, "read_end", None)
-    return read_end is None or bool(read_end())
-
-
-def _covers(loader: DataLoader, settled: int) -> bool:
-    """Whether ``settled`` positions are the whole epoch (its length known)."""
-    total = total_positions(loader)
-    return total is not None and 0 < total <= settled
+def warn_inert_timeouts(loader: DataLoader) -> None:
+    """At ``iter()``: warn of the timeouts ``num_workers=0`` cannot apply (samples run inside
+    ``next()``, in the training thread): ``timeout=``, where torch's ``iter()`` raises (README:
+    differences), and ``Options(sample_timeout_s=)``, which a hung step would ignore."""
+    if loader.num_workers:
+        return
+    if loader.timeout:
+        warnings.warn(
+            f"headrace: timeout={loader.timeout} has no effect with num_workers=0 (samples load "
+            "inside next(), no worker is waited for); torch's DataLoader raises here "
+            "(AssertionError: _SingleProcessDataLoaderIter requires timeout == 0), headrace "
+            "runs the epoch without a timeout", UserWarning, stacklevel=3)
+    if loader.options.sample_timeout_s is not None:
+        warnings.warn(
+            f"headrace: Options(sample_timeout_s={loader.options.sample_timeout_s}) has no "
+            "effect with num_workers=0: samples run in this thread, where a hung step "
+            "cannot be stopped; it applies to worker processes", UserWarning, stacklevel=3)
 
 
 def start_epoch(loader: DataLoader) -> Any:
@@ -230,7 +194,7 @@ def start_epoch(loader: DataLoader) -> Any:
     if replay is not None:
         loader._epoch = replay.epoch
     origin, groups = draw_epoch(loader, replay)
-    if resume is not None and _covers(loader, resume.delivered.count):
+    if resume is not None and covers(loader, resume.delivered.count):
         # a state taken after the epoch's last batch, before its end was seen (Lightning knows
         # len(loader) and asks no further): that epoch is done, and this iter() is the next
         # one. It gave an empty epoch: a run resumed from a checkpoint written at an epoch's

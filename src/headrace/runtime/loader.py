@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -34,6 +33,7 @@ from headrace.planner.executor import forced_processes
 from headrace.planner.explain import explain_text
 from headrace.remote.session import remote_session
 from headrace.runtime import checkpoint, distributed, epochs, explaining, ordering, prefetch, ranks
+from headrace.runtime import span as epoch_span
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import CollatePlace
 from headrace.runtime.monitor import Monitor
@@ -224,17 +224,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         an older one raises if advanced."""
         if self._iterable:
             return super().__iter__()
-        if self.timeout and not self.num_workers:  # where torch raises (README: differences)
-            warnings.warn(
-                f"headrace: timeout={self.timeout} has no effect with num_workers=0 (samples load "
-                "inside next(), no worker is waited for); torch's DataLoader raises here "
-                "(AssertionError: _SingleProcessDataLoaderIter requires timeout == 0), headrace "
-                "runs the epoch without a timeout", UserWarning, stacklevel=2)
-        if self.options.sample_timeout_s is not None and not self.num_workers:
-            warnings.warn(
-                f"headrace: Options(sample_timeout_s={self.options.sample_timeout_s}) has no "
-                "effect with num_workers=0: samples run in this thread, where a hung step "
-                "cannot be stopped; it applies to worker processes", UserWarning, stacklevel=2)
+        epochs.warn_inert_timeouts(self)
         old = self._iterator_ref()
         if old is not None and self.persistent_workers:
             old.close(replaced=True)
@@ -287,7 +277,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         it = self._iterator_ref()
         steps = self.planning.executed_names
         empty = batches = 0
-        if it is not None and not it.closed and not epochs.at_end(self, it):
+        if it is not None and not it.closed and not epoch_span.at_end(self, it):
             origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
             empty, batches = it.empty_batches, it.batches_delivered
         elif self._resume is not None or self._unfinished is not None:
@@ -316,11 +306,10 @@ class DataLoader(tud.DataLoader[_T_co]):
             raise StateDictError("load_state_dict is not supported for an IterableDataset")
         state = ranks.own(state, ranks.shard(self._index_sampler))  # DDP: this rank's
         point = checkpoint.parse(state, self._identity(self.planning.executed_names))
-        it, epoch = self._iterator_ref(), self._epoch_ref()
-        if epoch is not None and not epoch.closed and not epochs.all_settled(self, epoch):
-            epoch.halting(epochs.total_positions(self), _length_or_none(self),
-                          "load_state_dict() gave the DataLoader another position",
-                          "a new iter(loader) delivers what the loaded state dict left")
+        it = self._iterator_ref()
+        epoch_span.halt_unfinished(self, self._epoch_ref(),
+                                   "load_state_dict() gave the DataLoader another position",
+                                   "a new iter(loader) delivers what the loaded state dict left")
         if it is not None:
             it.close()
         self._unfinished = None
@@ -342,7 +331,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         while it was open, so a checkpoint written after leaving the loop resumes it."""
         latest = self._epoch_ref()
         if it.origin is not None and (latest is None or latest is it) \
-                and not epochs.at_end(self, it):  # left after its last batch: it is done
+                and not epoch_span.at_end(self, it):  # left after its last batch: it is done
             self._unfinished = checkpoint.ResumePoint(
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
                 generator_state=None, persistent_base_seed=None, steps=it.steps,
@@ -350,14 +339,14 @@ class DataLoader(tud.DataLoader[_T_co]):
 
     def _identity(self, steps: tuple[str, ...]) -> checkpoint.Identity:
         assert self.pipeline is not None
-        batch_size, drop_last = epochs.batching(self)
+        batch_size, drop_last = epoch_span.batching(self)
         return checkpoint.Identity(
-            samples=self.pipeline.length(), batches=_length_or_none(self), steps=steps,
+            samples=self.pipeline.length(), batches=epoch_span.length_or_none(self), steps=steps,
             dataset=source_fingerprint(self.pipeline.source),
             step_code=step_digests(self.pipeline),
             delivered_by="index" if self.cache is not None and self.cache.config.ods
             and epochs.ods_eligible(self) is None else "position",
-            positions=epochs.total_positions(self), batch_size=batch_size, drop_last=drop_last,
+            positions=epoch_span.total_positions(self), batch_size=batch_size, drop_last=drop_last,
             shuffle=ordering.shuffle_of(self._index_sampler))
 
     def _threads_blocked(self) -> str | None:
@@ -398,9 +387,8 @@ class DataLoader(tud.DataLoader[_T_co]):
     def close(self) -> None:
         """Stop the running epoch and every worker (also done on ``del`` and at exit). An
         epoch stopped before its end raises ``LoaderClosedError`` at its next ``next()``."""
-        it, epoch = self._iterator_ref(), self._epoch_ref()
-        if epoch is not None and not epoch.closed and not epochs.all_settled(self, epoch):
-            epoch.halting(epochs.total_positions(self), _length_or_none(self))
+        it = self._iterator_ref()
+        epoch_span.halt_unfinished(self, self._epoch_ref())
         if it is not None:
             it.close()
         if self._pool is not None:
@@ -414,12 +402,3 @@ class DataLoader(tud.DataLoader[_T_co]):
 
 def _no_iterator() -> None:
     return None
-
-
-def _length_or_none(loader: DataLoader) -> int | None:
-    """``len(loader)``, or None where the sampler cannot say (no ``__len__``, or one that
-    raises): a state dict of such a loader records its batches per epoch as unknown."""
-    try:
-        return len(loader)
-    except Exception:  # noqa: BLE001 - as torch, which asks only when the user does
-        return None

@@ -1,0 +1,87 @@
+"""How far an epoch reaches, its span (pure functions over a loader and its running epoch): the
+positions it has, the batch settings that cut them, whether every one is settled, and what an
+epoch stopped before that says at its next ``next()``. Read by ``state_dict()`` (between epochs
+or in one), ``load_state_dict()`` and ``close()`` (``runtime/loader.py``) and by the start of
+a resumed epoch (``runtime/epochs.py``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from headrace.runtime.loader import DataLoader
+
+
+def batching(loader: DataLoader) -> tuple[int | None, bool]:
+    """The ``batch_size`` and ``drop_last`` an epoch's sampler batches are cut with: a user's
+    torch ``BatchSampler``'s own, else the loader's; ``(None, False)`` with ``batch_size=None``
+    or a batch sampler of another kind (its batches are its own)."""
+    if not loader._auto_collation:
+        return None, False
+    if loader._user_batch_sampler:
+        user: Any = loader.batch_sampler
+        if type(user) is not torch.utils.data.BatchSampler:
+            return None, False
+        return user.batch_size, bool(user.drop_last)
+    return loader.batch_size, bool(loader.drop_last)
+
+
+def total_positions(loader: DataLoader) -> int | None:
+    """Samples in an epoch when the sampler knows its length, else ``None`` (also where its
+    ``__len__`` raises something else than ``TypeError``: torch asks it only in ``len(loader)``,
+    so a sampler may say ``NotImplementedError`` there)."""
+    try:
+        if not loader._auto_collation:
+            return len(loader._index_sampler)
+        bs, drop_last = batching(loader)
+        if bs is None:  # a batch sampler of another kind: how many it gives is its own
+            return None
+        user: Any = loader.batch_sampler  # (a user's: torch's own BatchSampler, as checked)
+        sampler: Any = user.sampler if loader._user_batch_sampler else loader.sampler
+        n = len(sampler)
+        return n - n % bs if drop_last else n
+    except Exception:  # noqa: BLE001 - a length the sampler cannot give is an unknown one
+        return None
+
+
+def all_settled(loader: DataLoader, it: Any) -> bool:
+    """Whether every position of the running epoch ``it`` is delivered or settled without
+    (skipped, failed, dropped): its last batch is out and only its end is not seen yet, as
+    where Lightning, which knows ``len(loader)``, writes a checkpoint at an epoch's last step.
+    Its draws are all made (at ``iter()``), so the state between epochs describes it."""
+    return covers(loader, it.delivered.count + it.settled_undelivered())
+
+
+def at_end(loader: DataLoader, it: Any) -> bool:
+    """:func:`all_settled`, and the sampler read to its end (``num_workers=0`` reads it one
+    group at a time: its end is read here, as the ``next()`` that ends the epoch would), so
+    the state between epochs gives the next epoch the order it would have had."""
+    if not all_settled(loader, it):
+        return False
+    read_end = getattr(it, "read_end", None)
+    return read_end is None or bool(read_end())
+
+
+def covers(loader: DataLoader, settled: int) -> bool:
+    """Whether ``settled`` positions are the whole epoch (its length known)."""
+    total = total_positions(loader)
+    return total is not None and 0 < total <= settled
+
+
+def halt_unfinished(loader: DataLoader, epoch: Any, *why: str) -> None:
+    """Before ``close()`` or ``load_state_dict()`` closes the running ``epoch``: if some of its
+    positions are not settled, its later ``next()`` calls raise ``LoaderClosedError`` (``why``:
+    what closed it and what to do, ``EpochBase.halting``'s defaults otherwise)."""
+    if epoch is not None and not epoch.closed and not all_settled(loader, epoch):
+        epoch.halting(total_positions(loader), length_or_none(loader), *why)
+
+
+def length_or_none(loader: DataLoader) -> int | None:
+    """``len(loader)``, or None where the sampler cannot say (no ``__len__``, or one that
+    raises): a state dict of such a loader records its batches per epoch as unknown."""
+    try:
+        return len(loader)
+    except Exception:  # noqa: BLE001 - as torch, which asks only when the user does
+        return None
