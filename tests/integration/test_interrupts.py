@@ -179,6 +179,36 @@ def test_a_sample_raising_a_base_exception_every_time_fails_on_its_rerun(in_orde
     assert stats.failed_samples == 1 and stats.samples == 16
 
 
+class _InterruptedTwice(IndexDataset):
+    """Sample 5 is interrupted (``KeyboardInterrupt``) the first two times it loads."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.interrupts = 0
+
+    def __getitem__(self, i: int) -> int:
+        if i == 5 and self.interrupts < 2:
+            self.interrupts += 1
+            raise KeyboardInterrupt("simulated Ctrl-C")
+        return i
+
+
+def test_a_sample_interrupted_twice_still_comes(no_leaks):
+    # two Ctrl-Cs on one slow sample (a notebook cell run again): the rule that fails a
+    # sample whose re-run raises a BaseException again must not take a Ctrl-C for user code
+    it = iter(hr.DataLoader(_InterruptedTwice(12), batch_size=4, num_workers=0))
+    events: list = []
+    for _ in range(10):
+        try:
+            events.append(next(it).tolist())
+        except StopIteration:
+            break
+        except KeyboardInterrupt:
+            events.append("KeyboardInterrupt")
+    assert events == [[0, 1, 2, 3], "KeyboardInterrupt", "KeyboardInterrupt", [4, 5, 6, 7],
+                      [8, 9, 10, 11]]
+
+
 class _Sampler:
     """0..n-1, interrupted once it reached ``at`` (a Ctrl-C while it is read)."""
 

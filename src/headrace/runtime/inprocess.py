@@ -183,10 +183,10 @@ class InProcessIterator(EpochBase):
         workers' regrouping keeps them (lost before: up to two batches' worth per failing
         sample); with the sampler's batches, its batch-mates go with it, as in torch.
         Interrupted (a Ctrl-C while a sample loads), nothing moved: the sample runs again at
-        the next take (its seeds are its own); a sample whose run raises such an exception
-        (not an ``Exception``) twice in a row fails as one that raises an error does, with that
-        exception: user code that raises ``SystemExit`` or its own ``BaseException`` for a
-        sample made every later ``next()`` raise it again. A finished sample leaves
+        the next take (its seeds are its own), however often that happens; a sample whose run
+        raises another exception that is not an ``Exception`` (``SystemExit``, a user's own
+        ``BaseException``) twice in a row fails as one that raises an error does, with that
+        exception: such user code made every later ``next()`` raise it again. A finished sample leaves
         ``_pending`` and joins ``_carry`` with no call between the two, where no interrupt
         can land."""
         pending, carry = self._pending, self._carry
@@ -196,6 +196,8 @@ class InProcessIterator(EpochBase):
                 ok, value = self._one(i, d)
             except StepError:
                 self._drop_first()
+                raise
+            except KeyboardInterrupt:  # a Ctrl-C: the sample runs again, however often
                 raise
             except BaseException:
                 if self._interrupted == p:  # its re-run raised too: the sample's own doing
