@@ -222,6 +222,33 @@ def test_a_resumed_rank_with_skip_takes_only_the_batches_it_had_left(workers, no
     assert Counter(r for b in before + after for r in b) == Counter(full)
 
 
+def test_a_resumed_rank_with_skip_and_another_batch_size_pads_to_its_own_batches(no_leaks):
+    # batches_delivered counts batches of the saved run's size: subtracted from len(loader) in
+    # another size, the rank repeated its last batch (56 samples, 50 distinct)
+    from torch.utils.data.distributed import DistributedSampler
+
+    def loader(batch_size):
+        pipe = hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)])
+        sampler = DistributedSampler(pipe, num_replicas=2, rank=0, shuffle=True, seed=3)
+        return hr.DataLoader(pipe, batch_size=batch_size, sampler=sampler,
+                             options=hr.Options(seed=5, on_error="skip"))
+
+    full = [r for b in loader(3) for r in rows(b)]
+    first = loader(3)
+    it = iter(first)
+    before = [r for _ in range(2) for r in rows(next(it))]  # 6 of the rank's 13 samples
+    state = json.loads(json.dumps(first.state_dict()))
+    del it, first
+    second = loader(2)
+    with pytest.warns(UserWarning, match="batch_size=3 then, 2 now"):
+        second.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "left this rank short" warning
+        after = [rows(b) for b in second]
+    assert len(after) == 4  # the 7 samples left, in batches of 2
+    assert Counter(before + [r for b in after for r in b]) == Counter(full)
+
+
 class Dealt(torch.utils.data.BatchSampler):
     """Every other batch of a batch sampler, kept as ``batch_sampler`` (Accelerate's
     ``BatchSamplerShard`` is built so)."""

@@ -126,7 +126,8 @@ class ResumePoint:
     steps: tuple[str, ...] | None = None  # the step order the saved epoch ran (None: unknown)
     sampler_generator_states: tuple[torch.Tensor, ...] = ()  # their states when saved
     empty_batches: int = 0  # a batch sampler's empty batches the saved epoch delivered
-    batches: int = 0  # batches the saved epoch delivered (0: before its first, or not recorded)
+    batches: int = 0  # batches the saved epoch delivered (0: before its first, or unknown: not
+    # recorded, or counted in another batch_size or drop_last than this loader's)
 
 
 def build(
@@ -232,7 +233,9 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
         steps=tuple(steps) if steps is not None else None,
         sampler_generator_states=tuple(map(rng_from_str, sd.get("sampler_generator_states") or ())),
         empty_batches=int(sd.get("empty_batches_delivered") or 0),
-        batches=int(sd.get("batches_delivered") or 0),
+        batches=(int(sd.get("batches_delivered") or 0)
+                 if (sd.get("batch_size"), sd.get("drop_last", False))
+                 == (ident.batch_size, ident.drop_last) else 0),
     )
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.utils.data as tud
 
 from headrace.pipeline.source import user_attr
+from headrace.runtime import span
 
 _DEFAULT_SAMPLERS = (tud.SequentialSampler, tud.RandomSampler)
 
@@ -110,7 +111,7 @@ def start_epoch(loader: Any, it: Any) -> Any:
             warnings.warn(message, stacklevel=3)
     if needs_even_batches(sampler, loader.options.on_error):
         try:  # a resumed epoch: as many as every rank takes, less those delivered before it
-            return EvenBatches(it, len(loader) - int(getattr(it, "batches_before", 0)))
+            return EvenBatches(it, span.batches_left(loader, it))
         except TypeError:  # a sampler without a length: nothing to agree on
             return it
     return it

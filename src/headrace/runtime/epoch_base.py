@@ -211,7 +211,11 @@ class EpochBase:
 
     @property
     def batches_delivered(self) -> int:
-        """Batches this epoch delivered, those before its resume included."""
+        """Batches this epoch delivered, those before its resume included; 0 where those are
+        unknown (a state dict that did not count them in this loader's batch settings)."""
+        resumed_after = self.delivered.count - self.meter.samples  # positions before a resume
+        if resumed_after and not self.batches_before:
+            return 0
         return self.batches_before + self.meter.batches
 
     def stats(self) -> EpochStats:

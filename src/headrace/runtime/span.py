@@ -70,6 +70,22 @@ def covers(loader: DataLoader, settled: int) -> bool:
     return total is not None and 0 < total <= settled
 
 
+def batches_left(loader: DataLoader, epoch: Any) -> int:
+    """Batches a starting ``epoch`` yields when no sample is skipped: ``len(loader)`` less
+    those its state dict counted before the resume, else (not counted in this loader's batch
+    settings) the positions left, cut as this loader cuts them. Raises ``TypeError`` where the
+    loader has no length."""
+    n = len(loader)
+    before, done = int(epoch.batches_before), epoch.delivered.count
+    if before or not done:
+        return n - before
+    total, (bs, drop_last) = total_positions(loader), batching(loader)
+    if total is None or bs is None:
+        return n
+    left = max(0, total - done)
+    return left // bs if drop_last else -(-left // bs)
+
+
 def halt_unfinished(loader: DataLoader, epoch: Any, *why: str) -> None:
     """Before ``close()`` or ``load_state_dict()`` closes the running ``epoch``: if some of its
     positions are not settled, its later ``next()`` calls raise ``LoaderClosedError`` (``why``:
