@@ -218,3 +218,55 @@ def test_large_bytes_are_hashed_by_a_sample_too():
     assert fp.state_digest(blob) == fp.state_digest(bytearray(blob))  # by value, as before
     small = bytes(100)
     assert fp.state_digest(small) != fp.state_digest(bytes(99))
+
+
+def test_an_object_array_is_hashed_by_its_elements_the_same_in_every_process():
+    # its bytes are pointers: a dataset holding np.array(paths, dtype=object) had another
+    # fingerprint in every process, so jobs never shared a cache or a profile
+    import subprocess
+    import sys
+
+    code = ("import numpy as np; from headrace.pipeline.fingerprint import state_digest; "
+            "print(state_digest(np.array(['a/1.jpg', 'a/2.jpg', 3], dtype=object)))")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, timeout=60).stdout for _ in range(2)}
+    assert len(runs) == 1
+    from headrace.pipeline.fingerprint import state_digest
+
+    a = np.array(["a/1.jpg", "a/2.jpg"], dtype=object)
+    assert state_digest(a) != state_digest(np.array(["b/1.jpg", "a/2.jpg"], dtype=object))
+
+
+def test_a_sources_transform_parameters_reach_its_cache_namespace_through_a_subset():
+    # two jobs over Subset(Folder(Compose([Resize(224)]))) and Resize(256): the 224 lay below
+    # the depth hashed, and they shared a cache's namespaces
+    class Resize:
+        def __init__(self, size: int) -> None:
+            self.size = size
+
+        def __call__(self, x):
+            return x
+
+    class Compose:
+        def __init__(self, transforms: list) -> None:
+            self.transforms = transforms
+
+        def __call__(self, x):
+            return x
+
+    class Folder(torch.utils.data.Dataset):
+        def __init__(self, transform) -> None:
+            self.transform = transform
+
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> int:
+            return i
+
+    def prefixes(size: int) -> tuple:
+        ds = torch.utils.data.Subset(Folder(Compose([Resize(size)])), [0, 1, 2, 3])
+        return tuple(t.prefix for t in TierLayout.for_pipeline(hr.Pipeline.from_dataset(ds)).tiers)
+
+    assert prefixes(224) != prefixes(256)
+    assert prefixes(224) == prefixes(224)
