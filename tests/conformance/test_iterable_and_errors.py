@@ -113,6 +113,20 @@ def bad_collate(batch):
     return tud.default_collate(batch)
 
 
+def unprintable_collate(batch):
+    if 9 in batch:
+        raise Unprintable(9)
+    return tud.default_collate(batch)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_collate_error_whose_message_cannot_be_formatted_raises_for_its_batch(
+        Loader, workers, no_leaks):
+    # formatting it raised an AttributeError naming no batch, at every later next() with workers
+    it = iter(Loader(Squares(8), batch_size=2, num_workers=workers, collate_fn=unprintable_collate))
+    assert drain(it) == [[0, 1], "ERR", [16, 25], [36, 49]]
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_error_in_collate_fn_raises_for_its_batch(Loader, workers, no_leaks):
     it = iter(Loader(Squares(8), batch_size=2, num_workers=workers, collate_fn=bad_collate))

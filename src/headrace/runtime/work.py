@@ -10,7 +10,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from headrace.errors import StepError, WorkerDiedError, step_error_for, worker_start_error
+from headrace.errors import (
+    StepError,
+    WorkerDiedError,
+    message_of,
+    step_error_for,
+    worker_start_error,
+)
 from headrace.runtime.batcher import Batcher
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
@@ -89,7 +95,7 @@ class Fatal(Exception):
     """Ends the epoch: carries the error the training loop will see."""
 
     def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
+        super().__init__(message_of(error))
         self.error = error
 
 
@@ -101,7 +107,7 @@ def collate_error(e: Exception, indices: list[int]) -> StepError:
              "others is the usual cause") if indices else "an empty batch from the batch_sampler"
     return step_error_for(
         type(e), indices[0] if indices else None, "collate_fn", type(e).__qualname__,
-        f"{e} ({where})", traceback.format_exc(),
+        f"{message_of(e)} ({where})", traceback.format_exc(),
     )
 
 
