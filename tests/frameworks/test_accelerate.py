@@ -134,6 +134,34 @@ def test_skip_first_batches_counts_short_batches_as_batches(tmp_path, no_leaks):
     loader.close()
 
 
+class Pairs(tud.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, i])
+
+
+@pytest.mark.parametrize("n", [10, 11])  # 11: the ranks' shares are padded
+def test_a_shard_of_a_shuffled_loader_keeps_its_samples_and_their_form(n, no_leaks):
+    # the sharding for uneven datasets cut batch_size=None loaders into batches of one
+    # (each sample came wrapped in a list: [tensor([0, 0])] where 10 samples gave tensor([5, 5]))
+    def shards(**kw):
+        base = hr.DataLoader(Pairs(n), shuffle=True, options=hr.Options(seed=1), **kw)
+        out = [hr_accel._shard(base, 2, rank) for rank in (0, 1)]
+        return [[x for x in shard] for shard in out]
+
+    unbatched = shards(batch_size=None)
+    assert all(isinstance(x, torch.Tensor) and x.shape == (2,) for s in unbatched for x in s)
+    assert sorted({int(x[0]) for s in unbatched for x in s}) == list(range(n))
+    batched = shards(batch_size=4)
+    seen = [int(i) for s in batched for b in s for i in b[:, 0]]
+    assert sorted(set(seen)) == list(range(n)) and len(seen) >= n
+
+
 def test_skip_first_batches_keeps_headrace_or_raises(no_leaks):
     acc = Accelerator(cpu=True)
     loader = hr.DataLoader(IndexDataset(20), batch_size=4, num_workers=2)

@@ -226,7 +226,10 @@ def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
     sampler: tud.DistributedSampler[Any] = tud.DistributedSampler(
         loader.dataset, num_replicas=num_processes, rank=rank, shuffle=True, seed=seed[0] % 2**63)
     dataset: Any = loader.dataset  # map-style, with a length (an IterableDataset raised)
-    if len(sampler) * num_processes == len(dataset):  # no padding: samples regrouped
+    padded = len(sampler) * num_processes != len(dataset)
+    if not padded or loader.batch_size is None:  # no padding: samples regrouped
+        if padded and kwargs.get("in_order") is None:  # a sample a step: the padding last
+            kwargs["in_order"] = True
         return DataLoader(sampler=sampler, batch_size=loader.batch_size,
                           drop_last=loader.drop_last, **kwargs)
     # The sampler would pad ranks with samples from the start of the permutation, spread over
@@ -236,7 +239,7 @@ def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
     # the padding in the last batches, kept in order (one permutation per epoch from a
     # generator every rank seeds alike).
     order = tud.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed[0] % 2**63))
-    batches = tud.BatchSampler(order, loader.batch_size or 1, loader.drop_last)
+    batches = tud.BatchSampler(order, loader.batch_size, loader.drop_last)
     shard = BatchSamplerShard(batches, num_processes=num_processes, process_index=rank,
                               even_batches=True)
     if kwargs.get("in_order") is None:
