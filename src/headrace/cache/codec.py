@@ -8,7 +8,8 @@ format has no way to name a class or a function. What it stores (recursively):
 * CPU ``torch.Tensor`` (no grad): dtype name, shape, raw bytes;
 * an array or tensor laid out otherwise than in C order (Fortran order, ``channels_last``, a
   transpose, a flip, a crop's gaps, a broadcast): also its strides, and it is decoded with the
-  same strides (``cache/layout.py``), so a hit has the layout a computed sample has;
+  same strides (``cache/layout.py``), so a hit has the layout a computed sample has (a view
+  spanning more than ``SPAN_FACTOR`` times its values comes back C-ordered);
 * ``tuple``, ``list`` and ``dict`` with ``str`` keys (exact types, not subclasses).
 
 Anything else raises :class:`Uncacheable`; the cache then does not store the value (and counts
@@ -21,6 +22,7 @@ private: a step that writes into its input cannot corrupt the cached entry.
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -100,9 +102,20 @@ def _enc(x: Any, out: _Parts, depth: int) -> None:
         _enc_other(x, out)
 
 
+SPAN_FACTOR = 2
+"""A layout is kept only where the bytes its elements span are at most this many times their
+own: a hit is rebuilt in a buffer over that span, and a strided view of a large array (every
+100th row and column of an image) spans far more than its values (11 MB a hit for 1.2 KB):
+such a view is stored, and comes back, C-ordered, its values equal."""
+
+
 def _laid_out(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
-    """True when an array with elements is not laid out in C order: its strides are stored."""
-    return 0 not in shape and tuple(strides) != layout.c_strides(shape, itemsize)
+    """True when an array with elements is not laid out in C order and its layout is kept
+    (``SPAN_FACTOR``): its strides are stored."""
+    if 0 in shape or tuple(strides) == layout.c_strides(shape, itemsize):
+        return False
+    low, high = layout.span(shape, strides, itemsize)
+    return high - low <= SPAN_FACTOR * itemsize * math.prod(shape)
 
 
 def _enc_array(a: np.ndarray, out: _Parts, laid_out: bool = False) -> None:
