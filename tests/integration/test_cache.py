@@ -452,14 +452,46 @@ class ListDataset(torch.utils.data.Dataset):
         return self.items[i]
 
 
-def test_a_source_changing_its_state_keeps_its_entries(no_leaks) -> None:
-    # the source's identity is taken once per loader: its handle, opened in epoch 1 in this
-    # process, does not move epoch 2's lookups to other entries
+class Sized:
+    """A source whose sample size the training script changes between epochs (a curriculum)."""
+
+    def __init__(self) -> None:
+        self.size = 2
+
+    def __len__(self) -> int:
+        return 4
+
+    def load(self, i: int) -> np.ndarray:
+        return np.full(self.size, i, np.float32)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_source_changed_between_epochs_is_not_served_its_old_entries(workers, no_leaks):
+    # the source counted by class and length (and, for a while, by its state when the loader
+    # was built): epochs after the change got the first epoch's samples from the cache
+    src = Sized()
+    loader = hr.DataLoader(hr.Pipeline(src, [hr.step(np.negative)]), batch_size=4,
+                           num_workers=workers,
+                           options=hr.Options(seed=1, cache=hr.Cache(budget_bytes=1 << 20)))
+    shapes = []
+    try:
+        for _ in range(3):
+            shapes.append({tuple(b.shape) for b in loader})
+            src.size = 5
+        hits = [e.cache.hits for e in loader.stats().epochs]
+    finally:
+        loader.close()
+    assert shapes == [{(4, 2)}, {(4, 5)}, {(4, 5)}]
+    assert hits == [0, 0, 4]  # the changed source's entries are stored, then used
+
+
+def test_a_source_opening_a_handle_on_first_use_reuses_its_entries_after_that(no_leaks):
+    # with num_workers=0 its handle opens in this process: one epoch refills, then hits
     loader = hr.DataLoader(hr.Pipeline(Rooted("/a"), [hr.step(str.upper)]), batch_size=2,
                            num_workers=0, options=hr.Options(seed=1, cache=hr.Cache(budget_bytes=1 << 20)))
     try:
-        epochs = [[s for batch in loader for s in batch] for _ in range(2)]
-        assert [e.cache.hits for e in loader.stats().epochs] == [0, 4]
+        epochs = [[s for batch in loader for s in batch] for _ in range(3)]
+        assert [e.cache.hits for e in loader.stats().epochs] == [0, 0, 4]
     finally:
         loader.close()
-    assert sorted(epochs[0]) == sorted(epochs[1]) == [f"/A/{i}" for i in range(4)]
+    assert all(sorted(e) == [f"/A/{i}" for i in range(4)] for e in epochs)

@@ -270,3 +270,45 @@ def test_a_sources_transform_parameters_reach_its_cache_namespace_through_a_subs
 
     assert prefixes(224) != prefixes(256)
     assert prefixes(224) == prefixes(224)
+
+
+def _defined(source: str, **globals_: object):
+    """The function ``decode`` defined by ``source`` in a module namespace holding ``globals_``
+    (as an edited script, or the same script run with other settings, defines it)."""
+    namespace: dict = {"np": np, "__name__": "job", **globals_}
+    exec(source, namespace)  # noqa: S102 - test code building its own function
+    return namespace["decode"]
+
+
+def test_an_edited_step_has_another_identity():
+    # the digest read bytecode and constants only: x.mean() -> x.max() (a name), a default
+    # argument, and a module global the step reads (a command-line setting) left it unchanged,
+    # and a shared Redis cache served the old entries for its 6-hour lifetime
+    mean = _defined("def decode(x):\n    return x.mean()\n")
+    assert code_identity(mean) != code_identity(_defined("def decode(x):\n    return x.max()\n"))
+    assert code_identity(mean) == code_identity(_defined("def decode(x):\n    return x.mean()\n"))
+    k2 = _defined("def decode(x, k=2):\n    return x * k\n")
+    assert code_identity(k2) != code_identity(_defined("def decode(x, k=3):\n    return x * k\n"))
+    lambdas = [(lambda x, k=k: x * k) for k in (2, 3)]
+    assert code_identity(lambdas[0]) != code_identity(lambdas[1])
+    reads = "def decode(x):\n    return np.resize(x, SIZE)\n"
+    assert code_identity(_defined(reads, SIZE=2)) != code_identity(_defined(reads, SIZE=3))
+    assert code_identity(_defined(reads, SIZE=2)) == code_identity(_defined(reads, SIZE=2))
+    import argparse
+
+    uses = "def decode(x):\n    return np.resize(x, args.size)\n"
+    run = argparse.Namespace(size=2, lr=0.1, resume=None)
+    other = [argparse.Namespace(size=3, lr=0.1, resume=None),
+             argparse.Namespace(size=2, lr=0.5, resume="ckpt.pt")]
+    assert code_identity(_defined(uses, args=other[0])) != code_identity(_defined(uses, args=run))
+    # what it does not read: jobs of a search, a run and its resume keep one identity
+    assert code_identity(_defined(uses, args=other[1])) == code_identity(_defined(uses, args=run))
+
+
+def test_two_file_roots_with_the_same_names_and_sizes_are_two_sources(tmp_path):
+    from headrace.sources import Files
+
+    for root, fill in (("a", b"1"), ("b", b"2")):
+        (tmp_path / root).mkdir()
+        (tmp_path / root / "x.bin").write_bytes(fill * 8)
+    assert Files(tmp_path / "a").fingerprint() != Files(tmp_path / "b").fingerprint()

@@ -113,9 +113,6 @@ class CacheSession:
         self._epoch_start: dict[str, int] = self.counters.totals()
         self._finalizer: Any = None
         self._main_uses = False
-        self._source: str | None = None
-        """The source's identity by content, taken at the first plan and kept: a source that
-        changes its own state as it runs (a handle opened on first use) keeps its entries."""
         self._b_cache: float | None = None
         self.plan: tuple[Split, list[Split]] | None = None
         """MDP's choice for the running epoch and the single-form splits' predictions."""
@@ -162,9 +159,10 @@ class CacheSession:
         backend open; otherwise it is closed here before workers fork (see ``memory_backend``).
         """
         self._main_uses = in_process
-        if self._source is None:
-            self._source = source_fingerprint(executed.source, content=True)
-        layout = TierLayout.for_pipeline(executed, self.config.shared_augmented, self._source)
+        # the source by content, at every epoch's plan: a source the script changes between
+        # epochs (a curriculum's size) gets other entries, never the last epoch's
+        source = source_fingerprint(executed.source, content=True)
+        layout = TierLayout.for_pipeline(executed, self.config.shared_augmented, source)
         self.layout = layout
         self.split = default_split(layout, self.config)
         self.plan = None

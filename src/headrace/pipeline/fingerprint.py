@@ -59,7 +59,9 @@ def _h(data: bytes) -> str:
 
 
 def _code_digest(code: Any) -> str:
-    parts = [code.co_code]
+    """Bytecode, the names it uses (``co_names``: globals and attributes, so ``x.mean()`` and
+    ``x.max()`` differ) and its constants, nested code objects included."""
+    parts = [code.co_code, ",".join(code.co_names).encode()]
     for c in code.co_consts:
         parts.append(_code_digest(c).encode() if inspect.iscode(c) else repr(c).encode())
     return _h(b"\x00".join(parts))
@@ -207,6 +209,11 @@ def code_identity(fn: Any, depth: int = 0) -> str:
     code = getattr(fn, "__code__", None)
     if code is not None:
         ident = f"{qualified_name(fn)}:{_code_digest(code)}"
+        defaults = (getattr(fn, "__defaults__", None), getattr(fn, "__kwdefaults__", None))
+        if defaults != (None, None):  # ``lambda x, k=k: ...``, ``def decode(x, k=2)``
+            ident += ":" + state_digest(defaults, depth + 1)
+        if depth == 0:  # the step's own function: the module globals it reads, by value
+            ident += ":" + _globals_digest(fn, code)
         cells = getattr(fn, "__closure__", None) or ()
         if cells and depth < _MAX_DEPTH:
             captured = []
@@ -229,6 +236,37 @@ def code_identity(fn: Any, depth: int = 0) -> str:
     rest = (state_digest(state, depth + 1) if state else None) if isinstance(state, dict) \
         else _dictless_state(fn, depth + 1)
     return ident + (f":{rest}" if rest is not None else "")
+
+
+def _globals_digest(fn: Any, code: Any) -> str:
+    """The module globals a step's function reads (``co_names`` found in its ``__globals__``,
+    nested code included), by value: a setting from the command line (``SIZE``), a table; of an
+    object (``args``), only the attributes the code names (``args.size``, not ``args.lr`` or
+    ``args.resume``, which differ between jobs sharing a cache and between a run and its
+    resume); functions it calls by their code (not further), modules and classes by name. Only
+    for the step's own function: deeper callables count their code."""
+    g = getattr(fn, "__globals__", None)
+    if not isinstance(g, dict):
+        return "-"
+    used: set[str] = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        used.update(c.co_names)
+        stack.extend(k for k in c.co_consts if inspect.iscode(k))
+    parts = []
+    for n in sorted(n for n in used if n in g)[:_MAX_ITEMS]:
+        v = g[n]
+        if inspect.ismodule(v) or inspect.isclass(v):
+            parts.append(f"{n}={qualified_name(v) if inspect.isclass(v) else v.__name__}")
+        elif getattr(v, "__code__", None) is not None:
+            parts.append(f"{n}={_code_digest(v.__code__)}")
+        elif isinstance(getattr(v, "__dict__", None), dict) and not callable(v):
+            attrs = {a: x for a, x in vars(v).items() if a in used}
+            parts.append(f"{n}={qualified_name(type(v))}:{state_digest(attrs, 1)}")
+        else:
+            parts.append(f"{n}={state_digest(v, 1)}")
+    return _h(";".join(parts).encode())
 
 
 def step_digests(p: Pipeline) -> dict[str, str]:
@@ -264,8 +302,8 @@ def source_fingerprint(source: Any, content: bool = False) -> str:
     Without ``content`` (a state dict's record of the dataset, the profile store), two datasets
     of one class and length match. The sample cache keys its entries ``content``: a cache shared
     through Redis otherwise served a job over ``Images("/data/a")`` the samples of a job over
-    ``Images("/data/b")`` of the same length (the cache takes it once per loader,
-    ``cache/session.py``, so state a source changes as it runs does not move its entries)."""
+    ``Images("/data/b")`` of the same length. The cache takes it at every epoch's plan
+    (``cache/session.py``): a source the script changes between epochs gets other entries."""
     if content and isinstance(source, DatasetSource):
         return f"{source_fingerprint(source.dataset, content)}:{bool(source._many)}"
     fp = user_attr(source, "fingerprint")

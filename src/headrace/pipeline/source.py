@@ -58,10 +58,11 @@ class Files:
             return f.read()
 
     def fingerprint(self) -> str:
-        """Identity of the file set: names and sizes (content is not read)."""
+        """Identity of the file set: its root, names and sizes (content is not read; two roots
+        holding files of the same names and sizes shared a cache's entries)."""
         import hashlib
 
-        h = hashlib.sha256()
+        h = hashlib.sha256(str(self.root.resolve()).encode())
         for p in self.paths:
             h.update(p.encode())
             h.update(str((self.root / p).stat().st_size).encode())
