@@ -294,6 +294,8 @@ def test_an_edited_step_has_another_identity():
     reads = "def decode(x):\n    return np.resize(x, SIZE)\n"
     assert code_identity(_defined(reads, SIZE=2)) != code_identity(_defined(reads, SIZE=3))
     assert code_identity(_defined(reads, SIZE=2)) == code_identity(_defined(reads, SIZE=2))
+    assert (code_identity(functools.partial(_defined(reads, SIZE=2)))
+            != code_identity(functools.partial(_defined(reads, SIZE=3))))  # through a partial
     import argparse
 
     uses = "def decode(x):\n    return np.resize(x, args.size)\n"

@@ -191,7 +191,7 @@ def code_identity(fn: Any, depth: int = 0) -> str:
     object it is bound to, if any; a class is its qualified name and its ``__init__`` code.
     """
     if isinstance(fn, functools.partial):
-        ident = (f"{qualified_name(type(fn))}({code_identity(fn.func, depth + 1)}"
+        ident = (f"{qualified_name(type(fn))}({code_identity(fn.func, depth)}"
                  f";{state_digest(fn.args, depth + 1)};{state_digest(fn.keywords, depth + 1)})")
         state = getattr(fn, "__dict__", None)
         if state and depth < _MAX_DEPTH:
