@@ -83,35 +83,39 @@ def payload_bytes(x: Any) -> int:
     - PIL images: width x height x bands x bytes per band (1, 2 for ``I;16*``, 4 for ``I``/``F``).
     - Python numbers: 8 (``complex``: 16); ``None``: 0.
     - ``dict`` (values only), ``list``, ``tuple``, named tuples, sets, dataclass instances: the
-      sum of their leaves.
+      sum of their leaves, each container counted once however often it is referenced (as
+      pickle does: a tree whose nodes point back at their parents was walked again through every
+      back-reference, for ever in effect).
     - anything else: ``len(pickle.dumps(x))``, or 0 when it cannot be pickled.
     """
-    return _payload(x, 0)
+    return _payload(x, 0, set())
 
 
-def _payload(x: Any, depth: int) -> int:
+def _payload(x: Any, depth: int, seen: set[int]) -> int:
     t = type(x)
     fast = _EXACT.get(t)
     if fast is not None:
         return fast(x)
+    if id(x) in seen:  # a container met before: counted there
+        return 0
+    seen.add(id(x))
     if t is list or t is tuple:
-        return _sequence_bytes(x, depth)
+        return _sequence_bytes(x, depth, seen)
     if t is dict:
-        return (
-            sum(_payload(v, depth + 1) for v in x.values()) if depth < _MAX_DEPTH else _pickled(x)
-        )
-    return _payload_slow(x, depth)
+        return (sum(_payload(v, depth + 1, seen) for v in x.values()) if depth < _MAX_DEPTH
+                else _pickled(x))
+    return _payload_slow(x, depth, seen)
 
 
-def _sequence_bytes(x: list[Any] | tuple[Any, ...], depth: int) -> int:
+def _sequence_bytes(x: list[Any] | tuple[Any, ...], depth: int, seen: set[int]) -> int:
     if depth >= _MAX_DEPTH:
         return _pickled(x)
     if len(x) > 16 and set(map(type, x)) <= _NUMBER_TYPES:
         return NUMBER_BYTES * len(x)  # token ids and the like: C-speed type check
-    return sum(_payload(v, depth + 1) for v in x)
+    return sum(_payload(v, depth + 1, seen) for v in x)
 
 
-def _payload_slow(x: Any, depth: int) -> int:
+def _payload_slow(x: Any, depth: int, seen: set[int]) -> int:
     """Subclasses and the less common types, in order of likelihood."""
     if isinstance(x, torch.Tensor):
         return _tensor_bytes(x)
@@ -124,11 +128,11 @@ def _payload_slow(x: Any, depth: int) -> int:
     if isinstance(x, (list, tuple, set, frozenset)):  # named tuples included
         if depth >= _MAX_DEPTH:
             return _pickled(x)
-        return sum(_payload(v, depth + 1) for v in x)
+        return sum(_payload(v, depth + 1, seen) for v in x)
     if isinstance(x, dict):
         if depth >= _MAX_DEPTH:
             return _pickled(x)
-        return sum(_payload(v, depth + 1) for v in x.values())
+        return sum(_payload(v, depth + 1, seen) for v in x.values())
     if isinstance(x, (bytes, bytearray)):
         return len(x)
     if isinstance(x, str):
@@ -140,7 +144,7 @@ def _payload_slow(x: Any, depth: int) -> int:
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         if depth >= _MAX_DEPTH:
             return _pickled(x)
-        return sum(_payload(getattr(x, f.name), depth + 1) for f in dataclasses.fields(x))
+        return sum(_payload(getattr(x, f.name), depth + 1, seen) for f in dataclasses.fields(x))
     return _pickled(x)
 
 
