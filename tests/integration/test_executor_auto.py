@@ -89,6 +89,29 @@ def test_a_step_drawing_from_the_global_generators_keeps_processes(no_leaks):
     assert contents() == contents()
 
 
+def late_jitter(x: np.ndarray) -> np.ndarray:
+    if x.reshape(-1)[0] >= 200:  # only for samples a worker runs after its first 64
+        return x + np.random.rand()  # NumPy's global generator
+    return x
+
+
+@pytest.mark.timeout(120)
+def test_a_step_drawing_only_for_later_samples_keeps_processes(no_leaks):
+    # the watch covered each worker's first 64 samples: auto chose threads, and from then on
+    # samples 200-239 drew from the training process's own NumPy generator
+    pipe = hr.Pipeline(ArraySource(240), [hr.step(sleepy, name="sleepy"),
+                                          hr.step(late_jitter, name="late_jitter")])
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    try:
+        run_epochs(loader, 2)
+        d = loader.monitor.executor_decision
+        assert d is not None and d.executor == "processes"
+        assert "'late_jitter' draws from a global random generator" in d.reason
+        assert loader._executor == "processes"
+    finally:
+        loader.close()
+
+
 @pytest.mark.timeout(120)
 def test_python_bound_steps_stay_on_processes(no_leaks):
     # 1.2 s of 20 ms steps per worker and epoch: a probe counts a step's start or end as

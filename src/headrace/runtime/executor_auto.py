@@ -50,7 +50,7 @@ class ExecutorProbes:
         """``decision`` once ``pool`` (a probing pool) measured more: made once enough was
         probed (None: not yet), and processes at once when a step of its workers was seen
         drawing from the global random generators, also after a choice of threads (their
-        watch covers each worker's first samples, which may come after enough probing)."""
+        watch covers every sample of the probing epoch, which may come after enough probing)."""
         if self._pool() is not pool:
             self._banked = (self._banked[0] + self._last[0], self._banked[1] + self._last[1])
             self._pool = weakref.ref(pool)

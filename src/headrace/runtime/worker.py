@@ -184,7 +184,7 @@ class TaskRunner:
     Keeps the worker's ``progress`` slot current (the tid, start time and step the main
     process reads), measures output sizes on the first ``MEASURE_ALL`` runs and then one in
     ``MEASURE_EVERY`` (in a pool that probes for ``executor="auto"``, also whether a step drew
-    from the global random generators on the first ``MEASURE_ALL``: ``Progress.global_draw``),
+    from the global random generators, on every run: ``Progress.global_draw``),
     and asks the hand-off rule between steps: over the shared timeout (``handoff``: the pool's
     ``HandOff``), and enough typical work left for a move to pay.
     """
@@ -204,7 +204,9 @@ class TaskRunner:
             watch = note_draw
         self.measured = SampleRunner(setup.pipeline, measure, reseed_globals, run_queue_s,
                                      on_global_draw=watch)
-        self.plain = SampleRunner(setup.pipeline, None, reseed_globals,
+        # a probing pool watches every sample it runs (4 µs a step), not only the first ones:
+        # a step drawing only for later samples (indices past 200) moved to threads unseen
+        self.plain = SampleRunner(setup.pipeline, None, reseed_globals, on_global_draw=watch,
                                   python_draws=self.measured.python_draws)
         self.slot = setup.slot
         self.cache = setup.cache
@@ -233,8 +235,6 @@ class TaskRunner:
         self.runs += 1
         measured = (self.runs <= MEASURE_ALL or self.runs % MEASURE_EVERY == 0
                     or self.measure_all)
-        if self.runs == MEASURE_ALL + 1:  # the global generators are watched on the first
-            self.measured.on_global_draw = None  # ones only: 4 µs a step
         return run_cached(
             self.cache,
             (self.measured if measured else self.plain).run,
