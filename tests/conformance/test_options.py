@@ -4,7 +4,6 @@ DataLoader[T], argument validation."""
 import copy
 import multiprocessing
 import pickle
-import time
 
 import pytest
 import torch
@@ -27,31 +26,33 @@ def test_timeout_raises_when_a_batch_is_late(Loader, no_leaks):
 
 
 class LateSample(Dataset):
-    """Sample 2 takes 1.5 s (simulated work); the others none."""
+    """Sample 2 waits for ``gate`` (a process-shared event; 60 s at most), the others not."""
+
+    def __init__(self, gate) -> None:
+        self.gate = gate
 
     def __len__(self) -> int:
         return 8
 
     def __getitem__(self, i: int) -> int:
         if i == 2:
-            time.sleep(1.5)
+            self.gate.wait(60)
         return i
 
 
 def test_a_timeout_leaves_the_epoch_going(Loader, no_leaks):
     # torch's iterator goes on after its timeout error; headrace's closed the epoch, and the
     # next next() ended it (StopIteration): a loop that retried lost the rest without a word
-    it = iter(Loader(LateSample(), batch_size=2, num_workers=1, timeout=0.5))
-    got, timeouts = [], 0
-    for _ in range(20):  # bounded: at most three timeouts, then the four batches
-        try:
-            got.append(next(it).tolist())
-        except StopIteration:
-            break
-        except RuntimeError as e:
-            assert "timed out" in str(e)
-            timeouts += 1
-    assert timeouts >= 1 and got == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    gate = multiprocessing.get_context("fork").Event()
+    it = iter(Loader(LateSample(gate), batch_size=2, num_workers=1, timeout=0.5))
+    try:
+        assert next(it).tolist() == [0, 1]
+        with pytest.raises(RuntimeError, match="timed out"):
+            next(it)  # sample 2 holds its batch
+        gate.set()  # it comes now: the same iterator goes on
+        assert [b.tolist() for b in it] == [[2, 3], [4, 5], [6, 7]]
+    finally:
+        gate.set()
 
 
 def test_timeout_without_workers(Loader, no_leaks):

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import psutil
@@ -139,37 +138,22 @@ def test_next_on_an_iterator_whose_position_load_state_dict_replaced_raises(work
     loader.close()
 
 
-class Gated(IndexDataset):
-    """Samples from 4 on wait for ``gate`` (60 s at most): the epoch's queue stays empty."""
-
-    def __init__(self, n: int, gate: threading.Event) -> None:
-        super().__init__(n)
-        self.gate = gate
-
-    def __getitem__(self, i: int) -> int:
-        if i >= 4:
-            self.gate.wait(60)
-        return i
-
-
 def test_an_epoch_whose_scheduler_stopped_keeps_saying_so(no_leaks):
     # "scheduler thread stopped unexpectedly" once, then StopIteration: the epoch looked done
-    gate = threading.Event()
-    loader = hr.DataLoader(Gated(40, gate), batch_size=4, num_workers=1)
+    loader = hr.DataLoader(IndexDataset(40), batch_size=4, num_workers=1)
     it = iter(loader)
     next(it)
-    dead = threading.Thread(target=lambda: None)
-    dead.start()
-    dead.join()
-    running, it.scheduler._thread = it.scheduler._thread, dead  # as if it had died
+    it.scheduler.stop()  # as if it had died: it ends, with nothing more on the queue
+    it.scheduler._thread.join(30)
+    assert not it.scheduler._thread.is_alive()
+    while not it._out.empty():
+        it._out.get_nowait()
     try:
         with pytest.raises(RuntimeError, match="scheduler thread stopped unexpectedly"):
             next(it)
         with pytest.raises(RuntimeError, match="ended on an error and cannot deliver the rest"):
             next(it)
     finally:
-        gate.set()
-        it.scheduler._thread = running
         loader.close()
 
 
