@@ -77,6 +77,20 @@ def read_on(it: Iterator[Any]) -> tuple[list[int], int, BaseException | None]:
         got.extend(b.tolist())
 
 
+def batches_and_errors(it: Iterator[Any], caught: type[BaseException]) -> list[Any]:
+    """Each batch (as a list) and, in its place, the name of each ``caught`` error, until
+    ``StopIteration``; at most 20 ``next()`` calls (an error raised for ever fails the test)."""
+    events: list[Any] = []
+    for _ in range(20):
+        try:
+            events.append(next(it).tolist())
+        except StopIteration:
+            return events
+        except caught:
+            events.append(caught.__name__)
+    raise AssertionError(f"no StopIteration after 20 next(): {events[:8]}...")
+
+
 def nth_call(n: int) -> Callable[[FrameType, int], bool]:
     """At the first line of the ``n``-th call."""
     return lambda frame, call: call == n
@@ -165,14 +179,7 @@ def test_a_sample_raising_a_base_exception_every_time_fails_on_its_rerun(in_orde
     # iterator could never go past it (torch raises it once and goes on)
     loader = hr.DataLoader(_AbortsAtFive(20), batch_size=4, num_workers=0, in_order=in_order)
     it = iter(loader)
-    events: list = []
-    for _ in range(12):  # bounded: it raised for ever
-        try:
-            events.append(next(it).tolist())
-        except StopIteration:
-            break
-        except Abort:
-            events.append("Abort")
+    events = batches_and_errors(it, Abort)
     assert events == [[0, 1, 2, 3], "Abort", "Abort", [8, 9, 10, 11], [12, 13, 14, 15],
                       [16, 17, 18, 19]]  # run once again, as after a Ctrl-C, then failed
     stats = it.stats()
@@ -196,15 +203,8 @@ class _InterruptedTwice(IndexDataset):
 def test_a_sample_interrupted_twice_still_comes(no_leaks):
     # two Ctrl-Cs on one slow sample (a notebook cell run again): the rule that fails a
     # sample whose re-run raises a BaseException again must not take a Ctrl-C for user code
-    it = iter(hr.DataLoader(_InterruptedTwice(12), batch_size=4, num_workers=0))
-    events: list = []
-    for _ in range(10):
-        try:
-            events.append(next(it).tolist())
-        except StopIteration:
-            break
-        except KeyboardInterrupt:
-            events.append("KeyboardInterrupt")
+    events = batches_and_errors(iter(hr.DataLoader(_InterruptedTwice(12), batch_size=4,
+                                                   num_workers=0)), KeyboardInterrupt)
     assert events == [[0, 1, 2, 3], "KeyboardInterrupt", "KeyboardInterrupt", [4, 5, 6, 7],
                       [8, 9, 10, 11]]
 

@@ -187,33 +187,36 @@ def test_resume_with_a_distributed_sampler(in_order, no_leaks):
         assert before + after == full
 
 
+def skipping_rank(batch_size: int, workers: int):
+    """Rank 0 of 2 (a ``DistributedSampler`` without a process group) with
+    ``on_error="skip"``: its epochs are padded to the batch count every rank takes."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    pipe = hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)])
+    sampler = DistributedSampler(pipe, num_replicas=2, rank=0, shuffle=True, seed=3)
+    return hr.DataLoader(pipe, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                         options=hr.Options(seed=5, on_error="skip"))
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_resumed_rank_with_skip_takes_only_the_batches_it_had_left(workers, no_leaks):
     # DDP with on_error="skip" pads a rank's epoch to the batch count every rank takes; a
     # resumed epoch counted only its own batches, so it repeated its last batch as often as
     # batches came before the resume (3 extra copies after 3), with a warning blaming skips
-    from torch.utils.data.distributed import DistributedSampler
-
-    def loader():
-        pipe = hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)])
-        sampler = DistributedSampler(pipe, num_replicas=2, rank=0, shuffle=True, seed=3)
-        return hr.DataLoader(pipe, batch_size=3, sampler=sampler, num_workers=workers,
-                             options=hr.Options(seed=5, on_error="skip"))
-
-    full = [r for b in loader() for r in rows(b)]
-    first = loader()
+    full = [r for b in skipping_rank(3, workers) for r in rows(b)]
+    first = skipping_rank(3, workers)
     assert len(first) == 5  # 13 of the 26 samples, in batches of 3
     it = iter(first)
     before = [rows(next(it)) for _ in range(3)]
     state = json.loads(json.dumps(first.state_dict()))
     del it, first
-    second = loader()
+    second = skipping_rank(3, workers)
     second.load_state_dict(state)
     it = iter(second)
     before.append(rows(next(it)))  # and a resumed epoch's state counts what came before it
     state = json.loads(json.dumps(second.state_dict()))
     del it, second
-    third = loader()
+    third = skipping_rank(3, workers)
     third.load_state_dict(state)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "left this rank short" warning: nothing was
@@ -225,21 +228,13 @@ def test_a_resumed_rank_with_skip_takes_only_the_batches_it_had_left(workers, no
 def test_a_resumed_rank_with_skip_and_another_batch_size_pads_to_its_own_batches(no_leaks):
     # batches_delivered counts batches of the saved run's size: subtracted from len(loader) in
     # another size, the rank repeated its last batch (56 samples, 50 distinct)
-    from torch.utils.data.distributed import DistributedSampler
-
-    def loader(batch_size):
-        pipe = hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)])
-        sampler = DistributedSampler(pipe, num_replicas=2, rank=0, shuffle=True, seed=3)
-        return hr.DataLoader(pipe, batch_size=batch_size, sampler=sampler,
-                             options=hr.Options(seed=5, on_error="skip"))
-
-    full = [r for b in loader(3) for r in rows(b)]
-    first = loader(3)
+    full = [r for b in skipping_rank(3, 0) for r in rows(b)]
+    first = skipping_rank(3, 0)
     it = iter(first)
     before = [r for _ in range(2) for r in rows(next(it))]  # 6 of the rank's 13 samples
     state = json.loads(json.dumps(first.state_dict()))
     del it, first
-    second = loader(2)
+    second = skipping_rank(2, 0)
     with pytest.warns(UserWarning, match="batch_size=3 then, 2 now"):
         second.load_state_dict(state)
     with warnings.catch_warnings():

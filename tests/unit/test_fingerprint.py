@@ -14,6 +14,7 @@ import torch
 import headrace as hr
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.fingerprint import code_identity
+from tests.helpers import Compose
 
 
 class Src:
@@ -46,16 +47,6 @@ class Scaler:
 
     def apply(self, x):
         return x * self.factor
-
-
-class Compose:
-    def __init__(self, transforms: list) -> None:
-        self.transforms = transforms
-
-    def __call__(self, x):
-        for t in self.transforms:
-            x = t(x)
-        return x
 
 
 class Resize:
@@ -240,20 +231,6 @@ def test_an_object_array_is_hashed_by_its_elements_the_same_in_every_process():
 def test_a_sources_transform_parameters_reach_its_cache_namespace_through_a_subset():
     # two jobs over Subset(Folder(Compose([Resize(224)]))) and Resize(256): the 224 lay below
     # the depth hashed, and they shared a cache's namespaces
-    class Resize:
-        def __init__(self, size: int) -> None:
-            self.size = size
-
-        def __call__(self, x):
-            return x
-
-    class Compose:
-        def __init__(self, transforms: list) -> None:
-            self.transforms = transforms
-
-        def __call__(self, x):
-            return x
-
     class Folder(torch.utils.data.Dataset):
         def __init__(self, transform) -> None:
             self.transform = transform
