@@ -72,8 +72,7 @@ class EpochBase:
         self._closed = False
         self._replaced = False
         self._ending: BaseException | None = None  # see _end_with
-        self._halted: str | None = None  # see halting
-        self._broken: str | None = None  # an error the epoch cannot go on from (``broken``)
+        self._after_end: tuple[type[Exception], str] | None = None  # see halting and broken
 
     def __iter__(self) -> EpochBase:
         return self
@@ -98,18 +97,18 @@ class EpochBase:
                 raise error
             finally:
                 error = None
-        if self._halted is not None:
-            raise LoaderClosedError(self._halted)
-        if self._broken is not None:
-            raise RuntimeError(f"this epoch ended on an error and cannot deliver the rest "
-                               f"({self._broken}); state_dict() resumes it in a new iter()")
+        if self._after_end is not None:  # closed part-way: never a StopIteration
+            cls, message = self._after_end
+            raise cls(message)
         raise StopIteration
 
     def broken(self, message: str) -> None:
         """The epoch is about to close on an error it cannot go on from (``message``): every
         later ``next()`` raises a ``RuntimeError`` saying so. A ``StopIteration`` there passed
         for the epoch's end."""
-        self._broken = message
+        self._after_end = (RuntimeError, f"this epoch ended on an error and cannot deliver the "
+                                         f"rest ({message}); state_dict() resumes it in a new "
+                                         "iter()")
 
     def halting(self, total: int | None, batches: int | None,
                 why: str = "the DataLoader was closed (loader.close())",
@@ -122,7 +121,7 @@ class EpochBase:
         ended with a ``StopIteration``, which a training loop takes for the epoch's end: the
         rest was lost without a word."""
         m = self.meter
-        before = self.delivered.count - m.samples  # delivered before a resume
+        before = self.delivered_before
         if total is None:
             left = "how much was not is unknown (the sampler has no length)"
         else:
@@ -130,10 +129,10 @@ class EpochBase:
             left = (f"{batches - m.batches} of its {batches} batches ({samples} samples) were not"
                     if not before and batches is not None
                     else f"{samples} of its {total} samples were not")
-        self._halted = (
+        self._after_end = (LoaderClosedError, (
             f"{why} part-way through epoch {m.epoch}: "
             f"{m.batches} batch(es) were delivered{' since the resume' if before else ''}, and "
-            f"{left}. This iterator cannot deliver the rest: {then}")
+            f"{left}. This iterator cannot deliver the rest: {then}"))
 
     def _end_with(self, error: BaseException) -> None:
         """Close the epoch, then raise ``error`` (what ends it unfinished); the next
@@ -210,12 +209,16 @@ class EpochBase:
         self.meter.samples += n
 
     @property
-    def batches_delivered(self) -> int:
-        """Batches this epoch delivered, those before its resume included; 0 where those are
-        unknown (a state dict that did not count them in this loader's batch settings)."""
-        resumed_after = self.delivered.count - self.meter.samples  # positions before a resume
-        if resumed_after and not self.batches_before:
-            return 0
+    def delivered_before(self) -> int:
+        """Positions delivered before this epoch's resume (0 for an epoch run from its start)."""
+        return int(self.delivered.count - self.meter.samples)
+
+    @property
+    def batches_delivered(self) -> int | None:
+        """Batches this epoch delivered, those before its resume included; ``None`` where those
+        are unknown (a state dict that did not count them in this loader's batch settings)."""
+        if self.delivered_before and not self.batches_before:
+            return None
         return self.batches_before + self.meter.batches
 
     def stats(self) -> EpochStats:

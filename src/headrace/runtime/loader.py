@@ -279,7 +279,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         empty = batches = 0
         if it is not None and not it.closed and not epoch_span.at_end(self, it):
             origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
-            empty, batches = it.empty_batches, it.batches_delivered
+            empty, batches = it.empty_batches, it.batches_delivered or 0
         elif self._resume is not None or self._unfinished is not None:
             point = self._resume if self._resume is not None else self._unfinished
             assert point is not None
@@ -335,7 +335,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             self._unfinished = checkpoint.ResumePoint(
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
                 generator_state=None, persistent_base_seed=None, steps=it.steps,
-                empty_batches=it.empty_batches, batches=it.batches_delivered)
+                empty_batches=it.empty_batches, batches=it.batches_delivered or 0)
 
     def _identity(self, steps: tuple[str, ...]) -> checkpoint.Identity:
         assert self.pipeline is not None

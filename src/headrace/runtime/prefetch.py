@@ -186,12 +186,8 @@ class DevicePrefetcher:
         return int(self.epoch.empty_batches)
 
     @property
-    def batches_before(self) -> int:
-        return int(self.epoch.batches_before)
-
-    @property
-    def batches_delivered(self) -> int:
-        return int(self.epoch.batches_delivered)
+    def batches_delivered(self) -> int | None:
+        return self.epoch.batches_delivered
 
     @property
     def closed(self) -> bool:

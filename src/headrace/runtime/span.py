@@ -76,13 +76,13 @@ def batches_left(loader: DataLoader, epoch: Any) -> int:
     settings) the positions left, cut as this loader cuts them. Raises ``TypeError`` where the
     loader has no length."""
     n = len(loader)
-    before, done = int(epoch.batches_before), epoch.delivered.count
-    if before or not done:
-        return n - before
+    before = epoch.batches_delivered  # at the epoch's start: those before its resume
+    if before is not None:
+        return int(n - before)
     total, (bs, drop_last) = total_positions(loader), batching(loader)
     if total is None or bs is None:
         return n
-    left = max(0, total - done)
+    left = max(0, total - epoch.delivered.count)
     return left // bs if drop_last else -(-left // bs)
 
 
