@@ -15,7 +15,6 @@ from typing import Any
 from headrace.cache.client import CacheClient, Counters
 from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget
 from headrace.cache.tiers import TierLayout
-from headrace.pipeline.fingerprint import source_fingerprint
 from headrace.pipeline.pipeline import Pipeline
 from headrace.planner.cache_partition import (
     INF,
@@ -159,10 +158,9 @@ class CacheSession:
         backend open; otherwise it is closed here before workers fork (see ``memory_backend``).
         """
         self._main_uses = in_process
-        # the source by content, at every epoch's plan: a source the script changes between
-        # epochs (a curriculum's size) gets other entries, never the last epoch's
-        source = source_fingerprint(executed.source, content=True)
-        layout = TierLayout.for_pipeline(executed, self.config.shared_augmented, source)
+        # keyed anew at every epoch's plan: a source the script changes between epochs (a
+        # curriculum's size) gets other entries, never the last epoch's
+        layout = TierLayout.for_pipeline(executed, self.config.shared_augmented)
         self.layout = layout
         self.split = default_split(layout, self.config)
         self.plan = None

@@ -77,10 +77,10 @@ class TierLayout:
     """Number of execution steps (load included)."""
 
     @classmethod
-    def for_pipeline(cls, pipeline: Pipeline, shared_augmented: bool = False,
-                     source: str | None = None) -> TierLayout:
-        """The forms of ``pipeline``; ``source``: its source's identity by content
-        (``source_fingerprint(..., content=True)``, computed here when not given)."""
+    def for_pipeline(cls, pipeline: Pipeline, shared_augmented: bool = False) -> TierLayout:
+        """The forms of ``pipeline``, keyed by its source's content and its steps' code as
+        they are now (the cache plans each epoch anew: a source or step the script changed
+        between epochs gets other entries)."""
         whole = pipeline.opaque or pipeline.embedded  # one unit of work: __getitem__
         n = 1 if whole else len(pipeline.step_names)
         randoms = [False, *(s.random for s in pipeline.steps)]
@@ -100,7 +100,7 @@ class TierLayout:
         for name in TIERS:
             if name in positions:
                 by_pos[positions[name]] = name
-        fps = _prefix_fingerprints(pipeline, source)
+        fps = _prefix_fingerprints(pipeline)
         tiers = []
         for pos, name in sorted(by_pos.items(), reverse=True):
             seeded = first_random is not None and pos >= first_random or whole
@@ -116,12 +116,10 @@ class TierLayout:
         return tuple(t.name for t in self.tiers)
 
 
-def _prefix_fingerprints(pipeline: Pipeline, source: str | None = None) -> list[str]:
-    """``fps[p]``: hash of the source (by content: ``source``, else computed) and of execution
-    steps ``1..p`` (name, traits, code)."""
-    if source is None:
-        source = source_fingerprint(pipeline.source, content=True)
-    h = hashlib.sha256(source.encode())
+def _prefix_fingerprints(pipeline: Pipeline) -> list[str]:
+    """``fps[p]``: hash of the source (by content) and of execution steps ``1..p`` (name,
+    traits, code)."""
+    h = hashlib.sha256(source_fingerprint(pipeline.source, content=True).encode())
     h.update(f"|opaque={pipeline.opaque}".encode())
     out = [h.hexdigest()[:16]]
     for s in pipeline.steps:

@@ -227,9 +227,9 @@ def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
         loader.dataset, num_replicas=num_processes, rank=rank, shuffle=True, seed=seed[0] % 2**63)
     dataset: Any = loader.dataset  # map-style, with a length (an IterableDataset raised)
     padded = len(sampler) * num_processes != len(dataset)
-    if not padded or loader.batch_size is None:  # no padding: samples regrouped
-        if padded and kwargs.get("in_order") is None:  # a sample a step: the padding last
-            kwargs["in_order"] = True
+    if padded and kwargs.get("in_order") is None:  # the padding stays last (see below)
+        kwargs["in_order"] = True
+    if not padded or loader.batch_size is None:  # samples regrouped, or a sample a step
         return DataLoader(sampler=sampler, batch_size=loader.batch_size,
                           drop_last=loader.drop_last, **kwargs)
     # The sampler would pad ranks with samples from the start of the permutation, spread over
@@ -242,8 +242,6 @@ def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
     batches = tud.BatchSampler(order, loader.batch_size, loader.drop_last)
     shard = BatchSamplerShard(batches, num_processes=num_processes, process_index=rank,
                               even_batches=True)
-    if kwargs.get("in_order") is None:
-        kwargs["in_order"] = True
     return DataLoader(batch_sampler=shard, **kwargs)
 
 
