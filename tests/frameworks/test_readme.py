@@ -51,8 +51,10 @@ model = Module()
 other snippets' processes seconds."""
 
 EPILOGUE = {
-    "lightning": "open(f'out{trainer.global_rank}.json', 'w').write(json.dumps("
-                 "{'seen': model.seen, 'type': type(trainer.train_dataloader).__name__}))\n",
+    "lightning": "from headrace.planner.workers import available_cpus, rank_cpus\n"
+                 "open(f'out{trainer.global_rank}.json', 'w').write(json.dumps("
+                 "{'seen': model.seen, 'type': type(trainer.train_dataloader).__name__, "
+                 "'cpus': [rank_cpus(), available_cpus()]}))\n",
     "accelerate": "open(f'out{accelerator.process_index}.json', 'w').write(json.dumps("
                   "{'n': len(loader), 'type': type(loader.base_dataloader).__name__}))\n",
     "torchrun": "open(f'out{sampler.rank}.json', 'w').write(json.dumps("
@@ -87,5 +89,9 @@ def test_readme_snippet_runs_as_written(tmp_path, name):
             assert set().union(*ranks) == set(range(N))  # disjoint shares covering the dataset
             shares.append(set(ranks[0]))
         assert shares[0] != shares[1]  # DistributedSampler.set_epoch: a new split each epoch
+        # Lightning's launcher sets no LOCAL_WORLD_SIZE: both ranks meet at 127.0.0.1, so
+        # num_workers="auto" plans each for half the node's cores, not for all of them
+        for o in outs:
+            assert o["cpus"][0] == max(1, o["cpus"][1] // 2), o["cpus"]
     else:
         assert [o["n"] for o in outs] == [2, 2]  # 48 samples per rank, batches of 32

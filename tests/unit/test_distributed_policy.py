@@ -14,11 +14,52 @@ from headrace.runtime import distributed
 DS = list(range(10))
 
 
+def never() -> int | None:
+    raise AssertionError("torch.distributed asked where the environment answers")
+
+
 def test_local_world_size_reads_torchrun_env():
-    assert ranks.local_world_size({}) == 1
-    assert ranks.local_world_size({"LOCAL_WORLD_SIZE": "4"}) == 4
-    assert ranks.local_world_size({"LOCAL_WORLD_SIZE": "junk"}) == 1
-    assert ranks.local_world_size({"LOCAL_WORLD_SIZE": "0"}) == 1
+    none = lambda: None  # noqa: E731 - torch.distributed not initialised
+    assert ranks.local_world_size({}, none) == 1
+    assert ranks.local_world_size({"LOCAL_WORLD_SIZE": "4"}, never) == 4
+    assert ranks.local_world_size({"LOCAL_WORLD_SIZE": "junk"}, none) == 1
+    assert ranks.local_world_size({"LOCAL_WORLD_SIZE": "0"}, none) == 1
+
+
+def test_local_world_size_reads_mpi_launchers():
+    assert ranks.local_world_size({"OMPI_COMM_WORLD_LOCAL_SIZE": "8"}, never) == 8
+    assert ranks.local_world_size({"MPI_LOCALNRANKS": "2"}, never) == 2
+    assert ranks.local_world_size({"MV2_COMM_WORLD_LOCAL_SIZE": "3"}, never) == 3
+    # torchrun's own wins over an MPI launcher's around it
+    assert ranks.local_world_size({"LOCAL_WORLD_SIZE": "4",
+                                   "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, never) == 4
+
+
+def test_local_world_size_reads_this_nodes_tasks_of_a_slurm_step():
+    step = {"SLURM_STEP_TASKS_PER_NODE": "4(x2),2,1(x3)"}
+    assert [ranks.local_world_size({**step, "SLURM_NODEID": str(k)}, never)
+            for k in range(6)] == [4, 4, 2, 1, 1, 1]
+    # the step's node index wins over the job's
+    assert ranks.local_world_size({**step, "SLURM_NODEID": "0", "SLURM_STEP_NODEID": "2"},
+                                  never) == 2
+    none = lambda: None  # noqa: E731
+    # outside a step (a batch script's one process), or unreadable: not read
+    assert ranks.local_world_size({"SLURM_NTASKS_PER_NODE": "4", "SLURM_NODEID": "0"}, none) == 1
+    assert ranks.local_world_size({**step, "SLURM_NODEID": "9"}, none) == 1
+    assert ranks.local_world_size({"SLURM_STEP_TASKS_PER_NODE": "4(y2)",
+                                   "SLURM_NODEID": "0"}, none) == 1
+
+
+def test_ranks_meeting_at_a_loopback_address_are_all_on_this_node():
+    # Lightning's ddp launcher: MASTER_ADDR 127.0.0.1 and WORLD_SIZE, no local size
+    assert ranks.local_world_size({"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "4"}, never) == 4
+    # ddp_spawn, mp.spawn: no WORLD_SIZE variable; torch.distributed's group knows it
+    for addr in ("localhost", "::1", "[::1]", "127.0.1.1"):
+        assert ranks.local_world_size({"MASTER_ADDR": addr}, lambda: 3) == 3
+    assert ranks.local_world_size({"MASTER_ADDR": "localhost"}, lambda: None) == 1
+    # another host's address: the ranks may be anywhere
+    for addr in ("10.0.0.7", "node-0", ""):
+        assert ranks.local_world_size({"MASTER_ADDR": addr, "WORLD_SIZE": "16"}, never) == 1
 
 
 def test_cores_and_memory_are_shared_by_the_ranks_of_a_node():
