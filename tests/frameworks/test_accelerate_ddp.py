@@ -51,9 +51,18 @@ def test_gather_for_metrics_on_three_ranks_gives_the_dataset_as_torchs_loader(tm
     was regrouped into any batch likewise."""
     launcher = [*TORCHRUN[:-1], "--nproc_per_node=3"]
     run_script("accelerate_ranks.py", str(tmp_path), "gather", launcher=launcher, timeout_s=400)
+    outs = [load_json(tmp_path / f"gather_rank{r}.json") for r in range(3)]
+    # even_batches=False (it was ignored: every rank padded to the same count): each rank's
+    # batches are those of torch's loader prepared alike, and shuffled shares do not overlap
+    for k, (n, *_) in enumerate(outs[0]["uneven"]):
+        shuffled: list[int] = []
+        for out in outs:
+            _, torch_batches, headrace_batches, shuffled_batches = out["uneven"][k]
+            assert headrace_batches == torch_batches, n
+            shuffled += [i for b in shuffled_batches for i in b]
+        assert sorted(shuffled) == list(range(n))  # each sample once, none padded
     for r in range(3):
-        for n, torch_got, headrace_got, shuffled in load_json(
-                tmp_path / f"gather_rank{r}.json")["gathered"]:
+        for n, torch_got, headrace_got, shuffled in outs[r]["gathered"]:
             assert torch_got == list(range(n))
             assert headrace_got == torch_got
             # shuffled: the ranks' padded duplicate was regrouped into any batch, and the

@@ -25,11 +25,13 @@ torch's loader) and snapshots ``state_dict()`` before each batch it fetches.
 Not supported (raise): ``split_batches=True`` and ``dispatch_batches=True`` (both need the
 global batch in one process); an ``IterableDataset``; ``use_seedable_sampler=True`` on a
 shuffled loader without a seed of its own (it was silently ignored: the order moved with other
-draws from torch's global generator; ``generator=`` or ``Options(seed=)`` give what it asks). ``even_batches=False`` is not honoured:
-``DistributedSampler`` always pads the ranks to the same number of samples. Where it would pad
-(the dataset's length is not a multiple of the processes), a shuffled loader is sharded as
-Accelerate shards one (whole batches of one permutation per rank, in order: no sample-aware
-batching), so ``gather_for_metrics`` trims the padding and not a real sample.
+draws from torch's global generator; ``generator=`` or ``Options(seed=)`` give what it asks).
+Where a ``DistributedSampler`` would pad (the dataset's length is not a multiple of the
+processes), a shuffled loader is sharded as Accelerate shards one (whole batches of one
+permutation per rank, in order: no sample-aware batching), so ``gather_for_metrics`` trims the
+padding and not a real sample; with ``even_batches=False`` there is no padding, and the last
+ranks get a batch fewer or a short one, as with Accelerate's own loaders. A shuffled loader
+with ``batch_size=None`` (a sample a step) is always padded to the same count on every rank.
 """
 
 from __future__ import annotations
@@ -162,7 +164,7 @@ def prepare_data_loader(accelerator: Accelerator, loader: DataLoader,
             "a headrace loader: give it its own seed instead, "
             "generator=torch.Generator().manual_seed(s) or options=headrace.Options(seed=s)")
     n, rank = accelerator.num_processes, accelerator.process_index
-    sharded = _shard(loader, n, rank) if n > 1 else loader
+    sharded = _shard(loader, n, rank, accelerator.even_batches) if n > 1 else loader
     if device_placement is None:
         device_placement = accelerator.device_placement
     shard = HeadraceShard(sharded, accelerator.device if device_placement else None, n, rank,
@@ -206,8 +208,10 @@ def _resumed_batches(loader: DataLoader) -> int:
     return -(-point.delivered.count // int(size))
 
 
-def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
-    """The loader rebuilt to load this rank's share only."""
+def _shard(loader: DataLoader, num_processes: int, rank: int,
+           even_batches: bool = True) -> DataLoader:
+    """The loader rebuilt to load this rank's share only; ``even_batches``: Accelerate's
+    setting (False: no rank's share is padded, some get fewer samples)."""
     if distributed.is_sharded(loader._index_sampler):
         return loader  # the user sharded it already
     kwargs = _init_kwargs(loader)
@@ -218,7 +222,7 @@ def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
         # layout: a DistributedSampler over a sequential order (interleaved, padded by
         # wrapping) put a duplicate there and dropped a sample on 3 ranks and more.
         shard = BatchSamplerShard(loader.batch_sampler, num_processes=num_processes,
-                                  process_index=rank, even_batches=True)
+                                  process_index=rank, even_batches=even_batches)
         return DataLoader(batch_sampler=shard, **kwargs)
     seed = [loader.options.seed if loader.options.seed is not None
             else int(torch.empty((), dtype=torch.int64).random_().item())]
@@ -227,7 +231,7 @@ def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
         loader.dataset, num_replicas=num_processes, rank=rank, shuffle=True, seed=seed[0] % 2**63)
     dataset: Any = loader.dataset  # map-style, with a length (an IterableDataset raised)
     padded = len(sampler) * num_processes != len(dataset)
-    if padded and kwargs.get("in_order") is None:  # the padding stays last (see below)
+    if padded and even_batches and kwargs.get("in_order") is None:  # the padding stays last
         kwargs["in_order"] = True
     if not padded or loader.batch_size is None:  # samples regrouped, or a sample a step
         return DataLoader(sampler=sampler, batch_size=loader.batch_size,
@@ -237,11 +241,11 @@ def _shard(loader: DataLoader, num_processes: int, rank: int) -> DataLoader:
     # last gathered step: it kept a duplicate and dropped a real sample (with torch's batches
     # too). Accelerate's own layout instead: the permutation's batches dealt to the ranks,
     # the padding in the last batches, kept in order (one permutation per epoch from a
-    # generator every rank seeds alike).
+    # generator every rank seeds alike). even_batches=False: the same, unpadded.
     order = tud.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed[0] % 2**63))
     batches = tud.BatchSampler(order, loader.batch_size, loader.drop_last)
     shard = BatchSamplerShard(batches, num_processes=num_processes, process_index=rank,
-                              even_batches=True)
+                              even_batches=even_batches)
     return DataLoader(batch_sampler=shard, **kwargs)
 
 

@@ -60,6 +60,17 @@ def main() -> None:
                 for dl in (torch_loader, loader, shuffled)])
             loader.base_dataloader.close()
             shuffled.base_dataloader.close()
+        acc.even_batches = False  # no padding: the last ranks get fewer samples
+        result["uneven"] = []
+        for n, bs in ((7, 3), (13, 4), (29, 3)):
+            torch_loader = acc.prepare(tud.DataLoader(IndexDataset(n), batch_size=bs))
+            loader = prepare_data_loader(acc, hr.DataLoader(IndexDataset(n), batch_size=bs))
+            shuffled = prepare_data_loader(acc, hr.DataLoader(
+                IndexDataset(n), batch_size=bs, shuffle=True, options=hr.Options(seed=n)))
+            result["uneven"].append([n] + [[b.tolist() for b in dl]
+                                           for dl in (torch_loader, loader, shuffled)])
+            loader.base_dataloader.close()
+            shuffled.base_dataloader.close()
     elif phase == "train":
         model = torch.nn.Linear(1, 1)
         model, torch_loader = acc.prepare(model, tud.DataLoader(IndexDataset(N), batch_size=BS,
