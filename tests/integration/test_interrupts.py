@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import queue
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -184,6 +185,85 @@ def test_a_sample_raising_a_base_exception_every_time_fails_on_its_rerun(in_orde
                       [16, 17, 18, 19]]  # run once again, as after a Ctrl-C, then failed
     stats = it.stats()
     assert stats.failed_samples == 1 and stats.samples == 16
+
+
+class _GivesUpAt:
+    """A ``collate_fn`` raising ``exc`` (not an ``Exception``) on the batch holding ``at``;
+    ``thread``: the name of the thread it raised on."""
+
+    def __init__(self, exc: type[BaseException], at: int) -> None:
+        self.exc, self.at, self.thread = exc, at, ""
+
+    def __call__(self, samples: list[int]) -> torch.Tensor:
+        if self.at in samples:
+            self.thread = threading.current_thread().name
+            raise self.exc(f"the collate_fn gives up at {self.at}")
+        return torch.tensor(samples)
+
+
+def first_and_errors(it: Iterator[Any], *caught: type[BaseException]) -> list[Any]:
+    """Each batch's first index and, in its place, each ``caught`` error itself, until
+    ``StopIteration``; at most 30 ``next()`` calls."""
+    events: list[Any] = []
+    for _ in range(30):
+        try:
+            events.append(next(it)[0].item())
+        except StopIteration:
+            return events
+        except caught as e:
+            events.append(e)
+    raise AssertionError(f"no StopIteration after 30 next(): {events[:8]}...")
+
+
+# batch 15 (60..63) of 20: past the four batches watched in the training loop and the ones
+# queued meanwhile (runtime/collate_rng.py), so on a collate thread
+AT = 60
+BATCHES_BUT_AT = list(range(0, AT, 4)) + list(range(AT + 4, 80, 4))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("exc", [Abort, SystemExit, KeyboardInterrupt])
+def test_a_collate_fn_raising_a_base_exception_on_a_collate_thread_raises_it_once(exc, no_leaks):
+    # taken for an interrupt, the batch was dropped uncounted, and the epoch ended with a
+    # RuntimeError blaming a Ctrl-C for a lost batch; torch raises it once and goes on
+    collate = _GivesUpAt(exc, AT)
+    it = iter(hr.DataLoader(IndexDataset(80), batch_size=4, num_workers=2, in_order=True,
+                            collate_fn=collate))
+    events = first_and_errors(it, exc)
+    assert collate.thread.startswith("headrace-collate")
+    raised = [e for e in events if isinstance(e, BaseException)]
+    assert len(raised) == 1 and type(raised[0]) is exc  # itself: no `except Exception` takes it
+    assert events.index(raised[0]) == len(range(0, AT, 4))  # in its batch's place
+    assert raised[0].__notes__ == [  # type: ignore[attr-defined]
+        f"headrace: raised in step 'collate_fn' (the loader's collate_fn) on the batch of "
+        f"sample indices [{AT}, {AT + 1}, {AT + 2}, {AT + 3}]"]
+    assert [e for e in events if not isinstance(e, BaseException)] == BATCHES_BUT_AT
+    stats = it.stats()
+    assert stats.finished and stats.samples == 76
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_while_waiting_for_a_collate_thread_that_raised_leaves_its_error_next(no_leaks):
+    """A Ctrl-C in ``Future.result`` once the call had raised is an interrupt, not the
+    collate_fn's outcome: the batch stays for the next ``next()``, which raises the
+    collate_fn's own exception (taken for its outcome, the batch was lost)."""
+    from concurrent.futures import Future
+
+    collate = _GivesUpAt(Abort, AT)
+    it = iter(hr.DataLoader(IndexDataset(80), batch_size=4, num_workers=2, in_order=True,
+                            collate_fn=collate))
+
+    def raised(frame: FrameType, call: int) -> bool:
+        f = frame.f_locals["self"]
+        return bool(f.done() and f.exception() is not None)
+
+    with interrupt_once(Future.result.__code__, raised) as fired:
+        events = first_and_errors(it, KeyboardInterrupt, Abort)
+    assert fired["n"] == 1 and collate.thread.startswith("headrace-collate")
+    at = len(range(0, AT, 4))
+    assert [type(e) for e in events[at:at + 2]] == [KeyboardInterrupt, Abort]
+    assert events[:at] + events[at + 2:] == BATCHES_BUT_AT
+    assert it.stats().finished
 
 
 class _InterruptedTwice(IndexDataset):

@@ -190,31 +190,46 @@ class EpochIterator(EpochBase):
             self.batches_taken += 1
             self.scheduler.consumed += n  # (the scheduler is woken at ``mark``)
             return value, positions
-        except StepError:
-            del value, item  # held by the error's traceback: a cycle through the future
-            raise
-        except BaseException:  # the future's own outcome (not a wait interrupted) is not held
-            if item[0] == "future" and value.done() and value.exception() is not None:
-                self._held = None
-            raise
+        except BaseException:
+            if self._held is None:  # the batch's own error, settled (``_collated``): the
+                del value, item  # traceback holds this frame, a cycle through the future
+            raise  # else an interrupt: the batch stays held, for the next take
 
     def _collated(self, kind: str, collate: Any, positions: Any) -> Any:
         """What a user ``collate_fn`` made of a batch: the ``"future"``'s result, or the
         ``"deferred"`` collation run here. Its ``StepError`` (the batch raises in place, as in
-        torch) takes the batch's samples out of flight."""
+        torch) takes the batch's samples out of flight; so does whatever else a collate
+        thread's call raised (``SystemExit``, ``KeyboardInterrupt``, a user's own
+        ``BaseException``: raised as itself, as torch's ``num_workers=0`` does, with a note
+        naming the step and the batch), since no signal lands on that thread: it is the
+        ``collate_fn``'s own doing. Taken for an interrupt, the batch was dropped uncounted
+        and the epoch ended with an error blaming a Ctrl-C for a lost batch. Any other
+        exception here is an interrupt of this thread (while it waited, or ran the
+        collation): the batch stays held for the next take."""
         t0 = time.perf_counter()
         try:
             return collate.result() if kind == "future" else collate()
         except StepError:
-            self._held = None  # settled first: an interrupt in what follows must not re-run it
-            self.batches_taken += 1
-            self.scheduler.consumed += len(positions)  # its samples leave with its error
-            self._raised += len(positions) or 1  # (an empty batch counts as one)
-            self._top_up(wake=True)
+            self._settle_raised(positions)
             collate = None  # held by the error's traceback: a cycle through the future
+            raise
+        except BaseException as e:
+            if kind == "future" and collate.done() and not collate.cancelled() \
+                    and collate.exception() is e:  # the call's own outcome
+                self._settle_raised(positions)
+                collate = None  # (as above)
             raise
         finally:
             self.meter.stall_s += time.perf_counter() - t0
+
+    def _settle_raised(self, positions: Any) -> None:
+        """The batch at ``positions`` raised instead of being delivered: out of flight, and
+        its room for the sampler's next samples."""
+        self._held = None  # settled first: an interrupt in what follows must not re-run it
+        self.batches_taken += 1
+        self.scheduler.consumed += len(positions)  # its samples leave with its error
+        self._raised += len(positions) or 1  # (an empty batch counts as one)
+        self._top_up(wake=True)
 
     def _get_blocking(self, deadline: float | None) -> tuple[str, Any, Any]:
         """The next item of the queue; ``deadline``: ``time.monotonic()`` at which the loader's

@@ -34,7 +34,7 @@ from headrace.runtime.assembly import BatchAssembly
 from headrace.runtime.collate_rng import collated_in_loop, one_at_a_time
 from headrace.runtime.daemon_pool import DaemonPool
 from headrace.runtime.ring import Ring
-from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error
+from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, collate_error, note_collate
 
 WAKE_UPS = ("feed", "start")
 """Kinds of the training loop's queue items that wake its thread for work of its own (read the
@@ -163,9 +163,14 @@ def _collate_empty(collate: Callable[[Any], Any], pin: Callable[[Any], Any] | No
 
 def _pinned(make: Callable[[], Any], pin: Callable[[Any], Any] | None,
             indices: Callable[[], list[int]]) -> Any:
-    """``make()``, pinned; its failure a ``StepError`` naming the batch's ``indices()``."""
+    """``make()``, pinned; its failure a ``StepError`` naming the batch's ``indices()``, or,
+    for an exception that is not an error (``SystemExit``, a user's own ``BaseException``),
+    that exception itself with a note naming them (``note_collate``)."""
     try:
         batch = make()
         return pin(batch) if pin is not None else batch
     except Exception as e:  # noqa: BLE001 - collate_fn is user code: that batch raises
         raise collate_error(e, indices()) from e
+    except BaseException as e:
+        note_collate(e, indices())
+        raise

@@ -5,6 +5,7 @@ Plain data shared by the scheduler thread (``runtime/scheduler.py``) and the loa
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -102,13 +103,33 @@ class Fatal(Exception):
 def collate_error(e: Exception, indices: list[int]) -> StepError:
     """A collate_fn failure, naming the samples of the batch (e.g. one of another shape), or
     saying it had none."""
-    shown = ", ".join(map(str, indices[:16])) + (", ..." if len(indices) > 16 else "")
-    where = (f"batch of sample indices [{shown}]; a sample of another shape or type than the "
-             "others is the usual cause") if indices else "an empty batch from the batch_sampler"
+    where = (f"batch of sample indices [{_shown(indices)}]; a sample of another shape or type "
+             "than the others is the usual cause") if indices else "an empty batch from the batch_sampler"
     return step_error_for(
         type(e), indices[0] if indices else None, "collate_fn", type(e).__qualname__,
         f"{message_of(e)} ({where})", traceback.format_exc(),
     )
+
+
+def note_collate(e: BaseException, indices: list[int]) -> None:
+    """Note on ``e``, an exception a ``collate_fn`` raised that is not an ``Exception``
+    (``SystemExit``, ``KeyboardInterrupt``, a user's own ``BaseException``), where it came
+    from: it reaches the training loop as itself, as torch's does (an ``except`` clause for
+    it must still catch it, and one for ``Exception`` must not), so it cannot become a
+    ``StepError``. A note is all a traceback can show of the step and the batch (Python 3.11
+    prints ``__notes__``; 3.10 only keeps them)."""
+    where = f"the batch of sample indices [{_shown(indices)}]" if indices else "an empty batch"
+    note = f"headrace: raised in step 'collate_fn' (the loader's collate_fn) on {where}"
+    with contextlib.suppress(Exception):  # an exception class that refuses attributes
+        if hasattr(e, "add_note"):
+            e.add_note(note)
+        else:  # pragma: no cover - Python 3.10
+            e.__notes__ = [*getattr(e, "__notes__", ()), note]
+
+
+def _shown(indices: list[int]) -> str:
+    """A batch's sample indices as an error shows them: the first 16."""
+    return ", ".join(map(str, indices[:16])) + (", ..." if len(indices) > 16 else "")
 
 
 def start_death_error(slot: int, deaths: int, exitcode: int | None) -> WorkerDiedError:
