@@ -170,6 +170,82 @@ def test_next_after_close_at_an_epochs_end_stops_and_a_new_iter_runs_an_epoch(wo
     loader.close()
 
 
+class Lengthless:
+    """A sampler without ``__len__``: ``range(n)`` from a generator (``endless``: for ever)."""
+
+    def __init__(self, n: int, endless: bool = False) -> None:
+        self.n, self.endless = n, endless
+
+    def __iter__(self):
+        i = 0
+        while self.endless or i < self.n:
+            yield i % self.n
+            i += 1
+
+
+class LengthlessBatches(Lengthless):
+    """A batch sampler without ``__len__``: ``range(n)`` in batches of 4."""
+
+    def __iter__(self):
+        yield from (list(range(i, min(i + 4, self.n))) for i in range(0, self.n, 4))
+
+
+LENGTHLESS = {"sampler": lambda: {"sampler": Lengthless(12), "batch_size": 4},
+              "batch_sampler": lambda: {"batch_sampler": LengthlessBatches(12)}}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(LENGTHLESS))
+def test_next_after_close_at_the_end_of_a_lengthless_sampler_stops(kind, no_leaks):
+    # the workers' feed read the sampler's end before the last batch was delivered: every
+    # position it gave was, yet "how much was not is unknown (the sampler has no length)"
+    loader = hr.DataLoader(IndexDataset(12), num_workers=2, **LENGTHLESS[kind]())
+    it = iter(loader)
+    got = [i for _ in range(3) for i in next(it).tolist()]  # every batch, the end not seen yet
+    assert sorted(got) == list(range(12))
+    loader.close()
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            next(it)
+    assert not loader.state_dict()["in_epoch"]  # between epochs, as with a length
+    assert sorted(i for b in loader for i in b.tolist()) == list(range(12))  # the next epoch
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_next_after_close_before_the_end_of_a_lengthless_sampler_still_raises(no_leaks):
+    # its end read by the feed, the epoch's length is known: the message says what was left
+    loader = hr.DataLoader(IndexDataset(12), batch_size=4, num_workers=2, sampler=Lengthless(12))
+    it = iter(loader)
+    next(it)
+    next(it)
+    loader.close()
+    with pytest.raises(hr.LoaderClosedError, match=re.escape(
+            "2 batch(es) were delivered, and 4 of its 12 samples were not")):
+        next(it)
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers,endless", [(0, False), (2, True)])
+def test_close_where_a_lengthless_samplers_end_was_not_read_is_not_guessed(workers, endless,
+                                                                           no_leaks):
+    # num_workers=0 reads the sampler a batch at a time (as torch), and an endless one has no
+    # end: whether a 13th sample would come is unknown, so never a StopIteration
+    loader = hr.DataLoader(IndexDataset(12), batch_size=4, num_workers=workers,
+                           sampler=Lengthless(12, endless))
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    loader.close()
+    with pytest.raises(hr.LoaderClosedError, match=re.escape(
+            "3 batch(es) were delivered, and how much was not is unknown (the sampler has no "
+            "length, and its end was not read yet)")):
+        next(it)
+    assert loader.state_dict()["in_epoch"]
+    loader.close()
+
+
 @pytest.mark.parametrize("executor", ["threads", "processes"])
 def test_a_pool_closed_under_a_running_epoch_reports_no_death(executor, caplog, no_leaks):
     # what interpreter exit does to a live iterator (pool.shutdown from outside its epoch):

@@ -84,6 +84,12 @@ class EpochIterator(EpochBase):
         c = self.scheduler.counters
         return self._raised + c.skipped + c.failed + c.discarded
 
+    def known_length(self) -> int | None:
+        # the feed reads the sampler ahead of the deliveries, so its end is read by the time
+        # the last batch is (at the latest in that batch's ``mark``)
+        feed = self.feed
+        return feed.positions if feed is not None and feed.read_to_end else None
+
     def give_back(self, batch: Any, positions: Any) -> None:
         self.batches_taken -= 1
         self.scheduler.consumed -= len(positions)

@@ -116,14 +116,16 @@ class EpochBase:
                              "loader.load_state_dict(loader.state_dict()) and a new "
                              "iter(loader)")) -> None:
         """``loader.close()`` (or what ``why`` says) is about to close this epoch part-way
-        (``total`` samples in it, ``batches`` batches; ``None``: unknown): every later
-        ``next()`` raises ``LoaderClosedError`` saying what was delivered and what was not. It
-        ended with a ``StopIteration``, which a training loop takes for the epoch's end: the
-        rest was lost without a word."""
+        (``total`` samples in it, ``batches`` batches; ``None``: unknown, as for a sampler
+        without a length whose end was not read, which ``runtime/span.py`` never guesses):
+        every later ``next()`` raises ``LoaderClosedError`` saying what was delivered and what
+        was not. It ended with a ``StopIteration``, which a training loop takes for the epoch's
+        end: the rest was lost without a word."""
         m = self.meter
         before = self.delivered_before
         if total is None:
-            left = "how much was not is unknown (the sampler has no length)"
+            left = ("how much was not is unknown (the sampler has no length, and its end was "
+                    "not read yet)")
         else:
             samples = total - self.delivered.count - self.settled_undelivered()
             left = (f"{batches - m.batches} of its {batches} batches ({samples} samples) were not"
@@ -169,6 +171,13 @@ class EpochBase:
         (skipped, failed, dropped with a batch): with the delivered ones, the epoch's length
         once its last batch is out."""
         return 0
+
+    def known_length(self) -> int | None:
+        """The epoch's positions once its sampler was read to its end in this run (it stopped,
+        neither raising nor interrupted), before a resume included; ``None`` while they are
+        unknown. What tells a sampler without ``__len__`` that every position is settled
+        (``runtime/span.py``)."""
+        return None
 
     def give_back(self, batch: Any, positions: Any) -> None:
         """A batch ``take`` returned did not reach the training loop (an interrupt such as

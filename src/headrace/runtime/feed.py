@@ -64,6 +64,7 @@ class Feed:
         self.ahead = ahead
         self._items: deque[Any] = deque()
         self._ended = False  # the sampler stopped (or raised)
+        self.read_to_end = False  # it stopped with StopIteration: ``positions`` is the epoch's
         self._error: Exception | None = None  # what it raised, until given to the scheduler
         self.positions = 0  # positions read from the sampler
         self.fed = 0  # samples to run among them (what the scheduler will count as pulled)
@@ -84,7 +85,7 @@ class Feed:
                 if self._auto:
                     group = list(group)  # a batch sampler may yield generators: read once
             except StopIteration:
-                self._ended = True
+                self._ended = self.read_to_end = True
             except Exception as e:  # noqa: BLE001 - the sampler's: raised after what came before
                 self._ended, self._error = True, detached(e)
             except BaseException as e:  # Ctrl-C, SystemExit: to the caller at once

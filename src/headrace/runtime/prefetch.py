@@ -181,6 +181,10 @@ class DevicePrefetcher:
     def settled_undelivered(self) -> int:
         return int(self.epoch.settled_undelivered())
 
+    def known_length(self) -> int | None:
+        n = self.epoch.known_length()
+        return None if n is None else int(n)
+
     @property
     def empty_batches(self) -> int:
         return int(self.epoch.empty_batches)

@@ -46,12 +46,23 @@ def total_positions(loader: DataLoader) -> int | None:
         return None
 
 
+def epoch_positions(loader: DataLoader, it: Any) -> int | None:
+    """Positions in the running epoch ``it``: :func:`total_positions`, or for a sampler
+    without a length, those it gave once it was read to its end (``EpochBase.known_length``:
+    the workers' feed reads it ahead of the deliveries; ``num_workers=0`` reads it a batch at
+    a time, as torch, so its end is unknown until a ``next()`` reads it); ``None``: unknown."""
+    total = total_positions(loader)
+    return total if total is not None else it.known_length()
+
+
 def all_settled(loader: DataLoader, it: Any) -> bool:
     """Whether every position of the running epoch ``it`` is delivered or settled without
     (skipped, failed, dropped): its last batch is out and only its end is not seen yet, as
     where Lightning, which knows ``len(loader)``, writes a checkpoint at an epoch's last step.
-    Its draws are all made (at ``iter()``), so the state between epochs describes it."""
-    return covers(loader, it.delivered.count + it.settled_undelivered())
+    Its draws are all made (at ``iter()``), so the state between epochs describes it. Never
+    where the epoch's length is unknown (a sampler without one, not read to its end)."""
+    total = epoch_positions(loader, it)
+    return total is not None and 0 < total <= it.delivered.count + it.settled_undelivered()
 
 
 def at_end(loader: DataLoader, it: Any) -> bool:
@@ -91,7 +102,7 @@ def halt_unfinished(loader: DataLoader, epoch: Any, *why: str) -> None:
     positions are not settled, its later ``next()`` calls raise ``LoaderClosedError`` (``why``:
     what closed it and what to do, ``EpochBase.halting``'s defaults otherwise)."""
     if epoch is not None and not epoch.closed and not all_settled(loader, epoch):
-        epoch.halting(total_positions(loader), length_or_none(loader), *why)
+        epoch.halting(epoch_positions(loader, epoch), length_or_none(loader), *why)
 
 
 def length_or_none(loader: DataLoader) -> int | None:
