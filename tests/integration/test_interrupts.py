@@ -188,14 +188,16 @@ def test_a_sample_raising_a_base_exception_every_time_fails_on_its_rerun(in_orde
 
 
 class _GivesUpAt:
-    """A ``collate_fn`` raising ``exc`` (not an ``Exception``) on the batch holding ``at``;
-    ``thread``: the name of the thread it raised on."""
+    """A ``collate_fn`` raising ``exc`` (not an ``Exception``) on the batch holding ``at``
+    (the first ``times`` times; ``None``: every time); ``thread``: the name of the thread it
+    raised on."""
 
-    def __init__(self, exc: type[BaseException], at: int) -> None:
-        self.exc, self.at, self.thread = exc, at, ""
+    def __init__(self, exc: type[BaseException], at: int, times: int | None = None) -> None:
+        self.exc, self.at, self.times, self.thread = exc, at, times, ""
 
     def __call__(self, samples: list[int]) -> torch.Tensor:
-        if self.at in samples:
+        if self.at in samples and (self.times is None or self.times > 0):
+            self.times = None if self.times is None else self.times - 1
             self.thread = threading.current_thread().name
             raise self.exc(f"the collate_fn gives up at {self.at}")
         return torch.tensor(samples)
@@ -264,6 +266,41 @@ def test_a_ctrl_c_while_waiting_for_a_collate_thread_that_raised_leaves_its_erro
     assert [type(e) for e in events[at:at + 2]] == [KeyboardInterrupt, Abort]
     assert events[:at] + events[at + 2:] == BATCHES_BUT_AT
     assert it.stats().finished
+
+
+def kinds(events: list[Any]) -> list[Any]:
+    """:func:`first_and_errors`' events, each error as its type."""
+    return [type(e) if isinstance(e, BaseException) else e for e in events]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("exc", [Abort, SystemExit])
+def test_a_collate_fn_in_the_loop_raising_a_base_exception_every_time_fails_on_its_rerun(
+        exc, workers, no_leaks):
+    # in the training loop (num_workers=0, or one of the batches watched there: collate_rng.py)
+    # it was taken for an interrupt and run again at every next(), raising again: the
+    # iterator could never go past it (torch raises it once and goes on)
+    collate = _GivesUpAt(exc, 4)
+    it = iter(hr.DataLoader(IndexDataset(20), batch_size=4, num_workers=workers, in_order=True,
+                            collate_fn=collate))
+    events = first_and_errors(it, exc)
+    assert collate.thread == threading.main_thread().name
+    assert kinds(events) == [0, exc, exc, 8, 12, 16]  # run once again, as after a Ctrl-C
+    assert "step 'collate_fn'" in events[2].__notes__[0]
+    assert "[4, 5, 6, 7]" in events[2].__notes__[0]
+    stats = it.stats()
+    assert stats.finished and stats.samples == 16
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_collate_fn_in_the_loop_interrupted_twice_still_delivers_its_batch(workers, no_leaks):
+    # the rule that fails a batch whose re-run raises again never takes a Ctrl-C for user code
+    it = iter(hr.DataLoader(IndexDataset(20), batch_size=4, num_workers=workers, in_order=True,
+                            collate_fn=_GivesUpAt(KeyboardInterrupt, 4, times=2)))
+    assert kinds(first_and_errors(it, KeyboardInterrupt)) == [
+        0, KeyboardInterrupt, KeyboardInterrupt, 4, 8, 12, 16]
 
 
 class _InterruptedTwice(IndexDataset):

@@ -58,6 +58,7 @@ class EpochIterator(EpochBase):
         self._out: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self._held: tuple[str, Any, Any] | None = None  # seen by a non-blocking take, for later
         self._raised = 0  # samples of batches whose collate_fn raised in the training loop
+        self._cut: Any = None  # a "deferred" collation cut short by a BaseException (_collated)
         self.batches_taken = 0  # batches take() returned or raised (Counters.batches_out)
         self._empty = 0  # empty batches (a batch sampler's) delivered in this run
         self.feed = spec.groups if isinstance(spec.groups, Feed) else None
@@ -211,19 +212,33 @@ class EpochIterator(EpochBase):
         ``collate_fn``'s own doing. Taken for an interrupt, the batch was dropped uncounted
         and the epoch ended with an error blaming a Ctrl-C for a lost batch. Any other
         exception here is an interrupt of this thread (while it waited, or ran the
-        collation): the batch stays held for the next take."""
+        collation): the batch stays held for the next take, where a ``"deferred"`` one runs
+        again, however often a ``KeyboardInterrupt`` cuts it short; one whose re-run raises
+        another exception that is not an ``Exception`` again (``SystemExit``, a user's own
+        ``BaseException``) raises as a collate thread's does, taking the batch with it, the
+        rule ``num_workers=0`` applies to a sample (``runtime/inprocess.py``): such a
+        ``collate_fn`` in one of the first batches made every later ``next()`` raise it."""
         t0 = time.perf_counter()
         try:
-            return collate.result() if kind == "future" else collate()
+            if kind == "future":
+                return collate.result()
+            batch = collate()
+            self._cut = None
+            return batch
         except StepError:
             self._settle_raised(positions)
             collate = None  # held by the error's traceback: a cycle through the future
             raise
         except BaseException as e:
-            if kind == "future" and collate.done() and not collate.cancelled() \
-                    and collate.exception() is e:  # the call's own outcome
-                self._settle_raised(positions)
-                collate = None  # (as above)
+            if kind == "future":
+                if collate.done() and not collate.cancelled() and collate.exception() is e:
+                    self._settle_raised(positions)  # the call's own outcome
+            elif not isinstance(e, KeyboardInterrupt):
+                if self._cut is collate:  # its re-run raised too: the collate_fn's own doing
+                    self._settle_raised(positions)
+                else:  # perhaps a signal handler's (SIGTERM's SystemExit): run it again
+                    self._cut = collate
+            collate = None  # (as above)
             raise
         finally:
             self.meter.stall_s += time.perf_counter() - t0
@@ -231,7 +246,7 @@ class EpochIterator(EpochBase):
     def _settle_raised(self, positions: Any) -> None:
         """The batch at ``positions`` raised instead of being delivered: out of flight, and
         its room for the sampler's next samples."""
-        self._held = None  # settled first: an interrupt in what follows must not re-run it
+        self._held = self._cut = None  # first: an interrupt in what follows must not re-run it
         self.batches_taken += 1
         self.scheduler.consumed += len(positions)  # its samples leave with its error
         self._raised += len(positions) or 1  # (an empty batch counts as one)
@@ -273,7 +288,7 @@ class EpochIterator(EpochBase):
         """Stop the scheduler; stop the workers unless they persist; drop what it queued and
         nobody will take (batches, an error whose traceback holds the scheduler's frames)."""
         self.scheduler.stop()
-        self._held = None
+        self._held = self._cut = None
         while True:
             try:
                 self._out.get_nowait()

@@ -19,7 +19,7 @@ from headrace.pipeline.seeding import global_states, restore_globals
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.draws import Draws
 from headrace.runtime.epoch_base import EpochBase
-from headrace.runtime.work import collate_error
+from headrace.runtime.work import collate_error, note_collate
 from headrace.telemetry.stats import EpochStats
 
 
@@ -69,6 +69,7 @@ class InProcessIterator(EpochBase):
         self._stopped: BaseException | None = None  # why the sampler cannot be read on
         self.discarded = 0  # loaded samples a failed batch took with it (as in torch)
         self._interrupted: int | None = None  # the position whose run an exception cut short
+        self._cut: list[int] | None = None  # the positions whose collation one cut short
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         """The next batch. What was loaded and not yet returned lives on ``self`` (``_carry``,
@@ -156,11 +157,16 @@ class InProcessIterator(EpochBase):
     def _collate(self, empty: bool, t0: float, c0: float) -> tuple[Any, Any]:
         """The batch of what was loaded (``batch_size`` of it when regrouped). Interrupted (a
         Ctrl-C while ``collate_fn`` runs), the samples stay loaded for the next take; a
-        ``collate_fn`` error takes them with it, as in torch."""
+        ``collate_fn`` error takes them with it, as in torch, and so does another exception
+        that is not a ``KeyboardInterrupt`` when the re-run raises it again (the rule
+        :meth:`_run` applies to a sample: such a ``collate_fn`` made every later ``next()``
+        raise it); either names the step and the batch (a ``StepError``, or a note on an
+        exception that is not an ``Exception``, raised as itself as torch does)."""
         carry = self._carry
         got = [] if empty else carry[:self.regroup] if self.regroup else list(carry)
         samples = [g[0] for g in got]
         indices = [g[2] for g in got]
+        done = [g[1] for g in got]
         try:
             batch = self.collate(samples) if self.auto_collation else self.collate(samples[0])
             if self.pin is not None:
@@ -169,7 +175,17 @@ class InProcessIterator(EpochBase):
             self.discarded += len(got)
             del carry[:len(got)]
             raise collate_error(e, indices) from e
-        done = [g[1] for g in got]
+        except BaseException as e:
+            note_collate(e, indices)
+            if got and not isinstance(e, KeyboardInterrupt):
+                if self._cut == done:  # its re-run raised too: the collate_fn's own doing
+                    self._cut = None
+                    self.discarded += len(got)
+                    del carry[:len(got)]
+                else:  # perhaps a signal handler's (SIGTERM's SystemExit): run it again
+                    self._cut = done
+            raise
+        self._cut = None
         m = self.meter
         m.stall_s += time.perf_counter() - t0  # every second in here is the loop waiting
         m.consumer_cpu_s += time.thread_time() - c0
