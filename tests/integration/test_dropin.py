@@ -240,11 +240,20 @@ class NoLen(tud.Dataset):
         return 2 * i
 
 
+class AbstractLen(NoLen):
+    """An abstract base's ``__len__`` (``raise NotImplementedError``): no length either (it
+    raised at ``iter()``, and the profile store could not key the dataset)."""
+
+    def __len__(self):
+        raise NotImplementedError
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("kw", [dict(sampler=range(5), batch_size=2),
                                 dict(batch_sampler=[[0, 1], [2, 3, 4]]),
                                 dict(sampler=range(5), batch_size=None)])
-def test_a_dataset_without_len_runs_with_an_explicit_sampler(kw, workers, no_leaks):
+@pytest.mark.parametrize("NoLen", [NoLen, AbstractLen])
+def test_a_dataset_without_len_runs_with_an_explicit_sampler(NoLen, kw, workers, no_leaks):  # noqa: N803
     want = [b if isinstance(b, int) else b.tolist()
             for b in tud.DataLoader(NoLen(), num_workers=workers, **kw)]
     loader = hr.DataLoader(NoLen(), num_workers=workers, in_order=True, **kw)

@@ -311,7 +311,7 @@ def source_fingerprint(source: Any, content: bool = False) -> str:
         return str(fp())
     try:
         n: int | str = len(source)
-    except TypeError:  # a map-style dataset without __len__
+    except Exception:  # noqa: BLE001 - no __len__, or one that raises (Pipeline.length)
         n = "?"
     name = f"{qualified_name(type(source))}:{n}"
     return f"{name}:{state_digest(source, _SOURCE_DEPTH)}" if content else name

@@ -54,11 +54,14 @@ class Pipeline:
         return len(self.source)
 
     def length(self) -> int | None:
-        """The source's length, or None for a map-style dataset without ``__len__`` (torch
-        iterates one with an explicit sampler, so headrace does too)."""
+        """The source's length, or None for a map-style dataset without one: no ``__len__``,
+        or one that raises (an abstract base's ``raise NotImplementedError``). torch iterates
+        such a dataset with an explicit sampler and never asks its length, so headrace does
+        too; where a length is needed (torch's default sampler), that sampler's ``len()``
+        raises the dataset's own error."""
         try:
             return len(self.source)
-        except TypeError:
+        except Exception:  # noqa: BLE001 - the dataset's own __len__: no length known
             return None
 
     def __getitem__(self, index: int) -> Any:
