@@ -112,6 +112,13 @@ def test_invalid_arguments_raise_like_torch(kw):
         hr.DataLoader(IndexDataset(4), **kw)
 
 
+def test_prefetch_factor_zero_with_workers_raises():
+    # torch's iter() asserts prefetch_factor > 0 (its constructor refuses negative ones);
+    # headrace read ahead as if it were 2
+    with pytest.raises(ValueError, match="prefetch_factor must be at least 1"):
+        hr.DataLoader(IndexDataset(4), num_workers=2, prefetch_factor=0)
+
+
 def test_timeout_keyword_raises_when_a_batch_is_late(no_leaks):
     loader = hr.DataLoader(IndexDataset(4, slow_every=1, slow_s=2.0), batch_size=2, num_workers=1, timeout=0.2)
     with pytest.raises(RuntimeError, match="timed out"):

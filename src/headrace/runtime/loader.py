@@ -37,7 +37,7 @@ from headrace.runtime import span as epoch_span
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import CollatePlace
 from headrace.runtime.monitor import Monitor
-from headrace.runtime.options import AutoWorkers, Options
+from headrace.runtime.options import AutoWorkers, Options, check_arguments
 from headrace.runtime.planning import Planning
 from headrace.runtime.pool import WorkerPool
 from headrace.telemetry.stats import EpochStats, LoaderStats
@@ -104,18 +104,9 @@ class DataLoader(tud.DataLoader[_T_co]):
         # torch's own iterators read in_order (an IterableDataset's): a bool there; for
         # map-style datasets the user's value, None included, so a rebuilt loader keeps it.
         self.in_order = (in_order is not False) if iterable else in_order  # type: ignore[assignment]
+        check_arguments(options, iterable, num_workers, worker_init_fn, prefetch_factor)
         self.options = options
         self._user_batch_sampler = batch_sampler is not None
-        if options.executor == "threads" and num_workers:
-            if iterable:
-                raise ValueError("Options(executor='threads') needs a map-style dataset; an "
-                                 "IterableDataset is iterated by torch's own worker processes")
-            if worker_init_fn is not None:
-                raise ValueError("worker_init_fn needs worker processes; with "
-                                 "Options(executor='threads') there are none to initialise")
-        if options.remote is not None and (iterable or not num_workers):
-            raise ValueError("Options(remote=...) needs a map-style dataset and num_workers >= 1 "
-                             "(remote workers join the local ones)")
         self._epoch = 0
         self._base_seed: int | None = None
         self._resume: checkpoint.ResumePoint | None = None  # loaded, for the next iter()

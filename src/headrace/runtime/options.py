@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -158,3 +158,23 @@ class Options:
             raise ValueError("worker_blas_threads must be >= 1 (or None: inherited)")
         if self.max_worker_restarts < 1:
             raise ValueError("max_worker_restarts must be >= 1")
+
+
+def check_arguments(options: Options, iterable: bool, num_workers: int,
+                    worker_init_fn: Any, prefetch_factor: int | None) -> None:
+    """Raise ``ValueError`` for a loader's arguments that headrace cannot honour together
+    (torch's own checks ran first); ``iterable``: the dataset is an ``IterableDataset``."""
+    if num_workers and prefetch_factor is not None and prefetch_factor < 1:
+        raise ValueError(  # torch's iter() asserts it; headrace read ahead as if it were 2
+            f"prefetch_factor must be at least 1 with workers (batches each worker keeps "
+            f"ahead), got {prefetch_factor}")
+    if options.executor == "threads" and num_workers:
+        if iterable:
+            raise ValueError("Options(executor='threads') needs a map-style dataset; an "
+                             "IterableDataset is iterated by torch's own worker processes")
+        if worker_init_fn is not None:
+            raise ValueError("worker_init_fn needs worker processes; with "
+                             "Options(executor='threads') there are none to initialise")
+    if options.remote is not None and (iterable or not num_workers):
+        raise ValueError("Options(remote=...) needs a map-style dataset and num_workers >= 1 "
+                         "(remote workers join the local ones)")
