@@ -205,3 +205,91 @@ def test_a_class_level_transforms_list_is_never_shadowed(workers, no_leaks):
     ref = run(tud.DataLoader)
     assert ref == ([[4.0 * i for i in range(N)]], [[i + 2.0 for i in range(N)]])
     assert run(hr.DataLoader) == ref
+
+
+def add_ten(x):
+    return x + 10
+
+
+class LooksUp(tud.Dataset):
+    """``__getitem__`` finds its transforms in the Compose's list by equality: ``index``,
+    ``in``, a dict keyed by them. The list held headrace's timing wrappers there: ``index``
+    raised ``ValueError``, ``in`` was False, the dict lookup raised ``KeyError``."""
+
+    def __init__(self):
+        self.transform = Knobbed([double, add_one])
+        self.weights = {double: 100.0, add_one: 1000.0}
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        ts = self.transform.transforms
+        return (self.transform(float(i)) + ts.index(add_one) + 10.0 * (double in ts)
+                + sum(self.weights[t] for t in ts))
+
+
+class Grows(tud.Dataset):
+    """``__getitem__`` appends a transform to the Compose's list in place, once: with torch's
+    single-process loader every later sample gets it, and the list keeps it. The wrappers' list
+    got it and was dropped when the user's list was put back: later samples ran without it."""
+
+    def __init__(self):
+        self.transform = Knobbed([double, double])
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        if i == 1:
+            self.transform.transforms.append(add_ten)
+        return self.transform(float(i))
+
+
+class Slices(Knobbed):
+    """A Compose that keeps only its first transform from its second call on, by assigning a
+    slice of its list (the wrappers' list while headrace measures it)."""
+
+    def __call__(self, x):
+        if self.calls == 1:
+            self.transforms = self.transforms[:1]
+        return super().__call__(x)
+
+
+class Sliced(Knobs):
+    def __init__(self):
+        self.transform = Slices([double, double])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_transforms_found_by_equality_inside_getitem(workers, no_leaks):
+    def run(loader_cls):
+        loader = loader_cls(LooksUp(), batch_size=N, num_workers=workers)
+        try:
+            return [b.tolist() for b in loader]
+        finally:
+            getattr(loader, "close", lambda: None)()
+
+    ref = run(tud.DataLoader)
+    assert ref == [[2.0 * i + 1 + 1 + 10 + 1100 for i in range(N)]]
+    assert run(hr.DataLoader) == ref
+
+
+@pytest.mark.parametrize("dataset_cls", [Grows, Sliced])
+def test_a_transforms_list_changed_during_getitem_keeps_the_change(dataset_cls, no_leaks):
+    # num_workers=0: the change is made to the training process's own dataset, as with torch
+    def run(loader_cls):
+        ds = dataset_cls()
+        loader = loader_cls(ds, batch_size=1, num_workers=0)
+        try:
+            out = [b.tolist() for _ in range(2) for b in loader]
+        finally:
+            getattr(loader, "close", lambda: None)()
+        ts = ds.transform.transforms
+        assert not any(Timed in type(t).__mro__ for t in ts)
+        return out, ts
+
+    ref, ref_list = run(tud.DataLoader)
+    got, got_list = run(hr.DataLoader)
+    assert got == ref and got_list == ref_list
+    assert all(a is b for a, b in zip(got_list, ref_list, strict=True))  # the user's functions

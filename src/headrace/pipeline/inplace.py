@@ -93,7 +93,10 @@ class Timed:
     ``isinstance(t, RandomizableTrait)``: with the wrapper's class, the transforms it had
     cached the results of ran a second time), and a copy or a pickle of it is a copy of the
     original, unwrapped. ``type(t)`` is a subclass of this one named as the original's class
-    (:func:`timed`), so only an identity test (``type(t) is X``) tells them apart.
+    (:func:`timed`), so only an identity test (``type(t) is X``) tells them apart. It compares
+    equal to the original and hashes as it does, so ``transforms.index(self.normalize)``,
+    ``self.normalize in transforms`` and a dict keyed by the transforms find it; only
+    ``t is self.normalize`` sees the wrapper (README, differences).
     """
 
     def __init__(self, fn: Any, position: int) -> None:
@@ -129,6 +132,12 @@ class Timed:
 
     def __repr__(self) -> str:
         return repr(self.fn)
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.fn == unwrapped(other))
+
+    def __hash__(self) -> int:  # the original's (raises where it is unhashable)
+        return hash(self.fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         probe: Probe | None = getattr(_local, "probe", None)
@@ -193,6 +202,25 @@ def timed(fn: Any, position: int) -> Timed:
 def _original(fn: Any) -> Any:
     """What a copied or unpickled :class:`Timed` becomes: its transform (copied as ever)."""
     return fn
+
+
+def unwrapped(t: Any) -> Any:
+    """``t``'s transform where ``t`` is a :class:`Timed` (its real type, not its
+    ``__class__``), else ``t``."""
+    return t.fn if Timed in type(t).__mro__ else t
+
+
+def carry_changes(installed: Any, wrappers: list[Any], parts: Any) -> None:
+    """Write into the user's list ``parts`` what was done in place to the ``installed``
+    wrappers' list while it stood in its place (by ``__getitem__``, the Compose, the training
+    loop under worker threads), ``wrappers`` being what was installed: an appended, removed or
+    replaced transform reaches the user's list object, unwrapped. They were lost when the
+    user's list was put back. A tuple cannot change in place: nothing to carry."""
+    if not isinstance(parts, list) or not isinstance(installed, list):
+        return
+    if len(installed) == len(wrappers) and all(a is b for a, b in zip(installed, wrappers, strict=True)):
+        return  # unchanged (the usual case)
+    parts[:] = [unwrapped(t) for t in installed]
 
 
 def compose_parts(tf: Any) -> list[Any] | None:
@@ -293,7 +321,10 @@ class EmbeddedSource(DatasetSource):
     its rng; swapping per call instead would let one thread restore the user's list under
     another, or save the installed wrappers as "the original". If ``transforms`` is found
     changed at the end (the Compose, ``__getitem__`` or the user assigned it), the new value is
-    left in place. The lock and the cache are not pickled: a worker process builds its own.
+    left in place, any wrappers in it unwrapped (a slice of the wrappers' list); a change made
+    in place to the wrappers' list is carried into the user's list before it is put back
+    (:func:`carry_changes`: an appended or removed transform was lost). The lock and the cache
+    are not pickled: a worker process builds its own.
 
     In a worker process (any process but the one that made this source) the wrappers stay
     installed between calls: the dataset there is the worker's own, which only the worker's
@@ -312,6 +343,7 @@ class EmbeddedSource(DatasetSource):
         self._parts: Any = None  # the user's list (or tuple) to give it back
         self._own = True  # held(): put back by setting the list, else by deleting the attribute
         self._installed: Any = None  # the wrappers set as its transforms, or None
+        self._wrappers: list[Any] = []  # what ``_installed`` held when it was set
         self._cache: tuple[Any, list[Any], Any] | None = None  # (user's list, its items, wrappers)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -335,15 +367,23 @@ class EmbeddedSource(DatasetSource):
             self._cache = c = (user, parts, instrumented(tf))
         if c[2] is not None:
             self._compose, self._parts, self._own, self._installed = tf, user, held(tf), c[2]
+            self._wrappers = list(c[2])
             tf.transforms = c[2]
         return True
 
     def _restore(self) -> None:
         """Give the Compose its list back, if the wrappers are still there; under the lock."""
         tf, self._compose = self._compose, None
-        if tf is not None and user_attr(tf, "transforms") is self._installed:
-            put_back(tf, self._parts, self._own)
+        if tf is not None:
+            now = user_attr(tf, "transforms")
+            if now is self._installed:
+                carry_changes(self._installed, self._wrappers, self._parts)
+                put_back(tf, self._parts, self._own)
+            elif isinstance(now, list) and any(unwrapped(t) is not t for t in now):
+                now[:] = [unwrapped(t) for t in now]  # a list assigned from the wrappers'
+                # (``self.transforms = self.transforms[:2]``): it stays, without them
         self._parts = self._installed = None
+        self._wrappers = []
 
     def load(self, index: int) -> Any:
         ds = self.dataset
