@@ -220,3 +220,51 @@ def test_an_abandoned_epoch_drops_what_it_queued(no_leaks):
         assert sum(isinstance(o, Feed) for o in gc.get_objects()) == 0
     finally:
         gc.enable()
+
+
+def _draw_between_iter_and_next(make):
+    """(what the training loop drew between ``iter()`` and the first ``next()``, the epoch)."""
+    torch.manual_seed(0)
+    it = iter(make())
+    between = torch.rand(3).tolist()  # a model built after iter(loader), in a step-based loop
+    return between, [b.tolist() for b in it]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sampler", ["shuffle", "lazy"])
+def test_without_workers_the_sampler_is_first_read_at_the_first_next(sampler, no_leaks):
+    """torch's single-process iterator calls iter(sampler) at iter(loader) and reads it at the
+    first next(): headrace read it at iter(), so a RandomSampler drew its permutation before
+    the loop's own draws in between (other order, other loop values, also with in_order=True)."""
+    def make(cls, **kw):
+        extra = {"shuffle": True} if sampler == "shuffle" else {"sampler": LazyGlobal(12)}
+        return lambda: cls(IndexDataset(12), batch_size=4, num_workers=0, **extra, **kw)
+
+    ref = _draw_between_iter_and_next(make(tud.DataLoader))
+    assert _draw_between_iter_and_next(make(hr.DataLoader, in_order=True)) == ref
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("generator", [False, True])
+def test_without_workers_a_resume_replays_the_order_read_at_the_first_next(generator, no_leaks):
+    """The order is drawn at the first next(), after the loop's draws since iter(): the saved
+    epoch's origin is the state of that read, so the resume delivers the rest of that order."""
+    def make(seed):
+        g = {"generator": torch.Generator().manual_seed(seed)} if generator else {}
+        return hr.DataLoader(IndexDataset(12), batch_size=2, shuffle=True, num_workers=0,
+                             in_order=True, **g)
+
+    torch.manual_seed(0)
+    loader = make(5)
+    it = iter(loader)
+    torch.rand(3)  # between iter() and the first next(): moves the global generator
+    got, state = [], None
+    for k, b in enumerate(it):
+        got.append(b.tolist())
+        if k == 1:
+            state = loader.state_dict()
+    torch.manual_seed(123)  # another process: another global generator
+    again = make(99)
+    again.load_state_dict(state)
+    assert len(again) == 6
+    assert [b.tolist() for b in again] == got[2:]

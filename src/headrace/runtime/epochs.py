@@ -7,6 +7,7 @@ attributes are torch's arguments and headrace's runtime state.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 import weakref
@@ -49,10 +50,15 @@ def draw_epoch(
 ) -> tuple[EpochOrigin, Iterator[Any]]:
     """Sampler stream and base seed, drawing random numbers in torch's own order.
 
-    The sampler's first element is taken here, in the training thread, because samplers
-    draw their permutation lazily from the RNG: done later in the scheduler thread it would
-    race the training loop's own use of torch's global generator.
-    ``replay`` redraws a saved epoch from its saved RNG state (exact resume).
+    With workers the sampler's first element is taken here, in the training thread, as
+    torch's ``_reset`` primes its workers at ``iter()``: samplers draw their permutation
+    lazily from the RNG, and done later in the scheduler thread it would race the training
+    loop's own use of torch's global generator. Without workers torch reads it at the first
+    ``next()``: so does headrace (:func:`_first_at_next`), so a draw the training loop makes
+    between ``iter()`` and that ``next()`` (a model built there) comes before the order's, as
+    in torch. The base seed is drawn here either way, as torch's iterator does.
+    ``replay`` redraws a saved epoch from its saved RNG state (exact resume), reading the
+    first element here, while that state is in place.
     """
     user_rng = None
     own = sampler_generators(loader._index_sampler, loader.generator)
@@ -81,6 +87,10 @@ def draw_epoch(
             loader._base_seed = int(
                 torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
             )
+        if replay is None and loader.num_workers == 0:
+            assert loader._base_seed is not None
+            origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob)
+            return origin, _FirstAtNext(sampler_iter, loader.generator, own)
         first = next(sampler_iter, _END)
     finally:
         if user_rng is not None:
@@ -94,6 +104,38 @@ def draw_epoch(
     origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob)
     groups = sampler_iter if first is _END else _after(first, sampler_iter)
     return origin, groups
+
+
+class _FirstAtNext:
+    """A sampler iterator read from its first ``next()`` on: the epoch without workers, whose
+    first read torch makes at the first ``next(loader)``, not at ``iter()``.
+
+    Its first ``next()`` calls ``on_first`` with the RNG states that read draws from (the
+    loader's generator or the global one, the sampler's own generators): the epoch's origin
+    becomes them, the base seed already drawn (``drew_base_seed=False``), so a resume replays
+    the order this epoch read, not one drawn from the states of ``iter()`` (the training loop
+    may have drawn between the two). Only ``next()``, never ``iter()`` again (see
+    :func:`_after`)."""
+
+    def __init__(self, sampler_iter: Iterator[Any], generator: torch.Generator | None,
+                 own: tuple[torch.Generator, ...]) -> None:
+        self._it: Iterator[Any] = sampler_iter
+        self._generator = generator
+        self._own = own
+        self.on_first: Callable[[Callable[[EpochOrigin], EpochOrigin]], None] | None = None
+
+    def __iter__(self) -> _FirstAtNext:
+        return self
+
+    def __next__(self) -> Any:
+        on_first, self.on_first = self.on_first, None
+        if on_first is not None:
+            rng = capture_rng(self._generator)
+            glob = torch.get_rng_state() if self._generator is not None else None
+            sampler_rngs = tuple(g.get_state() for g in self._own)
+            on_first(lambda o: dataclasses.replace(
+                o, rng=rng, drew_base_seed=False, sampler_rngs=sampler_rngs, global_rng=glob))
+        return next(self._it)
 
 
 def skip_empty(groups: Iterator[Any], n: int, loader: DataLoader) -> Iterator[Any]:
@@ -194,6 +236,7 @@ def start_epoch(loader: DataLoader) -> Any:
     if replay is not None:
         loader._epoch = replay.epoch
     origin, groups = draw_epoch(loader, replay)
+    lazy = groups if isinstance(groups, _FirstAtNext) else None
     if resume is not None and covers(loader, resume.delivered.count):
         # a state taken after the epoch's last batch, before its end was seen (Lightning knows
         # len(loader) and asks no further): that epoch is done, and this iter() is the next
@@ -205,6 +248,7 @@ def start_epoch(loader: DataLoader) -> Any:
         resume = None
         loader._epoch = origin.epoch + 1
         origin, groups = draw_epoch(loader)
+        lazy = groups if isinstance(groups, _FirstAtNext) else None
     epoch, base_seed = origin.epoch, origin.base_seed
     loader._epoch = epoch + 1
     delivered = resume.delivered if resume is not None else Bitmap()
@@ -214,7 +258,17 @@ def start_epoch(loader: DataLoader) -> Any:
     it.batches_before = resume.batches if resume is not None else 0
     it.origin = origin
     it.steps = loader.planning.executed_names
+    if lazy is not None:  # the sampler's first read, at the first next(): the origin it read
+        lazy.on_first = _origin_setter(weakref.ref(it))  # (the epoch holds the sampler)
     return it
+
+
+def _origin_setter(ref: weakref.ref[Any]) -> Callable[[Callable[[EpochOrigin], EpochOrigin]], None]:
+    def change(how: Callable[[EpochOrigin], EpochOrigin]) -> None:
+        it = ref()
+        if it is not None and it.origin is not None:
+            it.origin = how(it.origin)
+    return change
 
 
 def make_iterator(
