@@ -268,3 +268,84 @@ def test_without_workers_a_resume_replays_the_order_read_at_the_first_next(gener
     again.load_state_dict(state)
     assert len(again) == 6
     assert [b.tolist() for b in again] == got[2:]
+
+
+class FeedbackBatches:
+    """A batch sampler with no ``batch_size``: each batch is what the loop reported last
+    (hard-example mining), so what it yields shows how far ahead it was read."""
+
+    def __init__(self, state, n):
+        self.state, self.n = state, n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        for _ in range(self.n):
+            yield [self.state["next"]] * 3
+
+
+class RandomSizes:
+    """Variable-size batches drawn from the global generator (a ``batch_size`` that lies)."""
+
+    batch_size = 3
+
+    def __len__(self):
+        return 10
+
+    def __iter__(self):
+        for _ in range(10):
+            k = int(torch.randint(1, 5, ()).item())
+            yield torch.randint(0, 40, (k,)).tolist()
+
+
+class FailsAt(tud.Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i == 7:
+            raise ValueError("bad sample")
+        return i
+
+
+def _feedback(cls, dataset=None, **kw):
+    state, got = {"next": 0}, []
+    it = iter(cls(dataset or IndexDataset(40), batch_sampler=FeedbackBatches(state, 10),
+                  num_workers=2, **kw))
+    k = 0
+    while True:
+        try:
+            b = next(it)
+        except StopIteration:
+            break
+        except ValueError:
+            b = None
+        got.append(None if b is None else b[0].item())
+        k += 1
+        state["next"] = k + 5  # sample 7 fails (the batch raises): next() goes on, as in torch
+    return got
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_user_batch_sampler_is_read_torchs_batches_ahead(in_order, no_leaks):
+    """torch reads prefetch_factor x workers batches at iter() and one more per batch it
+    delivers or raises; headrace counted samples from a guessed batch size (1 without a
+    batch_size attribute), reading another number of batches: other batches than torch's."""
+    ref = _feedback(tud.DataLoader)
+    assert _feedback(hr.DataLoader, in_order=in_order, timeout=60) == ref
+    ref = _feedback(tud.DataLoader, FailsAt())
+    assert None in ref
+    assert _feedback(hr.DataLoader, FailsAt(), in_order=in_order, timeout=60) == ref
+
+    def sizes(cls, **kw):
+        return lambda n: cls(IndexDataset(n), batch_sampler=RandomSizes(), num_workers=2,
+                             prefetch_factor=4, **kw)
+
+    ref = _run(sizes(tud.DataLoader))
+    got = _run(sizes(hr.DataLoader, in_order=in_order, timeout=60))
+    if in_order:
+        assert got == ref
+    else:  # the same batches, in the order they finish; the loop's draws untouched
+        assert sorted(got[0]) == sorted(ref[0]) and got[1] == ref[1]

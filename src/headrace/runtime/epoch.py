@@ -58,6 +58,7 @@ class EpochIterator(EpochBase):
         self._out: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self._held: tuple[str, Any, Any] | None = None  # seen by a non-blocking take, for later
         self._raised = 0  # samples of batches whose collate_fn raised in the training loop
+        self._raised_batches = 0  # batches raised in the training loop in their place
         self._cut: Any = None  # a "deferred" collation cut short by a BaseException (_collated)
         self.batches_taken = 0  # batches take() returned or raised (Counters.batches_out)
         self._empty = 0  # empty batches (a batch sampler's) delivered in this run
@@ -109,9 +110,17 @@ class EpochIterator(EpochBase):
         the scheduler may dispatch is what the feed holds, and the feed grows here (a wake at
         ``take`` as well woke it twice a batch, the first time to find nothing to pull)."""
         c = self.scheduler.counters
-        if self.feed is not None and self.feed.top_up(
-                self.meter.samples + self._empty + self._raised + delivering + c.skipped
-                + c.failed + c.discarded) or wake:
+        feed = self.feed
+        if feed is None:
+            settled = 0
+        elif feed.per_batch:  # a user batch sampler: torch reads a batch per batch delivered
+            # or raised in the loop (``_try_put_index``), whatever its size
+            settled = (self.meter.batches + self._raised_batches + (1 if delivering else 0)
+                       + c.batches_gone)
+        else:
+            settled = (self.meter.samples + self._empty + self._raised + delivering + c.skipped
+                       + c.failed + c.discarded)
+        if feed is not None and feed.top_up(settled) or wake:
             self.scheduler.room_freed(leaving)
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
@@ -154,6 +163,9 @@ class EpochIterator(EpochBase):
             return None  # the end, or an error, comes after the batches taken ahead (held)
         if kind == "raise":  # one sample's (or batch's) error: raised, and the epoch goes on
             self.meter.consumer_cpu_s += time.thread_time() - c0
+            if self.feed is not None and self.feed.per_batch:  # raised in its batch's place:
+                self._raised_batches += 1  # torch reads the next batch then, as on delivery
+                self._top_up(wake=True)
             self._held = None  # last: no call between it and the raise below
         elif kind == "end":  # (held: interrupted before the close, the next take ends it)
             lost = self.scheduler.counters.batches_out - self.batches_taken
@@ -250,6 +262,7 @@ class EpochIterator(EpochBase):
         self.batches_taken += 1
         self.scheduler.consumed += len(positions)  # its samples leave with its error
         self._raised += len(positions) or 1  # (an empty batch counts as one)
+        self._raised_batches += 1
         self._top_up(wake=True)
 
     def _get_blocking(self, deadline: float | None) -> tuple[str, Any, Any]:

@@ -298,8 +298,13 @@ def make_iterator(
     place = loader._collate_place if loader._executor != "threads" else None
     pool, owns = get_pool(loader, base_seed)
     max_in_flight = opts.max_in_flight or in_flight_bound(loader)
-    # the sampler is read in this (the training) thread, now and as batches are delivered
-    feed = Feed(groups, loader._auto_collation, max_in_flight, runs_after_resume(delivered, ods))
+    # the sampler is read in this (the training) thread, now and as batches are delivered;
+    # a user batch sampler's batches, whole, in batches (torch's read-ahead, whatever their size)
+    per_batch = (loader._user_batch_sampler and loader._auto_collation
+                 and not opts.max_in_flight)
+    feed = Feed(groups, loader._auto_collation,
+                in_flight_batches(loader) if per_batch else max_in_flight,
+                runs_after_resume(delivered, ods), per_batch=per_batch)
     feed.top_up(0)
     spec = EpochSpec(
         epoch=epoch,
@@ -388,6 +393,23 @@ def close_pool(holder: list[WorkerPool | None]) -> None:
             pool.shutdown()
 
 
+def in_flight_batches(loader: DataLoader) -> int:
+    """Batches a user batch sampler is read ahead of those delivered or raised in the training
+    loop: :func:`in_flight_bound` in batches, so torch's ``prefetch_factor × workers`` where
+    that is torch's. Counted in samples from a guessed batch size (its ``batch_size``
+    attribute, else 1), the read-ahead of a batch sampler without one, or of variable-size
+    batches, was another number of batches than torch's: a batch sampler drawing from the
+    global generator per batch, or choosing batches from the loop's feedback, gave other
+    batches than torch's, also with ``in_order=True``."""
+    bs = _batch_size(loader)
+    return max(1, -(-in_flight_bound(loader) // bs))
+
+
+def _batch_size(loader: DataLoader) -> int:
+    bs = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1
+    return bs if isinstance(bs, int) and bs >= 1 else 1
+
+
 def in_flight_bound(loader: DataLoader) -> int:
     """Samples in flight at most by default (``Options(max_in_flight)`` overrides it), which is
     also how far ahead the training thread reads the sampler. Where batches keep torch's
@@ -398,9 +420,7 @@ def in_flight_bound(loader: DataLoader) -> int:
     batch filling while another is out. A user batch sampler's batch size is its
     ``batch_size`` attribute where it has one (torch's ``BatchSampler``, Accelerate's shards):
     counted as one sample, it kept about one batch in flight where torch keeps four."""
-    bs = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1
-    if not isinstance(bs, int) or bs < 1:
-        bs = 1
+    bs = _batch_size(loader)
     pf = loader.prefetch_factor or 2
     if batch_mode(loader) != "regroup" and not loader.autoscale and loader.remote is None:
         return pf * loader.num_workers * bs

@@ -51,14 +51,20 @@ class Feed:
 
     ``auto_collation``: each element is a batch of indices (``len`` positions), else one index.
     ``ahead``: samples to keep fed past those settled (the epoch's in-flight bound).
+    ``per_batch``: count in batches instead (a user ``batch_sampler``'s groups, delivered
+    whole): ``ahead`` and ``settled`` are batches, each group one (none when a resumed epoch
+    runs none of its samples), so the sampler is read torch's ``prefetch_factor × workers``
+    batches ahead of the batches delivered or raised, whatever their sizes.
     ``runs(position, index)``: whether that sample will run, the scheduler's own rule (a
     resumed epoch leaves out what it delivered before: by position, or by sampler index under
     ODS); ``None``: every one runs.
     """
 
     def __init__(self, groups: Iterator[Any], auto_collation: bool, ahead: int,
-                 runs: Callable[[int, Any], bool] | None = None) -> None:
+                 runs: Callable[[int, Any], bool] | None = None,
+                 per_batch: bool = False) -> None:
         self._groups = groups
+        self.per_batch = per_batch
         self._auto = auto_collation
         self._runs = runs
         self.ahead = ahead
@@ -67,7 +73,8 @@ class Feed:
         self.read_to_end = False  # it stopped with StopIteration: ``positions`` is the epoch's
         self._error: Exception | None = None  # what it raised, until given to the scheduler
         self.positions = 0  # positions read from the sampler
-        self.fed = 0  # samples to run among them (what the scheduler will count as pulled)
+        self.fed = 0  # samples to run among them (what the scheduler will count as pulled);
+        # with ``per_batch``, groups with a sample to run (or empty)
         self.asked = False  # on_empty was called and no top-up followed yet
         self.on_empty: Callable[[], None] = _nothing
 
@@ -113,6 +120,8 @@ class Feed:
         # empty ones must not keep the reading loop going
         to_run = max(1, n) if runs is None or not n else sum(
             map(runs, range(start, start + n), group if self._auto else [group]))
+        if self.per_batch:
+            to_run = min(1, to_run)
         self.positions = start + n
         self.fed += to_run
         self._items.append(group)

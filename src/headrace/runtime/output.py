@@ -106,6 +106,8 @@ class BatchOutput:
                     self.counters.dropped += len(ready.rows)
                 if err is not None:
                     self.out.put(("raise", err, None))
+                else:
+                    self.counters.batches_gone += 1
                 continue
             collate = functools.partial(_collate, assembly, ready.rows, self.spec.pin)
             self._put(collate, ready.positions, not assembly.in_place, ready.key)

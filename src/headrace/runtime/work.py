@@ -83,6 +83,8 @@ class Counters:
         self.discarded = 0  # finished samples never delivered: of a batch that raised instead
         # (as torch loses them), or ``dropped``
         self.dropped = 0  # finished samples of a short last batch that drop_last forbids
+        self.batches_gone = 0  # sampler batches that settled with nothing for the training
+        # loop: every sample skipped (on_error="skip"), or drop_last's short last batch
         self.batches_out = 0  # batches put on the training loop's queue ("batch", "future",
         # "deferred"): at the end, EpochIterator checks that each reached the training loop
         self.scheduler_cpu_s = 0.0
