@@ -1,5 +1,6 @@
 """How ``iter(loader)`` becomes a running epoch: draw the order and base seed in torch's
-order, choose the step order, the batching and the worker pool, and build the epoch iterator.
+order (``runtime/drawing.py``), choose the step order, the batching and the worker pool, and
+build the epoch iterator.
 
 Called by ``runtime/loader.py`` (``DataLoader.__iter__``); functions over the loader, whose
 attributes are torch's arguments and headrace's runtime state.
@@ -7,7 +8,6 @@ attributes are torch's arguments and headrace's runtime state.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import warnings
 import weakref
@@ -17,19 +17,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from headrace.errors import StateDictError
 from headrace.profiler import sizes
 from headrace.runtime import ordering, pinning
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
-from headrace.runtime.checkpoint import (
-    EpochOrigin,
-    capture_rng,
-    sampler_generators,
-    set_states,
-)
 from headrace.runtime.collate_rng import place_for
+from headrace.runtime.drawing import FirstAtNext, draw_epoch, origin_setter, skip_empty
 from headrace.runtime.draws import may_repeat
 from headrace.runtime.epoch import EpochIterator
 from headrace.runtime.feed import Feed
@@ -41,137 +35,7 @@ from headrace.runtime.work import EpochSpec, default_max_in_flight
 if TYPE_CHECKING:
     from headrace.runtime.loader import DataLoader
 
-_END = object()
 log = logging.getLogger("headrace")
-
-
-def draw_epoch(
-    loader: DataLoader, replay: EpochOrigin | None = None
-) -> tuple[EpochOrigin, Iterator[Any]]:
-    """Sampler stream and base seed, drawing random numbers in torch's own order.
-
-    With workers the sampler's first element is taken here, in the training thread, as
-    torch's ``_reset`` primes its workers at ``iter()``: samplers draw their permutation
-    lazily from the RNG, and done later in the scheduler thread it would race the training
-    loop's own use of torch's global generator. Without workers torch reads it at the first
-    ``next()``: so does headrace (:func:`_first_at_next`), so a draw the training loop makes
-    between ``iter()`` and that ``next()`` (a model built there) comes before the order's, as
-    in torch. The base seed is drawn here either way, as torch's iterator does.
-    ``replay`` redraws a saved epoch from its saved RNG state (exact resume), reading the
-    first element here, while that state is in place.
-    """
-    user_rng = None
-    own = sampler_generators(loader._index_sampler, loader.generator)
-    if replay is not None and replay.sampler_rngs:
-        set_states(own, replay.sampler_rngs)
-    if replay is not None:
-        if loader.generator is not None:
-            loader.generator.set_state(replay.rng)
-        global_rng = replay.rng if loader.generator is None else replay.global_rng
-        if global_rng is not None:  # a sampler without a generator of its own draws from it
-            user_rng = torch.get_rng_state()
-            torch.set_rng_state(global_rng)
-        if not replay.drew_base_seed:
-            loader._base_seed = replay.base_seed
-    try:
-        rng = capture_rng(loader.generator)
-        glob = torch.get_rng_state() if loader.generator is not None else None
-        sampler_rngs = tuple(g.get_state() for g in own)
-        sampler_iter = iter(loader._index_sampler)
-        # a replayed epoch draws what it drew then: the base seed a resumed persistent loader
-        # already holds (state_dict's persistent_base_seed) was drawn by that very epoch when
-        # it was the first, and not drawing it moved the sampler's draws (wrong samples)
-        drew = (replay.drew_base_seed if replay is not None
-                else loader._base_seed is None or not loader.persistent_workers)
-        if drew:
-            loader._base_seed = int(
-                torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
-            )
-        if replay is None and loader.num_workers == 0:
-            assert loader._base_seed is not None
-            origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob)
-            return origin, _FirstAtNext(sampler_iter, loader.generator, own)
-        first = next(sampler_iter, _END)
-    finally:
-        if user_rng is not None:
-            torch.set_rng_state(user_rng)  # the training loop's RNG is not ours to move
-    assert loader._base_seed is not None
-    if replay is not None and loader._base_seed != replay.base_seed:
-        raise StateDictError(
-            "replaying the saved epoch drew another base seed: the sampler or generator "
-            "does not reproduce its order from the saved RNG state"
-        )
-    origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob)
-    groups = sampler_iter if first is _END else _after(first, sampler_iter)
-    return origin, groups
-
-
-class _FirstAtNext:
-    """A sampler iterator read from its first ``next()`` on: the epoch without workers, whose
-    first read torch makes at the first ``next(loader)``, not at ``iter()``.
-
-    Its first ``next()`` calls ``on_first`` with the RNG states that read draws from (the
-    loader's generator or the global one, the sampler's own generators): the epoch's origin
-    becomes them, the base seed already drawn (``drew_base_seed=False``), so a resume replays
-    the order this epoch read, not one drawn from the states of ``iter()`` (the training loop
-    may have drawn between the two). Only ``next()``, never ``iter()`` again (see
-    :func:`_after`)."""
-
-    def __init__(self, sampler_iter: Iterator[Any], generator: torch.Generator | None,
-                 own: tuple[torch.Generator, ...]) -> None:
-        self._it: Iterator[Any] = sampler_iter
-        self._generator = generator
-        self._own = own
-        self.on_first: Callable[[Callable[[EpochOrigin], EpochOrigin]], None] | None = None
-
-    def __iter__(self) -> _FirstAtNext:
-        return self
-
-    def __next__(self) -> Any:
-        on_first, self.on_first = self.on_first, None
-        if on_first is not None:
-            rng = capture_rng(self._generator)
-            glob = torch.get_rng_state() if self._generator is not None else None
-            sampler_rngs = tuple(g.get_state() for g in self._own)
-            on_first(lambda o: dataclasses.replace(
-                o, rng=rng, drew_base_seed=False, sampler_rngs=sampler_rngs, global_rng=glob))
-        return next(self._it)
-
-
-def skip_empty(groups: Iterator[Any], n: int, loader: DataLoader) -> Iterator[Any]:
-    """``groups`` less its first ``n`` empty batches (a batch sampler's ``[]``, which a resumed
-    epoch delivered before: they have no position for the delivered bitmap to hold)."""
-    if n <= 0 or not loader._auto_collation:
-        return groups
-    return _skipping_empty(groups, n)
-
-
-def _skipping_empty(groups: Iterator[Any], n: int) -> Iterator[Any]:
-    while True:  # next() only, never iter() again (see _after)
-        try:
-            group = next(groups)
-        except StopIteration:
-            return
-        if n > 0:
-            group = list(group)  # a batch sampler may yield generators: read once
-            if not group:
-                n -= 1
-                continue
-        yield group
-
-
-def _after(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
-    """``first``, then what ``next(rest)`` gives. Never ``iter(rest)`` again (as
-    ``itertools.chain`` and ``yield from`` do): a sampler whose ``__iter__`` returns itself
-    and starts over (Lightning's ``_IndexBatchSamplerWrapper`` under ``trainer.predict``)
-    would restart the epoch, repeating its first batch."""
-    yield first
-    while True:
-        try:
-            item = next(rest)
-        except StopIteration:
-            return
-        yield item
 
 
 def batch_mode(loader: DataLoader) -> Mode:
@@ -236,7 +100,7 @@ def start_epoch(loader: DataLoader) -> Any:
     if replay is not None:
         loader._epoch = replay.epoch
     origin, groups = draw_epoch(loader, replay)
-    lazy = groups if isinstance(groups, _FirstAtNext) else None
+    lazy = groups if isinstance(groups, FirstAtNext) else None
     if resume is not None and covers(loader, resume.delivered.count):
         # a state taken after the epoch's last batch, before its end was seen (Lightning knows
         # len(loader) and asks no further): that epoch is done, and this iter() is the next
@@ -248,7 +112,7 @@ def start_epoch(loader: DataLoader) -> Any:
         resume = None
         loader._epoch = origin.epoch + 1
         origin, groups = draw_epoch(loader)
-        lazy = groups if isinstance(groups, _FirstAtNext) else None
+        lazy = groups if isinstance(groups, FirstAtNext) else None
     epoch, base_seed = origin.epoch, origin.base_seed
     loader._epoch = epoch + 1
     delivered = resume.delivered if resume is not None else Bitmap()
@@ -259,16 +123,8 @@ def start_epoch(loader: DataLoader) -> Any:
     it.origin = origin
     it.steps = loader.planning.executed_names
     if lazy is not None:  # the sampler's first read, at the first next(): the origin it read
-        lazy.on_first = _origin_setter(weakref.ref(it))  # (the epoch holds the sampler)
+        lazy.on_first = origin_setter(weakref.ref(it))  # (the epoch holds the sampler)
     return it
-
-
-def _origin_setter(ref: weakref.ref[Any]) -> Callable[[Callable[[EpochOrigin], EpochOrigin]], None]:
-    def change(how: Callable[[EpochOrigin], EpochOrigin]) -> None:
-        it = ref()
-        if it is not None and it.origin is not None:
-            it.origin = how(it.origin)
-    return change
 
 
 def make_iterator(
