@@ -25,7 +25,9 @@ class Remote:
             the loader warns and runs on local workers only.
         read_source: remote workers read a sample themselves (step 0, ``Source.load``): the
             source is reachable from their nodes (shared storage). ``False``: the training
-            host loads the sample and ships the loaded value.
+            host loads the sample (in a thread of the training process, unseeded per sample)
+            and ships the loaded value; it needs steps after ``load`` (a ``Pipeline``): over a
+            dataset whose steps all run in ``__getitem__`` the loader raises.
         num_cpus: CPUs a remote worker reserves (Ray's ``num_cpus``).
         resources: Ray custom resources a remote worker requires (e.g. ``{"cpu_node": 0.01}``
             to keep workers off the training host).
