@@ -11,7 +11,9 @@ the training thread, asynchronously, from pinned memory (a device implies pinnin
 Exactness: a batch taken from the scheduler and copied ahead is not delivered. The epoch's
 bitmap is marked only when ``next()`` returns the batch (``EpochBase.take`` / ``mark`` in
 ``runtime/epoch.py``), so a ``state_dict()`` taken between two ``next()`` calls names exactly
-the batches the loop received; the ones in flight are delivered again after a resume.
+the batches the loop received; the ones in flight are delivered again after a resume. A
+batch's error met while taking batches ahead (its ``collate_fn`` raised) is raised in its
+turn, after the batches taken before it (it came before them).
 
 The host side of each copy is fenced in the buffer pool (``BufferPool.fence``) with the event
 recorded after the copy, so pinned batch memory is reused only once its copy has completed.
@@ -124,6 +126,7 @@ class DevicePrefetcher:
         self.fence_host = fence_host
         self.depth = depth
         self._ahead: deque[tuple[Any, Any, Fence]] = deque()  # (device batch, positions, fence)
+        self._error: Exception | None = None  # a batch's error met taking ahead, for its turn
         self.copied = 0  # batches whose copy was queued
 
     def __iter__(self) -> Iterator[Any]:
@@ -131,9 +134,19 @@ class DevicePrefetcher:
 
     def __next__(self) -> Any:
         if not self._ahead:
+            if self._error is not None:  # its turn: the batches taken before it went out
+                error, self._error = self._error, None
+                try:
+                    raise error
+                finally:  # this frame is in its traceback: it must not hold it
+                    error = None  # type: ignore[assignment]
             self.fill(block=True)  # StopIteration and the epoch's errors come from here
-        while len(self._ahead) <= self.depth and self.fill():
-            pass  # the one returned now, and up to DEPTH copied behind it
+        while self._error is None and len(self._ahead) <= self.depth:
+            try:  # the one returned now, and up to DEPTH copied behind it
+                if not self.fill():
+                    break
+            except Exception as e:  # noqa: BLE001 - a batch's own (its collate_fn's): it
+                self._error = e  # raised before the batches taken ahead of it; later, in turn
         batch, positions, fence = self._ahead.popleft()
         try:
             self.copier.hand_over(batch, fence)  # a second hand-over only waits again
