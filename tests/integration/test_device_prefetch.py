@@ -165,37 +165,3 @@ def test_an_error_copied_ahead_comes_in_its_turn_and_the_epoch_goes_on(workers, 
     assert seen == [[0, 1], [2, 3], [4, 5], [6, 7], "error 9", [10, 11], [12, 13], [14, 15],
                     [16, 17], [18, 19]]
 
-
-def collate_failing_on_8(batch):
-    if 8 in batch:
-        raise ValueError("cannot collate 8")
-    return torch.tensor(batch)
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_collate_error_copied_ahead_comes_in_its_turn(workers, no_leaks):
-    # a batch's collate_fn error met while batches were taken ahead was raised before the
-    # batches taken before it (they came after it)
-    from tests.helpers import IndexDataset
-
-    def run(copier):
-        loader = hr.DataLoader(IndexDataset(20), batch_size=2, num_workers=workers,
-                               in_order=True, collate_fn=collate_failing_on_8)
-        if copier is not None:
-            loader._copier = copier
-        it = iter(loader)
-        seen = []
-        for _ in range(50):
-            try:
-                seen.append(next(it).tolist())
-            except StopIteration:
-                break
-            except hr.StepError as e:
-                seen.append(f"error {e.index}")
-        loader.close()
-        return seen
-
-    want = [[0, 1], [2, 3], [4, 5], [6, 7], "error 8", [10, 11], [12, 13], [14, 15],
-            [16, 17], [18, 19]]
-    assert run(None) == want
-    assert run(FakeCopier()) == want

@@ -164,3 +164,35 @@ def test_loader_refuses_a_device_it_cannot_reach():
 
     with pytest.raises(ValueError, match="not available"):
         hr.DataLoader(list(range(8)), batch_size=2, options=hr.Options(device="cuda"))
+
+
+class FailingEpoch(FakeEpoch):
+    """Batch ``bad``'s take raises (its collate_fn failed: the epoch iterator's ``take``
+    settles the batch and raises its error, also a non-blocking take's)."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def take(self, block: bool = True):
+        got = super().take(block)
+        if got is not None and got[0]["id"] == self.bad:
+            raise ValueError(f"cannot collate batch {self.bad}")
+        return got
+
+
+def test_a_batch_error_taken_ahead_comes_in_its_turn():
+    # it was raised by the take that met it, before the batches taken ahead of it
+    epoch = FailingEpoch(6, bad=2)
+    pf = DevicePrefetcher(epoch, FakeCopier(), depth=2)
+    epoch.release(6)
+    seen = []
+    for _ in range(10):
+        try:
+            seen.append(next(pf)["id"])
+        except StopIteration:
+            break
+        except ValueError as e:
+            seen.append(str(e))
+    assert seen == [0, 1, "cannot collate batch 2", 3, 4, 5]
+    assert epoch.delivered == [0, 1, 2, 3, 6, 7, 8, 9, 10, 11]
