@@ -293,3 +293,13 @@ class Compose:
         for t in self.transforms:
             x = t(x)
         return x
+
+
+def ran_at(key: str, seconds: float, x: Any) -> dict:
+    """A step recording where it ran: ``{key: (process id, get_worker_info().id or -1)}``
+    added to the sample (a dict with its index ``"i"``; the source's array starts one), after
+    ``seconds`` of simulated work."""
+    time.sleep(seconds)
+    info = torch.utils.data.get_worker_info()
+    d = x if isinstance(x, dict) else {"i": int(x[0])}
+    return {**d, key: (os.getpid(), info.id if info is not None else -1)}

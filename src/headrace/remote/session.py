@@ -126,7 +126,7 @@ class RemoteSession:
         """Start one remote worker in ``pool`` (None once the pool is closed or full). Called
         by the training thread (``attach``) and the scheduler thread (``on_tick``): one at a
         time."""
-        with self._add_lock:  # None when full: a local worker not yet forked holds a slot too
+        with self._add_lock:  # None when every remote slot is taken (retiring ones too)
             return pool.add_worker(start=lambda setup: self._start(pool, setup))
 
     def retire(self, pool: WorkerPool) -> bool:
@@ -342,7 +342,7 @@ class RemoteSession:
             pool = sched.pool
             local = self.local_started
             cfg = PlacementConfig(
-                max_remote=self.max_workers, max_local=max(1, pool.max_slots - self.max_workers),
+                max_remote=self.max_workers, max_local=max(1, pool.local_slots),
                 window=self.cfg.window, threshold=self.cfg.threshold,
                 local_cost=self.cfg.local_cost_per_hour,
                 remote_cost=self.cfg.cost_per_worker_hour)

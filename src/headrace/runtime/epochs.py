@@ -214,21 +214,27 @@ def ods_eligible(loader: DataLoader) -> str | None:
                     loader.batch_size, n)
 
 
+def local_slots(loader: DataLoader) -> int:
+    """Slots of the loader's own (local) workers: ``num_workers``, or the autoscaler's bound.
+    The sample cache's counters have a row for each and one more, the training process's
+    (``cache/session.py``); remote workers get slots after them (``WorkerPool``)."""
+    return loader.options.autoscale.slot_bound() if loader.autoscale else loader.num_workers
+
+
 def get_pool(loader: DataLoader, base_seed: int) -> tuple[WorkerPool, bool]:
     """The worker pool and whether the epoch owns it (``False``: persistent workers)."""
     if loader._pool is not None:
         return loader._pool, False
     assert loader.pipeline is not None
     ctx = loader.multiprocessing_context or torch.multiprocessing.get_context()
-    hi = loader.options.autoscale.slot_bound() if loader.autoscale else loader.num_workers
-    if loader.remote is not None:
-        hi += loader.remote.open()  # joins the cluster on the first epoch
+    hi = local_slots(loader)
+    remote = loader.remote.open() if loader.remote is not None else 0  # joins on the first epoch
     assert loader.planning is not None
     profile: bool | str = loader.options.profile
     if loader.remote is not None:  # near storage: its controller, every sample's sizes
         profile = loader.remote.prepare(loader.planning.executed, loader.num_workers, profile)
     pool = WorkerPool(loader.planning.executed, loader.dataset, ctx, loader.worker_init_fn,
-                      base_seed, hi, profile=profile,
+                      base_seed, hi + remote, profile=profile, backend_slots=remote,
                       executor=loader._executor,
                       probe_gil=loader.monitor.probe_gil and loader.monitor.executor_decision is None,
                       blas_threads=loader.options.worker_blas_threads,

@@ -152,9 +152,9 @@ class DataLoader(tud.DataLoader[_T_co]):
         self._cache_off: str | None = None  # why Options(cache=...) is not in use (explain())
         self._cache_dropped: CacheSession | None = None  # one that failed mid-run (its stats)
         if self.pipeline is not None and self.options.cache is not None:
-            hi_slots = self.options.autoscale.slot_bound() if self.autoscale else self.num_workers
             ctx = self.multiprocessing_context or torch.multiprocessing.get_context()
-            self.cache, self._cache_off = open_session(self.options.cache, ctx, hi_slots,
+            self.cache, self._cache_off = open_session(self.options.cache, ctx,
+                                                       epochs.local_slots(self),
                                                        self.pipeline)
             if self.cache is not None:
                 self.monitor.epoch_listeners.append(self.cache.epoch_listener(self.monitor))

@@ -63,6 +63,14 @@ class WorkerPool:
     another worker needs, and the main process knows exactly which samples it held.
     ``executor="threads"``: the workers are threads of this process behind the same handles
     (``runtime/threadworker.py``).
+
+    Slots: ``max_slots`` in all; the pool's own workers (processes or threads) get slots
+    ``0..local_slots-1`` and a backend's (``remote/``) the last ``backend_slots``. A local
+    worker's slot is its ``get_worker_info().id`` and its row of the sample cache's shared
+    counters (``cache/client.py``: ``local_slots`` rows, then the training process's), so a
+    backend's worker never takes one: a local worker that started after remote workers took
+    the low slots landed past the counters' rows (every sample it ran failed) or wrote into the
+    training process's row.
     """
 
     def __init__(
@@ -78,6 +86,7 @@ class WorkerPool:
         cache: Any = None,
         probe_gil: bool = False,
         blas_threads: int | None = None,
+        backend_slots: int = 0,
     ) -> None:
         self.executor = executor  # validated by Options
         self.blas_threads = blas_threads  # worker processes' native pools (Options)
@@ -89,6 +98,12 @@ class WorkerPool:
         self.worker_init_fn = worker_init_fn
         self.base_seed = base_seed
         self.max_slots = max_slots
+        self.local_slots = max_slots - backend_slots
+        """Slots of the pool's own workers (``0..local_slots-1``); a backend's come after."""
+        rows = getattr(getattr(cache, "counters", None), "rows", None)
+        if rows is not None and rows <= self.local_slots:
+            raise ValueError(f"the cache's counters have {rows} rows for {self.local_slots} "
+                             "worker slots and the training process")
         self.profile = profile
         self.handoff = HandOff(ctx, len(pipeline.step_names))
         """Shared hand-off timeout and expected remaining step time, read by workers."""
@@ -114,8 +129,17 @@ class WorkerPool:
 
     @property
     def full(self) -> bool:
-        """Every slot is taken, or asked for (``requests``)."""
-        return len(self.workers) + len(self.requests) >= self.max_slots
+        """Every slot of the pool's own workers is taken, or asked for (``requests``)."""
+        return self._own() + len(self.requests) >= self.local_slots
+
+    def _own(self) -> int:
+        """Slots the pool's own workers hold (retiring ones included)."""
+        return sum(not w.external for w in self.workers.values())
+
+    def _free_slot(self, backend: bool) -> int | None:
+        """The lowest free slot of the pool's own workers or of a backend's (None: none)."""
+        span = range(self.local_slots, self.max_slots) if backend else range(self.local_slots)
+        return next((i for i in span if i not in self.workers), None)
 
     @property
     def forked(self) -> bool:
@@ -157,21 +181,28 @@ class WorkerPool:
         """Start one worker in ``slot`` (default: the lowest free slot); None once closed, or
         when every slot is taken or asked for (``full``: the scaler, on the scheduler thread,
         may fill them with worker threads while ``start`` still starts its first workers).
-        ``start(setup)``: a backend's own kind of worker (``remote/``) instead of the pool's."""
+        ``start(setup)``: a backend's own kind of worker (``remote/``) instead of the pool's,
+        in a backend slot (None when every one is taken)."""
         with self._lock:
             if self._closed:
                 return None
-            if slot is None and self.full:
-                return None
+            if slot is None:
+                if start is None and self.full:
+                    return None
+                slot = self._free_slot(backend=start is not None)
+                if slot is None:
+                    return None
             return self._add_worker(slot, num_workers, start)
 
     def _add_worker(self, slot: int | None, num_workers: int | None,
                     start: Callable[[WorkerSetup], WorkerHandle] | None = None) -> WorkerHandle:
         if slot is None:
-            slot = next(i for i in range(self.max_slots) if i not in self.workers)
+            slot = self._free_slot(backend=start is not None)
+            assert slot is not None, "no free slot: callers check full first"
+        own = sum(not w.external and not w.retiring for w in self.workers.values())
         setup = WorkerSetup(
             slot=slot,
-            num_workers=num_workers if num_workers is not None else max(self.size, slot + 1),
+            num_workers=num_workers if num_workers is not None else max(own, slot + 1),
             base_seed=self.base_seed,
             pipeline=self.pipeline,
             dataset=self.dataset,
@@ -258,8 +289,8 @@ class WorkerPool:
         then in the order asked) on the training thread (``EpochIterator.take``); ``on_added()``
         after each, as ``start``. Each leaves ``requests`` under the pool's lock as it forks, so
         a start is always counted in one of ``requests`` and ``workers``. A replacement whose
-        slot another worker took (a backend's) takes another; one with no slot free is dropped,
-        with a warning."""
+        slot was taken meanwhile takes another; one with no slot of the pool's own free is
+        dropped, with a warning."""
         while True:
             with self._lock:
                 req = None if self._closed else self.requests.pop()
@@ -268,9 +299,9 @@ class WorkerPool:
                 slot, num_workers = req
                 if slot in self.workers:
                     slot = None
-                if slot is None and len(self.workers) >= self.max_slots:
+                if slot is None and self._free_slot(backend=False) is None:
                     log.warning("headrace: a worker start was dropped: all %d slots are taken",
-                                self.max_slots)
+                                self.local_slots)
                     continue
                 self._add_worker(slot, num_workers)
             if on_added is not None:
