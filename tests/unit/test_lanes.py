@@ -58,3 +58,24 @@ def test_near_end_and_complete():
     lanes.next_fresh(0)  # finds the sampler exhausted
     lanes.settled = 4
     assert lanes.complete
+
+
+def test_a_worker_limited_to_some_resumed_samples_takes_only_those():
+    # a remote worker with split point 2: a sample handed back at step 2 is the local
+    # workers' to finish; one handed off at step 1 (over the timeout) it may resume
+    def at(i, start):
+        return Rec(i, i, Task(100 + i, i, start, None, 1, 0, False))
+
+    lanes = Lanes(spec([[0]]), itertools.count())
+    lanes.retry.append(at(5, 2))
+    lanes.backlog.extend([at(6, 2), at(7, 1)])
+
+    def before_split(t):
+        return t.start < 2
+
+    assert lanes.choose(False, lambda: True, 0, runs=before_split).index == 7
+    assert lanes.choose(False, lambda: True, 0, runs=before_split) is None
+    assert lanes.choose(True, lambda: True, 0, runs=before_split).index == 0  # fresh: any
+    assert [r.index for r in lanes.retry] == [5] and [r.index for r in lanes.backlog] == [6]
+    assert lanes.choose(False, lambda: True, 0).index == 5  # a local worker: the retry first
+    assert lanes.choose(False, lambda: True, 0).index == 6

@@ -85,8 +85,10 @@ def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
         return [f"remote: not used ({r.error}; Remote(required=False))"]
     share = f"{r.remote_samples} of {total_samples} samples" if total_samples else \
         f"{r.remote_samples} samples"
+    split = r.split is not None and r.split < len(r.steps)
+    done = "offloaded (run remotely up to the split)" if split else "finished remotely"
     out = [f"remote: Ray cluster {r.address!r}: {r.remote_workers} remote worker(s) now (at most "
-           f"{r.max_workers}), {r.local_workers} local; {share} finished remotely"
+           f"{r.max_workers}), {r.local_workers} local; {share} {done}"
            + (f"; {r.handed_off} handed off by remote workers over the timeout"
               if r.handed_off else "")
            + (f"; {r.lost} remote worker(s) lost, their samples re-run" if r.lost else "")]
@@ -101,7 +103,7 @@ def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
     elif r.watching:
         out.append("  offloading watched: decided again when the cluster, the profile or the "
                    "throughput changes (not yet)")
-    if r.split is not None and r.split < len(r.steps):
+    if split:
         out.append(f"  split: remote workers run {' -> '.join(r.steps[:r.split])}, local "
                    f"workers {' -> '.join(r.steps[r.split:])}")
     if r.offload is not None and r.offload.offload and r.measured_thp is not None:

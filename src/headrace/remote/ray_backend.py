@@ -184,8 +184,8 @@ class ProxyOptions:
     ``pipeline``: what every actor runs, passed to each actor's constructor by value (NOTE [no
     driver-owned objects]). ``stop``: the step the remote part ends at (the offload split
     point; the pipeline's step count: the whole sample). ``processes``: the local workers are processes, so partial values
-    they exchange are ``runtime/transport.py``-encoded. ``on_result()``: a sample finished
-    remotely; ``on_lost()``: an actor died; ``on_resumed()``: a sample resumed at a later
+    they exchange are ``runtime/transport.py``-encoded. ``on_result()``: a sample's remote part
+    is done (finished, or handed back at the split point); ``on_lost()``: an actor died; ``on_resumed()``: a sample resumed at a later
     step was sent; ``on_handed_off()``: a remote worker handed a sample off over the timeout.
     """
 
@@ -216,6 +216,12 @@ class ProxyOptions:
     def stop_for(self, sample: int) -> int:
         """Where the remote part of ``sample`` ends."""
         return self.stop if self.stops is None else int(self.stops[sample])
+
+    def runs(self, task: Task) -> bool:
+        """Whether a remote worker may take ``task`` (a retry, a slow-lane sample): it has steps
+        left before its split point. One handed back at the split is the local workers' to
+        finish (``WorkerHandle.runs``)."""
+        return task.start < self.stop_for(task.sample)
 
 
 def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, progress: Any,
@@ -308,10 +314,10 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
             head = next(iter(inflight.values()), None)
             progress.started[slot] = time.monotonic()
             progress.tid[slot] = head[0].tid if head is not None else -1
-            if opts.on_result is not None and msg[0] == "done":
-                opts.on_result()
-            elif opts.on_handed_off is not None and msg[0] == "partial" \
-                    and msg[2] < opts.stop:
+            split = msg[0] == "partial" and msg[2] >= opts.stop_for(task.sample)
+            if opts.on_result is not None and (msg[0] == "done" or split):
+                opts.on_result()  # its remote part is done: offloaded
+            elif opts.on_handed_off is not None and msg[0] == "partial":
                 opts.on_handed_off()  # over the timeout, before the split point
             if not results.send(_local_message(msg, before, opts)):
                 return
@@ -320,10 +326,15 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
 def _submit(actor: Any, task: Task, opts: ProxyOptions,
             local: SampleRunner | None) -> tuple[Any, ...]:
     """Call the actor for ``task``: ``("ref", object ref, local timings)``, or ``("msg",
-    message)`` when nothing is left to run remotely (a local load failed, or was all)."""
+    message)`` when nothing is left to run remotely (a local load failed, or was all; the
+    split point moved before the task's step since it was dispatched: handed back as it is,
+    for the local workers)."""
     value = None
     before: list[Any] = []
-    if task.start > 0:  # a slow-lane sample (or one handed back at a split) resumed here
+    stop = opts.stop_for(task.sample)
+    if task.start > 0 and stop <= task.start:
+        return ("msg", ("partial", task.tid, task.start, task.payload, [], 0, None))
+    if task.start > 0:  # a slow-lane sample (over the timeout, before the split) resumed here
         value = decode(task.payload) if opts.processes else task.payload
         if opts.on_resumed is not None:
             opts.on_resumed()
@@ -339,12 +350,14 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
             return ("msg", ("done", task.tid, out.value, out.timings, 0, None))
         value, before = out.value, out.timings
         task = task._replace(start=out.next_step)
+        if stop <= task.start:  # the split is at the load: nothing to run remotely
+            return ("msg", ("partial", task.tid, task.start,
+                            encode(value) if opts.processes else value, before, 0, None))
     handoff = None
     if task.may_hand_off and opts.handoff is not None:  # the local workers' rule, now
         h = opts.handoff
         handoff = (float(h.timeout.value), tuple(float(r) for r in h.remaining))
-    ref = actor.run.remote(task._replace(payload=None), max(opts.stop_for(task.sample),
-                                                            task.start + 1),
+    ref = actor.run.remote(task._replace(payload=None), stop,
                            pack(value) if value is not None else None, handoff)
     return ("ref", ref, before)
 

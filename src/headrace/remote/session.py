@@ -30,8 +30,8 @@ class RemoteSession:
     """The remote side of one loader.
 
     ``target``: remote workers wanted now (set by the placement controller, or
-    ``Remote.workers`` / ``max_workers``); ``remote_samples``: samples finished remotely since
-    the loader started; ``lost``: remote workers that died (their samples were re-run).
+    ``Remote.workers`` / ``max_workers``); ``remote_samples``: samples offloaded since the loader
+    started (their remote part done: finished remotely, or handed back at the split point); ``lost``: remote workers that died (their samples were re-run).
     """
 
     def __init__(self, cfg: Remote) -> None:
@@ -273,19 +273,20 @@ class RemoteSession:
         from headrace.remote import ray_backend
 
         tasks, results = ray_backend.RemoteTasks(), ThreadResults()
-        run = ThreadRun(ray_backend.proxy_main,
-                        (setup, tasks, results, pool.progress, self._options(pool)),
+        opts = self._options(pool)
+        run = ThreadRun(ray_backend.proxy_main, (setup, tasks, results, pool.progress, opts),
                         name=f"headrace-worker-remote-{setup.slot}")
         run.start()
         return WorkerHandle(setup.slot, run, tasks, results, None, external=True,
                             gate=self._within_ratio, prefers_slow=self.cfg.slow_lane,
-                            fetches=self.near_storage)
+                            fetches=self.near_storage, runs=opts.runs)
 
     def _within_ratio(self) -> bool:
         """May remote workers take more samples now? FastFlow's ApplyOffRatio by counters:
-        samples finished or held remotely this epoch stay within ``ratio`` of all finished
-        ones (plus one per remote worker, so they can start). The scheduler asks before
-        dispatching."""
+        samples offloaded this epoch (held by a remote worker, or their remote part done,
+        also when local workers finish them after the split) stay within ``ratio`` of all
+        finished ones (plus one per remote worker, so they can start). The scheduler asks
+        before dispatching."""
         c, pool = self._counters, self._pool_opts[0]()
         if self.ratio >= 1.0 or c is None or pool is None:
             return True

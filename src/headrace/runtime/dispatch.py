@@ -44,7 +44,7 @@ class Dispatcher:
         self.counters = counters
         self.hooks = hooks  # runtime.monitor.Monitor: slow_threshold_s, queue_depth
         self.in_flight = in_flight  # samples pulled from the sampler and not yet yielded
-        self._slow_takers = False  # a worker with prefers_slow is dispatched to
+        self._slow_takers: list[WorkerHandle] = []  # workers with prefers_slow dispatched to
 
     def dispatch(self) -> None:
         """Give ready workers work up to their depth (the pool's first workers while they
@@ -63,7 +63,7 @@ class Dispatcher:
         slow_now = self._over_timeout(workers)
         # workers that take slow-lane samples first (remote ones with Remote(slow_lane=True)):
         # the others then leave the backlog to them unless nothing fresh may start
-        self._slow_takers = any(w.prefers_slow for w in workers)
+        self._slow_takers = [w for w in workers if w.prefers_slow]
         # near storage (remote/storage.py): fresh samples go to the storage nodes' fetchers
         # while one runs, the others resume what they hand back
         fetchers = any(w.fetches for w in workers)
@@ -106,7 +106,7 @@ class Dispatcher:
                     near_end = depth > 1 and lanes.near_end(margin)
                     fresh_ok = not near_end and (w.fetches or not fetchers)
                     rec = lanes.choose(fresh_ok, slow_first[w], self.in_flight(),
-                                       backlog_ok=not w.fetches)
+                                       backlog_ok=not w.fetches, runs=w.runs)
                     if rec is None:
                         if (fresh_ok or near_end) and not lanes.retry and not lanes.backlog:
                             # nothing fresh may start (the in-flight cap, the sampler is done,
@@ -134,8 +134,15 @@ class Dispatcher:
     def _may_take_slow(self, w: WorkerHandle, slow_cap: int) -> bool:
         """Whether ``w`` may take a slow-lane sample before fresh ones: a worker that prefers
         them (remote, ``Remote(slow_lane=True)``) always; the others while the slow lane has
-        less than its share and no such worker is there to take it."""
-        return w.prefers_slow or (not self._slow_takers and self._slow_running() < slow_cap)
+        less than its share and no such worker is there to take the next one (a sample handed
+        back at the split point is the local workers' own: ``WorkerHandle.runs``)."""
+        if w.prefers_slow:
+            return True
+        if self._slow_takers and self.lanes.backlog:
+            head = self.lanes.backlog[0].task
+            if any(t.runs is None or t.runs(head) for t in self._slow_takers):
+                return False
+        return self._slow_running() < slow_cap
 
     def _over_timeout(self, workers: list[WorkerHandle]) -> dict[int, float]:
         """Workers running a task of theirs for longer than the timeout: slot -> its start."""

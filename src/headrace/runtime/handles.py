@@ -97,6 +97,8 @@ class WorkerHandle:
     gate: Callable[[], bool] | None = None  # a backend's dispatch limit (remote/: offload ratio)
     prefers_slow: bool = False  # takes slow-lane samples first, beyond the slow-lane share
     fetches: bool = False  # near storage: while one runs, fresh samples go to such workers only
+    runs: Callable[[Task], bool] | None = None  # a backend's limit on the resumed samples it
+    # takes (remote/: those with steps left before its split point; None: any)
     started: float = field(default_factory=time.monotonic)  # its start (time.monotonic(), s)
 
     @property

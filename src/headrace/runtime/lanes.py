@@ -46,24 +46,29 @@ class Lanes:
         return self.exhausted and not self.fresh and self.settled == self.pulled
 
     def choose(self, fresh_ok: bool, slow_first: Callable[[], bool], in_flight: int,
-               backlog_ok: bool = True) -> Rec | None:
+               backlog_ok: bool = True, runs: Callable[[Task], bool] | None = None
+               ) -> Rec | None:
         """The next sample for a worker: a retry, else the slow lane when ``slow_first()`` (the
         scheduler's rule: the slow lane has less than its share of the workers), else a fresh
         sample (when ``fresh_ok``), else the slow lane anyway (nothing fresh may start: stay
-        work-conserving). ``backlog_ok=False``: never the slow lane (a near-storage fetcher)."""
-        if self.retry:
-            return self.retry.popleft()
+        work-conserving). ``backlog_ok=False``: never the slow lane (a near-storage fetcher).
+        ``runs(task)``: which retries and slow-lane samples the worker may take (a remote
+        worker: those with steps left before its split point; None: any), the first such in
+        each queue."""
+        rec = _take(self.retry, runs)
+        if rec is not None:
+            return rec
         if not backlog_ok:
             return self.next_fresh(in_flight) if fresh_ok else None
         if self.backlog and slow_first():
-            return self.backlog.popleft()
+            rec = _take(self.backlog, runs)
+            if rec is not None:
+                return rec
         if fresh_ok:
             rec = self.next_fresh(in_flight)
             if rec is not None:
                 return rec
-        if self.backlog:
-            return self.backlog.popleft()
-        return None
+        return _take(self.backlog, runs)
 
     def near_end(self, margin: int) -> bool:
         """At most ``margin`` fresh samples are left: queue none behind a running one (no tail
@@ -122,3 +127,14 @@ class Lanes:
         self.fresh.extend(todo)
         self.pulled += len(todo)
         return True
+
+
+def _take(queue: deque[Rec], runs: Callable[[Task], bool] | None) -> Rec | None:
+    """The first sample of ``queue`` that ``runs`` accepts (any without it), removed."""
+    if runs is None:
+        return queue.popleft() if queue else None
+    for k, rec in enumerate(queue):
+        if runs(rec.task):
+            del queue[k]
+            return rec
+    return None
