@@ -1,5 +1,6 @@
 """``hr.Remote`` and ``Options(remote=...)``: validation, and no Ray without a Remote."""
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,42 @@ def test_validation():
         hr.Remote(threshold=1.5)
     with pytest.raises(ValueError, match="headrace.Remote"):
         hr.Options(remote="auto")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("kw", "error", "named"), [
+    ({"resources": {"CPU": 1}}, ValueError, "num_cpus"),  # Ray: CPUs only as num_cpus
+    ({"resources": {"GPU": 1}}, ValueError, "GPU"),
+    ({"resources": {"x": -1}}, ValueError, "'x': -1"),
+    ({"resources": {"x": math.inf}}, ValueError, "'x': inf"),
+    ({"resources": {"x": 0.00001}}, ValueError, "0.0001"),  # under Ray's unit
+    ({"resources": {"x": "1"}}, TypeError, "resources"),
+    ({"resources": {1: 1.0}}, TypeError, "resource names"),
+    ({"resources": ["cpu_node"]}, TypeError, "resources"),
+    ({"num_cpus": math.inf}, ValueError, "num_cpus=inf"),
+    ({"num_cpus": math.nan}, ValueError, "num_cpus=nan"),
+    ({"num_cpus": "1"}, TypeError, "num_cpus='1'"),
+    ({"max_workers": 1.5}, TypeError, "max_workers=1.5"),
+    ({"max_workers": True}, TypeError, "max_workers=True"),
+    ({"workers": 2.5}, TypeError, "workers=2.5"),
+    ({"window": 2.5}, TypeError, "window=2.5"),
+    ({"window": 0}, ValueError, "window=0"),
+    ({"threshold": math.nan}, ValueError, "threshold=nan"),
+    ({"cost_per_worker_hour": math.nan}, ValueError, "cost_per_worker_hour=nan"),
+    ({"local_cost_per_hour": math.inf}, ValueError, "local_cost_per_hour=inf"),
+    ({"address": 123}, TypeError, "address=123"),
+    ({"required": "yes"}, TypeError, "required='yes'"),
+])
+def test_values_that_can_never_work_fail_at_construction(kw, error, named):
+    # they used to pass here and fail in a proxy thread (logged, local-only even with
+    # required=True) or mid-iteration with an unrelated TypeError
+    with pytest.raises(error, match=named.replace("(", r"\(").replace(".", r"\.")):
+        hr.Remote(**kw)
+
+
+def test_values_ray_accepts_pass():
+    hr.Remote(resources={"cpu_node": 0.0001, "other": 0, "n": 2}, num_cpus=0.5, max_workers=0,
+              workers=0, window=1, threshold=0.5, cost_per_worker_hour=0,
+              local_cost_per_hour=3)
 
 
 def test_remote_needs_worker_processes_or_threads():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Mapping
 
 
@@ -30,7 +32,8 @@ class Remote:
             dataset whose steps all run in ``__getitem__`` the loader raises.
         num_cpus: CPUs a remote worker reserves (Ray's ``num_cpus``).
         resources: Ray custom resources a remote worker requires (e.g. ``{"cpu_node": 0.01}``
-            to keep workers off the training host).
+            to keep workers off the training host): amounts finite, >= 0, and 0 or at least
+            0.0001 (Ray's unit); not ``CPU`` (that is ``num_cpus``) nor ``GPU``.
         workers: remote workers to start with (``None``: ``max_workers``, or 0 with
             ``autoplace``).
         autoplace: scale remote and local workers at run time to the cheapest configuration
@@ -62,18 +65,75 @@ class Remote:
     threshold: float = 0.03
 
     def __post_init__(self) -> None:
-        if self.max_workers is not None and self.max_workers < 0:
-            raise ValueError("Remote(max_workers=...) must be >= 0 (or None)")
-        if self.workers is not None and self.workers < 0:
-            raise ValueError("Remote(workers=...) must be >= 0 (or None)")
+        # every field that reaches Ray or the planner is checked here, so a value that can
+        # never work fails where it was written, not in a proxy thread at run time
+        if not isinstance(self.address, str):
+            raise TypeError(f"Remote(address={self.address!r}) must be a str (\"auto\", "
+                            "\"host:6379\" or \"ray://host:10001\")")
+        for name in ("required", "read_source", "autoplace", "slow_lane"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"Remote({name}={getattr(self, name)!r}) must be True or False")
+        for name in ("max_workers", "workers"):
+            _count(name, getattr(self, name), lowest=0, optional=True)
         if (self.workers is not None and self.max_workers is not None
                 and self.workers > self.max_workers):
-            raise ValueError("Remote(workers=...) must be <= max_workers")
+            raise ValueError(f"Remote(workers={self.workers}) must be <= max_workers "
+                             f"({self.max_workers})")
         for name in ("cost_per_worker_hour", "local_cost_per_hour"):
             v = getattr(self, name)
-            if v is not None and v < 0:
-                raise ValueError(f"Remote({name}=...) must be >= 0 (or None)")
-        if self.window < 1 or not 0 < self.threshold < 1:
-            raise ValueError("Remote(window=...) must be >= 1 and threshold in (0, 1)")
-        if self.num_cpus <= 0:
-            raise ValueError("Remote(num_cpus=...) must be > 0")
+            if v is not None and not (_real(name, v) >= 0 and math.isfinite(v)):
+                raise ValueError(f"Remote({name}={v!r}) must be a finite number >= 0 (or None)")
+        _count("window", self.window, lowest=1, optional=False)
+        if not 0 < _real("threshold", self.threshold) < 1:
+            raise ValueError(f"Remote(threshold={self.threshold!r}) must be in (0, 1)")
+        if not (_real("num_cpus", self.num_cpus) >= RESOURCE_UNIT and math.isfinite(self.num_cpus)):
+            raise ValueError(f"Remote(num_cpus={self.num_cpus!r}) must be a finite number >= "
+                             f"{RESOURCE_UNIT} (Ray's smallest unit)")
+        _check_resources(self.resources)
+
+
+RESOURCE_UNIT = 0.0001
+"""The smallest non-zero amount of a resource Ray accepts in a request."""
+
+
+def _real(name: str, v: object) -> float:
+    """``v`` when it is a real number (not a bool), else a TypeError naming ``name``."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"Remote({name}={v!r}) must be a number")
+    return float(v)
+
+
+def _count(name: str, v: object, lowest: int, optional: bool) -> None:
+    """``v`` is an int >= ``lowest`` (or None when ``optional``)."""
+    if v is None and optional:
+        return
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"Remote({name}={v!r}) must be an int" + (" (or None)" if optional
+                                                                   else ""))
+    if v < lowest:
+        raise ValueError(f"Remote({name}={v!r}) must be >= {lowest}" + (" (or None)" if optional
+                                                                        else ""))
+
+
+def _check_resources(resources: object) -> None:
+    """Ray's rules for an actor's ``resources``, checked before Ray sees them: string names,
+    finite amounts >= 0 in units of ``RESOURCE_UNIT``, and no ``CPU`` or ``GPU`` (Ray takes
+    those as ``num_cpus`` / ``num_gpus`` only; a remote worker's CPUs are ``num_cpus``)."""
+    if resources is None:
+        return
+    if not isinstance(resources, Mapping):
+        raise TypeError(f"Remote(resources={resources!r}) must be a mapping of resource name "
+                        "to amount (or None)")
+    for k, v in resources.items():
+        if not isinstance(k, str):
+            raise TypeError(f"Remote(resources={{{k!r}: ...}}): resource names are str")
+        if k == "CPU":
+            raise ValueError(f"Remote(resources={{'CPU': {v!r}}}): Ray takes CPUs as num_cpus, "
+                             "never in resources: use Remote(num_cpus=...)")
+        if k == "GPU":
+            raise ValueError(f"Remote(resources={{'GPU': {v!r}}}): Ray takes GPUs as num_gpus, "
+                             "never in resources, and remote workers run their steps on CPUs")
+        amount = _real(f"resources={{{k!r}: ...}}", v)
+        if not math.isfinite(amount) or amount < 0 or 0 < amount < RESOURCE_UNIT:
+            raise ValueError(f"Remote(resources={{{k!r}: {v!r}}}): an amount must be finite, "
+                             f">= 0, and 0 or at least {RESOURCE_UNIT}")
