@@ -79,6 +79,31 @@ def test_each_index_exactly_once_with_default_collate(ray_cluster, no_actor_leak
     del it, loader
 
 
+def shift_in_place(batch: list) -> list:
+    """A collate_fn normalising in place, as many do."""
+    for s in batch:
+        s["a"] -= 0.5
+    return batch
+
+
+@pytest.mark.timeout(120)
+def test_remote_samples_hold_writable_arrays(ray_cluster, no_actor_leaks):
+    # NumPy arrays came out of Ray's object store as read-only views: an in-place change in a
+    # collate_fn failed for remotely computed samples only (local ones are writable, as torch's)
+    expected = by_index(hr.DataLoader(pipeline(), batch_size=4, num_workers=1,
+                                      collate_fn=ident_collate, options=hr.Options(seed=11)))
+    loader = hr.DataLoader(pipeline(), batch_size=4, num_workers=1, collate_fn=shift_in_place,
+                           options=remote_opts())
+    it = iter(loader)
+    wait_until(lambda it=it: remote_ready(it, 3))
+    got = by_index(list(it))
+    assert loader.remote.remote_samples > 0
+    for i, s in expected.items():
+        assert got[i]["a"].flags.writeable and got[i]["t"].numpy().flags.writeable
+        assert np.array_equal(got[i]["a"], s["a"] - 0.5)
+    loader.close()
+
+
 def test_source_read_locally_when_not_reachable(ray_cluster, no_actor_leaks):
     local = hr.DataLoader(pipeline(), batch_size=4, num_workers=1, collate_fn=ident_collate,
                           options=hr.Options(seed=11))

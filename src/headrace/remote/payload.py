@@ -5,7 +5,8 @@ the receiver maps them without a copy. A torch tensor is pickled through torch's
 reduction instead (a storage object, more metadata, one more copy). ``pack`` turns every CPU
 tensor of a sample (inside dicts, lists, tuples and named tuples) into a :class:`TensorLeaf` holding its
 array; ``unpack`` turns them back, so the training process gets the same tensors (dtype,
-shape, values) it would get from a local worker. Other leaves travel as they are.
+shape, values) it would get from a local worker. NumPy arrays travel as they are and are
+copied once on arrival when Ray hands them over read-only. Other leaves travel as they are.
 """
 
 from __future__ import annotations
@@ -43,14 +44,18 @@ def pack(x: Any) -> Any:
 
 def unpack(x: Any) -> Any:
     """The inverse of :func:`pack`. Arrays from Ray's object store are read-only views of
-    shared memory: they are copied once into writable tensors (what a local worker's sample
-    is), so the user may change them in place."""
-    return tree_map_only(TensorLeaf, _unpack_leaf, x)
+    shared memory: they are copied once into writable tensors, and NumPy arrays that arrive
+    read-only into writable arrays (what a local worker's sample holds), so the user may change
+    them in place. Only arrays inside the containers torch's pytree walks are reached: one
+    held by another object (a dataclass's field) stays as Ray made it."""
+    return tree_map_only((TensorLeaf, np.ndarray), _unpack_leaf, x)
 
 
 def _pack_tensor(t: torch.Tensor) -> Any:
     return TensorLeaf(t.contiguous().numpy()) if _packable(t) else t
 
 
-def _unpack_leaf(leaf: TensorLeaf) -> torch.Tensor:
+def _unpack_leaf(leaf: TensorLeaf | np.ndarray) -> torch.Tensor | np.ndarray:
+    if isinstance(leaf, np.ndarray):  # a writable one (made in-band) is the receiver's own
+        return leaf if leaf.flags.writeable else leaf.copy(order="K")  # keeps its strides
     return torch.from_numpy(np.array(leaf.array, copy=True))
