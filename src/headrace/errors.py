@@ -37,8 +37,9 @@ class LoaderClosedError(HeadraceError, RuntimeError):
 
 
 class RemoteUnavailableError(HeadraceError, ConnectionError):
-    """The Ray cluster named by ``Remote(address=...)`` could not be joined (the message names
-    the address and how to fix it; ``Remote(required=False)`` runs on local workers instead)."""
+    """The Ray cluster named by ``Remote(address=...)`` could not be joined, or no remote worker
+    could start on it (the message names the address, the cause and how to fix it;
+    ``Remote(required=False)`` runs on local workers instead)."""
 
 
 class WorkerDiedError(HeadraceError, RuntimeError):

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import importlib
+import logging
 import os
 import subprocess
 import sys
 import textwrap
 import threading
+import uuid
 from collections import Counter
 
 import psutil
 import pytest
 
 import headrace as hr
-from tests.helpers import ArraySource, gated_jitter, jitter
+from headrace.remote.starts import MAX_START_FAILURES
+from tests.helpers import ArraySource, gated_jitter, ident_collate, jitter
 from tests.ray_cluster.conftest import NODE_CPUS, ROOT, STORE_BYTES, live_headrace_actors
 from tests.ray_cluster.test_remote import ON_CPU_NODES, remote_ready, wait_until
 
@@ -147,3 +151,84 @@ def test_ctrl_c_in_the_training_loop_leaves_no_actor(ray_cluster, no_actor_leaks
             if i == 3:
                 raise KeyboardInterrupt  # what Ctrl-C raises in the training loop
     del it, loader  # the traceback let go: the epoch is finalised, its actors killed
+
+
+DRIVER_ONLY = textwrap.dedent("""
+    import threading
+    GO = threading.Event()  # the test's gate (worker threads share this process)
+
+    def step(x):
+        GO.wait(60)
+        return x
+""")
+
+
+@pytest.fixture
+def driver_only(tmp_path, monkeypatch):
+    """A module of steps this process imports and the Ray nodes cannot (the most common Ray
+    setup mistake): remote workers die unpickling their pipeline, in their constructor."""
+    name = f"hr_driver_only_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(DRIVER_ONLY)
+    monkeypatch.syspath_prepend(str(tmp_path))  # here only: Ray's workers started before
+    mod = importlib.import_module(name)
+    yield mod
+    mod.GO.set()
+    sys.modules.pop(name, None)
+
+
+def start_warnings(caplog) -> list[str]:
+    """The loader's warnings that a remote worker could not start (the first with the cause,
+    the last when no more are started)."""
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and "could not start" in r.getMessage()]
+
+
+def given_up(caplog) -> bool:
+    return any(f"{MAX_START_FAILURES} in a row" in m for m in start_warnings(caplog))
+
+
+def cannot_start_loader(mod, required: bool) -> hr.DataLoader:
+    pipe = hr.Pipeline(ArraySource(24), [hr.step(mod.step, name="only_here")])
+    return hr.DataLoader(pipe, batch_size=4, num_workers=1, collate_fn=ident_collate,
+                         options=hr.Options(executor="threads", remote=hr.Remote(
+                             max_workers=2, resources=ON_CPU_NODES, required=required)))
+
+
+@pytest.mark.timeout(120)
+def test_worker_that_cannot_start_is_reported_then_given_up(ray_cluster, no_actor_leaks,
+                                                            driver_only, caplog):
+    # it used to be replaced every second for ever, each time warned as "lost
+    # (ActorDiedError); its samples are re-run" without the ModuleNotFoundError
+    caplog.set_level(logging.INFO, logger="headrace")
+    loader = cannot_start_loader(driver_only, required=False)
+    it = iter(loader)
+    wait_until(lambda: given_up(caplog))  # local samples wait at the gate meanwhile
+    driver_only.GO.set()
+    assert sorted(s[0] for b in it for s in b) == list(range(24))
+    r = loader.remote
+    assert r.remote_samples == 0 and r.lost == 0  # none ever ran: none was lost
+    assert MAX_START_FAILURES <= r.starts.total <= MAX_START_FAILURES + 1  # one was starting
+    causes = [m for m in start_warnings(caplog) if "ModuleNotFoundError" in m
+              and driver_only.__name__ in m]
+    assert len(causes) == 2, caplog.text  # the cause once, then giving up with it
+    assert "local workers only" in causes[1] and "lost" not in caplog.text
+    text = loader.explain()
+    assert "never started" in text and "could not start: ModuleNotFoundError" in text
+    assert "no more are started" in text and "lost" not in text
+    del it
+    loader.close()
+
+
+@pytest.mark.timeout(120)
+def test_worker_that_cannot_start_fails_a_required_remote(ray_cluster, no_actor_leaks,
+                                                          driver_only, caplog):
+    caplog.set_level(logging.INFO, logger="headrace")
+    loader = cannot_start_loader(driver_only, required=True)
+    it = iter(loader)
+    wait_until(lambda: given_up(caplog))
+    driver_only.GO.set()
+    with pytest.raises(hr.RemoteUnavailableError,
+                       match=f"ModuleNotFoundError: No module named '{driver_only.__name__}'"):
+        list(it)
+    del it
+    loader.close()

@@ -77,6 +77,12 @@ class RemoteFacts:
     watching: bool = False
     extra: tuple[str, ...] = ()
     """More lines from the remote side (near storage: ``remote/storage.py``)."""
+    never_started: int = 0
+    """Remote workers that died before running a sample (``remote/starts.py``)."""
+    start_error: str | None = None
+    """Why they did not start (the remote exception and the end of its traceback)."""
+    gave_up: bool = False
+    """That many in a row failed: no more remote workers are started."""
 
 
 def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
@@ -91,7 +97,12 @@ def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
            f"{r.max_workers}), {r.local_workers} local; {share} {done}"
            + (f"; {r.handed_off} handed off by remote workers over the timeout"
               if r.handed_off else "")
-           + (f"; {r.lost} remote worker(s) lost, their samples re-run" if r.lost else "")]
+           + (f"; {r.lost} remote worker(s) lost, their samples re-run" if r.lost else "")
+           + (f"; {r.never_started} remote worker(s) never started" if r.never_started else "")]
+    if r.start_error is not None:
+        first = r.start_error.splitlines()[0]
+        out.append(f"  remote workers could not start: {first}" + (
+            "; no more are started, local workers only" if r.gave_up else ""))
     if r.offload is not None:
         out.append("  " + r.offload.describe())
     if r.link is not None:

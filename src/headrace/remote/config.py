@@ -23,8 +23,10 @@ class Remote:
             Pecan's bpc). ``None``: no cost known; AutoPlacement then minimises workers at equal
             batch time.
         local_cost_per_hour: what the training host costs per hour (``c_a``).
-        required: ``True``: an unreachable cluster is an error naming ``address``. ``False``:
-            the loader warns and runs on local workers only.
+        required: ``True``: an unreachable cluster is an error naming ``address``, and so are
+            remote workers that cannot start (``remote/starts.py``: ``MAX_START_FAILURES`` in a
+            row), naming the remote exception. ``False``: the loader warns and runs on local
+            workers only.
         read_source: remote workers read a sample themselves (step 0, ``Source.load``): the
             source is reachable from their nodes (shared storage). ``False``: the training
             host loads the sample (in a thread of the training process, unseeded per sample)

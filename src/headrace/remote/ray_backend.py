@@ -16,6 +16,9 @@ Faults: when the actor's node or process dies, ``ray.get`` raises; the proxy the
 sentinel fires, and the scheduler re-runs the samples it held on other workers exactly as for
 a dead local process (``Scheduler._on_death``). The pool does not restart a remote worker in
 place (``WorkerHandle.external``): its node may be gone; ``remote/session.py`` starts new ones.
+An actor that dies before it runs (its constructor, or the unpickling of the pipeline it is
+given, raised) held no sample: it is reported with the remote exception, not as lost, and
+``remote/starts.py`` decides when to stop starting more.
 Shutdown (NOTE [headrace shutdown] in ``runtime/pool.py``): closing the task queue ends the
 proxy within ``POLL_S`` and it kills its actor; actors are not detached, so Ray also ends them
 when the training process exits.
@@ -60,6 +63,7 @@ from headrace.remote.actor import RemoteWorker
 from headrace.remote.config import Remote
 from headrace.remote.link import PROBE_BUDGET_S, PROBE_BYTES, LinkEcho, LinkMeasure
 from headrace.remote.payload import pack, unpack
+from headrace.remote.starts import start_cause
 from headrace.runtime.outbox import qualname
 from headrace.runtime.threadworker import ThreadResults, ThreadTasks
 from headrace.runtime.transport import decode, encode
@@ -185,15 +189,20 @@ class ProxyOptions:
     driver-owned objects]). ``stop``: the step the remote part ends at (the offload split
     point; the pipeline's step count: the whole sample). ``processes``: the local workers are processes, so partial values
     they exchange are ``runtime/transport.py``-encoded. ``on_result()``: a sample's remote part
-    is done (finished, or handed back at the split point); ``on_lost()``: an actor died; ``on_resumed()``: a sample resumed at a later
-    step was sent; ``on_handed_off()``: a remote worker handed a sample off over the timeout.
+    is done (finished, or handed back at the split point); ``on_lost()``: an actor died after
+    it started; ``on_resumed()``: a sample resumed at a later step was sent;
+    ``on_handed_off()``: a remote worker handed a sample off over the timeout;
+    ``on_started(slot)``: an actor runs; ``on_start_failed(slot, cause)``: an actor died before
+    it ran (``cause``: ``remote/starts.py``'s ``start_cause``).
     """
 
     def __init__(self, cfg: Remote, pipeline: Any, steps: int, processes: bool,
                  on_result: Callable[[], None] | None = None,
                  on_lost: Callable[[], None] | None = None,
                  on_resumed: Callable[[], None] | None = None,
-                 on_handed_off: Callable[[], None] | None = None) -> None:
+                 on_handed_off: Callable[[], None] | None = None,
+                 on_started: Callable[[int], None] | None = None,
+                 on_start_failed: Callable[[int, str], None] | None = None) -> None:
         self.cfg = cfg
         self.pipeline = pipeline
         self.steps = steps
@@ -204,6 +213,8 @@ class ProxyOptions:
         self.on_lost = on_lost
         self.on_resumed = on_resumed
         self.on_handed_off = on_handed_off
+        self.on_started = on_started
+        self.on_start_failed = on_start_failed
         self.handoff: Any = None
         """The pool's ``HandOff`` (timeout, typical seconds left per step), sent with each
         task that may be handed off (None: remote workers never hand samples off)."""
@@ -235,14 +246,23 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
         actor_opts["resources"] = dict(cfg.resources)
     actor: Any = _ActorClass.options(**actor_opts).remote(opts.pipeline, setup.base_seed,
                                                      setup.profile)
+    ran = False
     try:
         if not _wait_placed(actor, tasks, slot, opts):
             return
+        ran = True
+        if opts.on_started is not None:
+            opts.on_started(slot)
         results.send(("ready", slot))
         _forward(actor, tasks, results, progress, opts, setup)
     except RayError as e:
-        log.warning("headrace remote worker %d lost (%s); its samples are re-run",
-                    slot, type(e).__name__)
+        if not ran:  # it held no sample: say why it never started (its constructor's error)
+            if opts.on_start_failed is not None:
+                opts.on_start_failed(slot, start_cause(type(e).__name__, str(e)))
+            return
+        first = (str(e).strip().splitlines() or [""])[0]
+        log.warning("headrace remote worker %d lost (%s: %s); its samples are re-run",
+                    slot, type(e).__name__, first)
         if opts.on_lost is not None:
             opts.on_lost()
     finally:

@@ -14,10 +14,12 @@ from typing import Any
 
 from headrace.errors import PipelineError, RemoteUnavailableError
 from headrace.remote.config import Remote
+from headrace.remote.starts import StartFailures
 from headrace.remote.storage import RESOURCE, NearStorage, StorageSide
 from headrace.runtime.handles import WorkerHandle
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.threadworker import ThreadResults, ThreadRun
+from headrace.runtime.work import Fatal
 from headrace.runtime.worker import WorkerSetup
 
 log = logging.getLogger("headrace")
@@ -31,7 +33,9 @@ class RemoteSession:
 
     ``target``: remote workers wanted now (set by the placement controller, or
     ``Remote.workers`` / ``max_workers``); ``remote_samples``: samples offloaded since the loader
-    started (their remote part done: finished remotely, or handed back at the split point); ``lost``: remote workers that died (their samples were re-run).
+    started (their remote part done: finished remotely, or handed back at the split point);
+    ``lost``: remote workers that died after they started (their samples were re-run);
+    ``starts``: those that never started, and why (``remote/starts.py``).
     """
 
     def __init__(self, cfg: Remote) -> None:
@@ -45,6 +49,7 @@ class RemoteSession:
         self.resumed_remote = 0
         """Slow-lane samples (resumed at a later step) sent to remote workers."""
         self.lost = 0
+        self.starts = StartFailures()
         self.handed_off_remote = 0
         """Samples remote workers handed off over the timeout (finished in the slow lane)."""
         self.stop: int | None = None
@@ -111,7 +116,7 @@ class RemoteSession:
     def attach(self, pool: WorkerPool, on_added: Any = None) -> None:
         """Start remote workers in ``pool`` up to ``target``; a new pool also gets the local
         worker count AutoPlacement had reached (``PlacementController.adopt``)."""
-        if not self.available:
+        if not self.available or self.starts.gave_up:
             return
         self.local_started = sum(not w.external for w in list(pool.workers.values()))
         if self.placement is not None:
@@ -126,6 +131,8 @@ class RemoteSession:
         """Start one remote worker in ``pool`` (None once the pool is closed or full). Called
         by the training thread (``attach``) and the scheduler thread (``on_tick``): one at a
         time."""
+        if self.starts.gave_up:
+            return None  # starts.limit in a row failed: no more (on_tick says what follows)
         with self._add_lock:  # None when every remote slot is taken (retiring ones too)
             return pool.add_worker(start=lambda setup: self._start(pool, setup))
 
@@ -148,7 +155,9 @@ class RemoteSession:
                     self.cfg, pool.pipeline, steps,
                     processes=pool.executor != "threads", on_result=self._count,
                     on_lost=self._lost, on_resumed=self._resumed,
-                    on_handed_off=self._handed_off)
+                    on_handed_off=self._handed_off,
+                    on_started=lambda _slot: self.starts.started(),
+                    on_start_failed=self._start_failed)
                 opts.handoff = pool.handoff
                 self._pool_opts = (weakref.ref(pool), opts)
             opts.stop = self.stop if self.stop is not None else opts.steps
@@ -177,6 +186,8 @@ class RemoteSession:
             address=cfg.address, error=self.error, max_workers=self.max_workers,
             remote_workers=remote if workers else self.target, local_workers=local,
             remote_samples=self.remote_samples, lost=self.lost, split=self.stop,
+            never_started=self.starts.total, start_error=self.starts.cause,
+            gave_up=self.starts.gave_up,
             steps=tuple(steps), offload=self.offload, autoplace=cfg.autoplace, moves=moves,
             measured_thp=measured_thp, cost_per_hour=cost, replans=replans,
             handed_off=self.handed_off_remote,
@@ -269,6 +280,11 @@ class RemoteSession:
         with self._lock:
             self.lost += 1
 
+    def _start_failed(self, slot: int, cause: str) -> None:
+        """A remote worker died before it ran (a proxy thread says)."""
+        if self.starts.report(slot, cause, self.cfg.address, self.cfg.required):
+            self.target = 0  # gave up: no more are started
+
     def _start(self, pool: WorkerPool, setup: WorkerSetup) -> WorkerHandle:
         from headrace.remote import ray_backend
 
@@ -353,9 +369,15 @@ class RemoteSession:
 
     def on_tick(self, pool: WorkerPool) -> None:
         """Replace remote workers that died, up to ``target`` (Ray places them on live nodes),
-        at most one every ``REPLACE_EVERY_S`` (a worker that cannot start is not retried in a
-        tight loop)."""
-        if not self.available or pool.closed or self._replaced >= self.lost:
+        at most one every ``REPLACE_EVERY_S``, none once ``starts.limit`` in a row failed
+        to start: then ``Remote(required=True)`` ends the epoch with the cause."""
+        if not self.available or pool.closed:
+            return
+        if self.starts.gave_up:
+            if self.cfg.required:
+                raise Fatal(RemoteUnavailableError(self.starts.message(self.cfg.address)))
+            return
+        if self._replaced >= self.lost + self.starts.total:
             return
         now = time.monotonic()
         if now - self._replaced_at < REPLACE_EVERY_S:

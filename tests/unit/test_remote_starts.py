@@ -1,0 +1,44 @@
+"""``remote/starts.py``: the cause of a remote worker that never started, and when to stop."""
+
+import pytest
+
+from headrace.remote.starts import MAX_START_FAILURES, StartFailures, start_cause
+
+# what Ray 2.x said (ActorDiedError's message) for a step's module missing on the node
+UNPICKLE = ("The actor died because of an error raised in its creation task, "
+            "\x1b[36mray::A.__init__()\x1b[39m (pid=5848, ip=192.0.2.2, actor_id=7da7)\n  At least one of the input "
+            "arguments for this task could not be computed:\nray.exceptions.RaySystemError: "
+            "System error: No module named 'onlyhere2'\ntraceback: Traceback (most recent call "
+            "last):\n          ^^^^^^^^^^^^^\n           ^^^^^^^^^^^^\nModuleNotFoundError: No "
+            "module named 'onlyhere2'")
+RAISED = ("The actor died because of an error raised in its creation task, ray::W.__init__() "
+          "(pid=1)\n  File \"/x/actor.py\", line 34, in __init__\n    import torch\n  File "
+          "\"/x/torch/__init__.py\", line 2, in <module>\n    raise OSError('libcuda')\n"
+          "OSError: libcuda")
+
+
+@pytest.mark.timeout(10)
+def test_cause_names_the_remote_exception_and_where():
+    cause = start_cause("ActorDiedError", UNPICKLE)
+    first = cause.splitlines()[0]
+    assert first.startswith("ModuleNotFoundError: No module named 'onlyhere2'")
+    assert "unpickling the pipeline" in first and "\x1b" not in cause and "^" not in cause
+    assert start_cause("ActorDiedError", UNPICKLE.replace("5848", "6000")) == cause  # no pid
+    raised = start_cause("ActorDiedError", "Traceback (most recent call last):\n" + RAISED)
+    assert raised.splitlines()[0] == "OSError: libcuda (raised on the remote worker's node in " \
+        "its constructor)"
+    assert "raise OSError('libcuda')" in raised  # the traceback's last frames
+    died = start_cause("ActorDiedError", "The actor died unexpectedly.\n\tpid: 3\nnode lost")
+    assert died == "ActorDiedError: The actor died unexpectedly. (node lost)"
+
+
+@pytest.mark.timeout(10)
+def test_gives_up_after_failures_in_a_row_only():
+    s = StartFailures()
+    assert s.failed("E: x") == (True, False)  # a new cause: reported
+    assert s.failed("E: x") == (False, False)
+    s.started()  # one started: the run is broken
+    for _ in range(MAX_START_FAILURES - 1):
+        assert s.failed("E: x") == (False, False) and not s.gave_up
+    assert s.failed("E: y") == (True, True) and s.gave_up
+    assert s.total == MAX_START_FAILURES + 2
