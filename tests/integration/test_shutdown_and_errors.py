@@ -353,6 +353,42 @@ def test_a_killed_training_process_leaves_no_cache_in_shared_memory(sig):
         proc.wait(timeout=30)
 
 
+@pytest.mark.timeout(120)
+def test_workers_exit_when_the_killed_training_process_is_not_reaped():
+    # a launcher that reads the training process's output to the end before it reaps it
+    # (subprocess.run(capture_output=True), communicate()) keeps it a zombie: the workers
+    # took the zombie for alive and held the output pipes open, so the launcher never
+    # returned (torch's workers exit: their parent changed)
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.path.insert(0, {root!r})
+        import headrace as hr
+        from tests.helpers import ArraySource
+        loader = hr.DataLoader(hr.Pipeline(ArraySource(4000), [lambda x: x + 1]), batch_size=4,
+                               num_workers=2)
+        for epoch in range(1000):  # killed long before the end
+            for i, b in enumerate(loader):
+                if epoch == 1 and i == 0:
+                    print("running", flush=True)
+        """.format(root=str(__import__("pathlib").Path(__file__).parents[2]))
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "running"
+        trainer = psutil.Process(proc.pid)
+        workers = trainer.children()
+        assert workers
+        proc.send_signal(signal.SIGKILL)  # and not reaped until the workers are gone
+        _, alive = psutil.wait_procs(workers, timeout=20)
+        assert not alive, "workers outlived the killed (unreaped) training process"
+        assert trainer.status() == psutil.STATUS_ZOMBIE  # it was not reaped meanwhile
+        assert proc.stdout.read() == ""  # the output pipe closed: a reader returns
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def _running(p: psutil.Process) -> bool:
     """Not exited (an exited child not yet reaped by init is a zombie: exited)."""
     try:

@@ -12,11 +12,16 @@ from typing import Any
 def parent_gone(parent_pid: int) -> bool:
     """The training process ``parent_pid`` has exited.
 
-    With ``fork`` and ``spawn`` it is this process's parent, and a changed parent (the orphan
-    was adopted) is the cheap answer. With ``forkserver`` the parent is the fork server, never
-    the training process: asking the parent alone made every worker of such a loader take its
-    idle wait for the training process's death, exit, and remove the live cache on its way out;
-    there the training process's pid itself is asked (a signal-0 ``kill``, about a µs)."""
+    With ``fork`` and ``spawn`` it is this process's parent, and an unchanged parent is the
+    cheap answer. With ``forkserver`` the parent is the fork server, never the training
+    process: asking the parent alone made every worker of such a loader take its idle wait for
+    the training process's death, exit, and remove the live cache on its way out; there, and
+    once an orphan was adopted, the training process's pid itself is asked (a signal-0
+    ``kill``, about a µs), and a process that exited but was not reaped yet (a zombie, about
+    20 µs to read) counts as gone: a training process killed under a launcher that reads its
+    output to the end before it reaps it (``subprocess.run(capture_output=True)``,
+    ``communicate()``) stayed a zombie for as long as the workers held the output pipes open,
+    which was for ever (torch's workers exit: their parent changed)."""
     if os.getppid() == parent_pid:
         return False
     try:
@@ -25,7 +30,19 @@ def parent_gone(parent_pid: int) -> bool:
         return True
     except PermissionError:  # alive, someone else's (a reused pid): not ours to judge
         return False
-    return False
+    return _exited(parent_pid)
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` exited and waits to be reaped (``/proc``'s state ``Z``, or ``X`` while
+    it is reaped); False where ``/proc`` cannot tell (another system: alive, as before)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    state = stat[stat.rfind(b")") + 1:].split()[:1]  # after the name, which may hold spaces
+    return state in ([b"Z"], [b"X"])
 
 
 PARENT_CHECK_S = 1.0
