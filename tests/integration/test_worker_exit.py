@@ -125,3 +125,43 @@ def test_forkserver_workers_leave_the_cache_alone_across_epochs(no_leaks):
         assert loader.stats().worker_restarts == 0
     finally:
         loader.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_process_forked_by_user_code_leaves_the_loader_alone_when_it_exits():
+    # the child's exit ran headrace's exit hook and the loader's finalisers on the parent's
+    # pool and cache (exit messages down the workers' pipes, the cache's directory removed),
+    # and multiprocessing's exit hook sent SIGTERM to the workers it inherited as children
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = str(Path(__file__).parents[2])
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {root!r})
+        import headrace as hr
+        from tests.helpers import ArraySource, check_finite
+        loader = hr.DataLoader(hr.Pipeline(ArraySource(64), [check_finite]), batch_size=8,
+                               num_workers=2, persistent_workers=True)
+        first = sorted(float(v) for b in loader for v in b.flatten())
+        path = loader.cache.backend.path
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # a helper process that ends through the interpreter
+        os.waitpid(pid, 0)
+        second = sorted(float(v) for b in loader for v in b.flatten())
+        s = loader.stats()
+        print(first == second == [float(i) for i in range(64)], s.worker_restarts,
+              os.path.isdir(path), loader.cache is not None and not loader.cache.dropped,
+              flush=True)
+        loader.close()
+        """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=90)
+    assert out.returncode == 0, out.stderr
+    exact, restarts, cache_kept, cache_on = out.stdout.split()
+    assert exact == "True" and restarts == "0", out.stderr
+    assert cache_kept == cache_on == "True", out.stderr  # the loader did not drop its cache

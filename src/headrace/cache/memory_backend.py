@@ -103,9 +103,13 @@ def _remove_orphans(root: str) -> None:
             shutil.rmtree(os.path.join(root, n), ignore_errors=True)
 
 
-def remove_dir(path: str) -> None:
+def remove_dir(path: str, owner_pid: int | None = None) -> None:
     """Delete a cache directory, its shards included (called by the owning loader on close and
-    at exit)."""
+    at exit). ``owner_pid``: only in that process; a process the user's code forked from it
+    runs the finaliser at its exit too, and removed the live cache under the training
+    process (which then went on without one)."""
+    if owner_pid is not None and os.getpid() != owner_pid:
+        return
     close_envs(path)
     shutil.rmtree(path, ignore_errors=True)
 

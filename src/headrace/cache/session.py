@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -140,7 +141,8 @@ class CacheSession:
                 from headrace.cache import memory_backend
 
                 path = memory_backend.make_dir()
-                self._finalizer = weakref.finalize(self, memory_backend.remove_dir, path)
+                self._finalizer = weakref.finalize(self, memory_backend.remove_dir, path,
+                                                   os.getpid())
                 self.backend = memory_backend.MemoryBackend(path, self.budget,
                                                              self.counters.rows * 2)
             else:

@@ -116,6 +116,7 @@ class WorkerPool:
         """Workers the scheduler thread asked for, to fork on the training thread (``forks.py``)."""
         self._closed = False
         self._lock = threading.RLock()  # shutdown (atexit, finalizers) races the scheduler thread
+        self._owner_pid = os.getpid()  # the process whose workers these are
         _live_pools.add(self)
 
     @property
@@ -324,6 +325,10 @@ class WorkerPool:
         Called in one of its own worker threads (when the garbage collector finalised an epoch
         there), it waits for none: the others may be waiting for the scheduler lock that thread
         holds; they exit on their own once their queues are closed."""
+        if os.getpid() != self._owner_pid:
+            return  # a copy in a process the user's code forked: the workers are not its own
+            # (at its exit, the atexit hook and the loader's finaliser stopped the training
+            # process's workers: exit messages down the shared pipes)
         with self._lock:
             if self._closed:
                 return
@@ -373,6 +378,26 @@ class WorkerPool:
 
 _live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 _exit_lock = threading.Lock()
+
+
+def _forget_workers_in_child() -> None:
+    """In a process just forked (``os.fork()`` in the user's code, or a worker being started):
+    the live pools' worker processes are not its children. multiprocessing's own exit hook
+    terminates every daemon process its ``_children`` holds, and a forked child inherits that
+    set: a helper the user's code forked that exited through the interpreter sent SIGTERM to
+    the training process's workers (torch's too). They are taken out of it here; the pools'
+    own ``shutdown`` does nothing outside the process that made them."""
+    import multiprocessing.process as mp_process
+
+    children = getattr(mp_process, "_children", None)
+    if not isinstance(children, set):
+        return
+    for pool in list(_live_pools):
+        for h in list(pool.workers.values()):
+            children.discard(h.process)
+
+
+os.register_at_fork(after_in_child=_forget_workers_in_child)
 
 
 @atexit.register
