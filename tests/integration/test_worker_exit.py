@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import torch.utils.data as tud
 
 import headrace as hr
 from headrace.runtime.pool import WorkerPool
@@ -165,3 +166,59 @@ def test_a_process_forked_by_user_code_leaves_the_loader_alone_when_it_exits():
     exact, restarts, cache_kept, cache_on = out.stdout.split()
     assert exact == "True" and restarts == "0", out.stderr
     assert cache_kept == cache_on == "True", out.stderr  # the loader did not drop its cache
+
+
+
+class GatedAfter8(tud.Dataset):
+    """Samples 8 and later wait at the gate file (held by the test, bounded by its timeout)."""
+
+    def __init__(self, gate: str) -> None:
+        self.gate = gate
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> int:
+        if i >= 8:
+            wait_at_gate(self.gate)
+        return i
+
+
+@pytest.mark.timeout(120)
+def test_workers_left_by_a_ctrl_c_during_shutdown_go_with_the_next_pool(tmp_path, no_leaks):
+    # a Ctrl-C caught while an epoch closed (a notebook's interrupted cell) cut the pool's
+    # shutdown short: the pool was marked closed, no later close asked again, and its workers,
+    # busy with samples, stayed (until the interpreter exited), more at each such Ctrl-C
+    import psutil
+
+    from tests.helpers import IndexDataset
+
+    gate = tmp_path / "gate"
+    gate.write_text("")
+    with open(gate) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        loader = hr.DataLoader(GatedAfter8(str(gate)), batch_size=4, num_workers=2,
+                               in_order=True)
+        it = iter(loader)
+        assert next(it).tolist() == [0, 1, 2, 3]
+        pool = it.pool
+        workers = [psutil.Process(h.process.pid) for h in pool.workers.values()]
+        dispose, calls = pool._dispose, []
+
+        def interrupted(h, *a, **kw):  # the Ctrl-C lands in the first worker's join
+            calls.append(h.slot)
+            if len(calls) == 1:
+                raise KeyboardInterrupt
+            return dispose(h, *a, **kw)
+
+        pool._dispose = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            it.close()
+        assert pool.closed and all(p.is_running() for p in workers)  # left behind, waiting
+        del it
+        other = hr.DataLoader(IndexDataset(8), batch_size=4, num_workers=1)
+        assert sum(len(b) for b in other) == 8  # a new pool sweeps what was left
+        _, alive = psutil.wait_procs(workers, timeout=20)  # still at the gate: never on
+        assert not alive and len(calls) == 3  # their own (the first again, then the second)
+        other.close()
+        loader.close()

@@ -117,6 +117,8 @@ class WorkerPool:
         self._closed = False
         self._lock = threading.RLock()  # shutdown (atexit, finalizers) races the scheduler thread
         self._owner_pid = os.getpid()  # the process whose workers these are
+        self._undisposed: list[WorkerHandle] = []  # what an interrupted shutdown left
+        _sweep_interrupted()  # a new pool (the next iter()): the last ones' leftovers go
         _live_pools.add(self)
 
     @property
@@ -330,19 +332,30 @@ class WorkerPool:
             # (at its exit, the atexit hook and the loader's finaliser stopped the training
             # process's workers: exit messages down the shared pipes)
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self.requests.drop()
-            handles = list(self.workers.values())
-            self.workers.clear()
-        here = current_run()
-        inside = here is not None and any(h.process is here for h in handles)
-        for h in handles:
-            h.send_exit(now=True)
-        deadline = time.monotonic() + (0.0 if inside else grace_s)
-        for h in handles:
-            self._dispose(h, max(0.0, deadline - time.monotonic()), quiet=inside)
+            again = self._closed  # then what an interrupt left undisposed, if anything
+            if again:
+                handles, self._undisposed = self._undisposed, []
+                if not handles:
+                    return
+            else:
+                self._closed = True
+                self.requests.drop()
+                handles = list(self.workers.values())
+                self.workers.clear()
+        done = 0
+        try:
+            for h in handles if not again else ():
+                h.send_exit(now=True)
+            here = current_run()
+            inside = here is not None and any(h.process is here for h in handles)
+            deadline = time.monotonic() + (0.0 if inside else grace_s)
+            for h in handles:
+                self._dispose(h, max(0.0, deadline - time.monotonic()), quiet=inside)
+                done += 1
+        except BaseException:  # a Ctrl-C (in a join): what is left, for the next shutdown
+            with self._lock:
+                self._undisposed.extend(handles[done:])
+            raise
         _live_pools.discard(self)
 
     def _dispose(self, h: WorkerHandle, grace_s: float, quiet: bool = False) -> None:
@@ -378,6 +391,15 @@ class WorkerPool:
 
 _live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 _exit_lock = threading.Lock()
+
+
+def _sweep_interrupted() -> None:
+    """Finish the shutdowns an interrupt cut short (a Ctrl-C caught while an epoch closed, as
+    a notebook does): their pools are closed, so no epoch's close asks again, and their
+    workers stayed until the interpreter exited, more at each such Ctrl-C."""
+    for pool in list(_live_pools):
+        if pool._undisposed and pool._owner_pid == os.getpid():
+            pool.shutdown(grace_s=0.0)
 
 
 def _forget_workers_in_child() -> None:
