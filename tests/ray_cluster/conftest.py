@@ -104,9 +104,9 @@ def pytest_runtest_makereport(item, call):
 def _stop_leftovers() -> None:
     """Stop the pools a failed test left open (its traceback keeps its loader alive), so their
     remote workers do not hold the cluster's CPUs and fail the tests after it too."""
-    from headrace.runtime import pool
+    from headrace.runtime import live_pools
 
-    for p in list(pool._live_pools):
+    for p in live_pools.pools():
         p.shutdown(grace_s=0.2)
     _wait_actors_gone()
 

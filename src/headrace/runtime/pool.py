@@ -18,15 +18,17 @@ Written once here; every loop that blocks points to it.
   is closed does not count them as deaths (no warning, nothing queued to re-run).
 * Who calls it: the epoch iterator when the epoch ends (unless ``persistent_workers``), when it
   is garbage-collected (``break`` out of the loop, an exception in the training loop), the loader
-  when it is deleted, and an ``atexit`` hook holding weak references at interpreter exit.
-  Workers are daemonic, so even a missed call cannot outlive the interpreter.
+  when it is deleted, and an ``atexit`` hook holding weak references at interpreter exit
+  (``runtime/live_pools.py``, which also finishes at the next pool's start a shutdown an
+  interrupt cut short). Workers are daemonic, so even a missed call cannot outlive the
+  interpreter. Only the process that made a pool stops it: a process the user's code forks
+  runs the exit hook and the finalisers too.
 * Shared memory: tensors travel with torch's ``file_descriptor`` strategy; segments are unlinked
   at creation and vanish with the last process holding them, so a killed process leaks none.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import itertools
@@ -34,11 +36,11 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 from headrace.pipeline import Pipeline
+from headrace.runtime import live_pools
 from headrace.runtime.forks import StartRequests
 from headrace.runtime.handles import HandOff, Progress, WorkerHandle
 from headrace.runtime.native_threads import resolved_for_fork
@@ -118,8 +120,8 @@ class WorkerPool:
         self._lock = threading.RLock()  # shutdown (atexit, finalizers) races the scheduler thread
         self._owner_pid = os.getpid()  # the process whose workers these are
         self._undisposed: list[WorkerHandle] = []  # what an interrupted shutdown left
-        _sweep_interrupted()  # a new pool (the next iter()): the last ones' leftovers go
-        _live_pools.add(self)
+        live_pools.sweep_interrupted()  # a new pool (the next iter()): earlier leftovers go
+        live_pools.add(self)
 
     @property
     def closed(self) -> bool:
@@ -356,7 +358,7 @@ class WorkerPool:
             with self._lock:
                 self._undisposed.extend(handles[done:])
             raise
-        _live_pools.discard(self)
+        live_pools.discard(self)
 
     def _dispose(self, h: WorkerHandle, grace_s: float, quiet: bool = False) -> None:
         """Stop one worker and close its pipes; ``quiet``: a worker thread is given up on
@@ -388,43 +390,3 @@ class WorkerPool:
         except ValueError:
             pass
 
-
-_live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
-_exit_lock = threading.Lock()
-
-
-def _sweep_interrupted() -> None:
-    """Finish the shutdowns an interrupt cut short (a Ctrl-C caught while an epoch closed, as
-    a notebook does): their pools are closed, so no epoch's close asks again, and their
-    workers stayed until the interpreter exited, more at each such Ctrl-C."""
-    for pool in list(_live_pools):
-        if pool._undisposed and pool._owner_pid == os.getpid():
-            pool.shutdown(grace_s=0.0)
-
-
-def _forget_workers_in_child() -> None:
-    """In a process just forked (``os.fork()`` in the user's code, or a worker being started):
-    the live pools' worker processes are not its children. multiprocessing's own exit hook
-    terminates every daemon process its ``_children`` holds, and a forked child inherits that
-    set: a helper the user's code forked that exited through the interpreter sent SIGTERM to
-    the training process's workers (torch's too). They are taken out of it here; the pools'
-    own ``shutdown`` does nothing outside the process that made them."""
-    import multiprocessing.process as mp_process
-
-    children = getattr(mp_process, "_children", None)
-    if not isinstance(children, set):
-        return
-    for pool in list(_live_pools):
-        for h in list(pool.workers.values()):
-            children.discard(h.process)
-
-
-os.register_at_fork(after_in_child=_forget_workers_in_child)
-
-
-@atexit.register
-def _shutdown_all_pools() -> None:
-    """Interpreter exit: stop whatever pools are still alive (see NOTE [headrace shutdown])."""
-    with _exit_lock:
-        for pool in list(_live_pools):
-            pool.shutdown(grace_s=0.2)
