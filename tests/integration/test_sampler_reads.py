@@ -244,12 +244,30 @@ def test_without_workers_the_sampler_is_first_read_at_the_first_next(sampler, no
     assert _draw_between_iter_and_next(make(hr.DataLoader, in_order=True)) == ref
 
 
+class EagerGlobal(tud.Sampler):
+    """Draws its whole order in ``__iter__`` (not a generator function): at ``iter(sampler)``."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n).tolist())
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("generator", [False, True])
+@pytest.mark.parametrize("generator", [False, True, "eager"])
 def test_without_workers_a_resume_replays_the_order_read_at_the_first_next(generator, no_leaks):
     """The order is drawn at the first next(), after the loop's draws since iter(): the saved
-    epoch's origin is the state of that read, so the resume delivers the rest of that order."""
+    epoch keeps the states of that read, so the resume delivers the rest of that order. A
+    sampler that draws in __iter__ drew at iter(): replayed from the states of the first read,
+    it drew another order (two samples twice, two never)."""
     def make(seed):
+        if generator == "eager":  # batch_size=None: iter(loader) calls the sampler's __iter__
+            return hr.DataLoader(IndexDataset(12), batch_size=None, sampler=EagerGlobal(12),
+                                 num_workers=0, in_order=True)
         g = {"generator": torch.Generator().manual_seed(seed)} if generator else {}
         return hr.DataLoader(IndexDataset(12), batch_size=2, shuffle=True, num_workers=0,
                              in_order=True, **g)
@@ -260,14 +278,16 @@ def test_without_workers_a_resume_replays_the_order_read_at_the_first_next(gener
     torch.rand(3)  # between iter() and the first next(): moves the global generator
     got, state = [], None
     for k, b in enumerate(it):
-        got.append(b.tolist())
+        got.append(torch.as_tensor(b).reshape(-1).tolist())
         if k == 1:
             state = loader.state_dict()
     torch.manual_seed(123)  # another process: another global generator
     again = make(99)
     again.load_state_dict(state)
-    assert len(again) == 6
-    assert [b.tolist() for b in again] == got[2:]
+    assert len(again) == (12 if generator == "eager" else 6)
+    rest = [torch.as_tensor(b).reshape(-1).tolist() for b in again]
+    assert rest == got[2:]
+    assert sorted(i for b in got[:2] + rest for i in b) == list(range(12))
 
 
 class FeedbackBatches:

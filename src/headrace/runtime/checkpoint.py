@@ -111,6 +111,22 @@ class EpochOrigin:
     sampler_rngs: tuple[torch.Tensor, ...] = ()  # the sampler's own generators at epoch start
     global_rng: torch.Tensor | None = None  # torch's global generator at epoch start, where
     # ``rng`` is the loader's own: a sampler built without a generator draws from the global one
+    first_read: FirstRead | None = None  # the states at the sampler's first read, where it came
+    # after iter() (``num_workers=0``: at the first next(), as torch reads it)
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstRead:
+    """The RNG states the sampler's first element was read from, where that read came later
+    than ``iter(sampler)`` (``runtime/drawing.py``'s ``FirstAtNext``): ``rng`` (the loader's
+    generator, else torch's global one), ``sampler_rngs`` (the sampler's own generators),
+    ``global_rng`` (torch's global one where ``rng`` is the loader's). A replay sets the epoch's
+    states for ``iter(sampler)`` (a sampler drawing its order in ``__iter__`` draws there),
+    then these for the first read (one drawing lazily draws there)."""
+
+    rng: torch.Tensor
+    sampler_rngs: tuple[torch.Tensor, ...] = ()
+    global_rng: torch.Tensor | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +185,7 @@ def build(
         "epoch_sampler_rngs": [rng_to_str(r) for r in origin.sampler_rngs] if origin else [],
         "epoch_global_rng": (rng_to_str(origin.global_rng)
                              if origin and origin.global_rng is not None else None),
+        "epoch_first_read": _first_read_to_dict(origin.first_read if origin else None),
         "sampler_generator_states": [rng_to_str(g.get_state()) for g in sampler_generators],
         # empty batches (a batch sampler's []) have no position: the saved epoch's count of them
         "empty_batches_delivered": empty_batches if in_epoch else 0,
@@ -220,7 +237,8 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
         origin = EpochOrigin(sd["epoch"], rng_from_str(sd["epoch_rng"]), int(sd["base_seed"]),
                              bool(sd["drew_base_seed"]),
                              tuple(map(rng_from_str, sd.get("epoch_sampler_rngs") or ())),
-                             rng_from_str(glob) if glob is not None else None)
+                             rng_from_str(glob) if glob is not None else None,
+                             _first_read_from_dict(sd.get("epoch_first_read")))
     gen = sd.get("generator_state")
     steps = sd.get("steps")
     return ResumePoint(
@@ -321,3 +339,19 @@ def _changes(sd: dict[str, Any], ident: Identity) -> list[str]:
         if names:
             out.append(f"steps {what}: {', '.join(names)}")
     return out
+
+
+def _first_read_to_dict(fr: FirstRead | None) -> dict[str, Any] | None:
+    if fr is None:
+        return None
+    return {"rng": rng_to_str(fr.rng), "sampler_rngs": [rng_to_str(r) for r in fr.sampler_rngs],
+            "global_rng": rng_to_str(fr.global_rng) if fr.global_rng is not None else None}
+
+
+def _first_read_from_dict(d: dict[str, Any] | None) -> FirstRead | None:
+    """A state dict's ``epoch_first_read`` (absent in those saved before it: None)."""
+    if not d:
+        return None
+    glob = d.get("global_rng")
+    return FirstRead(rng_from_str(d["rng"]), tuple(map(rng_from_str, d.get("sampler_rngs") or ())),
+                     rng_from_str(glob) if glob is not None else None)

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from headrace.errors import StateDictError
-from headrace.runtime.checkpoint import EpochOrigin, capture_rng, sampler_generators, set_states
+from headrace.runtime.checkpoint import (
+    EpochOrigin,
+    FirstRead,
+    capture_rng,
+    sampler_generators,
+    set_states,
+)
 
 if TYPE_CHECKING:
     from headrace.runtime.loader import DataLoader
@@ -67,6 +73,9 @@ def draw_epoch(
             assert loader._base_seed is not None
             origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob)
             return origin, FirstAtNext(sampler_iter, loader.generator, own)
+        first_read = replay.first_read if replay is not None else None
+        if first_read is not None:  # the saved epoch read its first element later (at next())
+            _set_read_states(loader, own, first_read)
         first = next(sampler_iter, _END)
     finally:
         if user_rng is not None:
@@ -77,9 +86,23 @@ def draw_epoch(
             "replaying the saved epoch drew another base seed: the sampler or generator "
             "does not reproduce its order from the saved RNG state"
         )
-    origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob)
+    origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob,
+                         first_read)
     groups = sampler_iter if first is _END else _after(first, sampler_iter)
     return origin, groups
+
+
+def _set_read_states(loader: DataLoader, own: tuple[torch.Generator, ...],
+                     first_read: FirstRead) -> None:
+    """Put in place the RNG states a saved epoch's first read drew from (its caller restores
+    the training loop's global state afterwards)."""
+    set_states(own, first_read.sampler_rngs)
+    if loader.generator is not None:
+        loader.generator.set_state(first_read.rng)
+        if first_read.global_rng is not None:
+            torch.set_rng_state(first_read.global_rng)
+    else:
+        torch.set_rng_state(first_read.rng)
 
 
 class FirstAtNext:
@@ -88,10 +111,10 @@ class FirstAtNext:
 
     Its first ``next()`` calls ``on_first`` with the RNG states that read draws from (the
     loader's generator or the global one, the sampler's own generators): the epoch's origin
-    becomes them, the base seed already drawn (``drew_base_seed=False``), so a resume replays
-    the order this epoch read, not one drawn from the states of ``iter()`` (the training loop
-    may have drawn between the two). Only ``next()``, never ``iter()`` again (see
-    :func:`_after`)."""
+    keeps them as its ``first_read``, so a resume replays ``iter(sampler)`` from the states of
+    ``iter()`` (a sampler drawing its order in ``__iter__`` drew there) and the first read
+    from these (a lazy one draws there; the training loop may have drawn between the two).
+    Only ``next()``, never ``iter()`` again (see :func:`_after`)."""
 
     def __init__(self, sampler_iter: Iterator[Any], generator: torch.Generator | None,
                  own: tuple[torch.Generator, ...]) -> None:
@@ -109,8 +132,8 @@ class FirstAtNext:
             rng = capture_rng(self._generator)
             glob = torch.get_rng_state() if self._generator is not None else None
             sampler_rngs = tuple(g.get_state() for g in self._own)
-            on_first(lambda o: dataclasses.replace(
-                o, rng=rng, drew_base_seed=False, sampler_rngs=sampler_rngs, global_rng=glob))
+            read = FirstRead(rng, sampler_rngs, glob)
+            on_first(lambda o: dataclasses.replace(o, first_read=read))
         return next(self._it)
 
 
