@@ -231,7 +231,8 @@ def _shard(loader: DataLoader, num_processes: int, rank: int,
         loader.dataset, num_replicas=num_processes, rank=rank, shuffle=True, seed=seed[0] % 2**63)
     dataset: Any = loader.dataset  # map-style, with a length (an IterableDataset raised)
     padded = len(sampler) * num_processes != len(dataset)
-    if padded and even_batches and kwargs.get("in_order") is None:  # the padding stays last
+    # the padding stays last (a sample a step is padded whatever even_batches says)
+    if padded and (even_batches or loader.batch_size is None) and kwargs.get("in_order") is None:
         kwargs["in_order"] = True
     if not padded or loader.batch_size is None:  # samples regrouped, or a sample a step
         return DataLoader(sampler=sampler, batch_size=loader.batch_size,
