@@ -74,3 +74,19 @@ def test_nothing_of_ray_is_imported_without_a_remote():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin"})
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_numbers_of_other_types_are_kept_as_pythons_own():
+    # Ray type-checks num_cpus as (int, float): NumPy's numbers passed the checks here and
+    # failed in a proxy thread at run time
+    from fractions import Fraction
+
+    import numpy as np
+
+    r = hr.Remote(num_cpus=np.float32(1.5), max_workers=np.int64(3), workers=np.int32(2),
+                  window=np.int64(10), threshold=Fraction(1, 20),
+                  cost_per_worker_hour=np.float64(0.5), resources={"cpu_node": np.float32(1)})
+    assert type(r.num_cpus) is float and r.num_cpus == 1.5
+    assert (type(r.max_workers), type(r.workers), type(r.window)) == (int, int, int)
+    assert type(r.threshold) is float and type(r.cost_per_worker_hour) is float
+    assert r.resources == {"cpu_node": 1.0} and type(r.resources["cpu_node"]) is float

@@ -42,3 +42,35 @@ def test_gives_up_after_failures_in_a_row_only():
         assert s.failed("E: x") == (False, False) and not s.gave_up
     assert s.failed("E: y") == (True, True) and s.gave_up
     assert s.total == MAX_START_FAILURES + 2
+
+
+class _Handle:
+    def __init__(self, ready: bool) -> None:
+        self.external, self.retiring, self.ready = True, False, ready
+
+
+class _Pool:
+    closed = False
+
+    def __init__(self, *ready: bool) -> None:
+        self.workers = {k: _Handle(r) for k, r in enumerate(ready)}
+
+
+@pytest.mark.timeout(10)
+def test_required_fails_only_once_no_remote_worker_runs():
+    # three replacements that died starting (a bad node) ended the epoch while eight remote
+    # workers ran: required=True asks for remote workers, and it has them
+    import headrace as hr
+    from headrace.errors import RemoteUnavailableError
+    from headrace.remote.session import RemoteSession
+    from headrace.runtime.work import Fatal
+
+    session = RemoteSession(hr.Remote(required=True))
+    session.available = True  # joined (no cluster here: the rule alone)
+    for _ in range(MAX_START_FAILURES):
+        session.starts.failed("ModuleNotFoundError: No module named 'x'")
+    assert session.starts.gave_up
+    session.on_tick(_Pool(True, True))  # remote workers run: no more started, no error
+    with pytest.raises(Fatal) as e:
+        session.on_tick(_Pool(False))  # none runs: the cause, as an error
+    assert isinstance(e.value.error, RemoteUnavailableError)

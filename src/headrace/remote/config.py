@@ -92,6 +92,17 @@ class Remote:
             raise ValueError(f"Remote(num_cpus={self.num_cpus!r}) must be a finite number >= "
                              f"{RESOURCE_UNIT} (Ray's smallest unit)")
         _check_resources(self.resources)
+        # as Python's own int and float: Ray type-checks num_cpus as (int, float), so NumPy's
+        # numbers or a Fraction passed here and failed in a proxy thread
+        for name in ("max_workers", "workers", "window"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(getattr(self, name)))
+        for name in ("cost_per_worker_hour", "local_cost_per_hour", "threshold", "num_cpus"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, float(getattr(self, name)))
+        if self.resources is not None:
+            object.__setattr__(self, "resources",
+                               {k: float(v) for k, v in self.resources.items()})
 
 
 RESOURCE_UNIT = 0.0001

@@ -373,8 +373,8 @@ class RemoteSession:
         to start: then ``Remote(required=True)`` ends the epoch with the cause."""
         if not self.available or pool.closed:
             return
-        if self.starts.gave_up:
-            if self.cfg.required:
+        if self.starts.gave_up:  # required=True: an error once no remote worker runs at all
+            if self.cfg.required and not any(w.ready for w in self.remote_workers(pool)):
                 raise Fatal(RemoteUnavailableError(self.starts.message(self.cfg.address)))
             return
         if self._replaced >= self.lost + self.starts.total:
