@@ -52,7 +52,7 @@ def _forget_workers_in_child() -> None:
     if not isinstance(children, set):
         return
     for pool in list(_live):
-        for h in list(pool.workers.values()):
+        for h in list(pool.workers.values()) + list(pool._undisposed):
             children.discard(h.process)
 
 

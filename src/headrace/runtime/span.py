@@ -61,8 +61,7 @@ def all_settled(loader: DataLoader, it: Any) -> bool:
     where Lightning, which knows ``len(loader)``, writes a checkpoint at an epoch's last step.
     Its draws are all made (at ``iter()``), so the state between epochs describes it. Never
     where the epoch's length is unknown (a sampler without one, not read to its end)."""
-    total = epoch_positions(loader, it)
-    return total is not None and 0 < total <= it.delivered.count + it.settled_undelivered()
+    return _whole(epoch_positions(loader, it), it.delivered.count + it.settled_undelivered())
 
 
 def at_end(loader: DataLoader, it: Any) -> bool:
@@ -77,7 +76,11 @@ def at_end(loader: DataLoader, it: Any) -> bool:
 
 def covers(loader: DataLoader, settled: int) -> bool:
     """Whether ``settled`` positions are the whole epoch (its length known)."""
-    total = total_positions(loader)
+    return _whole(total_positions(loader), settled)
+
+
+def _whole(total: int | None, settled: int) -> bool:
+    """Whether ``settled`` positions are all of an epoch of ``total`` (None: unknown)."""
     return total is not None and 0 < total <= settled
 
 
