@@ -7,7 +7,7 @@ import pytest
 import torch.utils.data as tud
 
 import headrace as hr
-from headrace.pipeline.inplace import Timed
+from headrace.pipeline.timed import Timed
 from tests.helpers import Compose
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,8 @@ import pytest
 import torch.utils.data as tud
 
 import headrace as hr
-from headrace.pipeline.inplace import EmbeddedSource, Probe, Probing, Timed
+from headrace.pipeline.inplace import EmbeddedSource
+from headrace.pipeline.timed import Probe, Probing, Timed
 from tests.helpers import Compose
 
 pytestmark = pytest.mark.integration

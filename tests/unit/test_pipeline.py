@@ -105,7 +105,7 @@ def test_an_unprofiled_embedded_run_gives_the_same_sample_and_its_whole_time_at_
 
 
 def _load_twice_in_a_child(src, out):
-    from headrace.pipeline.inplace import Timed
+    from headrace.pipeline.timed import Timed
 
     ds = src.dataset
     first = src.load(1)
@@ -125,7 +125,8 @@ def test_a_worker_process_keeps_the_instrumented_transform_installed():
     process the user's object is put back after each call."""
     import multiprocessing as mp
 
-    from headrace.pipeline.inplace import EmbeddedSource, Timed
+    from headrace.pipeline.inplace import EmbeddedSource
+    from headrace.pipeline.timed import Timed
 
     tf = Compose([add_one, double])
     ds = TupleDataset(tf)

@@ -14,7 +14,6 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from headrace.pipeline.inplace import Probe, Probing
 from headrace.pipeline.seeding import (
     PYTHON_MARKS,
     draw_mark,
@@ -25,6 +24,7 @@ from headrace.pipeline.seeding import (
     step_rng,
     step_seed,
 )
+from headrace.pipeline.timed import Probe, Probing
 
 if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline
