@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+from headrace.errors import PipelineError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,3 +152,19 @@ def _check_resources(resources: object) -> None:
         if not math.isfinite(amount) or amount < 0 or 0 < amount < RESOURCE_UNIT:
             raise ValueError(f"Remote(resources={{{k!r}: {v!r}}}): an amount must be finite, "
                              f">= 0, and 0 or at least {RESOURCE_UNIT}")
+
+
+def check_read_source(cfg: Remote, step_names: Sequence[str], embedded: bool) -> None:
+    """Raise ``PipelineError`` for ``Remote(read_source=False)`` over a pipeline whose steps
+    all run in ``load`` (a dataset's ``__getitem__``; ``embedded``: its Compose measured in
+    place): the training host would load each sample, in threads of the training process, and
+    ship nothing remote to run, its global random generators neither seeded per sample nor
+    kept from the training loop's."""
+    if not cfg.read_source and (len(step_names) < 2 or embedded):
+        raise PipelineError(
+            "Remote(read_source=False) ships each loaded sample to the remote workers for the "
+            "steps after `load`, but this dataset's steps all run inside its __getitem__ (its "
+            "`load`): nothing would run remotely, and the training process would run them in "
+            "its own threads, drawing from the training loop's global random generators. Use "
+            "read_source=True (the remote nodes read the dataset) or declare the steps after "
+            "loading with headrace.Pipeline")

@@ -13,7 +13,7 @@ import weakref
 from typing import Any
 
 from headrace.errors import PipelineError, RemoteUnavailableError
-from headrace.remote.config import Remote
+from headrace.remote.config import Remote, check_read_source
 from headrace.remote.starts import StartFailures
 from headrace.remote.storage import RESOURCE, NearStorage, StorageSide
 from headrace.runtime.handles import WorkerHandle
@@ -204,19 +204,10 @@ class RemoteSession:
         """Before a pool starts (after ``open``): the near-storage controller, once, and the
         pool's ``profile`` (near storage measures every sample's sizes: ``"all"``).
 
-        Raises ``PipelineError`` for ``Remote(read_source=False)`` over a pipeline whose steps
-        all run in ``load`` (a dataset's ``__getitem__``): the training host would load each
-        sample, in threads of the training process, and ship nothing remote to run, its global
-        random generators neither seeded per sample nor kept from the training loop's."""
-        if not self.near_storage and not self.cfg.read_source and (
-                len(pipeline.step_names) < 2 or pipeline.embedded):
-            raise PipelineError(
-                "Remote(read_source=False) ships each loaded sample to the remote workers for "
-                "the steps after `load`, but this dataset's steps all run inside its "
-                "__getitem__ (its `load`): nothing would run remotely, and the training "
-                "process would run them in its own threads, drawing from the training loop's "
-                "global random generators. Use read_source=True (the remote nodes read the "
-                "dataset) or declare the steps after loading with headrace.Pipeline")
+        Raises ``PipelineError`` where ``Remote(read_source=False)`` has nothing to ship
+        (``config.check_read_source``)."""
+        if not self.near_storage:
+            check_read_source(self.cfg, pipeline.step_names, pipeline.embedded)
         if not self.near_storage or not self.available:
             return profile
         if self.near is None:
