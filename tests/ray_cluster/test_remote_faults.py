@@ -187,11 +187,18 @@ def given_up(caplog) -> bool:
     return any(f"{MAX_START_FAILURES} in a row" in m for m in start_warnings(caplog))
 
 
-def cannot_start_loader(mod, required: bool) -> hr.DataLoader:
+def given_up_epoch(mod, caplog, required: bool):
+    """(loader, its epoch) once the remote workers were given up on: the local samples wait
+    at the module's gate until then, and run from then on."""
+    caplog.set_level(logging.INFO, logger="headrace")
     pipe = hr.Pipeline(ArraySource(24), [hr.step(mod.step, name="only_here")])
-    return hr.DataLoader(pipe, batch_size=4, num_workers=1, collate_fn=ident_collate,
-                         options=hr.Options(executor="threads", remote=hr.Remote(
-                             max_workers=2, resources=ON_CPU_NODES, required=required)))
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, collate_fn=ident_collate,
+                           options=hr.Options(executor="threads", remote=hr.Remote(
+                               max_workers=2, resources=ON_CPU_NODES, required=required)))
+    it = iter(loader)
+    wait_until(lambda: given_up(caplog))
+    mod.GO.set()
+    return loader, it
 
 
 @pytest.mark.timeout(120)
@@ -199,11 +206,7 @@ def test_worker_that_cannot_start_is_reported_then_given_up(ray_cluster, no_acto
                                                             driver_only, caplog):
     # it used to be replaced every second for ever, each time warned as "lost
     # (ActorDiedError); its samples are re-run" without the ModuleNotFoundError
-    caplog.set_level(logging.INFO, logger="headrace")
-    loader = cannot_start_loader(driver_only, required=False)
-    it = iter(loader)
-    wait_until(lambda: given_up(caplog))  # local samples wait at the gate meanwhile
-    driver_only.GO.set()
+    loader, it = given_up_epoch(driver_only, caplog, required=False)
     assert sorted(s[0] for b in it for s in b) == list(range(24))
     r = loader.remote
     assert r.remote_samples == 0 and r.lost == 0  # none ever ran: none was lost
@@ -222,11 +225,7 @@ def test_worker_that_cannot_start_is_reported_then_given_up(ray_cluster, no_acto
 @pytest.mark.timeout(120)
 def test_worker_that_cannot_start_fails_a_required_remote(ray_cluster, no_actor_leaks,
                                                           driver_only, caplog):
-    caplog.set_level(logging.INFO, logger="headrace")
-    loader = cannot_start_loader(driver_only, required=True)
-    it = iter(loader)
-    wait_until(lambda: given_up(caplog))
-    driver_only.GO.set()
+    loader, it = given_up_epoch(driver_only, caplog, required=True)
     with pytest.raises(hr.RemoteUnavailableError,
                        match=f"ModuleNotFoundError: No module named '{driver_only.__name__}'"):
         list(it)

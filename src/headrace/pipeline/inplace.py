@@ -35,17 +35,19 @@ from headrace.pipeline.source import DatasetSource, user_attr
 from headrace.pipeline.timed import Timed, timed, unwrapped
 
 
-def carry_changes(installed: Any, wrappers: list[Any], parts: Any) -> None:
+def carry_changes(installed: Any, wrappers: tuple[Any, ...], parts: Any) -> bool:
     """Write into the user's list ``parts`` what was done in place to the ``installed``
     wrappers' list while it stood in its place (by ``__getitem__``, the Compose, the training
     loop under worker threads), ``wrappers`` being what was installed: an appended, removed or
     replaced transform reaches the user's list object, unwrapped. They were lost when the
-    user's list was put back. A tuple cannot change in place: nothing to carry."""
+    user's list was put back. A tuple cannot change in place: nothing to carry. True: a
+    change was carried (the wrappers' list is then not the one to install again)."""
     if not isinstance(parts, list) or not isinstance(installed, list):
-        return
+        return False
     if len(installed) == len(wrappers) and all(a is b for a, b in zip(installed, wrappers, strict=True)):
-        return  # unchanged (the usual case)
+        return False  # unchanged (the usual case)
     parts[:] = [unwrapped(t) for t in installed]
+    return True
 
 
 def compose_parts(tf: Any) -> list[Any] | None:
@@ -168,8 +170,10 @@ class EmbeddedSource(DatasetSource):
         self._parts: Any = None  # the user's list (or tuple) to give it back
         self._own = True  # held(): put back by setting the list, else by deleting the attribute
         self._installed: Any = None  # the wrappers set as its transforms, or None
-        self._wrappers: list[Any] = []  # what ``_installed`` held when it was set
-        self._cache: tuple[Any, list[Any], Any] | None = None  # (user's list, its items, wrappers)
+        self._wrappers: tuple[Any, ...] = ()  # what ``_installed`` held when it was set
+        self._cache: tuple[Any, list[Any], Any, tuple[Any, ...]] | None = None
+        """(user's list, its items, wrappers, the wrappers as made: what carry_changes compares
+        the installed list with, taken once, not at every sample)"""
 
     def __getstate__(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "steps": self.steps, "owner_pid": self._owner_pid}
@@ -189,10 +193,11 @@ class EmbeddedSource(DatasetSource):
         user = tf.transforms
         c = self._cache
         if c is None or c[0] is not user or any(a is not b for a, b in zip(c[1], parts, strict=True)):
-            self._cache = c = (user, parts, instrumented(tf))
+            wrappers = instrumented(tf)
+            self._cache = c = (user, parts, wrappers, tuple(wrappers or ()))
         if c[2] is not None:
             self._compose, self._parts, self._own, self._installed = tf, user, held(tf), c[2]
-            self._wrappers = list(c[2])
+            self._wrappers = c[3]
             tf.transforms = c[2]
         return True
 
@@ -202,13 +207,14 @@ class EmbeddedSource(DatasetSource):
         if tf is not None:
             now = user_attr(tf, "transforms")
             if now is self._installed:
-                carry_changes(self._installed, self._wrappers, self._parts)
+                if carry_changes(self._installed, self._wrappers, self._parts):
+                    self._cache = None  # its wrappers' list holds the change
                 put_back(tf, self._parts, self._own)
             elif isinstance(now, list) and any(unwrapped(t) is not t for t in now):
                 now[:] = [unwrapped(t) for t in now]  # a list assigned from the wrappers'
                 # (``self.transforms = self.transforms[:2]``): it stays, without them
         self._parts = self._installed = None
-        self._wrappers = []
+        self._wrappers = ()
 
     def load(self, index: int) -> Any:
         ds = self.dataset

@@ -31,7 +31,7 @@ from headrace.runtime.feed import Feed
 from headrace.runtime.output import WAKE_UPS
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.scheduler import Scheduler
-from headrace.runtime.work import EpochSpec
+from headrace.runtime.work import CutShort, EpochSpec
 from headrace.telemetry.stats import EpochStats
 
 GET_POLL_S = 0.5
@@ -59,7 +59,7 @@ class EpochIterator(EpochBase):
         self._held: tuple[str, Any, Any] | None = None  # seen by a non-blocking take, for later
         self._raised = 0  # samples of batches whose collate_fn raised in the training loop
         self._raised_batches = 0  # batches raised in the training loop in their place
-        self._cut: Any = None  # a "deferred" collation cut short by a BaseException (_collated)
+        self._cuts = CutShort()  # a "deferred" collation cut short (_collated)
         self.batches_taken = 0  # batches take() returned or raised (Counters.batches_out)
         self._empty = 0  # empty batches (a batch sampler's) delivered in this run
         self.feed = spec.groups if isinstance(spec.groups, Feed) else None
@@ -235,7 +235,7 @@ class EpochIterator(EpochBase):
             if kind == "future":
                 return collate.result()
             batch = collate()
-            self._cut = None
+            self._cuts.ran()
             return batch
         except StepError:
             self._settle_raised(positions)
@@ -245,11 +245,8 @@ class EpochIterator(EpochBase):
             if kind == "future":
                 if collate.done() and not collate.cancelled() and collate.exception() is e:
                     self._settle_raised(positions)  # the call's own outcome
-            elif not isinstance(e, KeyboardInterrupt):
-                if self._cut is collate:  # its re-run raised too: the collate_fn's own doing
-                    self._settle_raised(positions)
-                else:  # perhaps a signal handler's (SIGTERM's SystemExit): run it again
-                    self._cut = collate
+            elif self._cuts.fails(collate, e):  # its re-run raised too: the collate_fn's own
+                self._settle_raised(positions)
             collate = None  # (as above)
             raise
         finally:
@@ -258,7 +255,8 @@ class EpochIterator(EpochBase):
     def _settle_raised(self, positions: Any) -> None:
         """The batch at ``positions`` raised instead of being delivered: out of flight, and
         its room for the sampler's next samples."""
-        self._held = self._cut = None  # first: an interrupt in what follows must not re-run it
+        self._held = None  # first: an interrupt in what follows must not re-run it
+        self._cuts.ran()
         self.batches_taken += 1
         self.scheduler.consumed += len(positions)  # its samples leave with its error
         self._raised += len(positions) or 1  # (an empty batch counts as one)
@@ -301,7 +299,8 @@ class EpochIterator(EpochBase):
         """Stop the scheduler; stop the workers unless they persist; drop what it queued and
         nobody will take (batches, an error whose traceback holds the scheduler's frames)."""
         self.scheduler.stop()
-        self._held = self._cut = None
+        self._held = None
+        self._cuts.ran()
         while True:
             try:
                 self._out.get_nowait()

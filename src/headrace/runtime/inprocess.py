@@ -19,7 +19,7 @@ from headrace.pipeline.seeding import global_states, restore_globals
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.draws import Draws
 from headrace.runtime.epoch_base import EpochBase
-from headrace.runtime.work import collate_error, note_collate
+from headrace.runtime.work import CutShort, collate_error, note_collate
 from headrace.telemetry.stats import EpochStats
 
 
@@ -68,8 +68,7 @@ class InProcessIterator(EpochBase):
         self._peeked: list[Any] = []  # a group read by read_end(), planned by the next next()
         self._stopped: BaseException | None = None  # why the sampler cannot be read on
         self.discarded = 0  # loaded samples a failed batch took with it (as in torch)
-        self._interrupted: int | None = None  # the position whose run an exception cut short
-        self._cut: list[int] | None = None  # the positions whose collation one cut short
+        self._cuts = CutShort()  # a sample's run or a batch's collation cut short
 
     def take(self, block: bool = True) -> tuple[Any, Any] | None:
         """The next batch. What was loaded and not yet returned lives on ``self`` (``_carry``,
@@ -177,15 +176,11 @@ class InProcessIterator(EpochBase):
             raise collate_error(e, indices) from e
         except BaseException as e:
             note_collate(e, indices)
-            if got and not isinstance(e, KeyboardInterrupt):
-                if self._cut == done:  # its re-run raised too: the collate_fn's own doing
-                    self._cut = None
-                    self.discarded += len(got)
-                    del carry[:len(got)]
-                else:  # perhaps a signal handler's (SIGTERM's SystemExit): run it again
-                    self._cut = done
+            if got and self._cuts.fails(("batch", done), e):  # the collate_fn's own doing
+                self.discarded += len(got)
+                del carry[:len(got)]
             raise
-        self._cut = None
+        self._cuts.ran()
         m = self.meter
         m.stall_s += time.perf_counter() - t0  # every second in here is the loop waiting
         m.consumer_cpu_s += time.thread_time() - c0
@@ -213,17 +208,12 @@ class InProcessIterator(EpochBase):
             except StepError:
                 self._drop_first()
                 raise
-            except KeyboardInterrupt:  # a Ctrl-C: the sample runs again, however often
-                raise
-            except BaseException:
-                if self._interrupted == p:  # its re-run raised too: the sample's own doing
-                    self._interrupted = None
+            except BaseException as e:  # a Ctrl-C: the sample runs again, however often
+                if self._cuts.fails(("sample", p), e):  # its re-run raised too: its own doing
                     self.failed += 1
                     self._drop_first()
-                else:
-                    self._interrupted = p
                 raise
-            self._interrupted = None
+            self._cuts.ran()
             del pending[0]
             if ok:
                 carry += [(value, p, i)]

@@ -113,6 +113,36 @@ def collate_error(e: Exception, indices: list[int]) -> StepError:
     )
 
 
+class CutShort:
+    """The rule for a call that an exception which is not an ``Exception`` cut short
+    (``SystemExit``, a user's own ``BaseException``) in the training loop's thread, where a
+    signal handler may have raised it (SIGTERM's ``SystemExit``): the call runs again once,
+    and when its re-run raises such an exception too, it is the call's own doing and fails
+    (user code raising it at every call made every later ``next()`` raise it for ever). A
+    ``KeyboardInterrupt`` never fails it: the call runs again, however often. ``what``
+    names the call (a sample's position, a batch's positions, a collation), compared with
+    ``==``."""
+
+    __slots__ = ("_what",)
+
+    def __init__(self) -> None:
+        self._what: Any = None
+
+    def fails(self, what: Any, e: BaseException) -> bool:
+        """``what`` was cut short by ``e``: True when it fails now (its re-run raised too)."""
+        if isinstance(e, KeyboardInterrupt):
+            return False
+        if self._what is not None and self._what == what:
+            self._what = None
+            return True
+        self._what = what
+        return False
+
+    def ran(self) -> None:
+        """The call completed (or was settled otherwise): a later cut starts over."""
+        self._what = None
+
+
 def note_collate(e: BaseException, indices: list[int]) -> None:
     """Note on ``e``, an exception a ``collate_fn`` raised that is not an ``Exception``
     (``SystemExit``, ``KeyboardInterrupt``, a user's own ``BaseException``), where it came
