@@ -372,3 +372,55 @@ def test_a_user_batch_sampler_is_read_torchs_batches_ahead(in_order, no_leaks):
         assert got == ref
     else:  # the same batches, in the order they finish; the loop's draws untouched
         assert sorted(got[0]) == sorted(ref[0]) and got[1] == ref[1]
+
+
+class CountedRuns(tud.Dataset):
+    """Counts the samples its workers ran (a shared counter the forked workers inherit)."""
+
+    def __init__(self, n, mark):
+        ctx = torch.multiprocessing.get_context("fork")
+        self.n, self.mark = n, mark
+        self.ran, self.marked = ctx.Value("i", 0), ctx.Event()  # set at ``mark`` runs
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        with self.ran.get_lock():
+            self.ran.value += 1
+            if self.ran.value == self.mark:
+                self.marked.set()
+        return i
+
+
+class Chunks:
+    """Fixed batches of ``k`` indices, in order, with no ``batch_size`` attribute (a custom
+    bucketing sampler)."""
+
+    def __init__(self, n, k):
+        self.n, self.k = n, k
+        self.read = 0  # batches yielded
+
+    def __len__(self):
+        return self.n // self.k
+
+    def __iter__(self):
+        for s in range(0, self.n, self.k):
+            self.read += 1
+            yield list(range(s, s + self.k))
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_sampler_without_batch_size_keeps_torchs_batches_in_flight(no_leaks):
+    """Its batches ran one at a time: the samples in flight were bounded from a guessed batch
+    size of 1 (2 workers x prefetch 2 = 4 samples), so once the first batch was taken only the
+    next was pulled, and the workers idled through every training step. torch keeps
+    ``prefetch_factor x workers`` batches in flight past the one delivered."""
+    ds, batches = CountedRuns(8 * 32, mark=5 * 32), Chunks(8 * 32, 32)
+    it = iter(hr.DataLoader(ds, batch_sampler=batches, num_workers=2, timeout=60))
+    got = [next(it).tolist()]
+    # the first batch and 4 more ran (a queued sample moved to an idle worker may run twice)
+    assert ds.marked.wait(60), f"{ds.ran.value} samples ran"
+    assert batches.read == 5  # and the sampler was read no further than torch reads it
+    got += [b.tolist() for b in it]
+    assert got == [list(range(s, s + 32)) for s in range(0, 8 * 32, 32)]

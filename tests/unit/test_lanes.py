@@ -39,6 +39,17 @@ def test_the_in_flight_cap_applies_between_sampler_batches_only():
     assert lanes.next_fresh(1).index == 3
 
 
+def test_batches_read_in_batches_are_pulled_whatever_the_samples_in_flight():
+    """A user batch sampler's feed bounds the batches in flight (``batch_bound``): the cap in
+    samples, from a guessed batch size of 1, would hold its second batch back."""
+    s = spec([[0, 1, 2], [3, 4, 5]], max_in_flight=2)
+    s.batch_bound = 4
+    lanes = Lanes(s, itertools.count())
+    assert [lanes.next_fresh(k).index for k in range(6)] == [0, 1, 2, 3, 4, 5]
+    assert s.batches_in_flight() == 4
+    assert spec([], max_in_flight=9).batches_in_flight() == 4  # 9 samples, batches of 2
+
+
 def test_retry_first_then_the_slow_lane_within_its_share_then_fresh():
     lanes = Lanes(spec([[0, 1]]), itertools.count())
     slow, again = rec(7), rec(8)

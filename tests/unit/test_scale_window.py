@@ -20,7 +20,7 @@ HOUR = 3600.0
 def fake_scheduler(workers):
     timeout = SimpleNamespace(timeout=SimpleNamespace(value=0.0))
     pool = SimpleNamespace(workers=workers, handoff=timeout, executor="processes", requests=[])
-    spec = SimpleNamespace(handoff=False, max_in_flight=8,
+    spec = SimpleNamespace(handoff=False, batches_in_flight=lambda: 2,
                            batcher=SimpleNamespace(batch_size=4, ready_samples=0))
     return SimpleNamespace(pool=pool, spec=spec, out=queue.Queue(), in_flight=0, slow_backlog=0,
                            counters=Counters())

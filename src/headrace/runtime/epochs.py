@@ -158,8 +158,8 @@ def make_iterator(
     # a user batch sampler's batches, whole, in batches (torch's read-ahead, whatever their size)
     per_batch = (loader._user_batch_sampler and loader._auto_collation
                  and not opts.max_in_flight)
-    feed = Feed(groups, loader._auto_collation,
-                in_flight_batches(loader) if per_batch else max_in_flight,
+    batch_bound = in_flight_batches(loader) if per_batch else None
+    feed = Feed(groups, loader._auto_collation, batch_bound or max_in_flight,
                 runs_after_resume(delivered, ods), per_batch=per_batch)
     feed.top_up(0)
     spec = EpochSpec(
@@ -186,6 +186,7 @@ def make_iterator(
         collate_threads=opts.collate_threads,
         may_repeat=may_repeat(loader.sampler, loader._user_batch_sampler),
         collate_place=place,
+        batch_bound=batch_bound,
     )
     it = EpochIterator(pool, owns, spec, loader.monitor, delivered, loader.timeout)
     loader.monitor.meter = it.meter
@@ -262,7 +263,8 @@ def in_flight_batches(loader: DataLoader) -> int:
     attribute, else 1), the read-ahead of a batch sampler without one, or of variable-size
     batches, was another number of batches than torch's: a batch sampler drawing from the
     global generator per batch, or choosing batches from the loop's feedback, gave other
-    batches than torch's, also with ``in_order=True``."""
+    batches than torch's, also with ``in_order=True``. The samples in flight are bounded by
+    it too (``EpochSpec.batch_bound``), not by the bound in samples."""
     bs = _batch_size(loader)
     return max(1, -(-in_flight_bound(loader) // bs))
 

@@ -80,12 +80,14 @@ class Lanes:
 
     def next_fresh(self, in_flight: int) -> Rec | None:
         """A new task for the next fresh position, pulling a sampler batch when none is left and
-        fewer than ``spec.max_in_flight`` samples are in flight."""
+        fewer than ``spec.max_in_flight`` samples are in flight (any number with a
+        ``spec.batch_bound``: the feed holds no more batches than it allows)."""
+        s = self.spec
         while not self.fresh:
-            if self.exhausted or in_flight >= self.spec.max_in_flight or not self.pull_group():
+            if (self.exhausted or (s.batch_bound is None and in_flight >= s.max_in_flight)
+                    or not self.pull_group()):
                 return None
         position, index = self.fresh.popleft()
-        s = self.spec
         task = Task(next(self.tids), index, 0, None, s.base_seed, s.epoch, s.handoff,
                     self.repeats.pop(position, 0) if self.repeats else 0)
         rec = Rec(position, index, task)

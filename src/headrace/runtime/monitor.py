@@ -246,8 +246,7 @@ class Monitor:
                             sched.in_flight, sched.slow_backlog)
             )
             if self.scaler is not None:
-                cap = max(1, sched.spec.max_in_flight // max(1, sched.spec.batcher.batch_size))
-                self.scaler.observe_queue(queued / cap)
+                self.scaler.observe_queue(queued / sched.spec.batches_in_flight())
         if self.scaler is not None:
             mono = time.monotonic()
             if len(pool.requests) or any(

@@ -42,7 +42,7 @@ class EpochSpec:
     batcher: Batcher
     collate: Callable[[Any], Any]
     pin: Callable[[Any], Any] | None
-    max_in_flight: int
+    max_in_flight: int  # samples pulled and not yet settled, at most (unless ``batch_bound``)
     handoff: bool
     slow_lane_share: float
     on_error: str
@@ -55,6 +55,17 @@ class EpochSpec:
     collate_threads: int = 1  # threads running a user collate_fn (Options.collate_threads)
     may_repeat: bool = True  # the sampler may yield an index twice (runtime/draws.py)
     collate_place: Any = None  # runtime.collate_rng.CollatePlace for a user collate_fn, or None
+    batch_bound: int | None = None
+    """A user batch sampler read in batches (``Feed.per_batch``): the batches ``groups`` is
+    read ahead of those settled, which bounds what is in flight; ``max_in_flight`` then does
+    not (it counts samples from a guessed batch size: 1 for a batch sampler without
+    ``batch_size``, which kept one batch in flight where torch keeps ``prefetch_factor x
+    workers``)."""
+
+    def batches_in_flight(self) -> int:
+        """Batches the in-flight bound holds at most (the autoscaler reads the batch queue's
+        length against it)."""
+        return self.batch_bound or max(1, self.max_in_flight // self.batcher.batch_size)
 
 
 @dataclass
