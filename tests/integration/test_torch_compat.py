@@ -180,11 +180,17 @@ class MeetInCollate:
 def test_collate_threads_run_a_thread_safe_collate_fn_beside_the_scheduler_concurrently(
         no_leaks):
     # one call at a time is the default (test_collate_and_batching.py); Options(collate_threads)
+    # The first four batches are collated in the training loop (watched); the scheduler
+    # queues batches for the loop until the fourth is collated, up to 16 samples (the
+    # in-flight bound) past the 12 yielded by then: batch 7 at most. 32 samples left batch 8
+    # alone, or 7 and 8, to the threads, as the two threads' timing fell (one full run in six
+    # broke the barrier); of 64, batches 8-16 go to the threads, and while the loop waits for
+    # batch 8 the workers finish batch 9 (44 samples may be pulled then).
     collate = MeetInCollate()
-    loader = hr.DataLoader(IndexDataset(32), batch_size=4, num_workers=2, shuffle=True,
+    loader = hr.DataLoader(IndexDataset(64), batch_size=4, num_workers=2, shuffle=True,
                            collate_fn=collate, options=hr.Options(collate_threads=2))
     got = sorted(i for b in loader for i in b.tolist())
-    assert got == list(range(32)) and collate.met == 2
+    assert got == list(range(64)) and collate.met == 2
 
 
 def failing_collate(samples):
