@@ -18,6 +18,7 @@ import torch
 
 from headrace.errors import StateDictError
 from headrace.pipeline.source import user_attr
+from headrace.runtime import host_rngs
 from headrace.runtime.bitmap import Bitmap
 
 SCHEMA_VERSION = 2
@@ -113,6 +114,8 @@ class EpochOrigin:
     # ``rng`` is the loader's own: a sampler built without a generator draws from the global one
     first_read: FirstRead | None = None  # the states at the sampler's first read, where it came
     # after iter() (``num_workers=0``: at the first next(), as torch reads it)
+    host_rngs: host_rngs.HostRngs | None = None  # Python's and NumPy's global generators at
+    # epoch start, where reading the sampler moved them (``runtime/host_rngs.py``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +130,7 @@ class FirstRead:
     rng: torch.Tensor
     sampler_rngs: tuple[torch.Tensor, ...] = ()
     global_rng: torch.Tensor | None = None
+    host_rngs: host_rngs.HostRngs | None = None  # Python's and NumPy's, where the read moved them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +190,7 @@ def build(
         "epoch_global_rng": (rng_to_str(origin.global_rng)
                              if origin and origin.global_rng is not None else None),
         "epoch_first_read": _first_read_to_dict(origin.first_read if origin else None),
+        "epoch_host_rngs": host_rngs.to_dict(origin.host_rngs) if origin else None,
         "sampler_generator_states": [rng_to_str(g.get_state()) for g in sampler_generators],
         # empty batches (a batch sampler's []) have no position: the saved epoch's count of them
         "empty_batches_delivered": empty_batches if in_epoch else 0,
@@ -238,7 +243,8 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
                              bool(sd["drew_base_seed"]),
                              tuple(map(rng_from_str, sd.get("epoch_sampler_rngs") or ())),
                              rng_from_str(glob) if glob is not None else None,
-                             _first_read_from_dict(sd.get("epoch_first_read")))
+                             _first_read_from_dict(sd.get("epoch_first_read")),
+                             host_rngs.from_dict(sd.get("epoch_host_rngs")))
     gen = sd.get("generator_state")
     steps = sd.get("steps")
     return ResumePoint(
@@ -345,7 +351,8 @@ def _first_read_to_dict(fr: FirstRead | None) -> dict[str, Any] | None:
     if fr is None:
         return None
     return {"rng": rng_to_str(fr.rng), "sampler_rngs": [rng_to_str(r) for r in fr.sampler_rngs],
-            "global_rng": rng_to_str(fr.global_rng) if fr.global_rng is not None else None}
+            "global_rng": rng_to_str(fr.global_rng) if fr.global_rng is not None else None,
+            "host_rngs": host_rngs.to_dict(fr.host_rngs)}
 
 
 def _first_read_from_dict(d: dict[str, Any] | None) -> FirstRead | None:
@@ -354,4 +361,5 @@ def _first_read_from_dict(d: dict[str, Any] | None) -> FirstRead | None:
         return None
     glob = d.get("global_rng")
     return FirstRead(rng_from_str(d["rng"]), tuple(map(rng_from_str, d.get("sampler_rngs") or ())),
-                     rng_from_str(glob) if glob is not None else None)
+                     rng_from_str(glob) if glob is not None else None,
+                     host_rngs.from_dict(d.get("host_rngs")))

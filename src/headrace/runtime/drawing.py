@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from headrace.errors import StateDictError
+from headrace.runtime import host_rngs
 from headrace.runtime.checkpoint import (
     EpochOrigin,
     FirstRead,
@@ -40,10 +41,14 @@ def draw_epoch(
     between ``iter()`` and that ``next()`` (a model built there) comes before the order's, as
     in torch. The base seed is drawn here either way, as torch's iterator does.
     ``replay`` redraws a saved epoch from its saved RNG state (exact resume), reading the
-    first element here, while that state is in place.
+    first element here, while that state is in place. Python's and NumPy's global generators
+    are watched over the read and replayed where it moved them (``runtime/host_rngs.py``).
     """
     user_rng = None
     own = sampler_generators(loader._index_sampler, loader.generator)
+    user_host = host_rngs.snapshot() if replay is not None else None
+    if replay is not None:
+        host_rngs.put(replay.host_rngs)
     if replay is not None and replay.sampler_rngs:
         set_states(own, replay.sampler_rngs)
     if replay is not None:
@@ -56,6 +61,7 @@ def draw_epoch(
         if not replay.drew_base_seed:
             loader._base_seed = replay.base_seed
     try:
+        before = host_rngs.snapshot()
         rng = capture_rng(loader.generator)
         glob = torch.get_rng_state() if loader.generator is not None else None
         sampler_rngs = tuple(g.get_state() for g in own)
@@ -71,15 +77,18 @@ def draw_epoch(
             )
         if replay is None and loader.num_workers == 0:
             assert loader._base_seed is not None
-            origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob)
+            origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob,
+                                 host_rngs=host_rngs.moved_since(before))
             return origin, FirstAtNext(sampler_iter, loader.generator, own)
         first_read = replay.first_read if replay is not None else None
         if first_read is not None:  # the saved epoch read its first element later (at next())
             _set_read_states(loader, own, first_read)
         first = next(sampler_iter, _END)
+        host = replay.host_rngs if replay is not None else host_rngs.moved_since(before)
     finally:
         if user_rng is not None:
             torch.set_rng_state(user_rng)  # the training loop's RNG is not ours to move
+        host_rngs.give_back(user_host)  # nor its Python and NumPy ones
     assert loader._base_seed is not None
     if replay is not None and loader._base_seed != replay.base_seed:
         raise StateDictError(
@@ -87,7 +96,7 @@ def draw_epoch(
             "does not reproduce its order from the saved RNG state"
         )
     origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob,
-                         first_read)
+                         first_read, host)
     groups = sampler_iter if first is _END else _after(first, sampler_iter)
     return origin, groups
 
@@ -95,8 +104,9 @@ def draw_epoch(
 def _set_read_states(loader: DataLoader, own: tuple[torch.Generator, ...],
                      first_read: FirstRead) -> None:
     """Put in place the RNG states a saved epoch's first read drew from (its caller restores
-    the training loop's global state afterwards)."""
+    the training loop's global states afterwards)."""
     set_states(own, first_read.sampler_rngs)
+    host_rngs.put(first_read.host_rngs)
     if loader.generator is not None:
         loader.generator.set_state(first_read.rng)
         if first_read.global_rng is not None:
@@ -128,13 +138,17 @@ class FirstAtNext:
 
     def __next__(self) -> Any:
         on_first, self.on_first = self.on_first, None
-        if on_first is not None:
-            rng = capture_rng(self._generator)
-            glob = torch.get_rng_state() if self._generator is not None else None
-            sampler_rngs = tuple(g.get_state() for g in self._own)
-            read = FirstRead(rng, sampler_rngs, glob)
+        if on_first is None:
+            return next(self._it)
+        rng = capture_rng(self._generator)
+        glob = torch.get_rng_state() if self._generator is not None else None
+        sampler_rngs = tuple(g.get_state() for g in self._own)
+        before = host_rngs.snapshot()
+        try:
+            return next(self._it)
+        finally:  # (Python's and NumPy's kept where the read moved them)
+            read = FirstRead(rng, sampler_rngs, glob, host_rngs.moved_since(before))
             on_first(lambda o: dataclasses.replace(o, first_read=read))
-        return next(self._it)
 
 
 def skip_empty(groups: Iterator[Any], n: int, loader: DataLoader) -> Iterator[Any]:
