@@ -63,8 +63,9 @@ class StepError(HeadraceError):
     """A step failed on one sample.
 
     Attributes:
-        index: the dataset index of the sample (what the sampler yielded); ``None`` for
-            ``collate_fn`` on an empty batch (a user ``batch_sampler`` may yield ``[]``).
+        index: the dataset index of the sample (what the sampler yielded); for
+            ``collate_fn``, the batch's first (the message lists them all), ``None`` on an
+            empty batch (a user ``batch_sampler`` may yield ``[]``).
         step: the name of the step that raised (``"load"`` for ``Source.load`` / ``__getitem__``).
         worker: the worker slot that ran it (``None`` in the main process).
         cause_type: qualified name of the original exception type.
@@ -87,7 +88,9 @@ class StepError(HeadraceError):
         self.cause_message = message
         self.remote_traceback = remote_traceback
         where = f"worker {worker}" if worker is not None else "the main process"
-        what = f"sample index {index}" if index is not None else "a batch of no sample"
+        what = ("a batch of no sample" if index is None
+                else f"a batch (its first sample index {index})" if step == "collate_fn"
+                else f"sample index {index}")  # a batch's indices follow in collate's message
         text = f"step {step!r} failed on {what} in {where}: {cause_type}: {message}"
         if remote_traceback:
             text += f"\n\nOriginal traceback:\n{remote_traceback.rstrip()}"

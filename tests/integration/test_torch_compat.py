@@ -211,6 +211,9 @@ def test_a_collate_fn_error_raises_for_its_batch_and_the_epoch_goes_on(workers, 
             break
         except hr.StepError as e:
             errors.append((e.step, e.index))
+            # the batch is named, not its first sample as if that one had failed
+            assert str(e).startswith("step 'collate_fn' failed on a batch (its first sample "
+                                     "index 12)") and "[12, 13, 14, 15]" in str(e)
     assert errors == [("collate_fn", 12)]
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [16, 17, 18, 19]]
 
