@@ -192,3 +192,37 @@ def test_a_changed_pipelines_entries_expire_and_stop_holding_the_budget(server, 
     assert 0 < new.cache.backend.scan_bytes() <= new.cache.backend.usage()["decoded"] <= budget
     assert r.zscore(PREFIX + b"ns", old_ns) is None and not r.exists(PREFIX + b"nsused:" + old_ns)
     new.close()
+
+
+def _write_files(root, first: int) -> None:
+    """``N`` files of 64 bytes under ``root``; file ``i`` starts with byte ``first + i``."""
+    for i in range(N):
+        (root / f"{i:03d}.bin").write_bytes(bytes((first + i + k) % 256 for k in range(64)))
+
+
+def test_files_rewritten_with_other_bytes_of_the_same_size_are_not_served_from_the_cache(
+        server, no_leaks, tmp_path) -> None:
+    # Files' fingerprint was its root, names and sizes: a job after a rewrite of the data with
+    # new content of the same sizes was served the entries of the old files (a bug hunt)
+    import os
+
+    cache = hr.Cache(url=server.url, budget_bytes=1 << 20)
+
+    def run() -> tuple[list[int], int]:
+        pipe = hr.Pipeline(hr.sources.Files(tmp_path, pattern="*.bin"),
+                           [hr.step(decode, kind="decode"), hr.step(to_tensor)])
+        loader = hr.DataLoader(pipe, batch_size=8, num_workers=0,
+                               options=hr.Options(seed=1, cache=cache))
+        firsts = sorted(int(row[8, 0]) for batch in loader for row in batch)
+        hits = loader.stats().last.cache.hits
+        loader.close()
+        return firsts, hits
+
+    _write_files(tmp_path, 0)
+    assert run() == (list(range(N)), 0)
+    assert run() == (list(range(N)), N)  # the same files: every sample from the server
+    _write_files(tmp_path, 100)
+    for p in tmp_path.iterdir():  # past the first write's time, as a later rewrite is (a
+        st = p.stat()             # rewrite within the clock's tick may keep the time)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert run() == (list(range(100, 100 + N)), 0)

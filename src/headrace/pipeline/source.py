@@ -58,14 +58,18 @@ class Files:
             return f.read()
 
     def fingerprint(self) -> str:
-        """Identity of the file set: its root, names and sizes (content is not read; two roots
-        holding files of the same names and sizes shared a cache's entries)."""
+        """Identity of the file set: its root, and each file's name, size and modification time
+        (``st_mtime_ns``), as rsync's quick check. Content is not read: two roots holding files
+        of the same names and sizes shared a cache's entries, and files rewritten with other
+        bytes of the same size were served the old files' entries. A rewrite that keeps the
+        time (within the file system clock's tick of the last write, or ``touch -r``) is not
+        told apart; a copy that does not keep times (``cp`` without ``-p``) is another set."""
         import hashlib
 
         h = hashlib.sha256(str(self.root.resolve()).encode())
         for p in self.paths:
-            h.update(p.encode())
-            h.update(str((self.root / p).stat().st_size).encode())
+            st = (self.root / p).stat()
+            h.update(f"{p}\x00{st.st_size}\x00{st.st_mtime_ns}\x00".encode())
         return h.hexdigest()[:16]
 
 
