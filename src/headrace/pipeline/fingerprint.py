@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import sys
 from typing import TYPE_CHECKING, Any
 
 from headrace.pipeline.source import DatasetSource, user_attr
@@ -40,6 +41,10 @@ a ``Subset`` around a dataset holding a ``Compose([Resize(224)])``, whose 224 a 
 did not reach: two jobs over ``Resize(224)`` and ``Resize(256)`` shared a cache."""
 _SAMPLED = 1 << 16
 """Elements hashed of an array or tensor over ``_FULL_BYTES`` (first and last included)."""
+_LIBRARIES = frozenset({"torch", "numpy"}) | frozenset(sys.stdlib_module_names)
+"""Top-level packages whose classes count by the package's version, not by their methods'
+code (:func:`_methods_digest`): a transform subclassing ``nn.Module`` would otherwise hash its
+hundreds of methods at every fingerprint."""
 
 
 def module_name(obj: Any) -> str:
@@ -180,15 +185,17 @@ def _dictless_state(value: Any, depth: int) -> str | None:
 def code_identity(fn: Any, depth: int = 0) -> str:
     """Identity of a callable's code: qualified name plus bytecode and constants when available.
 
-    Callable objects are identified by their class, its ``__call__`` code and their state by
-    value (``__dict__``, else ``__slots__`` or what pickle rebuilds them from), so two
+    Callable objects are identified by their class, the code of every method it and its bases
+    define (:func:`_methods_digest`: the helper methods its ``__call__`` calls too) and their
+    state by value (``__dict__``, else ``__slots__`` or what pickle rebuilds them from), so two
     ``Resize(224)`` instances match and ``Resize(256)`` does not. Closures count the values
     they captured. A ``functools.partial`` is its function's identity plus its bound arguments
-    and keywords by value (nested partials likewise), and a bound method is its function plus
-    the object it is bound to, so ``partial(scale, factor=2)`` and ``partial(scale, factor=3)``,
-    or ``Scaler(2).apply`` and ``Scaler(3).apply``, differ. A built-in function is its
-    qualified name (``builtins.abs``, ``torch._VariableFunctionsClass.flatten``) plus the
-    object it is bound to, if any; a class is its qualified name and its ``__init__`` code.
+    and keywords by value (nested partials likewise), and a bound method is its function, its
+    class's methods and the object it is bound to, so ``partial(scale, factor=2)`` and
+    ``partial(scale, factor=3)``, or ``Scaler(2).apply`` and ``Scaler(3).apply``, differ. A
+    built-in function is its qualified name (``builtins.abs``,
+    ``torch._VariableFunctionsClass.flatten``) plus the object it is bound to, if any; a class
+    is its qualified name and its methods' code.
     """
     if isinstance(fn, functools.partial):
         ident = (f"{qualified_name(type(fn))}({code_identity(fn.func, depth)}"
@@ -202,10 +209,11 @@ def code_identity(fn: Any, depth: int = 0) -> str:
         ident = code_identity(fn.__func__, depth) if inspect.ismethod(fn) else qualified_name(fn)
         if owner is None or inspect.ismodule(owner):  # a plain built-in function
             return ident
+        if inspect.ismethod(fn):  # the methods it calls on its object (self._helper)
+            ident += ":" + _methods_digest(owner if inspect.isclass(owner) else type(owner), depth)
         return f"{ident}@{state_digest(owner, depth)}"
     if inspect.isclass(fn):
-        init_code = getattr(fn.__dict__.get("__init__"), "__code__", None)
-        return qualified_name(fn) + (f":{_code_digest(init_code)}" if init_code else "")
+        return f"{qualified_name(fn)}:{_methods_digest(fn, depth)}"
     code = getattr(fn, "__code__", None)
     if code is not None:
         ident = f"{qualified_name(fn)}:{_code_digest(code)}"
@@ -213,7 +221,8 @@ def code_identity(fn: Any, depth: int = 0) -> str:
         if defaults != (None, None):  # ``lambda x, k=k: ...``, ``def decode(x, k=2)``
             ident += ":" + state_digest(defaults, depth + 1)
         if depth == 0:  # the step's own function: the module globals it reads, by value
-            ident += ":" + _globals_digest(fn, code)
+            ident += ":" + _globals_digest(getattr(fn, "__globals__", None), [code],
+                                           module_name(fn))
         cells = getattr(fn, "__closure__", None) or ()
         if cells and depth < _MAX_DEPTH:
             captured = []
@@ -225,11 +234,7 @@ def code_identity(fn: Any, depth: int = 0) -> str:
             ident += ":" + _h(",".join(captured).encode())
         return ident
     cls = type(fn)
-    ident = qualified_name(cls)
-    call_code = getattr(cls.__dict__.get("__call__"), "__code__", None) or getattr(
-        getattr(cls, "__call__", None), "__code__", None)  # noqa: B004 - the class's method
-    if call_code is not None:
-        ident += ":" + _code_digest(call_code)
+    ident = f"{qualified_name(cls)}:{_methods_digest(cls, depth)}"
     if depth >= _MAX_DEPTH:
         return ident
     state = getattr(fn, "__dict__", None)
@@ -238,18 +243,50 @@ def code_identity(fn: Any, depth: int = 0) -> str:
     return ident + (f":{rest}" if rest is not None else "")
 
 
-def _globals_digest(fn: Any, code: Any) -> str:
-    """The module globals a step's function reads (``co_names`` found in its ``__globals__``,
-    nested code included), by value: a setting from the command line (``SIZE``), a table; of an
-    object (``args``), only the attributes the code names (``args.size``, not ``args.lr`` or
-    ``args.resume``, which differ between jobs sharing a cache and between a run and its
-    resume); functions it calls by their code (not further), modules and classes by name. Only
-    for the step's own function: deeper callables count their code."""
-    g = getattr(fn, "__globals__", None)
+def _methods_digest(cls: type, depth: int) -> str:
+    """The code of the functions ``cls`` and its bases define (methods, static and class
+    methods, properties' accessors), each with its default arguments; bases from
+    ``_LIBRARIES`` (``nn.Module``, ``object``) count by their package's version instead. At
+    ``depth`` 0 (the step itself), also the module globals these functions read, as a step
+    function's. A callable class counted its ``__call__`` only: an edited helper method it
+    calls (``self._go``) kept its identity, and a shared cache served the old code's samples."""
+    parts: list[str] = []
+    for k in cls.__mro__:
+        mod = module_name(k)
+        if mod.partition(".")[0] in _LIBRARIES:
+            version = getattr(sys.modules.get(mod.partition(".")[0]), "__version__", None)
+            if isinstance(version, str) and f"{mod}={version}" not in parts:
+                parts.append(f"{mod}={version}")
+            continue
+        fns = []
+        for name, v in k.__dict__.items():
+            v = v.__func__ if isinstance(v, (staticmethod, classmethod)) else v
+            accessors = (v.fget, v.fset, v.fdel) if isinstance(v, property) else (v,)
+            for f in accessors:
+                if inspect.isfunction(f):
+                    fns.append(f)
+                    defaults = (f.__defaults__, f.__kwdefaults__)
+                    parts.append(f"{k.__qualname__}.{name}={_code_digest(f.__code__)}" + (
+                        f":{state_digest(defaults, depth + 1)}" if defaults != (None, None)
+                        else ""))
+        if depth == 0 and fns:
+            parts.append(_globals_digest(fns[0].__globals__, [f.__code__ for f in fns], mod))
+    return _h(";".join(parts).encode())
+
+
+def _globals_digest(g: Any, codes: list[Any], own: str) -> str:
+    """The module globals that ``codes`` (a step's function, or the methods of a step's
+    class, defined in module ``own``) read (``co_names`` found in ``g``, their
+    ``__globals__``, nested code included), by value: a setting from the command line
+    (``SIZE``), a table; of an object (``args``), only the attributes the code names
+    (``args.size``, not ``args.lr`` or ``args.resume``, which differ between jobs sharing a
+    cache and between a run and its resume); functions it calls by their code (not further),
+    modules by name, classes by name (one of ``own`` by its methods' code). Only for the
+    step's own function: deeper callables count their code."""
     if not isinstance(g, dict):
         return "-"
     used: set[str] = set()
-    stack = [code]
+    stack = list(codes)
     while stack:
         c = stack.pop()
         used.update(c.co_names)
@@ -257,8 +294,11 @@ def _globals_digest(fn: Any, code: Any) -> str:
     parts = []
     for n in sorted(n for n in used if n in g)[:_MAX_ITEMS]:
         v = g[n]
-        if inspect.ismodule(v) or inspect.isclass(v):
-            parts.append(f"{n}={qualified_name(v) if inspect.isclass(v) else v.__name__}")
+        if inspect.ismodule(v):
+            parts.append(f"{n}={v.__name__}")
+        elif inspect.isclass(v):
+            parts.append(f"{n}={qualified_name(v)}"
+                         + (f":{_methods_digest(v, 1)}" if module_name(v) == own else ""))
         elif getattr(v, "__code__", None) is not None:
             parts.append(f"{n}={_code_digest(v.__code__)}")
         elif isinstance(getattr(v, "__dict__", None), dict) and not callable(v):
