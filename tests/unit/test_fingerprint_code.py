@@ -1,12 +1,22 @@
-"""A step's identity follows the code it calls beyond its own: a helper method of its class.
-It fell out of the cache key, and a shared Redis cache served samples of the old code (a bug
-hunt)."""
+"""A step's identity follows the code it calls beyond its own: a module it calls into (by the
+module's source), a helper method of its class. Each fell out of the cache key, and a shared
+Redis cache served samples of the old code (a bug hunt)."""
 
 from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
 
 import headrace as hr
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.fingerprint import code_identity
+
+LIB = "def decode(b):\n    return _scale(b) + 0\n\ndef _scale(b):\n    return b * 2\n"
+EDITED = LIB.replace("b * 2", "b * 3")  # the same size: a file's size does not tell them apart
 
 
 class Src:
@@ -29,6 +39,79 @@ def _step(source: str, **globals_: object):
     namespace: dict = {"__name__": "job", **globals_}
     exec(source, namespace)  # noqa: S102 - test code building its own function
     return namespace["step"]
+
+
+@pytest.fixture
+def lib(tmp_path, monkeypatch):
+    """``(module, path)``: a module ``hr_fp_lib`` written to ``tmp_path`` from ``LIB`` and
+    imported; no bytecode cache (a rewrite of the same size within a second would load the
+    old ``.pyc``)."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "hr_fp_lib.py"
+    path.write_text(LIB)
+    monkeypatch.delitem(sys.modules, "hr_fp_lib", raising=False)
+    yield importlib.import_module("hr_fp_lib"), path
+    sys.modules.pop("hr_fp_lib", None)
+
+
+def test_a_module_a_step_calls_into_counts_by_its_source(lib) -> None:
+    mod, path = lib
+    through_module = _step("def step(b):\n    return hr_fp_lib.decode(b)\n", hr_fp_lib=mod)
+    imported = _step("def step(b):\n    return decode(b)\n", decode=mod.decode)  # from .. import
+    before = [code_identity(through_module), code_identity(imported), _namespace(imported)]
+    path.write_text(EDITED)
+    # not reloaded: this process still runs the code it imported, and keeps its keys
+    assert [code_identity(through_module), code_identity(imported),
+            _namespace(imported)] == before
+    importlib.reload(mod)
+    after = [code_identity(through_module), code_identity(imported), _namespace(imported)]
+    assert all(a != b for a, b in zip(after, before, strict=True))
+    path.write_text(LIB)
+    importlib.reload(mod)  # the same source again: the same keys
+    assert [code_identity(through_module), code_identity(imported),
+            _namespace(imported)] == before
+
+
+def test_a_submodule_the_step_names_counts_by_its_source(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "hr_fp_pkg").mkdir()
+    (tmp_path / "hr_fp_pkg" / "__init__.py").write_text("from hr_fp_pkg import sub\n")
+    (tmp_path / "hr_fp_pkg" / "sub.py").write_text(LIB)
+    pkg = importlib.import_module("hr_fp_pkg")
+    try:
+        step = _step("def step(b):\n    return hr_fp_pkg.sub.decode(b)\n", hr_fp_pkg=pkg)
+        before = code_identity(step)
+        (tmp_path / "hr_fp_pkg" / "sub.py").write_text(EDITED)
+        importlib.reload(pkg.sub)
+        assert code_identity(step) != before
+    finally:
+        for name in ("hr_fp_pkg.sub", "hr_fp_pkg"):
+            sys.modules.pop(name, None)
+
+
+def test_a_modules_identity_is_the_same_in_every_process_until_its_file_changes(lib) -> None:
+    _mod, path = lib
+    code = textwrap.dedent("""
+        import sys
+        sys.dont_write_bytecode = True
+        sys.path.insert(0, sys.argv[1])
+        import hr_fp_lib
+        from headrace.pipeline.fingerprint import code_identity
+        def step(b):
+            return hr_fp_lib.decode(b)
+        print(code_identity(step))
+    """)
+
+    def fresh() -> str:
+        return subprocess.run([sys.executable, "-c", code, str(path.parent)], check=True,
+                              capture_output=True, text=True, timeout=60).stdout
+
+    first = fresh()
+    assert fresh() == first
+    path.write_text(EDITED)
+    assert fresh() != first
 
 
 CALLABLE = """

@@ -16,6 +16,7 @@ import inspect
 import sys
 from typing import TYPE_CHECKING, Any
 
+from headrace.pipeline.modules import module_digest, package_version
 from headrace.pipeline.source import DatasetSource, user_attr
 
 if TYPE_CHECKING:
@@ -254,8 +255,8 @@ def _methods_digest(cls: type, depth: int) -> str:
     for k in cls.__mro__:
         mod = module_name(k)
         if mod.partition(".")[0] in _LIBRARIES:
-            version = getattr(sys.modules.get(mod.partition(".")[0]), "__version__", None)
-            if isinstance(version, str) and f"{mod}={version}" not in parts:
+            version = package_version(mod)
+            if version and f"{mod}={version}" not in parts:
                 parts.append(f"{mod}={version}")
             continue
         fns = []
@@ -281,8 +282,11 @@ def _globals_digest(g: Any, codes: list[Any], own: str) -> str:
     (``SIZE``), a table; of an object (``args``), only the attributes the code names
     (``args.size``, not ``args.lr`` or ``args.resume``, which differ between jobs sharing a
     cache and between a run and its resume); functions it calls by their code (not further),
-    modules by name, classes by name (one of ``own`` by its methods' code). Only for the
-    step's own function: deeper callables count their code."""
+    classes by name (one of ``own`` by its methods' code). A module by its content
+    (:func:`modules.module_digest`), with the submodules the code names (``pkg.sub.fn``), and
+    a function or class imported from another module with that module's: ``mylib.decode``
+    edited in ``mylib.py`` kept the step's identity. Only for the step's own function: deeper
+    callables count their code."""
     if not isinstance(g, dict):
         return "-"
     used: set[str] = set()
@@ -295,18 +299,40 @@ def _globals_digest(g: Any, codes: list[Any], own: str) -> str:
     for n in sorted(n for n in used if n in g)[:_MAX_ITEMS]:
         v = g[n]
         if inspect.ismodule(v):
-            parts.append(f"{n}={v.__name__}")
+            parts.append(f"{n}={_modules_digest(v, used)}")
         elif inspect.isclass(v):
-            parts.append(f"{n}={qualified_name(v)}"
-                         + (f":{_methods_digest(v, 1)}" if module_name(v) == own else ""))
+            own_class = module_name(v) == own
+            parts.append(f"{n}={qualified_name(v)}:"
+                         f"{_methods_digest(v, 1) if own_class else _module_of(v, own)}")
         elif getattr(v, "__code__", None) is not None:
-            parts.append(f"{n}={_code_digest(v.__code__)}")
+            parts.append(f"{n}={_code_digest(v.__code__)}:{_module_of(v, own)}")
         elif isinstance(getattr(v, "__dict__", None), dict) and not callable(v):
             attrs = {a: x for a, x in vars(v).items() if a in used}
             parts.append(f"{n}={qualified_name(type(v))}:{state_digest(attrs, 1)}")
         else:
             parts.append(f"{n}={state_digest(v, 1)}")
     return _h(";".join(parts).encode())
+
+
+def _modules_digest(mod: Any, used: set[str]) -> str:
+    """:func:`modules.module_digest` of ``mod`` and of the submodules reached from it through
+    names in ``used`` (``torch.nn.functional``: ``torch``, ``torch.nn``, its ``functional``),
+    read from the modules' ``__dict__`` (a module's ``__getattr__`` may import)."""
+    found = [mod]
+    for m in found:  # grows: at most one module a name
+        for a in sorted(used):
+            sub = getattr(m, "__dict__", {}).get(a)
+            if inspect.ismodule(sub) and all(sub is not f for f in found):
+                found.append(sub)
+    return ",".join(module_digest(m) for m in found)
+
+
+def _module_of(obj: Any, own: str) -> str:
+    """:func:`modules.module_digest` of the module ``obj`` was defined in, unless that is
+    ``own`` (its code counts on its own) or not imported; else ``-``."""
+    name = module_name(obj)
+    mod = sys.modules.get(name) if name != own else None
+    return module_digest(mod) if mod is not None else "-"
 
 
 def step_digests(p: Pipeline) -> dict[str, str]:
