@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import weakref
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -29,10 +30,17 @@ class Source(Protocol):
     def load(self, index: int) -> Any: ...
 
 
+_FILES_FINGERPRINTS: weakref.WeakKeyDictionary[Files, tuple[Any, ...]] = \
+    weakref.WeakKeyDictionary()
+"""A ``Files`` source -> (its root, paths list and length, fingerprint) as first taken in this
+process; kept out of the object, whose state a pickle or a content digest reads."""
+
+
 class Files:
     """Raw bytes of the files under ``root`` matching ``pattern``, sorted by relative path.
 
-    ``load(i)`` returns ``bytes``. The listing is taken once, at construction.
+    ``load(i)`` returns ``bytes``. The listing is taken once, at construction, and so is the
+    fingerprint, once per process (see :meth:`fingerprint`).
     """
 
     def __init__(self, root: str | os.PathLike[str], pattern: str = "*") -> None:
@@ -63,14 +71,26 @@ class Files:
         of the same names and sizes shared a cache's entries, and files rewritten with other
         bytes of the same size were served the old files' entries. A rewrite that keeps the
         time (within the file system clock's tick of the last write, or ``touch -r``) is not
-        told apart; a copy that does not keep times (``cp`` without ``-p``) is another set."""
+        told apart; a copy that does not keep times (``cp`` without ``-p``) is another set.
+
+        Taken once per object in a process, and kept while ``root`` and ``paths`` are the same
+        objects of the same length: it stats every file (0.1 s for 20,000, seconds for
+        ImageNet's 1.28 million), and it was taken again at every ``state_dict()`` and every
+        epoch's cache plan. A running job's file set counts as fixed; a new process (a resume,
+        the next job) takes it afresh, and that is where a rewritten file set is seen."""
         import hashlib
 
+        key = (self.root, self.paths, len(self.paths))
+        kept = _FILES_FINGERPRINTS.get(self)
+        if kept is not None and kept[0] is key[0] and kept[1] is key[1] and kept[2] == key[2]:
+            return str(kept[3])
         h = hashlib.sha256(str(self.root.resolve()).encode())
         for p in self.paths:
             st = (self.root / p).stat()
             h.update(f"{p}\x00{st.st_size}\x00{st.st_mtime_ns}\x00".encode())
-        return h.hexdigest()[:16]
+        fp = h.hexdigest()[:16]
+        _FILES_FINGERPRINTS[self] = (*key, fp)
+        return fp
 
 
 class DatasetSource:
