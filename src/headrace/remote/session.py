@@ -14,6 +14,7 @@ from typing import Any
 
 from headrace.errors import PipelineError, RemoteUnavailableError
 from headrace.remote.config import Remote, check_read_source
+from headrace.remote.proxy_options import ProxyOptions
 from headrace.remote.starts import StartFailures
 from headrace.remote.storage import RESOURCE, NearStorage, StorageSide
 from headrace.runtime.handles import WorkerHandle
@@ -144,14 +145,12 @@ class RemoteSession:
         pool.retire(min(live, key=lambda w: len(w.assigned)))
         return True
 
-    def _options(self, pool: WorkerPool) -> Any:
-        from headrace.remote import ray_backend
-
+    def _options(self, pool: WorkerPool) -> ProxyOptions:
         with self._lock:
             ref, opts = self._pool_opts
             if ref() is not pool:
                 steps = len(pool.pipeline.step_names)
-                opts = ray_backend.ProxyOptions(
+                opts = ProxyOptions(
                     self.cfg, pool.pipeline, steps,
                     processes=pool.executor != "threads", on_result=self._count,
                     on_lost=self._lost, on_resumed=self._resumed,

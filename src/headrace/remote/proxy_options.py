@@ -1,0 +1,64 @@
+"""What every proxy thread of one pool shares (``ProxyOptions``): the pipeline its actor runs,
+where the remote part of a sample ends, and the session's callbacks. No Ray here: the proxies
+themselves are ``remote/ray_backend.py``'s."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from headrace.remote.config import Remote
+from headrace.runtime.worker import Task
+
+
+class ProxyOptions:
+    """What every proxy of one pool shares (set by ``remote/session.py``).
+
+    ``pipeline``: what every actor runs, passed to each actor's constructor by value (NOTE [no
+    driver-owned objects]). ``stop``: the step the remote part ends at (the offload split
+    point; the pipeline's step count: the whole sample). ``processes``: the local workers are processes, so partial values
+    they exchange are ``runtime/transport.py``-encoded. ``on_result()``: a sample's remote part
+    is done (finished, or handed back at the split point); ``on_lost()``: an actor died after
+    it started; ``on_resumed()``: a sample resumed at a later step was sent;
+    ``on_handed_off()``: a remote worker handed a sample off over the timeout;
+    ``on_started(slot)``: an actor runs; ``on_start_failed(slot, cause)``: an actor died before
+    it ran (``cause``: ``remote/starts.py``'s ``start_cause``).
+    """
+
+    def __init__(self, cfg: Remote, pipeline: Any, steps: int, processes: bool,
+                 on_result: Callable[[], None] | None = None,
+                 on_lost: Callable[[], None] | None = None,
+                 on_resumed: Callable[[], None] | None = None,
+                 on_handed_off: Callable[[], None] | None = None,
+                 on_started: Callable[[int], None] | None = None,
+                 on_start_failed: Callable[[int, str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.pipeline = pipeline
+        self.steps = steps
+        self.stop = steps
+        self.read_local = not cfg.read_source
+        self.processes = processes
+        self.on_result = on_result
+        self.on_lost = on_lost
+        self.on_resumed = on_resumed
+        self.on_handed_off = on_handed_off
+        self.on_started = on_started
+        self.on_start_failed = on_start_failed
+        self.handoff: Any = None
+        """The pool's ``HandOff`` (timeout, typical seconds left per step), sent with each
+        task that may be handed off (None: remote workers never hand samples off)."""
+        self.placed: dict[int, str] = {}
+        """Slot -> Ray node id of the running remote worker in it (removed when it ends)."""
+        self.stops: Any = None
+        """Per-sample split (near storage: ``stops[sample]``, ``remote/storage.py``; None:
+        ``stop`` for every sample)."""
+
+    def stop_for(self, sample: int) -> int:
+        """Where the remote part of ``sample`` ends."""
+        return self.stop if self.stops is None else int(self.stops[sample])
+
+    def runs(self, task: Task) -> bool:
+        """Whether a remote worker may take ``task`` (a retry, a slow-lane sample): it has steps
+        left before its split point. One handed back at the split is the local workers' to
+        finish (``WorkerHandle.runs``)."""
+        return task.start < self.stop_for(task.sample)
