@@ -1,9 +1,11 @@
 """What every proxy thread of one pool shares (``ProxyOptions``): the pipeline its actor runs,
-where the remote part of a sample ends, and the session's callbacks. No Ray here: the proxies
-themselves are ``remote/ray_backend.py``'s."""
+where the remote part of a sample ends, and the session's callbacks; how a proxy's results
+count once the scheduler takes them (``Outcomes``). No Ray here: the proxies themselves are
+``remote/ray_backend.py``'s."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -17,19 +19,15 @@ class ProxyOptions:
     ``pipeline``: what every actor runs, passed to each actor's constructor by value (NOTE [no
     driver-owned objects]). ``stop``: the step the remote part ends at (the offload split
     point; the pipeline's step count: the whole sample). ``processes``: the local workers are processes, so partial values
-    they exchange are ``runtime/transport.py``-encoded. ``on_result()``: a sample's remote part
-    is done (finished, or handed back at the split point); ``on_lost()``: an actor died after
+    they exchange are ``runtime/transport.py``-encoded. ``on_lost()``: an actor died after
     it started; ``on_resumed()``: a sample resumed at a later step was sent;
-    ``on_handed_off()``: a remote worker handed a sample off over the timeout;
     ``on_started(slot)``: an actor runs; ``on_start_failed(slot, cause)``: an actor died before
     it ran (``cause``: ``remote/starts.py``'s ``start_cause``).
     """
 
     def __init__(self, cfg: Remote, pipeline: Any, steps: int, processes: bool,
-                 on_result: Callable[[], None] | None = None,
                  on_lost: Callable[[], None] | None = None,
                  on_resumed: Callable[[], None] | None = None,
-                 on_handed_off: Callable[[], None] | None = None,
                  on_started: Callable[[int], None] | None = None,
                  on_start_failed: Callable[[int, str], None] | None = None) -> None:
         self.cfg = cfg
@@ -38,10 +36,8 @@ class ProxyOptions:
         self.stop = steps
         self.read_local = not cfg.read_source
         self.processes = processes
-        self.on_result = on_result
         self.on_lost = on_lost
         self.on_resumed = on_resumed
-        self.on_handed_off = on_handed_off
         self.on_started = on_started
         self.on_start_failed = on_start_failed
         self.handoff: Any = None
@@ -62,3 +58,56 @@ class ProxyOptions:
         left before its split point. One handed back at the split is the local workers' to
         finish (``WorkerHandle.runs``)."""
         return task.start < self.stop_for(task.sample)
+
+
+OFFLOADED = "offloaded"
+"""A sample's remote part is done: finished remotely, or handed back at the split point."""
+HANDED_OFF = "handed_off"
+"""A remote worker handed the sample off over the timeout, before its split point."""
+PENDING_KEPT = 64
+"""Results whose outcome a proxy remembers until the scheduler takes them: many more than it
+has in flight (``dispatch.DEPTH``, 2); older ones were dropped as stale, and are forgotten."""
+
+
+def outcome(msg: tuple[Any, ...], stop: int) -> str | None:
+    """How an actor's message for a sample run up to step ``stop`` counts (None: an error,
+    not at all)."""
+    if msg[0] == "done":
+        return OFFLOADED
+    if msg[0] == "partial":
+        return OFFLOADED if msg[2] >= stop else HANDED_OFF
+    return None
+
+
+class Outcomes:
+    """One proxy's results on their way to the scheduler, and how each counts once taken.
+
+    The proxy notes each result's outcome as it posts it (``expect``); the scheduler says which
+    results it took (``took``: ``WorkerHandle.took``), and only those count (``count(outcome)``).
+    Counted as the proxy posted them, results the scheduler drops as stale counted too: a
+    sample whose task moved to an idle worker while queued at the actor
+    (``Dispatcher._steal``) ran there all the same and counted twice, and samples an epoch
+    ended early left in flight counted though never delivered. A stale result is never taken:
+    its note is forgotten once ``PENDING_KEPT`` newer ones wait (memory stays bounded).
+    """
+
+    def __init__(self, count: Callable[[str], None]) -> None:
+        self._count = count
+        self._pending: dict[int, str] = {}  # task id -> outcome, oldest first
+        self._lock = threading.Lock()  # the proxy notes, the scheduler (or the proxy) takes
+
+    def expect(self, tid: int, kind: str | None) -> None:
+        """(Proxy) the result of task ``tid``, about to be posted, counts as ``kind``."""
+        if kind is None:
+            return
+        with self._lock:
+            self._pending[tid] = kind
+            while len(self._pending) > PENDING_KEPT:
+                del self._pending[next(iter(self._pending))]
+
+    def took(self, tid: int) -> None:
+        """(Scheduler) it took the result of task ``tid``: count it."""
+        with self._lock:
+            kind = self._pending.pop(tid, None)
+        if kind is not None:
+            self._count(kind)

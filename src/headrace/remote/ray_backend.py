@@ -62,7 +62,7 @@ from headrace.remote.actor import RemoteWorker
 from headrace.remote.config import Remote
 from headrace.remote.link import PROBE_BUDGET_S, PROBE_BYTES, LinkEcho, LinkMeasure
 from headrace.remote.payload import pack, unpack
-from headrace.remote.proxy_options import ProxyOptions
+from headrace.remote.proxy_options import Outcomes, ProxyOptions, outcome
 from headrace.remote.starts import start_cause
 from headrace.runtime.outbox import qualname
 from headrace.runtime.threadworker import ThreadResults, ThreadTasks
@@ -183,9 +183,9 @@ class RemoteTasks(ThreadTasks):
 
 
 def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, progress: Any,
-               opts: ProxyOptions) -> None:
-    """Body of a proxy thread: start the actor, forward tasks, post results, until told to
-    exit (``None`` or a closed queue) or the actor dies."""
+               opts: ProxyOptions, outcomes: Outcomes) -> None:
+    """Body of a proxy thread: start the actor, forward tasks, post results (each noted in
+    ``outcomes``), until told to exit (``None`` or a closed queue) or the actor dies."""
     cfg, slot = opts.cfg, setup.slot
     actor_opts: dict[str, Any] = {"num_cpus": cfg.num_cpus, "max_restarts": 0,
                                   "max_task_retries": 0}
@@ -201,7 +201,7 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
         if opts.on_started is not None:
             opts.on_started(slot)
         results.send(("ready", slot))
-        _forward(actor, tasks, results, progress, opts, setup)
+        _forward(actor, tasks, results, progress, opts, setup, outcomes)
     except RayError as e:
         if not ran:  # it held no sample: say why it never started (its constructor's error)
             if opts.on_start_failed is not None:
@@ -244,7 +244,7 @@ def _wait_placed(actor: Any, tasks: RemoteTasks, slot: int, opts: ProxyOptions) 
 
 
 def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: Any,
-             opts: ProxyOptions, setup: WorkerSetup) -> None:
+             opts: ProxyOptions, setup: WorkerSetup, outcomes: Outcomes) -> None:
     slot = setup.slot
     local = SampleRunner(setup.pipeline, None, False) if opts.read_local else None
     inflight: dict[Any, tuple[Task, list[Any]]] = {}  # object ref -> (task, local timings)
@@ -281,11 +281,8 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
             head = next(iter(inflight.values()), None)
             progress.started[slot] = time.monotonic()
             progress.tid[slot] = head[0].tid if head is not None else -1
-            split = msg[0] == "partial" and msg[2] >= opts.stop_for(task.sample)
-            if opts.on_result is not None and (msg[0] == "done" or split):
-                opts.on_result()  # its remote part is done: offloaded
-            elif opts.on_handed_off is not None and msg[0] == "partial":
-                opts.on_handed_off()  # over the timeout, before the split point
+            # counted once the scheduler takes it (never a result it drops as stale)
+            outcomes.expect(task.tid, outcome(msg, opts.stop_for(task.sample)))
             if not results.send(_local_message(msg, before, opts)):
                 return
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from headrace.errors import PipelineError, RemoteUnavailableError
 from headrace.remote.config import Remote, check_read_source
-from headrace.remote.proxy_options import ProxyOptions
+from headrace.remote.proxy_options import OFFLOADED, Outcomes, ProxyOptions
 from headrace.remote.starts import StartFailures
 from headrace.remote.storage import RESOURCE, NearStorage, StorageSide
 from headrace.runtime.handles import WorkerHandle
@@ -152,9 +152,8 @@ class RemoteSession:
                 steps = len(pool.pipeline.step_names)
                 opts = ProxyOptions(
                     self.cfg, pool.pipeline, steps,
-                    processes=pool.executor != "threads", on_result=self._count,
-                    on_lost=self._lost, on_resumed=self._resumed,
-                    on_handed_off=self._handed_off,
+                    processes=pool.executor != "threads", on_lost=self._lost,
+                    on_resumed=self._resumed,
                     on_started=lambda _slot: self.starts.started(),
                     on_start_failed=self._start_failed)
                 opts.handoff = pool.handoff
@@ -254,17 +253,17 @@ class RemoteSession:
         opts = self._pool_opts[1]
         return dict(opts.placed) if opts is not None else {}
 
-    def _count(self) -> None:
+    def _took(self, kind: str) -> None:
+        """The scheduler took a remote worker's result (``proxy_options.Outcomes``)."""
         with self._lock:
-            self.remote_samples += 1
+            if kind == OFFLOADED:
+                self.remote_samples += 1
+            else:
+                self.handed_off_remote += 1
 
     def _resumed(self) -> None:
         with self._lock:
             self.resumed_remote += 1
-
-    def _handed_off(self) -> None:
-        with self._lock:
-            self.handed_off_remote += 1
 
     def _lost(self) -> None:
         with self._lock:
@@ -279,13 +278,14 @@ class RemoteSession:
         from headrace.remote import ray_backend
 
         tasks, results = ray_backend.RemoteTasks(), ThreadResults()
-        opts = self._options(pool)
-        run = ThreadRun(ray_backend.proxy_main, (setup, tasks, results, pool.progress, opts),
+        opts, outcomes = self._options(pool), Outcomes(self._took)
+        run = ThreadRun(ray_backend.proxy_main,
+                        (setup, tasks, results, pool.progress, opts, outcomes),
                         name=f"headrace-worker-remote-{setup.slot}")
         run.start()
         return WorkerHandle(setup.slot, run, tasks, results, None, external=True,
                             gate=self._within_ratio, prefers_slow=self.cfg.slow_lane,
-                            fetches=self.near_storage, runs=opts.runs)
+                            fetches=self.near_storage, runs=opts.runs, took=outcomes.took)
 
     def _within_ratio(self) -> bool:
         """May remote workers take more samples now? FastFlow's ApplyOffRatio by counters:

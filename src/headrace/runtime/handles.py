@@ -99,6 +99,8 @@ class WorkerHandle:
     fetches: bool = False  # near storage: while one runs, fresh samples go to such workers only
     runs: Callable[[Task], bool] | None = None  # a backend's limit on the resumed samples it
     # takes (remote/: those with steps left before its split point; None: any)
+    took: Callable[[int], None] | None = None  # a backend's count of the results the
+    # scheduler takes, by task id (remote/: offloaded, handed off); never a stale one's
     started: float = field(default_factory=time.monotonic)  # its start (time.monotonic(), s)
 
     @property

@@ -329,6 +329,8 @@ class Scheduler:
             if kind in ("done", "partial") and ring is not None:
                 ring.read_pos.value = msg[-1]  # free its ring space all the same
             return  # a stale result of a task already re-run elsewhere
+        if w.took is not None:
+            w.took(tid)  # a backend's count (remote/): results taken, never stale ones
         if kind == "done":
             _, _, payload, timings, bytes_in, ring_end = msg
             if ring is None:
