@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import math
 import os
 from collections import Counter
 
 import pytest
 
 import headrace as hr
+from headrace.planner.offload import Candidate, OffloadDecision
 from tests.helpers import ArraySource, ident_collate, ran_at, wait_at_gate
 from tests.ray_cluster.test_remote import ON_CPU_NODES, wait_until
 
@@ -71,6 +73,42 @@ def test_results_dropped_as_stale_are_not_counted(ray_cluster, no_actor_leaks, t
         assert Counter(s["i"] for s in got) == Counter(range(N))  # exactly once
         # get_worker_info().id: -1 in a remote actor
         assert loader.remote.remote_samples == sum(s["a"][1] == -1 for s in got)
+    finally:
+        gate.close()
+        loader.close()
+
+
+def split_at(stop: int) -> OffloadDecision:
+    """A decision that runs steps ``[0, stop)`` remotely for every sample (as a replan makes)."""
+    best = Candidate(start=0, stop=stop, rthp=100.0, ocycle=0.0, estimate=100.0)
+    return OffloadDecision(offload=True, reason="test", gthp=math.inf, lthp=10.0, pcycle=0.1,
+                           best=best, ratio=1.0, predicted=100.0)
+
+
+@pytest.mark.timeout(180)
+def test_a_sample_back_at_the_split_it_ran_with_counts_as_offloaded(ray_cluster, no_actor_leaks,
+                                                                   tmp_path):
+    # A replan moved the split later while a remote worker ran a sample up to the old one:
+    # compared with the new split, the sample it handed back counted as handed off over the
+    # timeout, not as offloaded.
+    gate = Gate(tmp_path)
+    pipe = hr.Pipeline(ArraySource(N), [hr.step(gate.step("a"), name="a"),
+                                        hr.step(functools.partial(ran_at, "b", 0.0), name="b")])
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, collate_fn=ident_collate,
+                           options=hr.Options(seed=3, remote=hr.Remote(
+                               max_workers=2, resources=ON_CPU_NODES)))
+    loader.remote.stop = 2  # remote workers run load -> a, local workers b
+    try:
+        it = iter(loader)
+        wait_until(lambda it=it: gate.remote_holds(it))  # sent with the split at 2
+        loader.remote.apply_offload(split_at(3))  # the whole sample remotely from now on
+        gate.open()
+        got = [s for b in it for s in b]
+        assert Counter(s["i"] for s in got) == Counter(range(N))  # exactly once
+        assert loader.remote.handed_off_remote == 0  # no timeout was learned: none went slow
+        # a sample back at the old split may finish on a remote worker: counted twice then
+        assert loader.remote.remote_samples >= sum(s["a"][1] == -1 for s in got) > 0
+        del it
     finally:
         gate.close()
         loader.close()

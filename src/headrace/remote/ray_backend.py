@@ -247,7 +247,8 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
              opts: ProxyOptions, setup: WorkerSetup, outcomes: Outcomes) -> None:
     slot = setup.slot
     local = SampleRunner(setup.pipeline, None, False) if opts.read_local else None
-    inflight: dict[Any, tuple[Task, list[Any]]] = {}  # object ref -> (task, local timings)
+    # object ref -> (task, local timings, the step its remote part ends at)
+    inflight: dict[Any, tuple[Task, list[Any], int]] = {}
     retiring = False  # told to exit (retired): finish what the actor holds first
     while not tasks.closed:
         while not retiring:  # take what the scheduler queued; wait only when the actor idles
@@ -269,27 +270,29 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
             if not inflight:
                 progress.started[slot] = time.monotonic()
                 progress.tid[slot] = task.tid
-            inflight[sent[1]] = (task, sent[2])
+            inflight[sent[1]] = (task, sent[2], sent[3])
         if not inflight:
             if retiring:
                 return
             continue
         ready, _ = ray.wait(list(inflight), num_returns=1, timeout=POLL_S)
         for ref in ready:
-            task, before = inflight.pop(ref)
+            task, before, stop = inflight.pop(ref)
             msg = ray.get(ref)  # raises when the actor died: the scheduler re-runs its samples
             head = next(iter(inflight.values()), None)
             progress.started[slot] = time.monotonic()
             progress.tid[slot] = head[0].tid if head is not None else -1
-            # counted once the scheduler takes it (never a result it drops as stale)
-            outcomes.expect(task.tid, outcome(msg, opts.stop_for(task.sample)))
+            # counted once the scheduler takes it (never a result it drops as stale), against
+            # the stop it ran with: a replan may have moved the split since
+            outcomes.expect(task.tid, outcome(msg, stop))
             if not results.send(_local_message(msg, before, opts)):
                 return
 
 
 def _submit(actor: Any, task: Task, opts: ProxyOptions,
             local: SampleRunner | None) -> tuple[Any, ...]:
-    """Call the actor for ``task``: ``("ref", object ref, local timings)``, or ``("msg",
+    """Call the actor for ``task``: ``("ref", object ref, local timings, the step its remote
+    part ends at)``, or ``("msg",
     message)`` when nothing is left to run remotely (a local load failed, or was all; the
     split point moved before the task's step since it was dispatched: handed back as it is,
     for the local workers)."""
@@ -323,7 +326,7 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
         handoff = (float(h.timeout.value), tuple(float(r) for r in h.remaining))
     ref = actor.run.remote(task._replace(payload=None), stop,
                            pack(value) if value is not None else None, handoff)
-    return ("ref", ref, before)
+    return ("ref", ref, before, stop)
 
 
 def _local_message(msg: tuple[Any, ...], before: list[Any], opts: ProxyOptions) -> tuple[Any, ...]:
