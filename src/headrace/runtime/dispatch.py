@@ -173,19 +173,30 @@ class Dispatcher:
         others ran out of work, and an epoch waiting for them never ended (torch's too hangs).
         Its samples move the same way to a worker that is ready and idle, and it gets no more
         until it is ready (``eager`` off). Only ready workers take: a worker still starting is
-        no thief.
+        no thief, and neither is one that would not run the task (``WorkerHandle.runs``: a
+        remote worker is given no sample handed back at its split point).
         """
         prog = self.pool.progress
         victims = sorted((w for w in workers if w.slot in slow_now and len(w.assigned) > 1
                           and not w.fetches),  # near storage: its samples stay on storage
                          key=lambda w: slow_now[w.slot])  # the longest-running first
         victims += starting
-        for victim, thief in zip(victims, idle, strict=False):
+        idle = list(idle)
+        for victim in victims:
+            if not idle:
+                return
             running = prog.tid[victim.slot]
             # the last queued: earlier ones may be done already, kept by the worker (Outbox)
             queued = next((t for t in reversed(victim.assigned) if t != running), None)
             if queued is None or queued not in self.lanes.recs:
                 continue
+            # a thief that runs it: a remote worker sent a sample handed back at its split
+            # point straight back (``WorkerHandle.runs``), a round trip for nothing
+            thief = next((w for w in idle if w.runs is None or w.runs(victim.assigned[queued])),
+                         None)
+            if thief is None:
+                continue
+            idle.remove(thief)
             task = victim.assigned.pop(queued)
             rec = self.lanes.recs.pop(queued)
             prog.revoke(victim.slot, queued)
