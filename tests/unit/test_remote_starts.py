@@ -44,6 +44,21 @@ def test_gives_up_after_failures_in_a_row_only():
     assert s.total == MAX_START_FAILURES + 2
 
 
+@pytest.mark.timeout(10)
+def test_cause_is_the_first_of_the_failures_in_a_row_until_one_starts():
+    # it was the latest cause whenever that differed, and stayed after a start
+    s = StartFailures()
+    s.failed("E: x")
+    assert s.failed("E: y") == (True, False) and s.cause == "E: x"
+    s.started()
+    assert s.cause is None  # explain() no longer says remote workers could not start
+    assert s.failed("E: y") == (False, False)  # the latest cause: reported already
+    s.failed("E: x")
+    assert s.failed("E: z") == (True, True) and s.cause == "E: y"
+    assert f"{MAX_START_FAILURES} in a row died before running a sample, with E: y." \
+        in s.message("auto")
+
+
 class _Handle:
     def __init__(self, ready: bool) -> None:
         self.external, self.retiring, self.ready = True, False, ready

@@ -80,7 +80,8 @@ class RemoteFacts:
     never_started: int = 0
     """Remote workers that died before running a sample (``remote/starts.py``)."""
     start_error: str | None = None
-    """Why they did not start (the remote exception and the end of its traceback)."""
+    """Why the first of those that failed in a row did not start (the remote exception and the
+    end of its traceback; None once a remote worker started since)."""
     gave_up: bool = False
     """That many in a row failed: no more remote workers are started."""
 

@@ -55,8 +55,8 @@ def start_cause(error_type: str, text: str) -> str:
 
 
 class StartFailures:
-    """Starts that failed, in all and in a row, and the first cause (thread-safe: proxy
-    threads report, the scheduler thread asks)."""
+    """Starts that failed, in all and in a row, and the first cause of the failures in a row
+    (thread-safe: proxy threads report, the scheduler thread asks)."""
 
     def __init__(self, limit: int = MAX_START_FAILURES) -> None:
         self.limit = limit
@@ -64,7 +64,10 @@ class StartFailures:
         """Remote workers that never started."""
         self.in_a_row = 0
         self.cause: str | None = None
-        """Why the first of the latest run of failures did not start (None: none failed)."""
+        """Why the first of the failures in a row did not start (None: none failed since the
+        last start). It used to be the latest cause whenever that differed, and stayed after
+        a start: ``explain()`` went on saying remote workers could not start."""
+        self._last: str | None = None  # the latest cause, reported once (not at each repeat)
         self._lock = threading.Lock()
 
     @property
@@ -75,8 +78,8 @@ class StartFailures:
     def failed(self, cause: str) -> tuple[bool, bool]:
         """One more start failed; (report it: a new cause, this one made it give up)."""
         with self._lock:
-            new = cause != self.cause
-            if self.in_a_row == 0 or new:
+            new, self._last = cause != self._last, cause
+            if self.in_a_row == 0:
                 self.cause = cause
             self.total += 1
             self.in_a_row += 1
@@ -96,7 +99,7 @@ class StartFailures:
     def started(self) -> None:
         """A remote worker started: the failures before it are not in a row any more."""
         with self._lock:
-            self.in_a_row = 0
+            self.in_a_row, self.cause = 0, None
 
     def message(self, address: str, required: bool = True) -> str:
         """Why no more remote workers are started (once ``gave_up``), and how to fix it."""
