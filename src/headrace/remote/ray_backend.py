@@ -14,7 +14,7 @@ through Ray's object store, with tensors as arrays (``remote/payload.py``).
 
 Faults: when the actor's node or process dies, ``ray.get`` raises; the proxy then ends, its
 sentinel fires, and the scheduler re-runs the samples it held on other workers exactly as for
-a dead local process (``Scheduler._on_death``). The pool does not restart a remote worker in
+a dead local process (``runtime/deaths.py``). The pool does not restart a remote worker in
 place (``WorkerHandle.external``): its node may be gone; ``remote/session.py`` starts new ones.
 An actor that dies before it runs (its constructor, or the unpickling of the pipeline it is
 given, raised) held no sample: it is reported with the remote exception, not as lost, and

@@ -14,7 +14,8 @@ training loop reads. MinatoLoader Algorithm 1, done with processes:
 
 Its parts: the queues of work not yet on a worker (``runtime/lanes.py``), dispatch
 (``runtime/dispatch.py``), batches going out (``runtime/output.py``), what its thread waits on
-(``runtime/waiter.py``); here: its thread, results, worker deaths.
+(``runtime/waiter.py``), workers that die or hang (``runtime/deaths.py``); here: its thread,
+results.
 
 Worker threads (``runtime/threadworker.py``) hand their results in through ``deliver``, in
 their own thread; that is why the scheduler's state changes under ``_lock``.
@@ -35,7 +36,8 @@ import weakref
 from typing import Any
 
 from headrace.errors import StepError, WorkerDiedError, step_error_for, worker_start_error
-from headrace.runtime.dispatch import Dispatcher, running_longer_than
+from headrace.runtime.deaths import Deaths
+from headrace.runtime.dispatch import Dispatcher
 from headrace.runtime.handles import WorkerHandle
 from headrace.runtime.lanes import Lanes
 from headrace.runtime.output import BatchOutput
@@ -43,14 +45,7 @@ from headrace.runtime.pool import WorkerPool
 from headrace.runtime.ring import decode as ring_decode
 from headrace.runtime.transport import decode, encode
 from headrace.runtime.waiter import Waiter
-from headrace.runtime.work import (
-    Counters,
-    EpochSpec,
-    Fatal,
-    Rec,
-    death_error,
-    start_death_error,
-)
+from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec
 
 log = logging.getLogger("headrace")
 
@@ -97,8 +92,8 @@ class Scheduler:
         me = weakref.proxy(self)
         self.dispatcher = Dispatcher(pool, spec, self.lanes, self.counters, hooks,
                                      lambda: me.in_flight)
-        self._hung: dict[int, tuple[int, int]] = {}  # slot -> (tid, step) of a killed hung task
-        self._start_deaths: dict[int, int] = {}  # slot -> its workers that died before "ready"
+        self.deaths = Deaths(pool, spec, self.lanes, self.counters, hooks,
+                             lambda rec, err: me._fail(rec, err))  # no cycle: see above
         self._stop = threading.Event()
         self._waiter = Waiter()
         self._poll_s = POLL_S  # how long the next wait blocks at most (seconds): IDLE_POLL_S
@@ -199,7 +194,7 @@ class Scheduler:
                         return
                     self.hooks.on_tick(self)
                     if self.spec.sample_timeout_s is not None:
-                        self._kill_hung()
+                        self.deaths.kill_hung()
                 self._wait_and_handle()
         except BaseException as e:  # noqa: BLE001 - Fatal, or a scheduler bug: to the user
             with self._lock:
@@ -305,14 +300,15 @@ class Scheduler:
                 return  # a death after the end is the next epoch's to handle; workers that a
                 # closing pool stopped (close(), interpreter exit) did not die: nothing re-runs
             for w in dict.fromkeys(dead):
-                self._on_death(w)
+                self._waiter.unwatch(w)
+                self.deaths.on_death(w)
 
     # -- results -------------------------------------------------------------------------------
     def _handle(self, w: WorkerHandle, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "ready":
             w.ready = True
-            self._start_deaths.pop(w.slot, None)
+            self.deaths.ready(w.slot)
             if len(msg) > 2 and msg[2]:
                 self.hooks.on_worker_reseeded(msg[2])
             return
@@ -373,49 +369,6 @@ class Scheduler:
         self._recs.pop(rec.task.tid, None)
         self.lanes.settled += 1
         self.output.fail(rec, err)
-
-    def _kill_hung(self) -> None:
-        """Replace workers stuck on one sample longer than ``sample_timeout_s``."""
-        limit = self.spec.sample_timeout_s
-        assert limit is not None
-        for w, tid, _ in running_longer_than(self.pool, limit, list(self.pool.workers.values())):
-            if w.slot not in self._hung:
-                self._hung[w.slot] = (tid, self.pool.progress.step[w.slot])
-                log.warning("headrace worker %d: sample over sample_timeout=%.3g s, replacing it",
-                            w.slot, limit)
-                w.process.kill()  # the death is handled like any other (sentinel fires)
-
-    def _on_death(self, w: WorkerHandle) -> None:
-        """A worker died (OOM killer, SIGKILL, segfault): re-run what it held, replace it."""
-        self._waiter.unwatch(w)
-        if w.retiring:  # a worker the scaler retired has exited
-            self.lanes.retry.extend(self._recs[t] for t in w.assigned if t in self._recs)
-            w.assigned.clear()
-            self.pool.reap(w)
-            return
-        lost = [self._recs[t] for t in w.assigned if t in self._recs]
-        running = self.pool.progress.tid[w.slot]
-        hung = self._hung.pop(w.slot, None)
-        w.assigned.clear()
-        exitcode = w.process.exitcode
-        log.warning("headrace worker %d died (exit code %s); re-running %d sample(s)",
-                    w.slot, exitcode, len(lost))
-        for rec in lost:
-            if rec.task.tid == running or len(lost) == 1 and w.ready:
-                rec.attempts += 1  # only the sample it was running is suspect (none, starting)
-            if rec.attempts >= self.spec.max_restarts:
-                err = death_error(rec, hung, self.pool.pipeline.step_names, exitcode,
-                                  self.spec.sample_timeout_s, w.slot)
-                self._fail(rec, err)
-            else:
-                self.counters.retried += 1
-                self.lanes.retry.append(rec)
-        if not w.ready and not w.external:  # it died starting: replaced, but not for ever
-            deaths = self._start_deaths[w.slot] = self._start_deaths.get(w.slot, 0) + 1
-            if deaths > self.spec.max_restarts:  # (a fork of this process each time)
-                raise Fatal(start_death_error(w.slot, deaths, exitcode))
-        if self.pool.replace(w):  # not once the pool is shutting down
-            self.hooks.on_worker_restart()
 
 
 def _free_ring(w: WorkerHandle, msgs: Any) -> None:
