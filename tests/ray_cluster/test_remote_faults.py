@@ -215,6 +215,7 @@ def test_worker_that_cannot_start_is_reported_then_given_up(ray_cluster, no_acto
               and driver_only.__name__ in m]
     assert len(causes) == 2, caplog.text  # the cause once, then giving up with it
     assert "local workers only" in causes[1] and "lost" not in caplog.text
+    assert "died (exit code" not in caplog.text  # the scheduler's words for a dead process
     text = loader.explain()
     assert "never started" in text and "could not start: ModuleNotFoundError" in text
     assert "no more are started" in text and "lost" not in text

@@ -67,8 +67,13 @@ class Deaths:
         hung = self._hung.pop(w.slot, None)
         w.assigned.clear()
         exitcode = w.process.exitcode
-        log.warning("headrace worker %d died (exit code %s); re-running %d sample(s)",
-                    w.slot, exitcode, len(lost))
+        if w.external:  # a backend's worker: its backend said why it ended (remote/: lost, or
+            # never started, remote/starts.py); "died (exit code 0)" said neither
+            log.info("headrace worker %d ended%s; re-running %d sample(s)", w.slot,
+                     "" if w.ready else " before it started", len(lost))
+        else:
+            log.warning("headrace worker %d died (exit code %s); re-running %d sample(s)",
+                        w.slot, exitcode, len(lost))
         for rec in lost:
             if rec.task.tid == running or len(lost) == 1 and w.ready:
                 rec.attempts += 1  # only the sample it was running is suspect (none, starting)
