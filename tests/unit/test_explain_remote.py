@@ -54,3 +54,16 @@ def test_replans_and_link_measure():
     assert "at 12.5 s: cluster changed (capacity joined): 0 -> 2 remote workers -> offload: yes" \
         in text and "2 remote worker(s)" in text
     assert "not yet" not in text
+
+
+def test_between_epochs_the_counts_are_those_the_next_epoch_starts_with():
+    # after an epoch without persistent workers (its pool closed) it said "0 local"
+    import headrace as hr
+    from headrace.remote.session import RemoteSession
+
+    session = RemoteSession(hr.Remote(max_workers=3))
+    session.available, session.max_workers, session.target = True, 3, 3  # joined (no cluster)
+    session.local_started = 2  # what the last epoch's pool started with (attach)
+    f = session.facts(None, ["load", "a"], 10.0)
+    assert (f.remote_workers, f.local_workers) == (3, 2)
+    assert "3 remote worker(s) now (at most 3), 2 local" in "\n".join(remote_lines(f, 0))

@@ -171,18 +171,21 @@ class RemoteSession:
         workers = list(pool.workers.values()) if pool is not None and not pool.closed else []
         remote = sum(w.external and not w.retiring for w in workers)
         local = sum(not w.external and not w.retiring for w in workers)
+        if not workers:  # between epochs without persistent workers ("0 local" before): the
+            remote = self.target  # counts the next epoch starts with (``attach``, ``adopt``)
+            local = (self.placement.state.local if self.placement is not None
+                     else self.local_started or 0)
         cost = None
         cfg = self.cfg
         if cfg.local_cost_per_hour is not None and cfg.cost_per_worker_hour is not None:
-            n = remote if workers else self.target
-            cost = cfg.local_cost_per_hour + cfg.cost_per_worker_hour * n
+            cost = cfg.local_cost_per_hour + cfg.cost_per_worker_hour * remote
         moves = tuple((t, m.local, m.remote, m.bpt, m.reason)
                       for t, m in (self.placement.moves if self.placement else []))
         replans = tuple((r.t, r.reason, r.decision.describe(), r.remote_workers)
                         for r in (self.watcher.history if self.watcher else []))
         return RemoteFacts(
             address=cfg.address, error=self.error, max_workers=self.max_workers,
-            remote_workers=remote if workers else self.target, local_workers=local,
+            remote_workers=remote, local_workers=local,
             remote_samples=self.remote_samples, lost=self.lost, split=self.stop,
             never_started=self.starts.total, start_error=self.starts.cause,
             gave_up=self.starts.gave_up,
