@@ -62,10 +62,15 @@ def test_samples_equal_with_and_without_near_storage(storage_node, no_actor_leak
                 r = got[e][i]["x"]
                 assert torch.equal(r, s["x"]), (policy, e, i)
         assert len(side.epochs) == 2
+        r = loader.remote
         if policy != "all-off":  # the storage side read them and handed them back
             assert side.epochs[1].handed_back > 0
+            # counted apart: remote_samples (and explain's "finished remotely") counted them
+            assert r.remote_samples == 0
+            assert 0 < r.handed_back_remote <= sum(e.handed_back for e in side.epochs)
+            assert "handed back at their own stop by storage nodes" in loader.explain()
         else:
-            assert loader.remote.remote_samples > 0
+            assert r.remote_samples > 0 and r.handed_back_remote == 0
         if policy == "headrace":
             plan = side.epochs[1].plan  # decided from epoch 0's profile, run in epoch 1
             stops = plan.stops

@@ -67,3 +67,16 @@ def test_between_epochs_the_counts_are_those_the_next_epoch_starts_with():
     f = session.facts(None, ["load", "a"], 10.0)
     assert (f.remote_workers, f.local_workers) == (3, 2)
     assert "3 remote worker(s) now (at most 3), 2 local" in "\n".join(remote_lines(f, 0))
+
+
+def test_near_storage_hand_backs_are_no_offloaded_share():
+    # a fetcher's sample back at its own stop counted as offloaded: "finished remotely"
+    from headrace.remote.proxy_options import HANDED_BACK, HANDED_OFF, OFFLOADED, outcome
+
+    partial = ("partial", 7, 3, None, [], 0, None)
+    assert outcome(partial, 3) == OFFLOADED  # at a split: its remote part is done
+    assert outcome(partial, 3, per_sample=True) == HANDED_BACK
+    assert outcome(partial, 4, per_sample=True) == outcome(partial, 4) == HANDED_OFF
+    assert outcome(("done", 7, None, [], 0, None), 3, per_sample=True) == OFFLOADED
+    text = "\n".join(remote_lines(facts(remote_samples=0, handed_back=40), 48))
+    assert "0 of 48 samples finished remotely; 40 handed back at their own stop" in text

@@ -73,6 +73,8 @@ class RemoteFacts:
     replans: tuple[tuple[float, str, str, int], ...] = ()
     handed_off: int = 0
     """Samples remote workers handed off over the timeout (finished in the slow lane)."""
+    handed_back: int = 0
+    """Near storage: samples the storage nodes handed back at their own stop (finished here)."""
     link: str | None = None
     watching: bool = False
     extra: tuple[str, ...] = ()
@@ -98,6 +100,8 @@ def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
            f"{r.max_workers}), {r.local_workers} local; {share} {done}"
            + (f"; {r.handed_off} handed off by remote workers over the timeout"
               if r.handed_off else "")
+           + (f"; {r.handed_back} handed back at their own stop by storage nodes, finished here"
+              if r.handed_back else "")
            + (f"; {r.lost} remote worker(s) lost, their samples re-run" if r.lost else "")
            + (f"; {r.never_started} remote worker(s) never started" if r.never_started else "")]
     if r.start_error is not None:

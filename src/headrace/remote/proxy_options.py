@@ -64,18 +64,25 @@ OFFLOADED = "offloaded"
 """A sample's remote part is done: finished remotely, or handed back at the split point."""
 HANDED_OFF = "handed_off"
 """A remote worker handed the sample off over the timeout, before its split point."""
+HANDED_BACK = "handed_back"
+"""Near storage: a fetcher handed the sample back at its own stop, for the local workers to
+finish (``ProxyOptions.stops``)."""
 PENDING_KEPT = 64
 """Results whose outcome a proxy remembers until the scheduler takes them: many more than it
 has in flight (``dispatch.DEPTH``, 2); older ones were dropped as stale, and are forgotten."""
 
 
-def outcome(msg: tuple[Any, ...], stop: int) -> str | None:
+def outcome(msg: tuple[Any, ...], stop: int, per_sample: bool = False) -> str | None:
     """How an actor's message for a sample run up to step ``stop`` counts (None: an error,
-    not at all)."""
+    not at all). ``per_sample``: ``stop`` is the sample's own (near storage), and one handed
+    back there is no offloaded share of a split: it counted in ``remote_samples``, and
+    ``explain()`` said such samples "finished remotely"."""
     if msg[0] == "done":
         return OFFLOADED
     if msg[0] == "partial":
-        return OFFLOADED if msg[2] >= stop else HANDED_OFF
+        if msg[2] < stop:
+            return HANDED_OFF
+        return HANDED_BACK if per_sample else OFFLOADED
     return None
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from headrace.errors import PipelineError, RemoteUnavailableError
 from headrace.remote.config import Remote, check_read_source
-from headrace.remote.proxy_options import OFFLOADED, Outcomes, ProxyOptions
+from headrace.remote.proxy_options import HANDED_OFF, OFFLOADED, Outcomes, ProxyOptions
 from headrace.remote.starts import StartFailures
 from headrace.remote.storage import RESOURCE, NearStorage, StorageSide
 from headrace.runtime.handles import WorkerHandle
@@ -53,6 +53,8 @@ class RemoteSession:
         self.starts = StartFailures()
         self.handed_off_remote = 0
         """Samples remote workers handed off over the timeout (finished in the slow lane)."""
+        self.handed_back_remote = 0
+        """Near storage: samples fetchers handed back at their own stop (not in remote_samples)."""
         self.stop: int | None = None
         """Remote part ends before this step (the offload split; None: the whole sample)."""
         self._opened = False
@@ -191,7 +193,7 @@ class RemoteSession:
             gave_up=self.starts.gave_up,
             steps=tuple(steps), offload=self.offload, autoplace=cfg.autoplace, moves=moves,
             measured_thp=measured_thp, cost_per_hour=cost, replans=replans,
-            handed_off=self.handed_off_remote,
+            handed_off=self.handed_off_remote, handed_back=self.handed_back_remote,
             link=self.link.describe() if self.link is not None else None,
             watching=self.watcher is not None,
             extra=tuple(self.near.lines()) if self.near is not None else ())
@@ -261,8 +263,10 @@ class RemoteSession:
         with self._lock:
             if kind == OFFLOADED:
                 self.remote_samples += 1
-            else:
+            elif kind == HANDED_OFF:
                 self.handed_off_remote += 1
+            else:
+                self.handed_back_remote += 1
 
     def _resumed(self) -> None:
         with self._lock:
