@@ -30,6 +30,11 @@ class StateDictError(HeadraceError, ValueError):
     """A state dict cannot be loaded into this loader (other dataset, other version, corrupt)."""
 
 
+class ReplayOrderWarning(UserWarning):
+    """A resumed epoch's sampler gave another order than the saved epoch's
+    (``runtime/order_digest.py``): it may deliver some samples twice and others never."""
+
+
 class LoaderClosedError(HeadraceError, RuntimeError):
     """``next()`` on an iterator whose epoch ``loader.close()`` stopped part-way (the message
     says how much of the epoch was delivered and how much was not): a ``StopIteration`` there

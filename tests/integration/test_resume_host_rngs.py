@@ -1,6 +1,7 @@
 """Exact resume of a sampler that draws its order from Python's or NumPy's global generator
 (``runtime/host_rngs.py``): a length-bucketing batch sampler shuffling with ``random.shuffle``,
-a sampler permuting with ``np.random.permutation``."""
+a sampler permuting with ``np.random.permutation``; and a warning where a sampler does not
+give the saved order again (``runtime/order_digest.py``)."""
 
 import json
 import random
@@ -118,3 +119,39 @@ def _same(a, b):
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     return bool(np.array_equal(a, b))
+
+
+class LazyTorch(torch.utils.data.Sampler):
+    """Each index drawn from torch's global generator as it is yielded (not replayable)."""
+
+    def __len__(self):
+        return N
+
+    def __iter__(self):
+        for _ in range(N):
+            yield int(torch.randint(0, N, ()).item())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_that_does_not_replay_its_order_is_warned_of(workers, no_leaks):
+    """It resumed into other samples at the delivered positions without a word."""
+    def make():
+        return hr.DataLoader(IndexDataset(N), sampler=LazyTorch(), batch_size=4,
+                             num_workers=workers, in_order=True)
+
+    torch.manual_seed(0)
+    first = make()
+    it = iter(first)
+    for _ in range(2):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["order_digest"][0] >= 8
+    del it
+    first.close()
+    torch.manual_seed(1)  # the loop drew on: the lazy draws after the first element differ
+    second = make()
+    second.load_state_dict(state)
+    with pytest.warns(hr.ReplayOrderWarning, match="did not give the saved epoch's order"):
+        rest = [b for b in second]
+    second.close()
+    assert len(rest) == 4

@@ -40,6 +40,11 @@ class Bitmap:
         byte, bit = divmod(i, 8)
         return byte < len(self._bits) and bool(self._bits[byte] & (1 << bit))
 
+    def end(self) -> int:
+        """1 + the highest bit set (0: none)."""
+        bits = self._bits.rstrip(b"\x00")
+        return (len(bits) - 1) * 8 + bits[-1].bit_length() if bits else 0
+
     def copy(self) -> Bitmap:
         return Bitmap(bytes(self._bits), self.count)
 

@@ -116,6 +116,7 @@ class EpochOrigin:
     # after iter() (``num_workers=0``: at the first next(), as torch reads it)
     host_rngs: host_rngs.HostRngs | None = None  # Python's and NumPy's global generators at
     # epoch start, where reading the sampler moved them (``runtime/host_rngs.py``)
+    order: Any = None  # runtime.order_digest.OrderDigest: the positions read, a digest of them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +192,8 @@ def build(
                              if origin and origin.global_rng is not None else None),
         "epoch_first_read": _first_read_to_dict(origin.first_read if origin else None),
         "epoch_host_rngs": host_rngs.to_dict(origin.host_rngs) if origin else None,
+        # positions the epoch read and a digest of their indices: a replay compares its own
+        "order_digest": _order_to(origin, delivered, ident),
         "sampler_generator_states": [rng_to_str(g.get_state()) for g in sampler_generators],
         # empty batches (a batch sampler's []) have no position: the saved epoch's count of them
         "empty_batches_delivered": empty_batches if in_epoch else 0,
@@ -244,7 +247,8 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
                              tuple(map(rng_from_str, sd.get("epoch_sampler_rngs") or ())),
                              rng_from_str(glob) if glob is not None else None,
                              _first_read_from_dict(sd.get("epoch_first_read")),
-                             host_rngs.from_dict(sd.get("epoch_host_rngs")))
+                             host_rngs.from_dict(sd.get("epoch_host_rngs")),
+                             _order_from(sd.get("order_digest")))
     gen = sd.get("generator_state")
     steps = sd.get("steps")
     return ResumePoint(
@@ -345,6 +349,25 @@ def _changes(sd: dict[str, Any], ident: Identity) -> list[str]:
         if names:
             out.append(f"steps {what}: {', '.join(names)}")
     return out
+
+
+def _order_to(origin: EpochOrigin | None, delivered: Bitmap | None,
+              ident: Identity) -> list[int] | None:
+    """What a replay compares its order with: the digest of the positions read up to the last
+    delivered one (``runtime/order_digest.py``); None where nothing of the epoch was delivered
+    by position (under ODS the delivered bitmap is over sample indices: no order to keep)."""
+    order = origin.order if origin is not None else None
+    if order is None or delivered is None or ident.delivered_by != "position":
+        return None
+    saved = order.saved(delivered.end())
+    return list(saved) if saved is not None else None
+
+
+def _order_from(saved: Any) -> Any:
+    """An ``OrderDigest`` expecting a state dict's ``order_digest`` (None without one)."""
+    from headrace.runtime.order_digest import OrderDigest
+
+    return OrderDigest((int(saved[0]), int(saved[1]))) if saved else None
 
 
 def _first_read_to_dict(fr: FirstRead | None) -> dict[str, Any] | None:

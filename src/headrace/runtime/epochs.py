@@ -8,6 +8,7 @@ attributes are torch's arguments and headrace's runtime state.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 import weakref
@@ -28,6 +29,7 @@ from headrace.runtime.draws import may_repeat
 from headrace.runtime.epoch import EpochIterator
 from headrace.runtime.feed import Feed
 from headrace.runtime.inprocess import InProcessIterator
+from headrace.runtime.order_digest import OrderDigest
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.span import covers, total_positions
 from headrace.runtime.work import EpochSpec, default_max_in_flight
@@ -113,6 +115,13 @@ def start_epoch(loader: DataLoader) -> Any:
         loader._epoch = origin.epoch + 1
         origin, groups = draw_epoch(loader)
         lazy = groups if isinstance(groups, FirstAtNext) else None
+    # the positions read and their digest, compared with the saved epoch's (runtime/order_digest.py)
+    saved = resume.origin.order if resume is not None and resume.origin is not None else None
+    by_index = loader.cache is not None and loader.cache.config.ods  # ODS: no order to keep
+    order = OrderDigest(saved.saved(resume.delivered.end())
+                        if saved is not None and resume is not None and not by_index else None)
+    groups = order.wrap(groups, loader._auto_collation)
+    origin = dataclasses.replace(origin, order=order)
     epoch, base_seed = origin.epoch, origin.base_seed
     loader._epoch = epoch + 1
     delivered = resume.delivered if resume is not None else Bitmap()
