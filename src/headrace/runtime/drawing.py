@@ -46,11 +46,11 @@ def draw_epoch(
     """
     user_rng = None
     own = sampler_generators(loader._index_sampler, loader.generator)
+    if replay is not None and replay.sampler_rngs:
+        set_states(own, replay.sampler_rngs)  # (raises for a sampler built otherwise)
     user_host = host_rngs.snapshot() if replay is not None else None
     if replay is not None:
         host_rngs.put(replay.host_rngs)
-    if replay is not None and replay.sampler_rngs:
-        set_states(own, replay.sampler_rngs)
     if replay is not None:
         if loader.generator is not None:
             loader.generator.set_state(replay.rng)
