@@ -13,8 +13,8 @@ already-prepared loaders (``_is_accelerate_prepared``), so Accelerate registers 
     model, optimizer, loader = prepare(accelerator, model, optimizer, loader)
 
 How: a shuffled headrace loader is rebuilt with a ``DistributedSampler`` for this rank (its
-seed from rank 0, so every rank splits the same permutation; ``set_epoch`` is called by
-Accelerate each epoch) where the ranks' shares are equal, else as below over a permutation
+seed from rank 0, so every rank splits the same permutation, and in the state dict;
+``set_epoch`` is called by Accelerate each epoch, from the saved epoch after ``load_state``) where the ranks' shares are equal, else as below over a permutation
 seeded alike on every rank; any other (``shuffle=False``, a custom sampler or batch sampler) with
 Accelerate's own ``BatchSamplerShard``, whose layout ``gather_for_metrics`` expects. It is then
 wrapped in :class:`HeadraceShard`, an Accelerate ``DataLoaderShard`` whose inner loader is the
@@ -50,6 +50,9 @@ from headrace.runtime import distributed, ranks
 from headrace.runtime.loader import DataLoader
 
 __all__ = ["HeadraceShard", "prepare", "prepare_data_loader", "skip_first_batches"]
+
+_SEED = "accelerate_sampler_seed"
+"""The ``DistributedSampler``'s seed in :meth:`HeadraceShard.state_dict`."""
 
 _SKIP_OUTSIDE = (
     "this headrace loader's batches were requested outside headrace: accelerate's "
@@ -120,18 +123,32 @@ class HeadraceShard(DataLoaderShard):
         return int(size) * self.num_processes
 
     def state_dict(self) -> dict[str, Any]:
-        """The headrace loader's state as of the last batch handed out. With several
+        """The headrace loader's state as of the last batch handed out, with the seed of the
+        ``DistributedSampler`` this rank's share is drawn with (a shuffled loader without a
+        seed of its own drew it at ``prepare``: a resumed process draws another). With several
         processes, every rank's (a collective: call it on all ranks, as ``save_state`` is):
         Accelerate writes one ``dl_state_dict.bin`` for all ranks, and each rank's share of the
         epoch is its own, so each rank restores its entry."""
         state = super().state_dict()
+        sampler = self.base_dataloader.sampler
+        if isinstance(sampler, tud.DistributedSampler):
+            state = {**state, _SEED: sampler.seed}
         return state if self.num_processes == 1 else ranks.gather_all(state, self.num_processes)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the headrace loader's state, the ``DistributedSampler``'s seed, and the
+        epoch Accelerate gives the sampler at the next ``iter()`` (``set_epoch(iteration)``):
+        a new process counts from 0, and a state saved in a later epoch replayed that epoch's
+        positions over epoch 0's permutation, unless the script called ``set_epoch`` itself."""
         if ranks.GATHERED in state_dict:
             state_dict = state_dict[ranks.GATHERED][self.process_index]
-        state = {k: v for k, v in state_dict.items() if k != "_iterator_finished"}  # Accelerate's key
+        state = {k: v for k, v in state_dict.items()
+                 if k not in ("_iterator_finished", _SEED)}  # Accelerate's key, and ours
+        sampler = self.base_dataloader.sampler
+        if state_dict.get(_SEED) is not None and isinstance(sampler, tud.DistributedSampler):
+            sampler.seed = int(state_dict[_SEED])
         self.base_dataloader.load_state_dict(state)
+        self.iteration = int(state.get("epoch") or 0)
         self.dl_state_dict = self.base_dataloader.state_dict()
 
     def __reduce__(self) -> Any:
@@ -225,6 +242,7 @@ def _shard(loader: DataLoader, num_processes: int, rank: int,
                                   process_index=rank, even_batches=even_batches)
         return DataLoader(batch_sampler=shard, **kwargs)
     seed = [loader.options.seed if loader.options.seed is not None
+            else loader.generator.initial_seed() if loader.generator is not None
             else int(torch.empty((), dtype=torch.int64).random_().item())]
     broadcast_object_list(seed, from_process=0)  # one permutation for all ranks
     sampler: tud.DistributedSampler[Any] = tud.DistributedSampler(

@@ -2,8 +2,10 @@
 ``<out>/<phase>_rank<r>.json``.
     torchrun --standalone --nproc_per_node=2 accelerate_ranks.py OUT train|resume
 train: gradient-accumulation sync pattern with torch's loader and with headrace's (two epochs),
-the indices headrace gave this rank; then a second loader: two batches, ``save_state``, stop.
-resume: a fresh loader and accelerator, ``load_state``, the rest of that epoch.
+the indices headrace gave this rank; then a second loader (shuffled, no seed of its own): one
+epoch, two batches of the next, ``save_state``, stop.
+resume: a fresh loader and accelerator, ``load_state``, the rest of that epoch (no
+``set_epoch`` of the script's own, as in Accelerate's examples).
 gather: ``gather_for_metrics`` over evaluation loaders (``shuffle=False``) of several lengths
 and batch sizes, with torch's loader and with headrace's (run on 3 ranks and more: the padding
 of the last step is where they differed), and over a shuffled headrace loader of each.
@@ -39,8 +41,8 @@ def run_epochs(acc, model, loader, epochs=2):
 
 
 def resumable_loader():
-    return hr.DataLoader(IndexDataset(N), batch_size=BS, shuffle=True, num_workers=1,
-                         options=hr.Options(seed=11))
+    # no seed: the DistributedSampler's is drawn at prepare(), another in a resumed process
+    return hr.DataLoader(IndexDataset(N), batch_size=BS, shuffle=True, num_workers=1)
 
 
 def main() -> None:
@@ -82,7 +84,8 @@ def main() -> None:
         result["syncs"], result["seen"] = run_epochs(acc, model2, prepared)
         loader.close()
         second = prepare_data_loader(acc, resumable_loader())
-        it = iter(second)
+        result["epoch0"] = [i for b in second for i in b.tolist()]
+        it = iter(second)  # epoch 1: Accelerate gives the sampler set_epoch(1)
         result["before"] = [i for _ in range(2) for i in next(it).tolist()]
         acc.save_state(out / "ckpt")
         del it
