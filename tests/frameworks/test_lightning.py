@@ -202,3 +202,45 @@ def test_a_checkpoint_at_an_epochs_last_step_resumes_with_the_next_full_epoch(tm
     second.close()
     assert sorted(model.seen[1]) == list(range(40)) and 0 not in model.seen
     assert resumed.global_step == 20
+
+
+def test_a_checkpoint_at_a_limited_epochs_last_step_resumes_with_the_next_epoch(tmp_path, no_leaks):
+    """limit_train_batches=5 of 10: the checkpoint at the limited epoch's last batch held a
+    state of an epoch not read to its end, and the resumed run trained the unseen rest of that
+    epoch's order, where the uninterrupted run began the next permutation (every later epoch
+    one permutation late)."""
+    import lightning as L
+
+    class Seen(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen: dict[int, list[int]] = {}
+
+        def training_step(self, batch, batch_idx):
+            self.seen.setdefault(self.current_epoch, []).extend(batch.tolist())
+            return self.layer(batch.float().unsqueeze(1)).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+    def fit(epochs, model, ckpt_path=None, callbacks=()):
+        # in order: a cut epoch's 5 batches are its first 5 sampler batches, whatever the timing
+        loader = hr.DataLoader(IndexDataset(40), batch_size=4, shuffle=True, num_workers=2,
+                               generator=torch.Generator().manual_seed(3), in_order=True)
+        trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, limit_train_batches=5,
+                            logger=False, enable_progress_bar=False, enable_model_summary=False,
+                            callbacks=list(callbacks), default_root_dir=tmp_path)
+        trainer.fit(model, loader, ckpt_path=ckpt_path)
+        loader.close()
+        return trainer
+
+    reference = Seen()
+    fit(2, reference)
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5,
+                                               save_top_k=-1, filename="{step}")
+    fit(1, Seen(), callbacks=[ckpt])
+    resumed = Seen()
+    assert fit(2, resumed, str(tmp_path / "step=5.ckpt")).global_step == 10
+    assert len(resumed.seen[1]) == 20 and 0 not in resumed.seen
+    assert resumed.seen[1] == reference.seen[1]  # the next permutation's

@@ -267,6 +267,15 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
     )
 
 
+def epoch_over(point: ResumePoint) -> ResumePoint:
+    """``point`` as a state between its epoch and the next: what a state taken mid-epoch
+    describes once the training loop is known to have ended that epoch there (Lightning's
+    ``limit_train_batches``: ``runtime/lightning_loops.py``). The generators' states it
+    recorded are those the next epoch draws from, as that epoch's ``iter()`` would have."""
+    return dataclasses.replace(point, epoch=point.epoch + 1, in_epoch=False, origin=None,
+                               delivered=Bitmap(), steps=None, empty_batches=0, batches=0)
+
+
 def _check_positions(sd: dict[str, Any], ident: Identity) -> None:
     """Refuse a state dict whose epoch had other positions than this loader's: the rest of it
     would be other samples (more: those the saved epoch's ``drop_last`` left out; fewer: some

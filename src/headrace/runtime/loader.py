@@ -36,6 +36,7 @@ from headrace.runtime import checkpoint, distributed, epochs, explaining, orderi
 from headrace.runtime import span as epoch_span
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import CollatePlace
+from headrace.runtime.lightning_loops import restored_at_epoch_end
 from headrace.runtime.monitor import Monitor
 from headrace.runtime.options import AutoWorkers, Options, check_arguments
 from headrace.runtime.planning import Planning
@@ -297,6 +298,8 @@ class DataLoader(tud.DataLoader[_T_co]):
             raise StateDictError("load_state_dict is not supported for an IterableDataset")
         state = ranks.own(state, ranks.shard(self._index_sampler))  # DDP: this rank's
         point = checkpoint.parse(state, self._identity(self.planning.executed_names))
+        if point.in_epoch and restored_at_epoch_end():  # Lightning ended that epoch there
+            point = checkpoint.epoch_over(point)
         it = self._iterator_ref()
         epoch_span.halt_unfinished(self, self._epoch_ref(),
                                    "load_state_dict() gave the DataLoader another position",
