@@ -149,3 +149,19 @@ def test_a_resume_runs_the_saved_order_of_steps_that_share_a_name(no_leaks):
     assert len(before + after) == len(full)
     for got, want in zip(before + after, full, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_explain_says_how_many_samples_are_profiled_and_why_the_slow_lane_is_off():
+    """It said "(0 were when it was planned)" for the next epoch with 80 profiled, and "a single
+    step per sample, steps inside __getitem__, or handoff=False" where num_workers=0 was why."""
+    loader = hr.DataLoader(hr.Pipeline(VecSource(400), [hr.step(pad4, random=True),
+                                                        hr.step(crop_quarter, random=True)]),
+                           batch_size=8)
+    it = iter(loader)
+    for _ in range(10):
+        next(it)
+    text = loader.explain()
+    assert "next epoch's order: unchanged until 300 samples are profiled (80 were" in text, text
+    assert "slow lane: off (num_workers=0" in text, text
+    del it
+    loader.close()

@@ -38,6 +38,7 @@ class Facts:
     remote: RemoteFacts | None = None
     executor: str | None = None  # executor="auto": what it chose and why
     start_note: str | None = None  # num_workers="auto": its first count from a stored profile
+    handoff_off: str = ""  # why the slow lane is off (``handoff`` False), in words
     move_cost_s: float = 0.0  # training-process seconds to forward one slow-lane sample
     messages: str | None = None  # worker processes: samples per message (planner/queueing.py)
     collate: str | None = None  # where a user collate_fn runs (runtime/collate_rng.py)
@@ -166,8 +167,9 @@ def explain_text(f: Facts) -> str:
         out.append(f.executor)
     st = f.stats
     if not f.handoff:
-        out.append("slow lane: off (a single step per sample, steps inside the dataset's "
-                   "__getitem__, or handoff=False)")
+        out.append("slow lane: off (" + (f.handoff_off or "a single step per sample, steps "
+                                         "inside the dataset's __getitem__, or handoff=False")
+                   + ")")
     elif math.isinf(st.timeout_s):
         out.append(f"slow lane: warming up, no hand-off yet ({f.timeout_samples} samples timed)")
     else:

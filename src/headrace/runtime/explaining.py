@@ -29,6 +29,7 @@ def facts(loader: DataLoader) -> Facts:
         order=pl.order,
         next_order=pl.decide(),
         handoff=loader.options.handoff and loader.pipeline.splittable and loader.num_workers > 0,
+        handoff_off=_handoff_off(loader),
         stats=stats,
         samples_done=monitor.samples_closed + sum(e.samples for e in running),
         timeout_samples=len(monitor.timeout._times),
@@ -71,3 +72,17 @@ def _remote_facts(loader: DataLoader) -> Any:
     assert loader.planning is not None
     return loader.remote.facts(pool, loader.planning.executed.step_names,
                                last.samples_per_s if last is not None else None)
+
+
+def _handoff_off(loader: DataLoader) -> str:
+    """Why the slow lane is off, in words ("" where it is on)."""
+    assert loader.pipeline is not None
+    if not loader.options.handoff:
+        return "handoff=False"
+    if loader.num_workers == 0:
+        return "num_workers=0: samples run in the training loop, with no worker to move one to"
+    if loader.pipeline.embedded:
+        return "the steps run inside the dataset's __getitem__: a sample cannot be split there"
+    if not loader.pipeline.splittable:
+        return "a single step per sample: nothing to hand off between steps"
+    return ""

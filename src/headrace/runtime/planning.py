@@ -69,8 +69,9 @@ class Planning:
             profile, source = live, "this run"
         elif self.stored is not None and self.stored.samples >= need:
             profile, source = self.stored, "stored profile"
-        else:
-            profile, source = None, ""
+        else:  # too few yet: the larger count is reported
+            profile, source = max((live, self.stored) if self.stored is not None else (live,),
+                                  key=lambda p: p.samples), ""
         return plan_order(self.declared.steps, self.executed.steps, profile, source,
                           self.options.reorder, min_samples=need, embedded=self.declared.embedded)
 
