@@ -143,4 +143,6 @@ def test_samples_of_microseconds_start_where_nothing_was_stored(tmp_path):
     finally:
         loader.close()
     assert 'num_workers="auto", not adapted since the start' in text
+    ran = [n for _, n in loader.stats().workers_timeline if n]
+    assert ran and f"({ran[-1]} ran;" in text  # how many it ran
     assert "as given" not in text

@@ -198,8 +198,9 @@ def explain_text(f: Facts) -> str:
         out.append(f"workers: adapted {len(f.scale_decisions)} times (Formulas 1-2); last: "
                    + f.scale_decisions[-1].describe())
     elif f.workers == "auto":  # headrace chose the count: never "as given"
-        out.append("workers: num_workers=\"auto\", not adapted since the start (no "
-                   "decision of Formulas 1-2 yet)")
+        ran = next((n for _, n in reversed(st.workers_timeline) if n), None)
+        out.append("workers: num_workers=\"auto\", not adapted since the start"
+                   + (f" ({ran} ran;" if ran else " (") + " no decision of Formulas 1-2 yet)")
     else:
         out.append(f"workers: {f.workers} as given (never changed by headrace)")
     if st.worker_restarts:
