@@ -18,7 +18,7 @@ import torch
 
 from headrace.errors import StateDictError
 from headrace.pipeline.source import user_attr
-from headrace.runtime import host_rngs
+from headrace.runtime import host_rngs, state_checks
 from headrace.runtime.bitmap import Bitmap
 
 SCHEMA_VERSION = 2
@@ -221,7 +221,7 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
             f"{ident.samples}: a resume would deliver other samples. Use the dataset of the run "
             "that saved it"
         )
-    _check_positions(sd, ident)
+    state_checks.check_positions(sd, ident)
     saved_by = sd.get("delivered_by", "position")
     if sd.get("in_epoch") and saved_by != ident.delivered_by:
         raise StateDictError(
@@ -229,8 +229,8 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
             f"{ident.delivered_by}: it was saved with{'' if saved_by == 'index' else 'out'} "
             "ODS (Cache(ods=True)) and this loader runs with"
             f"{'' if ident.delivered_by == 'index' else 'out'} it; resume with the same Cache")
-    _check_order(sd, ident)
-    code, settings = _changes(sd, ident), _setting_changes(sd, ident)
+    state_checks.check_order(sd, ident)
+    code, settings = state_checks.code_changes(sd, ident), state_checks.setting_changes(sd, ident)
     if code or settings:
         warnings.warn(
             "headrace: resuming a state dict saved by other code (" + "; ".join(code + settings)
@@ -274,90 +274,6 @@ def epoch_over(point: ResumePoint) -> ResumePoint:
     recorded are those the next epoch draws from, as that epoch's ``iter()`` would have."""
     return dataclasses.replace(point, epoch=point.epoch + 1, in_epoch=False, origin=None,
                                delivered=Bitmap(), steps=None, empty_batches=0, batches=0)
-
-
-def _check_positions(sd: dict[str, Any], ident: Identity) -> None:
-    """Refuse a state dict whose epoch had other positions than this loader's: the rest of it
-    would be other samples (more: those the saved epoch's ``drop_last`` left out; fewer: some
-    never come). Another ``batch_size`` or ``drop_last`` that keeps the positions only groups
-    the same samples otherwise (a warning, ``_setting_changes``), as does any change between
-    epochs. Where either side's positions are unknown (a state dict without them, a sampler
-    without ``__len__``), batches per epoch are compared instead."""
-    saved = sd.get("epoch_samples")
-    if saved is not None and ident.positions is not None:
-        if sd["in_epoch"] and saved != ident.positions:
-            settings = _setting_changes(sd, ident, positions=False)
-            raise StateDictError(
-                f"state dict was saved in an epoch of {saved} samples, this loader's epochs "
-                f"have {ident.positions} ("
-                + ("; ".join(settings) if settings else "the sampler differs") + "): a resume "
-                + ("would deliver samples the saved epoch left out" if ident.positions > saved
-                   else "would leave out samples the saved epoch had not delivered")
-                + ". Resume with the saved run's "
-                + ("batch_size and drop_last" if settings else "sampler")
-                + ", or load the state dict between epochs")
-        return
-    if sd["batches_per_epoch"] != ident.batches:
-        settings = _setting_changes(sd, ident, positions=False)
-        raise StateDictError(
-            f"state dict was saved with {sd['batches_per_epoch']} batches per epoch, this loader "
-            f"has {ident.batches} (" + ("; ".join(settings) if settings else
-                                        "batch_size, drop_last or the sampler differ") + ")")
-
-
-def _check_order(sd: dict[str, Any], ident: Identity) -> None:
-    """Refuse a state dict saved part-way through an epoch with another ``shuffle``: what was
-    delivered is recorded by position in the saved epoch's order, and this loader's order is
-    another, so the positions left hold other samples (some delivered already, while as many
-    the saved epoch had left never come). Before the epoch's first batch or after its last one
-    nothing of it is told by position: a warning (``_setting_changes``), as between epochs."""
-    then, now = sd.get("shuffle"), ident.shuffle
-    if then is None or now is None or then == now or not sd["in_epoch"] \
-            or sd.get("delivered_by", "position") != "position":
-        return
-    done, total = int(sd.get("delivered_count") or 0), sd.get("epoch_samples")
-    if done == 0 or (total is not None and done >= total):
-        return
-    raise StateDictError(
-        f"state dict was saved part-way through an epoch with shuffle={then}, this loader has "
-        f"shuffle={now}: the {done} samples delivered are recorded by position in the saved "
-        "epoch's order, and in this loader's order those positions hold other samples, so a "
-        "resume would deliver some samples twice and never the others. Resume with "
-        f"shuffle={then} to finish that epoch, or load a state dict saved between epochs")
-
-
-def _setting_changes(sd: dict[str, Any], ident: Identity, positions: bool = True) -> list[str]:
-    """The batch settings that differ between the saved run and this loader, in words: each
-    name with the saved and the present value (``positions``: also the samples per epoch)."""
-    pairs: list[tuple[str, Any]] = [("batch_size", ident.batch_size),
-                                    ("drop_last", ident.drop_last)]
-    if None not in (sd.get("shuffle"), ident.shuffle):  # None: a sampler of another kind
-        pairs.append(("shuffle", ident.shuffle))
-    out = [f"{name}={sd[name]!r} then, {now!r} now" for name, now in pairs
-           if name in sd and sd[name] != now]
-    saved = sd.get("epoch_samples")
-    if positions and saved is not None and ident.positions is not None \
-            and saved != ident.positions:
-        out.append(f"{saved} samples per epoch then, {ident.positions} now")
-    return out
-
-
-def _changes(sd: dict[str, Any], ident: Identity) -> list[str]:
-    """What differs in code between the saved run and this loader, in words (empty: nothing)."""
-    out = []
-    if sd.get("dataset") is not None and sd["dataset"] != ident.dataset:
-        out.append(f"dataset {sd['dataset']} then, {ident.dataset} now")
-    saved = sd.get("step_code")
-    if saved is None:
-        return out
-    now = ident.step_code
-    changed = [n for n in now if n in saved and saved[n] != now[n]]
-    added = [n for n in now if n not in saved]
-    removed = [n for n in saved if n not in now]
-    for what, names in (("changed", changed), ("new", added), ("gone", removed)):
-        if names:
-            out.append(f"steps {what}: {', '.join(names)}")
-    return out
 
 
 def _order_to(origin: EpochOrigin | None, delivered: Bitmap | None,
