@@ -175,6 +175,7 @@ def build(
         "dataset": ident.dataset,
         "steps": list(ident.steps),
         "step_code": dict(ident.step_code),
+        "identity_version": state_checks.IDENTITY_VERSION,  # how those two were computed
         "epoch": epoch,
         "in_epoch": in_epoch,
         "epoch_rng": rng_to_str(origin.rng) if origin else None,

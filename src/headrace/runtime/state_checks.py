@@ -78,9 +78,19 @@ def setting_changes(sd: dict[str, Any], ident: Identity, positions: bool = True)
     return out
 
 
+IDENTITY_VERSION = 2
+"""How the state dict's ``dataset`` and ``step_code`` were computed (``identity_version``): 2
+counts a callable class's every method, the modules a step calls into by content, a file
+set's modification times (``pipeline/fingerprint.py``). Identities computed otherwise cannot be
+compared: after an upgrade every resume said its steps and dataset had changed."""
+
+
 def code_changes(sd: dict[str, Any], ident: Identity) -> list[str]:
-    """What differs in code between the saved run and this loader, in words (empty: nothing)."""
-    out = []
+    """What differs in code between the saved run and this loader, in words (empty: nothing,
+    or a state dict whose identities were computed another way: nothing can be told)."""
+    out: list[str] = []
+    if sd.get("identity_version", 1) != IDENTITY_VERSION:
+        return out
     if sd.get("dataset") is not None and sd["dataset"] != ident.dataset:
         out.append(f"dataset {sd['dataset']} then, {ident.dataset} now")
     saved = sd.get("step_code")
