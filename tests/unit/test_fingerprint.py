@@ -326,3 +326,17 @@ def test_a_files_fingerprint_stats_the_files_once_per_process(tmp_path, monkeypa
     assert Files(tmp_path, pattern="*.bin").fingerprint() != first
     files.paths = files.paths[1:]  # another list: taken again
     assert files.fingerprint() != first
+
+
+def test_a_files_subclass_without_a_hash_still_has_a_fingerprint(tmp_path):
+    """The fingerprint kept per Files object needs it hashable; one with an ``__eq__`` of its
+    own (so no ``__hash__``) raised TypeError instead."""
+    from headrace.sources import Files
+
+    (tmp_path / "a.bin").write_bytes(b"x")
+
+    class Same(Files):
+        def __eq__(self, other):
+            return isinstance(other, Same) and other.root == self.root
+
+    assert Same(tmp_path).fingerprint() == Files(tmp_path).fingerprint()

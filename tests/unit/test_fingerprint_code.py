@@ -157,3 +157,37 @@ def test_a_torch_module_subclass_counts_its_own_methods_not_torchs() -> None:
     assert code_identity(net) == code_identity(_step(source, torch=torch))
     assert code_identity(net) != code_identity(_step(source.replace("x * 2", "x * 3"),
                                                      torch=torch))
+
+
+def test_a_function_a_package_re_exports_counts_by_its_own_module(tmp_path, monkeypatch) -> None:
+    """``mylib/__init__.py`` re-exporting ``from mylib.impl import decode``: an edit to
+    ``impl.py`` kept the step's identity (only the package's own file was hashed)."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "hr_fp_re").mkdir()
+    (tmp_path / "hr_fp_re" / "__init__.py").write_text("from hr_fp_re.impl import decode\n")
+    (tmp_path / "hr_fp_re" / "impl.py").write_text(LIB)
+    pkg = importlib.import_module("hr_fp_re")
+    try:
+        step = _step("def step(b):\n    return hr_fp_re.decode(b)\n", hr_fp_re=pkg)
+        before = code_identity(step)
+        (tmp_path / "hr_fp_re" / "impl.py").write_text(EDITED)
+        importlib.reload(sys.modules["hr_fp_re.impl"])
+        assert code_identity(step) != before
+    finally:
+        for name in ("hr_fp_re.impl", "hr_fp_re"):
+            sys.modules.pop(name, None)
+
+
+def test_a_callable_class_is_not_keyed_by_the_data_its_methods_fill() -> None:
+    """A method filling a module-level memo table changed the step's identity as it ran: the
+    cache stopped hitting and a resume said the step had changed."""
+    source = ("SEEN = {}\n\nclass Memo:\n    def __call__(self, x):\n        return self._f(x)\n"
+              "    def _f(self, x):\n        SEEN[x] = 1\n        return x\n\nstep = Memo()\n")
+    namespace: dict = {"__name__": "job"}
+    exec(source, namespace)  # noqa: S102 - test code building its own class
+    step = namespace["step"]
+    before = code_identity(step)
+    step(3)
+    assert code_identity(step) == before
+    assert code_identity(_step(source.replace("SEEN[x] = 1", "SEEN[x] = 2"))) != before

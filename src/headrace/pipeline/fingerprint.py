@@ -248,8 +248,10 @@ def _methods_digest(cls: type, depth: int) -> str:
     """The code of the functions ``cls`` and its bases define (methods, static and class
     methods, properties' accessors), each with its default arguments; bases from
     ``_LIBRARIES`` (``nn.Module``, ``object``) count by their package's version instead. At
-    ``depth`` 0 (the step itself), also the module globals these functions read, as a step
-    function's. A callable class counted its ``__call__`` only: an edited helper method it
+    ``depth`` 0 (the step itself), also the modules, functions and classes these functions
+    reference, as a step function's, but not other globals' values: a method filling a
+    module-level memo table changed the step's identity as it ran (the cache stopped hitting,
+    a resume said the step changed). A callable class counted its ``__call__`` only: an edited helper method it
     calls (``self._go``) kept its identity, and a shared cache served the old code's samples."""
     parts: list[str] = []
     for k in cls.__mro__:
@@ -270,12 +272,13 @@ def _methods_digest(cls: type, depth: int) -> str:
                     parts.append(f"{k.__qualname__}.{name}={_code_digest(f.__code__)}" + (
                         f":{state_digest(defaults, depth + 1)}" if defaults != (None, None)
                         else ""))
-        if depth == 0 and fns:
-            parts.append(_globals_digest(fns[0].__globals__, [f.__code__ for f in fns], mod))
+        if depth == 0 and fns:  # the code they call, not the data they read (a memo table)
+            parts.append(_globals_digest(fns[0].__globals__, [f.__code__ for f in fns], mod,
+                                         values=False))
     return _h(";".join(parts).encode())
 
 
-def _globals_digest(g: Any, codes: list[Any], own: str) -> str:
+def _globals_digest(g: Any, codes: list[Any], own: str, values: bool = True) -> str:
     """The module globals that ``codes`` (a step's function, or the methods of a step's
     class, defined in module ``own``) read (``co_names`` found in ``g``, their
     ``__globals__``, nested code included), by value: a setting from the command line
@@ -286,7 +289,7 @@ def _globals_digest(g: Any, codes: list[Any], own: str) -> str:
     (:func:`modules.module_digest`), with the submodules the code names (``pkg.sub.fn``), and
     a function or class imported from another module with that module's: ``mylib.decode``
     edited in ``mylib.py`` kept the step's identity. Only for the step's own function: deeper
-    callables count their code."""
+    callables count their code. ``values=False``: other globals by name only."""
     if not isinstance(g, dict):
         return "-"
     used: set[str] = set()
@@ -306,6 +309,8 @@ def _globals_digest(g: Any, codes: list[Any], own: str) -> str:
                          f"{_methods_digest(v, 1) if own_class else _module_of(v, own)}")
         elif getattr(v, "__code__", None) is not None:
             parts.append(f"{n}={_code_digest(v.__code__)}:{_module_of(v, own)}")
+        elif not values:
+            parts.append(n)
         elif isinstance(getattr(v, "__dict__", None), dict) and not callable(v):
             attrs = {a: x for a, x in vars(v).items() if a in used}
             parts.append(f"{n}={qualified_name(type(v))}:{state_digest(attrs, 1)}")
@@ -317,13 +322,25 @@ def _globals_digest(g: Any, codes: list[Any], own: str) -> str:
 def _modules_digest(mod: Any, used: set[str]) -> str:
     """:func:`modules.module_digest` of ``mod`` and of the submodules reached from it through
     names in ``used`` (``torch.nn.functional``: ``torch``, ``torch.nn``, its ``functional``),
-    read from the modules' ``__dict__`` (a module's ``__getattr__`` may import)."""
+    read from the modules' ``__dict__`` (a module's ``__getattr__`` may import), and of the
+    modules defining the functions and classes reached so: a package re-exporting
+    ``from mylib.impl import decode`` kept its identity when ``impl.py`` was edited. Those of
+    ``_LIBRARIES`` count by their package's digest alone."""
     found = [mod]
     for m in found:  # grows: at most one module a name
         for a in sorted(used):
             sub = getattr(m, "__dict__", {}).get(a)
-            if inspect.ismodule(sub) and all(sub is not f for f in found):
-                found.append(sub)
+            home: Any
+            if inspect.ismodule(sub):
+                home = sub
+            elif inspect.isfunction(sub) or inspect.isclass(sub):
+                home = sys.modules.get(module_name(sub))
+            else:
+                continue
+            if (home is not None and all(home is not f for f in found)
+                    and not (home is not sub and module_name(home).partition(".")[0]
+                             in _LIBRARIES)):
+                found.append(home)
     return ",".join(module_digest(m) for m in found)
 
 

@@ -81,7 +81,10 @@ class Files:
         import hashlib
 
         key = (self.root, self.paths, len(self.paths))
-        kept = _FILES_FINGERPRINTS.get(self)
+        try:
+            kept = _FILES_FINGERPRINTS.get(self)
+        except TypeError:  # a subclass without __hash__ (an __eq__ of its own): not kept
+            kept = None
         if kept is not None and kept[0] is key[0] and kept[1] is key[1] and kept[2] == key[2]:
             return str(kept[3])
         h = hashlib.sha256(str(self.root.resolve()).encode())
@@ -89,7 +92,10 @@ class Files:
             st = (self.root / p).stat()
             h.update(f"{p}\x00{st.st_size}\x00{st.st_mtime_ns}\x00".encode())
         fp = h.hexdigest()[:16]
-        _FILES_FINGERPRINTS[self] = (*key, fp)
+        try:
+            _FILES_FINGERPRINTS[self] = (*key, fp)
+        except TypeError:
+            pass
         return fp
 
 
