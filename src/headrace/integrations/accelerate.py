@@ -53,6 +53,8 @@ __all__ = ["HeadraceShard", "prepare", "prepare_data_loader", "skip_first_batche
 
 _SEED = "accelerate_sampler_seed"
 """The ``DistributedSampler``'s seed in :meth:`HeadraceShard.state_dict`."""
+_ITERATION = "accelerate_iteration"
+"""The shard's ``iteration`` (the epoch Accelerate gives the sampler) in its state."""
 
 _SKIP_OUTSIDE = (
     "this headrace loader's batches were requested outside headrace: accelerate's "
@@ -129,10 +131,10 @@ class HeadraceShard(DataLoaderShard):
         processes, every rank's (a collective: call it on all ranks, as ``save_state`` is):
         Accelerate writes one ``dl_state_dict.bin`` for all ranks, and each rank's share of the
         epoch is its own, so each rank restores its entry."""
-        state = super().state_dict()
+        state = {**super().state_dict(), _ITERATION: self.iteration}
         sampler = self.base_dataloader.sampler
         if isinstance(sampler, tud.DistributedSampler):
-            state = {**state, _SEED: sampler.seed}
+            state[_SEED] = sampler.seed
         return state if self.num_processes == 1 else ranks.gather_all(state, self.num_processes)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -142,13 +144,15 @@ class HeadraceShard(DataLoaderShard):
         positions over epoch 0's permutation, unless the script called ``set_epoch`` itself."""
         if ranks.GATHERED in state_dict:
             state_dict = state_dict[ranks.GATHERED][self.process_index]
-        state = {k: v for k, v in state_dict.items()
-                 if k not in ("_iterator_finished", _SEED)}  # Accelerate's key, and ours
+        state = {k: v for k, v in state_dict.items()  # Accelerate's key, and ours
+                 if k not in ("_iterator_finished", _SEED, _ITERATION)}
         sampler = self.base_dataloader.sampler
         if state_dict.get(_SEED) is not None and isinstance(sampler, tud.DistributedSampler):
             sampler.seed = int(state_dict[_SEED])
         self.base_dataloader.load_state_dict(state)
-        self.iteration = int(state.get("epoch") or 0)
+        # Accelerate's own count (it moves only when an epoch is read to its end; headrace's
+        # at every iter()), else (a state saved before it was kept) headrace's
+        self.iteration = int(state_dict.get(_ITERATION, state.get("epoch")) or 0)
         self.dl_state_dict = self.base_dataloader.state_dict()
 
     def __reduce__(self) -> Any:

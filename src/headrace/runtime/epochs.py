@@ -117,7 +117,8 @@ def start_epoch(loader: DataLoader) -> Any:
         lazy = groups if isinstance(groups, FirstAtNext) else None
     # the positions read and their digest, compared with the saved epoch's (runtime/order_digest.py)
     saved = resume.origin.order if resume is not None and resume.origin is not None else None
-    by_index = loader.cache is not None and loader.cache.config.ods  # ODS: no order to keep
+    by_index = (loader.cache is not None and loader.cache.config.ods  # ODS: no order to keep
+                and ods_eligible(loader) is None)  # (the state dict's delivered_by rule)
     order = OrderDigest(saved.saved(resume.delivered.end())
                         if saved is not None and resume is not None and not by_index else None)
     groups = order.wrap(groups, loader._auto_collation)
