@@ -34,6 +34,13 @@ def _children() -> set[int]:
     return out
 
 
+def pytest_collection_modifyitems(items):
+    """The frameworks tests run last (in their own order): some import Lightning into the test
+    process, which more than doubles its heap, and every leak check's ``gc.collect()`` walks
+    the heap (0.1-0.2 s more each, over about 600 tests)."""
+    items.sort(key=lambda item: item.get_closest_marker("frameworks") is not None)
+
+
 @pytest.fixture
 def no_leaks():
     """Fails the test if it leaves worker processes, worker threads or /dev/shm segments behind.
