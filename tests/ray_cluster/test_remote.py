@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import Counter
@@ -45,10 +46,46 @@ def pipeline(n: int = 48) -> hr.Pipeline:
     return hr.Pipeline(ArraySource(n), [hr.step(jitter, name="jitter", random=True)])
 
 
-def test_remote_samples_equal_local_ones(ray_cluster, no_actor_leaks):
-    local = hr.DataLoader(pipeline(), batch_size=4, shuffle=True, num_workers=1,
-                          collate_fn=ident_collate, options=hr.Options(seed=11))
-    expected = by_index(list(local))
+def slow_lane_pipe() -> hr.Pipeline:
+    """Every 4th sample takes 100 ms in "slow1" and again in "slow2" (``slow_on_4``)."""
+    return hr.Pipeline(ArraySource(80), [hr.step(slow_on_4, name="slow1"),
+                                         hr.step(jitter, name="jitter", random=True),
+                                         hr.step(slow_on_4, name="slow2")])
+
+
+SLOW_LANE_TIMEOUT = hr.TimeoutConfig(fixed_s=0.03)
+LOCAL_RUNS = {
+    "shuffled": lambda: hr.DataLoader(pipeline(), batch_size=4, shuffle=True, num_workers=1,
+                                      collate_fn=ident_collate, options=hr.Options(seed=11)),
+    "in order": lambda: hr.DataLoader(pipeline(), batch_size=4, num_workers=1,
+                                      collate_fn=ident_collate, options=hr.Options(seed=11)),
+    "slow lane": lambda: hr.DataLoader(slow_lane_pipe(), batch_size=4, num_workers=1,
+                                       collate_fn=ident_collate,
+                                       options=hr.Options(seed=4, timeout=SLOW_LANE_TIMEOUT)),
+}
+"""The all-local runs the remote runs are compared with, each used by two tests."""
+
+
+@pytest.fixture(scope="module")
+def local_run():
+    """``local_run(name)``: samples by index of one epoch of ``LOCAL_RUNS[name]``, run once
+    for the module (a copy each time: a test may not change another's reference)."""
+    done: dict[str, dict[int, dict]] = {}
+
+    def get(name: str) -> dict[int, dict]:
+        if name not in done:
+            loader = LOCAL_RUNS[name]()
+            try:
+                done[name] = by_index(list(loader))
+            finally:
+                loader.close()
+        return copy.deepcopy(done[name])
+
+    return get
+
+
+def test_remote_samples_equal_local_ones(ray_cluster, local_run, no_actor_leaks):
+    expected = local_run("shuffled")
     loader = hr.DataLoader(pipeline(), batch_size=4, shuffle=True, num_workers=1,
                            collate_fn=ident_collate, options=remote_opts())
     it = iter(loader)
@@ -87,11 +124,10 @@ def shift_in_place(batch: list) -> list:
 
 
 @pytest.mark.timeout(120)
-def test_remote_samples_hold_writable_arrays(ray_cluster, no_actor_leaks):
+def test_remote_samples_hold_writable_arrays(ray_cluster, local_run, no_actor_leaks):
     # NumPy arrays came out of Ray's object store as read-only views: an in-place change in a
     # collate_fn failed for remotely computed samples only (local ones are writable, as torch's)
-    expected = by_index(hr.DataLoader(pipeline(), batch_size=4, num_workers=1,
-                                      collate_fn=ident_collate, options=hr.Options(seed=11)))
+    expected = local_run("in order")
     loader = hr.DataLoader(pipeline(), batch_size=4, num_workers=1, collate_fn=shift_in_place,
                            options=remote_opts())
     it = iter(loader)
@@ -104,10 +140,8 @@ def test_remote_samples_hold_writable_arrays(ray_cluster, no_actor_leaks):
     loader.close()
 
 
-def test_source_read_locally_when_not_reachable(ray_cluster, no_actor_leaks):
-    local = hr.DataLoader(pipeline(), batch_size=4, num_workers=1, collate_fn=ident_collate,
-                          options=hr.Options(seed=11))
-    expected = by_index(list(local))
+def test_source_read_locally_when_not_reachable(ray_cluster, local_run, no_actor_leaks):
+    expected = local_run("in order")
     loader = hr.DataLoader(pipeline(), batch_size=4, num_workers=1, collate_fn=ident_collate,
                            options=remote_opts(read_source=False))
     it = iter(loader)
@@ -178,10 +212,8 @@ def test_persistent_remote_workers_serve_later_epochs(ray_cluster, no_actor_leak
     loader.close()
 
 
-def test_resume_mid_epoch_from_a_remote_run(ray_cluster, no_actor_leaks):
-    expected = by_index(list(hr.DataLoader(pipeline(), batch_size=4, shuffle=True,
-                                           num_workers=1, collate_fn=ident_collate,
-                                           options=hr.Options(seed=11))))
+def test_resume_mid_epoch_from_a_remote_run(ray_cluster, local_run, no_actor_leaks):
+    expected = local_run("shuffled")
     loader = hr.DataLoader(pipeline(), batch_size=4, shuffle=True, num_workers=1,
                            collate_fn=ident_collate, options=remote_opts())
     it = iter(loader)
@@ -217,20 +249,13 @@ def test_offload_ratio_caps_the_remote_share(ray_cluster, no_actor_leaks):
         loader.close()
 
 
-def test_slow_lane_samples_finish_on_remote_workers(ray_cluster, no_actor_leaks):
+def test_slow_lane_samples_finish_on_remote_workers(ray_cluster, local_run, no_actor_leaks):
     # every 4th sample takes 100 ms in "slow1" (over the fixed 30 ms timeout) and is handed off
     # with jitter and slow2 left; remote workers take such samples first (Remote(slow_lane))
-    def pipe():
-        return hr.Pipeline(ArraySource(80), [hr.step(slow_on_4, name="slow1"),
-                                             hr.step(jitter, name="jitter", random=True),
-                                             hr.step(slow_on_4, name="slow2")])
-
-    timeout = hr.TimeoutConfig(fixed_s=0.03)
-    expected = by_index(list(hr.DataLoader(pipe(), batch_size=4, num_workers=1,
-                                           collate_fn=ident_collate,
-                                           options=hr.Options(seed=4, timeout=timeout))))
-    loader = hr.DataLoader(pipe(), batch_size=4, num_workers=1, collate_fn=ident_collate,
-                           options=hr.Options(seed=4, timeout=timeout, remote=Remote(
+    expected = local_run("slow lane")
+    loader = hr.DataLoader(slow_lane_pipe(), batch_size=4, num_workers=1,
+                           collate_fn=ident_collate,
+                           options=hr.Options(seed=4, timeout=SLOW_LANE_TIMEOUT, remote=Remote(
                                max_workers=2, resources=ON_CPU_NODES, slow_lane=True)))
     try:
         it = iter(loader)
@@ -245,21 +270,14 @@ def test_slow_lane_samples_finish_on_remote_workers(ray_cluster, no_actor_leaks)
         loader.close()
 
 
-def test_remote_workers_hand_slow_samples_off(ray_cluster, no_actor_leaks):
+def test_remote_workers_hand_slow_samples_off(ray_cluster, local_run, no_actor_leaks):
     # every 4th sample takes 100 ms in "slow1" (over the fixed 30 ms timeout) with jitter and
     # slow2 left: a remote worker hands it back after slow1, as a local worker would, and it
     # finishes in the slow lane (on whichever worker takes slow-lane samples)
-    def pipe():
-        return hr.Pipeline(ArraySource(80), [hr.step(slow_on_4, name="slow1"),
-                                             hr.step(jitter, name="jitter", random=True),
-                                             hr.step(slow_on_4, name="slow2")])
-
-    timeout = hr.TimeoutConfig(fixed_s=0.03)
-    expected = by_index(list(hr.DataLoader(pipe(), batch_size=4, num_workers=1,
-                                           collate_fn=ident_collate,
-                                           options=hr.Options(seed=4, timeout=timeout))))
-    loader = hr.DataLoader(pipe(), batch_size=4, num_workers=1, collate_fn=ident_collate,
-                           options=hr.Options(seed=4, timeout=timeout, remote=Remote(
+    expected = local_run("slow lane")
+    loader = hr.DataLoader(slow_lane_pipe(), batch_size=4, num_workers=1,
+                           collate_fn=ident_collate,
+                           options=hr.Options(seed=4, timeout=SLOW_LANE_TIMEOUT, remote=Remote(
                                max_workers=2, resources=ON_CPU_NODES)))
     try:
         it = iter(loader)
