@@ -3,6 +3,7 @@ run a per-sample prefix; the training side runs the rest."""
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import functools
 import os
@@ -47,10 +48,26 @@ def near(policy: str, **kw) -> hr.Options:
     return hr.Options(seed=7, remote=hr.NearStorage(policy=policy, **kw))
 
 
+@pytest.fixture(scope="module")
+def plain_epochs():
+    """Two epochs without near storage (the reference of the three policies below), run
+    once for the module; each test gets its own copy."""
+    done: list = []
+
+    def get() -> list[dict[int, dict]]:
+        if not done:
+            epochs, plain = run_epochs(hr.Options(seed=7))
+            plain.close()
+            done.append(epochs)
+        return copy.deepcopy(done[0])
+
+    return get
+
+
 @pytest.mark.parametrize("policy", ["headrace", "resize-off", "all-off"])
-def test_samples_equal_with_and_without_near_storage(storage_node, no_actor_leaks, policy):
-    expected, plain = run_epochs(hr.Options(seed=7))
-    plain.close()
+def test_samples_equal_with_and_without_near_storage(storage_node, plain_epochs, no_actor_leaks,
+                                                     policy):
+    expected = plain_epochs()
     kw = {"resize_step": "crop"} if policy == "resize-off" else {}
     # a slow link (1 MB/s configured): the decision offloads every sample that shrinks
     got, loader = run_epochs(near(policy, bandwidth=1e6, **kw))
