@@ -19,7 +19,7 @@ SQ = [i * i for i in range(20)]
 
 
 def test_timeout_raises_when_a_batch_is_late(Loader, no_leaks):
-    loader = Loader(IndexDataset(4, slow_every=1, slow_s=3.0), batch_size=2, num_workers=1,
+    loader = Loader(IndexDataset(4, slow_every=4, slow_s=3.0), batch_size=2, num_workers=1,
                     timeout=1)
     with pytest.raises(RuntimeError, match=r"DataLoader timed out after \d+ seconds"):
         next(iter(loader))
