@@ -134,8 +134,9 @@ def test_a_killed_job_expires_and_its_restart_resumes_exactly(server, no_leaks,
 def test_a_mid_epoch_state_dict_resumes_exactly_in_a_new_process(server, no_leaks,
                                                                   tmp_path) -> None:
     ctx = mp.get_context("spawn")
-    fill = str(tmp_path / "fill.json")
-    _join(_spawn(ctx, url=server.url, job="filler", seed=3, epochs=1, out=fill))  # cache 20%
+    filler = ods_jobs.loader(server.url, "filler", seed=3, workers=1)  # fills the cache (20%):
+    samples(filler)  # a job of its own (it leaves the group at close), here in the test process
+    filler.close()
     stopped = ctx.Event()
     state, out, rest = (str(tmp_path / n) for n in ("a.pt", "a.json", "rest.json"))
     job = _spawn(ctx, url=server.url, job="a", seed=4, epochs=1, out=out, stop_after=6,
