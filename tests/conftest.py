@@ -35,10 +35,11 @@ def _children() -> set[int]:
 
 
 def pytest_collection_modifyitems(items):
-    """The frameworks tests run last (in their own order): some import Lightning into the test
-    process, which more than doubles its heap, and every leak check's ``gc.collect()`` walks
-    the heap (0.1-0.2 s more each, over about 600 tests)."""
-    items.sort(key=lambda item: item.get_closest_marker("frameworks") is not None)
+    """The ``heavy_imports`` tests run last (in their own order): they import Lightning, or
+    build a torch optimizer (which imports torch._dynamo and sympy), into the test process,
+    where nothing unloads them; each adds 100-200k objects to the heap that the
+    ``gc.collect()`` of every later leak check walks (about 600 tests check)."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy_imports") is not None)
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from accelerate.utils import set_seed  # noqa: E402
 
 from headrace.integrations import accelerate as hr_accel  # noqa: E402
 
-pytestmark = [pytest.mark.frameworks, pytest.mark.integration]
+pytestmark = [pytest.mark.frameworks, pytest.mark.integration,
+              pytest.mark.heavy_imports]  # an Accelerator imports torch._dynamo and sympy
 
 
 def sync_pattern(accelerator, model, loader, epochs=2):

@@ -15,9 +15,9 @@ from tests.frameworks.conftest import run_script
 from tests.helpers import IndexDataset
 
 # Lightning is imported by the tests that use it in this process, not at collection: its
-# ~250k objects would make the gc.collect() of every leak check before them twice as slow
-# (tests/conftest.py runs the frameworks tests last)
-pytestmark = [pytest.mark.frameworks, pytest.mark.integration,
+# ~200k objects would make the gc.collect() of every leak check before them twice as slow
+# (heavy_imports: tests/conftest.py runs these tests last)
+pytestmark = [pytest.mark.frameworks, pytest.mark.integration, pytest.mark.heavy_imports,
               pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
                                  reason="lightning is not installed")]
 

@@ -156,6 +156,7 @@ def test_splice_into_doc_replaces_only_the_marked_block(tmp_path):
     assert other.read_text() == "no markers here\n"
 
 
+@pytest.mark.heavy_imports  # its torch optimizer imports torch._dynamo and sympy
 @pytest.mark.timeout(240)
 def test_demo_trains_several_epochs_and_says_why(tmp_path):
     """``make demo``'s job at a tiny size: both loaders train every epoch on every sample (the

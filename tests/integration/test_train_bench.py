@@ -35,6 +35,7 @@ def test_mean_between_and_sampler_refusal():
             UtilizationSampler(torch.device("cuda")).start()
 
 
+@pytest.mark.heavy_imports  # its torch optimizers import torch._dynamo and sympy
 def test_tiny_training_run_on_cpu(tmp_path, no_leaks):
     cfg = TrainConfig(workloads=("imseg", "imagenet", "speech-3s"), samples=6, epochs=2,
                       workers=1, device="cpu", out_dir=str(tmp_path / "out"),
