@@ -24,6 +24,27 @@ pytestmark = [pytest.mark.frameworks, pytest.mark.integration, pytest.mark.heavy
 N = 64
 
 
+def _seen():
+    """A LightningModule that records, per epoch, the samples it trained on (``seen``);
+    Lightning is imported here, when a test runs (see ``pytestmark``)."""
+    import lightning as L
+
+    class Seen(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen: dict[int, list[int]] = {}
+
+        def training_step(self, batch, batch_idx):
+            self.seen.setdefault(self.current_epoch, []).extend(batch.tolist())
+            return self.layer(batch.float().unsqueeze(1)).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+    return Seen()
+
+
 def test_fit_single_process_trains_on_every_sample_each_epoch(tmp_path):
     run_script("lightning_train.py", "fit", str(tmp_path), str(N))
     assert (tmp_path / "loader_type_rank0.txt").read_text() == "headrace.runtime.loader.DataLoader"
@@ -175,19 +196,6 @@ def test_a_checkpoint_at_an_epochs_last_step_resumes_with_the_next_full_epoch(tm
     steps) where torch's loader gives the next full epoch."""
     import lightning as L
 
-    class Seen(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(1, 1)
-            self.seen: dict[int, list[int]] = {}
-
-        def training_step(self, batch, batch_idx):
-            self.seen.setdefault(self.current_epoch, []).extend(batch.tolist())
-            return self.layer(batch.float().unsqueeze(1)).pow(2).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=1e-4)
-
     def trainer(epochs, callbacks=()):
         return L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False,
                          enable_progress_bar=False, enable_model_summary=False,
@@ -199,9 +207,9 @@ def test_a_checkpoint_at_an_epochs_last_step_resumes_with_the_next_full_epoch(tm
     ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=10,
                                                save_top_k=-1, filename="{step}")
     first = loader()
-    trainer(1, [ckpt]).fit(Seen(), first)  # 10 batches: the checkpoint at the last one
+    trainer(1, [ckpt]).fit(_seen(), first)  # 10 batches: the checkpoint at the last one
     first.close()
-    model, second = Seen(), loader()
+    model, second = _seen(), loader()
     resumed = trainer(2)
     resumed.fit(model, second, ckpt_path=str(tmp_path / "step=10.ckpt"))
     second.close()
@@ -216,19 +224,6 @@ def test_a_checkpoint_at_a_limited_epochs_last_step_resumes_with_the_next_epoch(
     one permutation late)."""
     import lightning as L
 
-    class Seen(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(1, 1)
-            self.seen: dict[int, list[int]] = {}
-
-        def training_step(self, batch, batch_idx):
-            self.seen.setdefault(self.current_epoch, []).extend(batch.tolist())
-            return self.layer(batch.float().unsqueeze(1)).pow(2).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=1e-4)
-
     def fit(epochs, model, ckpt_path=None, callbacks=()):
         # in order: a cut epoch's 5 batches are its first 5 sampler batches, whatever the timing
         loader = hr.DataLoader(IndexDataset(40), batch_size=4, shuffle=True, num_workers=2,
@@ -240,12 +235,12 @@ def test_a_checkpoint_at_a_limited_epochs_last_step_resumes_with_the_next_epoch(
         loader.close()
         return trainer
 
-    reference = Seen()
+    reference = _seen()
     fit(2, reference)
     ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5,
                                                save_top_k=-1, filename="{step}")
-    fit(1, Seen(), callbacks=[ckpt])
-    resumed = Seen()
+    fit(1, _seen(), callbacks=[ckpt])
+    resumed = _seen()
     assert fit(2, resumed, str(tmp_path / "step=5.ckpt")).global_step == 10
     assert len(resumed.seen[1]) == 20 and 0 not in resumed.seen
     assert resumed.seen[1] == reference.seen[1]  # the next permutation's

@@ -73,24 +73,6 @@ def test_a_module_a_step_calls_into_counts_by_its_source(lib) -> None:
             _namespace(imported)] == before
 
 
-def test_a_submodule_the_step_names_counts_by_its_source(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "hr_fp_pkg").mkdir()
-    (tmp_path / "hr_fp_pkg" / "__init__.py").write_text("from hr_fp_pkg import sub\n")
-    (tmp_path / "hr_fp_pkg" / "sub.py").write_text(LIB)
-    pkg = importlib.import_module("hr_fp_pkg")
-    try:
-        step = _step("def step(b):\n    return hr_fp_pkg.sub.decode(b)\n", hr_fp_pkg=pkg)
-        before = code_identity(step)
-        (tmp_path / "hr_fp_pkg" / "sub.py").write_text(EDITED)
-        importlib.reload(pkg.sub)
-        assert code_identity(step) != before
-    finally:
-        for name in ("hr_fp_pkg.sub", "hr_fp_pkg"):
-            sys.modules.pop(name, None)
-
-
 def test_a_modules_identity_is_the_same_in_every_process_until_its_file_changes(lib) -> None:
     _mod, path = lib
     code = textwrap.dedent("""
@@ -159,23 +141,29 @@ def test_a_torch_module_subclass_counts_its_own_methods_not_torchs() -> None:
                                                      torch=torch))
 
 
-def test_a_function_a_package_re_exports_counts_by_its_own_module(tmp_path, monkeypatch) -> None:
-    """``mylib/__init__.py`` re-exporting ``from mylib.impl import decode``: an edit to
-    ``impl.py`` kept the step's identity (only the package's own file was hashed)."""
+@pytest.mark.parametrize("init, inner, call", [
+    # a submodule the step names through its package (pkg.sub.decode)
+    ("from hr_fp_pkg import inner\n", "inner", "hr_fp_pkg.inner.decode(b)"),
+    # a function the package re-exports from a module of its own: only the package's file
+    # was hashed, and an edit to the module kept the step's identity
+    ("from hr_fp_pkg.inner import decode\n", "inner", "hr_fp_pkg.decode(b)"),
+])
+def test_a_module_a_step_reaches_through_a_package_counts_by_its_source(
+        tmp_path, monkeypatch, init, inner, call) -> None:
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "hr_fp_re").mkdir()
-    (tmp_path / "hr_fp_re" / "__init__.py").write_text("from hr_fp_re.impl import decode\n")
-    (tmp_path / "hr_fp_re" / "impl.py").write_text(LIB)
-    pkg = importlib.import_module("hr_fp_re")
+    (tmp_path / "hr_fp_pkg").mkdir()
+    (tmp_path / "hr_fp_pkg" / "__init__.py").write_text(init)
+    (tmp_path / "hr_fp_pkg" / f"{inner}.py").write_text(LIB)
+    pkg = importlib.import_module("hr_fp_pkg")
     try:
-        step = _step("def step(b):\n    return hr_fp_re.decode(b)\n", hr_fp_re=pkg)
+        step = _step(f"def step(b):\n    return {call}\n", hr_fp_pkg=pkg)
         before = code_identity(step)
-        (tmp_path / "hr_fp_re" / "impl.py").write_text(EDITED)
-        importlib.reload(sys.modules["hr_fp_re.impl"])
+        (tmp_path / "hr_fp_pkg" / f"{inner}.py").write_text(EDITED)
+        importlib.reload(sys.modules[f"hr_fp_pkg.{inner}"])
         assert code_identity(step) != before
     finally:
-        for name in ("hr_fp_re.impl", "hr_fp_re"):
+        for name in (f"hr_fp_pkg.{inner}", "hr_fp_pkg"):
             sys.modules.pop(name, None)
 
 

@@ -20,6 +20,7 @@ from headrace.errors import StateDictError
 from headrace.pipeline.source import user_attr
 from headrace.runtime import host_rngs, state_checks
 from headrace.runtime.bitmap import Bitmap
+from headrace.runtime.order_digest import OrderDigest
 
 SCHEMA_VERSION = 2
 """2 added the executed step order and what identifies the dataset and steps (for warnings);
@@ -116,7 +117,7 @@ class EpochOrigin:
     # after iter() (``num_workers=0``: at the first next(), as torch reads it)
     host_rngs: host_rngs.HostRngs | None = None  # Python's and NumPy's global generators at
     # epoch start, where reading the sampler moved them (``runtime/host_rngs.py``)
-    order: Any = None  # runtime.order_digest.OrderDigest: the positions read, a digest of them
+    order: OrderDigest | None = None  # the positions the epoch read, a digest of them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,10 +290,8 @@ def _order_to(origin: EpochOrigin | None, delivered: Bitmap | None,
     return list(saved) if saved is not None else None
 
 
-def _order_from(saved: Any) -> Any:
+def _order_from(saved: Any) -> OrderDigest | None:
     """An ``OrderDigest`` expecting a state dict's ``order_digest`` (None without one)."""
-    from headrace.runtime.order_digest import OrderDigest
-
     return OrderDigest((int(saved[0]), int(saved[1]))) if saved else None
 
 

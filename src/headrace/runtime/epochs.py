@@ -117,10 +117,9 @@ def start_epoch(loader: DataLoader) -> Any:
         lazy = groups if isinstance(groups, FirstAtNext) else None
     # the positions read and their digest, compared with the saved epoch's (runtime/order_digest.py)
     saved = resume.origin.order if resume is not None and resume.origin is not None else None
-    by_index = (loader.cache is not None and loader.cache.config.ods  # ODS: no order to keep
-                and ods_eligible(loader) is None)  # (the state dict's delivered_by rule)
-    order = OrderDigest(saved.saved(resume.delivered.end())
-                        if saved is not None and resume is not None and not by_index else None)
+    order = OrderDigest(saved.saved(resume.delivered.end())  # (under ODS: no order to keep)
+                        if saved is not None and resume is not None
+                        and not delivered_by_index(loader) else None)
     groups = order.wrap(groups, loader._auto_collation)
     origin = dataclasses.replace(origin, order=order)
     epoch, base_seed = origin.epoch, origin.base_seed
@@ -211,6 +210,13 @@ def make_iterator(
             loader.remote.attach(pool, on_added=it.scheduler.wake)
         loader.monitor.record_workers(pool.size)
     return it
+
+
+def delivered_by_index(loader: DataLoader) -> bool:
+    """Whether the epoch records what it delivered by sample index (ODS runs: ``Cache(ods=True)``
+    with a sampler it can serve), not by position in the sampler's order."""
+    return (loader.cache is not None and loader.cache.config.ods
+            and ods_eligible(loader) is None)
 
 
 def ods_eligible(loader: DataLoader) -> str | None:

@@ -89,7 +89,7 @@ class Feed:
         while not self._ended and self.fed - settled < self.ahead and read < MAX_READ:
             try:
                 group = next(self._groups)
-                if self._auto:
+                if self._auto and type(group) is not list:  # (the order digest made one)
                     group = list(group)  # a batch sampler may yield generators: read once
             except StopIteration:
                 self._ended = self.read_to_end = True

@@ -338,8 +338,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             samples=self.pipeline.length(), batches=epoch_span.length_or_none(self), steps=steps,
             dataset=source_fingerprint(self.pipeline.source),
             step_code=step_digests(self.pipeline),
-            delivered_by="index" if self.cache is not None and self.cache.config.ods
-            and epochs.ods_eligible(self) is None else "position",
+            delivered_by="index" if epochs.delivered_by_index(self) else "position",
             positions=epoch_span.total_positions(self), batch_size=batch_size, drop_last=drop_last,
             shuffle=ordering.shuffle_of(self._index_sampler))
 
