@@ -576,3 +576,21 @@ def test_the_training_processs_garbage_is_never_finalised_in_a_worker(tmp_path, 
         loader.close()
     gc.collect()
     assert marker.read_text().split() == [str(os.getpid())]
+
+
+def test_objects_the_user_froze_stay_frozen_after_workers_fork(no_leaks):
+    # the pool froze everything around each fork and unfroze everything after it, taking
+    # the user's own gc.freeze() back with it
+    mine = [[]]  # a container the collector tracks
+    gc.freeze()
+    try:
+        assert not any(o is mine for o in gc.get_objects())  # frozen: outside its generations
+        loader = hr.DataLoader(IndexDataset(8), batch_size=2, num_workers=2)
+        try:
+            assert sorted(i for b in loader for i in b.tolist()) == list(range(8))
+        finally:
+            loader.close()
+        assert not any(o is mine for o in gc.get_objects())
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()

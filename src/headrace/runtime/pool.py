@@ -53,7 +53,7 @@ from headrace.runtime.threadworker import (
     current_run,
     thread_main,
 )
-from headrace.runtime.worker import WorkerSetup, worker_main
+from headrace.runtime.worker import WorkerSetup, forked_main, worker_main
 
 log = logging.getLogger("headrace")
 
@@ -231,23 +231,23 @@ class WorkerPool:
         task_reader, task_writer = self.ctx.Pipe(duplex=False)
         ring = Ring(self.ctx)
         slot = setup.slot
-        proc = self.ctx.Process(
-            target=worker_main,
-            args=(setup, task_reader, writer, self.handoff, self.progress, ring),
-            daemon=True,
-            name=f"headrace-worker-{slot}",
-        )
+        args = (setup, task_reader, writer, self.handoff, self.progress, ring)
         if self.ctx.get_start_method() == "fork":
-            # the child's garbage collector leaves what it inherited alone: no __del__ of the
-            # training process's garbage runs in a worker (a temporary directory's cleanup,
-            # another loader's shutdown), and no page of the dataset's Python objects is
-            # copied for the collector's bookkeeping (docs/design.md)
-            gc.freeze()
+            # no collection runs between the fork and the worker's gc.freeze() (forked_main):
+            # the training process's garbage is never finalised in a worker, and the training
+            # process's own frozen objects stay as its user froze them (docs/design.md)
+            collecting = gc.isenabled()
+            gc.disable()
             try:
+                proc = self.ctx.Process(target=forked_main, args=(collecting, *args),
+                                        daemon=True, name=f"headrace-worker-{slot}")
                 proc.start()
             finally:
-                gc.unfreeze()  # the training process collects as before
+                if collecting:
+                    gc.enable()
         else:
+            proc = self.ctx.Process(target=worker_main, args=args, daemon=True,
+                                    name=f"headrace-worker-{slot}")
             proc.start()
         writer.close()  # only the worker writes; EOF on our end then means it died
         task_reader.close()  # only the worker reads

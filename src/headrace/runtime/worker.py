@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import multiprocessing.util as mp_util
 import signal
 import time
@@ -91,6 +92,16 @@ class WorkerSetup(NamedTuple):
     cache: Any = None  # headrace.cache.client.CacheClient, or None
     probe_gil: bool = False  # run the GIL probe (runtime/gilprobe.py): executor="auto"
     blas_threads: int | None = None  # native pools' threads (runtime/native_threads.py)
+
+
+def forked_main(collecting: bool, *args: Any) -> None:
+    """Entry point of a forked worker: what it inherited leaves its collections, then
+    ``worker_main``. The pool forks with the collector off (``pool.py``), so no collection ran
+    in between; ``collecting``: whether the training process's collector was on."""
+    gc.freeze()
+    if collecting:
+        gc.enable()
+    worker_main(*args)
 
 
 def worker_main(
