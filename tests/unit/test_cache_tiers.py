@@ -55,6 +55,15 @@ def test_positions_follow_the_executed_order() -> None:
     assert [t.seeded for t in lay.tiers] == [True, False, False]
 
 
+def test_a_step_declared_an_augmentation_ends_the_deterministic_prefix() -> None:
+    # kind="augment" without random=True (a transform drawing from a generator of its own):
+    # its first epoch's output was cached as the decoded form and served every later epoch
+    steps = [hr.step(dec, kind="decode"), hr.step(norm, kind="augment"), hr.step(norm2)]
+    lay = _layout(steps)
+    assert _pos(lay) == {"encoded": 0, "decoded": 1, "augmented": 3}
+    assert [t.seeded for t in lay.tiers] == [True, False, False]
+
+
 def test_forms_on_one_position_merge() -> None:
     assert _pos(_layout([hr.step(dec), hr.step(norm)])) == {"encoded": 0, "decoded": 2}
     assert _pos(_layout([hr.step(crop, random=True), hr.step(norm)])) == {"encoded": 0, "augmented": 2}

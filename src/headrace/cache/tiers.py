@@ -4,7 +4,8 @@ Positions are execution steps (0 = ``Source.load``, then the pipeline's steps in
 order, after AutoOrder):
 
 * **encoded**: the source's output (after step 0);
-* **decoded**: the output of the last deterministic step before the first random step;
+* **decoded**: the output of the last deterministic step before the first random step (a
+  step declared ``random=True`` or ``kind="augment"``: ``Step.varies``);
 * **augmented**: the final output.
 
 A hit on a form at position ``p`` skips steps ``0..p`` and runs ``p+1..`` as usual with the same
@@ -83,7 +84,7 @@ class TierLayout:
         between epochs gets other entries)."""
         whole = pipeline.opaque or pipeline.embedded  # one unit of work: __getitem__
         n = 1 if whole else len(pipeline.step_names)
-        randoms = [False, *(s.random for s in pipeline.steps)]
+        randoms = [False, *(s.varies for s in pipeline.steps)]
         first_random = next((i for i, r in enumerate(randoms) if r), None)
         last = n - 1
         positions: dict[str, int] = {"encoded": 0}

@@ -26,7 +26,8 @@ class Step:
         random: the step draws random numbers from ``rng``.
         keep_position: a barrier; the planner never moves this step or moves others across it.
         kind: ``"decode"`` changes the sample's type (a barrier too), ``"augment"`` is a random
-            augmentation, ``"transform"`` anything else.
+            augmentation (whatever it draws from: nothing after it is cached as deterministic,
+            ``varies``), ``"transform"`` anything else.
         commutes: the user declares the step may be reordered with its neighbours although it
             is not random (relaxed commutativity, Pecan §5.2).
     """
@@ -57,6 +58,13 @@ class Step:
     def barrier(self) -> bool:
         """True when the planner must not move this step nor move others across it."""
         return self.keep_position or self.kind == "decode"
+
+    @property
+    def varies(self) -> bool:
+        """True when the step's output may differ from one epoch to the next: it draws from
+        ``rng`` (``random``) or is declared a random augmentation (``kind="augment"``), which
+        may draw from a generator of its own that the runner cannot see or seed."""
+        return self.random or self.kind == "augment"
 
     @property
     def movable(self) -> bool:
