@@ -225,6 +225,33 @@ def test_shared_augmented_with_ods_serves_another_jobs_samples_once(server, no_l
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+def test_an_interrupt_while_a_batch_is_marked_gives_it_back_under_ods(server, no_leaks,
+                                                                      workers) -> None:
+    # the undo asked ODS again for the indices its mark had already taken (and forgotten):
+    # a KeyError there, and at every later next()
+    from headrace.runtime.bitmap import Bitmap
+    from tests.integration.test_interrupts import interrupt_once
+
+    ld = ods_jobs.loader(server.url, "interrupted", seed=1, workers=workers)
+    it = iter(ld)
+    got = [int(r[8, 0]) for r in next(it)]
+    marks: list[int] = []  # the calls of Bitmap.set made by mark (ODS's own sets aside)
+
+    def second_mark(frame, call):
+        if frame.f_back.f_code.co_name == "mark" and call not in marks:
+            marks.append(call)
+        return len(marks) == 2
+
+    with interrupt_once(Bitmap.set.__code__, second_mark) as fired, \
+            pytest.raises(KeyboardInterrupt):
+        next(it)  # interrupted in the 2nd position's mark
+    assert fired["n"] == 1
+    got += [int(r[8, 0]) for b in it for r in b]
+    assert sorted(got) == list(range(N))
+    ld.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
 def test_redis_killed_and_restarted_mid_epoch_under_ods(server, no_leaks, workers) -> None:
     from tests.integration.test_cache_redis import KillAt
 

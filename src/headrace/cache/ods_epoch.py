@@ -3,8 +3,8 @@
 The hook between the runtime and ``cache.ods``: the scheduler's ``Lanes.pull_group`` (and the
 ``num_workers=0`` loop) hand it each sampler batch; it asks the shared cache (``OdsBoard.ask``,
 one request per sampler batch), lets ``ods.Substitution`` choose, and remembers which index
-fills each position until the training loop receives it (``index_of``, called by
-``EpochBase.mark``), so the delivered set is recorded by sample: with substitution a position
+fills each position until the training loop receives it (``index_of``, asked by
+``EpochBase.deliver``), so the delivered set is recorded by sample: with substitution a position
 no longer says which sample it delivered, and a resume replays the sampler and skips the
 positions whose *sampler index* was delivered (``ods.py`` says why that leaves exactly the rest).
 """
@@ -54,8 +54,18 @@ class OdsEpoch:
         return out
 
     def index_of(self, position: int) -> int:
-        """The index delivered at ``position`` (forgotten once asked: it is delivered)."""
-        return self._at.pop(position)
+        """The index that fills ``position`` (dispatched, not yet delivered)."""
+        return self._at[position]
+
+    def forget(self, positions: Sequence[int]) -> None:
+        """``positions`` are delivered: their indices are asked no more."""
+        for p in positions:
+            self._at.pop(p, None)
+
+    def keep(self, positions: Sequence[int], indices: Sequence[int]) -> None:
+        """A delivery of ``positions`` was undone (an interrupt): their indices are asked
+        again when the batch comes back, whether or not :meth:`forget` ran."""
+        self._at.update(zip(positions, indices, strict=True))
 
     @property
     def substituted(self) -> int:

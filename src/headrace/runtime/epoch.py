@@ -71,14 +71,14 @@ class EpochIterator(EpochBase):
         self.scheduler = Scheduler(pool, spec, hooks, self._out)
         self.scheduler.start()
 
-    def mark(self, positions: Any) -> None:
+    def mark(self, positions: Any, keys: Any) -> None:
         # the sampler first: a read interrupted there (Ctrl-C) leaves this batch undelivered,
         # where marking first lost it (delivered for state_dict(), never returned)
         try:
             self._top_up(len(positions) or 1, wake=True, leaving=True)
         finally:  # next() returns (or raises) now: the woken scheduler may take the GIL
             self.scheduler.left()
-        super().mark(positions)  # last: nothing that can be interrupted comes after it
+        super().mark(positions, keys)  # last: nothing that can be interrupted comes after it
         if not positions:
             self._empty += 1
 

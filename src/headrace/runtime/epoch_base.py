@@ -192,12 +192,14 @@ class EpochBase:
         the batch and returned nothing: it was lost for the rest of the epoch, which ended
         without a word (and a ``state_dict()`` skipped it if its positions were marked)."""
         before = self.meter.batches
+        keys = self.sample_keys(positions)
         try:
-            self.mark(positions)
+            self.mark(positions, keys)
         except BaseException:
-            ods = self.ods
-            for p in positions:  # none was delivered before: a position comes in one batch
-                self.delivered.clear(p if ods is None else ods.index_of(p))
+            for k in keys:  # none was delivered before: a position comes in one batch
+                self.delivered.clear(k)
+            if self.ods is not None:  # the batch comes back: its positions are asked again
+                self.ods.keep(positions, keys)
             if self.meter.batches > before:  # the counts come last in mark: all or none
                 n = len(positions)
                 self.meter.batches -= 1
@@ -206,16 +208,24 @@ class EpochBase:
                     self.empty_batches -= 1
             raise
 
-    def mark(self, positions: Any) -> None:
-        """The batch at ``positions`` reached the training loop: it is delivered."""
-        n = len(positions)
+    def sample_keys(self, positions: Any) -> Any:
+        """What the delivered bitmap records for each of ``positions``: the position itself,
+        or under ODS the index that filled it (``OdsEpoch.index_of``)."""
         ods = self.ods
-        for p in positions:
-            self.delivered.set(p if ods is None else ods.index_of(p))
+        return positions if ods is None else [ods.index_of(p) for p in positions]
+
+    def mark(self, positions: Any, keys: Any) -> None:
+        """The batch at ``positions`` reached the training loop: it is delivered. ``keys``:
+        :meth:`sample_keys` of ``positions``."""
+        n = len(positions)
+        for k in keys:
+            self.delivered.set(k)
         if not n:  # a batch sampler's empty batch: counted, a resume skips as many
             self.empty_batches += 1
         self.meter.batches += 1
         self.meter.samples += n
+        if self.ods is not None:
+            self.ods.forget(positions)
 
     @property
     def delivered_before(self) -> int:
