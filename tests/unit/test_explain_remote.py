@@ -71,7 +71,7 @@ def test_between_epochs_the_counts_are_those_the_next_epoch_starts_with():
 
 def test_near_storage_hand_backs_are_no_offloaded_share():
     # a fetcher's sample back at its own stop counted as offloaded: "finished remotely"
-    from headrace.remote.proxy_options import HANDED_BACK, HANDED_OFF, OFFLOADED, outcome
+    from headrace.remote.counts import HANDED_BACK, HANDED_OFF, OFFLOADED, outcome
 
     partial = ("partial", 7, 3, None, [], 0, None)
     assert outcome(partial, 3) == OFFLOADED  # at a split: its remote part is done

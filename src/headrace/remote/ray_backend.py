@@ -60,9 +60,10 @@ from headrace.errors import (
 from headrace.pipeline.runner import SampleRunner
 from headrace.remote.actor import RemoteWorker
 from headrace.remote.config import Remote
+from headrace.remote.counts import Outcomes, outcome
 from headrace.remote.link import PROBE_BUDGET_S, PROBE_BYTES, LinkEcho, LinkMeasure
 from headrace.remote.payload import pack, unpack
-from headrace.remote.proxy_options import Outcomes, ProxyOptions, outcome
+from headrace.remote.proxy_options import ProxyOptions
 from headrace.remote.starts import start_cause
 from headrace.runtime.outbox import qualname
 from headrace.runtime.threadworker import ThreadResults, ThreadTasks

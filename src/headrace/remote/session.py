@@ -14,7 +14,8 @@ from typing import Any
 
 from headrace.errors import PipelineError, RemoteUnavailableError
 from headrace.remote.config import Remote, check_read_source
-from headrace.remote.proxy_options import HANDED_OFF, OFFLOADED, Outcomes, ProxyOptions
+from headrace.remote.counts import Outcomes, RemoteCounts
+from headrace.remote.proxy_options import ProxyOptions
 from headrace.remote.starts import StartFailures
 from headrace.remote.storage import RESOURCE, NearStorage, StorageSide
 from headrace.runtime.handles import WorkerHandle
@@ -29,32 +30,24 @@ REPLACE_EVERY_S = 1.0
 """Seconds between two replacements of remote workers that died."""
 
 
-class RemoteSession:
+class RemoteSession(RemoteCounts):
     """The remote side of one loader.
 
     ``target``: remote workers wanted now (set by the placement controller, or
-    ``Remote.workers`` / ``max_workers``); ``remote_samples``: samples offloaded since the loader
-    started (their remote part done: finished remotely, or handed back at the split point);
-    ``lost``: remote workers that died after they started (their samples were re-run);
-    ``starts``: those that never started, and why (``remote/starts.py``).
+    ``Remote.workers`` / ``max_workers``); ``starts``: those that never started, and why
+    (``remote/starts.py``); ``remote_samples``, ``lost`` and the other counts:
+    ``remote/counts.py``.
     """
 
     def __init__(self, cfg: Remote) -> None:
+        super().__init__()
         self.cfg = cfg
         self.available = False
         self.error: str | None = None
         """Why the cluster is not used (``Remote(required=False)`` and it was unreachable)."""
         self.max_workers = 0
         self.target = 0
-        self.remote_samples = 0
-        self.resumed_remote = 0
-        """Slow-lane samples (resumed at a later step) sent to remote workers."""
-        self.lost = 0
         self.starts = StartFailures()
-        self.handed_off_remote = 0
-        """Samples remote workers handed off over the timeout (finished in the slow lane)."""
-        self.handed_back_remote = 0
-        """Near storage: samples fetchers handed back at their own stop (not in remote_samples)."""
         self.stop: int | None = None
         """Remote part ends before this step (the offload split; None: the whole sample)."""
         self._opened = False
@@ -257,24 +250,6 @@ class RemoteSession:
         """Slot -> Ray node id of each remote worker placed so far (the latest pool's)."""
         opts = self._pool_opts[1]
         return dict(opts.placed) if opts is not None else {}
-
-    def _took(self, kind: str) -> None:
-        """The scheduler took a remote worker's result (``proxy_options.Outcomes``)."""
-        with self._lock:
-            if kind == OFFLOADED:
-                self.remote_samples += 1
-            elif kind == HANDED_OFF:
-                self.handed_off_remote += 1
-            else:
-                self.handed_back_remote += 1
-
-    def _resumed(self) -> None:
-        with self._lock:
-            self.resumed_remote += 1
-
-    def _lost(self) -> None:
-        with self._lock:
-            self.lost += 1
 
     def _start_failed(self, slot: int, cause: str) -> None:
         """A remote worker died before it ran (a proxy thread says)."""
