@@ -7,8 +7,17 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+SampleKey = tuple[int, int, int]
+"""One sample of one epoch: (epoch, dataset index, draw) (``runtime.worker.Task``'s fields;
+``draw``: the index's earlier draws in the epoch, with a sampler that repeats indices)."""
+
 OFFLOADED = "offloaded"
-"""A sample's remote part is done: finished remotely, or handed back at the split point."""
+"""A remote worker finished the sample."""
+AT_SPLIT = "at_split"
+"""A remote worker handed the sample back at the split point: its remote part is done, and
+it counts as offloaded like a finished one. Should a replan move the split later meanwhile,
+a remote worker may run the sample's steps up to the new split: that result does not count
+it again (``RemoteCounts``)."""
 HANDED_OFF = "handed_off"
 """A remote worker handed the sample off over the timeout, before its split point."""
 HANDED_BACK = "handed_back"
@@ -29,7 +38,7 @@ def outcome(msg: tuple[Any, ...], stop: int, per_sample: bool = False) -> str | 
     if msg[0] == "partial":
         if msg[2] < stop:
             return HANDED_OFF
-        return HANDED_BACK if per_sample else OFFLOADED
+        return HANDED_BACK if per_sample else AT_SPLIT
     return None
 
 
@@ -37,7 +46,8 @@ class Outcomes:
     """One proxy's results on their way to the scheduler, and how each counts once taken.
 
     The proxy notes each result's outcome as it posts it (``expect``); the scheduler says which
-    results it took (``took``: ``WorkerHandle.took``), and only those count (``count(outcome)``).
+    results it took (``took``: ``WorkerHandle.took``), and only those count
+    (``count(outcome, sample)``).
     Counted as the proxy posted them, results the scheduler drops as stale counted too: a
     sample whose task moved to an idle worker while queued at the actor
     (``Dispatcher._steal``) ran there all the same and counted twice, and samples an epoch
@@ -45,26 +55,28 @@ class Outcomes:
     its note is forgotten once ``PENDING_KEPT`` newer ones wait (memory stays bounded).
     """
 
-    def __init__(self, count: Callable[[str], None]) -> None:
+    def __init__(self, count: Callable[[str, SampleKey], None]) -> None:
         self._count = count
-        self._pending: dict[int, str] = {}  # task id -> outcome, oldest first
+        self._pending: dict[int, tuple[str, SampleKey]] = {}  # task id -> (outcome, sample),
+        # oldest first
         self._lock = threading.Lock()  # the proxy notes, the scheduler (or the proxy) takes
 
-    def expect(self, tid: int, kind: str | None) -> None:
-        """(Proxy) the result of task ``tid``, about to be posted, counts as ``kind``."""
+    def expect(self, tid: int, kind: str | None, sample: SampleKey) -> None:
+        """(Proxy) the result of task ``tid`` (for ``sample``), about to be posted, counts as
+        ``kind``."""
         if kind is None:
             return
         with self._lock:
-            self._pending[tid] = kind
+            self._pending[tid] = (kind, sample)
             while len(self._pending) > PENDING_KEPT:
                 del self._pending[next(iter(self._pending))]
 
     def took(self, tid: int) -> None:
         """(Scheduler) it took the result of task ``tid``: count it."""
         with self._lock:
-            kind = self._pending.pop(tid, None)
-        if kind is not None:
-            self._count(kind)
+            noted = self._pending.pop(tid, None)
+        if noted is not None:
+            self._count(*noted)
 
 
 class RemoteCounts:
@@ -77,6 +89,13 @@ class RemoteCounts:
     the timeout (finished in the slow lane); ``handed_back_remote``: near storage, samples
     fetchers handed back at their own stop (not in ``remote_samples``); ``lost``: remote
     workers that died after they started (their samples were re-run).
+
+    Each sample counts once in ``remote_samples``. One handed back at the split point
+    (``AT_SPLIT``) is remembered while it is in flight: when a replan has moved the split
+    later, a remote worker may take it again for the steps up to the new split (it has steps
+    left before it: ``ProxyOptions.runs``), and it counted twice. The memory is bounded by the
+    samples in flight: those no longer in flight (local workers finished them, or their epoch
+    ended) are forgotten (``forget_settled``).
     """
 
     def __init__(self) -> None:
@@ -86,16 +105,33 @@ class RemoteCounts:
         self.handed_back_remote = 0
         self.lost = 0
         self._count_lock = threading.Lock()
+        self._at_split: set[SampleKey] = set()  # counted at a split, maybe still in flight
 
-    def _took(self, kind: str) -> None:
-        """The scheduler took a remote worker's result (``Outcomes``)."""
+    def _took(self, kind: str, sample: SampleKey) -> None:
+        """The scheduler took a remote worker's result for ``sample`` (``Outcomes``)."""
         with self._count_lock:
-            if kind == OFFLOADED:
-                self.remote_samples += 1
-            elif kind == HANDED_OFF:
+            if kind == HANDED_OFF:
                 self.handed_off_remote += 1
-            else:
+            elif kind == HANDED_BACK:
                 self.handed_back_remote += 1
+            elif sample in self._at_split:  # counted when handed back at an earlier split
+                if kind == OFFLOADED:
+                    self._at_split.discard(sample)
+            else:
+                self.remote_samples += 1
+                if kind == AT_SPLIT:
+                    self._at_split.add(sample)
+
+    def forget_settled(self, recs: dict[int, Any]) -> None:
+        """(Scheduler, every pass, under its lock) Forget the samples counted at a split that
+        are no longer among ``recs`` (the running epoch's samples in flight,
+        ``runtime.work.Rec`` by task id). Only once they outnumber twice those in flight (plus
+        16): each remembered sample costs O(1) on average."""
+        if len(self._at_split) <= 2 * len(recs) + 16:
+            return
+        live = {(r.task.epoch, r.task.sample, r.task.draw) for r in recs.values()}
+        with self._count_lock:
+            self._at_split &= live
 
     def _resumed(self) -> None:
         with self._count_lock:

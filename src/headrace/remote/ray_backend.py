@@ -285,7 +285,8 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
             progress.tid[slot] = head[0].tid if head is not None else -1
             # counted once the scheduler takes it (never a result it drops as stale), against
             # the stop it ran with: a replan may have moved the split since
-            outcomes.expect(task.tid, outcome(msg, stop, opts.stops is not None))
+            outcomes.expect(task.tid, outcome(msg, stop, opts.stops is not None),
+                            (task.epoch, task.sample, task.draw))
             if not results.send(_local_message(msg, before, opts)):
                 return
 

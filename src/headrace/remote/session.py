@@ -317,6 +317,7 @@ class RemoteSession(RemoteCounts):
         """Every scheduler pass: replace dead remote workers; run AutoPlacement."""
         if sched.counters is not self._counters:  # a new epoch: the ratio counts from here
             self._counters, self._epoch_base = sched.counters, self.remote_samples
+        self.forget_settled(sched.lanes.recs)
         self.on_tick(sched.pool)
         if self.watcher is not None:
             self.watcher.on_tick(sched)
