@@ -271,6 +271,28 @@ def busy(x: np.ndarray) -> np.ndarray:
     return x * 2
 
 
+def ray_node() -> str:
+    """The id of the Ray node whose process calls this ("" in a process not connected to
+    Ray; a local worker forked from a connected training process says the training host's)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return ""
+    return ray.get_runtime_context().get_node_id()
+
+
+def on_node(key: str, x: dict) -> dict:
+    """A step adding ``{key: ray_node()}`` to the sample (a dict): which node ran it."""
+    return {**x, key: ray_node()}
+
+
+def busy_on_node(x: np.ndarray) -> dict:
+    """``busy`` (30 ms), its output as ``"x"`` and the node that ran it as ``"node"``
+    (``ray_node``)."""
+    return {"x": busy(x), "node": ray_node()}
+
+
 def tweak(d: dict, rng: np.random.Generator) -> dict:
     """A second random step on ``jitter``'s output (run locally after a split)."""
     return {**d, "t": d["t"] * float(rng.random()), "n2": float(np.random.random())}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import time
 from collections import Counter
@@ -13,11 +14,27 @@ import torch
 
 import headrace as hr
 from headrace.remote import Remote
-from tests.helpers import ArraySource, fail_on_7, ident_collate, jitter, slow_on_4, tweak
+from tests.helpers import (
+    ArraySource,
+    fail_on_7,
+    ident_collate,
+    jitter,
+    on_node,
+    slow_on_4,
+    tweak,
+)
 
 pytestmark = pytest.mark.ray
 
 ON_CPU_NODES = {"cpu_node": 1}
+
+
+def cpu_nodes() -> set[str]:
+    """Ids of the cluster's nodes with the ``cpu_node`` resource: where remote workers run,
+    never the training host (Ray's node table)."""
+    import ray
+
+    return {n["NodeID"] for n in ray.nodes() if n["Resources"].get("cpu_node")}
 
 
 def remote_opts(**kw) -> hr.Options:
@@ -44,6 +61,12 @@ def by_index(batches) -> dict[int, dict]:
 
 def pipeline(n: int = 48) -> hr.Pipeline:
     return hr.Pipeline(ArraySource(n), [hr.step(jitter, name="jitter", random=True)])
+
+
+def pipeline_on_node(n: int = 48) -> hr.Pipeline:
+    """``pipeline(n)`` and a last step recording the Ray node that ran the sample ("node")."""
+    return hr.Pipeline(ArraySource(n), [hr.step(jitter, name="jitter", random=True),
+                                        hr.step(functools.partial(on_node, "node"), name="where")])
 
 
 def slow_lane_pipe() -> hr.Pipeline:
@@ -213,23 +236,37 @@ def test_persistent_remote_workers_serve_later_epochs(ray_cluster, no_actor_leak
 
 
 def test_resume_mid_epoch_from_a_remote_run(ray_cluster, local_run, no_actor_leaks):
-    expected = local_run("shuffled")
-    loader = hr.DataLoader(pipeline(), batch_size=4, shuffle=True, num_workers=1,
-                           collate_fn=ident_collate, options=remote_opts())
+    expected = local_run("shuffled")  # without the "where" step: the same content
+    # 8 samples in flight at most: the local worker cannot run most of the epoch alone
+    # while the remote workers start (at the default cap the first 5 batches all ran locally)
+    opts = hr.Options(seed=11, max_in_flight=8, remote=Remote(
+        max_workers=3, resources=ON_CPU_NODES))
+    loader = hr.DataLoader(pipeline_on_node(), batch_size=4, shuffle=True, num_workers=1,
+                           collate_fn=ident_collate, options=opts)
     it = iter(loader)
     wait_until(lambda it=it: remote_ready(it, 3))
-    first = by_index([next(it) for _ in range(5)])
+    remote = cpu_nodes()
+    delivered = []
+    for batch in it:  # up to the first batch holding a sample a remote worker ran
+        delivered.append(batch)
+        if any(s["node"] in remote for s in batch):
+            break
+    first = by_index(delivered)
+    # the state dict is taken from a run that delivered samples run on the CPU nodes, with
+    # samples left to resume
+    assert any(s["node"] in remote for s in first.values()) and len(first) < 48
     state = loader.state_dict()
     del it
     loader.close()
     # resumed on local workers only: the samples not yet delivered, with the same content
-    resumed = hr.DataLoader(pipeline(), batch_size=4, shuffle=True, num_workers=1,
+    resumed = hr.DataLoader(pipeline_on_node(), batch_size=4, shuffle=True, num_workers=1,
                             collate_fn=ident_collate, options=hr.Options(seed=11))
     resumed.load_state_dict(state)
     rest = by_index(list(resumed))
     assert sorted([*first, *rest]) == list(range(48)) and not set(first) & set(rest)
     for i, s in {**first, **rest}.items():
         assert torch.equal(s["t"], expected[i]["t"]) and s["n"] == expected[i]["n"]
+    assert not any(s["node"] in remote for s in rest.values())  # no Remote: none ran there
 
 
 def test_offload_ratio_caps_the_remote_share(ray_cluster, no_actor_leaks):
