@@ -202,6 +202,7 @@ def test_one_job_whose_decoded_set_fits_hits_every_epoch(server, no_leaks) -> No
     e = [x.cache for x in ld.stats().epochs]
     assert e[0].inserts == N and e[1].hits == N and e[2].hits == N
     assert e[2].jobs == 1
+    assert "(ODS, 1 job)" in ld.explain()
     ld.close()
 
 

@@ -345,7 +345,8 @@ class CacheSession:
                        + (f", {c.drew} not stored (a step drew from a global random generator: "
                           "declare it random=True to cache its output per epoch)"
                           if c.drew else "")
-                       + (f", {c.substituted} substituted (ODS, {c.jobs} jobs)" if c.jobs else ""))
+                       + (f", {c.substituted} substituted (ODS, {c.jobs} "
+                          f"{'job' if c.jobs == 1 else 'jobs'})" if c.jobs else ""))
         return out
 
     def _ods_lines(self) -> list[str]:

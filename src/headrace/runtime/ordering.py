@@ -68,13 +68,17 @@ def batch_mode(
     return "grouped"
 
 
-def describe(mode: Mode, in_order: bool | None) -> str:
-    """One line for ``explain()``: which batching applies, and why."""
+def describe(mode: Mode, in_order: bool | None, ods: bool = False) -> str:
+    """One line for ``explain()``: which batching applies, and why. ``ods``: the cache's
+    opportunistic sampling fills positions with other samples (``Cache(ods=True)``)."""
     if in_order is None:
         why = "in_order=None: the sampler's order is " + (
             "random" if mode != "ordered" else "not random, so it is kept")
     else:
         why = f"in_order={in_order}"
+    if mode == "ordered" and ods:
+        return (f"the sampler's order, its positions filled by ODS: another sample may take a "
+                f"position, so not torch's batches ({why})")
     if mode == "ordered":
         return f"torch's order and batches ({why})"
     if mode == "grouped":
