@@ -33,6 +33,30 @@ def test_runtime_feeds_the_profiler_and_explain_shows_the_numbers(workers, no_le
         assert needle in text, text
 
 
+@pytest.mark.parametrize("executor", ["processes", "threads"])
+def test_every_sample_workers_ran_reaches_the_profile(executor, no_leaks):
+    """Workers measure sizes on their first 64 samples, then one in 8, and times on every one:
+    each finished sample reaches the profile, so with 2 workers AutoOrder's 300 profiled
+    samples come within a first epoch of 400 (162 of the 400 reached it before, and the first
+    reordered epoch was the third)."""
+    n = 400
+    pipe = hr.Pipeline(VecSource(n, dim=64), [hr.step(pad4, random=True),
+                                              hr.step(crop_quarter, random=True)])
+    opts = hr.Options(executor=executor, cache=None, profile_store=False)
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=opts)
+    for _ in loader:
+        pass
+    prof = loader.planning.profile()
+    assert prof.samples == n and all(s.count == n for s in prof.steps)
+    assert 2 * 64 <= prof.sized_samples < n  # sizes: on a subset of them
+    assert prof.step("pad4").inflation == pytest.approx(4.0)
+    assert prof.step("crop_quarter").inflation == pytest.approx(0.25)
+    plan = loader.planning.decide()
+    assert plan.reason == f"order: reordered by AutoOrder, from {n} samples (this run)"
+    assert plan.decision is not None
+    assert plan.decision.notes[0] == f"inflation factors from {prof.sized_samples} samples"
+
+
 def test_autoorder_moves_the_deflationary_step_up_from_the_next_epoch(no_leaks):
     loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=2, persistent_workers=True)
     first = Counter(b.shape[1] for b in loader)  # epoch 0: declared order

@@ -277,6 +277,22 @@ def test_measured_pipeline_end_to_end_then_revalidated():
     assert check.decision.order == d.order
 
 
+def test_the_decision_names_the_samples_its_inflation_factors_come_from():
+    """Most samples from workers carry times only: the note counts those with sizes."""
+    steps = resnet_steps()
+    prof = Profiler(["load", *names(steps)])
+    sizes = [1000, 8000, 8000, 8000, 8000, 1680, 6720]
+    for _ in range(40):
+        prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(7)], sizes)
+    for _ in range(260):
+        prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(7)], None)
+    profile = prof.report()
+    assert profile.samples == 300
+    d = autoorder_from_profile(steps, profile)
+    assert [m.step for m in d.moves] == ["Resize"]
+    assert d.notes[0] == "inflation factors from 40 samples"
+
+
 def test_revalidate_reports_a_step_whose_class_changed():
     steps = resnet_steps()
     prof = Profiler(["load", *names(steps)])

@@ -177,6 +177,46 @@ def test_partial_segments_and_cache_hits_count_for_their_steps():
     assert rep.total_quantile(0.0) == pytest.approx(0.003)
 
 
+@pytest.mark.parametrize("batch", [1, 7, 1000])
+def test_samples_without_sizes_count_for_their_times_not_their_sizes(batch):
+    """A worker measures sizes on some samples (its first 64, then one in 8) and times on all:
+    every sample counts for the times and ``samples``; sizes, run-queue waits and type changes
+    come from the sized ones alone (an unsized record's ``queued`` reads 0, not measured)."""
+    prof = Profiler(NAMES, batch=batch)
+    for i in range(10):  # sized: crop halves, 1 ms of decode's wall waited for a core
+        prof.observe([StepTiming(k, 0.004, 0.002, 0, k == 1, 0.001 * (k == 1)) for k in range(4)],
+                     [100, 1000, 500, 500], changes_type=[False, i == 0, False, False])
+    for _ in range(30):  # times alone, twice as long
+        prof.observe([StepTiming(k, 0.008, 0.004) for k in range(4)], None, total=0.032)
+    prof.observe(sample([0.008, 0.008]), None, partial=True)  # a slow-lane segment, then its end
+    prof.observe([StepTiming(2, 0.008, 0.004), StepTiming(3, 0.008, 0.004)], None, total=0.032)
+    assert prof.samples == 41
+    rep = prof.report()
+    assert rep.samples == 41 and rep.sized_samples == 10
+    assert [(s.count, s.sized) for s in rep.steps] == [(41, 10)] * 4
+    decode, crop = rep.step("decode"), rep.step("crop")
+    assert decode.wall_mean == pytest.approx((10 * 0.004 + 31 * 0.008) / 41)
+    assert decode.cpu_mean == pytest.approx((10 * 0.002 + 31 * 0.004) / 41)
+    assert decode.queued_mean == pytest.approx(0.001)
+    assert (decode.bytes_in_mean, decode.bytes_out_mean, decode.inflation) == (100, 1000, 10.0)
+    assert crop.inflation == pytest.approx(0.5) and crop.inflation_std == 0.0
+    assert decode.type_changes == 1
+    assert rep.total_quantile(0.0) == pytest.approx(0.016)
+    assert rep.total_max == pytest.approx(0.032) and rep.total_p50 == pytest.approx(0.032)
+
+
+def test_a_profile_without_sized_counts_reads_every_observed_sample_as_sized():
+    """Profiles stored before ``StepStats.sized`` existed sized every sample they observed."""
+    prof = Profiler(NAMES)
+    feed_known(prof, 20)
+    d = prof.report().to_dict()
+    for s in d["steps"]:
+        del s["sized"]
+    old = PipelineProfile.from_dict(d)
+    assert old.samples == old.sized_samples == 20
+    assert all(s.sized is None for s in old.steps)
+
+
 def test_type_changes_are_counted_per_step():
     prof = Profiler(NAMES)
     for _ in range(3):

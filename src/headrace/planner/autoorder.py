@@ -299,7 +299,7 @@ def autoorder_from_profile(
         input_bytes=load.bytes_out_mean if load is not None and load.count else None,
         neutral=neutral,
     )
-    notes = [f"inflation factors from {profile.samples} samples"]
+    notes = [f"inflation factors from {profile.sized_samples} samples"]
     for m in decision.moves:
         st = stats[m.index]
         lo = st.inflation_p10 if st is not None else None

@@ -16,7 +16,10 @@ from headrace.planner.autoorder import AutoOrderDecision, autoorder_from_profile
 from headrace.profiler.report import PipelineProfile
 
 MIN_PROFILE_SAMPLES = 300
-"""Samples profiled before AutoOrder decides (Pecan: the first ~300)."""
+"""Samples profiled before AutoOrder decides (Pecan: the first ~300). Every sample whose steps
+ran counts, in a worker or not (``PipelineProfile.samples``), so a dataset of at least 300
+samples reaches it within its first epoch; the inflation factors come from the subset whose
+sizes were measured (``PipelineProfile.sized_samples``: at least 64 per worker)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ __all__ = ["PROFILE_SCHEMA", "TOTAL_GRID", "PipelineProfile", "StepStats"]
 
 PROFILE_SCHEMA = 1
 """Version of :meth:`PipelineProfile.to_dict`'s layout; bump it when a field changes meaning
-or goes away. A field added with a default (``StepStats.queued_mean``,
+or goes away. A field added with a default (``StepStats.queued_mean`` and ``sized``,
 ``PipelineProfile.executor`` and ``consumer_rate``) keeps it: profiles stored before read the
 default, and an older headrace treats a newer profile as a miss."""
 
@@ -33,15 +33,15 @@ class StepStats:
 
     Attributes:
         name: step name (``"load"`` for ``Source.load``).
-        count: samples measured.
+        count: samples whose time was measured (every sample that ran the step).
         wall_mean, wall_p50, wall_p90: wall-clock time of the step.
         cpu_mean: CPU time of the step (thread time; below wall when the step waits on I/O).
         queued_mean: time of the step's wall spent runnable but waiting for a core
             (``profiler/runqueue.py``; 0 where not measured, e.g. profiles stored before it
-            was). ``cpu_mean / (wall_mean - queued_mean)`` is the step's CPU share whatever the
-            load it was measured under.
+            was; over the ``sized`` samples only). ``cpu_mean / (wall_mean - queued_mean)`` is
+            the step's CPU share whatever the load it was measured under.
         bytes_in_mean, bytes_out_mean: payload of the step's input and output (``load``'s
-            input is an index: 0).
+            input is an index: 0), over the ``sized`` samples.
         inflation: ``bytes_out_mean / bytes_in_mean``, Pecan's inflation factor (< 1:
             deflationary, > 1: inflationary); ``None`` without input bytes.
         inflation_mean, inflation_std, inflation_p10, inflation_p90: the per-sample ratio
@@ -49,7 +49,11 @@ class StepStats:
             property of the step (narrow) or of the data (wide, e.g. a fixed-size resize of
             images of varying size).
         type_changes: samples whose output type or rank differed from the input (any such
-            sample makes the step a barrier for AutoOrder).
+            sample makes the step a barrier for AutoOrder), among the ``sized`` samples.
+        sized: samples whose output size, type and run-queue wait were measured, a subset of
+            ``count`` (a worker measures them on its first 64 samples, then one in 8:
+            ``runtime/worker.py``; every sample in the training process). ``None``: a profile
+            stored before it was kept, whose ``count`` samples were all sized.
     """
 
     name: str
@@ -67,6 +71,7 @@ class StepStats:
     inflation_p90: float | None
     type_changes: int = 0
     queued_mean: float = 0.0
+    sized: int | None = None
 
     @property
     def changes_type(self) -> bool:
@@ -100,7 +105,7 @@ class PipelineProfile:
 
     Attributes:
         steps: one entry per executed step, in execution order (``load`` first).
-        samples: samples observed.
+        samples: samples observed (their step times; sizes on ``sized_samples`` of them).
         total_mean, total_max: per-sample time, the sum of its steps' wall times (seconds;
             queueing and transfer excluded).
         total_quantiles: per-sample time at q = 0, 0.01, ..., 1 (``TOTAL_GRID`` values,
@@ -125,6 +130,14 @@ class PipelineProfile:
     schema_version: int = PROFILE_SCHEMA
     executor: str | None = None
     consumer_rate: float | None = None
+
+    @property
+    def sized_samples(self) -> int:
+        """Samples the sizes (inflation factors, bytes) come from: the fewest any step that ran
+        had its sizes measured on (a step's ``count`` for a profile stored before they were
+        counted, which sized every sample it observed)."""
+        counts = [s.sized if s.sized is not None else s.count for s in self.steps if s.count]
+        return min(counts) if counts else 0
 
     @property
     def step_names(self) -> list[str]:

@@ -1,16 +1,18 @@
 """Streaming per-step statistics with bounded memory, and the profile report they produce.
 
 The runtime feeds a :class:`Profiler` one finished sample at a time (``observe``) with what the
-workers measured around each step: wall and CPU seconds (``StepTiming``) and the payload bytes of
-each step's output (``sizes.payload_bytes``). ``report()`` turns the accumulated state into a
-frozen, JSON round-trippable :class:`PipelineProfile` (defined in ``report``, re-exported
-here), which the planner reads and the profile store keeps. Memory is O(steps x reservoir),
-whatever the number of samples.
+workers measured around each step: wall and CPU seconds (``StepTiming``, on every sample) and
+the payload bytes of each step's output (``sizes.payload_bytes``, on the samples a worker
+measures sizes on: its first 64, then one in 8; ``runtime/worker.py``). ``report()`` turns the
+accumulated state into a frozen, JSON round-trippable :class:`PipelineProfile` (defined in
+``report``, re-exported here), which the planner reads and the profile store keeps. Memory is
+O(steps x reservoir), whatever the number of samples.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -66,10 +68,16 @@ class _StepAccumulator:
         self.bytes_out.merge(other.bytes_out)
         self.type_changes += other.type_changes
 
+    def add_times(self, wall: np.ndarray, cpu: np.ndarray) -> None:
+        """Per-sample wall and CPU seconds of samples whose sizes were not measured."""
+        self.wall.add_many(wall)
+        self.cpu.add_many(cpu)
+
     def stats(self, name: str) -> StepStats:
         n = self.wall.count
         if n == 0:
-            return StepStats(name, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, None, None, None, None, None)
+            return StepStats(name, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, None, None, None, None, None,
+                             sized=0)
         p50, p90 = self.wall.quantiles([0.5, 0.9])
         bin_, bout = self.bytes_in.mean, self.bytes_out.mean
         infl = self.inflation
@@ -91,6 +99,7 @@ class _StepAccumulator:
             inflation_p10=p10i,
             inflation_p90=p90i,
             type_changes=self.type_changes,
+            sized=self.bytes_out.count,
         )
 
 
@@ -99,8 +108,10 @@ class Profiler:
 
     ``observe`` only queues the sample; every ``batch`` samples the queue is folded into the
     statistics column-wise with numpy, so the main process pays about 6 µs per 6-step sample
-    in all (measured on a 2-core cloud VM). Not thread-safe: the runtime calls it from one thread of the main
-    process with the records workers send back. ``StepTiming.step`` indexes ``step_names``.
+    in all (measured on a 2-core cloud VM), 1.5-2.7 µs for a 3-7-step sample observed by its
+    times alone (``bytes_out=None``, most samples from workers). Not thread-safe: the runtime
+    calls it from one thread of the main process with the records workers send back.
+    ``StepTiming.step`` indexes ``step_names``.
     """
 
     def __init__(
@@ -116,7 +127,11 @@ class Profiler:
         # complete samples (every step, in order) as columns; others as their raw records
         self._full: list[tuple[list[float], list[float], list[float], Sequence[int], int,
                                float | None]] = []
-        self._other: list[tuple[Sequence[StepTiming], Sequence[int], int, float | None, bool]] = []
+        self._other: list[tuple[Sequence[StepTiming], Sequence[int] | None, int, float | None,
+                                bool]] = []
+        # complete samples observed by their times alone (no sizes), their records kept as they
+        # came (turned into columns at the flush: the cheapest path, taken by most samples)
+        self._timed: list[tuple[Sequence[StepTiming], float | None]] = []
         self._pending_samples = 0
         self._batch = max(1, batch)
 
@@ -128,7 +143,7 @@ class Profiler:
     def observe(
         self,
         timings: Sequence[StepTiming],
-        bytes_out: Sequence[int],
+        bytes_out: Sequence[int] | None,
         bytes_in: int = 0,
         changes_type: Sequence[bool] | None = None,
         *,
@@ -141,7 +156,10 @@ class Profiler:
             timings: the sample's step records in execution order (wall and CPU seconds);
                 concatenate the segments of a sample resumed in the slow lane, so that its
                 total time is complete.
-            bytes_out: payload bytes of each step's output, aligned with ``timings``.
+            bytes_out: payload bytes of each step's output, aligned with ``timings``;
+                ``None`` when they were not measured on this sample (a worker measures sizes
+                on some samples only): its times count (step wall and CPU, the sample's
+                total, ``samples``), its sizes, run-queue waits and type changes do not.
             bytes_in: payload bytes of the first record's input (0 when it is ``load``, whose
                 input is an index); each later step's input is the previous step's output.
             changes_type: per record, whether the output's ``type_signature`` differed from the
@@ -152,6 +170,9 @@ class Profiler:
                 handed to the slow lane): they count for their steps, not as a sample.
         """
         m, n = len(timings), len(self.step_names)
+        if bytes_out is None:
+            self._observe_times(timings, total, partial)
+            return
         if len(bytes_out) != m or (changes_type is not None and len(changes_type) != m):
             raise ValueError(
                 f"observe: {m} timings, {len(bytes_out)} sizes and "
@@ -169,13 +190,43 @@ class Profiler:
             for t, c in zip(timings, changes_type, strict=True):
                 if c:
                     self._steps[t.step].type_changes += 1
-        if len(self._full) + len(self._other) >= self._batch:
+        if len(self._full) + len(self._other) + len(self._timed) >= self._batch:
+            self._flush()
+
+    def _observe_times(
+        self, timings: Sequence[StepTiming], total: float | None, partial: bool
+    ) -> None:
+        """``observe`` of a sample (or segment) without sizes: its times only."""
+        n = len(self.step_names)
+        if not partial and len(timings) == n and n and timings[0].step == 0 \
+                and timings[-1].step == n - 1:
+            self._timed.append((timings, total))
+        else:
+            if any(not 0 <= t.step < n for t in timings):
+                raise ValueError(f"observe: step positions outside 0..{n - 1} ({self.step_names})")
+            self._other.append((timings, None, 0, total, partial))
+        self._pending_samples += not partial
+        if len(self._full) + len(self._other) + len(self._timed) >= self._batch:
             self._flush()
 
     def _flush(self) -> None:
         full, self._full = self._full, []
         other, self._other = self._other, []
+        timed, self._timed = self._timed, []
         self._pending_samples = 0
+        if timed:
+            fields = len(timed[0][0][0])  # one flat pass: np.array over records is 3x slower
+            flat = chain.from_iterable(chain.from_iterable(t[0] for t in timed))
+            recs = np.fromiter(flat, np.float64, len(timed) * len(self._steps) * fields)
+            recs = recs.reshape(len(timed), len(self._steps), fields)
+            wall, cpu = recs[:, :, 1], recs[:, :, 2]
+            for i, acc in enumerate(self._steps):
+                acc.add_times(wall[:, i], cpu[:, i])
+            sums = wall.sum(axis=1)
+            for i, (_, given) in enumerate(timed):
+                if given is not None:
+                    sums[i] = given
+            self._total.add_many(sums)
         if full:
             wall = np.array([f[0] for f in full], dtype=np.float64)
             cpu = np.array([f[1] for f in full], dtype=np.float64)
@@ -192,19 +243,29 @@ class Profiler:
         if other:
             rows: list[list[tuple[float, float, float, float, float]]] = [
                 [] for _ in self.step_names]
+            times: list[list[tuple[float, float]]] = [[] for _ in self.step_names]
             totals = []
             for timings, outs, bytes_in, given, partial in other:
-                prev, total = float(bytes_in), 0.0
-                for t, o in zip(timings, outs, strict=True):
-                    rows[t.step].append((t.wall, t.cpu, prev, o, t.queued))
-                    total += t.wall
-                    prev = o
+                total = 0.0
+                if outs is None:  # times alone
+                    for t in timings:
+                        times[t.step].append((t.wall, t.cpu))
+                        total += t.wall
+                else:
+                    prev = float(bytes_in)
+                    for t, o in zip(timings, outs, strict=True):
+                        rows[t.step].append((t.wall, t.cpu, prev, o, t.queued))
+                        total += t.wall
+                        prev = o
                 if not partial:
                     totals.append(total if given is None else given)
-            for acc, r in zip(self._steps, rows, strict=True):
+            for acc, r, tw in zip(self._steps, rows, times, strict=True):
                 if r:
                     cols = np.asarray(r, dtype=np.float64).T
                     acc.add_columns(cols[0], cols[1], cols[2], cols[3], cols[4])
+                if tw:
+                    cols = np.asarray(tw, dtype=np.float64).T
+                    acc.add_times(cols[0], cols[1])
             self._total.add_many(np.asarray(totals, dtype=np.float64))
 
     def merge(self, other: Profiler) -> None:

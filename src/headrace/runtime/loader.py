@@ -123,7 +123,8 @@ class DataLoader(tud.DataLoader[_T_co]):
             self.pipeline = (ds if isinstance(ds, Pipeline)
                              else Pipeline.from_dataset(ds, batched=self._auto_collation))
         self.monitor = Monitor(self.options, self.autoscale,
-                               self.pipeline.step_names if self.pipeline is not None else None)
+                               self.pipeline.step_names if self.pipeline is not None else None,
+                               embedded=self.pipeline is not None and self.pipeline.embedded)
         self._executor: str = ("processes" if self.options.executor == "auto"
                                else self.options.executor)
         """What runs the workers now (``executor="auto"`` starts on processes)."""

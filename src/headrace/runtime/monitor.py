@@ -53,8 +53,10 @@ REMAINING_UPDATE_S = 1.0
 class Monitor:
     """Feeds the timeout policy and the worker scaler, and keeps the timelines."""
 
-    def __init__(self, options: Options, autoscale: bool, step_names: list[str] | None) -> None:
+    def __init__(self, options: Options, autoscale: bool, step_names: list[str] | None,
+                 embedded: bool = False) -> None:
         self.options = options
+        self.embedded = embedded  # steps inside load: a run without sizes has no step times
         self.executor: str | None = None
         """What runs the workers now (``use_executor``)."""
         self.profiler = Profiler(step_names) if step_names is not None and options.profile else None
@@ -176,7 +178,11 @@ class Monitor:
         self, timings: list[StepTiming], bytes_in: int, total: float | None, partial: bool
     ) -> None:
         p = self.profiler
-        if p is None or not timings or timings[0].bytes_out < 0:
+        if p is None or not timings:
+            return
+        if timings[0].bytes_out < 0:  # a worker measures sizes on some samples, times on all
+            if not self.embedded:
+                p.observe(timings, None, total=total, partial=partial)
             return
         p.observe(timings, [t.bytes_out for t in timings], bytes_in,
                   [t.changed for t in timings], total=total, partial=partial)

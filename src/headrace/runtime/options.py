@@ -61,9 +61,10 @@ class Options:
             change the last bits of BLAS results, as between machines. ``None``: inherited
             unchanged (torch's DataLoader). The training process is never changed, nor are
             worker threads (``executor="threads"``), which are in it.
-        profile: measure every step (time and CPU always; output bytes and type changes on a
-            worker's first 64 samples, then one in 8, as they cost a few µs per step); feeds
-            ``explain()``, the planner, the hand-off rule and the profile store.
+        profile: measure every step (time and CPU on every sample, all of which reach the
+            profile; output bytes and type changes on a worker's first 64 samples, then one in
+            8, as they cost a few µs per step); feeds ``explain()``, the planner, the hand-off
+            rule and the profile store.
         reorder: let AutoOrder (Pecan) reorder steps declared ``random=True`` or
             ``commutes=True`` within their sections, from the next epoch on (or from the
             start when a stored profile exists). ``False`` keeps the declared order.
