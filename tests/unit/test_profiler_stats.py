@@ -12,7 +12,14 @@ import pytest
 
 from headrace.pipeline.runner import StepTiming
 from headrace.profiler.report import PROFILE_SCHEMA, TOTAL_GRID
-from headrace.profiler.stats import Moments, PipelineProfile, Profiler, Quantiles
+from headrace.profiler.stats import (
+    TIMES_ALL,
+    TIMES_EVERY,
+    Moments,
+    PipelineProfile,
+    Profiler,
+    Quantiles,
+)
 
 NAMES = ["load", "decode", "crop", "flip"]
 
@@ -203,6 +210,22 @@ def test_samples_without_sizes_count_for_their_times_not_their_sizes(batch):
     assert decode.type_changes == 1
     assert rep.total_quantile(0.0) == pytest.approx(0.016)
     assert rep.total_max == pytest.approx(0.032) and rep.total_p50 == pytest.approx(0.032)
+
+
+def test_records_without_sizes_are_all_kept_until_the_profile_is_full_then_one_in_every():
+    """The training process's cost of the time-only records is bounded in the long run; a
+    record with sizes is always kept."""
+    prof = Profiler(NAMES)
+    times = [StepTiming(k, 0.001, 0.001) for k in range(4)]
+    for _ in range(TIMES_ALL):
+        prof.observe(times, None)
+    assert prof.samples == TIMES_ALL
+    for _ in range(10 * TIMES_EVERY):
+        prof.observe(times, None)
+        prof.observe(times, [1, 1, 1, 1])
+    assert prof.samples == TIMES_ALL + 10 + 10 * TIMES_EVERY
+    rep = prof.report()
+    assert rep.sized_samples == 10 * TIMES_EVERY and rep.samples == prof.samples
 
 
 def test_a_profile_without_sized_counts_reads_every_observed_sample_as_sized():
