@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import headrace as hr
-from tests.helpers import VecSource, crop_quarter, pad4
+from tests.helpers import VecSource, crop_quarter, noise, pad4
 
 pytestmark = pytest.mark.integration
 
@@ -14,8 +14,15 @@ N = 64
 
 
 def pipeline():
-    # declared badly: the inflationary pad runs before the deflationary crop
+    # declared badly: the inflationary pad runs before the deflationary crop (but both change
+    # the shape, so AutoOrder keeps them in order)
     return hr.Pipeline(VecSource(N), [hr.step(pad4, random=True), hr.step(crop_quarter, random=True)])
+
+
+def reorderable():
+    # declared badly: the deflationary crop runs after noise, which keeps the shape
+    return hr.Pipeline(VecSource(N), [hr.step(noise, random=True),
+                                      hr.step(crop_quarter, random=True)])
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -58,12 +65,12 @@ def test_every_sample_workers_ran_reaches_the_profile(executor, no_leaks):
 
 
 def test_autoorder_moves_the_deflationary_step_up_from_the_next_epoch(no_leaks):
-    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=2, persistent_workers=True)
+    loader = hr.DataLoader(reorderable(), batch_size=8, num_workers=2, persistent_workers=True)
     first = Counter(b.shape[1] for b in loader)  # epoch 0: declared order
-    assert [s.name for s in loader.planning.executed.steps] == ["pad4", "crop_quarter"]
+    assert [s.name for s in loader.planning.executed.steps] == ["noise", "crop_quarter"]
     second = Counter(b.shape[1] for b in loader)  # epoch 1: reordered, pool restarted
-    assert [s.name for s in loader.planning.executed.steps] == ["crop_quarter", "pad4"]
-    assert sum(first.values()) == sum(second.values()) == N // 8
+    assert [s.name for s in loader.planning.executed.steps] == ["crop_quarter", "noise"]
+    assert first == second == {1024: N // 8}
     text = loader.explain()
     assert "reordered by AutoOrder" in text and "moved crop_quarter" in text
     assert "expected per-sample CPU" in text
@@ -82,11 +89,11 @@ def test_reorder_false_keeps_the_declared_order():
 def test_a_stored_profile_skips_the_warmup_and_reorders_from_the_start(tmp_path):
     store = tmp_path / "store.sqlite"
     opts = hr.Options(profile_store=store)
-    first = hr.DataLoader(pipeline(), batch_size=8, options=opts)
+    first = hr.DataLoader(reorderable(), batch_size=8, options=opts)
     list(first)
-    second = hr.DataLoader(pipeline(), batch_size=8, num_workers=2, options=opts)
+    second = hr.DataLoader(reorderable(), batch_size=8, num_workers=2, options=opts)
     it = iter(second)
-    assert [s.name for s in second.planning.executed.steps] == ["crop_quarter", "pad4"]
+    assert [s.name for s in second.planning.executed.steps] == ["crop_quarter", "noise"]
     assert second.stats().timeout_s < float("inf")  # no warm-up: seeded from the stored profile
     assert "reused a stored profile of 64 samples" in second.explain()
     assert sum(1 for _ in it) == N // 8
@@ -127,7 +134,7 @@ def test_explain_never_claims_a_reorder_that_swaps_steps_sharing_a_name(no_leaks
     # both steps named "aug": AutoOrder's order (crop first) was planned and explained as
     # "reordered by AutoOrder", but the loader compared names, saw the same, and ran the
     # declared order
-    pipe = hr.Pipeline(VecSource(N), [hr.step(pad4, name="aug", random=True),
+    pipe = hr.Pipeline(VecSource(N), [hr.step(noise, name="aug", random=True),
                                       hr.step(crop_quarter, name="aug", random=True)])
     loader = hr.DataLoader(pipe, batch_size=8, num_workers=0,
                            options=hr.Options(profile_store=False))
@@ -137,18 +144,18 @@ def test_explain_never_claims_a_reorder_that_swaps_steps_sharing_a_name(no_leaks
         executed = [s.fn for s in loader.planning.executed.steps]
     finally:
         loader.close()
-    assert sizes[1] == sizes[0] == {4096: N // 8}  # the declared order ran both epochs
-    assert executed == [pad4, crop_quarter]
+    assert sizes[1] == sizes[0] == {1024: N // 8}
+    assert executed == [noise, crop_quarter]  # the declared order ran both epochs
     assert "reordered by AutoOrder" not in text, text
     assert "as declared (AutoOrder's order would swap steps that share a name)" in text, text
     assert "aug (steps 1 and 2 of the declared order) would swap places" in text, text
 
 
 def test_a_resume_runs_the_saved_order_of_steps_that_share_a_name(no_leaks):
-    # AutoOrder moved pad4 after two steps named "crop"; the state dict records the order by
+    # AutoOrder moved two steps named "crop" before noise; the state dict records the order by
     # name, and a resume ignored an order with a repeated name: it ran the declared order
     def make():
-        pipe = hr.Pipeline(VecSource(N), [hr.step(pad4, random=True),
+        pipe = hr.Pipeline(VecSource(N), [hr.step(noise, random=True),
                                           hr.step(crop_quarter, name="crop", random=True),
                                           hr.step(crop_quarter, name="crop", random=True)])
         return hr.DataLoader(pipe, batch_size=8, num_workers=0,
@@ -169,7 +176,7 @@ def test_a_resume_runs_the_saved_order_of_steps_that_share_a_name(no_leaks):
     finally:
         for loader in (ref, first, second):
             loader.close()
-    assert reordered == resumed == ["crop", "crop", "pad4"]
+    assert reordered == resumed == ["crop", "crop", "noise"]
     assert len(before + after) == len(full)
     for got, want in zip(before + after, full, strict=True):
         np.testing.assert_array_equal(got, want)
@@ -189,3 +196,39 @@ def test_explain_says_how_many_samples_are_profiled_and_why_the_slow_lane_is_off
     assert "slow lane: off (num_workers=0" in text, text
     del it
     loader.close()
+
+
+class Squares:
+    def __len__(self) -> int:
+        return N
+
+    def load(self, i: int) -> np.ndarray:
+        return np.full((64, 64), i, dtype=np.float32)
+
+
+def scale_jitter(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    k = int(rng.integers(1, 3))  # x1 or x2 per side
+    return np.repeat(np.repeat(x, k, 0), k, 1)
+
+
+def random_crop(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    i, j = rng.integers(0, x.shape[0] - 32 + 1, size=2)
+    return x[i:i + 32, j:j + 32].copy()
+
+
+def test_autoorder_never_swaps_two_steps_that_change_the_shape(no_leaks):
+    # a scale jitter then a fixed-size crop: AutoOrder ran the crop first from epoch 1, whose
+    # samples were 32x32 or 64x64, and the collate failed
+    pipe = hr.Pipeline(Squares(), [hr.step(scale_jitter, random=True),
+                                   hr.step(random_crop, random=True)])
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=0,
+                           options=hr.Options(seed=0, profile_store=False, cache=None))
+    try:
+        shapes = [Counter(tuple(b.shape[1:]) for b in loader) for _ in range(3)]
+        text = loader.explain()
+        executed = [s.name for s in loader.planning.executed.steps]
+    finally:
+        loader.close()
+    assert shapes == [{(32, 32): N // 8}] * 3
+    assert executed == ["scale_jitter", "random_crop"]
+    assert "random_crop stays after scale_jitter" in text, text

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 SCRIPT = textwrap.dedent('''
-    """A user's training script: a pipeline declared badly (pad before crop) and a train_step."""
+    """A user's training script: a pipeline declared badly (pad before noise) and a train_step."""
     import numpy as np
 
     import headrace as hr
@@ -40,7 +40,11 @@ SCRIPT = textwrap.dedent('''
         return x[start:start + n].copy()
 
 
-    pipeline = hr.Pipeline(Vectors(), [hr.step(pad4, random=True),
+    def noise(x, rng):
+        return x + rng.random(len(x)).astype(x.dtype)
+
+
+    pipeline = hr.Pipeline(Vectors(), [hr.step(pad4, random=True), hr.step(noise, random=True),
                                        hr.step(crop_quarter, random=True)])
     batch_size = 8
     num_workers = 2
@@ -118,7 +122,8 @@ def test_profile_and_plan_a_script(tmp_path, capsys, no_leaks):
 
     assert run(["plan", str(script)]) == 0
     text = capsys.readouterr().out
-    assert "reordered by AutoOrder" in text and "moved crop_quarter before pad4" in text
+    assert "reordered by AutoOrder" in text and "moved pad4 after noise" in text
+    assert "crop_quarter stays after pad4" in text  # both change the shape
     assert "epoch 0" in text and "epoch 1" in text
 
 

@@ -16,7 +16,7 @@ from headrace.planner.autoorder import (
     expected_cpu,
     revalidate,
 )
-from headrace.profiler.sizes import payload_bytes, type_signature
+from headrace.profiler.sizes import payload_bytes, shape_signature, type_signature
 from headrace.profiler.stats import PipelineProfile, Profiler
 
 
@@ -36,6 +36,11 @@ def names(steps) -> list[str]:
     return [s.name for s in steps]
 
 
+def keep_all(steps) -> list[bool]:
+    """Every step kept dtype and shape: tests of other rules than the shape rule."""
+    return [True] * len(steps)
+
+
 def resnet_steps() -> list[Step]:
     """Pecan Table 1, ResNet50: Resize declared after the flip/rotate/shear augmentations."""
     return [
@@ -50,7 +55,9 @@ def resnet_steps() -> list[Step]:
 
 def test_resnet50_resize_moves_in_front_of_the_augmentations():
     steps = resnet_steps()
-    d = autoorder(steps, [8.0, 1.0, 1.0, 1.0, 0.21, 4.0])
+    # the augmentations keep the image's shape; Resize changes it
+    keeps = [False, True, True, True, False, False]
+    d = autoorder(steps, [8.0, 1.0, 1.0, 1.0, 0.21, 4.0], keeps_shape=keeps)
     assert names(d.steps) == ["Decode", "Resize", "Flip", "Rotate", "Shear", "Normalize"]
     assert d.changed and d.order == (0, 4, 1, 2, 3, 5)
     assert d.sections == ((1, 2, 3, 4),)
@@ -71,7 +78,8 @@ def test_random_resized_crop_moves_before_the_flips_but_not_across_to_tensor():
         aug("ColorJitter"),
     ]
     changes = [True, False, False, False, True, False]
-    d = autoorder(steps, [6.0, 1.0, 1.0, 0.3, 4.0, 0.5], changes_type=changes)
+    keeps = [False, True, True, False, False, True]
+    d = autoorder(steps, [6.0, 1.0, 1.0, 0.3, 4.0, 0.5], changes_type=changes, keeps_shape=keeps)
     assert names(d.steps) == [
         "Decode", "RandomResizedCrop", "Flip", "Rotate", "ToTensor", "ColorJitter",
     ]  # fmt: skip
@@ -90,18 +98,27 @@ def test_speech_pad_moves_after_the_augmentations():
         aug("PitchPerturb"),
         aug("Reverb"),
     ]
-    d = autoorder(steps, [10.0, 1.6, 1.0, 1.03, 0.98, 1.0])
+    factors = [10.0, 1.6, 1.0, 1.03, 0.98, 1.0]
+    d = autoorder(steps, factors, keeps_shape=[False, False, True, True, True, True])
     assert names(d.steps) == [
         "DecodeAudio", "SpecAugment", "SpeedPerturb", "PitchPerturb", "Reverb", "Pad",
     ]  # fmt: skip
     (move,) = d.moves
     assert move.role == "inflationary" and move.inflation == pytest.approx(1.6)
     assert move.reason.startswith("moved Pad after SpecAugment, SpeedPerturb, PitchPerturb, Reverb")
+    # a SpeedPerturb that changes the length: padding before it or after it gives other
+    # lengths, so Pad stays before it and moves after the others only
+    d = autoorder(steps, factors, keeps_shape=[False, False, True, False, True, True])
+    assert names(d.steps) == [
+        "DecodeAudio", "SpecAugment", "PitchPerturb", "Reverb", "Pad", "SpeedPerturb",
+    ]  # fmt: skip
+    assert d.moves[0].crossed == ("SpecAugment", "PitchPerturb", "Reverb")
+    assert any(n.startswith("SpeedPerturb stays after Pad") for n in d.notes), d.notes
 
 
 def test_keep_position_splits_sections_and_nothing_crosses_it():
     steps = [aug("A"), aug("B"), step(ident, name="Keep", keep_position=True), aug("C"), aug("D")]
-    d = autoorder(steps, [1.0, 0.5, 0.1, 3.0, 0.2])
+    d = autoorder(steps, [1.0, 0.5, 0.1, 3.0, 0.2], keeps_shape=keep_all(steps))
     assert names(d.steps) == ["B", "A", "Keep", "D", "C"]
     assert d.sections == ((0, 1), (3, 4))
     assert d.steps[2].name == "Keep"
@@ -114,16 +131,17 @@ def test_a_barrier_never_moves_whatever_its_factor(kind, keep):
     barrier = Step(fn=ident_rng, name="X", random=True, kind=kind, keep_position=keep)
     steps = [aug("A"), aug("B"), barrier, aug("C")]
     for factors in ([1.0, 1.0, 0.01, 1.0], [1.0, 1.0, 50.0, 1.0]):
-        d = autoorder(steps, factors)
+        d = autoorder(steps, factors, keeps_shape=keep_all(steps))
         assert names(d.steps) == ["A", "B", "X", "C"] and not d.moves
 
 
 def test_a_type_changing_step_never_moves():
     steps = [aug("Flip"), aug("ToFloat"), aug("Crop")]
-    d = autoorder(steps, [1.0, 0.3, 0.5], changes_type=[False, True, False])
+    keeps = [True, False, False]
+    d = autoorder(steps, [1.0, 0.3, 0.5], changes_type=[False, True, False], keeps_shape=keeps)
     assert names(d.steps) == ["Flip", "ToFloat", "Crop"]  # Crop may not cross ToFloat either
     assert d.roles[1] == "barrier"
-    d2 = autoorder(steps, [1.0, 0.3, 0.5])  # the same step without the type change moves
+    d2 = autoorder(steps, [1.0, 0.3, 0.5], keeps_shape=keeps)  # without the type change: moves
     assert names(d2.steps) == ["ToFloat", "Crop", "Flip"]
 
 
@@ -134,7 +152,8 @@ def test_a_type_changing_step_never_moves():
 def test_neutral_band(factor, moves):
     # a factor within [0.95, 1.05] counts as 1: the step stays
     first, last = (aug("S"), aug("N")) if factor > 1 else (aug("N"), aug("S"))
-    d = autoorder([first, last], [factor, 1.0] if factor > 1 else [1.0, factor])
+    d = autoorder([first, last], [factor, 1.0] if factor > 1 else [1.0, factor],
+                  keeps_shape=[True, True])
     assert d.changed is moves
     assert classify(factor) == ("neutral" if not moves else d.moves[0].role)
 
@@ -149,7 +168,7 @@ def test_classify_bounds_and_unknown():
 def test_non_movable_steps_stay_and_bound_sections():
     resize = step(ident, name="Resize")  # neither random nor commutes
     steps = [aug("Flip"), aug("Rotate"), resize, aug("Crop"), aug("Blur")]
-    d = autoorder(steps, [1.0, 1.0, 0.2, 1.0, 0.5])
+    d = autoorder(steps, [1.0, 1.0, 0.2, 1.0, 0.5], keeps_shape=keep_all(steps))
     assert names(d.steps) == ["Flip", "Rotate", "Resize", "Blur", "Crop"]
     assert d.roles[2] == "fixed" and d.sections == ((0, 1), (3, 4))
     assert any("Resize is deflationary (0.20)" in n and "commutes=True" in n for n in d.notes)
@@ -157,15 +176,15 @@ def test_non_movable_steps_stay_and_bound_sections():
 
 def test_ties_keep_the_declared_order():
     steps = [aug("I1"), aug("N1"), aug("D1"), aug("I2"), aug("N2"), aug("D2")]
-    d = autoorder(steps, [2.0, 1.0, 0.5, 3.0, 1.0, 0.1])
+    d = autoorder(steps, [2.0, 1.0, 0.5, 3.0, 1.0, 0.1], keeps_shape=keep_all(steps))
     # unlike Algorithm 2's Prepend, deflationary steps keep their relative order (D1 before D2)
     assert names(d.steps) == ["D1", "D2", "N1", "N2", "I1", "I2"]
-    again = autoorder(d.steps, [0.5, 0.1, 1.0, 1.0, 2.0, 3.0])
+    again = autoorder(d.steps, [0.5, 0.1, 1.0, 1.0, 2.0, 3.0], keeps_shape=keep_all(steps))
     assert not again.changed  # a chosen order is a fixed point
 
 
 def test_unknown_factors_are_neutral_with_a_note():
-    d = autoorder([aug("A"), aug("B"), aug("C")], [None, 0.5, 1.0])
+    d = autoorder([aug("A"), aug("B"), aug("C")], [None, 0.5, 1.0], keeps_shape=[True] * 3)
     assert names(d.steps) == ["B", "A", "C"]
     assert d.roles[0] == "unknown" and any(
         "no inflation factor measured for A" in n for n in d.notes
@@ -178,7 +197,7 @@ def test_expected_cpu_model():
     assert expected_cpu([0, 1, 2], cpu, bytes_in, factors, 1000.0) == pytest.approx(0.007)
     assert expected_cpu([2, 0, 1], cpu, bytes_in, factors, 1000.0) == pytest.approx(0.0025)
     steps = [aug("Flip"), aug("Rotate"), step(ident, name="Resize", commutes=True)]
-    d = autoorder(steps, factors, cpu=cpu, bytes_in=bytes_in)
+    d = autoorder(steps, factors, cpu=cpu, bytes_in=bytes_in, keeps_shape=[True, True, False])
     assert d.cpu_before == pytest.approx(0.007) and d.cpu_after == pytest.approx(0.0025)
     text = "\n".join(d.explain())
     assert "expected per-sample CPU 7.0 ms -> 2.5 ms" in text
@@ -239,7 +258,7 @@ def measure(pipe: Pipeline, n: int) -> PipelineProfile:
     for i in range(n):
         x = pipe.source.load(i)
         timings = [StepTiming(0, 1e-4, 1e-4)]
-        sizes, changed = [payload_bytes(x)], [False]
+        sizes, changed, reshaped = [payload_bytes(x)], [False], [False]
         for j, s in enumerate(pipe.steps, start=1):
             y = s(x, step_rng(i) if s.random else None)
             timings.append(
@@ -247,8 +266,9 @@ def measure(pipe: Pipeline, n: int) -> PipelineProfile:
             )
             sizes.append(payload_bytes(y))
             changed.append(type_signature(x) != type_signature(y))
+            reshaped.append(shape_signature(x) != shape_signature(y))
             x = y
-        prof.observe(timings, sizes, changes_type=changed)
+        prof.observe(timings, sizes, changes_type=changed, reshapes=reshaped)
     return prof.report()
 
 
@@ -297,14 +317,15 @@ def test_revalidate_reports_a_step_whose_class_changed():
     steps = resnet_steps()
     prof = Profiler(["load", *names(steps)])
     sizes = [1000, 8000, 8000, 8000, 8000, 1680, 6720]
+    reshaped = [False, True, False, False, False, True, True]  # the augmentations keep shape
     for _ in range(5):
-        prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(7)], sizes)
+        prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(7)], sizes, reshapes=reshaped)
     d = autoorder_from_profile(steps, prof.report())
     assert [m.step for m in d.moves] == ["Resize"]
     later = Profiler(["load", *names(steps)])
     sizes = [1000, 8000, 8000, 8000, 8000, 8000, 32000]  # Resize is now neutral (1.00)
     for _ in range(5):
-        later.observe([StepTiming(i, 1e-3, 1e-3) for i in range(7)], sizes)
+        later.observe([StepTiming(i, 1e-3, 1e-3) for i in range(7)], sizes, reshapes=reshaped)
     check = revalidate(d, later.report())
     assert not check.holds
     assert check.changes == ("Resize: deflationary (0.21) -> neutral (1.00)",)
@@ -314,7 +335,8 @@ def test_revalidate_reports_a_step_whose_class_changed():
 def test_repeated_step_names_match_by_occurrence():
     steps = [aug("Flip"), aug("Crop"), aug("Crop")]
     prof = Profiler(["load", "Flip", "Crop", "Crop"])
-    prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(4)], [100, 100, 50, 50])
+    prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(4)], [100, 100, 50, 50],
+                 reshapes=[False, False, True, False])
     d = autoorder_from_profile(steps, prof.report())
     assert d.factors == (1.0, 0.5, 1.0) and d.order == (1, 0, 2) and d.held == ()
 
@@ -325,7 +347,8 @@ def test_steps_that_share_a_name_never_swap_and_the_decision_says_why():
     # order); AutoOrder planned that order although the loader could not run it
     steps = [aug("Crop"), aug("Flip"), aug("Crop")]
     prof = Profiler(["load", "Crop", "Flip", "Crop"])
-    prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(4)], [100, 100, 100, 50])
+    prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(4)], [100, 100, 100, 50],
+                 reshapes=[False, False, False, True])
     d = autoorder_from_profile(steps, prof.report())
     assert d.factors == (1.0, 1.0, 0.5)
     assert d.order == (0, 1, 2) and not d.changed and d.moves == ()
@@ -335,6 +358,63 @@ def test_steps_that_share_a_name_never_swap_and_the_decision_says_why():
                               "swapped steps that share a name; see the note)")
     assert f"  note: {why}" in d.explain()
     # other steps still move across steps that share a name, which keep their order
-    grow = [step(ident_rng, name="Pad", random=True), aug("Crop"), aug("Crop")]
-    d = autoorder(grow, [4.0, 0.5, 0.5])
-    assert names(d.steps) == ["Crop", "Crop", "Pad"] and d.order == (1, 2, 0) and d.held == ()
+    flip_first = [aug("Flip"), aug("Crop"), aug("Crop")]
+    d = autoorder(flip_first, [1.0, 0.5, 0.5], keeps_shape=[True, False, False])
+    assert names(d.steps) == ["Crop", "Crop", "Flip"] and d.order == (1, 2, 0) and d.held == ()
+
+
+# -- the shape rule: two steps swap only when one of them keeps dtype and shape ---------------
+
+
+def test_two_steps_that_change_the_shape_keep_their_declared_order():
+    # a scale jitter (x1 or x2 per side: 2.5x the bytes on average) then a fixed 32x32 crop:
+    # the crop first gave 32x32 or 64x64 samples, and the next epoch's collate failed
+    steps = [aug("scale_jitter"), aug("random_crop")]
+    d = autoorder(steps, [2.5, 0.16], keeps_shape=[False, False])
+    assert not d.changed and d.moves == ()
+    assert d.explain()[0].startswith("AutoOrder: kept the declared order")
+    assert any(n.startswith("random_crop stays after scale_jitter: both changed the sample's "
+                            "dtype or shape") for n in d.notes), d.notes
+    # a flip keeps the shape: the crop moves before it
+    d = autoorder([aug("flip"), aug("random_crop")], [1.0, 0.16], keeps_shape=[True, False])
+    assert names(d.steps) == ["random_crop", "flip"]
+
+
+def test_shape_changing_steps_keep_their_order_while_others_move_across_them():
+    steps = [aug("Flip"), aug("Cast"), aug("Rotate"), aug("Crop"), aug("Blur")]
+    # Cast (to uint8: 0.25) and Crop (0.3) change dtype / shape: Crop stays after Cast, yet
+    # both move before the shape-keeping augmentations
+    d = autoorder(steps, [1.0, 0.25, 1.0, 0.3, 1.0], keeps_shape=[True, False, True, False, True])
+    assert names(d.steps) == ["Cast", "Crop", "Flip", "Rotate", "Blur"]
+    d = autoorder(steps, [1.0, 4.0, 1.0, 0.3, 1.0], keeps_shape=[True, False, True, False, True])
+    # Cast to float64 (4.0) would go last, after the Crop: not across another reshaping step
+    assert names(d.steps) == ["Flip", "Rotate", "Blur", "Cast", "Crop"]
+    assert any(n.startswith("Crop stays after Cast") for n in d.notes), d.notes
+
+
+def test_a_step_never_measured_for_shape_counts_as_changing():
+    steps = [aug("Flip"), aug("Crop")]
+    prof = Profiler(["load", "Flip", "Crop"])
+    for _ in range(3):  # sizes measured, but not whether the steps kept dtype and shape
+        prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(3)], [100, 100, 25])
+    report = prof.report()
+    assert report.step("Flip").reshapes is None and not report.step("Flip").keeps_shape
+    assert not autoorder_from_profile(steps, report).changed
+    # a profile stored before headrace recorded it reads the same
+    old = report.to_dict()
+    for st in old["steps"]:
+        del st["reshapes"]
+    again = PipelineProfile.from_dict(old)
+    assert again.step("Flip").reshapes is None
+    assert not autoorder_from_profile(steps, again).changed
+    # measured: Flip kept the shape on every sample, so the crop moves before it
+    prof = Profiler(["load", "Flip", "Crop"])
+    for _ in range(3):
+        prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(3)], [100, 100, 25],
+                     reshapes=[False, False, True])
+    d = autoorder_from_profile(steps, prof.report())
+    assert names(d.steps) == ["Crop", "Flip"]
+    # one sample where Flip changed the shape is enough to keep the order
+    prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(3)], [100, 100, 25],
+                 reshapes=[False, True, True])
+    assert not autoorder_from_profile(steps, prof.report()).changed

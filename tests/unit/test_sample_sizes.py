@@ -50,3 +50,25 @@ def test_fed_by_the_runner_measurements() -> None:
         rec.observe(i, out.timings)
     np.testing.assert_allclose(rec.profile().sizes, [[100, 400, 40], [200, 800, 40],
                                                      [300, 1200, 40]])
+
+
+def test_the_runner_flags_the_steps_that_change_dtype_or_shape() -> None:
+    import headrace as hr
+
+    class Src:
+        def __len__(self) -> int:
+            return 2
+
+        def load(self, i: int) -> np.ndarray:
+            return np.zeros((4, 4), np.uint8)
+
+    pipe = hr.Pipeline(Src(), [hr.step(lambda x: x[::-1].copy(), name="flip"),
+                               hr.step(lambda x: x.astype(np.float32), name="cast"),
+                               hr.step(lambda x: x[:2], name="crop"),
+                               hr.step(lambda x: x + 1, name="shift")])
+    out = SampleRunner(pipe, sizes.measure).run(0, 0, None, base_seed=0, epoch=0)
+    assert [t.reshaped for t in out.timings] == [False, False, True, True, False]
+    # a run resumed at a later step compares with the value it was handed
+    later = SampleRunner(pipe, sizes.measure).run(0, 3, np.zeros((4, 4), np.float32),
+                                                   base_seed=0, epoch=0)
+    assert [t.reshaped for t in later.timings] == [True, False]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from headrace.profiler.sizes import NUMBER_BYTES, payload_bytes, type_signature
+from headrace.profiler.sizes import NUMBER_BYTES, payload_bytes, shape_signature, type_signature
 
 Sample = namedtuple("Sample", ["image", "label"])
 
@@ -157,6 +157,28 @@ class _Node:
     value: float
     parent: _Node | None = None
     children: list = dataclasses.field(default_factory=list)
+
+
+def test_shape_signature_flags_dtype_and_shape_changes():
+    # what AutoOrder's shape rule reads: a step keeps the sample's signature or changes it
+    img = np.zeros((8, 6, 3), np.uint8)
+    assert shape_signature(img) == shape_signature(img[::-1].copy())  # flip: kept
+    assert shape_signature(img) != shape_signature(img.astype(np.float32))  # cast
+    assert shape_signature(img) != shape_signature(img[:4])  # crop
+    assert shape_signature(img) != shape_signature(img.transpose(1, 0, 2))  # 8x6 -> 6x8
+    t = torch.zeros(3, 4)
+    assert shape_signature(t) == shape_signature(t + 1) != shape_signature(t.double())
+    pil = Image.new("RGB", (8, 6))
+    assert shape_signature(pil) == shape_signature(pil.transpose(Image.FLIP_LEFT_RIGHT))
+    assert shape_signature(pil) != shape_signature(pil.resize((4, 3)))
+    assert shape_signature(pil) != shape_signature(pil.convert("L"))
+    # structures: a label kept, boxes dropped by a crop, a longer text
+    assert shape_signature((t, 1)) == shape_signature((t * 2, 5))
+    assert shape_signature({"x": t, "boxes": [t[0]] * 3}) != shape_signature(
+        {"x": t, "boxes": [t[0]] * 2})
+    assert shape_signature("abc") != shape_signature("abcd")
+    assert shape_signature([t] * 20) != shape_signature([t] * 19)
+    hash(shape_signature({"a": [t, (1, "s")], "b": None, "c": (t,) * 12}))
 
 
 def test_a_graph_with_back_references_is_walked_once():

@@ -224,7 +224,8 @@ def run_overhead(name: str, pipe: Pipeline, samples: int, rounds: int) -> dict[s
     prof, feed = Profiler(pipe.step_names), kept * -(-OBSERVE_SAMPLES // len(kept))
     t0 = time.perf_counter()
     for tm in feed:  # what the main process does per finished sample (flushes included)
-        prof.observe(tm, [t.bytes_out for t in tm], 0, [t.changed for t in tm])
+        prof.observe(tm, [t.bytes_out for t in tm], 0, [t.changed for t in tm],
+                     [t.reshaped for t in tm])
     t1 = time.perf_counter()
     prof.report()
     observe_s, report_s = (t1 - t0) / len(feed), time.perf_counter() - t1

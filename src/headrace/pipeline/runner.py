@@ -38,7 +38,9 @@ class StepTiming(NamedTuple):
     differs from the input's (the planner treats such a step as a barrier). ``queued``: seconds
     of ``wall`` the thread was runnable but waited for a core (``profiler/runqueue.py``; 0 when
     not measured, and for the steps of a dataset whose transforms run inside ``load``, which
-    are timed from inside it).
+    are timed from inside it). ``reshaped``: the output's dtype/shape signature
+    (``sizes.shape_signature``) differs from the input's (AutoOrder swaps two steps only when
+    one of them never reshaped a sample).
     """
 
     step: int
@@ -47,6 +49,7 @@ class StepTiming(NamedTuple):
     bytes_out: int = -1
     changed: bool = False
     queued: float = 0.0
+    reshaped: bool = False
 
 
 @dataclass
@@ -65,8 +68,9 @@ class Outcome:
     """Payload bytes of the value the run started from (0 when it started at ``load``)."""
 
 
-Measure = Callable[[Any], tuple[int, Hashable]]
-"""``measure(x) -> (payload bytes, type signature)``; injected by the runtime (profiler.sizes)."""
+Measure = Callable[[Any], tuple[int, Hashable, Hashable]]
+"""``measure(x) -> (payload bytes, type signature, shape signature)``; injected by the runtime
+(profiler.sizes)."""
 Clock = Callable[[], float]
 """``queued() -> seconds`` the calling thread has waited for a core so far; injected by the
 runtime (``profiler.runqueue.run_queue_s``)."""
@@ -158,9 +162,9 @@ class SampleRunner:
         x = index if start == 0 else value
         timings: list[StepTiming] = []
         measure, queued = self.measure, self.queued
-        bytes_in, sig = 0, None
+        bytes_in, sig, shape = 0, None, None
         if measure is not None and start > 0:
-            bytes_in, sig = measure(x)
+            bytes_in, sig, shape = measure(x)
         spent = 0.0
         root = sample_root(base_seed, epoch, index, draw) if self._seeded else 0
         watch = self.on_global_draw
@@ -214,10 +218,11 @@ class SampleRunner:
                     if tell is not None:
                         tell(i)
             if measure is not None:
-                size, new_sig = measure(x)
+                size, new_sig, new_shape = measure(x)
                 timings.append(StepTiming(i, we - ws, ce - cs, size, i > 0 and new_sig != sig,
-                                          min(max(q, 0.0), we - ws)))
-                sig = new_sig
+                                          min(max(q, 0.0), we - ws),
+                                          i > 0 and new_shape != shape))
+                sig, shape = new_sig, new_shape
             else:
                 timings.append(StepTiming(i, we - ws, ce - cs))
             if after_step is not None:
@@ -267,5 +272,5 @@ class SampleRunner:
                                   max(0.0, cpu - sum(probe.cpu)), load_bytes))
         for k in range(n):
             timings.append(StepTiming(k + 1, probe.wall[k], probe.cpu[k], probe.bytes_out[k],
-                                      probe.changed[k]))
+                                      probe.changed[k], reshaped=probe.reshaped[k]))
         return x, wall

@@ -22,12 +22,13 @@ class Probe:
 
     ``wall`` / ``cpu``: seconds per step (transform position 0..n-1); ``bytes_out``: payload
     bytes of the step's last output (−1: not measured); ``changed``: the output's type
-    signature differs from its input's; ``bytes_in``: payload bytes of the first transform's
+    signature differs from its input's; ``reshaped``: its dtype/shape signature does;
+    ``bytes_in``: payload bytes of the first transform's
     first input (the sample before any transform: the "load" output); ``failed``: position of
     the transform that raised, if one did.
     """
 
-    def __init__(self, n: int, measure: Callable[[Any], tuple[int, Hashable]] | None,
+    def __init__(self, n: int, measure: Callable[[Any], tuple[int, Hashable, Hashable]] | None,
                  rngs: Callable[[int, int], Any], timed: bool = True) -> None:
         self.measure = measure
         self.rngs = rngs  # (position, call) -> numpy Generator for a random headrace Step
@@ -36,6 +37,7 @@ class Probe:
         self.cpu = [0.0] * n
         self.bytes_out = [-1] * n
         self.changed = [False] * n
+        self.reshaped = [False] * n
         self.calls = [0] * n
         self.bytes_in = -1
         self.failed: int | None = None
@@ -137,9 +139,9 @@ class Timed:
             finally:
                 probe.calls[k] += 1
         measure = probe.measure
-        sig_in = None
+        sig_in = shape_in = None
         if measure is not None and args:
-            size_in, sig_in = measure(args[0])
+            size_in, sig_in, shape_in = measure(args[0])
             if probe.bytes_in < 0 and k == 0:
                 probe.bytes_in = size_in
         ws, cs = time.perf_counter(), time.thread_time()
@@ -153,8 +155,9 @@ class Timed:
             probe.cpu[k] += time.thread_time() - cs
             probe.calls[k] += 1
         if measure is not None:
-            probe.bytes_out[k], sig_out = measure(out)
+            probe.bytes_out[k], sig_out, shape_out = measure(out)
             probe.changed[k] = sig_in is not None and sig_out != sig_in
+            probe.reshaped[k] = shape_in is not None and shape_out != shape_in
         return out
 
 

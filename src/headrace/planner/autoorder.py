@@ -13,11 +13,12 @@ Rules, as in Pecan with headrace's traits:
   bound sections like barriers (declare ``commutes=True`` to let AutoOrder move them).
 - Within a section, steps are stably partitioned: deflationary first, then neutral, then
   inflationary; factors within the neutral band [0.95, 1.05] count as 1, as do unknown ones.
-- Steps that share a name never swap places: headrace tells them apart by their place among
-  the steps of that name (the profile entry each is matched to, its per-sample random stream,
-  the step order a state dict records), so a section whose order would swap two of them keeps
-  its declared order, and a note says so (give them distinct names to let AutoOrder move them).
-  Other steps may still move across them.
+- Two steps swap only when one of them kept its input's dtype and shape on every profiled
+  sample (``keeps_shape``; unknown counts as changing): the steps that change the shape keep
+  their declared relative order, the others move across them (``planner/commute.py``).
+- Steps that share a name never swap places: a section whose order would swap two of them
+  keeps its declared order, and a note says so (``planner/commute.py``). Other steps may still
+  move across them.
 - Deviation from Algorithm 2: Pecan *prepends* each deflationary step to the prefix, which
   reverses the relative order of several deflationary steps; headrace keeps every class in its
   declared order (stable), so two crops, say, are never swapped for no measured gain. Pecan's
@@ -39,6 +40,8 @@ from typing import TYPE_CHECKING, Literal
 
 from headrace import units
 from headrace.pipeline.pipeline import LOAD_STEP
+from headrace.planner.commute import order_section, swaps_a_name
+from headrace.planner.order_cost import expected_cpu
 
 if TYPE_CHECKING:
     from headrace.pipeline.step import Step
@@ -175,6 +178,7 @@ def autoorder(
     inflation: Sequence[float | None],
     *,
     changes_type: Sequence[bool] | None = None,
+    keeps_shape: Sequence[bool] | None = None,
     cpu: Sequence[float] | None = None,
     bytes_in: Sequence[float] | None = None,
     input_bytes: float | None = None,
@@ -186,6 +190,8 @@ def autoorder(
         steps: the pipeline's steps (``load`` excluded), in their declared order.
         inflation: per step, output bytes / input bytes per sample; ``None`` when unknown.
         changes_type: per step, whether it changed the sample's type or rank (a barrier).
+        keeps_shape: per step, whether it kept its input's dtype and shape on every profiled
+            sample; ``None``: unknown for every step, so no two movable steps swap.
         cpu: per step, CPU seconds per sample, for the estimate.
         bytes_in: per step, the input bytes per sample it was measured with, for the estimate.
         input_bytes: bytes per sample entering the first step (the source's output); default
@@ -195,6 +201,8 @@ def autoorder(
     n = len(steps)
     _check_len("inflation", inflation, n)
     _check_len("changes_type", changes_type, n)
+    _check_len("keeps_shape", keeps_shape, n)
+    keeps = list(keeps_shape) if keeps_shape is not None else [False] * n
     _check_len("cpu", cpu, n)
     _check_len("bytes_in", bytes_in, n)
     roles: list[Role] = []
@@ -209,14 +217,17 @@ def autoorder(
     order: list[int] = []
     run: list[int] = []
     held: list[str] = []
+    shape_notes: list[str] = []
+    rank = [_RANK.get(r, 1) for r in roles]
     for i in [*range(n), None]:
         if i is not None and roles[i] not in ("barrier", "fixed"):
             run.append(i)
             continue
         if run:
             sections.append(tuple(run))
-            chosen = sorted(run, key=lambda j: _RANK[roles[j]])  # stable: ties keep their order
-            why = _swaps_a_name(steps, chosen)
+            chosen, kept_apart = order_section(steps, run, rank, keeps)
+            shape_notes += kept_apart
+            why = swaps_a_name(steps, chosen)
             if why is not None:
                 held.append(why)
                 chosen = run
@@ -239,7 +250,7 @@ def autoorder(
                 factor = inflation[j]
                 assert factor is not None  # classified deflationary or inflationary
                 moves.append(_move(steps, j, role, factor, crossed, bytes_in, neutral))
-    notes = list(held)
+    notes = [*held, *shape_notes]
     for i, s in enumerate(steps):
         measured = classify(inflation[i], neutral)
         if roles[i] == "fixed" and measured in ("deflationary", "inflationary"):
@@ -294,6 +305,7 @@ def autoorder_from_profile(
         steps,
         [st.inflation if st is not None else None for st in stats],
         changes_type=[st is not None and st.changes_type for st in stats],
+        keeps_shape=[st is not None and st.keeps_shape for st in stats],
         cpu=[st.cpu_mean if st is not None else 0.0 for st in stats],
         bytes_in=[st.bytes_in_mean if st is not None else 0.0 for st in stats],
         input_bytes=load.bytes_out_mean if load is not None and load.count else None,
@@ -329,28 +341,6 @@ def revalidate(decision: AutoOrderDecision, new_profile: PipelineProfile) -> Rev
     return Revalidation(fresh.order == decision.order, fresh, tuple(changes))
 
 
-def expected_cpu(
-    order: Sequence[int] | range,
-    cpu: Sequence[float],
-    bytes_in: Sequence[float],
-    inflation: Sequence[float | None],
-    input_bytes: float,
-) -> float:
-    """Expected CPU seconds per sample of running the steps in ``order`` (indices).
-
-    Step ``i`` costs ``cpu[i] * b / bytes_in[i]`` where ``b`` is its input bytes in this order:
-    ``input_bytes`` times the factors of the steps before it (unknown factors count as 1). A
-    step measured without input bytes costs ``cpu[i]`` whatever its input.
-    """
-    b, total = float(input_bytes), 0.0
-    for i in order:
-        total += cpu[i] * (b / bytes_in[i]) if bytes_in[i] > 0 and b > 0 else cpu[i]
-        f = inflation[i]
-        if f is not None and math.isfinite(f):
-            b *= f
-    return total
-
-
 def _move(
     steps: Sequence[Step],
     j: int,
@@ -373,22 +363,6 @@ def _move(
         why = f"above {neutral[1]:.2f}{size}), so {runs} before the samples grow"
     reason = f"{head}: inflation {factor:.2f} ({role}, {why}"
     return StepMove(steps[j].name, j, role, factor, names, reason)
-
-
-def _swaps_a_name(steps: Sequence[Step], chosen: Sequence[int]) -> str | None:
-    """Why the order ``chosen`` (declared positions) may not run: it puts a step before an
-    earlier declared step of the same name. None when it keeps every name's steps in order."""
-    last: dict[str, int] = {}
-    for j in chosen:
-        name = steps[j].name
-        if last.get(name, -1) > j:
-            return (f"{name} (steps {j + 1} and {last[name] + 1} of the declared order) would "
-                    "swap places: steps that share a name are told apart by their place among "
-                    "the steps of that name (their profiles, their random streams, a state "
-                    "dict's step order), so their section keeps its declared order; give them "
-                    "distinct names (step(fn, name=...)) to let AutoOrder move them")
-        last[name] = max(j, last.get(name, -1))
-    return None
 
 
 def _check_len(what: str, seq: Sequence[object] | None, n: int) -> None:

@@ -17,7 +17,7 @@ __all__ = ["PROFILE_SCHEMA", "TOTAL_GRID", "PipelineProfile", "StepStats"]
 
 PROFILE_SCHEMA = 1
 """Version of :meth:`PipelineProfile.to_dict`'s layout; bump it when a field changes meaning
-or goes away. A field added with a default (``StepStats.queued_mean`` and ``sized``,
+or goes away. A field added with a default (``StepStats.queued_mean``, ``sized``, ``reshapes``,
 ``PipelineProfile.executor`` and ``consumer_rate``) keeps it: profiles stored before read the
 default, and an older headrace treats a newer profile as a miss."""
 
@@ -54,6 +54,10 @@ class StepStats:
             ``count`` (a worker measures them on its first 64 samples, then one in 8:
             ``runtime/worker.py``; every sample in the training process). ``None``: a profile
             stored before it was kept, whose ``count`` samples were all sized.
+        reshapes: samples whose output's dtype or shape (``sizes.shape_signature``) differed
+            from the input's, among the ``sized`` samples; ``None``: not recorded (profiles
+            stored before headrace recorded it). AutoOrder swaps two steps only when one of
+            them reads 0 (``keeps_shape``).
     """
 
     name: str
@@ -72,11 +76,18 @@ class StepStats:
     type_changes: int = 0
     queued_mean: float = 0.0
     sized: int | None = None
+    reshapes: int | None = None
 
     @property
     def changes_type(self) -> bool:
         """True when some sample's output type or rank differed from its input."""
         return self.type_changes > 0
+
+    @property
+    def keeps_shape(self) -> bool:
+        """True when the step kept its input's dtype and shape on every sample measured (False
+        when it did not, measured none, or it was not recorded)."""
+        return self.count > 0 and self.reshapes == 0
 
 
 MIN_SHARE_WALL_S = 200e-6

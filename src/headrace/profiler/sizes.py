@@ -8,6 +8,9 @@ the common types are dispatched on their exact type first, without ``isinstance`
 
 ``type_signature`` is a cheap, hashable summary (container/array type and rank) used to flag the
 steps that change a sample's type or rank: AutoOrder treats those as barriers (Pecan §5.2).
+``shape_signature`` adds dtypes, shapes and lengths: a step whose output has its input's shape
+signature on every sample kept the sample's dtype and shape, and AutoOrder lets only such a
+step swap places with another (``planner/commute.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["NUMBER_BYTES", "measure", "payload_bytes", "type_signature"]
+__all__ = ["NUMBER_BYTES", "measure", "payload_bytes", "shape_signature", "type_signature"]
 
 NUMBER_BYTES = 8
 """Bytes counted for a Python number (int, float, bool): the width of a C double / int64."""
@@ -201,6 +204,44 @@ def type_signature(x: Any, depth: int = 0) -> Hashable:
     return (t,)
 
 
-def measure(x: Any) -> tuple[int, Hashable]:
-    """(payload bytes, type signature) of a step's output: what workers record per step."""
-    return payload_bytes(x), type_signature(x)
+_SIZED = (str, bytes, bytearray)
+_LEAVES = frozenset({int, float, bool, complex, type(None)})
+
+
+def shape_signature(x: Any, depth: int = 0) -> Hashable:
+    """Hashable (type, dtype, shape) summary of a sample: a step kept its sample's dtype and
+    shape when its output's signature equals its input's.
+
+    Tensors and arrays give ``(type, dtype, shape)``, PIL images ``("PIL", mode, size)``,
+    ``str``/``bytes`` their type and length; tuples and dicts of at most 8 items recurse two
+    levels deep (deeper or longer: type and length), lists give their length and their first 8
+    items' signatures; anything else (numbers included) gives ``(type,)``. Unlike
+    :func:`type_signature`, a cast, a crop, a resize or a pad changes it; a flip, a rotation
+    in place or a normalisation in the same dtype does not.
+    """
+    t = type(x)
+    if t is np.ndarray or t is torch.Tensor:
+        return (t, x.dtype, x.shape)
+    if t in _LEAVES:  # labels and the like: the common case inside a structure, checked first
+        return (t,)
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return (t, x.dtype, tuple(x.shape))
+    if _looks_like_pil(x):
+        return ("PIL", x.mode, tuple(x.size))
+    if isinstance(x, _SIZED):
+        return (t, len(x))
+    if isinstance(x, (tuple, list)):
+        if depth >= 2 or (t is not list and len(x) > 8):
+            return (t, len(x), "...")
+        return (t, len(x), tuple(shape_signature(v, depth + 1) for v in x[:8]))
+    if isinstance(x, dict):
+        if depth >= 2 or len(x) > 8:
+            return (t, len(x), "...")
+        return (t, tuple((k, shape_signature(v, depth + 1)) for k, v in x.items()))
+    return (t,)
+
+
+def measure(x: Any) -> tuple[int, Hashable, Hashable]:
+    """(payload bytes, type signature, shape signature) of a step's output: what workers
+    record per step."""
+    return payload_bytes(x), type_signature(x), shape_signature(x)

@@ -46,7 +46,8 @@ cost down). Records with sizes are always kept."""
 
 
 class _StepAccumulator:
-    __slots__ = ("bytes_in", "bytes_out", "cpu", "inflation", "queued", "type_changes", "wall")
+    __slots__ = ("bytes_in", "bytes_out", "cpu", "inflation", "queued", "reshapes", "type_changes",
+                 "unflagged", "wall")
 
     def __init__(self, capacity: int, seed: int) -> None:
         self.wall = Quantiles(capacity, seed)
@@ -56,6 +57,8 @@ class _StepAccumulator:
         self.bytes_in = Moments()
         self.bytes_out = Moments()
         self.type_changes = 0
+        self.reshapes = 0  # records whose output's dtype/shape signature differed from the input's
+        self.unflagged = 0  # records observed without that flag
 
     def add_columns(
         self, wall: np.ndarray, cpu: np.ndarray, bin_: np.ndarray, bout: np.ndarray,
@@ -78,6 +81,8 @@ class _StepAccumulator:
         self.bytes_in.merge(other.bytes_in)
         self.bytes_out.merge(other.bytes_out)
         self.type_changes += other.type_changes
+        self.reshapes += other.reshapes
+        self.unflagged += other.unflagged
 
     def add_times(self, wall: np.ndarray, cpu: np.ndarray) -> None:
         """Per-sample wall and CPU seconds of samples whose sizes were not measured."""
@@ -111,6 +116,7 @@ class _StepAccumulator:
             inflation_p90=p90i,
             type_changes=self.type_changes,
             sized=self.bytes_out.count,
+            reshapes=self.reshapes if self.unflagged == 0 else None,
         )
 
 
@@ -158,6 +164,7 @@ class Profiler:
         bytes_out: Sequence[int] | None,
         bytes_in: int = 0,
         changes_type: Sequence[bool] | None = None,
+        reshapes: Sequence[bool] | None = None,
         *,
         total: float | None = None,
         partial: bool = False,
@@ -178,6 +185,9 @@ class Profiler:
                 input is an index); each later step's input is the previous step's output.
             changes_type: per record, whether the output's ``type_signature`` differed from the
                 input's; omitted: no type change observed.
+            reshapes: per record, whether the output's ``shape_signature`` (dtype, shape)
+                differed from the input's; omitted: not measured, and the steps' ``reshapes``
+                read ``None`` (unknown: AutoOrder lets no such step swap with another).
             total: the sample's time in seconds; default: the sum of the records' wall times.
                 Pass it with the last segment of a sample whose segments were observed apart.
             partial: the records are a segment of a sample that continues elsewhere (e.g.
@@ -189,7 +199,8 @@ class Profiler:
                 self._observe_times(timings, total, partial)
             return
         m, n = len(timings), len(self.step_names)
-        if len(bytes_out) != m or (changes_type is not None and len(changes_type) != m):
+        if len(bytes_out) != m or any(f is not None and len(f) != m
+                                      for f in (changes_type, reshapes)):
             raise ValueError(
                 f"observe: {m} timings, {len(bytes_out)} sizes and "
                 f"{'no' if changes_type is None else len(changes_type)} type flags must align"
@@ -206,6 +217,13 @@ class Profiler:
             for t, c in zip(timings, changes_type, strict=True):
                 if c:
                     self._steps[t.step].type_changes += 1
+        if reshapes is None:
+            for t in timings:
+                self._steps[t.step].unflagged += 1
+        elif any(reshapes):
+            for t, c in zip(timings, reshapes, strict=True):
+                if c:
+                    self._steps[t.step].reshapes += 1
         if len(self._full) + len(self._other) + len(self._timed) >= self._batch:
             self._flush()
 

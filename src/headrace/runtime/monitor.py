@@ -150,7 +150,8 @@ class Monitor(WorkerScaling):
                 p.observe(timings, None, total=total, partial=partial)
             return
         p.observe(timings, [t.bytes_out for t in timings], bytes_in,
-                  [t.changed for t in timings], total=total, partial=partial)
+                  [t.changed for t in timings], [t.reshaped for t in timings], total=total,
+                  partial=partial)
 
     def on_worker_reseeded(self, generators: tuple[str, ...]) -> None:
         """A ``worker_init_fn`` seeded global generators: say once that per-sample seeding
