@@ -153,8 +153,10 @@ class AutoOrderDecision:
 class Revalidation:
     """Whether a decision still holds under a newer profile (Pecan re-checks after epoch 1).
 
-    ``decision`` is AutoOrder recomputed from the new profile on the declared steps: apply it
-    when ``holds`` is false. ``changes`` lists the steps whose role changed, with the numbers.
+    ``decision`` is AutoOrder recomputed from the new profile on the declared steps;
+    ``changes`` lists the steps whose role changed, with the numbers. ``planner/order.py``
+    keeps a decision that holds and otherwise goes back to the declared order (not to
+    ``decision``, which would be another order not yet validated).
     """
 
     holds: bool

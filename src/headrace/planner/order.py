@@ -1,18 +1,31 @@
 """Which step order to run this epoch: AutoOrder applied at epoch boundaries (pure).
 
-Pecan decides from the first ~300 profiled samples and re-validates after the first epoch. In
+Pecan decides from the first ~300 profiled samples and validates once after the first epoch. In
 headrace the order can change only between epochs (a sample never changes order mid-flight, and
-a hand-off's "next step" keeps its meaning): each epoch starts from the freshest profile with
-enough samples, which re-validates the previous decision on the reordered pipeline itself.
+a hand-off's "next step" keeps its meaning), and a run goes through three phases
+(``OrderPlan.phase``):
+
+- ``"undecided"``: the declared order (or the order a state dict restored) runs until a profile
+  (this run's, or a stored one) has enough samples; AutoOrder then decides from it.
+- ``"validating"``: the decided order runs until this run has profiled enough samples *in it*;
+  AutoOrder recomputed from that profile must give the same order. If it does, the order is
+  kept; if not, the declared order is, for the rest of the run.
+- ``"kept"``: nothing changes any more.
+
+Inflation factors depend on the order they were measured in (a pad to 1024 is neutral after a
+step that doubles 600 to 1200, inflationary before it), so re-planning every epoch from the
+profile of the order just run flipped such a pair every epoch, and the output's size with it.
+Deciding once and validating once bounds a run to at most two order changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Literal
 
 from headrace.pipeline import Step
-from headrace.planner.autoorder import AutoOrderDecision, autoorder_from_profile
+from headrace.planner.autoorder import AutoOrderDecision, autoorder_from_profile, revalidate
 from headrace.profiler.report import PipelineProfile
 
 MIN_PROFILE_SAMPLES = 300
@@ -22,13 +35,19 @@ samples reaches it within its first epoch; the inflation factors come from the s
 sizes were measured (``PipelineProfile.sized_samples``: at least 64 per worker)."""
 
 
+Phase = Literal["undecided", "validating", "kept"]
+PHASES: tuple[Phase, ...] = ("undecided", "validating", "kept")
+
+
 @dataclasses.dataclass(frozen=True)
 class OrderPlan:
-    """The executed order and why."""
+    """The executed order and why; ``phase``: where the run stands once this plan is adopted
+    (module docstring)."""
 
     steps: tuple[Step, ...]
     decision: AutoOrderDecision | None
     reason: str
+    phase: Phase = "undecided"
 
     def lines(self) -> list[str]:
         if self.decision is None:
@@ -44,12 +63,15 @@ def plan_order(
     enabled: bool,
     min_samples: int = MIN_PROFILE_SAMPLES,
     embedded: bool = False,
+    previous: OrderPlan | None = None,
 ) -> OrderPlan:
     """The order for the next epoch.
 
     ``declared``: the user's order; ``current``: the order run so far; ``profile``: the freshest
-    profile (``profile_source`` says where it comes from: "this run", "stored profile").
-    ``embedded``: the steps run inside a dataset's ``__getitem__`` (never moved).
+    profile (``profile_source`` says where it comes from: "this run", "stored profile"); while
+    validating, it must be this run's profile of ``current`` only. ``embedded``: the steps run
+    inside a dataset's ``__getitem__`` (never moved). ``previous``: the plan adopted last
+    (``None``: none yet), whose ``phase`` says what this call does.
     """
     declared, current = tuple(declared), tuple(current)
     if embedded:
@@ -63,18 +85,42 @@ def plan_order(
             declared, None,
             "order: as declared (no step is random=True or commutes=True, so none may move)",
         )
-    if profile is None or profile.samples < min_samples:
-        have = 0 if profile is None else profile.samples
+    phase = previous.phase if previous is not None else "undecided"
+    if previous is not None and phase == "kept":
+        return previous
+    have = 0 if profile is None else profile.samples
+    if previous is not None and previous.decision is not None and phase == "validating":
+        if profile is None or have < min_samples:
+            return dataclasses.replace(previous, reason=(
+                f"{previous.reason}; validated once {min_samples} samples are profiled in this "
+                f"order ({have} were when it was planned)"))
+        check = revalidate(previous.decision, profile)
+        if check.holds:
+            return OrderPlan(previous.steps, check.decision, (
+                f"order: {_verb(check.decision)}, validated on {have} samples profiled in this "
+                "order (kept for the rest of the run)"), "kept")
+        why = "; ".join(check.changes) or "the factors measured in this order differ"
+        return OrderPlan(declared, None, (
+            f"order: as declared for the rest of the run: AutoOrder's order "
+            f"{' -> '.join(s.name for s in previous.steps)} did not hold on {have} samples "
+            f"profiled in it (it would now run {' -> '.join(check.decision.names)}; {why}): "
+            "inflation factors, or whether a step keeps the shape, depend on the order they "
+            "were measured in"), "kept")
+    if profile is None or have < min_samples:
         return OrderPlan(
             current, None,
             f"order: unchanged until {min_samples} samples are profiled ({have} were when it was "
             "planned)",
         )
     decision = autoorder_from_profile(declared, profile)
-    verb = ("reordered by AutoOrder" if decision.changed
-            else "as declared (AutoOrder's order would swap steps that share a name)"
-            if decision.held else "as declared (AutoOrder found no better order)")
     return OrderPlan(
         tuple(decision.steps), decision,
-        f"order: {verb}, from {profile.samples} samples ({profile_source})",
+        f"order: {_verb(decision)}, from {profile.samples} samples ({profile_source})",
+        "validating",
     )
+
+
+def _verb(decision: AutoOrderDecision) -> str:
+    return ("reordered by AutoOrder" if decision.changed
+            else "as declared (AutoOrder's order would swap steps that share a name)"
+            if decision.held else "as declared (AutoOrder found no better order)")

@@ -65,7 +65,9 @@ class Planning:
         self._lookup()
         live = self.monitor.profiler.report()
         need = min(MIN_PROFILE_SAMPLES, self.declared.length() or MIN_PROFILE_SAMPLES)
-        if live.samples >= need:
+        if self.order is not None and self.order.phase == "validating":
+            profile, source = live, "this run"  # validated on the order it runs, only
+        elif live.samples >= need:
             profile, source = live, "this run"
         elif self.stored is not None and self.stored.samples >= need:
             profile, source = self.stored, "stored profile"
@@ -73,7 +75,8 @@ class Planning:
             profile, source = max((live, self.stored) if self.stored is not None else (live,),
                                   key=lambda p: p.samples), ""
         return plan_order(self.declared.steps, self.executed.steps, profile, source,
-                          self.options.reorder, min_samples=need, embedded=self.declared.embedded)
+                          self.options.reorder, min_samples=need, embedded=self.declared.embedded,
+                          previous=self.order)
 
     @property
     def executed_names(self) -> tuple[str, ...]:
