@@ -273,3 +273,39 @@ def test_an_order_whose_factors_depend_on_it_settles(no_leaks):
     assert orders[0] == declared and orders[2:] == [declared] * 4
     assert shapes[0] == {1200} and shapes[2:] == [{1200}] * 4
     assert "as declared for the rest of the run" in text, text
+
+
+def test_a_resume_between_epochs_runs_the_order_the_next_epoch_was_to_run(no_leaks):
+    # AutoOrder moved the crop up from epoch 1; a state dict taken between epochs 1 and 2
+    # recorded that order, but a loader without the profile (a new process, no store) ran
+    # epoch 2 in the declared order: other samples than the uninterrupted run's
+    def make():
+        pipe = hr.Pipeline(VecSource(N), [hr.step(noise, random=True),
+                                          hr.step(crop_quarter, random=True)])
+        return hr.DataLoader(pipe, batch_size=8, shuffle=True, num_workers=0,
+                             options=hr.Options(seed=5, profile_store=False, cache=None))
+
+    ref = make()
+    resumed = []
+    try:
+        for _ in range(2):
+            list(ref)
+        state = ref.state_dict()
+        want = [[b.numpy() for b in ref] for _ in range(2)]  # epochs 2 and 3
+        old = {k: v for k, v in state.items() if k != "order_phase"}  # saved before it was
+        for sd in (state, old):
+            loader = make()
+            loader.load_state_dict(sd)
+            epoch2 = [b.numpy() for b in loader]
+            ran = [s.name for s in loader.planning.executed.steps]
+            resumed.append(([epoch2, [b.numpy() for b in loader]], ran))
+            loader.close()
+    finally:
+        ref.close()
+    assert state["steps"] == ["crop_quarter", "noise"] and not state["in_epoch"]
+    for got, steps in resumed:
+        assert steps == ["crop_quarter", "noise"]
+        np.testing.assert_array_equal(np.concatenate(got[0]), np.concatenate(want[0]))
+    # AutoOrder's phase goes with the order: the resumed run keeps it, as the uninterrupted one
+    assert state["order_phase"] == "kept"
+    np.testing.assert_array_equal(np.concatenate(resumed[0][0][1]), np.concatenate(want[1]))

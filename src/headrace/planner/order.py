@@ -89,21 +89,26 @@ def plan_order(
     if previous is not None and phase == "kept":
         return previous
     have = 0 if profile is None else profile.samples
-    if previous is not None and previous.decision is not None and phase == "validating":
+    if previous is not None and phase == "validating":
         if profile is None or have < min_samples:
             return dataclasses.replace(previous, reason=(
-                f"{previous.reason}; validated once {min_samples} samples are profiled in this "
-                f"order ({have} were when it was planned)"))
-        check = revalidate(previous.decision, profile)
-        if check.holds:
-            return OrderPlan(previous.steps, check.decision, (
-                f"order: {_verb(check.decision)}, validated on {have} samples profiled in this "
+                f"{previous.reason.split('; validated once')[0]}; validated once {min_samples} "
+                f"samples are profiled in this order ({have} were when it was planned)"))
+        if previous.decision is not None:
+            check = revalidate(previous.decision, profile)
+            fresh, changes = check.decision, check.changes
+        else:  # restored from a state dict: the decision's numbers are not kept there
+            fresh, changes = autoorder_from_profile(declared, profile), ()
+        if len(fresh.steps) == len(previous.steps) and all(
+                a is b for a, b in zip(fresh.steps, previous.steps, strict=True)):
+            return OrderPlan(previous.steps, fresh, (
+                f"order: {_verb(fresh)}, validated on {have} samples profiled in this "
                 "order (kept for the rest of the run)"), "kept")
-        why = "; ".join(check.changes) or "the factors measured in this order differ"
+        why = "; ".join(changes) or "the factors measured in this order differ"
         return OrderPlan(declared, None, (
             f"order: as declared for the rest of the run: AutoOrder's order "
             f"{' -> '.join(s.name for s in previous.steps)} did not hold on {have} samples "
-            f"profiled in it (it would now run {' -> '.join(check.decision.names)}; {why}): "
+            f"profiled in it (it would now run {' -> '.join(fresh.names)}; {why}): "
             "inflation factors, or whether a step keeps the shape, depend on the order they "
             "were measured in"), "kept")
     if profile is None or have < min_samples:

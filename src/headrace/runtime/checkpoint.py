@@ -92,7 +92,8 @@ class Identity:
     samples: int | None  # None: a map-style dataset without __len__
     batches: int | None  # None: a sampler or batch sampler without __len__
     dataset: str  # the source's fingerprint (its class and length, or its own fingerprint())
-    steps: tuple[str, ...]  # the executed step order (names; "load" excluded)
+    steps: tuple[str, ...]  # the executed step order (names; "load" excluded): between epochs,
+    # the order the next epoch runs
     step_code: dict[str, str]  # step name -> digest of its traits and code (fingerprint.py)
     delivered_by: str = "position"  # "index" under ODS (Cache(ods=True)): positions no longer
     # say which sample they delivered, so the delivered bitmap is over sample indices
@@ -145,7 +146,10 @@ class ResumePoint:
     delivered: Bitmap
     generator_state: torch.Tensor | None
     persistent_base_seed: int | None
-    steps: tuple[str, ...] | None = None  # the step order the saved epoch ran (None: unknown)
+    steps: tuple[str, ...] | None = None  # the step order the saved epoch ran, or between
+    # epochs the one the next runs (None: unknown; before SCHEMA 2)
+    order_phase: str | None = None  # AutoOrder's phase with that order (planner/order.py;
+    # None: not recorded, state dicts saved before it was)
     sampler_generator_states: tuple[torch.Tensor, ...] = ()  # their states when saved
     empty_batches: int = 0  # a batch sampler's empty batches the saved epoch delivered
     batches: int = 0  # batches the saved epoch delivered (0: before its first, or unknown: not
@@ -162,6 +166,7 @@ def build(
     sampler_generators: tuple[torch.Generator, ...] = (),
     empty_batches: int = 0,
     batches: int = 0,
+    order_phase: str | None = None,
 ) -> dict[str, Any]:
     in_epoch = origin is not None
     return {
@@ -175,6 +180,7 @@ def build(
         "shuffle": ident.shuffle,
         "dataset": ident.dataset,
         "steps": list(ident.steps),
+        "order_phase": order_phase,  # AutoOrder's phase with that order (planner/order.py)
         "step_code": dict(ident.step_code),
         "identity_version": state_checks.IDENTITY_VERSION,  # how those two were computed
         "epoch": epoch,
@@ -261,6 +267,7 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
         generator_state=rng_from_str(gen) if gen else None,
         persistent_base_seed=sd.get("persistent_base_seed"),
         steps=tuple(steps) if steps is not None else None,
+        order_phase=sd.get("order_phase"),
         sampler_generator_states=tuple(map(rng_from_str, sd.get("sampler_generator_states") or ())),
         empty_batches=int(sd.get("empty_batches_delivered") or 0),
         batches=(int(sd.get("batches_delivered") or 0)
@@ -275,7 +282,8 @@ def epoch_over(point: ResumePoint) -> ResumePoint:
     ``limit_train_batches``: ``runtime/lightning_loops.py``). The generators' states it
     recorded are those the next epoch draws from, as that epoch's ``iter()`` would have."""
     return dataclasses.replace(point, epoch=point.epoch + 1, in_epoch=False, origin=None,
-                               delivered=Bitmap(), steps=None, empty_batches=0, batches=0)
+                               delivered=Bitmap(), steps=None, order_phase=None, empty_batches=0,
+                               batches=0)
 
 
 def _order_to(origin: EpochOrigin | None, delivered: Bitmap | None,

@@ -269,6 +269,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         assert self.planning is not None
         it = self._iterator_ref()
         steps = self.planning.executed_names
+        phase: str | None = self.planning.phase
         empty = batches = 0
         if it is not None and not it.closed and not epoch_span.at_end(self, it):
             origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
@@ -278,18 +279,20 @@ class DataLoader(tud.DataLoader[_T_co]):
             assert point is not None
             origin, delivered, epoch = point.origin, point.delivered, point.epoch
             steps, empty, batches = point.steps or steps, point.empty_batches, point.batches
-        else:
+            phase = point.order_phase if point.steps else phase
+        else:  # between epochs: the order the next one runs, as the uninterrupted run would
             origin, delivered, epoch = None, None, self._epoch
+            steps, phase = self.planning.upcoming()
         persistent = self._base_seed if self.persistent_workers else None
         state = checkpoint.build(self._identity(steps), epoch, origin, delivered, self.generator,
                                  persistent, checkpoint.sampler_generators(self._index_sampler,
                                                                            self.generator), empty,
-                                 batches)
+                                 batches, phase)
         return ranks.gathered(state, ranks.shard(self._index_sampler))  # DDP: whose it is
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` delivers exactly what was left,
-        with the step order the saved epoch ran.
+        with the step order the saved epoch ran (saved between epochs: the next one's).
 
         Refused (``StateDictError``) only when a resume would deliver other samples: another
         dataset length or batch layout, or an unknown schema. Changed step or dataset code (an
@@ -308,8 +311,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         if it is not None:
             it.close()
         self._unfinished = None
-        if point.in_epoch and point.steps is not None:
-            self.planning.restore(point.steps)
+        if point.steps is not None:  # mid-epoch: that epoch's order; between: the next one's
+            self.planning.restore(point.steps, point.order_phase)
         self._epoch = point.epoch
         if point.persistent_base_seed is not None:
             self._base_seed = point.persistent_base_seed

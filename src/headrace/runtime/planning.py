@@ -12,7 +12,7 @@ import logging
 import time
 
 from headrace.pipeline import Pipeline, Step
-from headrace.planner.order import MIN_PROFILE_SAMPLES, OrderPlan, plan_order
+from headrace.planner.order import MIN_PROFILE_SAMPLES, PHASES, OrderPlan, Phase, plan_order
 from headrace.profiler.report import PipelineProfile
 from headrace.profiler.stats import Profiler
 from headrace.profiler.store import ProfileKey, ProfileStore
@@ -46,7 +46,7 @@ class Planning:
         self.store_failed: str | None = None  # why the store is no longer used (explain())
         self._key: ProfileKey | None = None
         self._looked_up = False
-        self._pinned: tuple[Step, ...] | None = None  # an order a state dict restored
+        self._pinned: OrderPlan | None = None  # an order a state dict restored
         self._saved_at: float | None = None  # time.monotonic() of the last save
         self._saved_samples = 0  # the profile's samples then
         self.note = "measured this run" if options.profile else "off (Options(profile=False))"
@@ -83,25 +83,48 @@ class Planning:
         """The executed step order, by name (``load`` excluded)."""
         return tuple(s.name for s in self.executed.steps)
 
-    def restore(self, names: tuple[str, ...]) -> None:
-        """Run the next epoch in the order a state dict saved (an exact resume needs the order
-        the saved epoch ran); AutoOrder decides again from the epoch after. An order that is not
-        a permutation of this pipeline's steps (the script changed them) is ignored: the
-        loader warned about the change already. The k-th step of a name in the saved order is
-        the k-th declared step of that name: AutoOrder never swaps steps that share a name."""
+    @property
+    def phase(self) -> Phase:
+        """AutoOrder's phase with the executed order (``planner/order.py``)."""
+        return self.order.phase if self.order is not None else "undecided"
+
+    def upcoming(self) -> tuple[tuple[str, ...], Phase]:
+        """The step order (names) and phase the next epoch starts with: what a state dict
+        taken between epochs records, so that a resume runs the epoch the uninterrupted run
+        would have (plans now; applies nothing)."""
+        plan = self._pinned if self._pinned is not None else self.decide()
+        if plan is None:
+            return self.executed_names, self.phase
+        return tuple(s.name for s in plan.steps), plan.phase
+
+    def restore(self, names: tuple[str, ...], phase: str | None = None) -> None:
+        """Run the next epoch in the order a state dict saved (the order of the epoch it left
+        unfinished, or between epochs the one the next epoch was to run), and go on from the
+        AutoOrder ``phase`` it saved (``None``, saved before it was: AutoOrder decides again
+        from the epoch after). An order that is not a permutation of this pipeline's steps (the
+        script changed them) is ignored: the loader warned about the change already. The k-th
+        step of a name in the saved order is the k-th declared step of that name: AutoOrder
+        never swaps steps that share a name."""
         if sorted(names) != sorted(s.name for s in self.declared.steps):
             return
         by_name: dict[str, list[Step]] = {}
         for s in self.declared.steps:
             by_name.setdefault(s.name, []).append(s)
         nth = {n: iter(steps) for n, steps in by_name.items()}
-        self._pinned = tuple(next(nth[n]) for n in names)
+        steps = tuple(next(nth[n]) for n in names)
+        known: Phase = next((p for p in PHASES if p == phase), "undecided")
+        said = {"undecided": "AutoOrder decides from the next profile of enough samples",
+                "validating": "AutoOrder validates it on the next profile of enough samples",
+                "kept": "AutoOrder had validated it: kept"}[known]
+        self._pinned = OrderPlan(steps, None, f"order: as the loaded state dict recorded ({said})",
+                                 known)
 
     def before_epoch(self) -> bool:
         """Choose this epoch's step order; True when it differs from the previous epoch's."""
         pinned, self._pinned = self._pinned, None
         if pinned is not None:
-            steps = pinned
+            self.order = pinned
+            steps = pinned.steps
         else:
             plan = self.decide()
             if plan is None:
