@@ -309,3 +309,18 @@ def test_a_resume_between_epochs_runs_the_order_the_next_epoch_was_to_run(no_lea
     # AutoOrder's phase goes with the order: the resumed run keeps it, as the uninterrupted one
     assert state["order_phase"] == "kept"
     np.testing.assert_array_equal(np.concatenate(resumed[0][0][1]), np.concatenate(want[1]))
+
+
+def test_a_state_dict_of_an_epoch_left_early_records_autoorders_phase(no_leaks):
+    loader = hr.DataLoader(reorderable(), batch_size=8, num_workers=0,
+                           options=hr.Options(seed=5, profile_store=False, cache=None))
+    try:
+        for _ in range(3):  # declared, decided (crop first), validated: kept
+            list(loader)
+        for _ in loader:
+            break  # left early: the state dict describes where it stopped
+        state = loader.state_dict()
+    finally:
+        loader.close()
+    assert state["in_epoch"] and state["steps"] == ["crop_quarter", "noise"]
+    assert state["order_phase"] == "kept"

@@ -279,7 +279,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             assert point is not None
             origin, delivered, epoch = point.origin, point.delivered, point.epoch
             steps, empty, batches = point.steps or steps, point.empty_batches, point.batches
-            phase = point.order_phase if point.steps else phase
+            phase = point.order_phase or phase
         else:  # between epochs: the order the next one runs, as the uninterrupted run would
             origin, delivered, epoch = None, None, self._epoch
             steps, phase = self.planning.upcoming()
