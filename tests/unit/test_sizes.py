@@ -12,7 +12,13 @@ import pytest
 import torch
 from PIL import Image
 
-from headrace.profiler.sizes import NUMBER_BYTES, payload_bytes, shape_signature, type_signature
+from headrace.profiler.sizes import (
+    NUMBER_BYTES,
+    payload_bytes,
+    shape_signature,
+    signatures,
+    type_signature,
+)
 
 Sample = namedtuple("Sample", ["image", "label"])
 
@@ -179,6 +185,16 @@ def test_shape_signature_flags_dtype_and_shape_changes():
     assert shape_signature("abc") != shape_signature("abcd")
     assert shape_signature([t] * 20) != shape_signature([t] * 19)
     hash(shape_signature({"a": [t, (1, "s")], "b": None, "c": (t,) * 12}))
+
+
+def test_one_walk_gives_both_signatures():
+    Point = namedtuple("Point", "x y")
+    t, a = torch.zeros(3, 4), np.zeros((2, 5), np.float32)
+    samples = [t, a, 3, 2.5, True, None, "txt", b"raw", np.float32(1.0), Image.new("RGB", (4, 4)),
+               (t, 1), Point(t, a), [t, a, 1], [a] * 12, {"image": a, "label": 1, "m": {"k": [t]}},
+               {i: i for i in range(9)}, (a,) * 9, ((t, (a, (1, 2))),), torch.nn.Parameter(t)]
+    for x in samples:
+        assert signatures(x) == (type_signature(x), shape_signature(x)), x
 
 
 def test_a_graph_with_back_references_is_walked_once():

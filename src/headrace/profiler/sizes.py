@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["NUMBER_BYTES", "measure", "payload_bytes", "shape_signature", "type_signature"]
+__all__ = [
+    "NUMBER_BYTES", "measure", "payload_bytes", "shape_signature", "signatures", "type_signature",
+]
 
 NUMBER_BYTES = 8
 """Bytes counted for a Python number (int, float, bool): the width of a C double / int64."""
@@ -241,7 +243,37 @@ def shape_signature(x: Any, depth: int = 0) -> Hashable:
     return (t,)
 
 
+def signatures(x: Any, depth: int = 0) -> tuple[Hashable, Hashable]:
+    """``(type_signature(x), shape_signature(x))`` in one walk: the common types (arrays,
+    tensors, numbers, strings, plain dicts, tuples and lists) are dispatched on their exact
+    type; anything else is left to the two functions."""
+    t = type(x)
+    if t is np.ndarray or t is torch.Tensor:
+        return (t, x.ndim), (t, x.dtype, x.shape)
+    if t in _LEAVES:
+        sig = (t,)
+        return sig, sig
+    if t is str or t is bytes:
+        return (t,), (t, len(x))
+    if t is dict:
+        if depth >= 2 or len(x) > 8:
+            return (t, "..."), (t, len(x), "...")
+        items = [(k, signatures(v, depth + 1)) for k, v in x.items()]
+        return (t, tuple((k, a) for k, (a, _) in items)), (t, tuple((k, b) for k, (_, b) in items))
+    if t is tuple:
+        if depth >= 2 or len(x) > 8:
+            return (t, "..."), (t, len(x), "...")
+        pairs = [signatures(v, depth + 1) for v in x]
+        return (t, tuple(a for a, _ in pairs)), (t, len(x), tuple(b for _, b in pairs))
+    if t is list:
+        if depth >= 2:
+            return (t, "..."), (t, len(x), "...")
+        pairs = [signatures(v, depth + 1) for v in x[:8]]
+        return (t, frozenset(a for a, _ in pairs)), (t, len(x), tuple(b for _, b in pairs))
+    return type_signature(x, depth), shape_signature(x, depth)
+
+
 def measure(x: Any) -> tuple[int, Hashable, Hashable]:
     """(payload bytes, type signature, shape signature) of a step's output: what workers
     record per step."""
-    return payload_bytes(x), type_signature(x), shape_signature(x)
+    return (payload_bytes(x), *signatures(x))
