@@ -232,6 +232,7 @@ def test_autoorder_never_swaps_two_steps_that_change_the_shape(no_leaks):
     assert shapes == [{(32, 32): N // 8}] * 3
     assert executed == ["scale_jitter", "random_crop"]
     assert "random_crop stays after scale_jitter" in text, text
+    assert "as declared (AutoOrder's order would swap steps that both change the shape)" in text
 
 
 class Short:

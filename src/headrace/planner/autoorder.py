@@ -99,6 +99,8 @@ class AutoOrderDecision:
         notes: other observations worth reading (hints, data-dependent factors).
         held: why sections kept their declared order although AutoOrder had another one for
             them (the new order would have swapped steps that share a name); also in ``notes``.
+        apart: steps kept in their declared relative order because both change the sample's
+            dtype or shape (``planner/commute.py``), one line per step held; also in ``notes``.
         neutral: the neutral band used.
         cpu_before, cpu_after: expected CPU seconds per sample of the given and the chosen
             order under the cost model in the module docstring; ``None`` without costs.
@@ -116,6 +118,7 @@ class AutoOrderDecision:
     cpu_before: float | None = None
     cpu_after: float | None = None
     held: tuple[str, ...] = ()
+    apart: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -137,6 +140,9 @@ class AutoOrderDecision:
         elif self.held:
             lines = ["AutoOrder: kept the declared order (its order would have swapped steps "
                      "that share a name; see the note)"]
+        elif self.apart:
+            lines = ["AutoOrder: kept the declared order (its order would have swapped steps "
+                     "that both change the sample's dtype or shape; see the note)"]
         else:
             lines = ["AutoOrder: kept the declared order (no movable step gains from moving)"]
         lines += [f"  {m.reason}" for m in self.moves]
@@ -282,6 +288,7 @@ def autoorder(
         cpu_before=before,
         cpu_after=after,
         held=tuple(held),
+        apart=tuple(shape_notes),
     )
 
 

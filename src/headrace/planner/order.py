@@ -128,4 +128,6 @@ def plan_order(
 def _verb(decision: AutoOrderDecision) -> str:
     return ("reordered by AutoOrder" if decision.changed
             else "as declared (AutoOrder's order would swap steps that share a name)"
-            if decision.held else "as declared (AutoOrder found no better order)")
+            if decision.held
+            else "as declared (AutoOrder's order would swap steps that both change the shape)"
+            if decision.apart else "as declared (AutoOrder found no better order)")
