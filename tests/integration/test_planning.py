@@ -47,7 +47,7 @@ def test_every_sample_workers_ran_reaches_the_profile(executor, no_leaks):
     samples come within a first epoch of 400 (162 of the 400 reached it before, and the first
     reordered epoch was the third)."""
     n = 400
-    pipe = hr.Pipeline(VecSource(n, dim=64), [hr.step(pad4, random=True),
+    pipe = hr.Pipeline(VecSource(n, dim=64), [hr.step(noise, random=True),
                                               hr.step(crop_quarter, random=True)])
     opts = hr.Options(executor=executor, cache=None, profile_store=False)
     loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=opts)
@@ -56,7 +56,7 @@ def test_every_sample_workers_ran_reaches_the_profile(executor, no_leaks):
     prof = loader.planning.profile()
     assert prof.samples == n and all(s.count == n for s in prof.steps)
     assert 2 * 64 <= prof.sized_samples < n  # sizes: on a subset of them
-    assert prof.step("pad4").inflation == pytest.approx(4.0)
+    assert prof.step("noise").inflation == pytest.approx(1.0)
     assert prof.step("crop_quarter").inflation == pytest.approx(0.25)
     plan = loader.planning.decide()
     assert plan.reason == f"order: reordered by AutoOrder, from {n} samples (this run)"

@@ -6,7 +6,9 @@ GIL, ``SampleRunner.on_global_draw`` for draws from the global generators)."""
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data._utils import collate as torch_collate
 
 from headrace.planner.executor import (
     TRIAL_MIN_S,
@@ -17,6 +19,9 @@ from headrace.planner.executor import (
     global_draw_reason,
 )
 from headrace.planner.workers import rank_cpus
+
+if TYPE_CHECKING:
+    from headrace.runtime.loader import DataLoader
 
 
 class ExecutorProbes:
@@ -65,3 +70,21 @@ class ExecutorProbes:
         self._last = (sum(prog.gil_held), sum(prog.gil_probed))
         return choose_executor(self._banked[0] + self._last[0], self._banked[1] + self._last[1],
                                max(1, pool.size), rank_cpus())
+
+
+def threads_blocked(loader: DataLoader) -> str | None:
+    """Why ``executor="auto"`` may not choose threads here (None: it may)."""
+    if not loader.num_workers or loader.pipeline is None:
+        return "no worker processes to replace (num_workers=0 or an IterableDataset)"
+    if loader.pipeline.opaque or loader.pipeline.embedded:
+        return ("the dataset's own __getitem__ runs the steps: threads would share its "
+                "global random generators, which worker processes re-seed per sample")
+    if loader.worker_init_fn is not None:
+        return "worker_init_fn needs worker processes"
+    if loader.collate_fn is not torch_collate.default_collate:
+        return "a collate_fn of your own would receive objects shared between threads"
+    if loader.options.sample_timeout_s is not None:
+        return "sample_timeout_s needs worker processes (a thread cannot be killed)"
+    if loader.options.remote is not None:
+        return "remote workers run beside local worker processes"
+    return None

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 import torch
 import torch.utils.data as tud
-from torch.utils.data._utils import collate as torch_collate
 
 from headrace.cache.session import CacheSession, open_session
 from headrace.errors import HeadraceError, StateDictError
@@ -36,6 +35,7 @@ from headrace.runtime import checkpoint, distributed, epochs, explaining, orderi
 from headrace.runtime import span as epoch_span
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import CollatePlace
+from headrace.runtime.executor_auto import threads_blocked
 from headrace.runtime.lightning_loops import restored_at_epoch_end
 from headrace.runtime.monitor import Monitor
 from headrace.runtime.options import AutoWorkers, Options, check_arguments
@@ -130,7 +130,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         """What runs the workers now (``executor="auto"`` starts on processes)."""
         self.monitor.use_executor(self._executor)
         if self.options.executor == "auto":
-            blocked = self._threads_blocked()
+            blocked = threads_blocked(self)
             if blocked is not None:
                 self.monitor.executor_decision = forced_processes(blocked)
             else:
@@ -345,23 +345,6 @@ class DataLoader(tud.DataLoader[_T_co]):
             delivered_by="index" if epochs.delivered_by_index(self) else "position",
             positions=epoch_span.total_positions(self), batch_size=batch_size, drop_last=drop_last,
             shuffle=ordering.shuffle_of(self._index_sampler))
-
-    def _threads_blocked(self) -> str | None:
-        """Why ``executor="auto"`` may not choose threads here (None: it may)."""
-        if not self.num_workers or self.pipeline is None:
-            return "no worker processes to replace (num_workers=0 or an IterableDataset)"
-        if self.pipeline.opaque or self.pipeline.embedded:
-            return ("the dataset's own __getitem__ runs the steps: threads would share its "
-                    "global random generators, which worker processes re-seed per sample")
-        if self.worker_init_fn is not None:
-            return "worker_init_fn needs worker processes"
-        if self.collate_fn is not torch_collate.default_collate:
-            return "a collate_fn of your own would receive objects shared between threads"
-        if self.options.sample_timeout_s is not None:
-            return "sample_timeout_s needs worker processes (a thread cannot be killed)"
-        if self.options.remote is not None:
-            return "remote workers run beside local worker processes"
-        return None
 
     def explain(self) -> str:
         """Every decision headrace made for this loader and the measured numbers behind it."""
