@@ -13,7 +13,7 @@ import torch
 
 import headrace as hr
 from headrace.cache.tiers import TierLayout
-from headrace.pipeline.fingerprint import code_identity
+from headrace.pipeline.code_digest import code_identity
 from tests.helpers import Compose
 
 
@@ -135,7 +135,7 @@ def test_a_large_array_is_hashed_by_a_sample_of_its_elements():
     """A bound method counts its object, which may hold a whole dataset: arrays over
     ``_FULL_BYTES`` are read at ``_SAMPLED`` places, not whole, and the places include both
     ends; arrays up to it count every element."""
-    from headrace.pipeline import fingerprint as fp
+    from headrace.pipeline import value_digest as fp
 
     big = np.zeros(fp._FULL_BYTES // 4 + 1000, np.float32)
     assert len(fp._array_bytes(big)) == len(b"sampled:") + fp._SAMPLED * 4
@@ -157,7 +157,7 @@ def test_a_large_array_is_hashed_by_a_sample_of_its_elements():
 def test_tensors_of_every_kind_have_a_digest_by_value():
     """bfloat16 (no NumPy dtype), sparse, conjugate and meta tensors: a digest, not an error,
     and one that follows the values."""
-    from headrace.pipeline.fingerprint import state_digest
+    from headrace.pipeline.value_digest import state_digest
 
     bf = torch.ones(3, dtype=torch.bfloat16)
     assert state_digest(bf) != state_digest(2 * bf)
@@ -177,6 +177,7 @@ def test_a_bound_method_over_a_large_dataset_keeps_its_fingerprint_cheap():
     """The object a step's method is bound to counts by value, its large arrays by a sample:
     its fingerprint still changes with the values it samples."""
     from headrace.pipeline import fingerprint as fp
+    from headrace.pipeline import value_digest
 
     class Data:
         def __init__(self) -> None:
@@ -192,7 +193,7 @@ def test_a_bound_method_over_a_large_dataset_keeps_its_fingerprint_cheap():
             return x
 
     d = Data()
-    assert d.images.nbytes > fp._FULL_BYTES
+    assert d.images.nbytes > value_digest._FULL_BYTES
     pipe = hr.Pipeline(d, [hr.step(d.aug)])
     before = fp.step_digests(pipe)
     d.images[-1, -1, -1, -1] = 9
@@ -200,7 +201,7 @@ def test_a_bound_method_over_a_large_dataset_keeps_its_fingerprint_cheap():
 
 
 def test_large_bytes_are_hashed_by_a_sample_too():
-    from headrace.pipeline import fingerprint as fp
+    from headrace.pipeline import value_digest as fp
 
     blob = bytes(fp._FULL_BYTES + 1)
     changed = bytearray(blob)
@@ -217,12 +218,12 @@ def test_an_object_array_is_hashed_by_its_elements_the_same_in_every_process():
     import subprocess
     import sys
 
-    code = ("import numpy as np; from headrace.pipeline.fingerprint import state_digest; "
+    code = ("import numpy as np; from headrace.pipeline.value_digest import state_digest; "
             "print(state_digest(np.array(['a/1.jpg', 'a/2.jpg', 3], dtype=object)))")
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, timeout=60).stdout for _ in range(2)}
     assert len(runs) == 1
-    from headrace.pipeline.fingerprint import state_digest
+    from headrace.pipeline.value_digest import state_digest
 
     a = np.array(["a/1.jpg", "a/2.jpg"], dtype=object)
     assert state_digest(a) != state_digest(np.array(["b/1.jpg", "a/2.jpg"], dtype=object))

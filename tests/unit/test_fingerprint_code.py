@@ -13,7 +13,7 @@ import pytest
 
 import headrace as hr
 from headrace.cache.tiers import TierLayout
-from headrace.pipeline.fingerprint import code_identity
+from headrace.pipeline.code_digest import code_identity
 
 LIB = "def decode(b):\n    return _scale(b) + 0\n\ndef _scale(b):\n    return b * 2\n"
 EDITED = LIB.replace("b * 2", "b * 3")  # the same size: a file's size does not tell them apart
@@ -80,7 +80,7 @@ def test_a_modules_identity_is_the_same_in_every_process_until_its_file_changes(
         sys.dont_write_bytecode = True
         sys.path.insert(0, sys.argv[1])
         import hr_fp_lib
-        from headrace.pipeline.fingerprint import code_identity
+        from headrace.pipeline.code_digest import code_identity
         def step(b):
             return hr_fp_lib.decode(b)
         print(code_identity(step))

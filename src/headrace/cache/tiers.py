@@ -27,7 +27,8 @@ import dataclasses
 import hashlib
 from typing import TYPE_CHECKING, Any
 
-from headrace.pipeline.fingerprint import code_identity, source_fingerprint
+from headrace.pipeline.code_digest import code_identity
+from headrace.pipeline.fingerprint import source_fingerprint
 from headrace.pipeline.seeding import index_key
 
 if TYPE_CHECKING:
