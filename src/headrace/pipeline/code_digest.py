@@ -1,5 +1,6 @@
 """The identity of a step's code, the same in every process: a function by its bytecode, the
-names it uses, its constants, defaults, captured values and the module globals it reads; a
+names it uses, its constants, defaults, captured values, the module globals it reads and the
+helpers of its module it calls (with the settings they read, not the tables they fill); a
 callable object by its class's methods and its state; a module it calls into by its source
 (:mod:`modules`).
 
@@ -11,9 +12,11 @@ this one inside ``state_digest`` (a local import).
 
 from __future__ import annotations
 
+import dis
 import functools
 import inspect
 import sys
+from types import FunctionType
 from typing import Any
 
 from headrace.pipeline.modules import module_digest, package_version
@@ -49,11 +52,12 @@ def code_identity(fn: Any, depth: int = 0) -> str:
     define (:func:`_methods_digest`: the helper methods its ``__call__`` calls too) and their
     state by value (``__dict__``, else ``__slots__`` or what pickle rebuilds them from), so two
     ``Resize(224)`` instances match and ``Resize(256)`` does not. Closures count the values
-    they captured. A ``functools.partial`` is its function's identity plus its bound arguments
-    and keywords by value (nested partials likewise), and a bound method is its function, its
-    class's methods and the object it is bound to, so ``partial(scale, factor=2)`` and
-    ``partial(scale, factor=3)``, or ``Scaler(2).apply`` and ``Scaler(3).apply``, differ. A
-    built-in function is its qualified name (``builtins.abs``,
+    they captured; a step's function, the helpers of its module it calls and the globals they
+    read (:func:`_globals_digest`). A ``functools.partial`` is its function's identity plus
+    its bound arguments and keywords by value (nested partials likewise), and a bound method
+    is its function, its class's methods and the object it is bound to, so
+    ``partial(scale, factor=2)`` and ``partial(scale, factor=3)``, or ``Scaler(2).apply`` and
+    ``Scaler(3).apply``, differ. A built-in function is its qualified name (``builtins.abs``,
     ``torch._VariableFunctionsClass.flatten``) plus the object it is bound to, if any; a class
     is its qualified name and its methods' code.
     """
@@ -80,7 +84,7 @@ def code_identity(fn: Any, depth: int = 0) -> str:
         defaults = (getattr(fn, "__defaults__", None), getattr(fn, "__kwdefaults__", None))
         if defaults != (None, None):  # ``lambda x, k=k: ...``, ``def decode(x, k=2)``
             ident += ":" + state_digest(defaults, depth + 1)
-        if depth == 0:  # the step's own function: the module globals it reads, by value
+        if depth == 0:  # the step's own function: the globals it reads, by value; its helpers
             ident += ":" + _globals_digest(getattr(fn, "__globals__", None), [code],
                                            module_name(fn))
         cells = getattr(fn, "__closure__", None) or ()
@@ -107,12 +111,12 @@ def _methods_digest(cls: type, depth: int) -> str:
     """The code of the functions ``cls`` and its bases define (methods, static and class
     methods, properties' accessors), each with its default arguments; bases from
     ``_LIBRARIES`` (``nn.Module``, ``object``) count by their package's version instead. At
-    ``depth`` 0 (the step itself), also the modules, functions and classes these functions
-    reference, as a step function's, but not other globals' values: a method filling a
-    module-level memo table changed the step's identity as it ran (the cache stopped hitting,
-    a resume said the step changed). A callable class counted its ``__call__`` only: an edited
-    helper method it calls (``self._go``) kept its identity, and a shared cache served the old
-    code's samples."""
+    ``depth`` 0 (the step itself), also the globals these functions read and the helpers of
+    their module they call, as a step function's, but only immutable scalars by value
+    (:func:`_global_part`): a method filling a module-level memo table changed the step's
+    identity as it ran (the cache stopped hitting, a resume said the step changed). A callable
+    class counted its ``__call__`` only: an edited helper method it calls (``self._go``) kept
+    its identity, and a shared cache served the old code's samples."""
     parts: list[str] = []
     for k in cls.__mro__:
         mod = module_name(k)
@@ -132,7 +136,7 @@ def _methods_digest(cls: type, depth: int) -> str:
                     parts.append(f"{k.__qualname__}.{name}={_code_digest(f.__code__)}" + (
                         f":{state_digest(defaults, depth + 1)}" if defaults != (None, None)
                         else ""))
-        if depth == 0 and fns:  # the code they call, not the data they read (a memo table)
+        if depth == 0 and fns:  # the code they call, settings they read, not a memo table
             parts.append(_globals_digest(fns[0].__globals__, [f.__code__ for f in fns], mod,
                                          values=False))
     return short_hash(";".join(parts).encode())
@@ -141,42 +145,124 @@ def _methods_digest(cls: type, depth: int) -> str:
 def _globals_digest(g: Any, codes: list[Any], own: str, values: bool = True) -> str:
     """The module globals that ``codes`` (a step's function, or the methods of a step's
     class, defined in module ``own``) read (``co_names`` found in ``g``, their
-    ``__globals__``, nested code included), by value: a setting from the command line
-    (``SIZE``), a table; of an object (``args``), only the attributes the code names
-    (``args.size``, not ``args.lr`` or ``args.resume``, which differ between jobs sharing a
-    cache and between a run and its resume); functions it calls by their code (not further),
-    classes by name (one of ``own`` by its methods' code). A module by its content
-    (:func:`modules.module_digest`), with the submodules the code names (``pkg.sub.fn``), and
-    a function or class imported from another module with that module's: ``mylib.decode``
-    edited in ``mylib.py`` kept the step's identity. Only for the step's own function: deeper
-    callables count their code. ``values=False``: other globals by name only."""
+    ``__globals__``, nested code included): with ``values``, by value: a setting from the
+    command line (``SIZE``), a table; of an object (``args``), only the attributes the code
+    names (``args.size``, not ``args.lr`` or ``args.resume``, which differ between jobs sharing
+    a cache and between a run and its resume). Without (a class's methods), by
+    :func:`_global_part`'s rule: immutable scalars by value, other objects by name. Functions
+    by their code, classes by name (one of ``own`` by its methods' code). A module by its
+    content (:func:`modules.module_digest`), with the submodules the code names
+    (``pkg.sub.fn``), and a function or class imported from another module with that module's:
+    ``mylib.decode`` edited in ``mylib.py`` kept the step's identity.
+
+    Then the helpers: the functions of ``own`` (those whose ``__globals__`` is ``g``) that
+    ``codes`` name, the ones those name, and so on (:func:`_helpers`), and the globals they
+    read, by :func:`_global_part`'s rule. A step calling ``helper(x)`` that reads ``SCALE``
+    counted ``helper``'s code only: a curriculum changing ``SCALE`` between epochs was served
+    the first epoch's samples by the default cache (a bug hunt)."""
     if not isinstance(g, dict):
         return "-"
-    used: set[str] = set()
-    stack = list(codes)
+    used = _names(codes)
+    helpers = _helpers(g, used)
+    stored = _stores(codes + helpers) if helpers or not values else frozenset()
+    parts = [_global_part(g, n, used, own, values, stored)
+             for n in sorted(n for n in used if n in g)[:MAX_ITEMS]]
+    if helpers:
+        read = _names(helpers)
+        parts.append("helpers")
+        parts += [_global_part(g, n, read, own, False, stored)
+                  for n in sorted(n for n in read - used if n in g)[:MAX_ITEMS]]
+    return short_hash(";".join(parts).encode())
+
+
+def _global_part(g: dict[str, Any], n: str, used: set[str], own: str, values: bool,
+                 stored: frozenset[str]) -> str:
+    """How global ``n`` counts in :func:`_globals_digest` (``used``: the names the code reads).
+    Without ``values``: an immutable scalar (``None``, a number, a string, bytes, a tuple or
+    frozenset of those) by value, unless the code followed assigns it (``stored``: ``global
+    n`` then ``n = ...``, a counter or a table built on first use); other objects (a dict, a
+    list, an object) by name. A module-level memo table a method or helper fills is such an
+    object: by value it changed the step's identity as the step ran (the cache stopped
+    hitting, a resume said the step changed). A setting the script changes between epochs (a
+    curriculum's ``SCALE``) is a scalar: by name the cache served the old setting's samples."""
+    v = g[n]
+    if inspect.ismodule(v):
+        return f"{n}={_modules_digest(v, used)}"
+    if inspect.isclass(v):
+        own_class = module_name(v) == own
+        return (f"{n}={qualified_name(v)}:"
+                f"{_methods_digest(v, 1) if own_class else _module_of(v, own)}")
+    if getattr(v, "__code__", None) is not None:
+        return f"{n}={_code_digest(v.__code__)}:{_module_of(v, own)}"
+    if not values:
+        return f"{n}={state_digest(v, 1)}" if n not in stored and _immutable(v, 0) else n
+    if isinstance(getattr(v, "__dict__", None), dict) and not callable(v):
+        attrs = {a: x for a, x in vars(v).items() if a in used}
+        return f"{n}={qualified_name(type(v))}:{state_digest(attrs, 1)}"
+    return f"{n}={state_digest(v, 1)}"
+
+
+def _immutable(v: Any, depth: int) -> bool:
+    """Whether ``v`` is an immutable scalar (``None``, ``bool``, ``int``, ``float``,
+    ``complex``, ``str``, ``bytes``) or a tuple or frozenset of at most ``MAX_ITEMS`` such
+    values, nested at most ``MAX_DEPTH`` deep."""
+    if v is None or isinstance(v, (bool, int, float, complex, str, bytes)):
+        return True
+    return (type(v) in (tuple, frozenset) and len(v) <= MAX_ITEMS and depth < MAX_DEPTH
+            and all(_immutable(x, depth + 1) for x in v))
+
+
+def _helpers(g: dict[str, Any], names: set[str]) -> list[Any]:
+    """The code of the functions of ``g``'s module (their ``__globals__`` is ``g``) reached
+    from ``names``: those named, the ones their code names, and so on, each once (a helper
+    calling itself, or two calling each other, end there), at most ``MAX_ITEMS`` functions."""
+    found: list[Any] = []
+    seen: set[str] = set()
+    todo = sorted(names & g.keys())  # most names are attributes (x.mean), not globals
+    while todo and len(found) < MAX_ITEMS:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        v = g[n]
+        if isinstance(v, FunctionType) and v.__globals__ is g:
+            found.append(v.__code__)
+            todo.extend(sorted(_code_facts(v.__code__)[0] & g.keys() - seen))
+    return found
+
+
+def _names(codes: list[Any]) -> set[str]:
+    """The names (``co_names``) ``codes`` use, nested code included."""
+    out: set[str] = set()
+    for c in codes:
+        out |= _code_facts(c)[0]
+    return out
+
+
+def _stores(codes: list[Any]) -> frozenset[str]:
+    """The globals ``codes`` assign or delete (``global n`` then ``n = ...``)."""
+    return frozenset().union(*(_code_facts(c)[1] for c in codes))
+
+
+_GLOBAL_WRITES = frozenset({dis.opmap["STORE_GLOBAL"], dis.opmap["DELETE_GLOBAL"]})
+"""The opcodes assigning and deleting a global (``global n`` then ``n = ...``, ``del n``)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _code_facts(code: Any) -> tuple[frozenset[str], frozenset[str]]:
+    """(names used, globals assigned or deleted) of ``code`` and the code nested in it; kept
+    per code object (equal code, equal facts) as fingerprints are taken at every epoch."""
+    names: set[str] = set()
+    stores: set[str] = set()
+    stack = [code]
     while stack:
         c = stack.pop()
-        used.update(c.co_names)
+        names.update(c.co_names)
+        if not _GLOBAL_WRITES.isdisjoint(c.co_code[::2]):  # opcodes: a word's first byte
+            stores.update(i.argval for i in dis.get_instructions(c)
+                          if i.opcode in _GLOBAL_WRITES)
         stack.extend(k for k in c.co_consts if inspect.iscode(k))
-    parts = []
-    for n in sorted(n for n in used if n in g)[:MAX_ITEMS]:
-        v = g[n]
-        if inspect.ismodule(v):
-            parts.append(f"{n}={_modules_digest(v, used)}")
-        elif inspect.isclass(v):
-            own_class = module_name(v) == own
-            parts.append(f"{n}={qualified_name(v)}:"
-                         f"{_methods_digest(v, 1) if own_class else _module_of(v, own)}")
-        elif getattr(v, "__code__", None) is not None:
-            parts.append(f"{n}={_code_digest(v.__code__)}:{_module_of(v, own)}")
-        elif not values:
-            parts.append(n)
-        elif isinstance(getattr(v, "__dict__", None), dict) and not callable(v):
-            attrs = {a: x for a, x in vars(v).items() if a in used}
-            parts.append(f"{n}={qualified_name(type(v))}:{state_digest(attrs, 1)}")
-        else:
-            parts.append(f"{n}={state_digest(v, 1)}")
-    return short_hash(";".join(parts).encode())
+    return frozenset(names), frozenset(stores)
 
 
 def _modules_digest(mod: Any, used: set[str]) -> str:
