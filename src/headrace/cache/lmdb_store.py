@@ -8,9 +8,23 @@ own lock, so the byte accounting below is exact across processes. Its files live
 
 Budget: headrace counts every entry at what it occupies in LMDB (``entry_cost``: key, value and
 node header, page-rounded for large values, which LMDB keeps on their own pages) and keeps each
-tier's total under its share of the store's budget; LMDB's ``map_size`` is only a hard stop far
-above it. When an entry does not fit, entries of namespaces no longer live (a changed prefix
-after AutoOrder, an earlier epoch of a seeded form) are evicted first; live entries are never
+tier's total under its share of the store's budget. The file is held to the budget plus a slack
+(``file_limit``: 1/16 of it, at least 1 MiB), since a file on tmpfs holds every page it ever
+wrote in memory, however few entries are left in them: that limit is LMDB's ``map_size``, past
+which LMDB writes nothing (``MDB_MAP_FULL``). The entries alone did not bound the file: LMDB
+reuses a freed page only two write transactions later, and a large entry needs one run of
+contiguous free pages, which entries of other sizes freed here and there seldom leave (entries
+of 100 KB-1.5 MB replaced every epoch grew the file to 1.25x a 128 MiB budget in 20 epochs,
+2.3x an 8 MiB one); entries under a page share B-tree leaf pages that random keys leave 60-70%
+full (1.66x). So an insert also checks the pages the file holds (entries and B-trees, LMDB's
+own counts) against ``file_room``, the limit less a reserve where a delete finds the pages it
+copies on write; and where LMDB finds no run long enough, every stale entry is evicted in a
+transaction of its own, one more is committed (then LMDB may reuse those pages) and the insert
+is tried once more. Readers are safe throughout: LMDB reuses no page a reader's snapshot can
+see, and ``get`` decodes (copies) inside its read transaction.
+
+When an entry does not fit, entries of namespaces no longer live (a changed prefix after
+AutoOrder, an earlier epoch of a seeded form) are evicted first; live entries are never
 evicted for other live ones: under uniform random sampling every sample is equally likely to
 be asked for next, so swapping one cached sample for another gains nothing and costs a write.
 
@@ -34,10 +48,15 @@ NODE_MAX = 2000
 """Entries larger than this (key + value, bytes) go to their own overflow pages in LMDB."""
 NODE_HEADER = 16
 """Per-entry overhead of an LMDB leaf node plus its slot pointer (bytes, rounded up)."""
-MAP_SLACK = 2.0
-"""``map_size`` is this times the budget plus ``MAP_EXTRA``: room for LMDB's copy-on-write
-pages and free list; the budget, not the map, bounds what headrace stores."""
-MAP_EXTRA = 64 << 20
+FILE_SLACK = 1 / 16
+"""The LMDB file may exceed the store's budget by this fraction of it (at least
+``FILE_SLACK_MIN`` bytes): LMDB's own pages (B-tree, free list), pages freed by the last two
+write transactions (not reusable yet) and free pages too scattered to hold a large entry."""
+FILE_SLACK_MIN = 1 << 20
+RESERVE_FRACTION = 1 / 4
+"""The part of the slack that inserts leave free (``LmdbStore.file_room``): pages a delete
+copies on write (and LMDB's free list records) are found there when the file is at its
+limit, so that evictions and ``take`` never fail for want of pages."""
 
 _U64 = struct.Struct("<Q")
 _envs: dict[tuple[int, str], tuple[Any, Any, Any]] = {}
@@ -74,6 +93,14 @@ def entry_cost(key_len: int, value_len: int) -> int:
     return key_len + NODE_HEADER + -(-(value_len + 16) // PAGE) * PAGE
 
 
+def file_limit(budget: int) -> int:
+    """Bytes the LMDB file of a store with ``budget`` bytes may reach: LMDB's ``map_size``,
+    which LMDB never writes past (``MDB_MAP_FULL``), so the file on tmpfs holds at most this
+    much memory."""
+    limit = budget + max(int(budget * FILE_SLACK), FILE_SLACK_MIN)
+    return -(-limit // PAGE) * PAGE
+
+
 def close_envs(path: str) -> None:
     """Close this process's environments at ``path`` and below it (a backend's shards)."""
     with _envs_lock:
@@ -93,7 +120,7 @@ def _open(path: str, budget: int, readers: int) -> tuple[Any, Any, Any]:
         dbs = _envs.get(key)
         if dbs is None:
             _reserve_lock_file(path, readers)
-            env = lmdb.open(path, map_size=int(budget * MAP_SLACK) + MAP_EXTRA, max_dbs=2,
+            env = lmdb.open(path, map_size=file_limit(budget), max_dbs=2,
                             max_readers=readers, sync=False, metasync=False, readahead=False,
                             meminit=False)
             with _write_lock(path):  # open_db writes
@@ -139,6 +166,9 @@ class LmdbStore:
         self.total_budget = budget_bytes
         self.budgets: dict[str, int] = {}
         self.readers = max(126, readers)
+        self.file_room = file_limit(budget_bytes) - int(
+            (file_limit(budget_bytes) - budget_bytes) * RESERVE_FRACTION)
+        """Bytes of pages the entries, LMDB's B-tree and an insert may hold together."""
         self._dbs_here: tuple[Any, Any, Any] | None = None
         self._pid = -1
 
@@ -193,13 +223,30 @@ class LmdbStore:
     # -- writes --------------------------------------------------------------------------------
     def put(self, key: bytes, tier: str, blob: bytes, live: Iterable[bytes]) -> str:
         """Store ``blob``; ``"stored"``, ``"exists"``, ``"full"`` (no room left in the tier's
-        budget) or ``"too_big"`` (the entry alone exceeds it).
+        budget or in the file) or ``"too_big"`` (the entry alone exceeds the tier's budget).
 
-        ``live``: namespaces still in use; others of this tier are evicted to make room.
+        ``live``: namespaces still in use; others are evicted to make room.
         """
+        import lmdb
+
         cost = entry_cost(len(key), len(blob))
+        live_set = set(live)
         env, data, meta = self._dbs()
-        with _write_lock(self.path), env.begin(write=True) as txn:
+        with _write_lock(self.path):
+            try:
+                return self._put(env, data, meta, key, tier, blob, live_set, cost)
+            except lmdb.MapFullError:  # no run of free pages long enough (see the docstring)
+                pass
+            if not self._evict_all_stale(env, data, meta, live_set):
+                return "full"
+            try:
+                return self._put(env, data, meta, key, tier, blob, live_set, cost)
+            except lmdb.MapFullError:
+                return "full"
+
+    def _put(self, env: Any, data: Any, meta: Any, key: bytes, tier: str, blob: bytes,
+             live: set[bytes], cost: int) -> str:
+        with env.begin(write=True) as txn:
             budget = self._budget(txn, meta, tier)
             if cost > budget:
                 return "too_big"
@@ -207,12 +254,28 @@ class LmdbStore:
                 return "exists"
             used = self._used(txn, meta, tier)
             if used + cost > budget:
-                used -= self._evict_stale(txn, data, meta, tier, set(live), used + cost - budget)
+                used -= self._evict_stale(txn, data, meta, tier, live, used + cost - budget)
                 if used + cost > budget:
+                    return "full"
+            over = _pages_held(txn, data, meta) * PAGE + cost - self.file_room
+            if over > 0:
+                over -= self._evict_stale(txn, data, meta, None, live, over)
+                if over > 0:
                     return "full"
             txn.put(key, blob, db=data)
             self._add(txn, meta, tier, key[:16], cost)
             return "stored"
+
+    def _evict_all_stale(self, env: Any, data: Any, meta: Any, live: set[bytes]) -> bool:
+        """Evict every entry of a namespace not in ``live``, in a transaction of its own, then
+        commit one more, so that LMDB may reuse the freed pages in the next (see the module
+        docstring); False when there was none."""
+        with env.begin(write=True) as txn:
+            if not self._evict_stale(txn, data, meta, None, live, 1 << 62):
+                return False
+        with env.begin(write=True) as txn:  # a write of its own: only then can the next
+            self._touch(txn, meta)  # transaction take the pages freed above
+        return True
 
     def set_budgets(self, budgets: dict[str, int]) -> None:
         """(Re-)split the budget, for every process at once (kept in LMDB); a tier over its
@@ -266,6 +329,14 @@ class LmdbStore:
         v = txn.get(b"u:" + tier.encode(), db=meta)
         return _U64.unpack(v)[0] if v is not None else 0
 
+    @staticmethod
+    def _touch(txn: Any, meta: Any) -> None:
+        """A write, so that the transaction commits (LMDB commits none for an empty one): it
+        counts how often the file was reclaimed (``_evict_all_stale``)."""
+        v = txn.get(b"x:reclaims", db=meta)
+        txn.put(b"x:reclaims", _U64.pack((_U64.unpack(v)[0] if v is not None else 0) + 1),
+                db=meta)
+
     def _add(self, txn: Any, meta: Any, tier: str, ns: bytes, delta: int) -> None:
         tkey = b"u:" + tier.encode()
         txn.put(tkey, _U64.pack(max(0, self._used(txn, meta, tier) + delta)), db=meta)
@@ -278,31 +349,42 @@ class LmdbStore:
             txn.put(nkey, _U64.pack(n_used) + tier.encode(), db=meta)
 
     def _evict_stale(
-        self, txn: Any, data: Any, meta: Any, tier: str, live: set[bytes], need: int
+        self, txn: Any, data: Any, meta: Any, tier: str | None, live: set[bytes], need: int
     ) -> int:
-        """Delete entries of this tier's namespaces not in ``live`` (all of them when ``live``
-        is empty: a budget cut) until ``need`` bytes are freed; returns the bytes freed."""
+        """Delete entries of this tier's namespaces (every tier's: ``None``) not in ``live``
+        (all of them when ``live`` is empty: a budget cut) until ``need`` bytes are freed;
+        returns the bytes freed."""
         victims = []
         with txn.cursor(db=meta) as cur:
             if cur.set_range(b"n:"):
                 for k, v in cur:
                     if not k.startswith(b"n:"):
                         break
-                    ns = bytes(k[2:])
-                    if bytes(v[8:]).decode() == tier and ns not in live:
-                        victims.append(ns)
+                    ns, owner = bytes(k[2:]), bytes(v[8:]).decode()
+                    if (tier is None or owner == tier) and ns not in live:
+                        victims.append((ns, owner))
         freed = 0
-        for ns in victims:
+        for ns, owner in victims:
             with txn.cursor(db=data) as cur:
                 if not cur.set_range(ns):
                     continue
                 while freed < need and bytes(cur.key()[:16]) == ns:
                     k, v = cur.item()
                     c = entry_cost(len(k), len(v))
-                    self._add(txn, meta, tier, ns, -c)
+                    self._add(txn, meta, owner, ns, -c)
                     freed += c
                     if not cur.delete():
                         break
             if freed >= need:
                 break
         return freed
+
+
+def _pages_held(txn: Any, data: Any, meta: Any) -> int:
+    """Pages of the file in use in ``txn``: the entries and both databases' B-trees, plus the
+    two meta pages and the main database's page (LMDB's free list is in the reserve)."""
+    held = 3
+    for db in (data, meta):
+        st = txn.stat(db)
+        held += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+    return held

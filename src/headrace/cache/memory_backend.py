@@ -193,7 +193,8 @@ class MemoryBackend:
         the tier is full) or ``"full"`` (every shard's share is full, as this process found
         them, or the entry alone is larger than a shard's share).
 
-        ``live``: namespaces still in use; others of this tier are evicted to make room.
+        ``live``: namespaces still in use; others of this tier are evicted to make room (and
+        of every tier when the shard's file is at its limit, ``lmdb_store.file_limit``).
         """
         live = frozenset(live)
         if live != self._live:  # another order or seeded epoch: stale entries make room now
