@@ -21,3 +21,9 @@ def test_a_large_sample_epoch_is_timed_for_both_loaders(no_leaks):
     # 80 MB leaves: over a quarter of any ring, so this also runs the shared-memory fallback
     for kind in ("headrace", "torch"):
         assert ring_memory.large_epoch_s(kind, sample_mb=80, batch=2, batches=2) > 0
+
+
+def test_memory_against_torch_runs_each_loader_in_a_fresh_process(capsys):
+    ring_memory.main(["--rss-mb", "1", "--samples", "8", "--epochs", "1", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert "| headrace | " in out and "| torch | " in out and "8 samples of 1 MB" in out

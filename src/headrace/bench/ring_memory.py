@@ -10,11 +10,18 @@ otherwise); what is resident of it is what the writer has written to at least on
 ``--large-mb 5 16`` instead times epochs of samples that large (10 batches, 2 workers, rounds
 interleaved) against torch's loader: leaves over a quarter of a ring go through torch's shared
 memory, one descriptor each.
+
+``--rss-mb 20`` instead measures memory against torch's loader, each run a fresh process
+(:func:`process_memory`): ``--samples`` samples of that many MB, batches of 4, 2 persistent
+workers, ``--epochs`` epochs, each batch read once as a training step would:
+
+    python -m headrace.bench.ring_memory --rss-mb 20 --samples 200 --epochs 3 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import torch
@@ -88,6 +95,100 @@ def large_epoch_s(kind: str, sample_mb: int, batch: int, batches: int) -> float:
     return wall
 
 
+def _rollup(pid: int) -> dict[str, int]:
+    """``/proc/<pid>/smaps_rollup`` in bytes, plus ``RssShmem`` from its status (empty: gone)."""
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                p = line.split()
+                if len(p) == 3 and p[2] == "kB":
+                    out[p[0].rstrip(":")] = int(p[1]) << 10
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssShmem:"):
+                    out["RssShmem"] = int(line.split()[1]) << 10
+    except OSError:  # a worker that exited meanwhile
+        pass
+    return out
+
+
+def tree_memory() -> dict[str, int]:
+    """Bytes: this process's ``rss`` and ``shmem`` (the shared memory counted in it), and its
+    process tree's ``pss`` (each page divided among the processes mapping it: shared pages
+    counted once in all) and ``uss`` (pages one process alone maps)."""
+    import psutil
+
+    me = _rollup(os.getpid())
+    out = {"rss": me.get("Rss", 0), "shmem": me.get("RssShmem", 0), "pss": 0, "uss": 0}
+    for r in [me] + [_rollup(c.pid) for c in psutil.Process().children(recursive=True)]:
+        out["pss"] += r.get("Pss", 0)
+        out["uss"] += r.get("Private_Clean", 0) + r.get("Private_Dirty", 0)
+    return out
+
+
+def process_memory(kind: str, sample_mb: float, samples: int, epochs: int) -> dict[str, int]:
+    """MB of memory over ``epochs`` epochs of ``samples`` float32 samples of ``sample_mb`` MB
+    (batches of 4, 2 persistent workers, shuffled; each batch summed once): ``peak_rss`` (this
+    process, read every 20 ms), then with the workers still alive after the last epoch
+    ``rss``, ``shmem``, and the process tree's ``pss`` and ``uss`` (:func:`tree_memory`).
+    ``kind``: ``"headrace"`` or ``"torch"``. Meant for a fresh process: a process's peak
+    stays."""
+    import threading
+
+    from headrace.runtime import DataLoader
+
+    cls: Any = DataLoader if kind == "headrace" else tud.DataLoader
+    loader = cls(_Samples(samples, int(sample_mb * (1 << 18))), batch_size=4, num_workers=2,
+                 persistent_workers=True, shuffle=True, timeout=300)
+    peak, stop = [0], threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.02):
+            peak[0] = max(peak[0], tree_memory()["rss"])
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        for _ in range(epochs):
+            for b in loader:
+                float(b.sum())
+                del b  # not held while the next is made, nor at the end
+        stop.set()
+        watcher.join()
+        end = tree_memory()
+    finally:
+        stop.set()
+        getattr(loader, "close", lambda: None)()
+    return {k: v >> 20 for k, v in {"peak_rss": max(peak[0], end["rss"]), **end}.items()}
+
+
+def _memory_table(sample_mb: float, samples: int, epochs: int, rounds: int) -> None:
+    """Runs :func:`process_memory` in fresh processes, the loaders interleaved, and prints
+    medians (min-max) over ``rounds``."""
+    import json
+    import statistics
+    import subprocess
+    import sys
+
+    runs: dict[str, list[dict[str, int]]] = {"headrace": [], "torch": []}
+    for k in range(rounds):
+        for kind in (("headrace", "torch") if k % 2 == 0 else ("torch", "headrace")):
+            out = subprocess.run(
+                [sys.executable, "-m", "headrace.bench.ring_memory", "--one", kind,
+                 "--rss-mb", str(sample_mb), "--samples", str(samples), "--epochs", str(epochs)],
+                check=True, capture_output=True, text=True).stdout
+            runs[kind].append(json.loads(out.strip().splitlines()[-1]))
+    keys = ("peak_rss", "rss", "shmem", "pss", "uss")
+    print(f"| loader | training process: peak RSS | RSS after | shared in it | tree PSS after "
+          f"| tree USS after |  MB, {samples} samples of {sample_mb:g} MB, {epochs} epochs")
+    print("|---|---|---|---|---|---|")
+    for kind, rs in runs.items():
+        cells = [f"{statistics.median(r[k] for r in rs):g} ({min(r[k] for r in rs)}-"
+                 f"{max(r[k] for r in rs)})" for k in keys]
+        print(f"| {kind} | " + " | ".join(cells) + " |")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, nargs="+", default=[2, 32])
@@ -96,7 +197,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--large-mb", type=int, nargs="*", default=[],
                    help="also time epochs of samples this large against torch's loader")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rss-mb", type=float, default=None,
+                   help="measure memory with samples this large against torch's loader")
+    p.add_argument("--samples", type=int, default=200)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--one", choices=("headrace", "torch"), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.one:  # one run of --rss-mb, in the fresh process _memory_table started
+        import json
+
+        print(json.dumps(process_memory(args.one, args.rss_mb, args.samples, args.epochs)))
+        return
+    if args.rss_mb:
+        _memory_table(args.rss_mb, args.samples, args.epochs, args.rounds)
+        return
     if args.large_mb:
         import statistics
 
