@@ -104,12 +104,64 @@ def test_a_writer_touches_only_the_span_its_arrays_in_flight_need():
     for behind, most in ((4, 1 << 20), (40, 4 << 20)):
         ring = Ring(mp.get_context("fork"), size=16 << 20)
         w = RingWriter(ring, parent_pid=0)
-        held, ends = [], []
+        held, ends, tops = [], [], []
         for i in range(300):
             held.append((w.put(np.full(16384, i, dtype=np.float32)), i))
             ends.append(w.write_pos)
+            tops.append(held[-1][0] + 65536)
             if len(held) > behind:  # the reader takes the oldest: still intact, then freed
                 off, v = held.pop(0)
                 assert (np.frombuffer(ring.buf, np.float32, 16384, off) == v).all()
                 ring.read_pos.value = ends[i - behind]
-        assert w.span == most and max(e % ring.size or ring.size for e in ends) <= most
+        assert w.span == most and max(tops) <= most
+
+
+def test_a_reader_one_large_array_behind_keeps_the_span_at_two_arrays():
+    # Arrays larger than the first span (1 MB): the reader takes the first ones at once, then
+    # falls one array behind. The writer went back to the start behind a pad up to the ring's
+    # end, freed only with the array after it, so the next array waited on the pad, the span
+    # doubled to the whole ring and every page of it was written (20 MB samples: 180-240 MB of
+    # each 256 MB ring resident with 2 workers), or waited, had the reader not moved. Two
+    # arrays' worth is enough, and the writer never waits.
+    ring = Ring(mp.get_context("fork"), size=16 << 20)
+    w = RingWriter(ring, parent_pid=0)
+
+    def waits() -> None:
+        raise AssertionError("the writer waited for space with one array held")
+
+    w.before_wait = waits
+    n = 5 << 18  # 1.25 MB
+    ends, tops = [], []
+    for i in range(40):
+        off = w.put(np.full(n // 4, i, dtype=np.float32))
+        assert (np.frombuffer(ring.buf, np.float32, n // 4, off) == i).all()
+        ends.append(w.write_pos)
+        tops.append(off + n)
+        if i < 5:
+            ring.read_pos.value = ends[i]  # taken at once
+        else:
+            ring.read_pos.value = ends[i - 1]  # the reader one array behind
+    assert w.span == 4 << 20 and max(tops) <= 4 << 20  # the power of two over 2 x 1.25 MB
+
+
+def test_place_fills_one_circular_run_inside_the_span():
+    from headrace.runtime.ring import place
+
+    assert place([], 10, 100) == 0  # nothing held: the start
+    assert place([], 101, 100) is None
+    assert place([(0, 20, 30)], 10, 100) == 50  # after the newest
+    assert place([(0, 20, 30)], 20, 60) == 0  # no room after it: the start is clear of it
+    assert place([(0, 20, 30)], 21, 60) is None  # neither
+    held = [(0, 60, 30), (0, 0, 20)]  # wrapped: the room is between the newest and the oldest
+    assert place(held, 40, 100) == 20 and place(held, 41, 100) is None
+
+
+def test_the_span_grows_only_where_that_makes_room():
+    from headrace.runtime.ring import grown_span
+
+    assert grown_span([(0, 0, 40)], 40, 64, 1024) == 128  # after the held array
+    assert grown_span([], 300, 64, 1024) == 512  # one array larger than the span
+    assert grown_span([(0, 0, 40)], 1000, 64, 1024) == 64  # would not fit even in the ring
+    # wrapped round the start: a larger span leaves the room between them as it is, so the
+    # writer waits for the consumer instead of touching more of the ring
+    assert grown_span([(0, 40, 20), (0, 0, 20)], 30, 64, 1024) == 64

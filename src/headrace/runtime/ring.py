@@ -6,25 +6,31 @@ per descriptor. Samples travel one by one here, so each worker gets one ring, ma
 both sides. The worker copies each large array of a finished sample into its ring and sends only
 (offset, dtype, shape) through its pipe; the training process copies it out (about 0.1 ms per
 MB) as soon as the message arrives and frees the space. One producer (the worker), one consumer
-(the scheduler thread), messages read in order: a monotonic write position kept by the worker and
-a shared read position written by the consumer are the whole protocol, no lock.
+(the scheduler thread), messages read in order: a monotonic count of bytes written, kept by the
+worker and sent with each message, and a shared read position the consumer sets to the count of
+the last message it copied out are the whole protocol, no lock. Where each array lies is the
+writer's choice alone (it remembers the arrays not yet freed: ``RingWriter.held``).
 
 A leaf larger than a quarter of the ring falls back to torch's shared-memory path.
 
-A writer uses only the first ``span`` bytes of its ring, from 1 MB, doubling whenever what is
-in flight would make it wait for space, up to the whole ring; and when the consumer has freed
-everything written, the next array goes to the start again. The pages a ring touches are those
-its samples in flight need: every ring was written all the way round, so 32 workers' rings
-held 512 MB of shared memory for 64 KB samples (a sweep). Skipping from the span's end to the
-ring's start is a pad in the monotonic positions, as at the ring's own end: the protocol is
-unchanged.
+A writer uses only the first ``span`` bytes of its ring, from 1 MB, doubling whenever what it
+holds leaves no room, up to the whole ring; inside the span it writes after the newest array
+held or, when that does not fit, at the start if the oldest has left it (:func:`place`), and
+with nothing held, at the start. The pages a ring touches are those its samples in flight
+need: every ring was written all the way round, so 32 workers' rings held 512 MB of shared
+memory for 64 KB samples (a sweep). Offsets used to be the byte count modulo the ring, so
+going back to the start was a pad up to the ring's end, freed only with the array after it: a
+consumer one 20 MB sample behind made the writer wait on that pad, the span doubled to the
+whole ring, and 180-240 MB of each 256 MB ring became resident (docs/benchmarks.md, "Ring
+memory").
 """
 
 from __future__ import annotations
 
+import collections
 import mmap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,10 +116,15 @@ class RingWriter:
     def __init__(self, ring: Ring, parent_pid: int) -> None:
         self.ring = ring
         self.mem = ring.array()
-        self.write_pos = 0  # total bytes reserved (monotonic)
+        self.write_pos = 0
+        """Bytes written in all (monotonic): a message's ``ring_end``, which the consumer sets
+        its read position to once it has copied the message's arrays out."""
+        self.held: collections.deque[tuple[int, int, int]] = collections.deque()
+        """``(end, offset, nbytes)`` of arrays written and not yet known freed, oldest first
+        (``end``: ``write_pos`` after the array, freed once the read position reaches it)."""
         self.span = min(ring.size, SPAN_BYTES)
         """Bytes from the ring's start this writer uses (grows, up to the ring, when what is
-        in flight needs more): pages beyond it are never touched."""
+        held leaves no room in it): pages beyond it are never touched."""
         self.parent_pid = parent_pid
         self.before_wait: Callable[[], Any] = lambda: None
         """Called once before waiting for space (the worker sends samples it kept, whose
@@ -125,29 +136,66 @@ class RingWriter:
     def put(self, arr: np.ndarray) -> int:
         """Copy ``arr`` into the ring; returns its offset. Waits while the ring is full."""
         n = (arr.nbytes + ALIGN - 1) // ALIGN * ALIGN
-        size = self.ring.size
-        while True:
-            pos = self.write_pos % size
-            if pos + n > size or (pos > 0 and pos + n > self.span):
-                pad = size - pos  # to the start: it does not fit before the end (or the span)
-            elif 0 < n <= pos and self.ring.read_pos.value == self.write_pos:
-                pad = size - pos  # all freed: back to the start, where the pages are touched
-            else:
-                pad = 0
-            need = self.write_pos + pad + n - size
-            if self.span >= size or self.ring.read_pos.value >= need:
-                break
-            self.span = min(size, 2 * self.span)  # the samples in flight need more of it
-        if self.ring.read_pos.value < need:
-            self.before_wait()
-        while self.ring.read_pos.value < need:  # consumer has not freed enough yet
-            if parent_gone(self.parent_pid):
-                raise SystemExit(0)
-            time.sleep(0.0005)
-        offset = 0 if pad else pos
-        self.write_pos += pad + n
+        offset = self._reserve(n)
+        self.write_pos += n
+        self.held.append((self.write_pos, offset, n))
         np.ndarray(arr.shape, arr.dtype, self.ring.buf, offset)[...] = arr  # C order, as read
         return offset
+
+    def _reserve(self, n: int) -> int:
+        """An offset with ``n`` free bytes, growing the span if that avoids a wait."""
+        read_pos, held = self.ring.read_pos, self.held
+        asked = False
+        while True:
+            read = read_pos.value
+            while held and held[0][0] <= read:
+                held.popleft()
+            offset = place(held, n, self.span)
+            if offset is None:
+                self.span = grown_span(held, n, self.span, self.ring.size)
+                offset = place(held, n, self.span)
+            if offset is not None:
+                return offset
+            if not asked:  # the consumer has not freed enough yet
+                self.before_wait()
+                asked = True
+            elif parent_gone(self.parent_pid):
+                raise SystemExit(0)
+            else:
+                time.sleep(0.0005)
+
+
+def place(held: Sequence[tuple[int, int, int]], n: int, span: int) -> int | None:
+    """Where ``n`` bytes go in a ring's first ``span`` bytes (None: no room until the consumer
+    frees some), given the arrays still held, ``(end, offset, nbytes)`` oldest first.
+
+    Nothing held: at the start, so a ring whose consumer keeps up touches only the pages one
+    array needs. Otherwise right after the newest array, else at the start if that is clear of
+    the oldest: one circular buffer inside the span. Offsets and the monotonic ``end`` are
+    independent, so going back to the start leaves no pad that must be freed first (a pad to
+    the ring's end, freed only with the array after it, made a consumer one 20 MB sample
+    behind grow a 256 MB ring's span to the whole ring)."""
+    if not held:
+        return 0 if n <= span else None
+    head = held[0][1]
+    tail = held[-1][1] + held[-1][2]
+    if tail > head:  # what is held lies in one piece, [head, tail)
+        if tail + n <= span:
+            return tail
+        return 0 if n <= head else None
+    return tail if tail + n <= head else None  # wrapped: the room is [tail, head)
+
+
+def grown_span(held: Sequence[tuple[int, int, int]], n: int, span: int, size: int) -> int:
+    """The smallest span, doubling ``span`` up to the ring's ``size``, in which :func:`place`
+    finds room for ``n`` bytes; ``span`` itself where none does (held arrays wrapped round
+    the start: only the consumer freeing the oldest makes room, so the writer waits)."""
+    s = span
+    while s < size:
+        s = min(size, 2 * s)
+        if place(held, n, s) is not None:
+            return s
+    return span
 
 
 def map_leaves(x: Any, fn: Callable[[Any], Any]) -> Any:
