@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -594,3 +595,35 @@ def test_objects_the_user_froze_stay_frozen_after_workers_fork(no_leaks):
         assert gc.isenabled()
     finally:
         gc.unfreeze()
+
+
+class CollectorOn(torch.utils.data.Dataset):
+    """Each sample says whether its worker's garbage collector is on."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return int(gc.isenabled())
+
+
+def test_two_loaders_forking_at_once_leave_every_worker_collecting(no_leaks):
+    # the collector is off in the training process while a worker forks: two loaders forking
+    # from two threads read it off from each other, and a worker ran with it off for good
+    off = []
+
+    def run():
+        loader = hr.DataLoader(CollectorOn(), batch_size=4, num_workers=2)
+        try:
+            for _ in range(8):  # an epoch forks its workers anew
+                off.extend(v for b in loader for v in b.tolist() if not v)
+        finally:
+            loader.close()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert off == [] and gc.isenabled()

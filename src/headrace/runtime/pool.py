@@ -57,6 +57,20 @@ from headrace.runtime.worker import WorkerSetup, forked_main, worker_main
 
 log = logging.getLogger("headrace")
 
+_FORKING = threading.Lock()
+"""Held while a worker forks with the collector off (``_start_process``). The collector's
+state is the process's: two loaders forking at once from two threads read it as the other had
+left it, and a worker then ran its whole life without a collector, or collected before its
+freeze (a review's repro: 12 batches from workers with the collector off)."""
+
+
+def _unlock_in_child() -> None:
+    global _FORKING
+    _FORKING = threading.Lock()  # a fork taken while another thread held it
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
+
 
 class WorkerPool:
     """A set of worker processes over one pipeline, with per-worker task and result pipes.
@@ -236,15 +250,16 @@ class WorkerPool:
             # no collection runs between the fork and the worker's gc.freeze() (forked_main):
             # the training process's garbage is never finalised in a worker, and the training
             # process's own frozen objects stay as its user froze them (docs/design.md)
-            collecting = gc.isenabled()
-            gc.disable()
-            try:
-                proc = self.ctx.Process(target=forked_main, args=(collecting, *args),
-                                        daemon=True, name=f"headrace-worker-{slot}")
-                proc.start()
-            finally:
-                if collecting:
-                    gc.enable()
+            with _FORKING:
+                collecting = gc.isenabled()
+                gc.disable()
+                try:
+                    proc = self.ctx.Process(target=forked_main, args=(collecting, *args),
+                                            daemon=True, name=f"headrace-worker-{slot}")
+                    proc.start()
+                finally:
+                    if collecting:
+                        gc.enable()
         else:
             proc = self.ctx.Process(target=worker_main, args=args, daemon=True,
                                     name=f"headrace-worker-{slot}")
