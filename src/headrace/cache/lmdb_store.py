@@ -20,7 +20,9 @@ full (1.66x). So an insert also checks the pages the file holds (entries and B-t
 own counts) against ``file_room``, the limit less a reserve where a delete finds the pages it
 copies on write; and where LMDB finds no run long enough, every stale entry is evicted in a
 transaction of its own, one more is committed (then LMDB may reuse those pages) and the insert
-is tried once more. Readers are safe throughout: LMDB reuses no page a reader's snapshot can
+is tried once more (after clearing the read slots of processes gone: a worker killed inside
+``get`` pinned every page its snapshot saw, and the store then raised ``MDB_MAP_FULL`` from its
+evictions instead of answering "full"). Readers are safe throughout: LMDB reuses no page a reader's snapshot can
 see, and ``get`` decodes (copies) inside its read transaction.
 
 When an entry does not fit, entries of namespaces no longer live (a changed prefix after
@@ -237,11 +239,14 @@ class LmdbStore:
                 return self._put(env, data, meta, key, tier, blob, live_set, cost)
             except lmdb.MapFullError:  # no run of free pages long enough (see the docstring)
                 pass
-            if not self._evict_all_stale(env, data, meta, live_set):
-                return "full"
             try:
+                # a reader killed inside get() (a hung worker's) pins every page its snapshot
+                # saw: clear the read slots of processes gone, then make room
+                cleared = env.reader_check()
+                if not (self._evict_all_stale(env, data, meta, live_set) or cleared):
+                    return "full"
                 return self._put(env, data, meta, key, tier, blob, live_set, cost)
-            except lmdb.MapFullError:
+            except lmdb.MapFullError:  # the evictions too found no pages: full, not an error
                 return "full"
 
     def _put(self, env: Any, data: Any, meta: Any, key: bytes, tier: str, blob: bytes,
@@ -282,15 +287,26 @@ class LmdbStore:
         new share drops entries until it fits."""
         if sum(budgets.values()) > self.total_budget:
             raise ValueError(f"tier budgets {budgets} exceed the cache's {self.total_budget} bytes")
+        import lmdb
+
         env, data, meta = self._dbs()
-        with _write_lock(self.path), env.begin(write=True) as txn:
+        with _write_lock(self.path):
+            try:
+                self._write_budgets(env, data, meta, budgets)
+            except lmdb.MapFullError:  # a reader killed inside get() pins pages (see put)
+                env.reader_check()
+                self._write_budgets(env, data, meta, budgets)  # still full: the session drops
+                # the cache with a warning (runtime/epochs.py)
+        self.budgets = dict(budgets)
+
+    def _write_budgets(self, env: Any, data: Any, meta: Any, budgets: dict[str, int]) -> None:
+        with env.begin(write=True) as txn:
             for tier in set(self.budgets) | set(budgets):
                 b = budgets.get(tier, 0)
                 txn.put(b"b:" + tier.encode(), _U64.pack(b), db=meta)
                 over = self._used(txn, meta, tier) - b
                 if over > 0:
                     self._evict_stale(txn, data, meta, tier, set(), over)
-        self.budgets = dict(budgets)
 
     def budget(self, tier: str) -> int:
         """The tier's current share of the budget (bytes)."""
