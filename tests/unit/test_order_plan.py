@@ -99,3 +99,26 @@ def test_validation_waits_for_enough_samples_in_the_chosen_order():
     enough = profile((x, p), [100, 40, 40], [True, False])
     kept = plan_order((p, x), decided.steps, enough, "this run", True, previous=waiting)
     assert kept.steps == decided.steps and kept.phase == "kept"
+
+
+def test_a_decision_to_keep_the_running_order_is_made_again_with_a_later_profile():
+    # a profile stored before the shapes were recorded reads no step as keeping its shape: its
+    # decision kept the declared order, "validating" it, and the live profile's reorder then
+    # "did not hold": the declared order for the whole run
+    noise, crop = aug("noise"), aug("crop")
+    old = Profiler(["load", "noise", "crop"])
+    for _ in range(300):  # no reshapes flags: not recorded
+        old.observe([StepTiming(i, 1e-3, 1e-3) for i in range(3)], [400, 400, 100])
+    first = plan_order((noise, crop), (noise, crop), old.report(), "stored profile", True)
+    assert names(first) == ["noise", "crop"] and first.phase == "undecided"
+    live = profile((noise, crop), [400, 400, 100], [False, True])
+    second = plan_order((noise, crop), first.steps, live, "this run", True, previous=first)
+    assert names(second) == ["crop", "noise"] and second.phase == "validating"
+
+
+def test_a_step_measured_by_its_times_alone_is_not_known_to_keep_its_shape():
+    prof = Profiler(["load", "noise"])
+    for _ in range(5):
+        prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(2)], None)
+    st = prof.report().step("noise")
+    assert st.count == 5 and st.sized == 0 and not st.keeps_shape

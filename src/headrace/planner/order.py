@@ -6,7 +6,8 @@ a hand-off's "next step" keeps its meaning), and a run goes through three phases
 (``OrderPlan.phase``):
 
 - ``"undecided"``: the declared order (or the order a state dict restored) runs until a profile
-  (this run's, or a stored one) has enough samples; AutoOrder then decides from it.
+  (this run's, or a stored one) has enough samples; AutoOrder then decides from it, and again
+  at each epoch's end while it keeps the order that runs (nothing to validate then).
 - ``"validating"``: the decided order runs until this run has profiled enough samples *in it*;
   AutoOrder recomputed from that profile must give the same order. If it does, the order is
   kept; if not, the declared order is, for the rest of the run.
@@ -118,10 +119,15 @@ def plan_order(
             "planned)",
         )
     decision = autoorder_from_profile(declared, profile)
+    moved = len(decision.steps) != len(current) or any(
+        a is not b for a, b in zip(decision.steps, current, strict=True))
+    # an order that runs already has nothing to validate: the next epoch decides again (a
+    # profile stored before the shapes were recorded read no step as keeping its shape and
+    # kept the declared order "validating", then for the whole run)
     return OrderPlan(
         tuple(decision.steps), decision,
         f"order: {_verb(decision)}, from {profile.samples} samples ({profile_source})",
-        "validating",
+        "validating" if moved else "undecided",
     )
 
 

@@ -87,7 +87,8 @@ class StepStats:
     def keeps_shape(self) -> bool:
         """True when the step kept its input's dtype and shape on every sample measured (False
         when it did not, measured none, or it was not recorded)."""
-        return self.count > 0 and self.reshapes == 0
+        measured = self.sized if self.sized is not None else self.count  # not time-only ones
+        return measured > 0 and self.reshapes == 0
 
 
 MIN_SHARE_WALL_S = 200e-6
