@@ -113,3 +113,25 @@ def test_per_step_profile_of_an_embedded_transform(no_leaks):
     assert prof.samples == N
     assert [s.name for s in prof.steps] == ["load", "scale", "shift"]
     assert prof.step("scale").bytes_out_mean == 16  # four float32s
+
+
+class NestedTensors(tud.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.nested.nested_tensor([torch.arange(i + 1.0), torch.arange(2.0)])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samples_holding_nested_tensors_arrive_as_torchs(workers, no_leaks):
+    # the profiler's size reading raised on them: the worker died, or a bare RuntimeError
+    want = list(tud.DataLoader(NestedTensors(), batch_size=None, num_workers=workers))
+    loader = hr.DataLoader(NestedTensors(), batch_size=None, num_workers=workers)
+    try:
+        got = list(loader)
+    finally:
+        loader.close()
+    assert len(got) == len(want) == 6
+    for a, b in zip(got, want, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a.unbind(), b.unbind(), strict=True))

@@ -209,3 +209,15 @@ def test_a_graph_with_back_references_is_walked_once():
     assert payload_bytes(root) == 40 * NUMBER_BYTES  # each node's value once
     shared = [1.0, 2.0]
     assert payload_bytes({"a": shared, "b": shared}) == 2 * NUMBER_BYTES  # counted once
+
+
+def test_a_value_the_profiler_cannot_read_is_measured_without_raising():
+    # a nested tensor of the strided layout has no numel() nor shape: measuring a step's
+    # output raised outside the step's own error handling (a worker died twice, or with
+    # num_workers=0 an error named no sample and no step)
+    from headrace.profiler.sizes import measure
+
+    nt = torch.nested.nested_tensor([torch.arange(3.0), torch.arange(2.0)])
+    size, sig, shape = measure(nt)
+    assert size == 5 * 4 and sig == type_signature(nt)
+    assert shape != measure(nt)[2]  # read as changing the shape: AutoOrder does not move it

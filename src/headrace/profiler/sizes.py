@@ -35,6 +35,8 @@ _NUMBER_TYPES = frozenset({int, float, bool})
 
 
 def _tensor_bytes(x: torch.Tensor) -> int:
+    if x.is_nested and x.layout is torch.strided:  # no numel(): its components'
+        return sum(_tensor_bytes(c) for c in x.unbind())
     if x.layout is torch.strided:
         return x.numel() * x.element_size()
     if x.layout is torch.sparse_coo:
@@ -275,5 +277,21 @@ def signatures(x: Any, depth: int = 0) -> tuple[Hashable, Hashable]:
 
 def measure(x: Any) -> tuple[int, Hashable, Hashable]:
     """(payload bytes, type signature, shape signature) of a step's output: what workers
-    record per step."""
-    return (payload_bytes(x), *signatures(x))
+    record per step. What cannot be read of a value (a nested tensor of the strided layout has
+    no ``shape``) is measured as 0 bytes, its type alone, or a shape signature equal to no other
+    (its step then counts as changing the shape): the profiler's reading never fails a sample
+    (it raised outside the step's own error handling: a worker died, or with ``num_workers=0``
+    an error named no sample and no step)."""
+    try:
+        size = payload_bytes(x)
+    except Exception:  # noqa: BLE001 - the profiler's limit, not the sample's error
+        size = 0
+    try:
+        return (size, *signatures(x))
+    except Exception:  # noqa: BLE001 - likewise
+        pass
+    try:
+        sig = type_signature(x)
+    except Exception:  # noqa: BLE001 - likewise
+        sig = (type(x),)
+    return size, sig, (type(x), object())
