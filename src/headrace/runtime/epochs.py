@@ -151,10 +151,11 @@ def make_iterator(
             cache=loader.cache.client() if loader.cache else None,
             cache_row=loader.cache.row if loader.cache else 0, ods=ods,
             may_repeat=may_repeat(loader.sampler, loader._user_batch_sampler),
-            # a resumed regrouped epoch (saved with workers, out of order) has holes in every
-            # sampler batch: its batches are filled across them, as the workers' would be
-            regroup=(loader.batch_size or 0) if delivered.count and batch_mode(loader) == "regroup"
-            else 0,
+            # sample-aware batching, as with workers: a failing sample leaves its batch-mates
+            # to the next batch (they went with it: a bug hunt), and a resumed epoch (saved
+            # with workers, out of order) has holes in every sampler batch, filled across them;
+            # without a failure or a hole, the sampler's batches
+            regroup=(loader.batch_size or 0) if batch_mode(loader) == "regroup" else 0,
         )
     pin = pin_fn(loader)  # before loader._buffers is read: it may switch to pinned memory
     loader._collate_place = place_for(loader.collate_fn, loader._collate_place)
