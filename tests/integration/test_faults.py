@@ -228,3 +228,37 @@ def test_a_failing_sample_in_process_loses_no_batch_mate_when_batches_are_regrou
             errors += 1
     assert errors == 1 and sorted(got) == [i for i in range(13) if i != 10]
     assert "sample-aware" in loader.explain()
+
+
+class _FailsAt:
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise ValueError("bad sample")
+        return i
+
+
+@pytest.mark.parametrize(("n", "bad", "bound"), [(10, -1, 2), (20, 5, 3)])
+def test_a_bound_in_flight_under_a_batch_does_not_hang_regrouped_batches(n, bad, bound):
+    # finished samples wait in flight for their batch: under batch_size of them the last short
+    # batch (or one a skipped sample left short) never filled, and the sampler was never read
+    # on (a fuzz hunt: next() blocked for ever)
+    import threading
+
+    loader = hr.DataLoader(_FailsAt(n, bad), batch_size=4, shuffle=True, num_workers=2,
+                           options=hr.Options(max_in_flight=bound, on_error="skip"))
+    got: list[int] = []
+    run = threading.Thread(target=lambda: got.extend(i for b in loader for i in b.tolist()),
+                           daemon=True)
+    run.start()
+    run.join(60)
+    try:
+        assert not run.is_alive(), "the epoch hung"
+        assert sorted(got) == [i for i in range(n) if i != bad]
+    finally:
+        loader.close()

@@ -164,6 +164,9 @@ def make_iterator(
     place = loader._collate_place if loader._executor != "threads" else None
     pool, owns = get_pool(loader, base_seed)
     max_in_flight = opts.max_in_flight or in_flight_bound(loader)
+    if batch_mode(loader) == "regroup":  # finished samples wait in flight for their batch:
+        # under a batch of them, none fills and the sampler is read no further (a hang)
+        max_in_flight = max(max_in_flight, loader.batch_size or 1)
     # the sampler is read in this (the training) thread, now and as batches are delivered;
     # a user batch sampler's batches, whole, in batches (torch's read-ahead, whatever their size)
     per_batch = (loader._user_batch_sampler and loader._auto_collation

@@ -39,7 +39,10 @@ class Options:
         on_error: ``"raise"`` re-raises a failing step in the training process with the sample
             index and step name; ``"skip"`` drops that sample from the epoch and counts it.
         max_in_flight: samples dispatched to workers but not yet yielded to the training loop
-            (default: ``prefetch_factor × workers × batch_size``, torch's own bound).
+            (default: ``prefetch_factor × workers × batch_size``, torch's own bound). Where
+            batches are regrouped (sample-aware batching) at least ``batch_size``: the finished
+            samples of a batch wait in flight for each other, and under that bound no batch
+            filled and the epoch hung.
         handoff: hand samples over the learned timeout to the slow lane (MinatoLoader), when the
             steps they have left are expected (from the profile) to take at least half the
             timeout; a move that saves nothing is not made.
