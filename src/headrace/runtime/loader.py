@@ -31,7 +31,16 @@ from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.planner.executor import forced_processes
 from headrace.planner.explain import explain_text
 from headrace.remote.session import remote_session
-from headrace.runtime import checkpoint, distributed, epochs, explaining, ordering, prefetch, ranks
+from headrace.runtime import (
+    checkpoint,
+    distributed,
+    epochs,
+    explaining,
+    iterable_dataset,
+    ordering,
+    prefetch,
+    ranks,
+)
 from headrace.runtime import span as epoch_span
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import CollatePlace
@@ -47,7 +56,7 @@ _T_co = TypeVar("_T_co", covariant=True)
 
 _RUNTIME_ATTRS = ("pipeline", "monitor", "planning", "_pool", "_buffers", "_iterator_ref",
                   "_epoch_ref", "_finalizer", "_device", "_copier", "cache", "remote",
-                  "_executor", "_collate_place")
+                  "_executor", "_collate_place", "_torch_iter_ref")
 """What a loader holds while it runs; left out of pickles and copies, rebuilt on load."""
 
 
@@ -149,6 +158,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         self._copier = prefetch.copier_for(self._device)  # None: no device prefetch
         self._iterator_ref: Callable[[], Any] = _no_iterator  # the newest iter(), wrappers and all
         self._epoch_ref: Callable[[], Any] = _no_iterator  # the epoch under those wrappers
+        self._torch_iter_ref: Callable[[], Any] = _no_iterator  # an IterableDataset's newest
         self._finalizer = weakref.finalize(self, epochs.close_pool, [None])
         self.cache: CacheSession | None = None  # the sample cache (headrace.cache)
         self._cache_off: str | None = None  # why Options(cache=...) is not in use (explain())
@@ -215,8 +225,10 @@ class DataLoader(tud.DataLoader[_T_co]):
         """A new epoch. As in torch, iterators are independent (each has its own workers),
         except with ``persistent_workers=True``, where the newest one takes the workers over and
         an older one raises if advanced."""
-        if self._iterable:
-            return super().__iter__()
+        if self._iterable:  # torch's iterator, closable (runtime/iterable_dataset.py)
+            torch_it = super().__iter__()
+            self._torch_iter_ref = weakref.ref(torch_it)
+            return torch_it
         epochs.warn_inert_timeouts(self)
         old = self._iterator_ref()
         if old is not None and self.persistent_workers:
@@ -323,6 +335,12 @@ class DataLoader(tud.DataLoader[_T_co]):
                                   point.sampler_generator_states)
         self._resume = point if point.in_epoch else None
 
+    def _get_iterator(self) -> Any:
+        """torch's iterator for an ``IterableDataset``, as its closable subclass."""
+        if self._iterable:
+            return iterable_dataset.new_iterator(self)
+        return super()._get_iterator()
+
     def _abandoned(self, it: Any) -> None:
         """An epoch closed before its end (``break``, an exception, a newer iterator): until
         the next epoch starts, ``state_dict()`` describes where it stopped, as it would have
@@ -367,6 +385,8 @@ class DataLoader(tud.DataLoader[_T_co]):
     def close(self) -> None:
         """Stop the running epoch and every worker (also done on ``del`` and at exit). An
         epoch stopped before its end raises ``LoaderClosedError`` at its next ``next()``."""
+        if self._iterable:
+            iterable_dataset.close(self, self._torch_iter_ref())
         it = self._iterator_ref()
         epoch_span.halt_unfinished(self, self._epoch_ref())
         if it is not None:

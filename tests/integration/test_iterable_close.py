@@ -1,0 +1,62 @@
+"""``loader.close()`` over an IterableDataset (torch's own iterator, ``runtime/iterable_dataset.py``)
+stops it as it stops a map-style epoch: its worker processes (persistent ones too) are gone when
+close() returns, and a later ``next()`` raises ``LoaderClosedError`` part-way through the epoch,
+``StopIteration`` after its end; a new ``iter(loader)`` starts the dataset over."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+import torch.utils.data as tud
+
+import headrace as hr
+
+pytestmark = pytest.mark.integration
+
+
+class Stream(tud.IterableDataset):
+    def __iter__(self):
+        info = tud.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, 40, step))
+
+
+def children() -> set[int]:
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+        except psutil.NoSuchProcess:  # exited while listed
+            pass
+    return out
+
+
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_close_part_way_stops_the_workers_and_the_next_next_raises(workers, persistent,
+                                                                     no_leaks):
+    before = children()
+    loader = hr.DataLoader(Stream(), batch_size=4, num_workers=workers,
+                           persistent_workers=persistent)
+    it = iter(loader)
+    next(it)
+    assert len(children() - before) == workers
+    loader.close()
+    assert children() - before == set()  # while the loader and its iterator are still held
+    for _ in range(2):  # that and every later next()
+        with pytest.raises(hr.LoaderClosedError, match="1 batch.*delivered"):
+            next(it)
+    assert sum(len(b) for b in loader) == 40  # a new iter(): the dataset from its start
+    loader.close()
+
+
+def test_close_after_the_epochs_end_stops_persistent_workers_and_leaves_stop_iteration(no_leaks):
+    # (without persistent workers torch's iterator stops them itself at the epoch's end)
+    before = children()
+    loader = hr.DataLoader(Stream(), batch_size=4, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    assert sum(len(b) for b in it) == 40
+    loader.close()
+    assert children() - before == set()
+    with pytest.raises(StopIteration):
+        next(it)
