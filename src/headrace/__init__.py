@@ -4,6 +4,7 @@ from headrace import sources
 from headrace.cache.config import Cache
 from headrace.errors import (
     HeadraceError,
+    IterablePositionWarning,
     LoaderClosedError,
     PipelineError,
     RemoteUnavailableError,
@@ -36,6 +37,7 @@ __all__ = [
     "DataLoader",
     "EpochStats",
     "HeadraceError",
+    "IterablePositionWarning",
     "LoaderClosedError",
     "LoaderStats",
     "NearStorage",

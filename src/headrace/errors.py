@@ -9,6 +9,7 @@ from typing import Any
 
 __all__ = [
     "HeadraceError",
+    "IterablePositionWarning",
     "LoaderClosedError",
     "PipelineError",
     "RemoteUnavailableError",
@@ -33,6 +34,13 @@ class StateDictError(HeadraceError, ValueError):
 class ReplayOrderWarning(UserWarning):
     """A resumed epoch's sampler gave another order than the saved epoch's
     (``runtime/order_digest.py``): it may deliver some samples twice and others never."""
+
+
+class IterablePositionWarning(UserWarning):
+    """``load_state_dict()`` on a loader over an ``IterableDataset`` with a state saved part-way
+    through an epoch: an IterableDataset's position cannot be restored (torch's iterator runs
+    the dataset's own ``__iter__``), so the next ``iter(loader)`` starts that epoch over, as a
+    resumed run does with torch's DataLoader (``runtime/iterable_dataset.py``)."""
 
 
 class LoaderClosedError(HeadraceError, RuntimeError):

@@ -3,19 +3,30 @@
 The dataset's ``__iter__`` decides which samples come and in what order, in torch's worker
 processes; headrace schedules no sample of it (no lanes, timeouts, skips or resume position).
 Around torch's iterator headrace keeps what a loader owes its user as for a map-style dataset:
-``loader.close()`` stops it. The iterators are subclasses of torch's two (so code that checks
-their type still sees torch's), whose workers ``close()`` shuts down (torch's own
-``_shutdown_workers``, as its ``__del__`` does) and whose later ``next()`` raises
-``LoaderClosedError`` part-way through an epoch, ``StopIteration`` after its end.
+
+* ``loader.close()`` stops it: the iterators are subclasses of torch's two (so code that checks
+  their type still sees torch's), whose workers ``close()`` shuts down (torch's own
+  ``_shutdown_workers``, as its ``__del__`` does) and whose later ``next()`` raises
+  ``LoaderClosedError`` part-way through an epoch, ``StopIteration`` after its end.
+* ``state_dict()`` records no position (torch's iterator has none to give): the iter() calls so
+  far and how far the running epoch got. ``load_state_dict()`` of it warns
+  (``IterablePositionWarning``) when that epoch was part-way: the next ``iter()`` starts it over,
+  as a resumed run does with torch's DataLoader, which frameworks (Lightning) do not checkpoint.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
-from headrace.errors import LoaderClosedError
+from headrace.errors import IterablePositionWarning, LoaderClosedError, StateDictError
+
+KIND = "iterable"
+"""``state["dataset_kind"]`` of an IterableDataset loader's state (a map-style one has none)."""
+SCHEMA_VERSION = 1
+"""``state["schema_version"]`` of that state: its own numbering, not the map-style one's."""
 
 
 class _Closable:
@@ -43,6 +54,11 @@ class _Closable:
         except StopIteration:
             self._ended = True
             raise
+
+    @property
+    def part_way(self) -> bool:
+        """Some of the running epoch was delivered and its end was not reached."""
+        return not self._ended and self._num_yielded > 0
 
     def close(self) -> None:
         """Stop the workers (none without ``num_workers``); later ``next()``: see the class."""
@@ -76,3 +92,44 @@ def close(loader: Any, running: _Closable | None) -> None:
         if it is not None:
             it.close()
     loader.__dict__["_torch_iterator"] = None
+
+
+def state(loader: Any, running: _Closable | None) -> dict[str, Any]:
+    """``state_dict()``: ``epochs_started`` (``iter(loader)`` calls so far) and
+    ``batches_delivered`` (of the running epoch while it is part-way, else 0); no position."""
+    batches = 0  # (no truth test of the iterator: it has torch's __len__, which may raise)
+    if running is not None and not running._closed and running.part_way:
+        batches = running._num_yielded
+    return {"dataset_kind": KIND, "schema_version": SCHEMA_VERSION,
+            "epochs_started": loader._epoch, "batches_delivered": batches}
+
+
+def load(loader: Any, sd: Any) -> None:
+    """``load_state_dict()``: keep the epoch count; warn when the saved epoch was part-way
+    (its batches come again); refuse a map-style loader's state."""
+    if not isinstance(sd, dict) or sd.get("dataset_kind") != KIND:
+        raise StateDictError(
+            "this state dict is not an IterableDataset loader's (no dataset_kind='iterable': "
+            "a map-style dataset's loader saved it?); this loader iterates an IterableDataset, "
+            "whose position torch's iterator cannot restore")
+    if sd.get("schema_version") != SCHEMA_VERSION:
+        raise StateDictError(f"IterableDataset state dict schema_version "
+                             f"{sd.get('schema_version')} is not supported by this headrace "
+                             f"(it reads {SCHEMA_VERSION})")
+    loader._epoch = int(sd["epochs_started"])
+    batches = int(sd["batches_delivered"])
+    if batches:
+        warnings.warn(
+            f"load_state_dict(): the saved IterableDataset epoch had delivered {batches} "
+            "batch(es); an IterableDataset's position cannot be restored (torch's iterator "
+            "runs the dataset's own __iter__), so the next iter(loader) starts that epoch over "
+            "and delivers them again, as with torch's DataLoader", IterablePositionWarning,
+            stacklevel=3)
+
+
+def refuse_iterable_state(sd: Any) -> None:
+    """A map-style loader's ``load_state_dict``: a state saved over an IterableDataset."""
+    if isinstance(sd, dict) and sd.get("dataset_kind") == KIND:
+        raise StateDictError(
+            "this state dict was saved by a loader over an IterableDataset (it records no "
+            "position); this loader's dataset is map-style: save its own state_dict()")

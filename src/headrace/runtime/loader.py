@@ -25,7 +25,7 @@ import torch
 import torch.utils.data as tud
 
 from headrace.cache.session import CacheSession, open_session
-from headrace.errors import HeadraceError, StateDictError
+from headrace.errors import HeadraceError
 from headrace.pipeline import Pipeline
 from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.planner.executor import forced_processes
@@ -227,6 +227,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         an older one raises if advanced."""
         if self._iterable:  # torch's iterator, closable (runtime/iterable_dataset.py)
             torch_it = super().__iter__()
+            self._epoch += 1  # (iter() calls: the state_dict's epochs_started)
             self._torch_iter_ref = weakref.ref(torch_it)
             return torch_it
         epochs.warn_inert_timeouts(self)
@@ -274,10 +275,12 @@ class DataLoader(tud.DataLoader[_T_co]):
         Small (RNG state plus one bit per sample, compressed), JSON and ``torch.save``
         friendly, versioned (``schema_version``). With ``generator=`` or ``Options(seed=)`` the
         following epochs are identical too; with torch's global generator they are as long as
-        the training script restores that generator as it does for its model.
+        the training script restores that generator as it does for its model. Over an
+        ``IterableDataset``: no position, only the ``iter()`` calls so far and the batches the
+        running epoch delivered (``runtime/iterable_dataset.py``).
         """
-        if self.pipeline is None:
-            raise StateDictError("state_dict is not supported for an IterableDataset")
+        if self.pipeline is None:  # an IterableDataset: no position (iterable_dataset.py)
+            return iterable_dataset.state(self, self._torch_iter_ref())
         assert self.planning is not None
         it = self._iterator_ref()
         steps = self.planning.executed_names
@@ -307,11 +310,16 @@ class DataLoader(tud.DataLoader[_T_co]):
         with the step order the saved epoch ran (saved between epochs: the next one's).
 
         Refused (``StateDictError``) only when a resume would deliver other samples: another
-        dataset length or batch layout, or an unknown schema. Changed step or dataset code (an
-        edited script) is reported in a warning, and the resume goes on.
+        dataset length or batch layout, an unknown schema, a state saved over an
+        ``IterableDataset``. Changed step or dataset code (an edited script) is reported in a
+        warning, and the resume goes on. Over an ``IterableDataset`` there is no position to
+        restore: a state saved part-way warns (``IterablePositionWarning``) that the next
+        ``iter()`` starts that epoch over, as with torch's DataLoader.
         """
         if self.pipeline is None or self.planning is None:
-            raise StateDictError("load_state_dict is not supported for an IterableDataset")
+            iterable_dataset.load(self, state)
+            return
+        iterable_dataset.refuse_iterable_state(state)
         state = ranks.own(state, ranks.shard(self._index_sampler))  # DDP: this rank's
         point = checkpoint.parse(state, self._identity(self.planning.executed_names))
         if point.in_epoch and restored_at_epoch_end():  # Lightning ended that epoch there

@@ -1,0 +1,56 @@
+"""A loader over an IterableDataset (torch's own iterator, ``runtime/iterable_dataset.py``): its
+state dict records no position, loading it warns where a part-way epoch starts over, a state of
+the other kind is refused. In the training process (no workers)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch.utils.data as tud
+
+import headrace as hr
+
+
+class Stream(tud.IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+def batches(it):
+    return [b.tolist() for b in it]
+
+
+def test_a_part_way_state_round_trips_and_the_resumed_epoch_starts_over_as_torch():
+    loader = hr.DataLoader(Stream(), batch_size=4)
+    assert loader.state_dict()["epochs_started"] == 0
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert state["epochs_started"] == 1 and state["batches_delivered"] == 1
+    resumed = hr.DataLoader(Stream(), batch_size=4)
+    with pytest.warns(hr.IterablePositionWarning, match="1 batch.*cannot be restored"):
+        resumed.load_state_dict(state)
+    # as a resumed run with torch's loader, which saves nothing: the epoch from its start
+    assert batches(resumed) == batches(tud.DataLoader(Stream(), batch_size=4))
+    assert resumed.state_dict()["epochs_started"] == 2
+
+
+def test_a_state_saved_after_the_epochs_end_loads_without_a_warning():
+    loader = hr.DataLoader(Stream(), batch_size=4)
+    it = iter(loader)
+    assert len(batches(it)) == 3
+    state = loader.state_dict()
+    assert state["batches_delivered"] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hr.DataLoader(Stream(), batch_size=4).load_state_dict(state)
+
+
+def test_a_state_of_the_other_kind_is_refused_with_its_reason():
+    iterable = hr.DataLoader(Stream(), batch_size=4)
+    mapped = hr.DataLoader(list(range(10)), batch_size=4)
+    with pytest.raises(hr.StateDictError, match="not an IterableDataset loader's"):
+        iterable.load_state_dict(mapped.state_dict())
+    with pytest.raises(hr.StateDictError, match="saved by a loader over an IterableDataset"):
+        mapped.load_state_dict(iterable.state_dict())
