@@ -1,6 +1,7 @@
 """A loader over an IterableDataset (torch's own iterator, ``runtime/iterable_dataset.py``): its
 state dict records no position, loading it warns where a part-way epoch starts over, a state of
-the other kind is refused. In the training process (no workers)."""
+the other kind is refused; options that cannot act on torch's iterator are refused, and
+``num_workers="auto"`` names the fixed count it used. In the training process (no workers)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,22 @@ def test_a_state_of_the_other_kind_is_refused_with_its_reason():
         iterable.load_state_dict(mapped.state_dict())
     with pytest.raises(hr.StateDictError, match="saved by a loader over an IterableDataset"):
         mapped.load_state_dict(iterable.state_dict())
+
+
+@pytest.mark.parametrize("options, named", [
+    (hr.Options(on_error="skip"), "on_error='skip'"),
+    (hr.Options(sample_timeout_s=1.0), "sample_timeout_s"),
+])
+def test_options_that_cannot_act_on_torchs_iterator_are_refused(options, named):
+    with pytest.raises(ValueError, match=f"Options\\({named}.*needs a map-style dataset"):
+        hr.DataLoader(Stream(), batch_size=4, options=options)
+
+
+def test_auto_workers_become_a_fixed_count_named_in_a_warning():
+    with pytest.warns(UserWarning, match=r"num_workers='auto' over an IterableDataset.*"
+                                         r"using num_workers=(\d+)") as caught:
+        loader = hr.DataLoader(Stream(), batch_size=4, num_workers="auto",
+                               options=hr.Options(autoscale=hr.AutoscaleConfig(initial=2)))
+    assert any("using num_workers=2," in str(w.message) for w in caught)
+    assert type(loader.num_workers) is int and loader.num_workers == 2
+    assert not loader.autoscale  # nothing scales torch's iterator

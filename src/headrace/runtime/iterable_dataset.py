@@ -22,6 +22,7 @@ from typing import Any
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
 from headrace.errors import IterablePositionWarning, LoaderClosedError, StateDictError
+from headrace.runtime.options import AutoWorkers
 
 KIND = "iterable"
 """``state["dataset_kind"]`` of an IterableDataset loader's state (a map-style one has none)."""
@@ -92,6 +93,18 @@ def close(loader: Any, running: _Closable | None) -> None:
         if it is not None:
             it.close()
     loader.__dict__["_torch_iterator"] = None
+
+
+def fixed_workers(auto: AutoWorkers) -> int:
+    """``num_workers="auto"``: torch's iterator runs a fixed number of workers, so ``auto``
+    means the count it would start with (``AutoscaleConfig.initial``, else the available
+    cores); a warning names it."""
+    warnings.warn(
+        f"num_workers='auto' over an IterableDataset: torch's iterator runs a fixed number of "
+        f"worker processes (the dataset's __iter__ in each), which headrace cannot scale; "
+        f"using num_workers={int(auto)}, the count 'auto' starts with (AutoscaleConfig.initial, "
+        f"else the available cores)", UserWarning, stacklevel=3)
+    return int(auto)
 
 
 def state(loader: Any, running: _Closable | None) -> dict[str, Any]:

@@ -95,16 +95,18 @@ class DataLoader(tud.DataLoader[_T_co]):
         options: Options | None = None,
     ) -> None:
         options = options or Options()
+        iterable = isinstance(dataset, tud.IterableDataset)
         if isinstance(num_workers, str):
             if num_workers != "auto":
                 raise ValueError(f"num_workers must be an int or 'auto', got {num_workers!r}")
             num_workers = AutoWorkers(options.autoscale.start_count())
+            if iterable:  # torch's iterator: a fixed count, named in a warning
+                num_workers = iterable_dataset.fixed_workers(num_workers)
         elif type(num_workers) is not AutoWorkers and hasattr(num_workers, "__index__"):
             num_workers = operator.index(num_workers)  # NumPy's integers, as torch takes them
         if generator is None and options.seed is not None:
             generator = torch.Generator()
             generator.manual_seed(options.seed)
-        iterable = isinstance(dataset, tud.IterableDataset)
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,

@@ -37,7 +37,8 @@ class Options:
             torch RNG (and resume is exact across epochs whatever the training loop draws).
             ``None`` keeps torch's semantics (the global RNG or the ``generator`` keyword).
         on_error: ``"raise"`` re-raises a failing step in the training process with the sample
-            index and step name; ``"skip"`` drops that sample from the epoch and counts it.
+            index and step name; ``"skip"`` drops that sample from the epoch and counts it
+            (refused over an ``IterableDataset``, whose samples torch's iterator runs).
         max_in_flight: samples dispatched to workers but not yet yielded to the training loop
             (default: ``prefetch_factor × workers × batch_size``, torch's own bound). Where
             batches are regrouped (sample-aware batching) at least ``batch_size``: the finished
@@ -56,6 +57,7 @@ class Options:
         sample_timeout_s: a sample running longer than this (seconds, in one worker) is taken for
             a hung step: its worker is replaced and the sample retried, then failed per
             ``on_error``. ``None``: no limit (the default; the slow lane handles slow samples).
+            Refused over an ``IterableDataset`` (torch's ``timeout=`` bounds a batch's wait).
         worker_blas_threads: threads of the native thread pools (OpenBLAS, OpenMP, MKL) in each
             worker process; 1 (default) as torch does for its own pool in workers, since the
             workers are the parallelism: NumPy's OpenBLAS otherwise starts a thread per core
@@ -167,7 +169,25 @@ class Options:
 def check_arguments(options: Options, iterable: bool, num_workers: int,
                     worker_init_fn: Any, prefetch_factor: int | None) -> None:
     """Raise ``ValueError`` for a loader's arguments that headrace cannot honour together
-    (torch's own checks ran first); ``iterable``: the dataset is an ``IterableDataset``."""
+    (torch's own checks ran first); ``iterable``: the dataset is an ``IterableDataset``.
+
+    The rule for an ``IterableDataset``: torch's own iterator runs the dataset's ``__iter__``
+    and headrace schedules no sample of it, so an option that would act on samples or on where
+    they run (``on_error="skip"``, ``sample_timeout_s``, ``executor="threads"``, ``remote``,
+    ``device``) is refused when the loader is built rather than silently ignored. ``num_workers="auto"`` is not an
+    option of that kind: it becomes the fixed count torch's iterator runs, named in a warning
+    (``runtime/iterable_dataset.py``)."""
+    if iterable and options.on_error != "raise":
+        raise ValueError(
+            f"Options(on_error={options.on_error!r}) needs a map-style dataset: an "
+            "IterableDataset is iterated by torch's own iterator, which runs the dataset's "
+            "__iter__; headrace schedules no sample of it to skip (an error there raises in the "
+            "training loop, as with torch)")
+    if iterable and options.sample_timeout_s is not None:
+        raise ValueError(
+            "Options(sample_timeout_s=...) needs a map-style dataset: an IterableDataset is "
+            "iterated by torch's own iterator, which runs the dataset's __iter__; headrace "
+            "times no sample of it (torch's timeout= bounds the wait for a batch from a worker)")
     if num_workers and prefetch_factor is not None and prefetch_factor < 1:
         raise ValueError(  # torch's iter() asserts it; headrace read ahead as if it were 2
             f"prefetch_factor must be at least 1 with workers (batches each worker keeps "
