@@ -325,3 +325,40 @@ def test_a_state_dict_of_an_epoch_left_early_records_autoorders_phase(no_leaks):
         loader.close()
     assert state["in_epoch"] and state["steps"] == ["crop_quarter", "noise"]
     assert state["order_phase"] == "kept"
+
+
+DATASET = """
+import numpy as np
+
+class DS:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return np.zeros(4, dtype=np.float32)
+"""
+
+
+def test_a_dataset_of_another_script_does_not_reuse_the_profile_of_one_of_the_same_name(
+        tmp_path):
+    """Two scripts' ``__main__.DS`` of one length, one returning 16 B samples, the other
+    600 KB: the second reused the first's stored profile (warm-up skipped, a bug hunt)."""
+    def script(source):
+        ns = {"__name__": "__main__"}
+        exec(compile(source, "<script>", "exec"), ns)
+        return ns["DS"]
+
+    small = script(DATASET)
+    large = script(DATASET.replace("np.zeros(4,", "np.ones((3, 224, 224),"))
+    opts = hr.Options(profile_store=tmp_path / "store.sqlite", cache=None)
+    first = hr.DataLoader(small(), batch_size=8, options=opts)
+    list(first)
+    first.close()
+    again = hr.DataLoader(small(), batch_size=8, options=opts)  # the same job: reused
+    assert "reused a stored profile of 64 samples" in again.explain()
+    again.close()
+    other = hr.DataLoader(large(), batch_size=8, options=opts)
+    list(other)
+    text = other.explain()
+    assert "profile: measured this run" in text and "reused" not in text, text
+    other.close()

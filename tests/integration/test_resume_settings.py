@@ -124,17 +124,17 @@ def test_a_state_dict_whose_identities_were_computed_otherwise_is_not_told_as_ch
     import warnings
 
     state, rest = saved_after(26, 2, batch_size=4)
-    assert state["identity_version"] == IDENTITY_VERSION == 3
+    assert state["identity_version"] == IDENTITY_VERSION == 4
     edited = dict(state, step_code={k: "0" + v for k, v in state["step_code"].items()},
                   dataset="another")
     second = loader(26, seed=99, batch_size=4)
     with pytest.warns(UserWarning, match="steps changed: noise"):  # today's: told
         second.load_state_dict(edited)
     second.close()
-    # before identity_version (1), and 2: before a step's helpers and the scalar globals
-    # they and a callable class's methods read were counted
+    # before identity_version (1), 2: before a step's helpers and the scalar globals they and
+    # a callable class's methods read were counted, 3: before a dataset's class code was
     for old in ({k: v for k, v in edited.items() if k != "identity_version"},
-                dict(edited, identity_version=2)):
+                dict(edited, identity_version=2), dict(edited, identity_version=3)):
         third = loader(26, seed=99, batch_size=4)
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -1,7 +1,8 @@
 """Stable fingerprints of steps, sources and pipelines: same code and order -> same hex string.
 
 Stable across processes: a step counts by its code's identity (:mod:`code_digest`) and
-traits, a source by its own ``fingerprint()`` or its state by value (:mod:`value_digest`);
+traits, a source by its own ``fingerprint()``, else its class's code (:func:`source_code`) and,
+for the cache, its state by value (:mod:`value_digest`);
 both name the training script ``__main__`` in every process and never hash through a ``repr``
 that may hold a memory address. Fingerprints decide which stored
 profile a run reuses and which steps a resume reports as changed; they never refuse a resume
@@ -14,8 +15,10 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 from headrace.pipeline.code_digest import code_identity
+from headrace.pipeline.inplace import compose_parts
 from headrace.pipeline.source import DatasetSource, user_attr
-from headrace.pipeline.value_digest import qualified_name, short_hash, state_digest
+from headrace.pipeline.timed import unwrapped
+from headrace.pipeline.value_digest import MAX_DEPTH, qualified_name, short_hash, state_digest
 
 if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline
@@ -52,16 +55,18 @@ def pipeline_fingerprint(p: Pipeline) -> str:
 
 
 def source_fingerprint(source: Any, content: bool = False) -> str:
-    """The source's own ``fingerprint()`` if it has one, else its type and length; with
-    ``content``, also its state by value (:func:`state_digest` of its attributes: the paths it
-    reads, its arrays by a sample, its transforms' code and parameters). A map-style dataset
-    wrapped as a source (``DatasetSource``) counts as the dataset.
+    """The source's own ``fingerprint()`` if it has one, else its type, length and code
+    (:func:`source_code`); with ``content``, also its state by value (:func:`state_digest` of
+    its attributes: the paths it reads, its arrays by a sample, its transforms' code and
+    parameters). A map-style dataset wrapped as a source (``DatasetSource``) counts as the
+    dataset.
 
     Without ``content`` (a state dict's record of the dataset, the profile store), two datasets
-    of one class and length match. The sample cache keys its entries ``content``: a cache shared
-    through Redis otherwise served a job over ``Images("/data/a")`` the samples of a job over
-    ``Images("/data/b")`` of the same length. The cache takes it at every epoch's plan
-    (``cache/session.py``): a source the script changes between epochs gets other entries."""
+    of one class, code and length match, whatever their state (a root path, held arrays). The
+    sample cache keys its entries ``content``: a cache shared through Redis otherwise served a
+    job over ``Images("/data/a")`` the samples of a job over ``Images("/data/b")`` of the same
+    length. The cache takes it at every epoch's plan (``cache/session.py``): a source the
+    script changes between epochs gets other entries."""
     if content and isinstance(source, DatasetSource):
         return f"{source_fingerprint(source.dataset, content)}:{bool(source._many)}"
     fp = user_attr(source, "fingerprint")
@@ -72,4 +77,31 @@ def source_fingerprint(source: Any, content: bool = False) -> str:
     except Exception:  # noqa: BLE001 - no __len__, or one that raises (Pipeline.length)
         n = "?"
     name = f"{qualified_name(type(source))}:{n}"
-    return f"{name}:{state_digest(source, _SOURCE_DEPTH)}" if content else name
+    if content:  # its transform's code counts in its state, with the transform's parameters
+        return f"{name}:{_class_code(source)}:{state_digest(source, _SOURCE_DEPTH)}"
+    return f"{name}:{source_code(source)}"
+
+
+def source_code(source: Any) -> str:
+    """Digest of the code of ``source``'s class (:func:`_class_code`) and, for a dataset with a
+    ``transform``, of that transform's code without its parameters (a Compose-like one: its
+    class's and each of its transforms'). Two datasets of one class name and length,
+    ``__main__.DS`` in two scripts, or a script's ``DS`` before and after its ``__getitem__``
+    was edited, shared a stored profile: a dataset returning 600 KB samples skipped its warm-up
+    with the profile of one returning 16 B (a bug hunt)."""
+    parts = [_class_code(source)]
+    tf = user_attr(source, "transform")
+    if callable(tf):
+        members = compose_parts(tf) or []
+        parts += [code_identity(unwrapped(t), MAX_DEPTH) for t in [tf, *members]]
+    return short_hash(";".join(parts).encode())
+
+
+def _class_code(source: Any) -> str:
+    """The code of the functions ``source``'s class and its bases define, with their default
+    arguments (:func:`code_identity` of the class one level down: a step's rule for a class it
+    uses), not the module globals they read: the names of a script's ``__main__`` block
+    (``full = ...`` beside ``np.full`` in ``__getitem__``) are globals where the script saves
+    a state dict and not in a ``spawn`` child resuming it, which was told the dataset
+    changed."""
+    return code_identity(type(source), 1)

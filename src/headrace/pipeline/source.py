@@ -120,7 +120,7 @@ class DatasetSource:
         return self.dataset[index]
 
     def fingerprint(self) -> str:
-        """The dataset's own ``fingerprint()``, else its type and length."""
+        """The dataset's own ``fingerprint()``, else its type, length and code."""
         from headrace.pipeline.fingerprint import source_fingerprint
 
         return source_fingerprint(self.dataset)

@@ -91,7 +91,7 @@ class Identity:
 
     samples: int | None  # None: a map-style dataset without __len__
     batches: int | None  # None: a sampler or batch sampler without __len__
-    dataset: str  # the source's fingerprint (its class and length, or its own fingerprint())
+    dataset: str  # the source's fingerprint (class, length, code; or its own fingerprint())
     steps: tuple[str, ...]  # the executed step order (names; "load" excluded): between epochs,
     # the order the next epoch runs
     step_code: dict[str, str]  # step name -> digest of its traits and code (fingerprint.py)

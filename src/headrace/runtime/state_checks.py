@@ -78,12 +78,13 @@ def setting_changes(sd: dict[str, Any], ident: Identity, positions: bool = True)
     return out
 
 
-IDENTITY_VERSION = 3
+IDENTITY_VERSION = 4
 """How the state dict's ``dataset`` and ``step_code`` were computed (``identity_version``): 2
 counts a callable class's every method, the modules a step calls into by content, a file
 set's modification times; 3 the helpers of its module a step calls, and the immutable scalar
-globals they and a callable class's methods read, by value (``pipeline/code_digest.py``).
-Identities computed otherwise cannot be compared: after an upgrade every resume said its steps
+globals they and a callable class's methods read, by value (``pipeline/code_digest.py``); 4
+a dataset without its own ``fingerprint()`` by its class's code too, not its class name and
+length alone (``pipeline/fingerprint.py``: ``source_code``). Identities computed otherwise cannot be compared: after an upgrade every resume said its steps
 and dataset had changed."""
 
 
