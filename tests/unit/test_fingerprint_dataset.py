@@ -6,6 +6,7 @@ samples reused the stored profile of one returning 16 B (warm-up skipped), and a
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from headrace.pipeline import Pipeline, source_fingerprint
@@ -121,3 +122,21 @@ def test_a_compose_transform_counts_by_its_code_not_its_parameters():
     assert key(Opaque(Compose([Scale(2.0), shift]))).dataset != scaled.dataset
     assert key(Opaque(Compose([shift]))).dataset != scaled.dataset
     assert key(Opaque(Compose([Scale(3.0)]))) == scaled  # a parameter: the same code
+
+
+def test_a_set_literal_keeps_the_key_in_every_process():
+    """``i in {1, 9}`` compiles to a frozenset constant whose order of iteration (``repr``)
+    string hashing decides, seeded anew in each process: the same dataset had another key in
+    every process, and a resume was told its dataset changed. 1 and 9 share a slot of a small
+    set: built in the other order, the same set iterates the other way, as in another process."""
+    source = "class DS:\n    def __len__(self):\n        return 10\n" \
+             "    def __getitem__(self, i):\n        return i in {1, 9}\n"
+    one, other = script(source), script(source)
+    code = other.__getitem__.__code__
+    consts = tuple(frozenset([9, 1]) if type(c) is frozenset else c for c in code.co_consts)
+    assert [list(c) for c in consts if type(c) is frozenset] == [[9, 1]]
+    assert [list(c) for c in code.co_consts if type(c) is frozenset] == [[1, 9]]
+    other.__getitem__ = types.FunctionType(code.replace(co_consts=consts),
+                                           other.__getitem__.__globals__, "__getitem__")
+    assert other()[9] and not other()[2]  # the same code
+    assert key(one()) == key(other())

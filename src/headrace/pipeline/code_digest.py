@@ -38,11 +38,25 @@ hundreds of methods at every fingerprint."""
 
 def _code_digest(code: Any) -> str:
     """Bytecode, the names it uses (``co_names``: globals and attributes, so ``x.mean()`` and
-    ``x.max()`` differ) and its constants, nested code objects included."""
+    ``x.max()`` differ) and its constants (:func:`_const_repr`), nested code objects
+    included."""
     parts = [code.co_code, ",".join(code.co_names).encode()]
     for c in code.co_consts:
-        parts.append(_code_digest(c).encode() if inspect.iscode(c) else repr(c).encode())
+        parts.append(_code_digest(c).encode() if inspect.iscode(c) else _const_repr(c).encode())
     return short_hash(b"\x00".join(parts))
+
+
+def _const_repr(c: Any) -> str:
+    """``repr`` of a code constant, a frozenset's elements sorted (inside tuples too; other
+    constants as ``repr`` writes them, so other code keeps its identity): the
+    constant of ``x in {"a", "b"}`` iterates in an order that string hashing, seeded anew in
+    each process, decides, so the same code had another identity in every process (a resume
+    said the dataset or step changed, a Redis cache shared across jobs never hit)."""
+    if type(c) is frozenset and c:
+        return "frozenset({" + ", ".join(sorted(_const_repr(x) for x in c)) + "})"
+    if type(c) is tuple:  # as its repr: "(1,)", "(1, 2)"
+        return "(" + ", ".join(_const_repr(x) for x in c) + ("," if len(c) == 1 else "") + ")"
+    return repr(c)
 
 
 def code_identity(fn: Any, depth: int = 0) -> str:
