@@ -36,10 +36,13 @@ code (:func:`_methods_digest`): a transform subclassing ``nn.Module`` would othe
 hundreds of methods at every fingerprint."""
 
 
+@functools.lru_cache(maxsize=4096)
 def _code_digest(code: Any) -> str:
     """Bytecode, the names it uses (``co_names``: globals and attributes, so ``x.mean()`` and
     ``x.max()`` differ) and its constants (:func:`_const_repr`), nested code objects
-    included."""
+    included. Kept per code object (equal code: equal bytecode, names and constants), as
+    fingerprints are taken at every epoch and ``state_dict()``: a dataset class of 300
+    methods took 0.8 ms to hash each time."""
     parts = [code.co_code, ",".join(code.co_names).encode()]
     for c in code.co_consts:
         parts.append(_code_digest(c).encode() if inspect.iscode(c) else _const_repr(c).encode())
