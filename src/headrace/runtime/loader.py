@@ -27,7 +27,6 @@ import torch.utils.data as tud
 from headrace.cache.session import CacheSession, open_session
 from headrace.errors import HeadraceError
 from headrace.pipeline import Pipeline
-from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.planner.executor import forced_processes
 from headrace.planner.explain import explain_text
 from headrace.remote.session import remote_session
@@ -37,15 +36,13 @@ from headrace.runtime import (
     epochs,
     explaining,
     iterable_dataset,
-    ordering,
+    loader_state,
     prefetch,
-    ranks,
 )
 from headrace.runtime import span as epoch_span
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import CollatePlace
 from headrace.runtime.executor_auto import threads_blocked
-from headrace.runtime.lightning_loops import restored_at_epoch_end
 from headrace.runtime.monitor import Monitor
 from headrace.runtime.options import AutoWorkers, Options, check_arguments
 from headrace.runtime.planning import Planning
@@ -281,31 +278,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         ``IterableDataset``: no position, only the ``iter()`` calls so far and the batches the
         running epoch delivered (``runtime/iterable_dataset.py``).
         """
-        if self.pipeline is None:  # an IterableDataset: no position (iterable_dataset.py)
-            return iterable_dataset.state(self, self._torch_iter_ref())
-        assert self.planning is not None
-        it = self._iterator_ref()
-        steps = self.planning.executed_names
-        phase: str | None = self.planning.phase
-        empty = batches = 0
-        if it is not None and not it.closed and not epoch_span.at_end(self, it):
-            origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
-            empty, batches = it.empty_batches, it.batches_delivered or 0
-        elif self._resume is not None or self._unfinished is not None:
-            point = self._resume if self._resume is not None else self._unfinished
-            assert point is not None
-            origin, delivered, epoch = point.origin, point.delivered, point.epoch
-            steps, empty, batches = point.steps or steps, point.empty_batches, point.batches
-            phase = point.order_phase or phase
-        else:  # between epochs: the order the next one runs, as the uninterrupted run would
-            origin, delivered, epoch = None, None, self._epoch
-            steps, phase = self.planning.upcoming()
-        persistent = self._base_seed if self.persistent_workers else None
-        state = checkpoint.build(self._identity(steps), epoch, origin, delivered, self.generator,
-                                 persistent, checkpoint.sampler_generators(self._index_sampler,
-                                                                           self.generator), empty,
-                                 batches, phase)
-        return ranks.gathered(state, ranks.shard(self._index_sampler))  # DDP: whose it is
+        return loader_state.save(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` delivers exactly what was left,
@@ -318,32 +291,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         restore: a state saved part-way warns (``IterablePositionWarning``) that the next
         ``iter()`` starts that epoch over, as with torch's DataLoader.
         """
-        if self.pipeline is None or self.planning is None:
-            iterable_dataset.load(self, state)
-            return
-        iterable_dataset.refuse_iterable_state(state)
-        state = ranks.own(state, ranks.shard(self._index_sampler))  # DDP: this rank's
-        point = checkpoint.parse(state, self._identity(self.planning.executed_names))
-        if point.in_epoch and restored_at_epoch_end():  # Lightning ended that epoch there
-            point = checkpoint.epoch_over(point)
-        it = self._iterator_ref()
-        epoch_span.halt_unfinished(self, self._epoch_ref(),
-                                   "load_state_dict() gave the DataLoader another position",
-                                   "a new iter(loader) delivers what the loaded state dict left")
-        if it is not None:
-            it.close()
-        self._unfinished = None
-        if point.steps is not None:  # mid-epoch: that epoch's order; between: the next one's
-            self.planning.restore(point.steps, point.order_phase)
-        self._epoch = point.epoch
-        if point.persistent_base_seed is not None:
-            self._base_seed = point.persistent_base_seed
-        if not point.in_epoch and point.generator_state is not None and self.generator is not None:
-            self.generator.set_state(point.generator_state)
-        if not point.in_epoch and point.sampler_generator_states:  # (mid-epoch: the replay sets them)
-            checkpoint.set_states(checkpoint.sampler_generators(self._index_sampler, self.generator),
-                                  point.sampler_generator_states)
-        self._resume = point if point.in_epoch else None
+        loader_state.load(self, state)
 
     def _get_iterator(self) -> Any:
         """torch's iterator for an ``IterableDataset``, as its closable subclass."""
@@ -362,17 +310,6 @@ class DataLoader(tud.DataLoader[_T_co]):
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
                 generator_state=None, persistent_base_seed=None, steps=it.steps,
                 empty_batches=it.empty_batches, batches=it.batches_delivered or 0)
-
-    def _identity(self, steps: tuple[str, ...]) -> checkpoint.Identity:
-        assert self.pipeline is not None
-        batch_size, drop_last = epoch_span.batching(self)
-        return checkpoint.Identity(
-            samples=self.pipeline.length(), batches=epoch_span.length_or_none(self), steps=steps,
-            dataset=source_fingerprint(self.pipeline.source),
-            step_code=step_digests(self.pipeline),
-            delivered_by="index" if epochs.delivered_by_index(self) else "position",
-            positions=epoch_span.total_positions(self), batch_size=batch_size, drop_last=drop_last,
-            shuffle=ordering.shuffle_of(self._index_sampler))
 
     def explain(self) -> str:
         """Every decision headrace made for this loader and the measured numbers behind it."""
