@@ -79,7 +79,7 @@ def _restore_imports(monkeypatch):
     """Scripts are imported as modules with their directory on sys.path: undo both."""
     monkeypatch.setattr(sys, "path", list(sys.path))
     yield
-    for name in ("train_vectors", "squares", "empty"):
+    for name in ("train_vectors", "squares", "empty", "stream"):
         sys.modules.pop(name, None)
 
 
@@ -143,3 +143,21 @@ def test_bad_targets_exit_2_and_say_why(tmp_path, capsys):
     empty.write_text("x = 1\n")
     assert run(["plan", str(empty)]) == 2
     assert "define `pipeline`" in capsys.readouterr().err
+
+
+def test_scripts_the_cli_cannot_run_as_written_say_why(tmp_path, capsys):
+    # an IterableDataset went to a sampler of indices (torch's ValueError dumped them all),
+    # num_workers = "auto" failed int(), --batch-size 0 was taken for the script's own
+    iterable = tmp_path / "stream.py"
+    iterable.write_text("import torch\n\nclass S(torch.utils.data.IterableDataset):\n"
+                        "    def __iter__(self):\n        return iter(range(8))\n\n"
+                        "    def __len__(self):\n        return 8\n\ndataset = S()\n")
+    assert run(["plan", str(iterable)]) == 2
+    assert "is an IterableDataset" in capsys.readouterr().err
+    auto = tmp_path / "squares.py"
+    auto.write_text(DATASET_SCRIPT.replace("num_workers = 0", 'num_workers = "auto"'))
+    assert run(["plan", str(auto), "--epochs", "1"]) == 0
+    assert "workers auto" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        run(["plan", str(auto), "--batch-size", "0"])
+    assert "must be at least 1" in capsys.readouterr().err

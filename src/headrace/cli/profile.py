@@ -59,7 +59,7 @@ class Target:
     name: str
     dataset: Any
     batch_size: int
-    num_workers: int
+    num_workers: int | str  # or "auto"
     collate_fn: Callable[[Any], Any] | None
     train_step: Callable[[Any], Any] | None
     description: str
@@ -96,7 +96,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help=f"samples per epoch (default {DEFAULT_SAMPLES})")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="worker processes (default: the script's or workload's)")
-    p.add_argument("--batch-size", type=int, default=None, metavar="N",
+    p.add_argument("--batch-size", type=_positive, default=None, metavar="N",
                    help="batch size (default: the script's or workload's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sample subset and steps")
     p.add_argument("--time-scale", type=float, default=0.1,
@@ -104,6 +104,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help="workloads: where generated files go")
     p.add_argument("--store", default=None, metavar="PATH",
                    help="profile store (SQLite) to reuse and update (default: none)")
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer of at least 1 (``--batch-size 0`` was taken for the
+    default)."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 def run_profile(args: argparse.Namespace) -> int:
@@ -259,7 +268,13 @@ def _script_target(m: ModuleType) -> Target:
         raise ValueError(f"{where}: `pipeline` must be a headrace.Pipeline, "
                          f"got {type(data).__name__}")
     if data is None:
+        import torch.utils.data as tud
+
         data = getattr(m, "dataset", None)
+        if isinstance(data, tud.IterableDataset):
+            raise ValueError(f"{where}: `dataset` is an IterableDataset; profile and plan "
+                             "run a subset of samples by index, which needs a map-style "
+                             "dataset (__len__ and __getitem__)")
         if data is None or not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
             raise ValueError(f"{where}: define `pipeline` (a headrace.Pipeline) or `dataset` "
                              "(a map-style dataset with __len__ and __getitem__)")
@@ -270,11 +285,22 @@ def _script_target(m: ModuleType) -> Target:
         name=m.__name__.removeprefix("_headrace_script_"),
         dataset=data,
         batch_size=int(getattr(m, "batch_size", DEFAULT_BATCH_SIZE)),
-        num_workers=int(getattr(m, "num_workers", DEFAULT_WORKERS)),
+        num_workers=_workers(getattr(m, "num_workers", DEFAULT_WORKERS), where),
         collate_fn=getattr(m, "collate_fn", None),
         train_step=step,
         description=f"script {where}" + ("" if step else " (no train_step)"),
     )
+
+
+def _workers(value: Any, where: str) -> int | str:
+    """A script's ``num_workers``: an integer, or ``"auto"`` as the DataLoader takes it."""
+    if value == "auto":
+        return "auto"
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: `num_workers` must be an integer or 'auto', got "
+                         f"{value!r}") from None
 
 
 def _target_or_none(args: argparse.Namespace) -> Target | None:
@@ -299,7 +325,7 @@ def _loader(target: Target, args: argparse.Namespace) -> Any:
                       profile_store=args.store if args.store else False)
     return hr.DataLoader(
         target.dataset,
-        batch_size=args.batch_size or target.batch_size,
+        batch_size=target.batch_size if args.batch_size is None else args.batch_size,
         sampler=order.tolist(),
         num_workers=target.num_workers if args.workers is None else args.workers,
         collate_fn=target.collate_fn,
