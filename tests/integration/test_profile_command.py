@@ -79,7 +79,7 @@ def _restore_imports(monkeypatch):
     """Scripts are imported as modules with their directory on sys.path: undo both."""
     monkeypatch.setattr(sys, "path", list(sys.path))
     yield
-    for name in ("train_vectors", "squares", "empty", "stream"):
+    for name in ("train_vectors", "squares", "empty", "stream", "framed"):
         sys.modules.pop(name, None)
 
 
@@ -161,3 +161,48 @@ def test_scripts_the_cli_cannot_run_as_written_say_why(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run(["plan", str(auto), "--batch-size", "0"])
     assert "must be at least 1" in capsys.readouterr().err
+
+
+COMPOSE_SCRIPT = textwrap.dedent('''
+    import torch
+
+    class Compose:
+        def __init__(self, ts):
+            self.transforms = ts
+
+        def __call__(self, x):
+            for t in self.transforms:
+                x = t(x)
+            return x
+
+    def double(x):
+        return x * 2
+
+    def grow(x):
+        return x.repeat(8)
+
+    class Framed(torch.utils.data.Dataset):
+        def __init__(self):
+            self.transform = Compose([double, grow])
+
+        def __len__(self):
+            return 24
+
+        def __getitem__(self, i):
+            return self.transform(torch.full((16,), float(i)))
+
+    dataset = Framed()
+    batch_size = 4
+    num_workers = 2
+''')
+
+
+def test_profile_says_what_explain_says_of_a_datasets_own_transforms(tmp_path, capsys):
+    # profile planned the order as if the transforms were a Pipeline's steps ("no step is
+    # random") and spoke of a slow lane explain() says is off
+    script = tmp_path / "framed.py"
+    script.write_text(COMPOSE_SCRIPT)
+    assert run(["profile", str(script), "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "slow lane: off (the steps run inside the dataset's __getitem__" in text
+    assert "order: as the dataset calls its transforms" in text

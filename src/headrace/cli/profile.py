@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from headrace import units
-from headrace.planner.order import MIN_PROFILE_SAMPLES, plan_order
+from headrace.planner.order import MIN_PROFILE_SAMPLES
+from headrace.runtime.explaining import handoff_off
 
 DEFAULT_SAMPLES = MIN_PROFILE_SAMPLES
 """Samples per epoch: Pecan's AutoOrder decides from the first ~300 profiled samples."""
@@ -142,6 +143,7 @@ def run_profile(args: argparse.Namespace) -> int:
         print(f"headrace profile: no sample of {target.name} was profiled", file=sys.stderr)
         return 1
     threshold, what = _threshold(loader, times)
+    off = handoff_off(loader) if loader.pipeline is not None else ""  # as explain() says
     n, above = len(times), sum(t > threshold for t in times)
     out = [
         f"headrace profile: {target.name}: {target.description}",
@@ -152,14 +154,12 @@ def run_profile(args: argparse.Namespace) -> int:
         f"p90 {units.duration(profile.total_p90)}, p99 {units.duration(profile.total_p99)}, max {units.duration(profile.total_max)}",
         *histogram_text(times, threshold),
         f"slow threshold {units.duration(threshold)} ({what}): {above} of {n} samples above it; "
-        f"{sum(slow)} went through the slow lane",
+        + (f"{sum(slow)} went through the slow lane" if not off else f"slow lane: off ({off})"),
         "", "verdict: " + (result.describe() if result is not None
                            else "skipped (the script defines no train_step)"),
     ]
-    if loader.pipeline is not None and loader.planning is not None:
-        need = min(MIN_PROFILE_SAMPLES, loader.pipeline.length() or MIN_PROFILE_SAMPLES)
-        plan = plan_order(loader.pipeline.steps, loader.planning.executed.steps, profile,
-                          "this run", loader.options.reorder, min_samples=need)
+    plan = loader.planning.decide() if loader.planning is not None else None
+    if plan is not None:  # the loader's own plan, as explain() gives it
         out += ["", "step order for the next epoch:", *(f"  {x}" for x in plan.lines())]
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)

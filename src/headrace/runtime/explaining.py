@@ -30,7 +30,7 @@ def facts(loader: DataLoader) -> Facts:
         order=pl.order,
         next_order=pl.decide(),
         handoff=loader.options.handoff and loader.pipeline.splittable and loader.num_workers > 0,
-        handoff_off=_handoff_off(loader),
+        handoff_off=handoff_off(loader),
         stats=stats,
         samples_done=monitor.samples_closed + sum(e.samples for e in running),
         timeout_samples=len(monitor.timeout._times),
@@ -75,7 +75,7 @@ def _remote_facts(loader: DataLoader) -> Any:
                                last.samples_per_s if last is not None else None)
 
 
-def _handoff_off(loader: DataLoader) -> str:
+def handoff_off(loader: DataLoader) -> str:
     """Why the slow lane is off, in words ("" where it is on)."""
     assert loader.pipeline is not None
     if not loader.options.handoff:
