@@ -153,9 +153,12 @@ def test_cuda_refused_without_cuda():
 def test_options_device_validated():
     import headrace as hr
 
-    with pytest.raises(RuntimeError):
-        hr.Options(device="nonsense")  # torch's own message for a malformed device
+    with pytest.raises(ValueError, match=r"Options\(device='nonsense'\): .*"):
+        hr.Options(device="nonsense")  # torch's own message for a malformed device, named
     assert hr.Options(device=torch.device("cuda", 0)).device == torch.device("cuda", 0)
+    if not torch.accelerator.is_available():  # an index: torch's words named no argument
+        with pytest.raises(ValueError, match=r"Options\(device=0\)"):
+            hr.Options(device=0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

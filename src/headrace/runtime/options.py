@@ -155,7 +155,10 @@ class Options:
             raise ValueError("sample_timeout_s needs executor='processes': a worker thread stuck "
                              "in a step cannot be killed and replaced")
         if self.device is not None:
-            torch.device(self.device)  # a malformed device string fails here, with torch's words
+            try:  # a malformed device string fails here, with torch's words
+                torch.device(self.device)
+            except RuntimeError as e:  # an index with no accelerator: torch names no argument
+                raise ValueError(f"Options(device={self.device!r}): {e}") from e
         if self.remote is not None and not isinstance(self.remote, Remote):
             raise ValueError(f"remote must be a headrace.Remote, got {self.remote!r}")
         if self.collate_threads < 1:
