@@ -262,3 +262,15 @@ def test_a_bound_in_flight_under_a_batch_does_not_hang_regrouped_batches(n, bad,
         assert sorted(got) == [i for i in range(n) if i != bad]
     finally:
         loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_drop_last_drops_a_regrouped_batch_a_skipped_sample_left_short(workers):
+    # num_workers=0 sent the last regrouped batch out short where workers drop and count it
+    loader = hr.DataLoader(_FailsAt(23, 7), batch_size=4, shuffle=True, drop_last=True,
+                           num_workers=workers, options=hr.Options(on_error="skip"))
+    try:
+        sizes = [len(b) for b in loader]
+    finally:
+        loader.close()
+    assert sizes == [4, 4, 4, 4] and loader.stats().last.dropped_samples == 3

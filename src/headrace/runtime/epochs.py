@@ -156,6 +156,7 @@ def make_iterator(
             # with workers, out of order) has holes in every sampler batch, filled across them;
             # without a failure or a hole, the sampler's batches
             regroup=(loader.batch_size or 0) if batch_mode(loader) == "regroup" else 0,
+            drop_last=loader.drop_last,
         )
     pin = pin_fn(loader)  # before loader._buffers is read: it may switch to pinned memory
     loader._collate_place = place_for(loader.collate_fn, loader._collate_place)

@@ -44,6 +44,7 @@ class InProcessIterator(EpochBase):
         ods: Any = None,
         may_repeat: bool = True,
         regroup: int = 0,
+        drop_last: bool = False,
     ) -> None:
         super().__init__(epoch, hooks, delivered)
         self.runner = SampleRunner(pipeline, measure=measure)
@@ -62,6 +63,8 @@ class InProcessIterator(EpochBase):
         self.ods = ods  # a cache.ods_epoch.OdsEpoch (Cache(ods=True)), or None
         self.draws = Draws(may_repeat)  # how many times each index came before, this epoch
         self.regroup = regroup  # batch size when batches are regrouped (runtime/batcher.py)
+        self.drop_last = drop_last  # regrouped: a last batch left short is dropped, as there
+        self.dropped = 0  # samples of that batch (EpochStats.dropped_samples)
         self._carry: list[tuple[Any, int, Any]] = []  # (sample, position, index) loaded
         self._pending: deque[tuple[int, Any, int]] = deque()  # (position, index, draw) to run
         self._again: tuple[Any, Any] | None = None  # a batch whose next() was interrupted
@@ -100,8 +103,13 @@ class InProcessIterator(EpochBase):
                     raise group.error  # what read_end() met: handled as if read here
                 indices = list(group) if self.auto_collation else [group]
             except StopIteration:
-                if self._carry:  # the last, short batch (only skipped samples can make it
-                    break  # short when drop_last trimmed the sampler)
+                if self.regroup and self.drop_last and 0 < len(self._carry) < target:
+                    # skipped or failed samples left the last regrouped batch short: dropped
+                    # and counted, as the workers' batcher does (it went out short here)
+                    self.dropped += len(self._carry)
+                    self._carry.clear()
+                if self._carry:  # the last, short batch
+                    break
                 self.meter.t_end = time.perf_counter()
                 self.close()
                 raise
@@ -267,10 +275,11 @@ class InProcessIterator(EpochBase):
         self._again = (batch, positions)
 
     def settled_undelivered(self) -> int:
-        return self.skipped + self.failed + self.discarded
+        return self.skipped + self.failed + self.discarded + self.dropped
 
     def stats(self) -> EpochStats:
-        return self.meter.snapshot(self.meter.samples, 0, self.skipped, 0, 0.0, failed=self.failed)
+        return self.meter.snapshot(self.meter.samples, 0, self.skipped, 0, 0.0, failed=self.failed,
+                                   dropped=self.dropped)
 
 
 class _SamplerError:
