@@ -18,7 +18,13 @@ from headrace.pipeline.code_digest import code_identity
 from headrace.pipeline.inplace import compose_parts
 from headrace.pipeline.source import DatasetSource, user_attr
 from headrace.pipeline.timed import unwrapped
-from headrace.pipeline.value_digest import MAX_DEPTH, qualified_name, short_hash, state_digest
+from headrace.pipeline.value_digest import (
+    MAX_DEPTH,
+    MAX_ITEMS,
+    qualified_name,
+    short_hash,
+    state_digest,
+)
 
 if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline
@@ -78,11 +84,11 @@ def source_fingerprint(source: Any, content: bool = False) -> str:
         n = "?"
     name = f"{qualified_name(type(source))}:{n}"
     if content:  # its transform's code counts in its state, with the transform's parameters
-        return f"{name}:{_class_code(source)}:{state_digest(source, _SOURCE_DEPTH)}"
+        return f"{name}:{_classes_code(source)}:{state_digest(source, _SOURCE_DEPTH)}"
     return f"{name}:{source_code(source)}"
 
 
-def source_code(source: Any) -> str:
+def source_code(source: Any, depth: int = 0) -> str:
     """Digest of the code of ``source``'s class (:func:`_class_code`) and, for a dataset with a
     ``transform``, of that transform's code without its parameters (a Compose-like one: its
     class's and each of its transforms'). Two datasets of one class name and length,
@@ -94,7 +100,45 @@ def source_code(source: Any) -> str:
     if callable(tf):
         members = compose_parts(tf) or []
         parts += [code_identity(unwrapped(t), MAX_DEPTH) for t in [tf, *members]]
+    parts += [source_code(d, depth + 1) for d in wrapped(source, depth)]
     return short_hash(";".join(parts).encode())
+
+
+def wrapped(source: Any, depth: int = 0) -> list[Any]:
+    """The datasets ``source`` wraps (torch's ``Subset``, what ``random_split`` returns, holds
+    one as ``dataset``; ``ConcatDataset`` several as ``datasets``), at most ``_WRAPS`` levels
+    down: a wrapper's class is torch's, so counting only it let two scripts' datasets behind a
+    ``Subset`` share a stored profile and a cache namespace (a review)."""
+    import torch.utils.data as tud
+
+    if depth >= _WRAPS:
+        return []
+
+    def dataset(x: Any) -> bool:  # torch's, or any indexable object not a plain container
+        t = type(x)
+        return isinstance(x, tud.Dataset) or (
+            hasattr(t, "__getitem__") and hasattr(t, "__len__")
+            and t.__module__.partition(".")[0] not in ("builtins", "numpy", "torch"))
+
+    inner = user_attr(source, "dataset")
+    found = [inner] if dataset(inner) else []
+    many = user_attr(source, "datasets")
+    if isinstance(many, (list, tuple)):
+        found += [d for d in many[:MAX_ITEMS] if dataset(d)]
+    return found
+
+
+_WRAPS = 4
+"""Levels of wrapping (a ``Subset`` of a ``ConcatDataset`` of ...) :func:`wrapped` follows."""
+
+
+def _classes_code(source: Any, depth: int = 0) -> str:
+    """:func:`_class_code` of ``source`` and of the datasets it wraps (:func:`wrapped`)."""
+    inner = wrapped(source, depth)
+    if not inner:
+        return _class_code(source)
+    return short_hash(";".join([_class_code(source),
+                                *(_classes_code(d, depth + 1) for d in inner)]).encode())
 
 
 def _class_code(source: Any) -> str:

@@ -83,7 +83,8 @@ IDENTITY_VERSION = 4
 counts a callable class's every method, the modules a step calls into by content, a file
 set's modification times; 3 the helpers of its module a step calls, and the immutable scalar
 globals they and a callable class's methods read, by value (``pipeline/code_digest.py``); 4
-a dataset without its own ``fingerprint()`` by its class's code too, not its class name and
+a dataset without its own ``fingerprint()`` by its class's code too (a wrapper's with the
+datasets it wraps), not its class name and
 length alone (``pipeline/fingerprint.py``: ``source_code``), and a set literal in code by its
 sorted elements (``code_digest._const_repr``). Identities computed otherwise cannot be
 compared: after an upgrade every resume said its steps and dataset had changed."""
