@@ -5,6 +5,9 @@ close() returns, and a later ``next()`` raises ``LoaderClosedError`` part-way th
 
 from __future__ import annotations
 
+import threading
+import time
+
 import psutil
 import pytest
 import torch.utils.data as tud
@@ -60,3 +63,28 @@ def test_close_after_the_epochs_end_stops_persistent_workers_and_leaves_stop_ite
     assert children() - before == set()
     with pytest.raises(StopIteration):
         next(it)
+
+
+class SlowStream(tud.IterableDataset):
+    def __iter__(self):
+        for i in range(1000):
+            time.sleep(0.05)  # simulated work: the training thread waits for each batch
+            yield i
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_close_from_another_thread_while_next_waits_raises_loader_closed(persistent, no_leaks):
+    # torch's queues went away under the waiting next(): FileNotFoundError or
+    # ConnectionResetError, naming no place; and a state_dict() taken after the part-way
+    # close() said nothing was delivered (no IterablePositionWarning on its load)
+    loader = hr.DataLoader(SlowStream(), batch_size=2, num_workers=2,
+                           persistent_workers=persistent)
+    it = iter(loader)
+    next(it)
+    closer = threading.Timer(0.3, loader.close)
+    closer.start()
+    with pytest.raises(hr.LoaderClosedError):
+        for _ in range(200):  # bounded: 2 batches a second until the close
+            next(it)
+    closer.join()
+    assert loader.state_dict()["batches_delivered"] >= 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
 from headrace.errors import IterablePositionWarning, LoaderClosedError, StateDictError
@@ -45,16 +46,23 @@ class _Closable:
         if self._closed:
             if self._ended:
                 raise StopIteration
-            raise LoaderClosedError(
-                f"loader.close() stopped this IterableDataset epoch part-way: "
-                f"{self._num_yielded} batch(es) were delivered, and whether more would come "
-                "is unknown (the dataset's __iter__ decides). This iterator cannot deliver the "
-                "rest: a new iter(loader) starts the dataset's __iter__ over, as torch does")
+            raise self._closed_error()
         try:
             return super().__next__()  # type: ignore[misc]
         except StopIteration:
             self._ended = True
             raise
+        except (OSError, EOFError) as e:  # its queues went away under it: close() from
+            if self._closed:  # another thread while this one waited for a batch
+                raise self._closed_error() from e
+            raise
+
+    def _closed_error(self) -> LoaderClosedError:
+        return LoaderClosedError(
+            f"loader.close() stopped this IterableDataset epoch part-way: "
+            f"{self._num_yielded} batch(es) were delivered, and whether more would come "
+            "is unknown (the dataset's __iter__ decides). This iterator cannot deliver the "
+            "rest: a new iter(loader) starts the dataset's __iter__ over, as torch does")
 
     @property
     def part_way(self) -> bool:
@@ -75,6 +83,14 @@ class SingleProcessIter(_Closable, _SingleProcessDataLoaderIter):
 
 class MultiProcessingIter(_Closable, _MultiProcessingDataLoaderIter):
     """torch's worker-process iterator, closable (its workers stop at ``close()``)."""
+
+    def _try_get_data(self, timeout: float = MP_STATUS_CHECK_INTERVAL) -> Any:
+        # torch's wait for a batch polls its queue and, at each timeout, whether a worker it
+        # still counts died: closed from another thread while the training thread waited,
+        # no worker counts any more and it waited for ever (a review's repro, 1 run in 4)
+        if self._closed:
+            raise self._closed_error()
+        return super()._try_get_data(timeout)
 
 
 def new_iterator(loader: Any) -> _Closable:
@@ -111,7 +127,7 @@ def state(loader: Any, running: _Closable | None) -> dict[str, Any]:
     """``state_dict()``: ``epochs_started`` (``iter(loader)`` calls so far) and
     ``batches_delivered`` (of the running epoch while it is part-way, else 0); no position."""
     batches = 0  # (no truth test of the iterator: it has torch's __len__, which may raise)
-    if running is not None and not running._closed and running.part_way:
+    if running is not None and running.part_way:  # closed part-way too: still unfinished
         batches = running._num_yielded
     return {"dataset_kind": KIND, "schema_version": SCHEMA_VERSION,
             "epochs_started": loader._epoch, "batches_delivered": batches}
