@@ -22,8 +22,8 @@ copies on write; and where LMDB finds no run long enough, every stale entry is e
 transaction of its own, one more is committed (then LMDB may reuse those pages) and the insert
 is tried once more (after clearing the read slots of processes gone: a worker killed inside
 ``get`` pinned every page its snapshot saw, and the store then raised ``MDB_MAP_FULL`` from its
-evictions instead of answering "full"). Readers are safe throughout: LMDB reuses no page a reader's snapshot can
-see, and ``get`` decodes (copies) inside its read transaction.
+evictions instead of answering "full"). Readers are safe throughout: LMDB reuses no page a
+reader's snapshot can see, and ``get`` decodes (copies) inside its read transaction.
 
 When an entry does not fit, entries of namespaces no longer live (a changed prefix after
 AutoOrder, an earlier epoch of a seeded form) are evicted first; live entries are never
@@ -32,7 +32,8 @@ be asked for next, so swapping one cached sample for another gains nothing and c
 
 Fork safety: an LMDB environment must not be used across ``fork()``, and py-lmdb refuses to
 open in a child a file its parent had open at the fork. So each process opens its own
-(``_open``: one per process and path), and the training process closes its own (``close_here``)
+(``lmdb_envs.open_env``: one per process and path), and the training process closes its own
+(``close_here``)
 before worker processes fork, unless it runs samples itself (``num_workers=0``: no fork).
 """
 
@@ -40,12 +41,12 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-PAGE = 4096
-"""LMDB page size on Linux (bytes)."""
+from headrace.cache import lmdb_envs
+from headrace.cache.lmdb_envs import PAGE, write_lock
+
 NODE_MAX = 2000
 """Entries larger than this (key + value, bytes) go to their own overflow pages in LMDB."""
 NODE_HEADER = 16
@@ -61,32 +62,6 @@ copies on write (and LMDB's free list records) are found there when the file is 
 limit, so that evictions and ``take`` never fail for want of pages."""
 
 _U64 = struct.Struct("<Q")
-_envs: dict[tuple[int, str], tuple[Any, Any, Any]] = {}
-"""Environments by (pid, path); entries of a parent process are kept, never closed (fork)."""
-_envs_lock = threading.Lock()
-_write_locks: dict[str, threading.Lock] = {}
-"""One LMDB write transaction at a time per process and environment: py-lmdb waits for LMDB's
-writer mutex holding the GIL, so a second thread starting a write in an environment while the
-first is in one deadlocks. Writes to different environments (shards) do not wait for each
-other."""
-
-
-def _write_lock(path: str) -> threading.Lock:
-    lock = _write_locks.get(path)
-    if lock is None:  # setdefault is atomic: two threads get the same lock
-        lock = _write_locks.setdefault(path, threading.Lock())
-    return lock
-
-
-def _reinit_locks() -> None:
-    global _envs_lock
-    _envs_lock = threading.Lock()
-    _write_locks.clear()
-
-
-os.register_at_fork(after_in_child=_reinit_locks)  # a lock held by a thread at fork time
-
-
 def entry_cost(key_len: int, value_len: int) -> int:
     """Bytes an entry occupies in LMDB: small ones in a leaf page, large ones on whole pages."""
     size = key_len + value_len + NODE_HEADER
@@ -101,57 +76,6 @@ def file_limit(budget: int) -> int:
     much memory."""
     limit = budget + max(int(budget * FILE_SLACK), FILE_SLACK_MIN)
     return -(-limit // PAGE) * PAGE
-
-
-def close_envs(path: str) -> None:
-    """Close this process's environments at ``path`` and below it (a backend's shards)."""
-    with _envs_lock:
-        keys = [k for k in _envs if k[0] == os.getpid()
-                and (k[1] == path or k[1].startswith(path.rstrip(os.sep) + os.sep))]
-        envs = [_envs.pop(k) for k in keys]
-    for dbs in envs:
-        dbs[0].close()
-
-
-def _open(path: str, budget: int, readers: int) -> tuple[Any, Any, Any]:
-    """This process's (environment, data db, meta db) for ``path``, opened once."""
-    import lmdb
-
-    key = (os.getpid(), path)
-    with _envs_lock:
-        dbs = _envs.get(key)
-        if dbs is None:
-            _reserve_lock_file(path, readers)
-            env = lmdb.open(path, map_size=file_limit(budget), max_dbs=2,
-                            max_readers=readers, sync=False, metasync=False, readahead=False,
-                            meminit=False)
-            with _write_lock(path):  # open_db writes
-                dbs = (env, env.open_db(b"data"), env.open_db(b"meta"))
-            _envs[key] = dbs
-        return dbs
-
-
-def _reserve_lock_file(path: str, readers: int) -> None:
-    """Create LMDB's lock file with its pages reserved (``posix_fallocate``), unless it exists.
-
-    LMDB writes its reader table through a shared mapping of ``lock.mdb``; on a full tmpfs a
-    write to a page not yet there kills the process with SIGBUS instead of failing (a
-    compatibility sweep: a full ``/dev/shm`` ended the training process at an epoch's close,
-    with no message). Reserved first, the lack of space is an ``OSError`` here. The size
-    covers LMDB's table for ``readers`` (64 bytes a slot plus its header); LMDB keeps a larger
-    file as it is.
-    """
-    lock = os.path.join(path, "lock.mdb")
-    if os.path.exists(lock):
-        return
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, -(-((readers + 4) * 64 + PAGE) // PAGE) * PAGE)
-    except OSError:
-        os.close(fd)
-        os.unlink(lock)
-        raise
-    os.close(fd)
 
 
 class LmdbStore:
@@ -184,10 +108,7 @@ class LmdbStore:
 
     def close_here(self) -> None:
         """Close this process's environment (no transaction may be open); reopened on use."""
-        with _envs_lock:
-            dbs = _envs.pop((os.getpid(), self.path), None)
-        if dbs is not None:
-            dbs[0].close()
+        lmdb_envs.close_env(self.path)
         self._dbs_here = None
 
     def _dbs(self) -> tuple[Any, Any, Any]:
@@ -197,7 +118,7 @@ class LmdbStore:
                 os.mkdir(self.path)
             except FileExistsError:
                 pass
-            dbs = _open(self.path, self.total_budget, self.readers)
+            dbs = lmdb_envs.open_env(self.path, file_limit(self.total_budget), self.readers)
             self._dbs_here, self._pid = dbs, os.getpid()
         return dbs
 
@@ -212,7 +133,7 @@ class LmdbStore:
     def take(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
         """As ``get``, and the entry is removed (an augmented form served once)."""
         env, data, meta = self._dbs()
-        with _write_lock(self.path), env.begin(write=True, buffers=True) as txn:
+        with write_lock(self.path), env.begin(write=True, buffers=True) as txn:
             buf = txn.get(key, db=data)
             if buf is None:
                 return None
@@ -234,7 +155,7 @@ class LmdbStore:
         cost = entry_cost(len(key), len(blob))
         live_set = set(live)
         env, data, meta = self._dbs()
-        with _write_lock(self.path):
+        with write_lock(self.path):
             try:
                 return self._put(env, data, meta, key, tier, blob, live_set, cost)
             except lmdb.MapFullError:  # no run of free pages long enough (see the docstring)
@@ -290,7 +211,7 @@ class LmdbStore:
         import lmdb
 
         env, data, meta = self._dbs()
-        with _write_lock(self.path):
+        with write_lock(self.path):
             try:
                 self._write_budgets(env, data, meta, budgets)
             except lmdb.MapFullError:  # a reader killed inside get() pins pages (see put)

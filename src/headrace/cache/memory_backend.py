@@ -31,7 +31,8 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from headrace.cache.lmdb_store import LmdbStore, close_envs, entry_cost
+from headrace.cache.lmdb_envs import close_envs
+from headrace.cache.lmdb_store import LmdbStore, entry_cost
 
 SHM_ROOT = "/dev/shm"
 DIR_PREFIX = "headrace-cache-"

@@ -23,13 +23,22 @@ child, and start at once from any thread. Not covered: other threads of the trai
 that run user code while the training thread forks, as torch's forks in ``iter()`` do not
 cover them either: the user's own, and the collate threads (``runtime/collate_rng.py``) running
 a ``collate_fn`` that draws from torch's generator too rarely to be moved to the training loop.
+
+How a worker process forks (:func:`start_process`): with the garbage collector off from the
+fork until the child froze what it inherited (``worker.forked_main``), one fork at a time
+across loaders (docs/design.md).
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
+
+from headrace.runtime.worker import forked_main, worker_main
 
 DEFER_S = 0.5
 """Seconds a requested worker may wait for the training loop to run out of ready batches
@@ -94,3 +103,41 @@ class StartRequests:
         """Forget every request (the pool is shutting down, or starts afresh)."""
         with self._lock:
             self._asked = []
+
+
+_FORKING = threading.Lock()
+"""Held while a worker forks with the collector off (:func:`start_process`). The collector's
+state is the process's: two loaders forking at once from two threads read it as the other had
+left it, and a worker then ran its whole life without a collector, or collected before its
+freeze (a review's repro: 12 batches from workers with the collector off)."""
+
+
+def _unlock_in_child() -> None:
+    global _FORKING
+    _FORKING = threading.Lock()  # a fork taken while another thread held it
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
+
+
+def start_process(ctx: Any, args: tuple[Any, ...], name: str) -> Any:
+    """Start a worker process of multiprocessing context ``ctx`` running
+    ``worker.worker_main(*args)``; returns the started ``Process``. Forked, no collection runs
+    between the fork and the child's ``gc.freeze()`` (``worker.forked_main``): the training
+    process's garbage is never finalised in a worker, and the training process's own frozen
+    objects stay as its user froze them."""
+    if ctx.get_start_method() != "fork":
+        proc = ctx.Process(target=worker_main, args=args, daemon=True, name=name)
+        proc.start()
+        return proc
+    with _FORKING:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            proc = ctx.Process(target=forked_main, args=(collecting, *args), daemon=True,
+                               name=name)
+            proc.start()
+        finally:
+            if collecting:
+                gc.enable()
+    return proc

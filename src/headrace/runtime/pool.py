@@ -30,7 +30,6 @@ Written once here; every loop that blocks points to it.
 from __future__ import annotations
 
 import contextlib
-import gc
 import itertools
 import logging
 import os
@@ -41,7 +40,7 @@ from typing import Any
 
 from headrace.pipeline import Pipeline
 from headrace.runtime import live_pools
-from headrace.runtime.forks import StartRequests
+from headrace.runtime.forks import StartRequests, start_process
 from headrace.runtime.handles import HandOff, Progress, WorkerHandle
 from headrace.runtime.native_threads import resolved_for_fork
 from headrace.runtime.ring import Ring
@@ -53,24 +52,9 @@ from headrace.runtime.threadworker import (
     current_run,
     thread_main,
 )
-from headrace.runtime.worker import WorkerSetup, forked_main, worker_main
+from headrace.runtime.worker import WorkerSetup
 
 log = logging.getLogger("headrace")
-
-_FORKING = threading.Lock()
-"""Held while a worker forks with the collector off (``_start_process``). The collector's
-state is the process's: two loaders forking at once from two threads read it as the other had
-left it, and a worker then ran its whole life without a collector, or collected before its
-freeze (a review's repro: 12 batches from workers with the collector off)."""
-
-
-def _unlock_in_child() -> None:
-    global _FORKING
-    _FORKING = threading.Lock()  # a fork taken while another thread held it
-
-
-os.register_at_fork(after_in_child=_unlock_in_child)
-
 
 class WorkerPool:
     """A set of worker processes over one pipeline, with per-worker task and result pipes.
@@ -246,24 +230,7 @@ class WorkerPool:
         ring = Ring(self.ctx)
         slot = setup.slot
         args = (setup, task_reader, writer, self.handoff, self.progress, ring)
-        if self.ctx.get_start_method() == "fork":
-            # no collection runs between the fork and the worker's gc.freeze() (forked_main):
-            # the training process's garbage is never finalised in a worker, and the training
-            # process's own frozen objects stay as its user froze them (docs/design.md)
-            with _FORKING:
-                collecting = gc.isenabled()
-                gc.disable()
-                try:
-                    proc = self.ctx.Process(target=forked_main, args=(collecting, *args),
-                                            daemon=True, name=f"headrace-worker-{slot}")
-                    proc.start()
-                finally:
-                    if collecting:
-                        gc.enable()
-        else:
-            proc = self.ctx.Process(target=worker_main, args=args, daemon=True,
-                                    name=f"headrace-worker-{slot}")
-            proc.start()
+        proc = start_process(self.ctx, args, f"headrace-worker-{slot}")
         writer.close()  # only the worker writes; EOF on our end then means it died
         task_reader.close()  # only the worker reads
         return WorkerHandle(slot, proc, TaskPipe(task_writer), reader, ring)
