@@ -627,3 +627,26 @@ def test_two_loaders_forking_at_once_leave_every_worker_collecting(no_leaks):
         t.join(120)
     assert not any(t.is_alive() for t in threads)
     assert off == [] and gc.isenabled()
+
+
+class _SlowSamples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, i):
+        time.sleep(0.05)  # simulated work: the training thread waits for each batch
+        return i
+
+
+def test_close_from_another_thread_while_next_waits_raises_loader_closed(no_leaks):
+    # the waiting next() saw the scheduler thread gone and blamed it: "headrace scheduler
+    # thread stopped unexpectedly" (a review)
+    loader = hr.DataLoader(_SlowSamples(), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    closer = threading.Timer(0.3, loader.close)
+    closer.start()
+    with pytest.raises(hr.LoaderClosedError):
+        for _ in range(300):  # bounded: about 20 batches a second until the close
+            next(it)
+    closer.join()

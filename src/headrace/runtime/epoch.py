@@ -279,6 +279,8 @@ class EpochIterator(EpochBase):
             except queue.Empty:
                 pass  # checked outside the handler: a Ctrl-C there printed the Empty as its cause
             if not self.scheduler._thread.is_alive() and self._out.empty():
+                if self._closed:  # loader.close() from another thread while this one waited:
+                    self._check_open()  # what next() raises after close() (LoaderClosedError)
                 self.broken("headrace scheduler thread stopped unexpectedly")
                 self.close()
                 raise RuntimeError("headrace scheduler thread stopped unexpectedly")
