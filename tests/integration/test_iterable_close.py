@@ -5,6 +5,7 @@ close() returns, and a later ``next()`` raises ``LoaderClosedError`` part-way th
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 
@@ -66,8 +67,15 @@ def test_close_after_the_epochs_end_stops_persistent_workers_and_leaves_stop_ite
 
 
 class SlowStream(tud.IterableDataset):
+    """Items that take work; ``under_way`` is set once a worker is past its first items."""
+
+    def __init__(self) -> None:
+        self.under_way = multiprocessing.get_context("fork").Event()
+
     def __iter__(self):
         for i in range(1000):
+            if i == 4:
+                self.under_way.set()
             time.sleep(0.05)  # simulated work: the training thread waits for each batch
             yield i
 
@@ -77,14 +85,15 @@ def test_close_from_another_thread_while_next_waits_raises_loader_closed(persist
     # torch's queues went away under the waiting next(): FileNotFoundError or
     # ConnectionResetError, naming no place; and a state_dict() taken after the part-way
     # close() said nothing was delivered (no IterablePositionWarning on its load)
-    loader = hr.DataLoader(SlowStream(), batch_size=2, num_workers=2,
-                           persistent_workers=persistent)
+    data = SlowStream()
+    loader = hr.DataLoader(data, batch_size=2, num_workers=2, persistent_workers=persistent)
     it = iter(loader)
     next(it)
-    closer = threading.Timer(0.3, loader.close)
+    closer = threading.Thread(target=lambda: data.under_way.wait(60) and loader.close())
     closer.start()
     with pytest.raises(hr.LoaderClosedError):
-        for _ in range(200):  # bounded: 2 batches a second until the close
+        for _ in range(1000):  # bounded: the stream's length
             next(it)
-    closer.join()
+    closer.join(60)
+    assert not closer.is_alive()
     assert loader.state_dict()["batches_delivered"] >= 1

@@ -2,6 +2,7 @@
 
 import gc
 import logging
+import multiprocessing
 import os
 import re
 import signal
@@ -630,10 +631,17 @@ def test_two_loaders_forking_at_once_leave_every_worker_collecting(no_leaks):
 
 
 class _SlowSamples(torch.utils.data.Dataset):
+    """Samples that take work; ``under_way`` is set once a worker reaches sample 20."""
+
+    def __init__(self) -> None:
+        self.under_way = multiprocessing.get_context("fork").Event()
+
     def __len__(self):
         return 400
 
     def __getitem__(self, i):
+        if i == 20:
+            self.under_way.set()
         time.sleep(0.05)  # simulated work: the training thread waits for each batch
         return i
 
@@ -641,12 +649,14 @@ class _SlowSamples(torch.utils.data.Dataset):
 def test_close_from_another_thread_while_next_waits_raises_loader_closed(no_leaks):
     # the waiting next() saw the scheduler thread gone and blamed it: "headrace scheduler
     # thread stopped unexpectedly" (a review)
-    loader = hr.DataLoader(_SlowSamples(), batch_size=2, num_workers=2)
+    data = _SlowSamples()
+    loader = hr.DataLoader(data, batch_size=2, num_workers=2)
     it = iter(loader)
     next(it)
-    closer = threading.Timer(0.3, loader.close)
+    closer = threading.Thread(target=lambda: data.under_way.wait(60) and loader.close())
     closer.start()
     with pytest.raises(hr.LoaderClosedError):
-        for _ in range(300):  # bounded: about 20 batches a second until the close
+        for _ in range(200):  # bounded: the epoch's batches
             next(it)
-    closer.join()
+    closer.join(60)
+    assert not closer.is_alive()
