@@ -13,6 +13,7 @@ from PIL import Image
 
 import headrace as hr
 from tests.helpers import (
+    FailingDataset,
     HangingDataset,
     IndexDataset,
     KillerDataset,
@@ -202,21 +203,11 @@ def test_exhausted_shared_memory_gives_a_clear_error(tmp_path):
     assert "Shared memory (/dev/shm) is exhausted" in out.stdout
 
 
-class _FailsAtTen(torch.utils.data.Dataset):
-    def __len__(self):
-        return 13
-
-    def __getitem__(self, i):
-        if i == 10:
-            raise ValueError("bad sample 10")
-        return i
-
-
 @pytest.mark.parametrize("in_order", [None, False])
 def test_a_failing_sample_in_process_loses_no_batch_mate_when_batches_are_regrouped(in_order):
     # num_workers=0 dropped the failing sample's sampler batch whole (torch's batches) while
     # explain() said the batching was sample-aware, as it is with workers (a fuzz hunt)
-    loader = hr.DataLoader(_FailsAtTen(), batch_size=7, shuffle=True, num_workers=0,
+    loader = hr.DataLoader(FailingDataset(13, {10}), batch_size=7, shuffle=True, num_workers=0,
                            in_order=in_order, generator=torch.Generator().manual_seed(1))
     it, got, errors = iter(loader), [], 0
     for _ in range(10):  # bounded: 2 batches and 1 error expected
@@ -230,19 +221,6 @@ def test_a_failing_sample_in_process_loses_no_batch_mate_when_batches_are_regrou
     assert "sample-aware" in loader.explain()
 
 
-class _FailsAt:
-    def __init__(self, n: int, bad: int) -> None:
-        self.n, self.bad = n, bad
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if i == self.bad:
-            raise ValueError("bad sample")
-        return i
-
-
 @pytest.mark.parametrize(("n", "bad", "bound"), [(10, -1, 2), (20, 5, 3)])
 def test_a_bound_in_flight_under_a_batch_does_not_hang_regrouped_batches(n, bad, bound):
     # finished samples wait in flight for their batch: under batch_size of them the last short
@@ -250,7 +228,7 @@ def test_a_bound_in_flight_under_a_batch_does_not_hang_regrouped_batches(n, bad,
     # on (a fuzz hunt: next() blocked for ever)
     import threading
 
-    loader = hr.DataLoader(_FailsAt(n, bad), batch_size=4, shuffle=True, num_workers=2,
+    loader = hr.DataLoader(FailingDataset(n, {bad}), batch_size=4, shuffle=True, num_workers=2,
                            options=hr.Options(max_in_flight=bound, on_error="skip"))
     got: list[int] = []
     run = threading.Thread(target=lambda: got.extend(i for b in loader for i in b.tolist()),
@@ -267,8 +245,10 @@ def test_a_bound_in_flight_under_a_batch_does_not_hang_regrouped_batches(n, bad,
 @pytest.mark.parametrize("workers", [0, 2])
 def test_drop_last_drops_a_regrouped_batch_a_skipped_sample_left_short(workers):
     # num_workers=0 sent the last regrouped batch out short where workers drop and count it
-    loader = hr.DataLoader(_FailsAt(23, 7), batch_size=4, shuffle=True, drop_last=True,
-                           num_workers=workers, options=hr.Options(on_error="skip"))
+    # in order (in_order=False regroups): sample 7 is among the 20 positions drop_last keeps
+    loader = hr.DataLoader(FailingDataset(23, {7}), batch_size=4, in_order=False,
+                           drop_last=True, num_workers=workers,
+                           options=hr.Options(on_error="skip"))
     try:
         sizes = [len(b) for b in loader]
     finally:

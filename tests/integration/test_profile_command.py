@@ -166,14 +166,7 @@ def test_scripts_the_cli_cannot_run_as_written_say_why(tmp_path, capsys):
 COMPOSE_SCRIPT = textwrap.dedent('''
     import torch
 
-    class Compose:
-        def __init__(self, ts):
-            self.transforms = ts
-
-        def __call__(self, x):
-            for t in self.transforms:
-                x = t(x)
-            return x
+    from tests.helpers import Compose
 
     def double(x):
         return x * 2

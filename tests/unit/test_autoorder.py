@@ -297,17 +297,28 @@ def test_measured_pipeline_end_to_end_then_revalidated():
     assert check.decision.order == d.order
 
 
+RESNET_SIZES = [1000, 8000, 8000, 8000, 8000, 1680, 6720]
+"""Output bytes per step of ``resnet_steps`` (load first): Resize deflates 8000 to 1680."""
+RESNET_RESHAPED = [False, True, False, False, False, True, True]
+"""Which of those steps change the shape: the augmentations keep it."""
+
+
+def _resnet_profile(steps, sizes, sized: int, unsized: int = 0) -> Profiler:
+    """A profiler fed ``sized`` samples with ``sizes`` (and ``RESNET_RESHAPED``) and
+    ``unsized`` samples by their times alone."""
+    prof = Profiler(["load", *names(steps)])
+    for _ in range(sized):
+        prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(7)], sizes,
+                     reshapes=RESNET_RESHAPED)
+    for _ in range(unsized):
+        prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(7)], None)
+    return prof
+
+
 def test_the_decision_names_the_samples_its_inflation_factors_come_from():
     """Most samples from workers carry times only: the note counts those with sizes."""
     steps = resnet_steps()
-    prof = Profiler(["load", *names(steps)])
-    sizes = [1000, 8000, 8000, 8000, 8000, 1680, 6720]
-    reshaped = [False, True, False, False, False, True, True]  # the augmentations keep shape
-    for _ in range(40):
-        prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(7)], sizes, 0, None, reshaped)
-    for _ in range(260):
-        prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(7)], None)
-    profile = prof.report()
+    profile = _resnet_profile(steps, RESNET_SIZES, sized=40, unsized=260).report()
     assert profile.samples == 300
     d = autoorder_from_profile(steps, profile)
     assert [m.step for m in d.moves] == ["Resize"]
@@ -316,18 +327,10 @@ def test_the_decision_names_the_samples_its_inflation_factors_come_from():
 
 def test_revalidate_reports_a_step_whose_class_changed():
     steps = resnet_steps()
-    prof = Profiler(["load", *names(steps)])
-    sizes = [1000, 8000, 8000, 8000, 8000, 1680, 6720]
-    reshaped = [False, True, False, False, False, True, True]  # the augmentations keep shape
-    for _ in range(5):
-        prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(7)], sizes, reshapes=reshaped)
-    d = autoorder_from_profile(steps, prof.report())
+    d = autoorder_from_profile(steps, _resnet_profile(steps, RESNET_SIZES, sized=5).report())
     assert [m.step for m in d.moves] == ["Resize"]
-    later = Profiler(["load", *names(steps)])
     sizes = [1000, 8000, 8000, 8000, 8000, 8000, 32000]  # Resize is now neutral (1.00)
-    for _ in range(5):
-        later.observe([StepTiming(i, 1e-3, 1e-3) for i in range(7)], sizes, reshapes=reshaped)
-    check = revalidate(d, later.report())
+    check = revalidate(d, _resnet_profile(steps, sizes, sized=5).report())
     assert not check.holds
     assert check.changes == ("Resize: deflationary (0.21) -> neutral (1.00)",)
     assert not check.decision.changed  # back to the declared order

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -93,16 +95,25 @@ def _file_limit(budget: int) -> int:
     return budget + max(budget // 16, 1 << 20)
 
 
+@contextlib.contextmanager
+def _one_shard(budget: int, tier: str) -> Iterator[MemoryBackend]:
+    """A one-shard backend whose whole ``budget`` is ``tier``'s, removed after."""
+    path = memory_backend.make_dir()
+    try:
+        backend = MemoryBackend(path, budget, shards=1)
+        backend.set_budgets({tier: budget})
+        yield backend
+    finally:
+        memory_backend.remove_dir(path)
+
+
 def test_file_stays_within_the_budget_when_each_epoch_replaces_the_last() -> None:
     # Entries of 100 KB-1.5 MB in a tier whose namespace changes every epoch (an augmented
     # form keyed by epoch): each epoch evicts the last one's entries. LMDB reuses a freed run
     # of pages only two transactions later and only for an entry that fits in it, so the file
     # reached 1.4x the budget in the second epoch while the entries stayed within it.
     budget = 8 << 20
-    path = memory_backend.make_dir()
-    backend = MemoryBackend(path, budget, shards=1)
-    try:
-        backend.set_budgets({"augmented": budget})
+    with _one_shard(budget, "augmented") as backend:
         rng = np.random.default_rng(0)
         for epoch in range(8):
             ns = bytes([epoch]) * 16
@@ -116,18 +127,13 @@ def test_file_stays_within_the_budget_when_each_epoch_replaces_the_last() -> Non
             # and each epoch's entries still fill the budget (up to one large entry)
             assert stored > budget - (3 << 19), epoch
             assert backend.usage()["augmented"] == backend.scan_bytes() <= budget
-    finally:
-        memory_backend.remove_dir(path)
 
 
 def test_small_entries_stored_in_random_order_stay_within_the_budget() -> None:
     # Entries under a page share LMDB's leaf pages, which random keys leave 60-70% full: the
     # file held 1.7x what the entries count. Its pages, not only the entries', are budgeted.
     budget = 4 << 20
-    path = memory_backend.make_dir()
-    backend = MemoryBackend(path, budget, shards=1)
-    try:
-        backend.set_budgets({"encoded": budget})
+    with _one_shard(budget, "encoded") as backend:
         rng = np.random.default_rng(1)
         for i in rng.permutation(8000):
             backend.put(sample_key(NS_A, int(i)), "encoded",
@@ -139,5 +145,3 @@ def test_small_entries_stored_in_random_order_stay_within_the_budget() -> None:
         assert any(v is not None for v in taken)
         backend.set_budgets({"encoded": 0})
         assert backend.scan_bytes() == 0
-    finally:
-        memory_backend.remove_dir(path)
