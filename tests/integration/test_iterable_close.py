@@ -45,8 +45,10 @@ def test_close_part_way_stops_the_workers_and_the_next_next_raises(workers, pers
     it = iter(loader)
     next(it)
     assert len(children() - before) == workers
+    assert loader.stats().workers == workers  # torch's iterator's processes, as counted
     loader.close()
     assert children() - before == set()  # while the loader and its iterator are still held
+    assert loader.stats().workers == 0
     for _ in range(2):  # that and every later next()
         with pytest.raises(hr.LoaderClosedError, match="1 batch.*delivered"):
             next(it)

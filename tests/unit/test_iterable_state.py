@@ -1,6 +1,7 @@
 """A loader over an IterableDataset (torch's own iterator, ``runtime/iterable_dataset.py``): its
 state dict records no position, loading it warns where a part-way epoch starts over, a state of
-the other kind is refused; options that cannot act on torch's iterator are refused, and
+the other kind is refused; options that cannot act on torch's iterator are refused, tuning
+options it ignores are named in a warning, and
 ``num_workers="auto"`` names the fixed count it used. In the training process (no workers)."""
 
 from __future__ import annotations
@@ -74,3 +75,26 @@ def test_auto_workers_become_a_fixed_count_named_in_a_warning():
     assert any("using num_workers=2," in str(w.message) for w in caught)
     assert type(loader.num_workers) is int and loader.num_workers == 2
     assert not loader.autoscale  # nothing scales torch's iterator
+
+
+def test_tuning_options_set_for_samples_are_named_in_a_warning_not_ignored_silently():
+    options = hr.Options(max_in_flight=64, collate_threads=2, cache=hr.Cache(budget_bytes=2**30),
+                         reorder=False)
+    with pytest.warns(UserWarning, match=r"Options\(max_in_flight, collate_threads, cache\): "
+                                         r"no effect over an IterableDataset") as caught:
+        loader = hr.DataLoader(Stream(), batch_size=4, options=options)
+    assert len(caught) == 1
+    assert batches(loader) == batches(tud.DataLoader(Stream(), batch_size=4))
+
+
+@pytest.mark.parametrize("options", [
+    hr.Options(),
+    # switches that turn off what an IterableDataset never gets, and torch's own BLAS threads
+    hr.Options(cache=None, reorder=False, profile=False, handoff=False, profile_store=False,
+               worker_blas_threads=None, autoscale=hr.AutoscaleConfig(initial=2)),
+])
+def test_defaults_and_switches_turned_off_warn_nothing(options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hr.DataLoader(Stream(), batch_size=4, options=options)
+    assert hr.runtime.options.unused_by_iterable(options) == []

@@ -111,6 +111,15 @@ def close(loader: Any, running: _Closable | None) -> None:
     loader.__dict__["_torch_iterator"] = None
 
 
+def live_workers(loader: Any, running: _Closable | None) -> int:
+    """``stats().workers``: the worker processes torch's running (or persistent) iterator has
+    and has not shut down; 0 without workers or once closed."""
+    for it in (running, loader.__dict__.get("_torch_iterator")):
+        if isinstance(it, MultiProcessingIter) and not it._shutdown:
+            return int(it._num_workers)
+    return 0
+
+
 def fixed_workers(auto: AutoWorkers) -> int:
     """``num_workers="auto"``: torch's iterator runs a fixed number of workers, so ``auto``
     means the count it would start with (``AutoscaleConfig.initial``, else the available

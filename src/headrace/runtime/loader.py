@@ -257,11 +257,14 @@ class DataLoader(tud.DataLoader[_T_co]):
         pol = self.monitor.timeout
         pct = pol.config.fallback_percentile if pol.using_fallback else pol.config.percentile
         pool = self._pool if self._pool is not None else getattr(it, "pool", None)
+        workers = pool.size if pool is not None else 0
+        if self._iterable:  # torch's iterator's processes: headrace has no pool of its own
+            workers = iterable_dataset.live_workers(self, self._torch_iter_ref())
         return LoaderStats(
             epochs=epochs,
             timeout_s=pol.timeout_s,
             timeout_percentile=pct,
-            workers=pool.size if pool is not None else 0,
+            workers=workers,
             workers_timeline=tuple(self.monitor.workers_timeline),
             timeout_timeline=tuple(self.monitor.timeout_timeline),
             queues=tuple(self.monitor.queues),

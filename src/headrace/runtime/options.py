@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -179,7 +180,9 @@ def check_arguments(options: Options, iterable: bool, num_workers: int,
     they run (``on_error="skip"``, ``sample_timeout_s``, ``executor="threads"``, ``remote``,
     ``device``) is refused when the loader is built rather than silently ignored. ``num_workers="auto"`` is not an
     option of that kind: it becomes the fixed count torch's iterator runs, named in a warning
-    (``runtime/iterable_dataset.py``)."""
+    (``runtime/iterable_dataset.py``). Options that only tune how samples are scheduled,
+    cached or profiled, set to other than their defaults, are not refused (one ``Options`` is
+    often shared by a script's loaders) but named in a warning (:func:`unused_by_iterable`)."""
     if iterable and options.on_error != "raise":
         raise ValueError(
             f"Options(on_error={options.on_error!r}) needs a map-style dataset: an "
@@ -191,6 +194,14 @@ def check_arguments(options: Options, iterable: bool, num_workers: int,
             "Options(sample_timeout_s=...) needs a map-style dataset: an IterableDataset is "
             "iterated by torch's own iterator, which runs the dataset's __iter__; headrace "
             "times no sample of it (torch's timeout= bounds the wait for a batch from a worker)")
+    if iterable:
+        unused = unused_by_iterable(options)
+        if unused:
+            warnings.warn(
+                f"Options({', '.join(unused)}): no effect over an IterableDataset: torch's "
+                "own iterator runs the dataset's __iter__ and headrace schedules, caches and "
+                "profiles none of its samples (those options act on a map-style dataset's "
+                "samples)", UserWarning, stacklevel=3)
     if num_workers and prefetch_factor is not None and prefetch_factor < 1:
         raise ValueError(  # torch's iter() asserts it; headrace read ahead as if it were 2
             f"prefetch_factor must be at least 1 with workers (batches each worker keeps "
@@ -205,3 +216,23 @@ def check_arguments(options: Options, iterable: bool, num_workers: int,
     if options.remote is not None and (iterable or not num_workers):
         raise ValueError("Options(remote=...) needs a map-style dataset and num_workers >= 1 "
                          "(remote workers join the local ones)")
+
+
+
+_SAMPLE_TUNING = ("max_in_flight", "slow_lane_share", "timeout", "max_worker_restarts",
+                  "worker_blas_threads", "collate_threads", "cache")
+"""Options that tune how a map-style dataset's samples are scheduled, run, collated or cached,
+and do nothing over an IterableDataset. Not listed: ``autoscale`` (its ``initial`` is the
+fixed count ``num_workers="auto"`` becomes there) and the switches that only turn something
+off (``handoff``, ``profile``, ``reorder``, ``profile_store``, and ``cache=None``): off is
+what an IterableDataset gets anyway. ``worker_blas_threads=None`` is torch's way too."""
+
+
+def unused_by_iterable(options: Options) -> list[str]:
+    """The names of the :data:`_SAMPLE_TUNING` options ``options`` sets to other than their
+    defaults (``cache=None`` and ``worker_blas_threads=None`` left out: they ask for nothing):
+    what a warning names when the loader iterates an IterableDataset."""
+    default = Options()
+    return [name for name in _SAMPLE_TUNING
+            if getattr(options, name) is not None
+            and getattr(options, name) != getattr(default, name)]

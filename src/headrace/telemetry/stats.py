@@ -151,9 +151,11 @@ class LoaderStats:
     Attributes:
         epochs: one entry per epoch started (the latest ``EPOCHS_KEPT``, 1000), the last
             possibly running.
-        timeout_s: current hand-off timeout in seconds (``inf`` while warming up).
+        timeout_s: current hand-off timeout in seconds (``inf`` while warming up, and
+            always over an IterableDataset: no sample of it is handed off).
         timeout_percentile: percentile behind it (75, or 90 after a fallback).
-        workers: current number of worker processes.
+        workers: current number of worker processes (over an IterableDataset, those of
+            torch's running or persistent iterator).
         workers_timeline: (seconds since creation, workers) at every change.
         timeout_timeline: (seconds since creation, timeout s) at every change.
         queues: sampled queue depths (bounded history).
