@@ -280,10 +280,12 @@ def epoch_over(point: ResumePoint) -> ResumePoint:
     """``point`` as a state between its epoch and the next: what a state taken mid-epoch
     describes once the training loop is known to have ended that epoch there (Lightning's
     ``limit_train_batches``: ``runtime/lightning_loops.py``). The generators' states it
-    recorded are those the next epoch draws from, as that epoch's ``iter()`` would have."""
+    recorded are those the next epoch draws from, as that epoch's ``iter()`` would have. The
+    step order that epoch ran and AutoOrder's phase with it are kept: the next epoch runs that
+    order and AutoOrder goes on from that phase (they were dropped: the resumed run went back
+    to the declared order and decided again, where the uninterrupted one kept its order)."""
     return dataclasses.replace(point, epoch=point.epoch + 1, in_epoch=False, origin=None,
-                               delivered=Bitmap(), steps=None, order_phase=None, empty_batches=0,
-                               batches=0)
+                               delivered=Bitmap(), empty_batches=0, batches=0)
 
 
 def _order_to(origin: EpochOrigin | None, delivered: Bitmap | None,
