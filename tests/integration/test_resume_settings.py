@@ -124,7 +124,7 @@ def test_a_state_dict_whose_identities_were_computed_otherwise_is_not_told_as_ch
     import warnings
 
     state, rest = saved_after(26, 2, batch_size=4)
-    assert state["identity_version"] == IDENTITY_VERSION == 4
+    assert state["identity_version"] == IDENTITY_VERSION == 5
     edited = dict(state, step_code={k: "0" + v for k, v in state["step_code"].items()},
                   dataset="another")
     second = loader(26, seed=99, batch_size=4)
@@ -132,9 +132,11 @@ def test_a_state_dict_whose_identities_were_computed_otherwise_is_not_told_as_ch
         second.load_state_dict(edited)
     second.close()
     # before identity_version (1), 2: before a step's helpers and the scalar globals they and
-    # a callable class's methods read were counted, 3: before a dataset's class code was
+    # a callable class's methods read were counted, 3: before a dataset's class code was,
+    # 4: before a container's items past the 64th were
     for old in ({k: v for k, v in edited.items() if k != "identity_version"},
-                dict(edited, identity_version=2), dict(edited, identity_version=3)):
+                dict(edited, identity_version=2), dict(edited, identity_version=3),
+                dict(edited, identity_version=4)):
         third = loader(26, seed=99, batch_size=4)
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -20,7 +20,6 @@ from headrace.pipeline.source import DatasetSource, user_attr
 from headrace.pipeline.timed import unwrapped
 from headrace.pipeline.value_digest import (
     MAX_DEPTH,
-    MAX_ITEMS,
     qualified_name,
     short_hash,
     state_digest,
@@ -63,8 +62,9 @@ def pipeline_fingerprint(p: Pipeline) -> str:
 def source_fingerprint(source: Any, content: bool = False) -> str:
     """The source's own ``fingerprint()`` if it has one, else its type, length and code
     (:func:`source_code`); with ``content``, also its state by value (:func:`state_digest` of
-    its attributes: the paths it reads, its arrays by a sample, its transforms' code and
-    parameters). A map-style dataset wrapped as a source (``DatasetSource``) counts as the
+    its attributes: the paths it reads, its arrays by their bytes, a large one by a sample or the
+    file it is mapped from, its transforms' code and parameters; :mod:`value_digest` says
+    what is hashed in full). A map-style dataset wrapped as a source (``DatasetSource``) counts as the
     dataset.
 
     Without ``content`` (a state dict's record of the dataset, the profile store), two datasets
@@ -106,8 +106,8 @@ def source_code(source: Any, depth: int = 0) -> str:
 
 def wrapped(source: Any, depth: int = 0) -> list[Any]:
     """The datasets ``source`` wraps (torch's ``Subset``, what ``random_split`` returns, holds
-    one as ``dataset``; ``ConcatDataset`` several as ``datasets``), at most ``_WRAPS`` levels
-    down: a wrapper's class is torch's, so counting only it let two scripts' datasets behind a
+    one as ``dataset``; ``ConcatDataset`` several as ``datasets``, the first ``_MAX_WRAPPED``
+    of them: their code, not their state), at most ``_WRAPS`` levels down: a wrapper's class is torch's, so counting only it let two scripts' datasets behind a
     ``Subset`` share a stored profile and a cache namespace (a review)."""
     import torch.utils.data as tud
 
@@ -124,12 +124,15 @@ def wrapped(source: Any, depth: int = 0) -> list[Any]:
     found = [inner] if dataset(inner) else []
     many = user_attr(source, "datasets")
     if isinstance(many, (list, tuple)):
-        found += [d for d in many[:MAX_ITEMS] if dataset(d)]
+        found += [d for d in many[:_MAX_WRAPPED] if dataset(d)]
     return found
 
 
 _WRAPS = 4
 """Levels of wrapping (a ``Subset`` of a ``ConcatDataset`` of ...) :func:`wrapped` follows."""
+_MAX_WRAPPED = 64
+"""Datasets of a ``ConcatDataset`` whose classes' code :func:`wrapped` follows (a bound on code
+followed; their state counts in full by content)."""
 
 
 def _classes_code(source: Any, depth: int = 0) -> str:

@@ -1,7 +1,31 @@
 """Digests of values by content, the same in every process: numbers and strings by value,
-arrays and tensors by their bytes (a sample of the elements when large), containers element by
-element, other objects by class and state; never through a ``repr`` that may hold a memory
-address.
+arrays and tensors by their bytes, containers element by element, other objects by class and
+state; never through a ``repr`` that may hold a memory address.
+
+What is hashed in full, and what beyond a bound. The values hashed here are a step's
+parameters (bound arguments, captured values, defaults, a callable object's state), the module
+globals it reads by value, and a source's state (for the sample cache). Digests are taken at
+every epoch's start and in every ``state_dict()``, not per sample; each bound below is where
+hashing everything cost more than about 50 ms on 2 shared cores (docs/design.md, "a value
+differing anywhere"):
+
+- a list, tuple, set or dict: every item, up to ``FULL_ITEMS`` items of any kind,
+  ``_FULL_RECORDS`` tuples of plain scalars (records such as ``(path, label)``) and
+  ``_FULL_SCALARS`` plain scalars (``None``, ``bool``, ``int``, ``float``, ``complex``,
+  ``str``, ``bytes``); records and scalars are hashed in one pass, at C speed. Beyond, evenly
+  spaced items (``FULL_ITEMS`` of them, ``_SAMPLED`` scalars) and the length. A set's items,
+  and a dict's keys up to ``_SORTED``, are sorted first (a set of strings iterates in an order
+  string hashing, seeded anew in each process, decides); a larger dict counts in insertion
+  order.
+- an array, a tensor, ``bytes``: every byte up to ``_FULL_BYTES``; beyond, ``_SAMPLED``
+  evenly spaced elements, with dtype and shape. A larger array mapped from a file
+  (``np.memmap``, ``np.load(mmap_mode=...)``) is data a source reads, not a parameter: it
+  counts by the file's path, the view's place in it, strides, and the file's size and
+  modification time (``sources.Files``' rule), and none of it is read.
+
+Containers of up to ``MAX_ITEMS`` items are hashed item by item, and arrays of up to 1 MiB
+whole, as in every earlier version: their digests did not change when the rest stopped being
+cut at 64 items and sampled past 1 MiB (``identity_version`` 5).
 
 A callable inside a value counts by :func:`code_digest.code_identity`, which in turn hashes
 the state of the objects it reaches here: the two recurse into each other, and this module
@@ -12,6 +36,10 @@ at its top.
 from __future__ import annotations
 
 import hashlib
+import io
+import os
+import pickle
+from itertools import chain
 from typing import Any
 
 MAX_DEPTH = 6
@@ -20,15 +48,44 @@ strings and arrays count by value at any depth). An object and its state take a 
 a ``Compose([Resize(224)])`` step reaches the 224 at level 5: object, state, list, transform,
 state, value."""
 MAX_ITEMS = 64
-"""Elements of a list, tuple, set or dict hashed; longer ones count by length beyond that."""
-_FULL_BYTES = 1 << 20
-"""Arrays and tensors of up to this many bytes are hashed whole; larger ones by dtype, shape and
-``_SAMPLED`` evenly spaced elements. Fingerprints are taken at every epoch's start and in every
-``state_dict()``, and a step that is a bound method counts the object it is bound to: hashing a
-CIFAR-10 held in memory there (150 MB) took 0.5 s a call; a change to a large array that none
-of the sampled elements sees is not told apart."""
-_SAMPLED = 1 << 16
-"""Elements hashed of an array or tensor over ``_FULL_BYTES`` (first and last included)."""
+"""Containers of up to this many items are hashed item by item, each item's digest joined
+(the format of every earlier version); longer ones by :func:`_items_digest`. Before
+``identity_version`` 5 the items past this many were not hashed at all: two jobs whose decode
+step held a 100-entry lookup table differing at entry 90 shared a Redis cache's entries, and
+one was served the other's samples (a bug hunt)."""
+FULL_ITEMS = 1 << 13
+"""Items of a container hashed one by one (each by :func:`state_digest`) when they are not
+plain scalars or records (below); a longer one counts by this many evenly spaced items and its
+length. 8,192 objects of two attributes took 60 ms, 8,192 arrays of 1 KB 45 ms."""
+_FULL_SCALARS = 1 << 21
+"""Items of a container of plain scalars hashed in one pass (pickled without a memo: at C
+speed, equal values give equal bytes); a longer one counts by ``_SAMPLED`` evenly spaced items
+and its length. A list of a million floats or strings took 15 ms."""
+_FULL_RECORDS = 1 << 18
+"""Items of a container of tuples of plain scalars (records: ``(path, label)``) hashed in one
+pass; a longer one counts by ``FULL_ITEMS`` evenly spaced records and its length. 262,144
+records of a path and a label took 45 ms (checking their types is half of it), ImageNet's 1.28
+million took 0.2 s."""
+_SORTED = 1 << 16
+"""Keys of a dict sorted before hashing (equal dicts built in another order, equal digests);
+a larger dict counts its items in insertion order: sorting a million random keys took 0.35 s.
+Sets are always sorted (their order differs between processes)."""
+_FULL_BYTES = 64 << 20
+"""Arrays, tensors and ``bytes`` of up to this many bytes are hashed whole (SHA-256: about
+1.5 GB/s here, BLAKE2b 0.9 GB/s; 64 MiB took 43 ms). Larger ones count by dtype, shape and
+``_SAMPLED`` evenly spaced elements, or, mapped from a file, by the file (module docstring):
+a dataset held in memory may be reached through a bound method's object or a source's state,
+and a 1 GB array took 0.7 s to hash whole; a change to such an array that none of the sampled
+elements sees is not told apart."""
+_SAMPLED = 1 << 18
+"""Elements hashed of an array or tensor over ``_FULL_BYTES``, and items of a container of
+scalars over ``_FULL_SCALARS``, first and last included: one every 4 KB of a 1 GB ``uint8``
+array, read in 8 ms."""
+_CHUNK = 4 << 20
+"""Bytes of a non-contiguous array copied at a time to be hashed."""
+SCALAR_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes})
+"""Types hashed in one pass when a container holds only them (exact types: a subclass such as
+an ``IntEnum`` may carry state)."""
 
 
 def module_name(obj: Any) -> str:
@@ -50,35 +107,55 @@ def short_hash(data: bytes) -> str:
 
 def state_digest(value: Any, depth: int = 0) -> str:
     """A digest of ``value`` by content: numbers, strings and bytes by value, arrays and
-    tensors by dtype, shape and bytes (a sample of the elements over ``_FULL_BYTES``),
-    containers element by element, callables by
-    :func:`code_digest.code_identity`, other objects by class and ``__dict__``."""
+    tensors by dtype, shape and bytes, containers element by element (the bounds past which
+    they are sampled: module docstring), callables by :func:`code_digest.code_identity`, other
+    objects by class and ``__dict__``."""
     import numpy as np
 
     if value is None or isinstance(value, (bool, int, float, complex, str)):
         return short_hash(repr(value).encode())
     if isinstance(value, (bytes, bytearray, memoryview)):
-        if len(value) <= _FULL_BYTES or isinstance(value, memoryview) and not value.contiguous:
+        if isinstance(value, memoryview) and not value.contiguous:
             return short_hash(bytes(value))
-        # a sample, as a large array's
-        return short_hash(_array_bytes(np.frombuffer(value, np.uint8)))
+        if (value.nbytes if isinstance(value, memoryview) else len(value)) <= _FULL_BYTES:
+            return hashlib.sha256(value).hexdigest()[:12]
+        h = hashlib.sha256()  # a sample, as a large array's
+        _hash_array(h, np.frombuffer(value, np.uint8))
+        return h.hexdigest()[:12]
     if isinstance(value, np.ndarray) and value.dtype.hasobject:  # elements, not pointers
-        elements = state_digest(value.ravel()[:MAX_ITEMS].tolist(), depth)
+        elements = state_digest(value.ravel().tolist(), depth)
         return short_hash(f"object{value.shape}:{elements}".encode())
     if isinstance(value, np.ndarray):
-        return short_hash(f"{value.dtype}{value.shape}".encode() + _array_bytes(value))
+        h = hashlib.sha256(f"{value.dtype}{value.shape}".encode())
+        _hash_array(h, value)
+        return h.hexdigest()[:12]
     if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
-        return short_hash(f"{value.dtype}{tuple(value.shape)}".encode() + _tensor_bytes(value))
+        h = hashlib.sha256(f"{value.dtype}{tuple(value.shape)}".encode())
+        _hash_tensor(h, value)
+        return h.hexdigest()[:12]
     if depth >= MAX_DEPTH:
         return short_hash(qualified_name(type(value)).encode())
     if isinstance(value, (list, tuple, set, frozenset)):
-        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else list(value)
-        inner = [state_digest(v, depth + 1) for v in items[:MAX_ITEMS]]
-        return short_hash(f"{type(value).__name__}{len(items)}:{','.join(inner)}".encode())
+        name = type(value).__name__
+        if len(value) <= MAX_ITEMS:
+            items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+            inner = [state_digest(v, depth + 1) for v in items]
+            return short_hash(f"{name}{len(value)}:{','.join(inner)}".encode())
+        items = _sorted(value) if isinstance(value, (set, frozenset)) else value
+        return short_hash(f"{name}{len(value)}:{_items_digest(items, depth + 1)}".encode())
     if isinstance(value, dict):
-        keys = sorted(value, key=repr)[:MAX_ITEMS]
-        inner = [f"{state_digest(k, depth + 1)}={state_digest(value[k], depth + 1)}" for k in keys]
-        return short_hash(f"dict{len(value)}:{','.join(inner)}".encode())
+        if len(value) <= MAX_ITEMS:
+            keys = sorted(value, key=repr)
+            inner = [f"{state_digest(k, depth + 1)}={state_digest(value[k], depth + 1)}"
+                     for k in keys]
+            return short_hash(f"dict{len(value)}:{','.join(inner)}".encode())
+        if len(value) <= _SORTED:
+            keys = _sorted(value)
+            values = [value[k] for k in keys]
+        else:
+            keys, values = list(value), list(value.values())
+        return short_hash(f"dict{len(value)}:{_items_digest(keys, depth + 1)}="
+                          f"{_items_digest(values, depth + 1)}".encode())
     if callable(value):  # its state one level down, as any object's
         from headrace.pipeline.code_digest import code_identity  # they recurse (docstring)
 
@@ -91,44 +168,124 @@ def state_digest(value: Any, depth: int = 0) -> str:
     return short_hash(f"{name}:{rest}".encode() if rest is not None else name.encode())
 
 
-def _array_bytes(a: Any) -> bytes:
-    """The bytes of NumPy array ``a`` a digest hashes: all of them up to ``_FULL_BYTES``, else
-    ``_SAMPLED`` evenly spaced elements (read in place, whatever the strides)."""
+def _sorted(items: Any) -> list[Any]:
+    """``items`` in an order the same in every process: by value when all are ints, all
+    strings or all bytes (fast), else by ``repr``."""
+    kinds = set(map(type, items))
+    if len(kinds) == 1 and kinds <= {int, str, bytes}:
+        return sorted(items)
+    return sorted(items, key=repr)
+
+
+def _items_digest(items: Any, depth: int) -> str:
+    """A digest of a sequence's items, in order. Plain scalars: all in one pass, up to
+    ``_FULL_SCALARS`` (beyond, ``_SAMPLED`` evenly spaced ones). Tuples of plain scalars
+    (records: ``(path, label)``): all in one pass, up to ``_FULL_RECORDS``. Others: each by
+    :func:`state_digest` at ``depth``, up to ``FULL_ITEMS`` (beyond, ``FULL_ITEMS`` evenly
+    spaced ones, in one pass if they are records)."""
+    import numpy as np
+
+    n, prefix = len(items), ""
+    kinds = set(map(type, items))
+    flat = kinds <= SCALAR_TYPES or kinds == {tuple} and n <= _FULL_RECORDS and _records(items)
+    if n > (_FULL_SCALARS if flat else FULL_ITEMS):
+        picks = np.linspace(0, n - 1, _SAMPLED if flat else FULL_ITEMS, dtype=np.int64)
+        items, prefix = [items[i] for i in picks.tolist()], "sampled:"
+        flat = flat or set(map(type, items)) == {tuple} and _records(items)
+    if flat:
+        buf = io.BytesIO()
+        pickler = pickle.Pickler(buf, 4)
+        pickler.fast = True  # no memo: the bytes follow the values, not which objects repeat
+        pickler.dump(items if type(items) in (list, tuple) else list(items))
+        return f"{prefix}scalars:{hashlib.sha256(buf.getbuffer()).hexdigest()[:12]}"
+    return prefix + short_hash(",".join(state_digest(v, depth) for v in items).encode())
+
+
+def _records(items: Any) -> bool:
+    """Whether the tuples ``items`` hold only plain scalars."""
+    return set(map(type, chain.from_iterable(items))) <= SCALAR_TYPES
+
+
+def _hash_array(h: Any, a: Any) -> None:
+    """Feed hasher ``h`` the bytes of NumPy array ``a`` (C order, whatever its strides): all
+    of them up to ``_FULL_BYTES``, else the file it is mapped from (:func:`_mapped_file`) or
+    ``_SAMPLED`` evenly spaced elements (read in place)."""
     import numpy as np
 
     if a.nbytes <= _FULL_BYTES:
-        return np.ascontiguousarray(a).tobytes()
+        if a.flags.c_contiguous:
+            h.update(a.reshape(-1).view(np.uint8))
+            return
+        step = max(1, _CHUNK // max(1, a.nbytes // a.shape[0]))  # rows at a time
+        for i in range(0, a.shape[0], step):
+            h.update(np.ascontiguousarray(a[i:i + step]).reshape(-1).view(np.uint8))
+        return
+    mapped = _mapped_file(a)
+    if mapped is not None:
+        h.update(b"mapped:" + mapped.encode())
+        return
     picks = np.linspace(0, a.size - 1, _SAMPLED, dtype=np.int64)
-    return b"sampled:" + a.flat[picks].tobytes()
+    h.update(b"sampled:" + a.flat[picks].tobytes())
 
 
-def _tensor_bytes(t: Any) -> bytes:
-    """:func:`_array_bytes` of a tensor: a CPU tensor through a NumPy view of its memory (dtypes
-    NumPy lacks, such as bfloat16, as same-size integers), another device's sampled there and
-    only the sample copied to the CPU."""
+def _mapped_file(a: Any) -> str | None:
+    """Where array ``a`` lies in the file it is mapped from (it or an array it views is an
+    ``np.memmap``): path, byte offset of its first element, strides, and the file's size and
+    modification time (ns); ``None`` when not mapped, or the file is gone."""
+    import mmap
+
+    import numpy as np
+
+    root = a
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if not (isinstance(root, np.memmap) and isinstance(root.base, mmap.mmap)
+            and root.filename):
+        return None
+    start = (root.offset + a.__array_interface__["data"][0]
+             - root.__array_interface__["data"][0])
+    try:
+        st = os.stat(root.filename)
+    except OSError:
+        return None
+    return f"{root.filename}:{start}:{a.strides}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _hash_tensor(h: Any, t: Any) -> None:
+    """:func:`_hash_array` of a tensor: a CPU tensor through a NumPy view of its memory (dtypes
+    NumPy lacks, such as bfloat16, as same-size integers), another device's sampled there over
+    ``_FULL_BYTES`` and only the sample copied to the CPU."""
     import numpy as np
     import torch
 
     t = t.detach()
     if t.device.type == "meta":
-        return b"meta"  # no values
+        h.update(b"meta")  # no values
+        return
     if t.layout == torch.sparse_coo:
         t = t.coalesce()
-        return b"coo:" + _tensor_bytes(t.indices()) + b":" + _tensor_bytes(t.values())
+        h.update(b"coo:")
+        _hash_tensor(h, t.indices())
+        h.update(b":")
+        _hash_tensor(h, t.values())
+        return
     if t.layout != torch.strided:  # other sparse layouts: by their dense values
         t = t.to_dense()
     t = t.resolve_conj().resolve_neg()
     if t.device.type != "cpu":
         if t.numel() * t.element_size() > _FULL_BYTES:
             picks = torch.linspace(0, t.numel() - 1, _SAMPLED, device=t.device).long()
-            return b"sampled:" + _tensor_bytes(t.reshape(-1)[picks].cpu())
+            h.update(b"sampled:")
+            _hash_tensor(h, t.reshape(-1)[picks].cpu())
+            return
         t = t.cpu()
     try:
         a = t.numpy()
     except TypeError:  # no NumPy dtype: its bits
         a = t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
                    [t.element_size()]).numpy()
-    return _array_bytes(a) if isinstance(a, np.ndarray) else b""
+    if isinstance(a, np.ndarray):
+        _hash_array(h, a)
 
 
 def dictless_state(value: Any, depth: int) -> str | None:

@@ -78,7 +78,7 @@ def setting_changes(sd: dict[str, Any], ident: Identity, positions: bool = True)
     return out
 
 
-IDENTITY_VERSION = 4
+IDENTITY_VERSION = 5
 """How the state dict's ``dataset`` and ``step_code`` were computed (``identity_version``): 2
 counts a callable class's every method, the modules a step calls into by content, a file
 set's modification times; 3 the helpers of its module a step calls, and the immutable scalar
@@ -86,7 +86,9 @@ globals they and a callable class's methods read, by value (``pipeline/code_dige
 a dataset without its own ``fingerprint()`` by its class's code too (a wrapper's with the
 datasets it wraps), not its class name and
 length alone (``pipeline/fingerprint.py``: ``source_code``), and a set literal in code by its
-sorted elements (``code_digest._const_repr``). Identities computed otherwise cannot be
+sorted elements (``code_digest._const_repr``); 5 every item of a container and every byte of
+an array up to ``pipeline/value_digest.py``'s bounds, not the first 64 items and a sample of an
+array over 1 MiB. Identities computed otherwise cannot be
 compared: after an upgrade every resume said its steps and dataset had changed."""
 
 
