@@ -152,5 +152,28 @@ def test_a_long_chain_of_helpers_is_followed_to_a_bound():
         return _module(f"SCALE = 1\n\n{helpers}def h200(x):\n    return x * SCALE\n\n"
                        "def step(x):\n    return h0(x)\n")
 
-    before = code_identity(chain(0)["step"])  # ends: at most MAX_ITEMS functions followed
+    before = code_identity(chain(0)["step"])  # ends: at most MAX_HELPERS functions followed
     assert code_identity(chain(1)["step"]) != before  # h5 edited: within the bound
+
+
+def test_a_step_reading_more_than_64_globals_counts_every_one():
+    """The globals a step reads were cut at the first 64 names, sorted: the 70th's value was
+    not seen."""
+    names = [f"G{i:02d}" for i in range(70)]
+    source = "".join(f"{n} = 1\n" for n in names)
+    source += f"def step(x):\n    return x + {' + '.join(names)}\n"
+    module = _module(source)
+    before = code_identity(module["step"])
+    module["G69"] = 2
+    assert code_identity(module["step"]) != before
+
+
+@pytest.mark.parametrize("owner", ["helper", "method"])
+def test_a_long_tuple_a_helper_or_method_reads_counts_by_value(owner):
+    """A tuple of more than 64 scalars counted by name when a helper or method read it: a
+    100-entry table changed at entry 90 kept the step's identity."""
+    table = tuple(range(100))
+    module = _module(_owned(owner, f"TABLE = {table!r}\n", "    return TABLE[x]\n"))
+    before = code_identity(module["step"])
+    module["TABLE"] = table[:90] + (-1,) + table[91:]
+    assert code_identity(module["step"]) != before

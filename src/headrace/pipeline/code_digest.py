@@ -21,8 +21,9 @@ from typing import Any
 
 from headrace.pipeline.modules import module_digest, package_version
 from headrace.pipeline.value_digest import (
+    FULL_ITEMS,
     MAX_DEPTH,
-    MAX_ITEMS,
+    SCALAR_TYPES,
     dictless_state,
     module_name,
     qualified_name,
@@ -34,6 +35,9 @@ _LIBRARIES = frozenset({"torch", "numpy"}) | frozenset(sys.stdlib_module_names)
 """Top-level packages whose classes count by the package's version, not by their methods'
 code (:func:`_methods_digest`): a transform subclassing ``nn.Module`` would otherwise hash its
 hundreds of methods at every fingerprint."""
+MAX_HELPERS = 64
+"""Functions of a step's module followed from its code (:func:`_helpers`): a bound on code
+followed, not on values hashed."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -176,19 +180,20 @@ def _globals_digest(g: Any, codes: list[Any], own: str, values: bool = True) -> 
     ``codes`` name, the ones those name, and so on (:func:`_helpers`), and the globals they
     read, by :func:`_global_part`'s rule. A step calling ``helper(x)`` that reads ``SCALE``
     counted ``helper``'s code only: a curriculum changing ``SCALE`` between epochs was served
-    the first epoch's samples by the default cache (a bug hunt)."""
+    the first epoch's samples by the default cache (a bug hunt). Every global named counts
+    (before ``identity_version`` 5, the first 64 in sorted order: one past them was not seen)."""
     if not isinstance(g, dict):
         return "-"
     used = _names(codes)
     helpers = _helpers(g, used)
     stored = _stores(codes + helpers) if helpers or not values else frozenset()
     parts = [_global_part(g, n, used, own, values, stored)
-             for n in sorted(n for n in used if n in g)[:MAX_ITEMS]]
+             for n in sorted(n for n in used if n in g)]
     if helpers:
         read = _names(helpers)
         parts.append("helpers")
         parts += [_global_part(g, n, read, own, False, stored)
-                  for n in sorted(n for n in read - used if n in g)[:MAX_ITEMS]]
+                  for n in sorted(n for n in read - used if n in g)]
     return short_hash(";".join(parts).encode())
 
 
@@ -221,22 +226,26 @@ def _global_part(g: dict[str, Any], n: str, used: set[str], own: str, values: bo
 
 def _immutable(v: Any, depth: int) -> bool:
     """Whether ``v`` is an immutable scalar (``None``, ``bool``, ``int``, ``float``,
-    ``complex``, ``str``, ``bytes``) or a tuple or frozenset of at most ``MAX_ITEMS`` such
-    values, nested at most ``MAX_DEPTH`` deep."""
+    ``complex``, ``str``, ``bytes``) or a tuple or frozenset of such values, nested at most
+    ``MAX_DEPTH`` deep: of any length when its items are scalars, of at most ``FULL_ITEMS``
+    otherwise (64 before ``identity_version`` 5: a helper reading a 100-entry tuple counted it by
+    name)."""
     if v is None or isinstance(v, (bool, int, float, complex, str, bytes)):
         return True
-    return (type(v) in (tuple, frozenset) and len(v) <= MAX_ITEMS and depth < MAX_DEPTH
-            and all(_immutable(x, depth + 1) for x in v))
+    if type(v) not in (tuple, frozenset) or depth >= MAX_DEPTH:
+        return False
+    return set(map(type, v)) <= SCALAR_TYPES or (
+        len(v) <= FULL_ITEMS and all(_immutable(x, depth + 1) for x in v))
 
 
 def _helpers(g: dict[str, Any], names: set[str]) -> list[Any]:
     """The code of the functions of ``g``'s module (their ``__globals__`` is ``g``) reached
     from ``names``: those named, the ones their code names, and so on, each once (a helper
-    calling itself, or two calling each other, end there), at most ``MAX_ITEMS`` functions."""
+    calling itself, or two calling each other, end there), at most ``MAX_HELPERS`` functions."""
     found: list[Any] = []
     seen: set[str] = set()
     todo = sorted(names & g.keys())  # most names are attributes (x.mean), not globals
-    while todo and len(found) < MAX_ITEMS:
+    while todo and len(found) < MAX_HELPERS:
         n = todo.pop()
         if n in seen:
             continue

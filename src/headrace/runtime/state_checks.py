@@ -88,7 +88,8 @@ datasets it wraps), not its class name and
 length alone (``pipeline/fingerprint.py``: ``source_code``), and a set literal in code by its
 sorted elements (``code_digest._const_repr``); 5 every item of a container and every byte of
 an array up to ``pipeline/value_digest.py``'s bounds, not the first 64 items and a sample of an
-array over 1 MiB. Identities computed otherwise cannot be
+array over 1 MiB; every global a step reads, not the first 64, and a long tuple a helper reads
+by value. Identities computed otherwise cannot be
 compared: after an upgrade every resume said its steps and dataset had changed."""
 
 
