@@ -72,3 +72,19 @@ def test_gather_for_metrics_on_three_ranks_gives_the_dataset_as_torchs_loader(tm
             # shuffled: the ranks' padded duplicate was regrouped into any batch, and the
             # trim of the last step dropped a real sample instead (one twice, one never)
             assert sorted(shuffled) == list(range(n))
+
+
+def test_gather_for_metrics_with_drop_last_gathers_what_torchs_loader_does(tmp_path):
+    """The rebuilt loader over Accelerate's BatchSamplerShard reads drop_last=False, and
+    Accelerate trimmed the last gathered step to len(dataset) % (batch_size * ranks) samples
+    although every step was full: 2 of 8, 37 of 40, 14 of 18 samples gathered."""
+    run_script("accelerate_ranks.py", str(tmp_path), "droplast", launcher=TORCHRUN, timeout_s=400)
+    for r in (0, 1):
+        for n, bs, shuffle, torch_got, headrace_got in load_json(
+                tmp_path / f"droplast_rank{r}.json")["gathered"]:
+            full = n // (bs * 2) * bs * 2  # whole global steps only
+            assert len(torch_got) == full, (n, bs)
+            assert len(headrace_got) == len(set(headrace_got)) == full, (n, bs, shuffle)
+            assert set(headrace_got) <= set(range(n))
+            if not shuffle:
+                assert headrace_got == torch_got, (n, bs)

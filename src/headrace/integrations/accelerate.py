@@ -93,15 +93,20 @@ class HeadraceShard(DataLoaderShard):
 
     Accelerate saves and restores its ``state_dict()`` (the headrace loader's, taken before
     each batch is fetched, so it counts exactly the batches the training loop received).
+    ``drop_last``: the user's loader's (None: ``loader``'s own). A loader rebuilt over a batch
+    sampler reads False, and ``gather_for_metrics`` then trimmed the last gathered step of a
+    ``drop_last=True`` loader to ``len(dataset) % total_batch_size`` samples, though it was
+    full.
     """
 
     def __init__(self, loader: DataLoader, device: torch.device | None, num_processes: int,
                  process_index: int = 0, non_blocking: bool = False, skip_batches: int = 0,
-                 iteration: int = 0) -> None:
+                 iteration: int = 0, drop_last: bool | None = None) -> None:
         # DataLoaderShard builds a torch DataLoader over the dataset (idle: no worker starts
         # before iter()); it is replaced by the headrace loader right away.
         super().__init__(loader.dataset, device=device, rng_types=None,
-                         skip_batches=skip_batches, _drop_last=loader.drop_last,
+                         skip_batches=skip_batches,
+                         _drop_last=loader.drop_last if drop_last is None else drop_last,
                          _non_blocking=non_blocking, iteration=iteration)
         self.base_dataloader = loader
         self.num_processes = num_processes
@@ -160,7 +165,7 @@ class HeadraceShard(DataLoaderShard):
         would rebuild a torch loader); the copy is not registered with any accelerator."""
         return (HeadraceShard, (self.base_dataloader, self.device, self.num_processes,
                                 self.process_index, self._non_blocking, self.skip_batches,
-                                self.iteration))
+                                self.iteration, self._drop_last))
 
 
 def prepare_data_loader(accelerator: Accelerator, loader: DataLoader,
@@ -189,7 +194,7 @@ def prepare_data_loader(accelerator: Accelerator, loader: DataLoader,
     if device_placement is None:
         device_placement = accelerator.device_placement
     shard = HeadraceShard(sharded, accelerator.device if device_placement else None, n, rank,
-                          non_blocking=accelerator.non_blocking)
+                          non_blocking=accelerator.non_blocking, drop_last=loader.drop_last)
     return accelerator.prepare_data_loader(shard)  # already prepared: only registered
 
 
@@ -213,7 +218,7 @@ def skip_first_batches(loader: HeadraceShard, num_batches: int = 0) -> HeadraceS
     num_batches = max(0, num_batches - _resumed_batches(loader.base_dataloader))
     return HeadraceShard(loader.base_dataloader, loader.device, loader.num_processes,
                          loader.process_index, non_blocking=loader._non_blocking, skip_batches=num_batches,
-                         iteration=loader.iteration)
+                         iteration=loader.iteration, drop_last=loader._drop_last)
 
 
 def _resumed_batches(loader: DataLoader) -> int:

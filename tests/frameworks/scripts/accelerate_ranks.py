@@ -9,6 +9,8 @@ resume: a fresh loader and accelerator, ``load_state``, the rest of that epoch (
 gather: ``gather_for_metrics`` over evaluation loaders (``shuffle=False``) of several lengths
 and batch sizes, with torch's loader and with headrace's (run on 3 ranks and more: the padding
 of the last step is where they differed), and over a shuffled headrace loader of each.
+droplast: ``gather_for_metrics`` over ``drop_last=True`` loaders whose dataset does not fill the
+last global step, torch's loader and headrace's prepared alike.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ import headrace as hr
 from headrace.integrations.accelerate import prepare, prepare_data_loader
 
 N, BS = 44, 4
+DROP_LAST_CASES = ((10, 4, False), (45, 4, True), (20, 3, False))
+"""(dataset length, batch size, shuffle) of the ``droplast`` phase: on 2 ranks none fills
+its last global step, and a shuffled one of odd length is dealt in whole batches."""
 
 
 def run_epochs(acc, model, loader, epochs=2):
@@ -73,6 +78,18 @@ def main() -> None:
                                            for dl in (torch_loader, loader, shuffled)])
             loader.base_dataloader.close()
             shuffled.base_dataloader.close()
+    elif phase == "droplast":
+        result["gathered"] = []
+        for n, bs, shuffle in DROP_LAST_CASES:
+            kw = {"batch_size": bs, "shuffle": shuffle, "drop_last": True}
+            torch_loader = acc.prepare(tud.DataLoader(
+                IndexDataset(n), generator=torch.Generator().manual_seed(0), **kw))
+            loader = prepare_data_loader(acc, hr.DataLoader(
+                IndexDataset(n), num_workers=1, options=hr.Options(seed=0), **kw))
+            result["gathered"].append([n, bs, shuffle] + [
+                [i for b in dl for i in acc.gather_for_metrics(b).tolist()]
+                for dl in (torch_loader, loader)])
+            loader.base_dataloader.close()
     elif phase == "train":
         model = torch.nn.Linear(1, 1)
         model, torch_loader = acc.prepare(model, tud.DataLoader(IndexDataset(N), batch_size=BS,
