@@ -88,3 +88,30 @@ def test_gather_for_metrics_with_drop_last_gathers_what_torchs_loader_does(tmp_p
             assert set(headrace_got) <= set(range(n))
             if not shuffle:
                 assert headrace_got == torch_got, (n, bs)
+
+
+def test_random_samplers_give_each_sample_once_an_epoch_over_ranks_seeded_apart(tmp_path):
+    """A random sampler other than shuffle=True was sharded over each rank's own draw: with the
+    ranks' global generators seeded apart (per-rank augmentation), 28-30 distinct samples of 40
+    an epoch. Its generator is now synchronised from rank 0 at each iter(), as Accelerate does
+    for torch's loaders, and a mid-epoch save_state / load_state (in processes seeded
+    otherwise) still replays the saved epoch and the next exactly."""
+    run_script("accelerate_ranks.py", str(tmp_path), "samplers", launcher=TORCHRUN,
+               timeout_s=400)
+    ranks = [load_json(tmp_path / f"samplers_rank{r}.json") for r in (0, 1)]
+    for name in ("subset", "weighted", "batch_sampler"):
+        for epoch in (0, 1):
+            shares = [r["epochs"][name][epoch] for r in ranks]
+            assert sorted(shares[0] + shares[1]) == list(range(40)), (name, epoch)
+        assert ranks[0]["epochs"][name][0] != ranks[0]["epochs"][name][1]  # a new order
+    assert sorted(ranks[0]["epoch0"] + ranks[1]["epoch0"]) == list(range(40))
+    run_script("accelerate_ranks.py", str(tmp_path), "samplers_resume", launcher=TORCHRUN,
+               timeout_s=400)
+    epoch1, epoch2 = [], []
+    for r in (0, 1):
+        resumed = load_json(tmp_path / f"samplers_resume_rank{r}.json")
+        assert len(ranks[r]["before"]) == 8
+        assert resumed["rest"] == ranks[r]["rest"] and resumed["next"] == ranks[r]["next"]
+        epoch1 += ranks[r]["before"] + resumed["rest"]
+        epoch2 += resumed["next"]
+    assert sorted(epoch1) == sorted(epoch2) == list(range(40))

@@ -16,7 +16,8 @@ How: a shuffled headrace loader is rebuilt with a ``DistributedSampler`` for thi
 seed from rank 0, so every rank splits the same permutation, and in the state dict;
 ``set_epoch`` is called by Accelerate each epoch, from the saved epoch after ``load_state``) where the ranks' shares are equal, else as below over a permutation
 seeded alike on every rank; any other (``shuffle=False``, a custom sampler or batch sampler) with
-Accelerate's own ``BatchSamplerShard``, whose layout ``gather_for_metrics`` expects. It is then
+Accelerate's own ``BatchSamplerShard``, whose layout ``gather_for_metrics`` expects, a random
+sampler's ``generator`` synchronised from rank 0 at every epoch as Accelerate does. It is then
 wrapped in :class:`HeadraceShard`, an Accelerate ``DataLoaderShard`` whose inner loader is the
 headrace one: Accelerate's own iteration code moves batches to the device, looks one batch ahead
 to set ``end_of_dataloader`` (so gradient accumulation syncs at the epoch's last batch, as with
@@ -42,8 +43,8 @@ from typing import Any
 import torch
 import torch.utils.data as tud
 from accelerate import Accelerator
-from accelerate.data_loader import BatchSamplerShard, DataLoaderShard
-from accelerate.utils import broadcast_object_list
+from accelerate.data_loader import BatchSamplerShard, DataLoaderShard, get_sampler
+from accelerate.utils import RNGType, broadcast_object_list
 
 from headrace.errors import HeadraceError
 from headrace.runtime import distributed, ranks
@@ -96,15 +97,19 @@ class HeadraceShard(DataLoaderShard):
     ``drop_last``: the user's loader's (None: ``loader``'s own). A loader rebuilt over a batch
     sampler reads False, and ``gather_for_metrics`` then trimmed the last gathered step of a
     ``drop_last=True`` loader to ``len(dataset) % total_batch_size`` samples, though it was
-    full.
+    full. ``rng_types`` and ``synchronized_generator``: what ``DataLoaderShard.__iter__``
+    synchronises from rank 0 before each epoch (None: nothing).
     """
 
     def __init__(self, loader: DataLoader, device: torch.device | None, num_processes: int,
                  process_index: int = 0, non_blocking: bool = False, skip_batches: int = 0,
-                 iteration: int = 0, drop_last: bool | None = None) -> None:
+                 iteration: int = 0, drop_last: bool | None = None,
+                 rng_types: list[Any] | None = None,
+                 synchronized_generator: torch.Generator | None = None) -> None:
         # DataLoaderShard builds a torch DataLoader over the dataset (idle: no worker starts
         # before iter()); it is replaced by the headrace loader right away.
-        super().__init__(loader.dataset, device=device, rng_types=None,
+        super().__init__(loader.dataset, device=device, rng_types=rng_types,
+                         synchronized_generator=synchronized_generator,
                          skip_batches=skip_batches,
                          _drop_last=loader.drop_last if drop_last is None else drop_last,
                          _non_blocking=non_blocking, iteration=iteration)
@@ -165,7 +170,8 @@ class HeadraceShard(DataLoaderShard):
         would rebuild a torch loader); the copy is not registered with any accelerator."""
         return (HeadraceShard, (self.base_dataloader, self.device, self.num_processes,
                                 self.process_index, self._non_blocking, self.skip_batches,
-                                self.iteration, self._drop_last))
+                                self.iteration, self._drop_last, self.rng_types,
+                                self.synchronized_generator))
 
 
 def prepare_data_loader(accelerator: Accelerator, loader: DataLoader,
@@ -191,10 +197,15 @@ def prepare_data_loader(accelerator: Accelerator, loader: DataLoader,
             "generator=torch.Generator().manual_seed(s) or options=headrace.Options(seed=s)")
     n, rank = accelerator.num_processes, accelerator.process_index
     sharded = _shard(loader, n, rank, accelerator.even_batches) if n > 1 else loader
+    generator = _synchronized_generator(loader) if sharded is not loader else None
+    rng_types = [t for t in accelerator.rng_types if RNGType(t) is not RNGType.GENERATOR]
+    if generator is not None:
+        rng_types.append("generator")
     if device_placement is None:
         device_placement = accelerator.device_placement
     shard = HeadraceShard(sharded, accelerator.device if device_placement else None, n, rank,
-                          non_blocking=accelerator.non_blocking, drop_last=loader.drop_last)
+                          non_blocking=accelerator.non_blocking, drop_last=loader.drop_last,
+                          rng_types=rng_types or None, synchronized_generator=generator)
     return accelerator.prepare_data_loader(shard)  # already prepared: only registered
 
 
@@ -218,7 +229,9 @@ def skip_first_batches(loader: HeadraceShard, num_batches: int = 0) -> HeadraceS
     num_batches = max(0, num_batches - _resumed_batches(loader.base_dataloader))
     return HeadraceShard(loader.base_dataloader, loader.device, loader.num_processes,
                          loader.process_index, non_blocking=loader._non_blocking, skip_batches=num_batches,
-                         iteration=loader.iteration, drop_last=loader._drop_last)
+                         iteration=loader.iteration, drop_last=loader._drop_last,
+                         rng_types=loader.rng_types,
+                         synchronized_generator=loader.synchronized_generator)
 
 
 def _resumed_batches(loader: DataLoader) -> int:
@@ -234,6 +247,31 @@ def _resumed_batches(loader: DataLoader) -> int:
     return -(-point.delivered.count // int(size))
 
 
+def _own_order(loader: DataLoader) -> bool:
+    """Whether :func:`_shard` deals out the loader's own batches (``BatchSamplerShard``): a
+    batch sampler or a sampler of the user's other than ``RandomSampler``."""
+    return loader._user_batch_sampler or not isinstance(loader.sampler, tud.RandomSampler)
+
+
+def _synchronized_generator(loader: DataLoader) -> torch.Generator | None:
+    """The generator a random sampler of the user's draws its order from, for the ranks to
+    share (``DataLoaderShard.__iter__`` sends rank 0's state to every rank before each epoch),
+    as Accelerate's ``prepare_data_loader`` does for torch's loaders; one drawn from torch's
+    global generator is given to a sampler that has none. Without it each rank dealt itself
+    batches of its own permutation (``SubsetRandomSampler``, ``WeightedRandomSampler``): ranks
+    seeded apart saw 28-30 distinct samples of 40 an epoch. None: the order is not the user's
+    (a shuffled loader's is seeded alike on every rank by :func:`_shard`), or not random."""
+    if not _own_order(loader):
+        return None
+    sampler = get_sampler(loader)
+    if sampler is None or not hasattr(sampler, "generator"):
+        return None
+    if sampler.generator is None:
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        sampler.generator = torch.Generator().manual_seed(seed)
+    return sampler.generator if isinstance(sampler.generator, torch.Generator) else None
+
+
 def _shard(loader: DataLoader, num_processes: int, rank: int,
            even_batches: bool = True) -> DataLoader:
     """The loader rebuilt to load this rank's share only; ``even_batches``: Accelerate's
@@ -241,7 +279,7 @@ def _shard(loader: DataLoader, num_processes: int, rank: int,
     if distributed.is_sharded(loader._index_sampler):
         return loader  # the user sharded it already
     kwargs = _init_kwargs(loader)
-    if loader._user_batch_sampler or not isinstance(loader.sampler, tud.RandomSampler):
+    if _own_order(loader):
         # Any other order: Accelerate's own batch sharding (whole batches per rank, rank r the
         # batches r, r + n, ...; the last ones padded from the start). gather_for_metrics
         # trims the padding off the end of the last gathered step, which holds only in this

@@ -11,6 +11,11 @@ and batch sizes, with torch's loader and with headrace's (run on 3 ranks and mor
 of the last step is where they differed), and over a shuffled headrace loader of each.
 droplast: ``gather_for_metrics`` over ``drop_last=True`` loaders whose dataset does not fill the
 last global step, torch's loader and headrace's prepared alike.
+samplers: every rank's global generator seeded apart; loaders over random samplers other than
+``shuffle=True`` (two epochs each), and one over a ``SubsetRandomSampler``: an epoch, two
+batches of the next, ``save_state``, then the rest of that epoch and one more.
+samplers_resume: that loader fresh (the global generator seeded otherwise), ``load_state``, the
+rest of the saved epoch and one more.
 """
 
 from __future__ import annotations
@@ -32,6 +37,19 @@ N, BS = 44, 4
 DROP_LAST_CASES = ((10, 4, False), (45, 4, True), (20, 3, False))
 """(dataset length, batch size, shuffle) of the ``droplast`` phase: on 2 ranks none fills
 its last global step, and a shuffled one of odd length is dealt in whole batches."""
+SAMPLES = 40
+"""Dataset length of the ``samplers`` phases."""
+
+
+def random_samplers() -> dict[str, dict]:
+    """A loader's arguments for each random order other than ``shuffle=True``."""
+    return {
+        "subset": {"sampler": tud.SubsetRandomSampler(range(SAMPLES)), "batch_size": BS},
+        "weighted": {"sampler": tud.WeightedRandomSampler([1.0] * SAMPLES, SAMPLES,
+                                                          replacement=False), "batch_size": BS},
+        "batch_sampler": {"batch_sampler": tud.BatchSampler(
+            tud.SubsetRandomSampler(range(SAMPLES)), BS, drop_last=False)},
+    }
 
 
 def run_epochs(acc, model, loader, epochs=2):
@@ -90,6 +108,30 @@ def main() -> None:
                 [i for b in dl for i in acc.gather_for_metrics(b).tolist()]
                 for dl in (torch_loader, loader)])
             loader.base_dataloader.close()
+    elif phase in ("samplers", "samplers_resume"):
+        torch.manual_seed((100 if phase == "samplers" else 200) + acc.process_index)
+        prepared = prepare_data_loader(acc, hr.DataLoader(
+            IndexDataset(SAMPLES), sampler=tud.SubsetRandomSampler(range(SAMPLES)),
+            batch_size=BS, num_workers=1))
+        if phase == "samplers":
+            result["epoch0"] = [i for b in prepared for i in b.tolist()]
+            it = iter(prepared)
+            result["before"] = [i for _ in range(2) for i in next(it).tolist()]
+            acc.save_state(out / "ckpt_samplers")
+        else:
+            acc.load_state(out / "ckpt_samplers")
+            it = iter(prepared)
+        result["rest"] = [i for b in it for i in b.tolist()]
+        result["next"] = [i for b in prepared for i in b.tolist()]
+        prepared.base_dataloader.close()
+        if phase == "samplers":
+            result["epochs"] = {}
+            for name, kwargs in random_samplers().items():
+                loader = prepare_data_loader(acc, hr.DataLoader(
+                    IndexDataset(SAMPLES), num_workers=1, **kwargs))
+                result["epochs"][name] = [[i for b in loader for i in b.tolist()]
+                                          for _ in range(2)]
+                loader.base_dataloader.close()
     elif phase == "train":
         model = torch.nn.Linear(1, 1)
         model, torch_loader = acc.prepare(model, tud.DataLoader(IndexDataset(N), batch_size=BS,
