@@ -72,6 +72,12 @@ class WorkerDiedError(HeadraceError, RuntimeError):
         return (worker_start_error, (getattr(type(self), "_headrace_original", None), str(self)))
 
 
+TRANSPORT_STEP = "transport"
+"""The step a :class:`StepError` names when a sample ran every step but could not be sent from
+its worker process to the training process (it does not pickle, /dev/shm is full:
+``runtime/outbox.py``)."""
+
+
 class StepError(HeadraceError):
     """A step failed on one sample.
 
@@ -79,7 +85,8 @@ class StepError(HeadraceError):
         index: the dataset index of the sample (what the sampler yielded); for
             ``collate_fn``, the batch's first (the message lists them all), ``None`` on an
             empty batch (a user ``batch_sampler`` may yield ``[]``).
-        step: the name of the step that raised (``"load"`` for ``Source.load`` / ``__getitem__``).
+        step: the name of the step that raised (``"load"`` for ``Source.load`` / ``__getitem__``,
+            ``"transport"`` for a sample that could not be sent from its worker process).
         worker: the worker slot that ran it (``None`` in the main process).
         cause_type: qualified name of the original exception type.
         remote_traceback: the original traceback, formatted in the process that raised it.
@@ -107,10 +114,13 @@ class StepError(HeadraceError):
         text = f"step {step!r} failed on {what} in {where}: {cause_type}: {message}"
         if remote_traceback:
             text += f"\n\nOriginal traceback:\n{remote_traceback.rstrip()}"
-        text += (
-            "\n\nFix the step or the sample, or pass options=headrace.Options(on_error='skip') "
-            "to drop failing samples (they are counted in loader.stats())."
-        )
+        if step != TRANSPORT_STEP:  # a transport failure's message says what to change:
+            # skipping every sample that cannot be sent drops the whole epoch, silently
+            text += (
+                "\n\nFix the step or the sample, or pass "
+                "options=headrace.Options(on_error='skip') to drop failing samples (they are "
+                "counted in loader.stats())."
+            )
         # not super(): in StepError[T] that would call T's __init__, whose arguments (a path
         # and a code, keyword-only ones) are the user's, not this message
         Exception.__init__(self, text)

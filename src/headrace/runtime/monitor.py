@@ -14,6 +14,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from headrace import resources
+from headrace.errors import message_of
 from headrace.pipeline.runner import StepTiming
 from headrace.planner.executor import ExecutorDecision
 from headrace.planner.queueing import describe as describe_queueing
@@ -67,6 +68,10 @@ class Monitor(WorkerScaling):
         self.timeout_timeline: deque[tuple[float, float]] = deque(maxlen=TIMELINE_KEPT)
         self.queues: deque[QueueSample] = deque(maxlen=QUEUE_HISTORY)
         self.skipped_total = 0
+        self.first_skip: str | None = None
+        """The first line of the first error ``on_error="skip"`` dropped since an epoch last
+        closed (its sample index, step and error), for the warning of an epoch that skipped
+        every sample (``on_epoch_closed``)."""
         self.worker_restarts = 0
         self.samples_closed = 0  # samples the closed epochs delivered, all of them
         self.epochs: list[EpochStats] = []
@@ -115,6 +120,9 @@ class Monitor(WorkerScaling):
             self.profiler = Profiler(self.profiler.step_names, executor=executor)
 
     def on_epoch_closed(self, stats: EpochStats) -> None:
+        first, self.first_skip = self.first_skip, None
+        if stats.finished and stats.samples == 0 and stats.skipped_samples:
+            warn_all_skipped(stats, first)
         self.samples_closed += stats.samples
         self.epochs.append(stats)
         if self.probe_gil:  # executor="auto": threads' first epoch is a trial
@@ -172,9 +180,11 @@ class Monitor(WorkerScaling):
 
     def on_skip(self, index: int, err: BaseException) -> None:
         self.skipped_total += 1
+        if self.first_skip is None:
+            self.first_skip = message_of(err).splitlines()[0]
         if self.skipped_total == 1 or self.skipped_total % SKIP_LOG_EVERY == 0:
             log.warning("headrace skipped sample %d (%d skipped so far): %s",
-                        index, self.skipped_total, str(err).splitlines()[0])
+                        index, self.skipped_total, message_of(err).splitlines()[0])
 
     def slow_threshold_s(self) -> float:
         """The learned timeout in seconds (``inf`` while unknown), whether or not samples are
@@ -268,3 +278,16 @@ class Monitor(WorkerScaling):
         for i, v in enumerate(remaining_after(typical, self.move_cost_s)):
             pool.handoff.remaining[i] = v
         self._remaining_pool = weakref.ref(pool)
+
+
+def warn_all_skipped(stats: EpochStats, first: str | None) -> None:
+    """An epoch ran to its end and delivered no sample, every one it ran skipped under
+    ``on_error="skip"``: a training loop ran on an empty epoch without a word (only a log line
+    said one sample was skipped). A warning, not an error: skipping is what was asked for, and
+    an epoch of a few samples may hold only bad ones (docs/design.md)."""
+    warnings.warn(
+        f"headrace: epoch {stats.epoch} delivered no batch: {stats.skipped_samples} sample(s) "
+        "were skipped under Options(on_error='skip') and none reached the training loop. "
+        f"The first: {first or '(not known)'}. When every sample fails, the cause is usually "
+        "the dataset or a step, not bad data: run with on_error='raise' (the default) to see "
+        "the full error", UserWarning, stacklevel=2)

@@ -62,6 +62,26 @@ class Outbox:
             return all(send(self.results, m) for m in kept)  # error names that sample
 
 
+SHM_FULL = (
+    ". Shared memory (/dev/shm) is exhausted: free it, give the container more "
+    "(docker --shm-size), or lower batch_size, prefetch_factor or Options(max_in_flight=...)"
+)
+"""What a sample's error adds when /dev/shm is full."""
+
+NOT_PICKLABLE = (
+    ". headrace collates batches in the training process, so every sample crosses from its "
+    "worker process on its own (a slow one handed off between two steps, its value there too) "
+    "and must pickle; torch's workers collate first and pickle the batch, so there a collate_fn "
+    "may drop what does not pickle. Return values that pickle from __getitem__ and the steps, "
+    "or run the workers as threads of the training process, where nothing is pickled: "
+    "options=headrace.Options(executor='threads') (README, Differences from torch's "
+    "DataLoader: \"Batches collated in the training process\")"
+)
+"""What a sample's error adds when it cannot be sent otherwise (it does not pickle). Never
+``on_error='skip'``: every sample of such a dataset fails alike, and the epoch delivered
+nothing."""
+
+
 def send(conn: Any, msg: Any) -> bool:
     """Send ``msg`` to the training process; False when it is gone. A finished or handed-off
     sample that cannot be sent (it does not pickle, /dev/shm is full) is reported as that
@@ -74,12 +94,7 @@ def send(conn: Any, msg: Any) -> bool:
     except Exception as e:  # noqa: BLE001 - e.g. an unpicklable sample, /dev/shm full
         if msg[0] in ("done", "partial"):
             text = f"the sample could not be sent to the main process: {e}"
-            if _looks_like_shm_exhaustion(e):
-                text += (
-                    ". Shared memory (/dev/shm) is exhausted: free it, give the container more "
-                    "(docker --shm-size), or lower batch_size, prefetch_factor or "
-                    "Options(max_in_flight=...)"
-                )
+            text += SHM_FULL if _looks_like_shm_exhaustion(e) else NOT_PICKLABLE
             err = ("error", msg[1], -1, picklable_class(type(e)), qualname(type(e)), text,
                    traceback.format_exc(), None)
             return send(conn, err)

@@ -35,7 +35,13 @@ import time
 import weakref
 from typing import Any
 
-from headrace.errors import StepError, WorkerDiedError, step_error_for, worker_start_error
+from headrace.errors import (
+    TRANSPORT_STEP,
+    StepError,
+    WorkerDiedError,
+    step_error_for,
+    worker_start_error,
+)
 from headrace.runtime.deaths import Deaths
 from headrace.runtime.dispatch import Dispatcher
 from headrace.runtime.handles import WorkerHandle
@@ -359,7 +365,7 @@ class Scheduler:
         elif kind == "error":
             _, _, step, exc_cls, cause, text, tb, attributes = msg
             names = self.pool.pipeline.step_names
-            step_name = names[step] if 0 <= step < len(names) else "transport"
+            step_name = names[step] if 0 <= step < len(names) else TRANSPORT_STEP
             err = step_error_for(exc_cls, rec.index, step_name, cause, text, tb, w.slot,
                                  attributes=attributes)
             self._fail(rec, err)

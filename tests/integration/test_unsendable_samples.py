@@ -1,0 +1,77 @@
+"""Samples that cannot leave their worker process, and epochs whose every sample was skipped."""
+
+import threading
+import warnings
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import headrace as hr
+from tests.helpers import FailingDataset
+
+pytestmark = pytest.mark.integration
+
+
+class LockSamples(tud.Dataset):
+    """``(i, a lock)``: the lock does not pickle; ``first_only`` keeps what does."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return i, threading.Lock()
+
+
+def first_only(batch):
+    return torch.tensor([s[0] for s in batch])
+
+
+def test_a_sample_that_does_not_pickle_names_the_cause_and_a_fix_that_works(no_leaks):
+    # torch's workers collate before pickling, so this runs there; headrace's error told the
+    # user to pass on_error='skip', which dropped every sample and delivered an empty epoch
+    loader = hr.DataLoader(LockSamples(), batch_size=2, num_workers=2, collate_fn=first_only)
+    try:
+        with pytest.raises(hr.StepError) as info:
+            list(loader)
+    finally:
+        loader.close()
+    text = str(info.value)
+    assert info.value.step == "transport" and "cannot pickle" in text
+    assert "collates batches in the training process" in text
+    assert "Options(executor='threads')" in text and "on_error='skip'" not in text
+    threads = hr.DataLoader(LockSamples(), batch_size=2, num_workers=2, collate_fn=first_only,
+                            options=hr.Options(executor="threads"))
+    try:  # the fix it names gives torch's batches
+        assert [b.tolist() for b in threads] == [[0, 1], [2, 3], [4, 5]]
+    finally:
+        threads.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_whose_every_sample_was_skipped_warns_at_its_end(workers, no_leaks):
+    # on_error='skip' over a dataset whose every sample fails: the epoch yielded nothing, raised
+    # nothing, and only logged its first skip; a training loop ran on it without knowing
+    if workers:
+        ds, collate, step = LockSamples(), first_only, "'transport'"
+    else:
+        ds, collate, step = FailingDataset(6, set(range(6))), None, "'load'"
+    loader = hr.DataLoader(ds, batch_size=2, num_workers=workers, collate_fn=collate,
+                           options=hr.Options(on_error="skip"))
+    try:
+        for epoch in range(2):  # each such epoch warns, not only the first
+            with pytest.warns(UserWarning, match=f"epoch {epoch} delivered no batch") as got:
+                assert list(loader) == []
+            text = str(got[0].message)
+            assert "6 sample(s) were skipped" in text and f"step {step} failed" in text
+            assert "sample index" in text
+    finally:
+        loader.close()
+    some = hr.DataLoader(FailingDataset(6, {0, 3}), batch_size=2, num_workers=workers,
+                         options=hr.Options(on_error="skip"))
+    try:  # an epoch that delivered something does not warn
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert sorted(i for b in some for i in b.tolist()) == [1, 2, 4, 5]
+    finally:
+        some.close()
