@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 import headrace as hr
-from headrace.runtime import scheduler
+from headrace.runtime import starts
 from tests.helpers import wait_at_gate
 
 pytestmark = pytest.mark.integration
@@ -62,10 +62,12 @@ class _Init:
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_an_epoch_ends_while_a_worker_is_still_in_its_worker_init_fn(tmp_path, no_leaks,
                                                                     shuffle, monkeypatch):
-    # The epoch's end waits up to START_WAIT_S (5 s) to hear how worker 1 started; this test
-    # holds it in its worker_init_fn past that end on purpose, so the bound is waited out in
-    # full: it is shortened here (how long it is, is not what this test checks)
-    monkeypatch.setattr(scheduler, "START_WAIT_S", 0.2)
+    # The first batch waits up to START_HOLD_S (30 s) for worker 1 to start, and the epoch's
+    # end up to START_WAIT_S (5 s) to hear how it started; this test holds it in its
+    # worker_init_fn past that end on purpose, so both bounds are waited out in full: they are
+    # shortened here (how long they are, is not what this test checks)
+    monkeypatch.setattr(starts, "START_HOLD_S", 0.2)
+    monkeypatch.setattr(starts, "START_WAIT_S", 0.2)
     gate, held, log = tmp_path / "gate", tmp_path / "held", tmp_path / "calls"
     passed = tmp_path / "passed"
     held.mkdir()

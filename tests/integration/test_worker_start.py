@@ -4,9 +4,11 @@ And the workers the pool forks run OpenBLAS with one thread without starting its
 
 import multiprocessing
 import os
+import time
 
 import numpy as np
 import pytest
+import torch.utils.data as tud
 
 import headrace as hr
 from headrace.runtime.batcher import Batcher
@@ -137,3 +139,66 @@ def test_a_worker_that_dies_once_while_starting_is_replaced(tmp_path, no_leaks):
         assert (tmp_path / "died").exists()
     finally:
         loader.close()
+
+
+class _Counted(IndexDataset):
+    """``IndexDataset`` whose samples take 5 ms of simulated work; ``all_read`` is set once
+    ``n`` reads were made (in any process: the count is shared)."""
+
+    def __init__(self, n: int, all_read, reads) -> None:
+        super().__init__(n)
+        self.all_read, self.reads = all_read, reads
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.005)  # simulated work
+        with self.reads.get_lock():
+            self.reads.value += 1
+            if self.reads.value >= self.n:
+                self.all_read.set()
+        return i
+
+
+class _LastFailsLate:
+    """``worker_init_fn``: worker 2 fails once ``later`` is set (a batch was collated, or every
+    sample was read without it), or after 30 s."""
+
+    def __init__(self, later) -> None:
+        self.later = later
+
+    def __call__(self, worker_id: int) -> None:
+        if worker_id == 2:
+            self.later.wait(30)
+            raise ValueError("cannot open the database")
+
+
+class _CollateSays:
+    """A ``collate_fn`` that sets ``collated`` (a batch went out), then collates as torch."""
+
+    def __init__(self, collated) -> None:
+        self.collated = collated
+
+    def __call__(self, batch):
+        self.collated.set()
+        return tud.default_collate(batch)
+
+
+@pytest.mark.parametrize("in_order", [True, None])
+def test_a_worker_init_fn_failing_in_one_worker_raises_before_any_batch(in_order, no_leaks):
+    # The failing worker's error was handled when the scheduler got round to it: other
+    # workers' batches went out first, in 4 runs of 20 the whole epoch (torch raises at that
+    # worker's first batch, every run). Worker 2 fails only once a batch went out, or once
+    # the other workers read every sample: before, the training loop got batches first.
+    for _ in range(5):
+        later, reads = CTX.Event(), CTX.Value("i", 0)
+        loader = hr.DataLoader(_Counted(8, later, reads), batch_size=2, num_workers=3,
+                               in_order=in_order, worker_init_fn=_LastFailsLate(later),
+                               collate_fn=_CollateSays(later), multiprocessing_context=CTX,
+                               timeout=60)
+        got = []
+        try:
+            with pytest.raises(ValueError, match="worker 2 failed to start"):
+                for b in loader:
+                    got.append(b.tolist())
+        finally:
+            loader.close()
+        assert got == []

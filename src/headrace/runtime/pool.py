@@ -114,6 +114,9 @@ class WorkerPool:
         """Task ids, unique over the pool's life (persistent workers span epochs)."""
         self.requests = StartRequests()
         """Workers the scheduler thread asked for, to fork on the training thread (``forks.py``)."""
+        self.starting = False
+        """``start`` is forking the pool's first workers (a ``worker_init_fn``'s epoch holds
+        its first batch until they all started: ``runtime/starts.py``)."""
         self._closed = False
         self._lock = threading.RLock()  # shutdown (atexit, finalizers) races the scheduler thread
         self._owner_pid = os.getpid()  # the process whose workers these are
@@ -162,9 +165,15 @@ class WorkerPool:
             # while the others fork, the import's writes copying the pages they touch).
             # Imported once here, every forked worker has it.
             import numpy.random  # noqa: F401
-        with (resolved_for_fork() if forked and self.blas_threads is not None
-              else contextlib.nullcontext()):
-            self._start(n, on_added)
+        self.starting = True
+        try:
+            with (resolved_for_fork() if forked and self.blas_threads is not None
+                  else contextlib.nullcontext()):
+                self._start(n, on_added)
+        finally:
+            self.starting = False
+        if on_added is not None:
+            on_added()  # the scheduler hears that they all started (``runtime/starts.py``)
 
     def _start(self, n: int, on_added: Any) -> None:
         for _ in range(n):

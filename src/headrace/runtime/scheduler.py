@@ -14,8 +14,8 @@ training loop reads. MinatoLoader Algorithm 1, done with processes:
 
 Its parts: the queues of work not yet on a worker (``runtime/lanes.py``), dispatch
 (``runtime/dispatch.py``), batches going out (``runtime/output.py``), what its thread waits on
-(``runtime/waiter.py``), workers that die or hang (``runtime/deaths.py``); here: its thread,
-results.
+(``runtime/waiter.py``), workers that die or hang (``runtime/deaths.py``), workers still
+starting (``runtime/starts.py``); here: its thread, results.
 
 Worker threads (``runtime/threadworker.py``) hand their results in through ``deliver``, in
 their own thread; that is why the scheduler's state changes under ``_lock``.
@@ -49,6 +49,7 @@ from headrace.runtime.lanes import Lanes
 from headrace.runtime.output import BatchOutput
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.ring import decode as ring_decode
+from headrace.runtime.starts import Starts
 from headrace.runtime.transport import decode, encode
 from headrace.runtime.waiter import Waiter
 from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec
@@ -57,8 +58,6 @@ log = logging.getLogger("headrace")
 
 POLL_S = 0.05
 """Longest the scheduler blocks before re-checking its stop event (seconds)."""
-START_WAIT_S = 5.0
-"""Longest an epoch's end waits to hear whether workers still starting started (seconds)."""
 IDLE_POLL_S = 1.0
 """...doubled up to this while no worker holds a task and nothing happens (seconds): an
 iterator abandoned mid-epoch but still referenced (a kept traceback, a notebook's variable)
@@ -100,6 +99,7 @@ class Scheduler:
                                      lambda: me.in_flight)
         self.deaths = Deaths(pool, spec, self.lanes, self.counters, hooks,
                              lambda rec, err: me._fail(rec, err))  # no cycle: see above
+        self.starts = Starts(pool, lambda w, msg: me._handle(w, msg))
         self._stop = threading.Event()
         self._waiter = Waiter()
         self._poll_s = POLL_S  # how long the next wait blocks at most (seconds): IDLE_POLL_S
@@ -229,29 +229,14 @@ class Scheduler:
         """Dispatch work and emit ready batches; True (and "end" put, or the error the sampler
         raised once what it gave before is delivered) when the epoch is done."""
         self.dispatcher.dispatch()
+        if self.starts.hold():  # a worker_init_fn's error comes before any batch
+            return False
         if self.output.emit(self.lanes.complete):
-            self._starts_read()
+            self.starts.read()
             err, self.lanes.error = self.lanes.error, None  # held by the queue alone: a cycle
             self.out.put(("end", None, None) if err is None else ("error", err, None))
             self._finished = True
         return self._finished
-
-    def _starts_read(self) -> None:
-        """Before the epoch ends, hear how the workers that never became ready started, for
-        up to ``START_WAIT_S`` in all: a short epoch ended on the other workers while one's
-        ``worker_init_fn`` failed, and its error was never read (torch, whose every worker
-        takes its turn, raises it). Nothing waits when every worker is ready (the usual case)."""
-        deadline = time.monotonic() + START_WAIT_S
-        for w in list(self.pool.workers.values()):
-            if w.ready or w.ring is None or w.retiring or w.external:
-                continue
-            try:
-                if not w.conn.poll(max(0.0, deadline - time.monotonic())):
-                    continue
-                msg = w.conn.recv()
-            except (EOFError, OSError):
-                continue
-            self._handle(w, msg)  # an init_error raises Fatal: the training loop gets it
 
     def _finish_with(self, e: BaseException) -> None:
         if not self._finished:
