@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -99,6 +100,49 @@ class Files:
         return fp
 
 
+GETITEMS_DIFFERENCE = (
+    "README, Differences from torch's DataLoader: \"`__getitems__` is asked for one sample at a "
+    "time\""
+)
+"""Where the README says why headrace asks ``__getitems__`` for batches of one."""
+
+
+def only_sample(got: Any, index: int) -> Any:
+    """The one sample in ``got``, what a dataset's ``__getitems__([index])`` returned: a
+    sequence of one sample per index (torch's fetcher hands that list to ``collate_fn``). A
+    ``TypeError`` saying what it returned where it is not that: taking ``got[0]`` of a batch
+    of columns (``{"x": [...]}``, Hugging Face's form) raised ``KeyError: 0``, which named
+    neither ``__getitems__`` nor what it returned, and a longer answer gave its first element
+    without a word. An answer without ``len()`` is indexed, as before."""
+    try:
+        n = len(got)
+    except Exception:  # noqa: BLE001 - no len(): what [0] gives, as before
+        n = 1
+    if n == 1:
+        try:
+            return got[0]
+        except (KeyError, IndexError, TypeError):  # columns (KeyError: 0), None: said below;
+            pass  # what else its [0] raises (a lazy batch's read) is the dataset's own error
+    raise TypeError(
+        f"the dataset's __getitems__([{index}]) returned {_described(got)}, not a sequence "
+        "holding that one sample: headrace asks __getitems__ for one sample at a time "
+        "(workers, the slow lane and exact resume count samples) and needs a list of one "
+        "sample per index, the form torch's default_collate takes. Return a list of samples "
+        f"(a collate_fn that took columns then gets that list; {GETITEMS_DIFFERENCE})")
+
+
+def _described(got: Any) -> str:
+    """``got``'s type, and its keys or length where it has them (for an error message)."""
+    kind = type(got).__qualname__
+    if isinstance(got, Mapping):
+        keys = list(got)[:8]
+        return f"a {kind} with keys {keys}{' ...' if len(got) > 8 else ''} (columns?)"
+    try:
+        return f"a {kind} of length {len(got)}"
+    except Exception:  # noqa: BLE001 - no len()
+        return f"a {kind}"
+
+
 class DatasetSource:
     """A map-style dataset seen as a source: ``load(i) = dataset[i]``, or
     ``dataset.__getitems__([i])[0]`` when the dataset has ``__getitems__`` and ``batched``
@@ -116,7 +160,7 @@ class DatasetSource:
 
     def load(self, index: int) -> Any:
         if self._many is not None:
-            return self._many([index])[0]
+            return only_sample(self._many([index]), index)
         return self.dataset[index]
 
     def fingerprint(self) -> str:
