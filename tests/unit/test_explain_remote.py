@@ -64,9 +64,15 @@ def test_between_epochs_the_counts_are_those_the_next_epoch_starts_with():
     session = RemoteSession(hr.Remote(max_workers=3))
     session.available, session.max_workers, session.target = True, 3, 3  # joined (no cluster)
     session.local_started = 2  # what the last epoch's pool started with (attach)
+    # none ever placed (no node with room): said "3 remote worker(s) now" all the same
+    text = "\n".join(remote_lines(session.facts(None, ["load", "a"], 10.0), 0))
+    assert "0 remote worker(s) now (at most 3), 2 local" in text
+    assert "3 asked for, none placed yet" in text
+    session.placed_total = 3  # the last epoch's were placed
     f = session.facts(None, ["load", "a"], 10.0)
     assert (f.remote_workers, f.local_workers) == (3, 2)
-    assert "3 remote worker(s) now (at most 3), 2 local" in "\n".join(remote_lines(f, 0))
+    text = "\n".join(remote_lines(f, 0))
+    assert "3 remote worker(s) now (at most 3), 2 local" in text and "placed" not in text
 
 
 def test_near_storage_hand_backs_are_no_offloaded_share():

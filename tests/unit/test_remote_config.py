@@ -90,3 +90,24 @@ def test_numbers_of_other_types_are_kept_as_pythons_own():
     assert (type(r.max_workers), type(r.workers), type(r.window)) == (int, int, int)
     assert type(r.threshold) is float and type(r.cost_per_worker_hour) is float
     assert r.resources == {"cpu_node": 1.0} and type(r.resources["cpu_node"]) is float
+
+
+TOTALS = {"CPU": 4.0, "cpu_node": 200.0, "memory": 8e9, "object_store_memory": 2e8,
+          "node:127.0.0.1": 1.0, "node:__internal_head__": 1.0}
+"""``ray.cluster_resources()`` of a head and two CPU nodes."""
+
+
+def test_a_worker_the_cluster_cannot_hold_is_named():
+    from headrace.remote.config import unplaceable
+
+    assert unplaceable(hr.Remote(resources={"cpu_node": 1}), TOTALS) is None
+    assert unplaceable(hr.Remote(resources={"cpu_node": 0}, num_cpus=4), TOTALS) is None
+    why = unplaceable(hr.Remote(resources={"cpu_nodes": 1}), TOTALS)
+    assert why is not None
+    assert "'cpu_nodes', which no node has (did you mean 'cpu_node'?)" in why
+    assert why.endswith("live nodes have in all: CPU 4, cpu_node 200")  # no bytes, no node:*
+    why = unplaceable(hr.Remote(num_cpus=6, resources={"cpu_node": 300, "gpu_box": 1}), TOTALS)
+    assert why is not None
+    assert "Remote(num_cpus) asks for more CPU than the nodes have in all (4)" in why
+    assert "{'cpu_node': 300}) asks for more cpu_node than the nodes have in all (200)" in why
+    assert "'gpu_box', which no node has;" in why  # nothing close to suggest

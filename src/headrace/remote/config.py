@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -26,9 +27,10 @@ class Remote:
             batch time.
         local_cost_per_hour: what the training host costs per hour (``c_a``).
         required: ``True``: an unreachable cluster is an error naming ``address``, and so are
-            remote workers that cannot start (``remote/starts.py``: ``MAX_START_FAILURES`` in a
-            row), naming the remote exception. ``False``: the loader warns and runs on local
-            workers only.
+            remote workers that no live node can hold (a resource none has, most often a
+            misspelt one: ``unplaceable``, checked when the loader joins) and remote workers
+            that cannot start (``remote/starts.py``: ``MAX_START_FAILURES`` in a row), naming
+            the remote exception. ``False``: the loader warns and runs on local workers only.
         read_source: remote workers read a sample themselves (step 0, ``Source.load``): the
             source is reachable from their nodes (shared storage). ``False``: the training
             host loads the sample (in a thread of the training process, unseeded per sample)
@@ -152,6 +154,40 @@ def _check_resources(resources: object) -> None:
         if not math.isfinite(amount) or amount < 0 or 0 < amount < RESOURCE_UNIT:
             raise ValueError(f"Remote(resources={{{k!r}: {v!r}}}): an amount must be finite, "
                              f">= 0, and 0 or at least {RESOURCE_UNIT}")
+
+
+NOT_SHOWN = ("memory", "object_store_memory")
+"""Resources of a cluster's totals that a message about placement leaves out (bytes, which no
+worker asks for), with Ray's per-node ``node:<address>`` ones."""
+
+
+def unplaceable(cfg: Remote, totals: Mapping[str, float]) -> str | None:
+    """Why no remote worker of ``cfg`` can be placed on a cluster whose live nodes have
+    ``totals`` in all (``ray.cluster_resources()``), in words; None: the totals hold one.
+    A worker asks for ``num_cpus`` CPUs and each of its ``resources``: one missing from every
+    node (a misspelt name) or asked beyond what all nodes have together is named, with what
+    the nodes have. Totals, not nodes: a worker that fits only across two nodes is not caught
+    (the proxy warns when one is not placed in time, ``ray_backend.START_WARN_S``)."""
+    asks = {"CPU": cfg.num_cpus, **{k: v for k, v in (cfg.resources or {}).items() if v > 0}}
+    shown = {k: v for k, v in sorted(totals.items())
+             if not k.startswith("node:") and k not in NOT_SHOWN}
+    short = []
+    for name, amount in asks.items():
+        have = float(totals.get(name, 0.0))
+        if have + 1e-9 >= amount:
+            continue
+        field = "num_cpus" if name == "CPU" else f"resources={{{name!r}: {amount:g}}}"
+        if have > 0:
+            short.append(f"Remote({field}) asks for more {name} than the nodes have in all "
+                         f"({have:g})")
+            continue
+        near = difflib.get_close_matches(name, [k for k in shown if k != "CPU"], n=1)
+        short.append(f"Remote({field}) asks for {name!r}, which no node has"
+                     + (f" (did you mean {near[0]!r}?)" if near else ""))
+    if not short:
+        return None
+    offered = ", ".join(f"{k} {v:g}" for k, v in shown.items()) or "none"
+    return "; ".join(short) + f"; the cluster's live nodes have in all: {offered}"
 
 
 def check_read_source(cfg: Remote, step_names: Sequence[str], embedded: bool) -> None:

@@ -54,7 +54,7 @@ def plan_offload(loader: Any, train_step: Any, batches: int = 20, warmup: int = 
     session = loader.remote
     if session is None:
         raise ValueError("plan_offload needs a loader with Options(remote=headrace.Remote(...))")
-    session.open()
+    session.open(may_join=True)  # no remote worker placeable now: none decided, watched
     session.watcher = None  # a new plan replaces the watched one
     saved = session.target
     session.target = 0  # Lthp: local workers only

@@ -165,6 +165,12 @@ def probe_link(cfg: Remote, start_timeout_s: float = 30.0) -> LinkMeasure | None
         ray.kill(echo, no_restart=True)
 
 
+def cluster_totals() -> dict[str, float]:
+    """Every resource of the live nodes of the cluster, in all (Ray's view; one call to the
+    GCS)."""
+    return {str(k): float(v) for k, v in ray.cluster_resources().items()}
+
+
 def resource_total(name: str) -> float:
     """Units of a custom resource on the live nodes of the cluster (e.g. ``headrace_storage``)."""
     return float(ray.cluster_resources().get(name, 0.0))
@@ -235,8 +241,10 @@ def _wait_placed(actor: Any, tasks: RemoteTasks, slot: int, opts: ProxyOptions) 
         except GetTimeoutError:
             if not warned and time.monotonic() - t0 > START_WARN_S:
                 warned = True
-                log.warning("headrace remote worker %d not placed after %.0f s: the cluster "
-                            "lacks the CPUs or resources it asks for", slot, START_WARN_S)
+                cfg = opts.cfg
+                log.warning("headrace remote worker %d not placed after %.0f s: no node of the "
+                            "cluster has room for what it asks for (num_cpus=%g, resources=%s)",
+                            slot, START_WARN_S, cfg.num_cpus, dict(cfg.resources or {}))
             continue
         log.info("headrace remote worker %d runs on %s (node %s, pid %d)", slot, host, node, pid)
         opts.placed[slot] = node

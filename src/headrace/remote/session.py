@@ -13,7 +13,7 @@ import weakref
 from typing import Any
 
 from headrace.errors import PipelineError, RemoteUnavailableError
-from headrace.remote.config import Remote, check_read_source
+from headrace.remote.config import Remote, check_read_source, unplaceable
 from headrace.remote.counts import Outcomes, RemoteCounts
 from headrace.remote.proxy_options import ProxyOptions
 from headrace.remote.starts import StartFailures
@@ -75,25 +75,47 @@ class RemoteSession(RemoteCounts):
         self._pool_opts: tuple[Any, Any] = (lambda: None, None)  # (weakref to pool, options)
         self.near: Any = None
         """Near storage (``remote/storage.py``'s ``StorageSide``), once a pool exists."""
+        self.placed_total = 0
+        """Remote workers Ray placed and ran since the loader started."""
+        self.unplaced: str | None = None
+        """Why no remote worker could be placed when the cluster was joined with ``may_join``
+        (``config.unplaceable``), for ``explain()``."""
 
     # -- cluster -------------------------------------------------------------------------------
-    def open(self) -> int:
-        """Join the cluster once; the number of remote worker slots to reserve (0: none)."""
+    def open(self, may_join: bool = False) -> int:
+        """Join the cluster once; the number of remote worker slots to reserve (0: none).
+
+        A worker that no live node can hold (``config.unplaceable``: most often a misspelt
+        resource) is an error naming it (``RemoteUnavailableError``; raised again at each
+        call), or with ``Remote(required=False)`` a warning, and local workers only.
+        ``may_join``: the worker count follows the capacity there is, watched for nodes that
+        join (``plan_offload``): only a warning, and ``explain()`` says it too."""
         if self._opened:
             return self.max_workers if self.available else 0
-        self._opened = True
         from headrace.remote import ray_backend  # the one place Ray gets imported
 
+        cfg = self.cfg
         try:
-            ray_backend.connect(self.cfg)
+            ray_backend.connect(cfg)
+            problem = unplaceable(cfg, ray_backend.cluster_totals())
+            if problem is not None and may_join:
+                self.unplaced = problem
+                log.warning("headrace: no remote worker can be placed on the Ray cluster %r "
+                            "now: %s", cfg.address, problem)
+            elif problem is not None:  # a misspelt resource: no worker would ever be placed
+                raise RemoteUnavailableError(
+                    f"headrace's remote workers cannot be placed on the Ray cluster "
+                    f"{cfg.address!r}: {problem}. Fix Remote(resources=..., num_cpus=...), "
+                    "or use Remote(required=False) to run on local workers only")
         except RemoteUnavailableError as e:
-            if self.cfg.required:
-                raise
-            self.error = str(e).split(". Start one")[0]
+            if cfg.required:
+                raise  # and again at the next epoch: never silently local afterwards
+            self._opened = True
+            self.error = str(e).split(". Start one")[0].split(". Fix Remote(")[0]
             log.warning("%s; running on local workers only (Remote(required=False))", self.error)
             return 0
+        self._opened = True
         self.available = True
-        cfg = self.cfg
         if cfg.max_workers is not None:
             self.max_workers = cfg.max_workers
         elif self.near_storage:  # one storage worker per num_cpus storage units
@@ -149,7 +171,7 @@ class RemoteSession(RemoteCounts):
                     self.cfg, pool.pipeline, steps,
                     processes=pool.executor != "threads", on_lost=self._lost,
                     on_resumed=self._resumed,
-                    on_started=lambda _slot: self.starts.started(),
+                    on_started=self._started,
                     on_start_failed=self._start_failed)
                 opts.handoff = pool.handoff
                 self._pool_opts = (weakref.ref(pool), opts)
@@ -160,36 +182,10 @@ class RemoteSession(RemoteCounts):
 
     def facts(self, pool: WorkerPool | None, steps: list[str], measured_thp: float | None
               ) -> Any:
-        """What ``explain()`` says about the remote side (``planner.explain.RemoteFacts``)."""
-        from headrace.planner.explain import RemoteFacts
+        """What ``explain()`` says about the remote side (``remote/facts.py``)."""
+        from headrace.remote.facts import remote_facts
 
-        workers = list(pool.workers.values()) if pool is not None and not pool.closed else []
-        remote = sum(w.external and not w.retiring for w in workers)
-        local = sum(not w.external and not w.retiring for w in workers)
-        if not workers:  # between epochs without persistent workers ("0 local" before): the
-            remote = self.target  # counts the next epoch starts with (``attach``, ``adopt``)
-            local = (self.placement.state.local if self.placement is not None
-                     else self.local_started or 0)
-        cost = None
-        cfg = self.cfg
-        if cfg.local_cost_per_hour is not None and cfg.cost_per_worker_hour is not None:
-            cost = cfg.local_cost_per_hour + cfg.cost_per_worker_hour * remote
-        moves = tuple((t, m.local, m.remote, m.bpt, m.reason)
-                      for t, m in (self.placement.moves if self.placement else []))
-        replans = tuple((r.t, r.reason, r.decision.describe(), r.remote_workers)
-                        for r in (self.watcher.history if self.watcher else []))
-        return RemoteFacts(
-            address=cfg.address, error=self.error, max_workers=self.max_workers,
-            remote_workers=remote, local_workers=local,
-            remote_samples=self.remote_samples, lost=self.lost, split=self.stop,
-            never_started=self.starts.total, start_error=self.starts.cause,
-            gave_up=self.starts.gave_up,
-            steps=tuple(steps), offload=self.offload, autoplace=cfg.autoplace, moves=moves,
-            measured_thp=measured_thp, cost_per_hour=cost, replans=replans,
-            handed_off=self.handed_off_remote, handed_back=self.handed_back_remote,
-            link=self.link.describe() if self.link is not None else None,
-            watching=self.watcher is not None,
-            extra=tuple(self.near.lines()) if self.near is not None else ())
+        return remote_facts(self, pool, steps, measured_thp)
 
     @property
     def near_storage(self) -> bool:
@@ -250,6 +246,11 @@ class RemoteSession(RemoteCounts):
         """Slot -> Ray node id of each remote worker placed so far (the latest pool's)."""
         opts = self._pool_opts[1]
         return dict(opts.placed) if opts is not None else {}
+
+    def _started(self, slot: int) -> None:
+        """A remote worker's actor was placed and runs (a proxy thread says)."""
+        self.starts.started()
+        self.placed_total += 1
 
     def _start_failed(self, slot: int, cause: str) -> None:
         """A remote worker died before it ran (a proxy thread says)."""

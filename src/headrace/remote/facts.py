@@ -1,0 +1,65 @@
+"""What ``explain()`` says about a loader's remote side (``planner.explain.RemoteFacts``),
+gathered from its ``RemoteSession`` (no Ray here).
+
+Remote workers count once placed and running: a proxy whose actor Ray has not placed (no node
+with room for what it asks) is no worker, and used to be counted as one, so ``explain()`` said
+"2 remote worker(s) now" of a loader that ran every sample locally.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from headrace.planner.explain import RemoteFacts
+    from headrace.remote.session import RemoteSession
+    from headrace.runtime.pool import WorkerPool
+
+
+def remote_facts(session: RemoteSession, pool: WorkerPool | None, steps: list[str],
+                 measured_thp: float | None) -> RemoteFacts:
+    """``session``'s facts over ``pool`` (the running or persistent one; None between epochs),
+    ``steps`` the executed step names, ``measured_thp`` the last epoch's samples/s."""
+    from headrace.planner.explain import RemoteFacts
+
+    workers = list(pool.workers.values()) if pool is not None and not pool.closed else []
+    started = [w for w in workers if w.external and not w.retiring]
+    placed = session.nodes()
+    remote = sum(w.slot in placed for w in started)  # placed and running, not only asked
+    local = sum(not w.external and not w.retiring for w in workers)
+    cfg = session.cfg
+    extra = [f"  remote workers: {len(started)} started, {remote} placed so far: Ray has found "
+             f"no node with room for the others (each asks for num_cpus={cfg.num_cpus:g}, "
+             f"resources={dict(cfg.resources or {})})"] if remote < len(started) else []
+    if session.unplaced is not None and not remote:
+        extra.append("  no remote worker could be placed when the cluster was joined: "
+                     + session.unplaced)
+    if not workers:  # between epochs without persistent workers ("0 local" before): the
+        # counts the next epoch starts with (``attach``, ``adopt``), remote ones only once
+        # Ray has placed one of them (else the cluster has no room for them)
+        remote = session.target if session.placed_total else 0
+        local = (session.placement.state.local if session.placement is not None
+                 else session.local_started or 0)
+        if session.target and not session.placed_total:
+            extra.insert(0, f"  remote workers: {session.target} asked for, none placed yet: "
+                            f"Ray has found no node with room for one (num_cpus="
+                            f"{cfg.num_cpus:g}, resources={dict(cfg.resources or {})})")
+    cost = None
+    if cfg.local_cost_per_hour is not None and cfg.cost_per_worker_hour is not None:
+        cost = cfg.local_cost_per_hour + cfg.cost_per_worker_hour * remote
+    moves = tuple((t, m.local, m.remote, m.bpt, m.reason)
+                  for t, m in (session.placement.moves if session.placement else []))
+    replans = tuple((r.t, r.reason, r.decision.describe(), r.remote_workers)
+                    for r in (session.watcher.history if session.watcher else []))
+    return RemoteFacts(
+        address=cfg.address, error=session.error, max_workers=session.max_workers,
+        remote_workers=remote, local_workers=local,
+        remote_samples=session.remote_samples, lost=session.lost, split=session.stop,
+        never_started=session.starts.total, start_error=session.starts.cause,
+        gave_up=session.starts.gave_up,
+        steps=tuple(steps), offload=session.offload, autoplace=cfg.autoplace, moves=moves,
+        measured_thp=measured_thp, cost_per_hour=cost, replans=replans,
+        handed_off=session.handed_off_remote, handed_back=session.handed_back_remote,
+        link=session.link.describe() if session.link is not None else None,
+        watching=session.watcher is not None,
+        extra=tuple(extra) + (tuple(session.near.lines()) if session.near is not None else ()))
