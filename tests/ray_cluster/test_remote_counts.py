@@ -71,8 +71,8 @@ def test_results_dropped_as_stale_are_not_counted(ray_cluster, no_actor_leaks, t
         gate.open()
         got = [s for b in loader for s in b]
         assert Counter(s["i"] for s in got) == Counter(range(N))  # exactly once
-        # get_worker_info().id: -1 in a remote actor
-        assert loader.remote.remote_samples == sum(s["a"][1] == -1 for s in got)
+        # get_worker_info().id: 0 in the local worker, 1 or 2 in a remote one
+        assert loader.remote.remote_samples == sum(s["a"][1] >= 1 for s in got)
     finally:
         gate.close()
         loader.close()
@@ -109,7 +109,7 @@ def test_a_sample_back_at_the_split_it_ran_with_counts_as_offloaded(ray_cluster,
         # each sample whose step "a" (before both splits) ran remotely counts once, also one
         # handed back at the old split that a remote worker then finished (it counted twice);
         # local workers run every step of what they take, so no other sample ran remotely
-        assert loader.remote.remote_samples == sum(s["a"][1] == -1 for s in got) > 0
+        assert loader.remote.remote_samples == sum(s["a"][1] >= 1 for s in got) > 0
         del it
     finally:
         gate.close()

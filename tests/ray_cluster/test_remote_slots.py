@@ -44,7 +44,7 @@ def test_local_worker_started_after_a_remote_one_keeps_a_local_slot(ray_cluster,
         local = set()  # (pid, worker id) of local workers that ran samples from here on
         for b in it:
             seen.update(s["i"] for s in b)
-            local.update(s["at"] for s in b if s["at"][1] >= 0)
+            local.update(s["at"] for s in b if s["at"][1] == 0)  # remote ids: 1 and 2
             slots = {w.slot: w.external for w in list(pool.workers.values())}
             assert all(ext for slot, ext in slots.items() if slot >= 1), slots
         assert seen == Counter(range(n))  # exactly once, no sample blamed

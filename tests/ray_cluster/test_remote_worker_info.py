@@ -1,15 +1,19 @@
-"""What remote workers look like to ``explain()`` and to the user: a resource no node has,
-workers Ray never placed; on the session's Ray cluster."""
+"""What remote workers look like to the user's code and to ``explain()``: a resource no node
+has, workers Ray never placed, a torch worker (``get_worker_info()``, ``worker_init_fn``); on
+the session's Ray cluster."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 
 import pytest
+import torch
 
 import headrace as hr
-from tests.helpers import ArraySource, jitter
+from tests.helpers import ArraySource, ident_collate, jitter
+from tests.ray_cluster.test_remote import ON_CPU_NODES, remote_ready, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -68,6 +72,87 @@ def test_explain_counts_only_the_remote_workers_ray_placed(ray_cluster, no_actor
         text = loader.explain()  # between epochs: what the next one starts with
         assert "0 remote worker(s) now" in text, text
         assert "2 asked for, none placed yet" in text
+    finally:
+        del it
+        loader.close()
+
+
+class ScaledPerWorker(torch.utils.data.Dataset):
+    """Two torch idioms: ``__getitem__`` reads ``get_worker_info()`` (never None in a torch
+    worker), and a setting that ``worker_init_fn`` put on ``get_worker_info().dataset``."""
+
+    scale = 1.0
+
+    def __init__(self, n: int = N) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        time.sleep(0.01)  # simulated work
+        info = torch.utils.data.get_worker_info()
+        return {"i": i, "x": torch.full((3,), float(i)) * self.scale + torch.rand(3),
+                "worker": (info.id, info.num_workers, info.seed - info.id,
+                           info.dataset is self)}
+
+
+def scale_by_3(worker_id: int) -> None:
+    torch.utils.data.get_worker_info().dataset.scale = 3.0
+
+
+def fail_off_slot_0(worker_id: int) -> None:
+    """Raises in every worker but the local one (slot 0): in the remote workers."""
+    if worker_id > 0:
+        raise OSError(f"no handle for worker {worker_id}")
+
+
+def by_index(batches) -> dict[int, dict]:
+    return {s["i"]: s for b in batches for s in b}
+
+
+def test_remote_workers_are_torch_workers_to_user_code(ray_cluster, no_actor_leaks):
+    # get_worker_info() was None on a remote worker (this dataset raised there), and
+    # worker_init_fn never ran there: its samples came out unscaled
+    def loader(remote):
+        return hr.DataLoader(ScaledPerWorker(), batch_size=4, num_workers=1,
+                             worker_init_fn=scale_by_3, collate_fn=ident_collate,
+                             options=hr.Options(seed=5, remote=remote))
+
+    local = loader(None)
+    expected = by_index(local)
+    local.close()
+    remote = loader(hr.Remote(max_workers=2, resources=ON_CPU_NODES))
+    it = iter(remote)
+    try:
+        wait_until(lambda it=it: remote_ready(it, 2))
+        got = by_index(it)
+        assert remote.remote.remote_samples > 0
+        assert sorted(got) == list(range(N))
+        for i, s in expected.items():  # bit-identical, wherever it ran
+            assert torch.equal(got[i]["x"], s["x"]), i
+        base = expected[0]["worker"][2]
+        assert {s["worker"] for s in expected.values()} == {(0, 1, base, True)}
+        ran = Counter(s["worker"] for s in got.values())
+        # ids unique, after the local slot, below num_workers: 1 local + 2 remote slots
+        assert set(ran) <= {(0, 1, base, True), (1, 3, base, True), (2, 3, base, True)}
+        assert sum(n for w, n in ran.items() if w[0] > 0) == remote.remote.remote_samples
+    finally:
+        del it
+        remote.close()
+
+
+def test_worker_init_fn_failing_on_a_remote_worker_fails_the_epoch(ray_cluster, no_actor_leaks):
+    loader = hr.DataLoader(ScaledPerWorker(400), batch_size=4, num_workers=1,
+                           worker_init_fn=fail_off_slot_0, collate_fn=ident_collate,
+                           options=hr.Options(remote=hr.Remote(max_workers=2,
+                                                               resources=ON_CPU_NODES)))
+    it = iter(loader)
+    try:
+        with pytest.raises(hr.WorkerDiedError, match="no handle for worker [12]") as ei:
+            wait_until(lambda: loader.remote.placed_total > 0)  # 4 s of samples locally
+            list(it)
+        assert isinstance(ei.value, OSError)  # what worker_init_fn raised, as locally
     finally:
         del it
         loader.close()

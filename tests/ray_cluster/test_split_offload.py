@@ -36,9 +36,9 @@ def test_local_suffix_stays_local_and_the_ratio_holds(ray_cluster, no_actor_leak
         wait_until(lambda it=it: remote_ready(it, WORKERS))
         got = [s for b in it for s in b]
         assert Counter(s["i"] for s in got) == Counter(range(N))  # exactly once
-        # get_worker_info().id: 0 in the local worker process, -1 in a remote actor
+        # get_worker_info().id: 0 in the local worker process, 1.. in a remote actor
         assert all(s["b"][1] == 0 for s in got), "the local suffix ran on a remote worker"
-        offloaded = sum(s["a"][1] == -1 for s in got)
+        offloaded = sum(s["a"][1] >= 1 for s in got)
         # the ratio plus one per remote worker, and the gate is asked once a dispatch pass:
         # a pass it lets through fills a remote worker's queue (DEPTH), one more each
         assert 0 < offloaded <= RATIO * N + WORKERS * DEPTH

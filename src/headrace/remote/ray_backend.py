@@ -198,16 +198,21 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
                                   "max_task_retries": 0}
     if cfg.resources:
         actor_opts["resources"] = dict(cfg.resources)
-    actor: Any = _ActorClass.options(**actor_opts).remote(opts.pipeline, setup.base_seed,
-                                                     setup.profile)
+    # one argument: the dataset and the pipeline reading it stay one object over there
+    actor: Any = _ActorClass.options(**actor_opts).remote(setup._replace(
+        pipeline=opts.pipeline, cache=None, probe_gil=False, blas_threads=None))
     ran = False
     try:
-        if not _wait_placed(actor, tasks, slot, opts):
+        started = _wait_placed(actor, tasks, slot, opts)
+        if started is None:
             return
         ran = True
         if opts.on_started is not None:
             opts.on_started(slot)
-        results.send(("ready", slot))
+        if started[0] == "init_error":  # worker_init_fn raised: the epoch fails, as locally
+            results.send(("init_error", slot, *started[1:]))
+            return
+        results.send(("ready", slot, started[1]))
         _forward(actor, tasks, results, progress, opts, setup, outcomes)
     except RayError as e:
         if not ran:  # it held no sample: say why it never started (its constructor's error)
@@ -230,14 +235,16 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
             pass
 
 
-def _wait_placed(actor: Any, tasks: RemoteTasks, slot: int, opts: ProxyOptions) -> bool:
-    """Wait until the actor runs (True), or the proxy is told to exit (False)."""
+def _wait_placed(actor: Any, tasks: RemoteTasks, slot: int,
+                 opts: ProxyOptions) -> tuple[Any, ...] | None:
+    """Wait until the actor runs, and return how its start went (``RemoteWorker.started``);
+    None when the proxy is told to exit first."""
     ref = actor.where.remote()
     t0 = time.monotonic()
     warned = False
     while not tasks.closed:
         try:
-            host, pid, node = ray.get(ref, timeout=POLL_S)
+            host, pid, node, started = ray.get(ref, timeout=POLL_S)
         except GetTimeoutError:
             if not warned and time.monotonic() - t0 > START_WARN_S:
                 warned = True
@@ -248,8 +255,8 @@ def _wait_placed(actor: Any, tasks: RemoteTasks, slot: int, opts: ProxyOptions) 
             continue
         log.info("headrace remote worker %d runs on %s (node %s, pid %d)", slot, host, node, pid)
         opts.placed[slot] = node
-        return True
-    return False
+        return tuple(started)
+    return None
 
 
 def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: Any,

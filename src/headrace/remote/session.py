@@ -262,6 +262,9 @@ class RemoteSession(RemoteCounts):
 
         tasks, results = ray_backend.RemoteTasks(), ThreadResults()
         opts, outcomes = self._options(pool), Outcomes(self._took)
+        # get_worker_info().num_workers: every slot, local and remote, so that each worker's
+        # id (its slot, after the local ones) is below it, as torch's (docs/design.md)
+        setup = setup._replace(num_workers=pool.max_slots)
         run = ThreadRun(ray_backend.proxy_main,
                         (setup, tasks, results, pool.progress, opts, outcomes),
                         name=f"headrace-worker-remote-{setup.slot}")

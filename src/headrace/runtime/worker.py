@@ -125,14 +125,7 @@ def worker_main(
         torch.set_num_threads(1)
         if setup.blas_threads is not None:  # before worker_init_fn, which may change it
             limit_in_worker(setup.blas_threads)
-        seed = setup.base_seed + slot
-        _seed_like_torch(setup.base_seed, slot, seed)
-        _set_worker_info(slot, setup.num_workers, seed, setup.dataset)
-        reseeded: tuple[str, ...] = ()
-        if setup.worker_init_fn is not None:
-            before = _global_states()
-            setup.worker_init_fn(slot)
-            reseeded = _reseeded(before, _global_states())
+        reseeded = init_as_torch_worker(setup)
         runner = TaskRunner(setup, handoff, progress)
         writer = RingWriter(ring, setup.parent_pid)
         if setup.probe_gil:
@@ -187,6 +180,24 @@ def worker_main(
         out = runner.run(task, decode(task.payload) if task.start > 0 else None)
         if not outbox.add(runner.message(task.tid, out, to_ring), started):
             return
+
+
+def init_as_torch_worker(setup: WorkerSetup) -> tuple[str, ...]:
+    """Make this process look like one of torch's workers to the user's code, as torch's worker
+    loop does: the global generators seeded from ``base_seed + slot``, ``get_worker_info()``
+    answering (id ``slot``, ``num_workers``, that seed, ``dataset``), then
+    ``worker_init_fn(slot)``. Shared by local worker processes and remote workers
+    (``remote/actor.py``). Returns the global generators ``worker_init_fn`` seeded (not merely
+    drew from), which per-sample seeding overrides (``_reseeded``)."""
+    slot = setup.slot
+    seed = setup.base_seed + slot
+    _seed_like_torch(setup.base_seed, slot, seed)
+    _set_worker_info(slot, setup.num_workers, seed, setup.dataset)
+    if setup.worker_init_fn is None:
+        return ()
+    before = _global_states()
+    setup.worker_init_fn(slot)
+    return _reseeded(before, _global_states())
 
 
 class TaskRunner:
