@@ -1,6 +1,6 @@
 """What remote workers look like to the user's code and to ``explain()``: a resource no node
-has, workers Ray never placed, a torch worker (``get_worker_info()``, ``worker_init_fn``); on
-the session's Ray cluster."""
+has, workers Ray never placed, a torch worker (``get_worker_info()``, ``worker_init_fn``), and
+the sample cache they do not use; on the session's Ray cluster."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import time
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,6 +154,33 @@ def test_worker_init_fn_failing_on_a_remote_worker_fails_the_epoch(ray_cluster, 
             wait_until(lambda: loader.remote.placed_total > 0)  # 4 s of samples locally
             list(it)
         assert isinstance(ei.value, OSError)  # what worker_init_fn raised, as locally
+    finally:
+        del it
+        loader.close()
+
+
+def test_explain_counts_the_samples_that_ran_remotely_without_the_cache(ray_cluster,
+                                                                      no_actor_leaks):
+    # a sample a remote worker runs is never looked up in the cache nor stored there, and
+    # explain() did not say so
+    pipe = hr.Pipeline(ArraySource(N), [hr.step(np.copy, name="decode", kind="decode"),
+                                        hr.step(jitter, name="jitter", random=True)])
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, collate_fn=ident_collate,
+                           options=hr.Options(seed=3, handoff=False,
+                                              cache=hr.Cache(budget_bytes=16 << 20),
+                                              remote=hr.Remote(max_workers=2,
+                                                               resources=ON_CPU_NODES)))
+    it = iter(loader)
+    try:
+        wait_until(lambda it=it: remote_ready(it, 2))
+        assert sorted(s["i"] for s in by_index(it).values()) == list(range(N))
+        uncached = loader.remote.uncached
+        assert 0 < uncached == loader.remote.remote_samples
+        cache = loader.stats().last.cache
+        assert cache is not None
+        assert cache.lookups + uncached == N  # every fresh sample: looked up, or remote
+        assert (f"remote workers do not use the sample cache: {uncached} sample(s)"
+                in loader.explain())
     finally:
         del it
         loader.close()

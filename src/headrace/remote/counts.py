@@ -55,19 +55,20 @@ class Outcomes:
     its note is forgotten once ``PENDING_KEPT`` newer ones wait (memory stays bounded).
     """
 
-    def __init__(self, count: Callable[[str, SampleKey], None]) -> None:
+    def __init__(self, count: Callable[[str, SampleKey, bool], None]) -> None:
         self._count = count
-        self._pending: dict[int, tuple[str, SampleKey]] = {}  # task id -> (outcome, sample),
-        # oldest first
+        self._pending: dict[int, tuple[str, SampleKey, bool]] = {}  # task id -> (outcome,
+        # sample, fresh), oldest first
         self._lock = threading.Lock()  # the proxy notes, the scheduler (or the proxy) takes
 
-    def expect(self, tid: int, kind: str | None, sample: SampleKey) -> None:
+    def expect(self, tid: int, kind: str | None, sample: SampleKey, fresh: bool = False) -> None:
         """(Proxy) the result of task ``tid`` (for ``sample``), about to be posted, counts as
-        ``kind``."""
+        ``kind``; ``fresh``: the task started at step 0 (a local worker would have looked the
+        sample up in the cache)."""
         if kind is None:
             return
         with self._lock:
-            self._pending[tid] = (kind, sample)
+            self._pending[tid] = (kind, sample, fresh)
             while len(self._pending) > PENDING_KEPT:
                 del self._pending[next(iter(self._pending))]
 
@@ -88,7 +89,10 @@ class RemoteCounts:
     step) sent to remote workers; ``handed_off_remote``: samples remote workers handed off over
     the timeout (finished in the slow lane); ``handed_back_remote``: near storage, samples
     fetchers handed back at their own stop (not in ``remote_samples``); ``lost``: remote
-    workers that died after they started (their samples were re-run).
+    workers that died after they started (their samples were re-run); ``uncached``: samples
+    remote workers ran from step 0, whatever they returned (finished, handed back or off):
+    remote workers have no sample cache, so none of them was looked up there, nor were the
+    forms made remotely stored (``docs/design.md``).
 
     Each sample counts once in ``remote_samples``. One handed back at the split point
     (``AT_SPLIT``) is remembered while it is in flight: when a replan has moved the split
@@ -104,12 +108,15 @@ class RemoteCounts:
         self.handed_off_remote = 0
         self.handed_back_remote = 0
         self.lost = 0
+        self.uncached = 0
         self._count_lock = threading.Lock()
         self._at_split: set[SampleKey] = set()  # counted at a split, maybe still in flight
 
-    def _took(self, kind: str, sample: SampleKey) -> None:
-        """The scheduler took a remote worker's result for ``sample`` (``Outcomes``)."""
+    def _took(self, kind: str, sample: SampleKey, fresh: bool = False) -> None:
+        """The scheduler took a remote worker's result for ``sample`` (``Outcomes``);
+        ``fresh``: its task started at step 0."""
         with self._count_lock:
+            self.uncached += fresh
             if kind == HANDED_OFF:
                 self.handed_off_remote += 1
             elif kind == HANDED_BACK:

@@ -34,6 +34,10 @@ def remote_facts(session: RemoteSession, pool: WorkerPool | None, steps: list[st
     if session.unplaced is not None and not remote:
         extra.append("  no remote worker could be placed when the cluster was joined: "
                      + session.unplaced)
+    if session.cache_on:  # docs/design.md: a known limit
+        extra.append(f"  cache: remote workers do not use the sample cache: {session.uncached} "
+                     "sample(s) they ran from the start were not looked up there, nor were the "
+                     "forms they made stored")
     if not workers:  # between epochs without persistent workers ("0 local" before): the
         # counts the next epoch starts with (``attach``, ``adopt``), remote ones only once
         # Ray has placed one of them (else the cluster has no room for them)

@@ -301,7 +301,7 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
             # counted once the scheduler takes it (never a result it drops as stale), against
             # the stop it ran with: a replan may have moved the split since
             outcomes.expect(task.tid, outcome(msg, stop, opts.stops is not None),
-                            (task.epoch, task.sample, task.draw))
+                            (task.epoch, task.sample, task.draw), fresh=task.start == 0)
             if not results.send(_local_message(msg, before, opts)):
                 return
 

@@ -80,6 +80,8 @@ class RemoteSession(RemoteCounts):
         self.unplaced: str | None = None
         """Why no remote worker could be placed when the cluster was joined with ``may_join``
         (``config.unplaceable``), for ``explain()``."""
+        self.cache_on = False
+        """The latest pool's local workers use a sample cache (remote workers never do)."""
 
     # -- cluster -------------------------------------------------------------------------------
     def open(self, may_join: bool = False) -> int:
@@ -175,6 +177,7 @@ class RemoteSession(RemoteCounts):
                     on_start_failed=self._start_failed)
                 opts.handoff = pool.handoff
                 self._pool_opts = (weakref.ref(pool), opts)
+            self.cache_on = getattr(pool.cache, "enabled", False)
             opts.stop = self.stop if self.stop is not None else opts.steps
             opts.read_local = self.read_local
             opts.stops = self.near
