@@ -14,6 +14,7 @@ import torch
 
 import headrace as hr
 from tests.helpers import ArraySource, ident_collate, jitter
+from tests.ray_cluster.conftest import STORAGE_CPUS
 from tests.ray_cluster.test_remote import ON_CPU_NODES, remote_ready, wait_until
 
 pytestmark = pytest.mark.ray
@@ -141,6 +142,33 @@ def test_remote_workers_are_torch_workers_to_user_code(ray_cluster, no_actor_lea
     finally:
         del it
         remote.close()
+
+
+def test_near_storage_fetchers_are_torch_workers_too(storage_node, no_actor_leaks):
+    # SOPHON's fetchers are the same actor: the same get_worker_info() and worker_init_fn
+    def loader(remote):
+        return hr.DataLoader(ScaledPerWorker(), batch_size=4, num_workers=1,
+                             worker_init_fn=scale_by_3, collate_fn=ident_collate,
+                             options=hr.Options(seed=5, remote=remote))
+
+    local = loader(None)
+    expected = by_index(local)
+    local.close()
+    near = loader(hr.NearStorage(policy="all-off"))  # the whole sample on a fetcher
+    it = iter(near)
+    try:
+        wait_until(lambda: near.remote.ready_workers() >= STORAGE_CPUS)
+        got = by_index(it)
+        assert sorted(got) == list(range(N))
+        for i, s in expected.items():
+            assert torch.equal(got[i]["x"], s["x"]), i
+        fetched = [s["worker"] for s in got.values() if s["worker"][0] > 0]
+        assert fetched  # 1 local slot, then the fetchers': 1 + STORAGE_CPUS in all
+        assert {(w[1], w[2], w[3]) for w in fetched} == {
+            (1 + STORAGE_CPUS, expected[0]["worker"][2], True)}
+    finally:
+        del it
+        near.close()
 
 
 def test_worker_init_fn_failing_on_a_remote_worker_fails_the_epoch(ray_cluster, no_actor_leaks):
