@@ -66,6 +66,7 @@ def test_explain_counts_only_the_remote_workers_ray_placed(ray_cluster, no_actor
     try:
         next(it)
         assert sum(w.external for w in it.pool.workers.values()) == 2  # started, not placed
+        assert loader.stats().workers == 1  # the local one: no remote worker runs
         text = loader.explain()
         assert "0 remote worker(s) now" in text, text
         assert "2 started, 0 placed so far" in text

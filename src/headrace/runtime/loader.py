@@ -258,6 +258,10 @@ class DataLoader(tud.DataLoader[_T_co]):
         pct = pol.config.fallback_percentile if pol.using_fallback else pol.config.percentile
         pool = self._pool if self._pool is not None else getattr(it, "pool", None)
         workers = pool.size if pool is not None else 0
+        if pool is not None and self.remote is not None:  # a remote one counts once placed
+            placed = self.remote.nodes()
+            workers -= sum(w.external and not w.retiring and w.slot not in placed
+                           for w in list(pool.workers.values()))
         if self._iterable:  # torch's iterator's processes: headrace has no pool of its own
             workers = iterable_dataset.live_workers(self, self._torch_iter_ref())
         return LoaderStats(

@@ -155,7 +155,7 @@ class LoaderStats:
             always over an IterableDataset: no sample of it is handed off).
         timeout_percentile: percentile behind it (75, or 90 after a fallback).
         workers: current number of worker processes (over an IterableDataset, those of
-            torch's running or persistent iterator).
+            torch's running or persistent iterator); remote ones once Ray placed them.
         workers_timeline: (seconds since creation, workers) at every change.
         timeout_timeline: (seconds since creation, timeout s) at every change.
         queues: sampled queue depths (bounded history).
