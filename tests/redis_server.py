@@ -18,12 +18,14 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """One ``redis-server`` process; ``kill()`` and ``start()`` again on the same port."""
+    """One ``redis-server`` process; ``kill()`` and ``start()`` again on the same port.
+    ``extra``: more command-line settings (``"--unixsocket", path``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *extra: str) -> None:
         self.exe = shutil.which("redis-server")
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="hr-redis-")
+        self.extra = extra
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -34,7 +36,7 @@ class RedisServer:
         assert self.exe is not None
         self.proc = subprocess.Popen(
             [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
-             "--save", "", "--appendonly", "no", "--protected-mode", "yes"],
+             "--save", "", "--appendonly", "no", "--protected-mode", "yes", *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:  # bounded: until it answers PING or the deadline

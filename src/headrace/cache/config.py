@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 
 from headrace import resources
@@ -12,6 +13,9 @@ DEFAULT_MEMORY_SHARE = 0.25
 """The default budget is this share of the memory available when the loader starts..."""
 DEFAULT_SHM_SHARE = 0.5
 """...and at most this share of the free space of ``/dev/shm``, where the memory backend lives."""
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+"""URL schemes of a Redis cache, as redis-py's ``Redis.from_url`` reads them: TCP, TLS (which
+managed services often require) and a unix socket (``unix:///path/redis.sock?db=0``)."""
 MIN_DEFAULT_BUDGET = 256 * 10**6
 """The default cache is on only when its budget reaches this (bytes). Below it (Docker's 64 MB
 ``/dev/shm``, a small memory cgroup) a cache holds a few batches' worth and takes the shared
@@ -31,7 +35,10 @@ class Cache:
     Attributes:
         url: ``"memory"`` (default): one job's cache in shared memory (an LMDB file on
             ``/dev/shm``), read in place by every worker process of the loader, removed when
-            the loader closes.
+            the loader closes. ``"redis://[[user]:password@]host:port/db"`` (or ``rediss://``
+            for TLS, ``unix:///path/redis.sock?db=0``): a Redis server shared by jobs and
+            nodes. headrace prints it with its password replaced by ``***`` (``repr``,
+            ``explain()``, logs).
         budget_bytes: the most bytes the cache holds (all tiers together), enforced by headrace.
             ``None``: ``DEFAULT_MEMORY_SHARE`` (25%) of the memory available when the loader
             starts (within the process's memory cgroup limit: a container's), at most
@@ -95,11 +102,12 @@ class Cache:
     redis_ttl_s: float = 6 * 3600.0
 
     def __post_init__(self) -> None:
-        if self.url != "memory" and not self.url.startswith("redis://"):
-            raise ValueError(f"Cache url must be 'memory' or 'redis://host:port/db', got {self.url!r}")
+        if self.url != "memory" and not is_redis(self.url):
+            raise ValueError("Cache url must be 'memory' or 'redis://host:port/db' (rediss://, "
+                             f"unix://), got {redact(self.url)!r}")
         if self.budget_bytes is not None and self.budget_bytes < 0:
             raise ValueError("budget_bytes must be >= 0 (or None for the default)")
-        if self.ods and not self.url.startswith("redis://"):
+        if self.ods and not is_redis(self.url):
             raise ValueError("Cache(ods=True) shares a cache between jobs: it needs "
                              "url='redis://host:port/db'")
         if self.t_gpu is not None and not self.t_gpu > 0:
@@ -113,6 +121,27 @@ class Cache:
             if bad or any(v < 0 for v in self.split.values()) or sum(self.split.values()) > 1 + 1e-9:
                 raise ValueError("split maps 'encoded'/'decoded'/'augmented' to shares >= 0 "
                                  f"summing to at most 1, got {dict(self.split)}")
+
+    def __repr__(self) -> str:  # the dataclass's, with the URL's password redacted
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        shown["url"] = redact(self.url)
+        return "Cache(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+
+def is_redis(url: str) -> bool:
+    """``url`` names a Redis server (``REDIS_SCHEMES``)."""
+    return url.startswith(REDIS_SCHEMES)
+
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/:@]*):[^/]*@")
+_PASSWORD_ARG = re.compile(r"([?&]password=)[^&#]*")
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***``, in the userinfo
+    (``redis://user:pw@host``, ``redis://:pw@host``) and in a ``password=`` query argument
+    (which redis-py also reads): what headrace prints wherever it names the server."""
+    return _PASSWORD_ARG.sub(r"\1***", _USERINFO.sub(r"\1:***@", url))
 
 
 def default_budget() -> tuple[int, str]:

@@ -1,4 +1,5 @@
-"""The ``"redis://host:port/db"`` backend: a real Redis server shared by jobs and nodes.
+"""The ``"redis://host:port/db"`` backend (``rediss://``, ``unix://`` too): a real Redis server
+shared by jobs and nodes.
 
 The client (``pip install headrace[redis]``) is imported here only. Values are raw blobs
 (``codec``), never pickled: ``GET`` returns bytes that only ``codec.decode`` reads.
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from headrace.cache import ods_board, redis_scripts
+from headrace.cache.config import redact
 from headrace.cache.ods_board import META as ODS_META
 from headrace.cache.ods_board import TIER_BIT
 
@@ -87,7 +89,8 @@ class RedisBackend:
     def _r(self) -> Any:
         if self._skip > 0:
             self._skip -= 1
-            raise BackendDown(f"{self.url} failed recently; trying again in {self._skip} calls")
+            raise BackendDown(f"{redact(self.url)} failed recently; trying again in "
+                              f"{self._skip} calls")
         if self._client is None or self._pid != os.getpid():
             import redis
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from headrace.cache.client import CacheClient, Counters
-from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget
+from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget, redact
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.pipeline import Pipeline
 from headrace.planner.cache_partition import (
@@ -296,7 +296,7 @@ class CacheSession:
         shards = len(getattr(self.backend, "shards", ())) if self.backend is not None else 0
         split_in = f" in {shards} shards" if shards > 1 else ""
         where = (f"memory (LMDB on /dev/shm{split_in}, shared by this job's workers)"
-                 if self.config.url == "memory" else f"{self.config.url} (shared; raw entries)")
+                 if self.config.url == "memory" else f"{redact(self.config.url)} (shared; raw entries)")
         out = [f"cache: {where}, budget {units.size(self.budget)}"]
         if self.layout is None:
             return [*out, "  forms: decided when the first epoch starts"]

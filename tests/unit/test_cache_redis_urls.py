@@ -1,0 +1,51 @@
+"""Redis cache URLs: the schemes redis-py reads, and their passwords never printed."""
+
+from __future__ import annotations
+
+import pytest
+
+import headrace as hr
+from headrace.cache.config import redact
+
+
+def test_tls_and_unix_socket_urls_are_accepted() -> None:
+    # only redis:// was: rediss:// (TLS, which managed Redis services often require) and
+    # unix:// were refused (a bug hunt)
+    for url in ("redis://h:6379/0", "rediss://h:6380/0", "unix:///tmp/r.sock?db=0"):
+        assert hr.Cache(url=url).url == url
+        assert hr.Cache(url=url, ods=True).ods
+    with pytest.raises(ValueError, match="redis://"):
+        hr.Cache(url="http://h/0")
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
+    ("rediss://user:p@w@h/0", "rediss://user:***@h/0"),
+    ("unix://:pw@/s.sock?db=0", "unix://:***@/s.sock?db=0"),
+    ("unix:///s.sock?db=0&password=pw", "unix:///s.sock?db=0&password=***"),
+    ("redis://user@h/0", "redis://user@h/0"),
+    ("redis://h/0", "redis://h/0"),
+])
+def test_a_password_is_redacted(url: str, shown: str) -> None:
+    assert redact(url) == shown
+
+
+def test_repr_of_the_options_hides_the_password() -> None:
+    # repr(Options) printed redis://:sekret@host/0 (a bug hunt)
+    cache = hr.Cache(url="redis://:sekret@h/0", budget_bytes=10)
+    for text in (repr(cache), repr(hr.Options(cache=cache))):
+        assert "sekret" not in text and "redis://:***@h/0" in text and "budget_bytes=10" in text
+    with pytest.raises(ValueError) as e:
+        hr.Cache(url="http://:sekret@h/0")
+    assert "sekret" not in str(e.value)
+
+
+def test_a_backend_skipping_its_server_names_it_without_the_password() -> None:
+    # BackendDown's message reaches the warnings and explain() ("it failed (...)")
+    from headrace.cache.redis_backend import BackendDown, RedisBackend
+
+    backend = RedisBackend("redis://:sekret@h/0", 1)
+    backend._skip = 1  # as after a failed call
+    with pytest.raises(BackendDown) as e:
+        backend._r()
+    assert "sekret" not in str(e.value) and "redis://:***@h/0" in str(e.value)
