@@ -46,7 +46,10 @@ class Cache:
             ``MIN_DEFAULT_BUDGET`` (256 MB) the default cache is off (``explain()`` says why).
             The memory is taken as samples are cached (epoch 1), not up front, and is page
             cache of a tmpfs file: it counts in the machine's shared memory and in the memory
-            cgroup, not in any process's RSS.
+            cgroup, not in any process's RSS. A Redis cache's budget is at most what the
+            server has room for (``redis_limits``: 70% of its ``maxmemory`` left beside other
+            data, read when the loader opens); the default is that much, and the local default
+            only for a server without a ``maxmemory``.
         shared_augmented: serve the augmented (final) form across epochs and jobs. Off by
             default: the final output of a random step is exact only for one (base seed,
             epoch), so it is keyed by both and never reused by another epoch. On, an

@@ -9,7 +9,15 @@ with one Lua script that checks the tier's byte count against its budget and cha
 concurrent writers (workers, jobs) never overshoot; then it sets the value. Values never pass
 through a script (``redis_scripts`` says why and how). An entry counts ``entry_cost``: key and value
 bytes plus ``OVERHEAD`` for Redis's own per-key structures (the allocator may round a value up
-a little more; tests compare Redis's ``used_memory`` growth with the budget).
+a little more; tests compare Redis's ``used_memory`` growth with the budget). The budget is at
+most what the server has room for (``redis_limits``, read when the loader opens).
+
+Past the server's ``maxmemory`` (``noeviction``), Redis refuses every command queued in a
+``MULTI``, a ``GET`` included: a lookup then sends its ``GET`` and bookkeeping script in a plain
+pipeline (``_plain``), whose ``GET`` Redis serves; an insert refused for memory (its reservation
+or its ``SET``) gives its bytes back and answers ``"full"``. Under an evicting policy each entry's
+cost is kept in a ledger, so a lookup that finds an entry evicted gives its bytes back
+(``redis_scripts``).
 
 Failures: a call that fails (server gone, timeout) makes this process skip the server for its
 next ``SKIP_CALLS`` calls (samples run uncached meanwhile, counted by the client); the call after
@@ -28,6 +36,7 @@ from headrace.cache import ods_board, redis_scripts
 from headrace.cache.config import redact
 from headrace.cache.ods_board import META as ODS_META
 from headrace.cache.ods_board import TIER_BIT
+from headrace.cache.redis_limits import ServerLimits
 
 OVERHEAD = 64
 """Bytes Redis spends per key beside its name and value (dict entry, object headers)."""
@@ -35,6 +44,13 @@ SKIP_CALLS = 16
 """After a failure, calls this process answers as failed without trying the server."""
 SOCKET_TIMEOUT_S = 1.0
 """Connect and read timeout of every call (seconds): a dead server costs at most this."""
+PLAIN_READS = 32
+"""After a ``MULTI`` refused for memory, lookups this process sends as plain pipelines before it
+tries a ``MULTI`` again (a refused one costs a round trip)."""
+LEDGER_META = 72
+"""Bytes counted per entry, beside it, for its record in its namespace's ledger (Redis's
+``used_memory`` grew by 72 bytes per field of a 20,000-field hash); under an evicting policy
+only."""
 PREFIX = b"hr:"
 
 USED = PREFIX + b"used"
@@ -57,12 +73,20 @@ def entry_cost(key_len: int, value_len: int) -> int:
 
 
 class RedisBackend:
-    """A Redis cache at ``url`` (``redis://host:port/db``); picklable, one client per process."""
+    """A Redis cache at ``url`` (``redis://host:port/db``); picklable, one client per process.
 
-    def __init__(self, url: str, budget_bytes: int, ttl_s: float = DEFAULT_TTL_S) -> None:
+    ``allow_oom``: the server takes script flags (Redis >= 7): the bookkeeping runs past
+    ``maxmemory``; ``ledger``: the server may evict entries (``redis_limits.ServerLimits``).
+    """
+
+    def __init__(self, url: str, budget_bytes: int, ttl_s: float = DEFAULT_TTL_S, *,
+                 allow_oom: bool = False, ledger: bool = False) -> None:
         self.url = url
         self.total_budget = budget_bytes
         self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.allow_oom = allow_oom
+        self.ledger = ledger
+        self._plain_reads = 0
         self.budgets: dict[str, int] = {}
         self._client: Any = None
         self._pid = -1
@@ -78,10 +102,11 @@ class RedisBackend:
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "budget": self.total_budget, "budgets": self.budgets,
                 "ods": self.ods, "ods_tiers": self.ods_tiers, "ods_always": self.ods_always,
-                "ttl_ms": self.ttl_ms}
+                "ttl_ms": self.ttl_ms, "allow_oom": self.allow_oom, "ledger": self.ledger}
 
     def __setstate__(self, s: dict[str, Any]) -> None:
-        self.__init__(s["url"], s["budget"], s["ttl_ms"] / 1000)  # type: ignore[misc]
+        self.__init__(s["url"], s["budget"], s["ttl_ms"] / 1000,  # type: ignore[misc]
+                      allow_oom=s.get("allow_oom", False), ledger=s.get("ledger", False))
         self.budgets = s["budgets"]
         self.ods, self.ods_tiers = s.get("ods"), s.get("ods_tiers", frozenset())
         self.ods_always = s.get("ods_always", frozenset())
@@ -98,7 +123,8 @@ class RedisBackend:
                 self.url, socket_timeout=SOCKET_TIMEOUT_S,
                 socket_connect_timeout=SOCKET_TIMEOUT_S, health_check_interval=0)
             self._client = client
-            self.scripts = {name: client.register_script(text) for name, text in (
+            self.scripts = {name: client.register_script(
+                redis_scripts.flagged(name, text, self.allow_oom)) for name, text in (
                 ("reserve", redis_scripts.RESERVE), ("refund", redis_scripts.REFUND),
                 ("touch", redis_scripts.TOUCH),
                 ("drop", redis_scripts.DROP), ("ods_use", redis_scripts.ODS_USE),
@@ -107,11 +133,14 @@ class RedisBackend:
         return self._client
 
     def _call(self, f: Callable[[], Any]) -> Any:
-        """``f()``; a failure of the server makes this process skip it for a while."""
+        """``f()``; a failure of the server makes this process skip it for a while (not a
+        refusal for memory: the server is there, and serves reads)."""
+        from redis.exceptions import OutOfMemoryError
+
         try:
             return f()
-        except BackendDown:
-            raise  # skipped, not tried: the count goes on
+        except (BackendDown, OutOfMemoryError):
+            raise  # skipped, not tried: the count goes on; or answered
         except Exception:
             self._skip = SKIP_CALLS
             raise
@@ -130,10 +159,11 @@ class RedisBackend:
         """Run a bookkeeping script on ``key`` (on ``client``: a pipeline to queue it in)."""
         r = self._r()
         keys, ns = self._keys(key, ods)
+        led = "1" if self.ledger else "0"
         if client is not None:  # EVALSHA queued as is: see _multi
             return client.evalsha(self.scripts[script].sha, len(keys), *keys, tier,
-                                  self.ttl_ms, ns, NS_USED, *args)
-        return self.scripts[script](keys=keys, args=[tier, self.ttl_ms, ns, NS_USED, *args],
+                                  self.ttl_ms, ns, NS_USED, led, *args)
+        return self.scripts[script](keys=keys, args=[tier, self.ttl_ms, ns, NS_USED, led, *args],
                                     client=r)
 
     def _multi(self, queue: Callable[[Any], None]) -> list[Any]:
@@ -159,14 +189,45 @@ class RedisBackend:
                     r.script_load(script.script)
         raise AssertionError("unreachable")
 
+    def _plain(self, queue: Callable[[Any], None]) -> Any:
+        """The first reply of the commands ``queue(pipe)`` adds, sent in a pipeline without
+        ``MULTI`` (one round trip, not atomic): Redis past ``maxmemory`` refuses every command
+        of a ``MULTI`` but serves a plain ``GET``. A bookkeeping script refused there (before
+        Redis 7) or not loaded is skipped this once."""
+        from redis.exceptions import NoScriptError
+
+        r = self._r()
+        pipe = r.pipeline(transaction=False)
+        queue(pipe)
+        first, *rest = pipe.execute(raise_on_error=False)
+        if any(isinstance(x, NoScriptError) for x in rest):
+            for script in self.scripts.values():
+                r.script_load(script.script)
+        if isinstance(first, Exception):
+            raise first
+        return first
+
     def _read(self, key: bytes, script: str, tier: str, *args: Any, ods: bool = False) -> Any:
-        """``GET`` the entry and run ``script``'s bookkeeping after it, in one ``MULTI``."""
+        """``GET`` the entry and run ``script``'s bookkeeping after it, in one ``MULTI`` (in a
+        plain pipeline while the server refuses a ``MULTI`` for memory)."""
+        from redis.exceptions import OutOfMemoryError
 
         def queue(pipe: Any) -> None:
             pipe.get(PREFIX + key)
             self._run(script, key, tier, *args, ods=ods, client=pipe)
 
-        return self._call(lambda: self._multi(queue))[0]
+        if self._plain_reads > 0:
+            self._plain_reads -= 1
+            return self._call(lambda: self._plain(queue))
+        try:
+            return self._call(lambda: self._multi(queue))[0]
+        except OutOfMemoryError:
+            self._plain_reads = PLAIN_READS
+            return self._call(lambda: self._plain(queue))
+
+    def _beside(self) -> int:
+        """Bytes an entry counts beside its key, value and ``OVERHEAD``: its ledger record."""
+        return LEDGER_META if self.ledger else 0
 
     def get(self, key: bytes, decode: Callable[[Any], Any]) -> Any | None:
         """The entry (its TTL refreshed), or None."""
@@ -176,7 +237,7 @@ class RedisBackend:
     def take(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
         """Read and drop the entry (a shared augmented form is served once); with ODS on,
         read it and count a use (dropped once every live job used it)."""
-        extra = len(PREFIX + key) + OVERHEAD
+        extra = len(PREFIX + key) + OVERHEAD + self._beside()
         if tier in self.ods_tiers:
             blob = self._read(key, "ods_use", tier, extra + ODS_META,
                               int.from_bytes(key[-8:], "big"), TIER_BIT[tier],
@@ -186,30 +247,49 @@ class RedisBackend:
         return None if blob is None else decode(blob)
 
     def put(self, key: bytes, tier: str, blob: bytes, live: Iterable[bytes]) -> str:
-        """Store ``blob`` within the tier's budget: ``"stored"``, ``"exists"`` or ``"full"``.
+        """Store ``blob`` within the tier's budget: ``"stored"``, ``"exists"`` or ``"full"``
+        (also when the server refuses it for memory).
 
         Entries of other namespaces are not evicted here (``live`` is unused): a shared server's
         namespaces belong to several jobs; those no job uses any more expire (``ttl``).
         """
-        cost = entry_cost(len(PREFIX + key), len(blob))
+        from redis.exceptions import OutOfMemoryError
+
+        cost = entry_cost(len(PREFIX + key), len(blob)) + self._beside()
         budget = self.budgets.get(tier, 0)
         ods = tier in self.ods_tiers
         if ods:
             cost += ODS_META
         if cost > budget:
             return "full"
-        args: list[Any] = [cost, budget]
-        if ods:
-            args += [int.from_bytes(key[-8:], "big"), TIER_BIT[tier]]
-        res = self._call(lambda: self._run("reserve", key, tier, *args, ods=ods))
+        at = [int.from_bytes(key[-8:], "big"), TIER_BIT[tier]] if ods else []
+        try:
+            res = self._call(lambda: self._run("reserve", key, tier, cost, budget, *at, ods=ods))
+        except OutOfMemoryError:
+            return self._refused(key, tier, 0, at)
         res = res.decode() if isinstance(res, bytes) else str(res)
         if res != "stored":
             return res
         r = self._r()
-        if self._call(lambda: r.set(PREFIX + key, blob, px=self.ttl_ms, nx=True)):
-            return "stored"
+        try:
+            if self._call(lambda: r.set(PREFIX + key, blob, px=self.ttl_ms, nx=True)):
+                return "stored"
+        except OutOfMemoryError:
+            return self._refused(key, tier, cost, at)
         self._call(lambda: self._run("refund", key, tier, cost))  # another writer was first
         return "exists"
+
+    def _refused(self, key: bytes, tier: str, cost: int, at: list[int]) -> str:
+        """An insert the server refused for memory: its ``cost`` reserved bytes back, the tier
+        marked full, an ODS status cleared (``REFUND``). Before Redis 7 that is refused too: the
+        bytes stay counted until their namespace expires."""
+        from redis.exceptions import OutOfMemoryError
+
+        try:
+            self._call(lambda: self._run("refund", key, tier, cost, "1", *at, ods=bool(at)))
+        except OutOfMemoryError:
+            pass
+        return "full"
 
     def set_budgets(self, budgets: dict[str, int]) -> None:
         if sum(budgets.values()) > self.total_budget:
@@ -231,10 +311,56 @@ class RedisBackend:
         for k in r.scan_iter(match=PREFIX + b"*", count=1000):
             if len(k) not in ENTRY_KEY_LENS:
                 continue  # bookkeeping: used, ns, nsused:*, ods:*
-            total += entry_cost(len(k), r.strlen(k)) + (ODS_META if self.ods else 0)
+            total += (entry_cost(len(k), r.strlen(k)) + (ODS_META if self.ods else 0)
+                      + self._beside())
         return total
 
     def close_here(self) -> None:
         if self._client is not None and self._pid == os.getpid():
             self._client.close()
         self._client = None
+
+
+def read_limits(url: str) -> ServerLimits:
+    """The memory limits of the server at ``url`` (``redis_limits`` says what each is for),
+    read with a short-lived client; where it cannot be reached, ``ServerLimits.error``."""
+    import redis
+    from redis.exceptions import ResponseError
+
+    client = redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S,
+                                  socket_connect_timeout=SOCKET_TIMEOUT_S)
+    try:
+        maxmemory: int | None = None
+        policy, source = None, ""
+        try:
+            cfg = _text(client.config_get("maxmemory*"))
+            if "maxmemory" in cfg:
+                maxmemory, policy = int(cfg["maxmemory"]), cfg.get("maxmemory-policy")
+                source = "CONFIG GET"
+        except ResponseError:  # refused (managed Redis): INFO has both
+            pass
+        try:
+            info = _text(client.info("memory"))
+        except ResponseError:
+            info = {}
+        if maxmemory is None and "maxmemory" in info:
+            maxmemory, policy, source = (int(info["maxmemory"]), info.get("maxmemory_policy"),
+                                         "INFO memory")
+        counted = sum(int(v) for v in client.hvals(USED))
+        try:
+            client.script_load(redis_scripts.ALLOW_OOM + "return 1")
+            allow_oom = True
+        except ResponseError:  # before Redis 7: a syntax error
+            allow_oom = False
+        used = info.get("used_memory")
+        return ServerLimits(maxmemory, policy, None if used is None else int(used), counted,
+                            allow_oom, source)
+    except Exception as e:  # noqa: BLE001 - unreachable now: the backend copes (and counts)
+        return ServerLimits(None, None, None, 0, False, error=f"{type(e).__name__}: {redact(str(e))}")
+    finally:
+        client.close()
+
+
+def _text(d: dict[Any, Any]) -> dict[str, Any]:
+    return {(k.decode() if isinstance(k, bytes) else k):
+            (v.decode() if isinstance(v, bytes) else v) for k, v in d.items()}

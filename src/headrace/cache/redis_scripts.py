@@ -1,7 +1,7 @@
 """The Lua scripts every Redis entry operation runs (budget, expiry, ODS status), as text.
 
 One calling convention: ``KEYS = [entry, used, namespaces, ns_used, status, jobs]`` (the last
-two for ODS only) and ``ARGV = [tier, ttl_ms, namespace, ns_used_prefix, ...]``:
+two for ODS only) and ``ARGV = [tier, ttl_ms, namespace, ns_used_prefix, ledger, ...]``:
 
 * ``used`` (``hr:used``): bytes per tier, all live namespaces together: the budget check;
 * ``namespaces`` (``hr:ns``): a sorted set, namespace -> the time (server ms) it expires: every
@@ -10,11 +10,26 @@ two for ODS only) and ``ARGV = [tier, ttl_ms, namespace, ns_used_prefix, ...]``:
 * ``ns_used`` (``hr:nsused:<namespace>``): that namespace's bytes per tier. An insert first
   *reaps* expired namespaces: their bytes leave ``used``. So entries of a pipeline that changed
   (another prefix fingerprint: another namespace), or of a dataset no job reads any more,
-  leave Redis by TTL and stop holding the budget, without a scan of the key space.
+  leave Redis by TTL and stop holding the budget, without a scan of the key space;
+* ``ledger`` (``'1'``: on): where Redis itself may remove entries (an evicting
+  ``maxmemory-policy``, ``redis_limits``), ``ns_used`` also holds each entry's bytes (field:
+  the key's last 8 bytes) and the namespace's tier (field ``t``: a plain lookup does not pass
+  it). A lookup that finds an entry the ledger still holds gone (evicted, or expired) gives its
+  bytes back, so the count follows what Redis holds within an epoch (each epoch looks every
+  sample up). The tier then holds at most what the server held after its evictions (its
+  *ceiling*: the count at the first such miss less every evicted entry found since, for
+  ``CEILING_S`` after the last), so a budget the server cannot hold is not refilled into its
+  evictions every epoch (under LRU a cyclic scan larger than what is held hits nothing);
+  entries headrace evicts itself (ODS) make room under it. An insert that
+  finds its tier full, or its total gone, first recounts the total
+  from the live namespaces' own counts (under ``allkeys-*`` Redis may evict ``used`` or a
+  namespace's hash: the count then errs low, and the server's ``maxmemory`` bounds what is held).
+  A count never goes below 0. A lookup between an insert's reservation and its ``SET`` gives
+  that entry's bytes back too (it then stays uncounted).
 
 An expired entry still counted in a live namespace (not hit for ``ttl``) keeps its bytes in
-``used`` until its namespace expires: the budget errs on the side of holding less. Key names
-are built inside the scripts (``ns_used_prefix .. namespace``): a single server, not a Redis
+``used`` until its namespace expires (without a ledger): the budget errs on the side of holding
+less. Key names are built inside the scripts (``ns_used_prefix .. namespace``): a single server, not a Redis
 Cluster. Nothing here imports ``redis``.
 
 **Values never pass through Lua.** A script that reads or writes a value copies it into a Lua
@@ -29,6 +44,14 @@ between reserving and setting leaves its reservation counted until the namespace
 budget errs on the side of holding less. A lookup in that moment finds no value and clears the
 status (the entry then waits for a lookup by its own index to be marked again).
 
+*Past ``maxmemory``* (``noeviction``, Redis's default), Redis refuses every command that may
+grow its memory, and every command queued in a ``MULTI``. On Redis >= 7 the bookkeeping scripts
+declare ``allow-oom`` (``flagged``): they run past the limit (they change a few counters and
+free entries), so a lookup outside a ``MULTI`` still reads, counts and evicts, and a refused
+``SET`` gives its reservation back; ``RESERVE`` does not, so an insert is refused up front.
+Before Redis 7 (no flags) they are refused there like any write, and a refused ``SET``'s bytes
+stay counted until their namespace expires.
+
 ODS evicts an entry once every live job used it. A shared augmented form always (Seneca: never
 served in another epoch); an exact form (encoded, decoded) only while its tier is under
 pressure, i.e. an insert was refused in the last ``PRESSURE_S``: when everything fits, an entry
@@ -40,23 +63,61 @@ from __future__ import annotations
 
 PRESSURE_S = 10.0
 """An exact tier counts as under pressure this long after an insert was refused (seconds)."""
+CEILING_S = 60.0
+"""With the ledger: after a lookup found an entry Redis evicted, the tier holds at most what the
+server held after its evictions, for this long (seconds); then the budget applies again."""
 
 _PRELUDE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local tier, ttl, ns, nsp = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local ledger, field = ARGV[5] == '1', string.sub(KEYS[1], -8)
+local function add(key, t, n)  -- never below 0 (under allkeys-* Redis may evict the counts)
+  if redis.call('HINCRBY', key, t, n) < 0 then redis.call('HSET', key, t, 0) end
+end
 local function charge(n)
-  redis.call('HINCRBY', KEYS[2], tier, n)
-  redis.call('HINCRBY', KEYS[4], tier, n)
+  add(KEYS[2], tier, n)
+  add(KEYS[4], tier, n)
+end
+local function record(n)  -- n bytes more (or fewer) in the entry's ledger field
+  if not ledger then return end
+  if redis.call('HINCRBY', KEYS[4], field, n) <= 0 then redis.call('HDEL', KEYS[4], field)
+  elseif n > 0 then redis.call('HSETNX', KEYS[4], 't', tier) end
+end
+local function forget()  -- the entry left (evicted by headrace): its ledger field goes
+  if ledger then redis.call('HDEL', KEYS[4], field) end
+end
+local function recount(t)  -- tier t's total from the live namespaces' own counts
+  local n = 0
+  for _, s in ipairs(redis.call('ZRANGE', KEYS[3], 0, 255)) do
+    n = n + tonumber(redis.call('HGET', nsp .. s, t) or '0')
+  end
+  redis.call('HSET', KEYS[2], t, n)
+  return n
+end
+local function gone()  -- the entry is not there: give back what the ledger still counts
+  if not ledger then return end
+  local n = tonumber(redis.call('HGET', KEYS[4], field) or '0')
+  if n > 0 then
+    local t = redis.call('HGET', KEYS[4], 't') or tier
+    local ceiling = KEYS[2] .. ':ceiling:' .. t  -- see RESERVE: what the server held after
+    local held = tonumber(redis.call('GET', ceiling) or recount(t)) - n  -- it evicted
+    redis.call('SET', ceiling, math.max(held, 0), 'PX', CEILING_MS)
+    add(KEYS[2], t, -n)
+    add(KEYS[4], t, -n)
+    redis.call('HDEL', KEYS[4], field)
+  end
 end
 local function touch()
   redis.call('ZADD', KEYS[3], 'GT', now + ttl, ns)
 end
 local function reap()
   for _, old in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64)) do
-    local h = redis.call('HGETALL', nsp .. old)
-    for k = 1, #h, 2 do redis.call('HINCRBY', KEYS[2], h[k], -tonumber(h[k + 1])) end
-    redis.call('DEL', nsp .. old)
+    local tiers = {'encoded', 'decoded', 'augmented'}  -- not the ledger's fields
+    for k, n in ipairs(redis.call('HMGET', nsp .. old, unpack(tiers))) do
+      if n then add(KEYS[2], tiers[k], -tonumber(n)) end
+    end
+    redis.call('UNLINK', nsp .. old)
     redis.call('ZREM', KEYS[3], old)
   end
 end
@@ -72,68 +133,93 @@ local function status(index, bit, refs_delta, evicted)
     redis.call('PEXPIRE', KEYS[5], ttl)  -- outlives no entry by more than their TTL
   end
 end
-"""
+""".replace("PRESSURE_MS", str(int(PRESSURE_S * 1000))).replace("CEILING_MS",
+                                                             str(int(CEILING_S * 1000)))
 
 RESERVE = _PRELUDE + """
--- ARGV[5] cost, ARGV[6] budget; ODS: ARGV[7] index, ARGV[8] tier bit.
+-- ARGV[6] cost, ARGV[7] budget; ODS: ARGV[8] index, ARGV[9] tier bit.
 -- 'stored': the bytes are charged (and the ODS status set): SET the value next.
 reap()
 if redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
-local used = tonumber(redis.call('HGET', KEYS[2], tier) or '0')
-if used + tonumber(ARGV[5]) > tonumber(ARGV[6]) then
+local used, limit = tonumber(redis.call('HGET', KEYS[2], tier) or '-1'), tonumber(ARGV[7])
+if ledger then  -- the most the server held after it evicted an entry (gone)
+  limit = math.min(limit, tonumber(redis.call('GET', KEYS[2] .. ':ceiling:' .. tier) or limit))
+  if used < 0 or used + tonumber(ARGV[6]) > limit then used = recount(tier) end
+end
+used = math.max(used, 0)
+if used + tonumber(ARGV[6]) > limit then
   redis.call('SET', KEYS[2] .. ':full:' .. tier, 1, 'PX', PRESSURE_MS)  -- see ODS_USE
   return 'full'
 end
-charge(tonumber(ARGV[5]))
+charge(tonumber(ARGV[6]))
+record(tonumber(ARGV[6]))
 touch()
-if ARGV[7] then
-  local s = tonumber(redis.call('HGET', KEYS[5], ARGV[7]) or '0')
-  if s < 8 then status(ARGV[7], tonumber(ARGV[8]), 1, false)  -- the storing job: one use
-  else status(ARGV[7], tonumber(ARGV[8]), 0, false) end
+if ARGV[8] then
+  local s = tonumber(redis.call('HGET', KEYS[5], ARGV[8]) or '0')
+  if s < 8 then status(ARGV[8], tonumber(ARGV[9]), 1, false)  -- the storing job: one use
+  else status(ARGV[8], tonumber(ARGV[9]), 0, false) end
 end
 return 'stored'
 """.replace("PRESSURE_MS", str(int(PRESSURE_S * 1000)))
 
 REFUND = _PRELUDE + """
--- ARGV[5] cost: a reservation whose SET found the entry there already (another writer)
-charge(-tonumber(ARGV[5]))
+-- ARGV[6] cost (0: nothing was reserved): a reservation whose SET found the entry there
+-- already (another writer), or, ARGV[7] '1', whose SET (or RESERVE) Redis refused for memory:
+-- then the tier counts as full (see ODS_USE) and, ODS (ARGV[8] index, ARGV[9] tier bit), the
+-- sample is no longer offered as cached
+local n = tonumber(ARGV[6])
+if n > 0 then
+  charge(-n)
+  record(-n)
+end
+if ARGV[7] == '1' then
+  redis.call('SET', KEYS[2] .. ':full:' .. tier, 1, 'PX', PRESSURE_MS)
+  if ARGV[8] and redis.call('HEXISTS', KEYS[5], ARGV[8]) == 1 then
+    status(ARGV[8], tonumber(ARGV[9]), 0, true)
+  end
+end
 return 1
-"""
+""".replace("PRESSURE_MS", str(int(PRESSURE_S * 1000)))
 
 TOUCH = _PRELUDE + """
 -- after a GET in the same MULTI: a hit refreshes the entry's and its namespace's TTL
-if redis.call('PEXPIRE', KEYS[1], ttl) == 1 then touch() end
+if redis.call('PEXPIRE', KEYS[1], ttl) == 1 then touch() else gone() end
 return 1
 """
 
 DROP = _PRELUDE + """
--- after a GET in the same MULTI (a shared augmented form is served once): ARGV[5] an entry's
--- bytes beside its value (key and overhead)
+-- after a GET in the same MULTI (a shared augmented form is served once): ARGV[6] an entry's
+-- bytes beside its value (key, overhead, ledger record)
 local n = redis.call('STRLEN', KEYS[1])
 if n > 0 then
   redis.call('DEL', KEYS[1])
-  charge(-(n + tonumber(ARGV[5])))
+  charge(-(n + tonumber(ARGV[6])))
+  forget()
+else
+  gone()
 end
 return n
 """
 
 ODS_USE = _PRELUDE + """
--- after a GET in the same MULTI. ARGV[5] bytes beside the value, ARGV[6] index, ARGV[7] tier
--- bit, ARGV[8] '1': evict at the threshold always (a shared augmented form), else only while
+-- after a GET in the same MULTI. ARGV[6] bytes beside the value, ARGV[7] index, ARGV[8] tier
+-- bit, ARGV[9] '1': evict at the threshold always (a shared augmented form), else only while
 -- the tier refuses inserts. A read counts one use; once every live job used the entry, it is
 -- evicted and its bytes return to the budget.
-local index, bit = ARGV[6], tonumber(ARGV[7])
+local index, bit = ARGV[7], tonumber(ARGV[8])
 local n = redis.call('STRLEN', KEYS[1])
 if n == 0 then
   if redis.call('HEXISTS', KEYS[5], index) == 1 then status(index, bit, 0, true) end
+  gone()
   return 0
 end
 local jobs = math.max(1, redis.call('ZCOUNT', KEYS[6], '(' .. now, '+inf'))
 local refs = math.floor(tonumber(redis.call('HGET', KEYS[5], index) or '0') / 8) + 1
-local pressed = ARGV[8] == '1' or redis.call('EXISTS', KEYS[2] .. ':full:' .. tier) == 1
+local pressed = ARGV[9] == '1' or redis.call('EXISTS', KEYS[2] .. ':full:' .. tier) == 1
 if refs >= jobs and pressed then
   redis.call('DEL', KEYS[1])
-  charge(-(n + tonumber(ARGV[5])))
+  charge(-(n + tonumber(ARGV[6])))
+  forget()
   status(index, bit, 1, true)
 else
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -142,3 +228,18 @@ else
 end
 return n
 """
+
+
+ALLOW_OOM = "#!lua flags=allow-oom\n"
+"""First line of a bookkeeping script on Redis >= 7: it runs past ``maxmemory``."""
+NO_FLAGS = "#!lua\n"
+"""First line of ``RESERVE`` on Redis >= 7: refused up front past ``maxmemory`` (a script that
+declares no flags may grow memory), before it charges anything."""
+
+
+def flagged(name: str, text: str, allow_oom: bool) -> str:
+    """Script ``text`` (``name``: its name in the backend) as the server runs it: with its
+    flags on Redis >= 7 (``allow_oom``: the server takes them), as is before."""
+    if not allow_oom:
+        return text
+    return (NO_FLAGS if name == "reserve" else ALLOW_OOM) + text

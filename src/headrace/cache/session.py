@@ -76,7 +76,11 @@ def open_session(config: Cache, ctx: Any, worker_rows: int,
         return None, ("a Dataset (not a Pipeline): only __getitem__'s output could be cached, "
                       "as its steps run inside it, and it is exact only within one (base seed, "
                       "epoch); Cache(shared_augmented=True) reuses it across epochs")
-    budget = config.budget_bytes
+    budget, limits, fitted = config.budget_bytes, None, ""
+    if config.url != "memory":  # a Redis server: its own limit caps the budget
+        from headrace.cache.redis_limits import open_budget
+
+        budget, limits, fitted = open_budget(config.url, budget)
     if budget is None:
         budget, why = default_budget()
         if budget < MIN_DEFAULT_BUDGET:
@@ -85,7 +89,7 @@ def open_session(config: Cache, ctx: Any, worker_rows: int,
                           "batches and takes shared memory other loaders need; "
                           "Cache(budget_bytes=...) sets one")
     try:
-        return CacheSession(config, ctx, worker_rows, budget), None
+        return CacheSession(config, ctx, worker_rows, budget, limits, fitted), None
     except OSError as e:
         if config.ods:
             raise
@@ -96,11 +100,15 @@ def open_session(config: Cache, ctx: Any, worker_rows: int,
 
 class CacheSession:
     """The cache of one loader (``Options(cache=...)``, made by :func:`open_session`);
-    ``budget``: its bytes, all tiers together."""
+    ``budget``: its bytes, all tiers together; ``limits``: a Redis server's
+    (``redis_limits.ServerLimits``, read at open; None: memory); ``fitted``: how they set the
+    budget, in words ("": they did not)."""
 
-    def __init__(self, config: Cache, ctx: Any, worker_rows: int, budget: int) -> None:
+    def __init__(self, config: Cache, ctx: Any, worker_rows: int, budget: int,
+                 limits: Any = None, fitted: str = "") -> None:
         self.config = config
         self.budget = budget
+        self.limits, self.fitted = limits, fitted
         self.counters = Counters(ctx, worker_rows + 1)
         self.row = worker_rows
         """Counter row of the training process (``num_workers=0``)."""
@@ -148,7 +156,10 @@ class CacheSession:
             else:
                 from headrace.cache.redis_backend import RedisBackend
 
-                self.backend = RedisBackend(self.config.url, self.budget, self.config.redis_ttl_s)
+                lim = self.limits
+                self.backend = RedisBackend(self.config.url, self.budget, self.config.redis_ttl_s,
+                                            allow_oom=bool(lim and lim.allow_oom),
+                                            ledger=lim is None or lim.evicts)
         return self.backend
 
     def replan(self, executed: Pipeline, profile: PipelineProfile | None, workers: int,
@@ -298,6 +309,10 @@ class CacheSession:
         where = (f"memory (LMDB on /dev/shm{split_in}, shared by this job's workers)"
                  if self.config.url == "memory" else f"{redact(self.config.url)} (shared; raw entries)")
         out = [f"cache: {where}, budget {units.size(self.budget)}"]
+        if self.limits is not None:
+            from headrace.cache import redis_limits
+
+            out += redis_limits.explain_lines(self.limits, self.fitted)
         if self.layout is None:
             return [*out, "  forms: decided when the first epoch starts"]
         forms = ", ".join(f"{t.name} after step {t.position}"
