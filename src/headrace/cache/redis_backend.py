@@ -325,10 +325,15 @@ def read_limits(url: str) -> ServerLimits:
     """The memory limits of the server at ``url`` (``redis_limits`` says what each is for),
     read with a short-lived client; where it cannot be reached, ``ServerLimits.error``."""
     import redis
+    from redis.backoff import NoBackoff
     from redis.exceptions import ResponseError
+    from redis.retry import Retry
 
+    # one try: a server that does not answer costs the loader's construction one timeout,
+    # not redis-py's default retries (four in all)
     client = redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S,
-                                  socket_connect_timeout=SOCKET_TIMEOUT_S)
+                                  socket_connect_timeout=SOCKET_TIMEOUT_S,
+                                  retry=Retry(NoBackoff(), 0))
     try:
         maxmemory: int | None = None
         policy, source = None, ""
