@@ -178,3 +178,43 @@ def test_a_large_mapped_array_counts_by_its_file_not_its_bytes(tmp_path, monkeyp
     assert state_digest(a) == before
     os.utime(paths[0], ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # rewritten: told apart
     assert state_digest(a) != before
+
+
+class _Counting:
+    """``hashlib`` as value_digest uses it, counting the bytes its SHA-256 objects are fed."""
+
+    def __init__(self) -> None:
+        import hashlib
+
+        self.fed = 0
+        self._sha256 = hashlib.sha256
+
+    def sha256(self, data: bytes = b"") -> object:
+        outer = self
+        inner = self._sha256(data)
+        self.fed += memoryview(data).nbytes
+
+        class Fed:
+            def update(self, more: object) -> None:
+                outer.fed += memoryview(more).nbytes
+                inner.update(more)
+
+            def hexdigest(self) -> str:
+                return inner.hexdigest()
+
+        return Fed()
+
+
+def test_one_digest_hashes_at_most_its_budget_in_full_however_many_arrays_it_holds(monkeypatch):
+    # each bound is a container's or an array's: they compounded, and a source holding 9,000
+    # decoded 150 KB images hashed all of them at every epoch's start (0.86 s, a review)
+    images = [np.full((64, 64, 3), i % 251, np.uint8) for i in range(3000)]  # 36 MB
+    counting = _Counting()
+    monkeypatch.setattr(value_digest, "hashlib", counting)
+    digest = state_digest({"images": images})
+    assert counting.fed <= (32 << 20) + (1 << 20)  # TOTAL_BYTES (+ names, samples)
+    assert state_digest({"images": images}) == digest  # still a digest of the same value
+    monkeypatch.undo()
+    changed = list(images)
+    changed[0] = images[0] + 1
+    assert state_digest({"images": changed}) != digest  # what the budget covers still counts
