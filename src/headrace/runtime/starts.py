@@ -44,6 +44,7 @@ class Starts:
         self.holding = pool.worker_init_fn is not None
         """The epoch's first batch has not gone out and waits for the workers' starts."""
         self._since = time.monotonic()  # when the epoch began (s): before its first fork
+        self._warned: set[int] = set()  # slots whose start the hold stopped waiting for
 
     def hold(self) -> bool:
         """Whether no batch may go out yet: a ``worker_init_fn`` runs, and the pool has not
@@ -61,8 +62,11 @@ class Starts:
                 continue
             if now - w.started < START_HOLD_S:
                 return True
-            log.warning("headrace worker %d: worker_init_fn has not returned after %.0f s; "
-                        "batches go out without waiting for it", w.slot, START_HOLD_S)
+            if w.slot not in self._warned:  # (once: this runs at every scheduler pass)
+                self._warned.add(w.slot)
+                log.warning("headrace worker %d: worker_init_fn has not returned after %.0f "
+                            "s; the epoch's first batch does not wait for it any more",
+                            w.slot, START_HOLD_S)
         self.holding = False
         return False
 
