@@ -58,3 +58,22 @@ def test_getitems_not_giving_one_sample_names_its_answer(answer, said):
     with pytest.raises(TypeError, match="__getitems__") as info:
         DatasetSource(Answers(answer)).load(1)
     assert said in str(info.value)
+
+
+class LazyBatch:
+    """A batch that reads its samples when indexed (a user's lazy ``__getitems__`` answer)."""
+
+    def __init__(self, indices):
+        self.indices = indices
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, k):
+        raise KeyError(f"no file for sample {self.indices[k]}")  # the dataset's own error
+
+
+def test_a_lazy_batchs_own_error_reading_its_sample_is_raised_as_it_is():
+    # it was taken for a wrong answer: "not a sequence holding that one sample", no cause
+    with pytest.raises(KeyError, match="no file for sample 2"):
+        DatasetSource(Answers(LazyBatch)).load(2)

@@ -121,14 +121,17 @@ def only_sample(got: Any, index: int) -> Any:
     if n == 1:
         try:
             return got[0]
-        except (KeyError, IndexError, TypeError):  # columns (KeyError: 0), None: said below;
-            pass  # what else its [0] raises (a lazy batch's read) is the dataset's own error
+        except (KeyError, IndexError, TypeError) as e:  # columns (KeyError: 0), None, a set:
+            if not isinstance(got, Mapping) and got is not None and not isinstance(e, TypeError):
+                raise  # a lazy batch's own error reading its sample: the dataset's, as it is
+            # else headrace's own [0] of a wrong answer (its KeyError: 0 would mislead): below
     raise TypeError(
         f"the dataset's __getitems__([{index}]) returned {_described(got)}, not a sequence "
         "holding that one sample: headrace asks __getitems__ for one sample at a time "
         "(workers, the slow lane and exact resume count samples) and needs a list of one "
         "sample per index, the form torch's default_collate takes. Return a list of samples "
-        f"(a collate_fn that took columns then gets that list; {GETITEMS_DIFFERENCE})")
+        f"(a collate_fn that took columns then gets that list; {GETITEMS_DIFFERENCE})"
+    ) from None
 
 
 def _described(got: Any) -> str:
