@@ -27,10 +27,11 @@ class Remote:
             batch time.
         local_cost_per_hour: what the training host costs per hour (``c_a``).
         required: ``True``: an unreachable cluster is an error naming ``address``, and so are
-            remote workers that no live node can hold (a resource none has, most often a
-            misspelt one: ``unplaceable``, checked when the loader joins) and remote workers
-            that cannot start (``remote/starts.py``: ``MAX_START_FAILURES`` in a row), naming
-            the remote exception. ``False``: the loader warns and runs on local workers only.
+            remote workers that cannot start (``remote/starts.py``: ``MAX_START_FAILURES`` in a
+            row), naming the remote exception. ``False``: the loader warns and runs on local
+            workers only. Either way, workers that no live node can hold now (a resource none
+            has: ``unplaceable``, checked when the loader joins) are named in a warning and
+            still asked for, for a cluster that starts nodes on demand.
         read_source: remote workers read a sample themselves (step 0, ``Source.load``): the
             source is reachable from their nodes (shared storage). ``False``: the training
             host loads the sample (in a thread of the training process, unseeded per sample)

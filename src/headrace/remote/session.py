@@ -87,11 +87,13 @@ class RemoteSession(RemoteCounts):
     def open(self, may_join: bool = False) -> int:
         """Join the cluster once; the number of remote worker slots to reserve (0: none).
 
-        A worker that no live node can hold (``config.unplaceable``: most often a misspelt
-        resource) is an error naming it (``RemoteUnavailableError``; raised again at each
-        call), or with ``Remote(required=False)`` a warning, and local workers only.
-        ``may_join``: the worker count follows the capacity there is, watched for nodes that
-        join (``plan_offload``): only a warning, and ``explain()`` says it too."""
+        A worker that no live node can hold now (``config.unplaceable``: a misspelt resource,
+        or one that a cluster starting nodes on demand has not started yet) is named in a
+        warning and in ``explain()``; the workers are still asked for, so that Ray's
+        autoscaler (KubeRay) sees the demand and starts nodes, and the local workers run the
+        samples meanwhile. Refusing it at join (an error with ``required=True``) kept such a
+        cluster from ever scaling up (a review). ``may_join`` (``plan_offload``): the worker
+        count follows the capacity there is, watched for nodes that join."""
         if self._opened:
             return self.max_workers if self.available else 0
         from headrace.remote import ray_backend  # the one place Ray gets imported
@@ -100,15 +102,13 @@ class RemoteSession(RemoteCounts):
         try:
             ray_backend.connect(cfg)
             problem = unplaceable(cfg, ray_backend.cluster_totals())
-            if problem is not None and may_join:
+            if problem is not None:
                 self.unplaced = problem
                 log.warning("headrace: no remote worker can be placed on the Ray cluster %r "
-                            "now: %s", cfg.address, problem)
-            elif problem is not None:  # a misspelt resource: no worker would ever be placed
-                raise RemoteUnavailableError(
-                    f"headrace's remote workers cannot be placed on the Ray cluster "
-                    f"{cfg.address!r}: {problem}. Fix Remote(resources=..., num_cpus=...), "
-                    "or use Remote(required=False) to run on local workers only")
+                            "now: %s. A cluster that starts nodes on demand starts them for "
+                            "the workers asked for; otherwise fix Remote(resources=..., "
+                            "num_cpus=...). Local workers run the samples meanwhile",
+                            cfg.address, problem)
         except RemoteUnavailableError as e:
             if cfg.required:
                 raise  # and again at the next epoch: never silently local afterwards
