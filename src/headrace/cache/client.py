@@ -77,7 +77,8 @@ class Counters:
 class Insert:
     """What one run of a sample will insert: collects tier forms as their steps finish."""
 
-    __slots__ = ("client", "drew_at", "forms", "index", "namespaces", "row", "seeded_ok")
+    __slots__ = ("client", "drew_at", "forms", "index", "namespaces", "row", "seeded_ok",
+                 "skipped_full")
 
     def __init__(self, client: CacheClient, index: int, namespaces: dict[str, bytes], row: int,
                  seeded_ok: bool = True):
@@ -89,6 +90,8 @@ class Insert:
         self.forms: list[tuple[str, bytes]] = []  # (tier, blob), least processed first
         self.drew_at: int | None = None
         """The first step of this run that drew from a global random generator."""
+        self.skipped_full = False
+        """A form was not encoded because its tier was found full earlier this epoch."""
 
     def drew(self, position: int) -> None:
         """Called by the runner when the step at ``position`` drew from Python's, NumPy's or
@@ -102,7 +105,10 @@ class Insert:
         """Called by the runner after each step with its output."""
         c = self.client
         tier = c.at_position.get(position)
-        if tier is None or tier in c.full:
+        if tier is None:
+            return
+        if tier in c.full:  # counted in ``commit`` unless another form is stored
+            self.skipped_full = True
             return
         if not self.seeded_ok and tier in c.seeded:
             return
@@ -123,7 +129,8 @@ class Insert:
         self.forms.append((tier, blob))
 
     def commit(self) -> None:
-        """Store the most processed collected form whose tier has room."""
+        """Store the most processed collected form whose tier has room. A run that stores
+        nothing after skipping a form of a tier found full counts once in ``full``."""
         c = self.client
         live = list(self.namespaces.values())
         for tier, blob in reversed(self.forms):
@@ -140,6 +147,8 @@ class Insert:
                 return
             if r == "full" and tier not in c.ods_tiers:  # not "shard_full": other shards of
                 c.full.add(tier)  # the memory backend have room
+            c.counters.add(self.row, "full")
+        if self.skipped_full:
             c.counters.add(self.row, "full")
 
 
@@ -304,12 +313,14 @@ class CacheClient:
     def inserter(self, index: int, base_seed: int, epoch: int, start: int, row: int,
                  draw: int = 0) -> Insert | None:
         """An ``Insert`` for a run starting at step ``start``; None when nothing can be stored.
-        ``draw`` above 0: the seeded forms are not stored (see ``lookup``)."""
+        ``draw`` above 0: the seeded forms are not stored (see ``lookup``). Every tier found
+        full this epoch: None, and the run counts once in ``full`` (not stored, not tried)."""
         if not any(p >= start for p in self.at_position):
             return None
         if all(t.name in self.full for t in self.tiers):
             self.namespaces(base_seed, epoch)  # resets ``full`` when the epoch changed
             if all(t.name in self.full for t in self.tiers):
+                self.counters.add(row, "full")
                 return None
         return Insert(self, index, self.namespaces(base_seed, epoch), row, seeded_ok=not draw)
 
