@@ -155,7 +155,7 @@ def single_tier_splits(p: DsiParams, forms: tuple[str, ...]) -> list[Split]:
 
 def consumer_rate(samples: int, wall_s: float, stall_s: float) -> float:
     """T_GPU measured on the training loop: samples it took per second of its own time
-    (``wall_s - stall_s``: the epoch's wall time minus what it waited inside ``next()``), so
+    (``wall_s - stall_s``: the epoch's wall time minus what it waited in ``iter()`` and ``next()``), so
     the rate it would ingest if batches were free. ``inf`` when there is nothing to go by
     (no samples, or no time of its own measured)."""
     own = wall_s - stall_s

@@ -24,6 +24,14 @@ class EpochMeter:
         self.samples = 0
         self.consumer_cpu_s = 0.0
 
+    def began(self, t0: float) -> None:
+        """The epoch began at ``t0`` (``time.perf_counter()``), when ``iter(loader)`` was
+        entered, before its order was drawn, its forms planned and its workers forked: that time
+        counts in the wall time and as stall (the training loop waited for the loader)."""
+        now = time.perf_counter()
+        self.stall_s += now - t0
+        self.t_start = t0
+
     def snapshot(
         self, fast: int, slow: int, skipped: int, retried: int, scheduler_cpu_s: float,
         moved: int = 0, failed: int = 0, shared: int = 0, dropped: int = 0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -86,7 +87,9 @@ def warn_inert_timeouts(loader: DataLoader) -> None:
 
 
 def start_epoch(loader: DataLoader) -> Any:
-    """A new epoch (or the rest of a resumed one): its step order, order and seeds, iterator."""
+    """A new epoch (or the rest of a resumed one): its step order, order and seeds, iterator.
+    Its clock starts here (``EpochMeter.began``): ``EpochStats.wall_s`` is from ``iter()``."""
+    t0 = time.perf_counter()
     assert loader.pipeline is not None and loader.planning is not None
     restart = loader.planning.before_epoch()  # persistent workers run the old order
     d = loader.monitor.executor_decision
@@ -133,6 +136,7 @@ def start_epoch(loader: DataLoader) -> Any:
     it.steps = loader.planning.executed_names
     if lazy is not None:  # the sampler's first read, at the first next(): the origin it read
         lazy.on_first = origin_setter(weakref.ref(it))  # (the epoch holds the sampler)
+    it.meter.began(t0)
     return it
 
 

@@ -1,6 +1,7 @@
 """Statistics a loader reports through ``loader.stats()``.
 
-How to read them: ``stall_s`` is time the training loop spent waiting inside ``next()``; a stall
+How to read them: ``stall_s`` is time the training loop spent waiting inside ``iter()`` and
+``next()``; a stall
 fraction (stall ÷ wall) near 0 means the input pipeline keeps up, near 1 that the accelerator
 mostly waits for data. ``slow_samples`` were handed to the slow lane after exceeding the learned
 timeout. ``main_cpu_per_batch_ms`` is CPU time the training process spent in headrace (its
@@ -84,8 +85,10 @@ class EpochStats:
 
     Attributes:
         epoch: epoch number (0-based, counted by the loader).
-        wall_s: seconds from ``iter(loader)`` to the last batch (or to now).
-        stall_s: seconds the training loop waited for a batch inside ``next()``.
+        wall_s: seconds from ``iter(loader)`` to the last batch (or to now), the time inside
+            ``iter()`` (drawing the order, planning, forking workers) included.
+        stall_s: seconds the training loop waited for the loader: inside ``iter(loader)``,
+            and for a batch inside ``next()``; ``wall_s - stall_s`` is the loop's own time.
         batches / samples: yielded so far.
         samples_per_s: samples ÷ wall_s.
         fast_samples / slow_samples: finished in the fast lane / handed off to the slow lane.

@@ -1,0 +1,45 @@
+"""What ``stats()`` and ``explain()`` say about an epoch holds: its clock starts at ``iter()``,
+an epoch left part-way is not "running"."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from torch.utils.data import Sampler
+
+import headrace as hr
+from tests.helpers import IndexDataset
+
+pytestmark = pytest.mark.integration
+N = 32
+ITER_S = 0.3
+
+
+class SlowStartSampler(Sampler[int]):
+    """Its ``__iter__`` takes ``ITER_S`` before the first index (simulated work: a sampler
+    that reads an index file or shuffles a large dataset); read inside ``iter(loader)``."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __iter__(self) -> Iterator[int]:
+        time.sleep(ITER_S)
+        return iter(range(N))
+
+
+def test_the_epoch_clock_starts_at_iter(no_leaks) -> None:
+    """``wall_s`` is "from iter(loader)": the time inside ``iter()`` (here the sampler's first
+    read, with workers forking) counts, as the loop's wait (``stall_s``), so ``wall_s -
+    stall_s`` (the loop's own time) does not grow."""
+    loader = hr.DataLoader(IndexDataset(N), batch_size=8, sampler=SlowStartSampler(),
+                           num_workers=2, options=hr.Options(profile_store=False))
+    try:
+        for _ in loader:
+            pass
+        e = loader.stats().last
+    finally:
+        loader.close()
+    assert e is not None and e.samples == N
+    assert e.wall_s >= ITER_S and e.stall_s >= ITER_S
