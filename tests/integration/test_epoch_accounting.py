@@ -43,3 +43,20 @@ def test_the_epoch_clock_starts_at_iter(no_leaks) -> None:
         loader.close()
     assert e is not None and e.samples == N
     assert e.wall_s >= ITER_S and e.stall_s >= ITER_S
+
+
+def test_an_epoch_the_loop_broke_out_of_is_not_running(no_leaks) -> None:
+    loader = hr.DataLoader(IndexDataset(N), batch_size=4, num_workers=2,
+                           options=hr.Options(profile_store=False))
+    try:
+        for k, _ in enumerate(loader):
+            if k == 0:
+                during = loader.explain().splitlines()[-1]
+            if k == 2:
+                break  # the iterator is dropped: the epoch is over, part-way
+        after = loader.explain().splitlines()[-1]
+    finally:
+        loader.close()
+    assert during.endswith("(running)")
+    assert after.startswith("epoch 0: 12 samples")
+    assert after.endswith("(left part-way, after 3 batches)")

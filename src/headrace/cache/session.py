@@ -353,7 +353,9 @@ class CacheSession:
             tiers = ", ".join(f"{k} {v}" for k, v in c.hits_by_tier.items())
             out.append(f"  epoch {n}: "
                        f"{c.hits} hits of {c.lookups} lookups ({100 * c.hit_rate:.0f}%: {tiers}), "
-                       f"{c.inserts} stored, {c.full} not stored (budget full), {c.uncacheable} uncacheable, "
+                       + (f"{c.not_worth} not looked up (dearer than the steps they save), "
+                          if c.not_worth else "")
+                       + f"{c.inserts} stored, {c.full} not stored (budget full), {c.uncacheable} uncacheable, "
                        f"{c.errors} errors"
                        + (f", {c.not_stored} not worth storing (the steps they save take less "
                           "than 3 copies of them)" if c.not_stored else "")

@@ -11,7 +11,7 @@ from headrace.planner.order import OrderPlan
 from headrace.planner.timeout import HANDOFF_MIN_S
 from headrace.planner.workers import ScaleDecision
 from headrace.profiler.report import PipelineProfile
-from headrace.telemetry.stats import LoaderStats
+from headrace.telemetry.stats import EpochStats, LoaderStats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Facts:
     messages: str | None = None  # worker processes: samples per message (planner/queueing.py)
     collate: str | None = None  # where a user collate_fn runs (runtime/collate_rng.py)
     samples_done: int = 0  # samples delivered over the loader's life (stats keep 1000 epochs)
+    running: bool = False  # the last of ``stats.epochs`` is under way (an iterator still open)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,12 +221,23 @@ def explain_text(f: Facts) -> str:
         out.append(f"  per-sample time p50 {units.duration(p.total_p50)}, p90 {units.duration(p.total_p90)}, "
                    f"p99 {units.duration(p.total_p99)}, max {units.duration(p.total_max)}")
     out += f.cache_lines
-    for e in st.epochs[-3:]:
-        dropped = f", dropped {e.dropped_samples} (drop_last)" if e.dropped_samples else ""
-        out.append(
-            f"epoch {e.epoch}: {e.samples} samples in {e.wall_s:.2f} s ({e.samples_per_s:.1f}/s), "
-            f"stall {100 * e.stall_fraction:.0f}% of wall, fast {e.fast_samples} / slow "
-            f"{e.slow_samples}, skipped {e.skipped_samples}{dropped}, main-process CPU "
-            f"{e.main_cpu_per_batch_ms:.2f} ms/batch{'' if e.finished else ' (running)'}"
-        )
+    shown = st.epochs[-3:]
+    for k, e in enumerate(shown):
+        out.append(epoch_line(e, running=f.running and k == len(shown) - 1))
     return "\n".join(out)
+
+
+def epoch_line(e: EpochStats, running: bool) -> str:
+    """One epoch's numbers; ``running``: its iterator is still open (else an unfinished epoch
+    was left part-way: the loop broke out, or raised, and dropped its iterator)."""
+    counts = "".join(f", {word} {n} ({why})" for word, n, why in (
+        ("failed", e.failed_samples, "raised in the loop"),
+        ("moved", e.moved_samples, "to an idle worker"),
+        ("retried", e.retried_samples, "their worker died"),
+        ("dropped", e.dropped_samples, "drop_last")) if n)
+    end = ("" if e.finished else " (running)" if running
+           else f" (left part-way, after {e.batches} batches)")
+    return (f"epoch {e.epoch}: {e.samples} samples in {e.wall_s:.2f} s ({e.samples_per_s:.1f}/s), "
+            f"stall {100 * e.stall_fraction:.0f}% of wall, fast {e.fast_samples} / slow "
+            f"{e.slow_samples}, skipped {e.skipped_samples}{counts}, main-process CPU "
+            f"{e.main_cpu_per_batch_ms:.2f} ms/batch{end}")

@@ -33,6 +33,7 @@ def facts(loader: DataLoader) -> Facts:
         handoff_off=handoff_off(loader),
         stats=stats,
         samples_done=monitor.samples_closed + sum(e.samples for e in running),
+        running=bool(running),
         timeout_samples=len(monitor.timeout._times),
         scale_decisions=tuple(monitor.scaler.decisions) if monitor.scaler else (),
         profile=pl.profile(),
