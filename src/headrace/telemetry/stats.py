@@ -156,7 +156,8 @@ class LoaderStats:
 
     Attributes:
         epochs: one entry per epoch started (the latest ``EPOCHS_KEPT``, 1000), the last
-            possibly running.
+            possibly running; a map-style dataset's only: over an ``IterableDataset`` torch's
+            own iterator runs the epoch and none is recorded (empty; ``workers`` is kept).
         timeout_s: current hand-off timeout in seconds (``inf`` while warming up, and
             always over an IterableDataset: no sample of it is handed off).
         timeout_percentile: percentile behind it (75, or 90 after a fallback).
