@@ -66,3 +66,19 @@ def test_the_cache_line_says_lookups_not_made() -> None:
     lines = [line for line in s.explain_lines(False) if line.startswith("  epoch ")]
     assert "187 hits of 200 lookups" in lines[0] and "13 not looked up" in lines[0]
     assert "not looked up" not in lines[1]
+
+
+def test_adapted_counts_only_decisions_that_changed_the_count() -> None:
+    from headrace.planner.workers import ScaleDecision
+
+    kept = ScaleDecision(current=2, new=2, delta=0.1, queue_fill=0.5, cpu_usage=0.5,
+                         memory_cap=None)
+    added = dataclasses.replace(kept, new=4)
+    stats = LoaderStats(epochs=(), timeout_s=float("inf"), timeout_percentile=75, workers=4,
+                        workers_timeline=(), timeout_timeline=(), queues=(), worker_restarts=0)
+    f = Facts(fingerprint="f", samples=100, batch_size=10, workers="auto", batching="b",
+              declared=("a",), executed=("a",), order=None, next_order=None, handoff=True,
+              stats=stats, timeout_samples=0, scale_decisions=(added, kept, kept),
+              profile=None, profile_note="n")
+    assert "workers: adapted 1 time in 3 decisions (Formulas 1-2); last: kept 2 workers" \
+        in explain_text(f)

@@ -196,7 +196,9 @@ def explain_text(f: Facts) -> str:
     if f.start_note:
         out.append(f"workers: {f.start_note}")
     if f.scale_decisions:
-        out.append(f"workers: adapted {len(f.scale_decisions)} times (Formulas 1-2); last: "
+        n = len(f.scale_decisions)
+        changed = sum(d.new != d.current for d in f.scale_decisions)
+        out.append(f"workers: adapted {changed} time{'' if changed == 1 else 's'} in {n} decisions (Formulas 1-2); last: "
                    + f.scale_decisions[-1].describe())
     elif f.workers == "auto":  # headrace chose the count: never "as given"
         ran = next((n for _, n in reversed(st.workers_timeline) if n), None)
