@@ -60,3 +60,13 @@ def test_an_epoch_the_loop_broke_out_of_is_not_running(no_leaks) -> None:
     assert during.endswith("(running)")
     assert after.startswith("epoch 0: 12 samples")
     assert after.endswith("(left part-way, after 3 batches)")
+
+
+def test_before_any_epoch_the_profile_is_not_said_measured() -> None:
+    loader = hr.DataLoader(IndexDataset(N), batch_size=8)
+    before = loader.explain()
+    for _ in loader:
+        pass
+    after = loader.explain()
+    assert "profile: not measured yet (no epoch started); to be kept in" in before
+    assert "profile: measured this run; kept in" in after

@@ -37,8 +37,7 @@ def facts(loader: DataLoader) -> Facts:
         timeout_samples=len(monitor.timeout._times),
         scale_decisions=tuple(monitor.scaler.decisions) if monitor.scaler else (),
         profile=pl.profile(),
-        profile_note=pl.note + (f"; kept in {pl.store.path}" if pl.store is not None else
-                                f"; not kept: {pl.store_failed}" if pl.store_failed else ""),
+        profile_note=profile_note(pl, started=bool(stats.epochs)),
         cache_lines=tuple(loader.cache.explain_lines(
             loader.pipeline.opaque or loader.pipeline.embedded, monitor.epochs))
         if loader.cache else (f"cache: off: {loader._cache_off}",) if loader._cache_off else (),
@@ -51,6 +50,17 @@ def facts(loader: DataLoader) -> Facts:
         if loader.num_workers and loader._executor == "processes" and loader.remote is None
         else None,
     )
+
+
+def profile_note(pl: Any, started: bool) -> str:
+    """Where the profile comes from and where it is kept; before any epoch (``started``
+    False), with nothing stored read, nothing was measured or kept yet."""
+    if not started and pl.note == "measured this run":
+        where = (f"; to be kept in {pl.store.path}" if pl.store is not None else
+                 f"; not kept: {pl.store_failed}" if pl.store_failed else "")
+        return "not measured yet (no epoch started)" + where
+    return pl.note + (f"; kept in {pl.store.path}" if pl.store is not None else
+                      f"; not kept: {pl.store_failed}" if pl.store_failed else "")
 
 
 def _executor_line(loader: DataLoader) -> str | None:
