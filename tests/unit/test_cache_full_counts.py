@@ -1,5 +1,6 @@
-"""``CacheStats.full`` counts every form a full budget kept out, also once a worker stopped
-trying: lookups that missed = forms stored + forms not stored (budget full)."""
+"""``CacheStats.full`` counts every sample run a full budget kept out of the cache, also once a
+worker stopped trying: lookups that missed = runs that stored a form + runs that stored none
+because the budget was full."""
 
 from __future__ import annotations
 
@@ -49,17 +50,17 @@ def test_runs_after_the_tier_was_found_full_count_as_full(backend) -> None:
 
 
 def test_a_skipped_form_counts_only_when_the_run_stores_nothing(backend) -> None:
-    """Two tiers, the decoded one full: a run from step 0 stores its encoded form instead (not
-    counted as full); a run resuming after an encoded hit has only the decoded form to store,
-    skipped: counted."""
+    """Two tiers, the decoded one full: a run from step 0 stores its encoded form instead (an
+    insert, not full, also when its decoded form was refused); a run resuming after an encoded
+    hit has only the decoded form to store, skipped: counted, once."""
     backend.set_budgets({"encoded": 20 * COST, "decoded": 0})
     layout = TierLayout((Tier("decoded", 1, False, False, "d" * 16),
                          Tier("encoded", 0, False, False, "e" * 16)), 2)
     client = CacheClient(layout, backend, Counters(mp.get_context("fork"), 1),
                          ("encoded", "decoded"))
-    _run(client, 0, 0)  # decoded refused (full +1), encoded stored
+    _run(client, 0, 0)  # decoded refused, encoded stored: an insert
     assert client.full == {"decoded"}
-    _run(client, 1, 0)  # decoded skipped, encoded stored: nothing left out that counts
-    _run(client, 2, 1)  # only decoded: skipped, stored nothing
+    _run(client, 1, 0)  # decoded skipped, encoded stored: an insert
+    _run(client, 2, 1)  # only decoded: skipped, stored nothing: full
     t = client.counters.totals()
-    assert (t["inserts"], t["full"]) == (2, 2)
+    assert (t["inserts"], t["full"]) == (2, 1)  # one outcome a run

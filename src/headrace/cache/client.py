@@ -130,9 +130,11 @@ class Insert:
 
     def commit(self) -> None:
         """Store the most processed collected form whose tier has room. A run that stores
-        nothing after skipping a form of a tier found full counts once in ``full``."""
+        nothing because its forms' tiers were full (refused now, or found full earlier this
+        epoch) counts once in ``full``."""
         c = self.client
         live = list(self.namespaces.values())
+        refused = self.skipped_full
         for tier, blob in reversed(self.forms):
             key = sample_key(self.namespaces[tier], self.index)
             try:
@@ -147,8 +149,8 @@ class Insert:
                 return
             if r == "full" and tier not in c.ods_tiers:  # not "shard_full": other shards of
                 c.full.add(tier)  # the memory backend have room
-            c.counters.add(self.row, "full")
-        if self.skipped_full:
+            refused = True
+        if refused:  # once a run, however many of its forms were kept out
             c.counters.add(self.row, "full")
 
 

@@ -35,11 +35,13 @@ class CacheStats:
         inserts: forms stored (at most one per sample run).
         uncacheable: forms not stored because the raw format cannot hold them (a type other
             than arrays, tensors, numbers, strings, bytes and tuples/lists/dicts of them).
-        full: forms not stored because their tier's budget was full (nothing stale to
-            evict): refused by the cache (with the memory backend's shards, the share of the
-            shard the key falls in), or, once a worker was refused by every shard, not tried
-            again for the rest of the epoch (one per sample run). With a budget smaller than
-            the forms, about ``lookups - hits - inserts`` per epoch.
+        full: sample runs that stored no form because their tiers' budgets were full
+            (nothing stale to evict): refused by the cache (with the memory backend's shards,
+            the share of the shard the key falls in), or, once a worker was refused, not tried
+            again for the rest of the epoch; once a run, however many of its forms were kept
+            out, and not where it stored a less processed form instead. With a budget smaller
+            than the forms, ``lookups - hits - inserts`` per epoch (less uncacheable forms and
+            errors).
         errors: backend failures (or lookups while a failed backend is left alone for a
             moment); each such sample ran uncached.
         not_worth: tier lookups not made because they cost more than computing the form
