@@ -11,6 +11,7 @@ import time
 import warnings
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from headrace import resources
@@ -46,6 +47,9 @@ STARTING_PAUSE_S = 30.0
 decisions: a ``worker_init_fn`` that never returns froze ``num_workers="auto"`` for the run."""
 REMAINING_UPDATE_S = 1.0
 """Seconds between two updates of the expected remaining step time workers read."""
+REMAINING_MIN_SAMPLES = 16
+"""Samples a profile holds before its own step medians give the remaining step times workers
+read (``Monitor.known_step_p50`` until then)."""
 
 
 class Monitor(WorkerScaling):
@@ -85,12 +89,17 @@ class Monitor(WorkerScaling):
         """Callables ``f(scheduler)`` run on every scheduler pass (remote workers, placement)."""
         self._last_queue = 0.0
         self._last_remaining = 0.0
-        self._remaining_pool: Any = lambda: None  # weakref to the pool whose workers last got them
+        self._remaining_pool: Any = _no_pool  # weakref to the pool whose workers last got them
         self.stored_profile: Any = None
         """A stored ``PipelineProfile`` of this job (None: none): the scaler's numbers until
         this run has profiled 16 samples."""
-        self.stored_step_p50: dict[str, float] = {}
-        """Median step times (s) by step name from a stored profile: known before any sample."""
+        self.known_step_p50: dict[str, float] = {}
+        """Median step times (s) by step name, known before the current profile holds
+        ``REMAINING_MIN_SAMPLES`` samples: the run's previous profile (replaced by a new step
+        order or executor, ``new_profile``), else a stored profile (``Planning``); empty: none.
+        The steps of a new order are those of the old one, so each keeps its median until the
+        new profile measures it: without them, workers read the steps left as unknown
+        (``HandOff.remaining``'s ``inf``) and moved every late sample (docs/design.md)."""
         self.move_cost_s = 0.0
         """Training-process CPU seconds to forward one slow-lane sample to its next worker, from
         this epoch's moves (``planner.timeout.move_cost``)."""
@@ -117,7 +126,18 @@ class Monitor(WorkerScaling):
             return
         self.executor = executor
         if self.profiler is not None:
-            self.profiler = Profiler(self.profiler.step_names, executor=executor)
+            self.new_profile(self.profiler.step_names)
+
+    def new_profile(self, step_names: Sequence[str]) -> None:
+        """Profile ``step_names`` (the executed order) afresh, on the current executor, keeping
+        the old profile's step medians by name in ``known_step_p50`` when it had measured
+        ``REMAINING_MIN_SAMPLES`` samples; the workers' remaining step times are pushed again
+        at the next tick."""
+        old = self.profiler
+        if old is not None and old.samples >= REMAINING_MIN_SAMPLES:
+            self.known_step_p50 = {s.name: s.wall_p50 for s in old.report().steps}
+        self.profiler = Profiler(step_names, executor=self.executor)
+        self._remaining_pool = _no_pool
 
     def on_epoch_closed(self, stats: EpochStats) -> None:
         first, self.first_skip = self.first_skip, None
@@ -260,7 +280,8 @@ class Monitor(WorkerScaling):
 
     def _push_remaining(self, pool: Any) -> None:
         """Typical seconds from each step to the end: the sum of the remaining steps' median
-        times (this run's once 16 samples are measured, else a stored profile's), less what a
+        times (the current profile's once it holds ``REMAINING_MIN_SAMPLES`` samples, else
+        ``known_step_p50``: the run's previous profile's or a stored one's), less what a
         move costs the training process (``move_cost_s``; ``planner.timeout.remaining_after``).
         Medians, not means: a step that is heavy on one sample in five (speech's HeavyStep) has
         a mean that would make every late sample look worth moving, although for four in five
@@ -269,15 +290,20 @@ class Monitor(WorkerScaling):
         names = self.profiler.step_names
         if len(pool.handoff.remaining) != len(names) + 1:
             return
-        if self.profiler.samples >= 16:
+        if self.profiler.samples >= REMAINING_MIN_SAMPLES:
             typical = [s.wall_p50 for s in self.profiler.report().steps]
-        elif self.stored_step_p50 and all(n in self.stored_step_p50 for n in names):
-            typical = [self.stored_step_p50[n] for n in names]
+        elif self.known_step_p50 and all(n in self.known_step_p50 for n in names):
+            typical = [self.known_step_p50[n] for n in names]
         else:
             return
         for i, v in enumerate(remaining_after(typical, self.move_cost_s)):
             pool.handoff.remaining[i] = v
         self._remaining_pool = weakref.ref(pool)
+
+
+def _no_pool() -> None:
+    """What ``Monitor._remaining_pool`` holds before a push: no pool got the values yet."""
+    return None
 
 
 def warn_all_skipped(stats: EpochStats, first: str | None) -> None:

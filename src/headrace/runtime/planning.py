@@ -14,7 +14,6 @@ import time
 from headrace.pipeline import Pipeline, Step
 from headrace.planner.order import MIN_PROFILE_SAMPLES, PHASES, OrderPlan, Phase, plan_order
 from headrace.profiler.report import PipelineProfile
-from headrace.profiler.stats import Profiler
 from headrace.profiler.store import ProfileKey, ProfileStore
 from headrace.runtime.monitor import Monitor
 from headrace.runtime.options import Options
@@ -135,8 +134,7 @@ class Planning:
                 a is b for a, b in zip(steps, self.executed.steps, strict=True)):
             return False
         self.executed = self.declared.with_steps(steps)
-        self.monitor.profiler = Profiler(self.executed.step_names,  # a new order, a new profile
-                                         executor=self.monitor.executor)
+        self.monitor.new_profile(self.executed.step_names)  # a new order, a new profile
         if pinned is not None:
             log.info("headrace: resumed epoch runs the saved step order %s", " -> ".join(
                 s.name for s in steps))
@@ -176,7 +174,7 @@ class Planning:
         if self.stored is not None and self.stored.samples:
             q = list(self.stored.total_quantiles)
             self.monitor.timeout.seed(q)
-            self.monitor.stored_step_p50 = {s.name: s.wall_p50 for s in self.stored.steps}
+            self.monitor.known_step_p50 = {s.name: s.wall_p50 for s in self.stored.steps}
             self.monitor.stored_profile = self.stored
             self.note = (
                 f"reused a stored profile of {self.stored.samples} samples from {self.store.path} "
