@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import headrace as hr
+from headrace.profiler.store import ProfileStore
 from tests.helpers import VecSource, crop_quarter, noise, pad4
 
 pytestmark = pytest.mark.integration
@@ -119,7 +120,8 @@ def test_the_profile_is_saved_after_the_first_epoch_then_at_most_once_per_interv
     saved = []
     put = loader.planning.store.put
     monkeypatch.setattr(loader.planning.store, "put",
-                        lambda key, report: (saved.append(report.samples), put(key, report)))
+                        lambda key, report, **kw: (saved.append(report.samples),
+                                                   put(key, report, **kw)))
     for _ in range(3):
         list(loader)
     assert saved == [N]  # the first epoch's; the next two came within SAVE_EVERY_S
@@ -363,6 +365,36 @@ def test_a_dataset_of_another_script_does_not_reuse_the_profile_of_one_of_the_sa
     text = other.explain()
     assert "profile: measured this run" in text and "reused" not in text, text
     other.close()
+
+
+def test_a_resumed_run_reuses_the_stored_profile_and_keeps_the_larger_one(tmp_path, no_leaks):
+    """A state dict pins the resumed epoch's order, and the stored profile was then never read:
+    the warm-up was redone, the resumed epoch's smaller profile replaced the stored one, and
+    explain() called that own profile, read back, "reused ... (warm-up skipped)"."""
+    opts = hr.Options(profile_store=tmp_path / "store.sqlite", seed=5, cache=None)
+    first = hr.DataLoader(pipeline(), batch_size=8, options=opts)
+    list(first)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = first.state_dict()
+    del it
+    first.close()
+    store = ProfileStore(tmp_path / "store.sqlite")
+    second = hr.DataLoader(pipeline(), batch_size=8, options=opts)
+    try:
+        stored = store.get(second.planning.key).samples
+        second.load_state_dict(state)
+        it = iter(second)
+        assert second.stats().timeout_s < float("inf")  # seeded before the first sample
+        assert sum(1 for _ in it) == N // 8 - 3
+        assert second.planning.profile().samples < stored
+        assert store.get(second.planning.key).samples == stored  # the larger one stays
+        text = second.explain()
+    finally:
+        second.close()
+    assert f"profile: reused a stored profile of {stored} samples" in text, text
+    assert store.get(second.planning.key).samples == stored
 
 
 def late_crop(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:

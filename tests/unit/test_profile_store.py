@@ -157,6 +157,29 @@ def test_unreadable_rows_are_misses(tmp_path):
     assert store.get(KEY) is None
 
 
+def test_keep_larger_never_replaces_a_profile_of_more_samples(tmp_path):
+    """The loader saves with ``keep_larger``: a resumed epoch's 180-sample profile replaced the
+    300-sample one stored by the run it resumed (a bug hunt's find)."""
+    store = ProfileStore(tmp_path / "p.sqlite")
+    store.put(KEY, make_profile(n=30))
+    assert not store.put(KEY, make_profile(scale=2.0, n=18), keep_larger=True)
+    assert store.get(KEY) == make_profile(n=30)
+    assert store.put(KEY, make_profile(scale=2.0, n=30), keep_larger=True)  # as many: fresher
+    assert store.get(KEY) == make_profile(scale=2.0, n=30)
+    assert store.put(KEY, make_profile(scale=3.0, n=18))  # without it, put replaces
+    assert store.get(KEY) == make_profile(scale=3.0, n=18)
+
+
+def test_keep_larger_replaces_a_larger_profile_it_cannot_read(tmp_path):
+    store = ProfileStore(tmp_path / "p.sqlite")
+    store.put(KEY, make_profile(n=30))
+    with sqlite3.connect(store.path) as conn:
+        conn.execute("UPDATE profiles SET profile = '{\"schema_version\": 0}'")
+    conn.close()
+    assert store.put(KEY, make_profile(n=18), keep_larger=True)
+    assert store.get(KEY) == make_profile(n=18)
+
+
 def test_a_file_that_is_not_a_database_is_replaced(tmp_path):
     path = tmp_path / "p.sqlite"
     path.write_bytes(b"this is not sqlite" * 100)

@@ -3,7 +3,8 @@
 FastFlow §5.2 stores its profiled metrics and reloads them when the same input pipeline runs
 again, skipping the warm-up. headrace keys a profile by (pipeline fingerprint, dataset
 fingerprint, machine fingerprint, executor): a change in any component is a miss, which is how
-profiles are invalidated; ``invalidate`` also removes entries explicitly. The executor is part
+profiles are invalidated; ``invalidate`` also removes entries explicitly. The loader saves with
+``put(..., keep_larger=True)``: a stored profile of more samples stays. The executor is part
 of the key because worker threads and processes measure the same steps differently (a thread's
 steps wait for the GIL inside their wall time): a job run both ways keeps one profile of each.
 
@@ -157,20 +158,28 @@ class ProfileStore:
                 " AND executor=? AND schema_version=?",
                 (key.pipeline, key.dataset, key.machine, key.executor, STORE_SCHEMA),
             ).fetchone()
-        if row is None:
-            return None
-        try:
-            return PipelineProfile.from_dict(json.loads(row[0]))
-        except ValueError:  # written by another profile layout: a miss
-            return None
+        return None if row is None else _parse(row[0])
 
-    def put(self, key: ProfileKey, profile: PipelineProfile) -> None:
-        """Store (or replace) the profile of ``key``, atomically."""
+    def put(self, key: ProfileKey, profile: PipelineProfile, *, keep_larger: bool = False) -> bool:
+        """Store the profile of ``key``, atomically; True when it was stored. It replaces the
+        one stored, unless ``keep_larger`` and that one is readable and holds more samples
+        (``PipelineProfile.samples``): then the store keeps it and this call changes nothing.
+        The loader saves with ``keep_larger`` (docs/design.md: a stored profile is replaced only
+        by one of at least as many samples)."""
         text = json.dumps(profile.to_dict(), separators=(",", ":"))
         with self._connect() as conn:
             if conn is None:
-                return
+                return False
             with _transaction(conn):
+                if keep_larger:
+                    row = conn.execute(
+                        "SELECT samples, profile FROM profiles WHERE pipeline=? AND dataset=?"
+                        " AND machine=? AND executor=?",
+                        (key.pipeline, key.dataset, key.machine, key.executor),
+                    ).fetchone()
+                    if (row is not None and row[0] > profile.samples
+                            and _parse(row[1]) is not None):
+                        return False
                 conn.execute(
                     "INSERT OR REPLACE INTO profiles VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
@@ -184,6 +193,7 @@ class ProfileStore:
                         text,
                     ),
                 )
+        return True
 
     def invalidate(
         self,
@@ -248,6 +258,14 @@ class ProfileStore:
             yield conn if usable else None
         finally:
             conn.close()
+
+
+def _parse(text: str) -> PipelineProfile | None:
+    """The profile a row holds, or ``None`` when another profile layout wrote it (a miss)."""
+    try:
+        return PipelineProfile.from_dict(json.loads(text))
+    except ValueError:
+        return None
 
 
 @contextlib.contextmanager

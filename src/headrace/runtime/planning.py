@@ -119,7 +119,12 @@ class Planning:
                                  known)
 
     def before_epoch(self) -> bool:
-        """Choose this epoch's step order; True when it differs from the previous epoch's."""
+        """Choose this epoch's step order; True when it differs from the previous epoch's.
+        The store is read first, whatever chooses the order: a resumed run whose state dict
+        pins it read no stored profile (it redid the warm-up, and its smaller profile then
+        replaced the stored one)."""
+        if self.monitor.profiler is not None:
+            self._lookup()
         pinned, self._pinned = self._pinned, None
         if pinned is not None:
             self.order = pinned
@@ -145,10 +150,13 @@ class Planning:
     def after_epoch(self, now: bool = False) -> None:
         """Keep this run's profile for the next run of the same job: after the first epoch
         that measured samples, then at most once per ``SAVE_EVERY_S`` when it has grown, and
-        when the loader closes (``now``) if it grew since."""
+        when the loader closes (``now``) if it grew since. A stored profile of more samples
+        stays (``ProfileStore.put(keep_larger=True)``): a resumed epoch's or a short run's
+        profile replaced a larger one."""
         p = self.monitor.profiler
         if self.store is None or p is None or p.samples == self._saved_samples:
             return
+        self._looked_up = True  # (read before this run measured; a read now finds its own save)
         t = time.monotonic()
         if not now and self._saved_at is not None and t - self._saved_at < SAVE_EVERY_S:
             return
@@ -158,7 +166,7 @@ class Planning:
             rate = self.stored.consumer_rate
         report = dataclasses.replace(p.report(), consumer_rate=rate)
         try:
-            self.store.put(self.key, report)
+            self.store.put(self.key, report, keep_larger=True)
         except Exception as e:  # noqa: BLE001 - a broken cache must not break training
             self._give_up("save the profile to", e)
 
