@@ -225,6 +225,15 @@ class Monitor(WorkerScaling):
 
     def on_tick(self, sched: Scheduler) -> None:
         pool = sched.pool
+        self.move_cost_s = move_cost(sched.counters.forwarded, sched.counters.forward_cpu_s)
+        now = time.perf_counter()
+        # The steps left before the timeout: a new pool's workers that saw the timeout first
+        # read them as unknown (inf) and would move any late sample meanwhile.
+        if self.profiler is not None and (
+            now - self._last_remaining >= REMAINING_UPDATE_S or self._remaining_pool() is not pool
+        ):
+            self._last_remaining = now
+            self._push_remaining(pool)
         t = self.timeout.timeout_s if sched.spec.handoff else float("inf")
         # Every pool gets it: a new pool (each epoch's, unless persistent_workers) starts with
         # none. Pushed on changes alone, a fixed timeout moved no sample after the first epoch,
@@ -233,13 +242,6 @@ class Monitor(WorkerScaling):
             pool.handoff.timeout.value = t
         if not self.timeout_timeline or self.timeout_timeline[-1][1] != t:
             self.timeout_timeline.append((self.now(), t))
-        self.move_cost_s = move_cost(sched.counters.forwarded, sched.counters.forward_cpu_s)
-        now = time.perf_counter()
-        if self.profiler is not None and (
-            now - self._last_remaining >= REMAINING_UPDATE_S or self._remaining_pool() is not pool
-        ):
-            self._last_remaining = now
-            self._push_remaining(pool)
         if now - self._last_queue >= QUEUE_SAMPLE_S:
             self._last_queue = now
             queued = batches_queued(sched.out)
