@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import headrace as hr
-from headrace.cache.redis_backend import PREFIX
+from headrace.cache.redis_backend import PREFIX, RedisBackend
 from headrace.cache.tiers import sample_key
 from tests.integration.test_cache import N, Raw, decode, jitter, pipeline, samples, scale, to_tensor
 
@@ -192,6 +192,36 @@ def test_a_changed_pipelines_entries_expire_and_stop_holding_the_budget(server, 
     assert 0 < new.cache.backend.scan_bytes() <= new.cache.backend.usage()["decoded"] <= budget
     assert r.zscore(PREFIX + b"ns", old_ns) is None and not r.exists(PREFIX + b"nsused:" + old_ns)
     new.close()
+
+
+def _server_ms(r) -> int:
+    """The server's clock (ms), which its TTLs follow."""
+    seconds, micros = r.time()
+    return seconds * 1000 + micros // 1000
+
+
+def test_an_expired_namespace_whose_entries_all_left_is_reaped(server) -> None:
+    # a namespace whose count went back to 0 (its entries dropped: served once, evicted by ODS,
+    # refunded) made every insert on the server fail once it expired: reaping it sent Redis
+    # HINCRBY by a Lua -0, "-0", which Redis refuses, and it was never reaped (a review)
+    import redis
+
+    r = redis.Redis.from_url(server.url)
+    short, other = RedisBackend(server.url, 1 << 20, ttl_s=0.05), RedisBackend(server.url, 1 << 20)
+    for be in (short, other):
+        be.set_budgets({"augmented": 1 << 20})
+    ns = b"S" * 16
+    assert short.put(sample_key(ns, 0), "augmented", b"x" * 1000, []) == "stored"
+    assert short.take(sample_key(ns, 0), "augmented", bytes) == b"x" * 1000  # served once
+    assert short.usage()["augmented"] == 0
+    deadline = time.monotonic() + 10.0
+    while r.zscore(PREFIX + b"ns", ns) > _server_ms(r):  # the server's clock passes 50 ms
+        assert time.monotonic() < deadline, "the namespace did not expire"
+    assert other.put(sample_key(b"T" * 16, 0), "augmented", b"y" * 1000, []) == "stored"
+    assert r.zscore(PREFIX + b"ns", ns) is None  # reaped
+    for be in (short, other):
+        be.close_here()
+    r.close()
 
 
 def _write_files(root, first: int) -> None:

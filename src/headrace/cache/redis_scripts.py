@@ -73,6 +73,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local tier, ttl, ns, nsp = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local ledger, field = ARGV[5] == '1', string.sub(KEYS[1], -8)
 local function add(key, t, n)  -- never below 0 (under allkeys-* Redis may evict the counts)
+  if n == 0 then return end  -- a Lua -0 reaches Redis as "-0", which HINCRBY refuses
   if redis.call('HINCRBY', key, t, n) < 0 then redis.call('HSET', key, t, 0) end
 end
 local function charge(n)
