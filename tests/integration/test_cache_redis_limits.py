@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import pytest
 
@@ -169,6 +170,83 @@ def test_entries_redis_evicts_give_their_bytes_back(limited, redis_server, no_le
     # ...and the tier holds no more than the server kept (its ceiling): nothing refilled
     assert be.usage()["decoded"] == be.scan_bytes() == left
     loader.close()
+
+
+def _jobs(url: str, n: int, budget: int = 64 << 20, **kw) -> list[RedisBackend]:
+    """``n`` jobs' backends on the server at ``url``, as a loader opens them (the ledger on
+    under an evicting policy), each with one tier, decoded, of ``budget`` bytes."""
+    limits = read_limits(url)
+    assert limits.evicts
+    jobs = [RedisBackend(url, budget, allow_oom=limits.allow_oom, ledger=True, **kw)
+            for _ in range(n)]
+    for be in jobs:
+        be.set_budgets({"decoded": budget})
+    return jobs
+
+
+def _key(i: int, ns: bytes = b"N" * 16) -> bytes:
+    return sample_key(ns, i)
+
+
+CEILING = b"hr:used:ceiling:decoded"
+
+
+def test_a_lookup_between_a_reservation_and_its_set_blocks_no_insert(limited,
+                                                                    redis_server) -> None:
+    # under volatile-lru a lookup that fell between job A's reservation and its SET counted the
+    # entry evicted and set the tier's ceiling at its count: 64 MB of budget, 100 KB counted,
+    # and no job could insert for 60 s (a review)
+    _cap(limited, 64 << 20, "volatile-lru")
+    a, b = _jobs(redis_server.url, 2)
+    for i in range(10):
+        assert a.put(_key(i), "decoded", os.urandom(10_000), []) == "stored"
+    blob = os.urandom(10_000)
+    res, cost, at = a.reserve(_key(10), "decoded", len(blob))  # A's SET not sent yet...
+    assert res == "stored"
+    assert b.get(_key(10), bytes) is None  # ...when B looks the sample up: a miss
+    assert not limited.exists(CEILING)
+    assert b.put(_key(11), "decoded", os.urandom(10_000), []) == "stored"
+    assert a.store(_key(10), "decoded", blob, cost, at) == "stored"
+    assert a.usage()["decoded"] == a.scan_bytes()  # all 12 counted, once
+    a.close_here()
+    b.close_here()
+
+
+def test_a_reservation_whose_set_finds_another_writers_entry_is_given_back_once(
+        limited, redis_server) -> None:
+    # A's SET NX found C's entry and refunded A's bytes, which B's lookup had already given
+    # back (with C's): the count ran low by both (a review)
+    _cap(limited, 64 << 20, "volatile-lru")
+    a, b, c = _jobs(redis_server.url, 3)
+    assert a.put(_key(0), "decoded", os.urandom(10_000), []) == "stored"
+    blob = os.urandom(10_000)
+    ra, ca, at_a = a.reserve(_key(1), "decoded", len(blob))
+    rc, cc, at_c = c.reserve(_key(1), "decoded", len(blob))
+    assert ra == rc == "stored"
+    assert b.get(_key(1), bytes) is None
+    assert c.store(_key(1), "decoded", blob, cc, at_c) == "stored"
+    assert a.store(_key(1), "decoded", blob, ca, at_a) == "exists"
+    assert a.usage()["decoded"] == a.scan_bytes()
+    for be in (a, b, c):
+        be.close_here()
+
+
+def test_an_entry_expired_by_its_ttl_blocks_no_insert(limited, redis_server) -> None:
+    # an entry not hit for its TTL and then looked up set the ceiling as if Redis had evicted
+    # it: the tier held at most what was left, here nothing (a review)
+    _cap(limited, 64 << 20, "volatile-lru")
+    (short,) = _jobs(redis_server.url, 1, ttl_s=0.05)
+    (other,) = _jobs(redis_server.url, 1)
+    assert short.put(_key(0), "decoded", os.urandom(10_000), []) == "stored"
+    deadline = time.monotonic() + 10.0
+    while limited.exists(b"hr:" + _key(0)):  # the server's clock passes the 50 ms TTL
+        assert time.monotonic() < deadline, "the entry did not expire"
+    assert other.get(_key(0), bytes) is None
+    assert not limited.exists(CEILING)
+    assert other.put(_key(1, b"M" * 16), "decoded", os.urandom(10_000), []) == "stored"
+    assert other.usage()["decoded"] == other.scan_bytes()  # the expired entry's bytes back
+    short.close_here()
+    other.close_here()
 
 
 def test_a_unix_socket_url(tmp_path, no_leaks) -> None:

@@ -15,9 +15,10 @@ most what the server has room for (``redis_limits``, read when the loader opens)
 Past the server's ``maxmemory`` (``noeviction``), Redis refuses every command queued in a
 ``MULTI``, a ``GET`` included: a lookup then sends its ``GET`` and bookkeeping script in a plain
 pipeline (``_plain``), whose ``GET`` Redis serves; an insert refused for memory (its reservation
-or its ``SET``) gives its bytes back and answers ``"full"``. Under an evicting policy each entry's
-cost is kept in a ledger, so a lookup that finds an entry evicted gives its bytes back
-(``redis_scripts``).
+or its ``SET``) gives its bytes back and answers ``"full"``. Under an evicting policy each stored
+entry's cost is kept in a ledger, written in the ``MULTI`` of its ``SET`` (``store``), so a
+lookup that finds an entry evicted gives its bytes back, and one between another job's
+reservation and its ``SET`` gives nothing (``redis_scripts``).
 
 Failures: a call that fails (server gone, timeout) makes this process skip the server for its
 next ``SKIP_CALLS`` calls (samples run uncached meanwhile, counted by the client); the call after
@@ -47,10 +48,10 @@ SOCKET_TIMEOUT_S = 1.0
 PLAIN_READS = 32
 """After a ``MULTI`` refused for memory, lookups this process sends as plain pipelines before it
 tries a ``MULTI`` again (a refused one costs a round trip)."""
-LEDGER_META = 72
+LEDGER_META = 100
 """Bytes counted per entry, beside it, for its record in its namespace's ledger (Redis's
-``used_memory`` grew by 72 bytes per field of a 20,000-field hash); under an evicting policy
-only."""
+``used_memory`` grew by 99.7 bytes per ``"<bytes>:<expiry>"`` field of a 20,000-field hash);
+under an evicting policy only."""
 PREFIX = b"hr:"
 
 USED = PREFIX + b"used"
@@ -126,7 +127,7 @@ class RedisBackend:
             self.scripts = {name: client.register_script(
                 redis_scripts.flagged(name, text, self.allow_oom)) for name, text in (
                 ("reserve", redis_scripts.RESERVE), ("refund", redis_scripts.REFUND),
-                ("touch", redis_scripts.TOUCH),
+                ("confirm", redis_scripts.CONFIRM), ("touch", redis_scripts.TOUCH),
                 ("drop", redis_scripts.DROP), ("ods_use", redis_scripts.ODS_USE),
                 ("ods_ask", ods_board.ASK))}
             self._pid = os.getpid()
@@ -248,30 +249,51 @@ class RedisBackend:
 
     def put(self, key: bytes, tier: str, blob: bytes, live: Iterable[bytes]) -> str:
         """Store ``blob`` within the tier's budget: ``"stored"``, ``"exists"`` or ``"full"``
-        (also when the server refuses it for memory).
+        (also when the server refuses it for memory): ``reserve``, then ``store``.
 
         Entries of other namespaces are not evicted here (``live`` is unused): a shared server's
         namespaces belong to several jobs; those no job uses any more expire (``ttl``).
         """
+        res, cost, at = self.reserve(key, tier, len(blob))
+        return self.store(key, tier, blob, cost, at) if res == "stored" else res
+
+    def reserve(self, key: bytes, tier: str, size: int) -> tuple[str, int, list[int]]:
+        """Charge the tier for a ``size``-byte value of ``key`` (``RESERVE``): ``"stored"``
+        (the bytes are charged: ``store`` next), ``"exists"`` or ``"full"``; the bytes
+        charged and, with ODS, the entry's index and tier bit (``store``'s ``at``)."""
         from redis.exceptions import OutOfMemoryError
 
-        cost = entry_cost(len(PREFIX + key), len(blob)) + self._beside()
+        cost = entry_cost(len(PREFIX + key), size) + self._beside()
         budget = self.budgets.get(tier, 0)
         ods = tier in self.ods_tiers
         if ods:
             cost += ODS_META
         if cost > budget:
-            return "full"
+            return "full", cost, []
         at = [int.from_bytes(key[-8:], "big"), TIER_BIT[tier]] if ods else []
         try:
             res = self._call(lambda: self._run("reserve", key, tier, cost, budget, *at, ods=ods))
         except OutOfMemoryError:
-            return self._refused(key, tier, 0, at)
-        res = res.decode() if isinstance(res, bytes) else str(res)
-        if res != "stored":
-            return res
+            return self._refused(key, tier, 0, at), cost, at
+        return (res.decode() if isinstance(res, bytes) else str(res)), cost, at
+
+    def store(self, key: bytes, tier: str, blob: bytes, cost: int, at: list[int]) -> str:
+        """``SET ... NX`` the value ``reserve`` charged ``cost`` bytes for: ``"stored"``;
+        ``"exists"`` (another writer was first: the bytes go back); ``"full"`` (refused for
+        memory: the bytes go back). With the ledger the ``SET`` follows ``CONFIRM`` in one
+        ``MULTI``, which records the entry only if the ``SET`` stores it."""
+        from redis.exceptions import OutOfMemoryError
+
         r = self._r()
+
+        def queue(pipe: Any) -> None:
+            self._run("confirm", key, tier, cost, client=pipe)
+            pipe.set(PREFIX + key, blob, px=self.ttl_ms, nx=True)
+
         try:
+            if self.ledger:
+                res = self._call(lambda: self._multi(queue))[0]
+                return res.decode() if isinstance(res, bytes) else str(res)
             if self._call(lambda: r.set(PREFIX + key, blob, px=self.ttl_ms, nx=True)):
                 return "stored"
         except OutOfMemoryError:

@@ -145,9 +145,10 @@ def explain_lines(limits: ServerLimits, why: str) -> list[str]:
         out.append(f"  budget: {why}")
     if limits.evicts:
         out.append("  eviction: Redis may evict entries the cache counts; a lookup that finds a "
-                   "counted entry gone gives its bytes back (a ledger of each entry's bytes), "
-                   "and the tier then holds at most what the server held after its evictions "
-                   "(for a minute after the last found)"
+                   "counted entry gone gives its bytes back (a ledger of each stored entry's "
+                   "bytes), and after one Redis evicted (gone before its TTL ran out) the tier "
+                   "holds at most what the server held after its evictions (for a minute after "
+                   "the last found)"
                    + ("; the counts themselves may be evicted too (allkeys-*)"
                       if _all_keys(limits) else ""))
     elif limits.maxmemory:

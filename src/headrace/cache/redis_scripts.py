@@ -12,20 +12,24 @@ two for ODS only) and ``ARGV = [tier, ttl_ms, namespace, ns_used_prefix, ledger,
   (another prefix fingerprint: another namespace), or of a dataset no job reads any more,
   leave Redis by TTL and stop holding the budget, without a scan of the key space;
 * ``ledger`` (``'1'``: on): where Redis itself may remove entries (an evicting
-  ``maxmemory-policy``, ``redis_limits``), ``ns_used`` also holds each entry's bytes (field:
-  the key's last 8 bytes) and the namespace's tier (field ``t``: a plain lookup does not pass
-  it). A lookup that finds an entry the ledger still holds gone (evicted, or expired) gives its
-  bytes back, so the count follows what Redis holds within an epoch (each epoch looks every
-  sample up). The tier then holds at most what the server held after its evictions (its
+  ``maxmemory-policy``, ``redis_limits``), ``ns_used`` also holds a record of each *stored*
+  entry (field: the key's last 8 bytes; value ``"<bytes>:<expiry>"``, its cost and the server
+  time in ms its TTL runs out, pushed forward by every hit) and the namespace's tier (field
+  ``t``: a plain lookup does not pass it). An insert records its entry in the ``MULTI`` of its
+  ``SET``, just before it (``CONFIRM``), never at its reservation: a lookup between another
+  job's reservation and its ``SET`` finds no record, so it gives nothing back. A lookup that
+  finds a recorded entry gone gives its bytes back, so the count follows what Redis holds
+  within an epoch (each epoch looks every sample up). Gone before its expiry, the entry was
+  evicted: the tier then holds at most what the server held after its evictions (its
   *ceiling*: the count at the first such miss less every evicted entry found since, for
   ``CEILING_S`` after the last), so a budget the server cannot hold is not refilled into its
   evictions every epoch (under LRU a cyclic scan larger than what is held hits nothing);
-  entries headrace evicts itself (ODS) make room under it. An insert that
-  finds its tier full, or its total gone, first recounts the total
+  gone after it, it expired (not hit for ``ttl``): its bytes come back and the ceiling stays
+  as it is (the server had room for it). Entries headrace evicts itself (ODS) make room under
+  the ceiling. An insert that finds its tier full, or its total gone, first recounts the total
   from the live namespaces' own counts (under ``allkeys-*`` Redis may evict ``used`` or a
-  namespace's hash: the count then errs low, and the server's ``maxmemory`` bounds what is held).
-  A count never goes below 0. A lookup between an insert's reservation and its ``SET`` gives
-  that entry's bytes back too (it then stays uncounted).
+  namespace's hash: the count then errs low, and the server's ``maxmemory`` bounds what is
+  held). A count never goes below 0.
 
 An expired entry still counted in a live namespace (not hit for ``ttl``) keeps its bytes in
 ``used`` until its namespace expires (without a ledger): the budget errs on the side of holding
@@ -39,7 +43,8 @@ as long as decoding the JPEG again (3.7 ms). So values move with plain ``GET`` /
 the scripts do only the bookkeeping, with the value's length from ``STRLEN``: a lookup is a
 ``MULTI`` of ``GET`` and a bookkeeping script (atomic, one round trip); an insert first
 *reserves* its bytes in the budget and sets its ODS status (a small script; a full tier costs
-one small call and no blob on the wire), then sends a plain ``SET ... NX``. A process that dies
+one small call and no blob on the wire), then sends a plain ``SET ... NX`` (with the ledger,
+in one ``MULTI`` after ``CONFIRM``). A process that dies
 between reserving and setting leaves its reservation counted until the namespace expires: the
 budget errs on the side of holding less. A lookup in that moment finds no value and clears the
 status (the entry then waits for a lookup by its own index to be marked again).
@@ -80,12 +85,23 @@ local function charge(n)
   add(KEYS[2], tier, n)
   add(KEYS[4], tier, n)
 end
-local function record(n)  -- n bytes more (or fewer) in the entry's ledger field
-  if not ledger then return end
-  if redis.call('HINCRBY', KEYS[4], field, n) <= 0 then redis.call('HDEL', KEYS[4], field)
-  elseif n > 0 then redis.call('HSETNX', KEYS[4], 't', tier) end
+local function entry()  -- the ledger's record: the entry's bytes, when its TTL runs out
+  local rec = redis.call('HGET', KEYS[4], field)
+  if not rec then return nil end
+  local n, due = string.match(rec, '^(%d+):?(%d*)$')
+  return tonumber(n), tonumber(due)
 end
-local function forget()  -- the entry left (evicted by headrace): its ledger field goes
+local function record(n)  -- the stored entry's n bytes, its TTL running out now + ttl
+  if not ledger then return end
+  redis.call('HSET', KEYS[4], field, string.format('%d:%d', n, now + ttl))
+  redis.call('HSETNX', KEYS[4], 't', tier)
+end
+local function seen()  -- a hit refreshed the entry's TTL: so does its record
+  if not ledger then return end
+  local n = entry()
+  if n then redis.call('HSET', KEYS[4], field, string.format('%d:%d', n, now + ttl)) end
+end
+local function forget()  -- the entry left (evicted by headrace): its record goes
   if ledger then redis.call('HDEL', KEYS[4], field) end
 end
 local function recount(t)  -- tier t's total from the live namespaces' own counts
@@ -98,16 +114,17 @@ local function recount(t)  -- tier t's total from the live namespaces' own count
 end
 local function gone()  -- the entry is not there: give back what the ledger still counts
   if not ledger then return end
-  local n = tonumber(redis.call('HGET', KEYS[4], field) or '0')
-  if n > 0 then
-    local t = redis.call('HGET', KEYS[4], 't') or tier
-    local ceiling = KEYS[2] .. ':ceiling:' .. t  -- see RESERVE: what the server held after
-    local held = tonumber(redis.call('GET', ceiling) or recount(t)) - n  -- it evicted
+  local n, due = entry()
+  if not n then return end  -- not recorded: never stored, or already given back
+  local t = redis.call('HGET', KEYS[4], 't') or tier
+  if due and now < due then  -- evicted before its TTL ran out (see RESERVE): what the server
+    local ceiling = KEYS[2] .. ':ceiling:' .. t  -- held after its evictions
+    local held = tonumber(redis.call('GET', ceiling) or recount(t)) - n
     redis.call('SET', ceiling, math.max(held, 0), 'PX', CEILING_MS)
-    add(KEYS[2], t, -n)
-    add(KEYS[4], t, -n)
-    redis.call('HDEL', KEYS[4], field)
   end
+  add(KEYS[2], t, -n)
+  add(KEYS[4], t, -n)
+  redis.call('HDEL', KEYS[4], field)
 end
 local function touch()
   redis.call('ZADD', KEYS[3], 'GT', now + ttl, ns)
@@ -134,8 +151,9 @@ local function status(index, bit, refs_delta, evicted)
     redis.call('PEXPIRE', KEYS[5], ttl)  -- outlives no entry by more than their TTL
   end
 end
-""".replace("PRESSURE_MS", str(int(PRESSURE_S * 1000))).replace("CEILING_MS",
-                                                             str(int(CEILING_S * 1000)))
+"""
+for _name, _value in (("PRESSURE_MS", PRESSURE_S * 1000), ("CEILING_MS", CEILING_S * 1000)):
+    _PRELUDE = _PRELUDE.replace(_name, str(int(_value)))
 
 RESERVE = _PRELUDE + """
 -- ARGV[6] cost, ARGV[7] budget; ODS: ARGV[8] index, ARGV[9] tier bit.
@@ -152,8 +170,7 @@ if used + tonumber(ARGV[6]) > limit then
   redis.call('SET', KEYS[2] .. ':full:' .. tier, 1, 'PX', PRESSURE_MS)  -- see ODS_USE
   return 'full'
 end
-charge(tonumber(ARGV[6]))
-record(tonumber(ARGV[6]))
+charge(tonumber(ARGV[6]))  -- recorded in the ledger by CONFIRM, with the SET
 touch()
 if ARGV[8] then
   local s = tonumber(redis.call('HGET', KEYS[5], ARGV[8]) or '0')
@@ -169,10 +186,7 @@ REFUND = _PRELUDE + """
 -- then the tier counts as full (see ODS_USE) and, ODS (ARGV[8] index, ARGV[9] tier bit), the
 -- sample is no longer offered as cached
 local n = tonumber(ARGV[6])
-if n > 0 then
-  charge(-n)
-  record(-n)
-end
+if n > 0 then charge(-n) end
 if ARGV[7] == '1' then
   redis.call('SET', KEYS[2] .. ':full:' .. tier, 1, 'PX', PRESSURE_MS)
   if ARGV[8] and redis.call('HEXISTS', KEYS[5], ARGV[8]) == 1 then
@@ -182,9 +196,25 @@ end
 return 1
 """.replace("PRESSURE_MS", str(int(PRESSURE_S * 1000)))
 
+CONFIRM = _PRELUDE + """
+-- With the ledger, just before the insert's SET ... NX in one MULTI (nothing runs between):
+-- ARGV[6] the bytes RESERVE charged. 'stored': the entry is not there, so the SET stores it:
+-- its record goes in the ledger now, never before (a lookup between RESERVE and here finds no
+-- record, so gives nothing back). 'exists': another writer stored it, recorded: the SET will
+-- find it there; the reservation goes back, once. A stored entry with no record (its writer's
+-- MULTI refused this script as not loaded; it retries) is recorded with this reservation.
+local n = tonumber(ARGV[6])
+if redis.call('EXISTS', KEYS[1]) == 1 and entry() then
+  charge(-n)
+  return 'exists'
+end
+record(n)
+return 'stored'
+"""
+
 TOUCH = _PRELUDE + """
 -- after a GET in the same MULTI: a hit refreshes the entry's and its namespace's TTL
-if redis.call('PEXPIRE', KEYS[1], ttl) == 1 then touch() else gone() end
+if redis.call('PEXPIRE', KEYS[1], ttl) == 1 then touch(); seen() else gone() end
 return 1
 """
 
@@ -225,6 +255,7 @@ if refs >= jobs and pressed then
 else
   redis.call('PEXPIRE', KEYS[1], ttl)
   touch()
+  seen()
   status(index, bit, 1, false)
 end
 return n
