@@ -15,7 +15,7 @@ import pytest
 
 import headrace as hr
 from headrace.cache import redis_limits
-from headrace.cache.redis_backend import RedisBackend, read_limits
+from headrace.cache.redis_backend import LEDGER_META, RedisBackend, entry_cost, read_limits
 from headrace.cache.tiers import sample_key
 from tests.integration.test_cache import N, pipeline, samples
 
@@ -247,6 +247,22 @@ def test_an_entry_expired_by_its_ttl_blocks_no_insert(limited, redis_server) -> 
     assert other.usage()["decoded"] == other.scan_bytes()  # the expired entry's bytes back
     short.close_here()
     other.close_here()
+
+
+def test_a_recount_sums_every_namespace(limited, redis_server) -> None:
+    # a recount summed only the first 256 namespaces: with more (many jobs, an augmented form's
+    # namespace per epoch) the count came out low and inserts passed the budget (a review)
+    _cap(limited, 64 << 20, "allkeys-lru")
+    n, size = 300, 1000
+    cost = entry_cost(len(b"hr:" + _key(0)), size) + LEDGER_META
+    (be,) = _jobs(redis_server.url, 1, budget=n * cost + cost // 2)
+    for i in range(n):  # one entry in each of 300 namespaces: the budget less half an entry
+        assert be.put(_key(0, b"%016d" % i), "decoded", os.urandom(size), []) == "stored"
+    assert be.put(_key(1), "decoded", os.urandom(size), []) == "full"  # not lowered to 256's
+    limited.delete(b"hr:used")  # as allkeys-lru may evict it: the next insert recounts it
+    assert be.put(_key(2), "decoded", os.urandom(size), []) == "full"
+    assert be.usage()["decoded"] == be.scan_bytes() == n * cost
+    be.close_here()
 
 
 def test_a_unix_socket_url(tmp_path, no_leaks) -> None:

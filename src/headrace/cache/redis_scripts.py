@@ -29,7 +29,10 @@ two for ODS only) and ``ARGV = [tier, ttl_ms, namespace, ns_used_prefix, ledger,
   the ceiling. An insert that finds its tier full, or its total gone, first recounts the total
   from the live namespaces' own counts (under ``allkeys-*`` Redis may evict ``used`` or a
   namespace's hash: the count then errs low, and the server's ``maxmemory`` bounds what is
-  held). A count never goes below 0.
+  held): every namespace, in pages of ``RECOUNT_PAGE``, at most once per ``RECOUNT_S`` per
+  tier (a total that is gone always), and never more than ``RECOUNT_MOST`` namespaces (more:
+  the count stays as it is; a total that is gone is then the sum of the first ``RECOUNT_MOST``,
+  low). A count never goes below 0.
 
 An expired entry still counted in a live namespace (not hit for ``ttl``) keeps its bytes in
 ``used`` until its namespace expires (without a ledger): the budget errs on the side of holding
@@ -71,6 +74,14 @@ PRESSURE_S = 10.0
 CEILING_S = 60.0
 """With the ledger: after a lookup found an entry Redis evicted, the tier holds at most what the
 server held after its evictions, for this long (seconds); then the budget applies again."""
+RECOUNT_S = 5.0
+"""With the ledger: a tier's total is recounted from its namespaces at most once this long
+(seconds), so a full tier does not sum every namespace on each refused insert."""
+RECOUNT_PAGE = 1000
+"""Namespaces a recount reads with one ``ZRANGE`` (a bounded reply inside the script)."""
+RECOUNT_MOST = 4096
+"""The most namespaces a recount sums (the server runs nothing else meanwhile): 3.0 ms for
+4,096 on this machine, 0.18 ms for 256, 12 ms for 10,000 (a loaded 2-core machine)."""
 
 _PRELUDE = """
 local t = redis.call('TIME')
@@ -105,12 +116,25 @@ local function forget()  -- the entry left (evicted by headrace): its record goe
   if ledger then redis.call('HDEL', KEYS[4], field) end
 end
 local function recount(t)  -- tier t's total from the live namespaces' own counts
-  local n = 0
-  for _, s in ipairs(redis.call('ZRANGE', KEYS[3], 0, 255)) do
-    n = n + tonumber(redis.call('HGET', nsp .. s, t) or '0')
-  end
+  local many = redis.call('ZCARD', KEYS[3]) > RECOUNT_MOST
+  local kept = redis.call('HGET', KEYS[2], t)
+  if many and kept then return tonumber(kept) end  -- too many to sum: the count as it is
+  local n, i = 0, 0
+  repeat
+    local page = redis.call('ZRANGE', KEYS[3], i, math.min(i + RECOUNT_PAGE, RECOUNT_MOST) - 1)
+    for _, s in ipairs(page) do
+      n = n + tonumber(redis.call('HGET', nsp .. s, t) or '0')
+    end
+    i = i + RECOUNT_PAGE
+  until #page < RECOUNT_PAGE or i >= RECOUNT_MOST
   redis.call('HSET', KEYS[2], t, n)
   return n
+end
+local function total(t)  -- tier t's total, recounted at most once per RECOUNT_S (gone: always)
+  local kept = redis.call('HGET', KEYS[2], t)
+  if kept and not redis.call('SET', KEYS[2] .. ':recounted:' .. t, 1, 'PX', RECOUNT_MS, 'NX')
+  then return tonumber(kept) end
+  return recount(t)
 end
 local function gone()  -- the entry is not there: give back what the ledger still counts
   if not ledger then return end
@@ -119,7 +143,7 @@ local function gone()  -- the entry is not there: give back what the ledger stil
   local t = redis.call('HGET', KEYS[4], 't') or tier
   if due and now < due then  -- evicted before its TTL ran out (see RESERVE): what the server
     local ceiling = KEYS[2] .. ':ceiling:' .. t  -- held after its evictions
-    local held = tonumber(redis.call('GET', ceiling) or recount(t)) - n
+    local held = tonumber(redis.call('GET', ceiling) or total(t)) - n
     redis.call('SET', ceiling, math.max(held, 0), 'PX', CEILING_MS)
   end
   add(KEYS[2], t, -n)
@@ -152,7 +176,9 @@ local function status(index, bit, refs_delta, evicted)
   end
 end
 """
-for _name, _value in (("PRESSURE_MS", PRESSURE_S * 1000), ("CEILING_MS", CEILING_S * 1000)):
+for _name, _value in (("PRESSURE_MS", PRESSURE_S * 1000), ("CEILING_MS", CEILING_S * 1000),
+                      ("RECOUNT_MS", RECOUNT_S * 1000), ("RECOUNT_PAGE", RECOUNT_PAGE),
+                      ("RECOUNT_MOST", RECOUNT_MOST)):
     _PRELUDE = _PRELUDE.replace(_name, str(int(_value)))
 
 RESERVE = _PRELUDE + """
@@ -163,7 +189,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
 local used, limit = tonumber(redis.call('HGET', KEYS[2], tier) or '-1'), tonumber(ARGV[7])
 if ledger then  -- the most the server held after it evicted an entry (gone)
   limit = math.min(limit, tonumber(redis.call('GET', KEYS[2] .. ':ceiling:' .. tier) or limit))
-  if used < 0 or used + tonumber(ARGV[6]) > limit then used = recount(tier) end
+  if used < 0 or used + tonumber(ARGV[6]) > limit then used = total(tier) end
 end
 used = math.max(used, 0)
 if used + tonumber(ARGV[6]) > limit then
