@@ -122,6 +122,23 @@ def available_memory() -> int:
     return host if left is None else min(host, left)
 
 
+def private_dirty(text: str | None) -> int | None:
+    """Bytes of ``Private_Dirty`` in the text of a ``/proc/PID/smaps_rollup`` (pure); None
+    without that line."""
+    m = re.search(r"^Private_Dirty:\s+(\d+) kB", text or "", re.MULTILINE)
+    return int(m.group(1)) * 1024 if m else None
+
+
+def private_memory(pid: int | str = "self") -> int | None:
+    """Bytes process ``pid`` holds that no other process shares and the kernel cannot drop:
+    its ``Private_Dirty`` (its heap, what it allocated, the pages a fork's copy-on-write and a
+    Python object's reference counts copied). What one more forked worker adds to the
+    machine's memory, where its RSS also counts the pages it shares with the training process
+    (arrays never written, libtorch's ~200 MB), which a cgroup charges once. None where
+    ``smaps_rollup`` cannot be read (not Linux, or before 4.14): callers use the RSS then."""
+    return private_dirty(_read(f"/proc/{pid}/smaps_rollup"))
+
+
 def cpu_limit() -> float | None:
     """Cores' worth of CPU the process's cgroup allows (``None``: no quota)."""
     return cpu_quota(_read, *_dirs("cpu"))

@@ -116,3 +116,11 @@ def test_without_a_quota_the_meter_reads_the_hosts_share():
     if meter.quota is None:
         assert meter._last is None
     assert 0.0 <= meter.read() <= 1.0
+
+
+def test_private_dirty_is_read_from_smaps_rollup_text():
+    text = ("Rss:                1772 kB\nShared_Clean:       1624 kB\nPrivate_Clean:        40 kB\n"
+            "Private_Dirty:       108 kB\nAnonymous:           108 kB\n")
+    assert r.private_dirty(text) == 108 * 1024
+    assert r.private_dirty("Rss: 1 kB\n") is None and r.private_dirty(None) is None
+

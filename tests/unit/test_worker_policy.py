@@ -44,7 +44,7 @@ def test_scaler_uses_moving_average_and_memory_budget():
     for fill in (1.0, 1.0, 0.0):
         s.observe_queue(fill)
     assert s.queue_avg == pytest.approx(0.5)
-    d = s.decide(4, cpu_usage=0.7, rss_per_worker=100.0, memory_budget=450.0)
+    d = s.decide(4, cpu_usage=0.7, memory_per_worker=100.0, memory_budget=450.0)
     assert d.memory_cap == 4
     assert d.new == 4  # formula says +1, memory says at most 4
 

@@ -6,7 +6,7 @@
 Q_size is a moving average of the ready-batch queue, Q_max its capacity, C_usage the machine's CPU
 utilisation in [0, 1] and θ_c the CPU threshold. An empty queue or a busy CPU adds workers; a
 full queue with an idle CPU removes them. headrace also caps the count by a memory budget:
-``budget // rss_per_worker``.
+``budget // memory_per_worker`` (a worker's private memory, ``runtime/worker_scaling.py``).
 
 Two departures, because the paper's max_workers is the core count and ours is not (samples
 that mostly wait, on I/O or sleeps, need many more workers than cores: torch's best on the
@@ -75,7 +75,8 @@ class AutoscaleConfig:
         max_step: the clip of Δ (paper: 2).
         interval_s: seconds between two decisions.
         ema: weight of the newest queue sample in the moving average (0..1].
-        memory_budget_bytes: total RSS the workers may use (``None``: half of the memory
+        memory_budget_bytes: total private memory (what they do not share with the training
+            process) the workers may use (``None``: half of the memory
             available when the loader starts, divided among the node's data-parallel ranks).
         saturated_cpu: machine CPU utilisation (0..1) at or above which no worker is added
             beyond the cores (see the module docstring).
@@ -270,7 +271,7 @@ class WorkerScaler:
         self,
         current: int,
         cpu_usage: float,
-        rss_per_worker: float | None = None,
+        memory_per_worker: float | None = None,
         memory_budget: float | None = None,
         cpu_share: float | None = None,
         cores: int | None = None,
@@ -278,14 +279,15 @@ class WorkerScaler:
         sample_wall_s: float | None = None,
         draining: bool = False,
     ) -> ScaleDecision:
-        """Next count; ``rss_per_worker`` and ``memory_budget`` in bytes cap it;
+        """Next count; ``memory_per_worker`` (a worker's private memory: what one more adds)
+        and ``memory_budget`` in bytes cap it;
         ``cpu_share`` (CPU ÷ wall of samples' steps) raises the default upper bound;
         ``cores``, ``consumer_rate`` (samples/s the consumer takes when it does not wait)
         and ``sample_wall_s`` (a sample's mean seconds in a worker) feed the two departures
         of the module docstring; ``draining``: see :func:`next_worker_count`."""
         cap = None
-        if rss_per_worker and memory_budget:
-            cap = max(1, int(memory_budget // rss_per_worker))
+        if memory_per_worker and memory_budget:
+            cap = max(1, int(memory_budget // memory_per_worker))
         fill = self.queue_avg if self.queue_avg is not None else 0.0
         demand = demand_workers(consumer_rate, sample_wall_s, self.cfg.demand_margin)
         d = next_worker_count(current, fill, cpu_usage, self.cfg, cap, cpu_share, cores, demand,

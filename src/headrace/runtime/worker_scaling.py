@@ -60,9 +60,9 @@ class WorkerScaling:
         demand = demand_workers(rate, self._sample_wall_s(steps), self.scaler.cfg.demand_margin)
         n = self.scaler.cfg.start_count(share, demand)
         # no worker's memory is measured yet: a forked worker reads its way towards the
-        # training process's size (copy-on-read), so that size stands in for one worker's
-        rss = psutil.Process().memory_info().rss
-        cap = int(self.memory_budget() // rss) if rss > 0 else n
+        # training process's own memory (copy-on-read), so that stands in for one worker's
+        own = worker_memory(None)
+        cap = int(self.memory_budget() // own) if own else n
         start = max(min(n, cap), min(default, n), self.scaler.cfg.min_workers)
         self.start_note = _start_note(start, share, rate, demand,
                                       memory_cap=cap if cap < n else None)
@@ -129,15 +129,14 @@ class WorkerScaling:
         assert self.scaler is not None
         pool = sched.pool
         live = [w for w in list(pool.workers.values()) if not w.retiring and not w.external]
-        rss = []
+        used = []
         for w in live:
             if w.process.pid is None:
                 continue  # a worker thread: its memory is the training process's
-            try:
-                rss.append(psutil.Process(w.process.pid).memory_info().rss)
-            except (psutil.Error, ValueError):
-                pass
-        per_worker = sum(rss) / len(rss) if rss else None
+            size = worker_memory(w.process.pid)
+            if size is not None:
+                used.append(size)
+        per_worker = sum(used) / len(used) if used else None
         steps = self._profile_steps()  # one report for both numbers
         assert self.cpu_use is not None
         d = self.scaler.decide(len(live), self.cpu_use.read(), per_worker,
@@ -167,3 +166,18 @@ def _start_note(n: int, share: float | None, rate: float | None, demand: int | N
         parts.append(f"the memory budget allows {memory_cap}")
     why = "; ".join(parts) if parts else "nothing measured for this executor"
     return f"started at {n} from a stored profile ({why})"
+
+
+def worker_memory(pid: int | None) -> int | None:
+    """Bytes a worker process ``pid`` (None: this, the training process) adds to the machine's
+    memory: its private memory (``resources.private_memory``), else its RSS; None where neither
+    can be read (it exited). The RSS also counts pages a forked worker shares with the training
+    process: a dataset holding a 1 GB array never written read as 1 GB a worker, and
+    ``num_workers="auto"`` ran 1 worker in a 3 GB cgroup where torch's 16 fitted (a bug hunt)."""
+    size = resources.private_memory("self" if pid is None else pid)
+    if size is not None:
+        return size
+    try:
+        return int((psutil.Process() if pid is None else psutil.Process(pid)).memory_info().rss)
+    except (psutil.Error, ValueError):
+        return None
