@@ -325,3 +325,18 @@ def ran_at(key: str, seconds: float, x: Any) -> dict:
     info = torch.utils.data.get_worker_info()
     d = x if isinstance(x, dict) else {"i": int(x[0])}
     return {**d, key: (os.getpid(), info.id if info is not None else -1)}
+
+
+def close_while_next_waits(loader: Any, it: Any, under_way: threading.Event,
+                           bound: int) -> None:
+    """Close ``loader`` from another thread once ``under_way`` is set (the dataset sets it
+    when the epoch is under way), while this thread waits in ``next(it)`` at most ``bound``
+    times; raises what that ``next()`` raises, and checks the closer ended."""
+    closer = threading.Thread(target=lambda: under_way.wait(60) and loader.close())
+    closer.start()
+    try:
+        for _ in range(bound):
+            next(it)
+    finally:
+        closer.join(60)
+        assert not closer.is_alive()

@@ -6,7 +6,6 @@ close() returns, and a later ``next()`` raises ``LoaderClosedError`` part-way th
 from __future__ import annotations
 
 import multiprocessing
-import threading
 import time
 
 import psutil
@@ -14,6 +13,7 @@ import pytest
 import torch.utils.data as tud
 
 import headrace as hr
+from tests.helpers import close_while_next_waits
 
 pytestmark = pytest.mark.integration
 
@@ -91,11 +91,6 @@ def test_close_from_another_thread_while_next_waits_raises_loader_closed(persist
     loader = hr.DataLoader(data, batch_size=2, num_workers=2, persistent_workers=persistent)
     it = iter(loader)
     next(it)
-    closer = threading.Thread(target=lambda: data.under_way.wait(60) and loader.close())
-    closer.start()
     with pytest.raises(hr.LoaderClosedError):
-        for _ in range(1000):  # bounded: the stream's length
-            next(it)
-    closer.join(60)
-    assert not closer.is_alive()
+        close_while_next_waits(loader, it, data.under_way, 1000)  # bounded: the stream's length
     assert loader.state_dict()["batches_delivered"] >= 1

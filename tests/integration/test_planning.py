@@ -401,7 +401,7 @@ def late_crop(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """crop_quarter, after 1 ms of simulated work on samples 0-15 (value 0-15: noise adds
     under 1): late against a timeout learned on 128 samples, 112 of them microseconds."""
     if x[0] < 16:
-        time.sleep(0.001)
+        time.sleep(0.001)  # simulated work
     return crop_quarter(x, rng)
 
 

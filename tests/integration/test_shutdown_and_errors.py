@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import headrace as hr
-from tests.helpers import ArraySource, FailingDataset, IndexDataset, jitter
+from tests.helpers import ArraySource, FailingDataset, IndexDataset, close_while_next_waits, jitter
 
 pytestmark = pytest.mark.integration
 
@@ -653,10 +653,5 @@ def test_close_from_another_thread_while_next_waits_raises_loader_closed(no_leak
     loader = hr.DataLoader(data, batch_size=2, num_workers=2)
     it = iter(loader)
     next(it)
-    closer = threading.Thread(target=lambda: data.under_way.wait(60) and loader.close())
-    closer.start()
     with pytest.raises(hr.LoaderClosedError):
-        for _ in range(200):  # bounded: the epoch's batches
-            next(it)
-    closer.join(60)
-    assert not closer.is_alive()
+        close_while_next_waits(loader, it, data.under_way, 200)  # bounded: the epoch's batches

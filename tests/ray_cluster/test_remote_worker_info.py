@@ -110,18 +110,27 @@ def by_index(batches) -> dict[int, dict]:
     return {s["i"]: s for b in batches for s in b}
 
 
+def scaled_loader(remote) -> hr.DataLoader:
+    """``ScaledPerWorker`` configured in ``worker_init_fn``, with ``remote`` (None: local)."""
+    return hr.DataLoader(ScaledPerWorker(), batch_size=4, num_workers=1,
+                         worker_init_fn=scale_by_3, collate_fn=ident_collate,
+                         options=hr.Options(seed=5, remote=remote))
+
+
+def local_samples() -> dict[int, dict]:
+    """The samples of a local run of :func:`scaled_loader`: what the others must equal."""
+    local = scaled_loader(None)
+    try:
+        return by_index(local)
+    finally:
+        local.close()
+
+
 def test_remote_workers_are_torch_workers_to_user_code(ray_cluster, no_actor_leaks):
     # get_worker_info() was None on a remote worker (this dataset raised there), and
     # worker_init_fn never ran there: its samples came out unscaled
-    def loader(remote):
-        return hr.DataLoader(ScaledPerWorker(), batch_size=4, num_workers=1,
-                             worker_init_fn=scale_by_3, collate_fn=ident_collate,
-                             options=hr.Options(seed=5, remote=remote))
-
-    local = loader(None)
-    expected = by_index(local)
-    local.close()
-    remote = loader(hr.Remote(max_workers=2, resources=ON_CPU_NODES))
+    expected = local_samples()
+    remote = scaled_loader(hr.Remote(max_workers=2, resources=ON_CPU_NODES))
     it = iter(remote)
     try:
         wait_until(lambda it=it: remote_ready(it, 2))
@@ -143,15 +152,8 @@ def test_remote_workers_are_torch_workers_to_user_code(ray_cluster, no_actor_lea
 
 def test_near_storage_fetchers_are_torch_workers_too(storage_node, no_actor_leaks):
     # SOPHON's fetchers are the same actor: the same get_worker_info() and worker_init_fn
-    def loader(remote):
-        return hr.DataLoader(ScaledPerWorker(), batch_size=4, num_workers=1,
-                             worker_init_fn=scale_by_3, collate_fn=ident_collate,
-                             options=hr.Options(seed=5, remote=remote))
-
-    local = loader(None)
-    expected = by_index(local)
-    local.close()
-    near = loader(hr.NearStorage(policy="all-off"))  # the whole sample on a fetcher
+    expected = local_samples()
+    near = scaled_loader(hr.NearStorage(policy="all-off"))  # the whole sample on a fetcher
     it = iter(near)
     try:
         wait_until(lambda: near.remote.ready_workers() >= STORAGE_CPUS)

@@ -145,11 +145,10 @@ def state_digest(value: Any, depth: int = 0) -> str:
 
 
 def _spend(nbytes: int = 0, items: int = 0) -> bool:
-    """Take ``nbytes`` and ``items`` from the running digest's budget: False (nothing taken)
-    when it has not that much left."""
-    left = getattr(_BUDGET, "left", None)
-    if left is None:
-        return True  # (a helper called outside a digest: unbounded, as each bound alone)
+    """Take ``nbytes`` and ``items`` from the running digest's budget (only called inside
+    :func:`state_digest`, which sets it): False (nothing taken) when it has not that much
+    left."""
+    left = _BUDGET.left
     if left[0] < nbytes or left[1] < items:
         return False
     left[0] -= nbytes

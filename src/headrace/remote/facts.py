@@ -16,6 +16,15 @@ if TYPE_CHECKING:
     from headrace.runtime.pool import WorkerPool
 
 
+def started_and_placed(session: RemoteSession, pool: WorkerPool | None) -> tuple[int, int]:
+    """Remote workers of ``pool`` started (not retiring), and of those the ones Ray placed
+    and runs: a proxy whose actor was never placed is no worker (``explain()``, ``stats()``)."""
+    workers = list(pool.workers.values()) if pool is not None and not pool.closed else []
+    started = [w for w in workers if w.external and not w.retiring]
+    placed = session.nodes()
+    return len(started), sum(w.slot in placed for w in started)
+
+
 def remote_facts(session: RemoteSession, pool: WorkerPool | None, steps: list[str],
                  measured_thp: float | None) -> RemoteFacts:
     """``session``'s facts over ``pool`` (the running or persistent one; None between epochs),
@@ -23,14 +32,12 @@ def remote_facts(session: RemoteSession, pool: WorkerPool | None, steps: list[st
     from headrace.planner.explain import RemoteFacts
 
     workers = list(pool.workers.values()) if pool is not None and not pool.closed else []
-    started = [w for w in workers if w.external and not w.retiring]
-    placed = session.nodes()
-    remote = sum(w.slot in placed for w in started)  # placed and running, not only asked
+    started, remote = started_and_placed(session, pool)  # placed and running, not only asked
     local = sum(not w.external and not w.retiring for w in workers)
     cfg = session.cfg
-    extra = [f"  remote workers: {len(started)} started, {remote} placed so far: Ray has found "
+    extra = [f"  remote workers: {started} started, {remote} placed so far: Ray has found "
              f"no node with room for the others (each asks for num_cpus={cfg.num_cpus:g}, "
-             f"resources={dict(cfg.resources or {})})"] if remote < len(started) else []
+             f"resources={dict(cfg.resources or {})})"] if remote < started else []
     if session.unplaced is not None and not remote:
         extra.append("  no remote worker could be placed when the cluster was joined: "
                      + session.unplaced)

@@ -29,6 +29,7 @@ from headrace.errors import HeadraceError
 from headrace.pipeline import Pipeline
 from headrace.planner.executor import forced_processes
 from headrace.planner.explain import explain_text
+from headrace.remote.facts import started_and_placed
 from headrace.remote.session import remote_session
 from headrace.runtime import (
     checkpoint,
@@ -259,9 +260,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         pool = self._pool if self._pool is not None else getattr(it, "pool", None)
         workers = pool.size if pool is not None else 0
         if pool is not None and self.remote is not None:  # a remote one counts once placed
-            placed = self.remote.nodes()
-            workers -= sum(w.external and not w.retiring and w.slot not in placed
-                           for w in list(pool.workers.values()))
+            started, placed = started_and_placed(self.remote, pool)
+            workers -= started - placed
         if self._iterable:  # torch's iterator's processes: headrace has no pool of its own
             workers = iterable_dataset.live_workers(self, self._torch_iter_ref())
         return LoaderStats(
