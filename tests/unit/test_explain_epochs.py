@@ -82,3 +82,20 @@ def test_adapted_counts_only_decisions_that_changed_the_count() -> None:
               profile=None, profile_note="n")
     assert "workers: adapted 1 time in 3 decisions (Formulas 1-2); last: kept 2 workers" \
         in explain_text(f)
+
+
+@pytest.mark.parametrize("samples,stored,words", [
+    (300, 0, "over the last 300 samples (fallback"),
+    (0, 101, "over 101 quantiles of the stored profile (fallback"),
+    (40, 101, "over the last 40 samples and 101 quantiles of the stored profile (fallback"),
+])
+def test_the_slow_lane_line_says_what_its_timeout_was_taken_over(samples, stored, words):
+    stats = LoaderStats(epochs=(EPOCH,), timeout_s=0.02, timeout_percentile=90,
+                        workers=2, workers_timeline=(), timeout_timeline=(), queues=(),
+                        worker_restarts=0)
+    f = Facts(fingerprint="f", samples=100, batch_size=10, workers=2, batching="b",
+              declared=("a", "b"), executed=("a", "b"), order=None, next_order=None,
+              handoff=True, stats=stats, timeout_samples=samples, timeout_stored=stored,
+              scale_decisions=(), profile=None, profile_note="n")
+    (line,) = [x for x in explain_text(f).splitlines() if x.startswith("slow lane:")]
+    assert words in line

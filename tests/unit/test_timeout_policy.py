@@ -113,3 +113,27 @@ def test_typical_time_is_the_median_once_warm_and_also_with_a_fixed_timeout():
     feed(fixed, times[63:] + [0.003] * 64)  # the fixed timeout refreshes it every update_every
     assert fixed.typical_s == pytest.approx(np.median(times + [0.003] * 64))
     assert fixed.timeout_s == 0.5
+
+
+def test_a_stored_profiles_quantiles_are_not_counted_as_samples_and_leave_the_window_first():
+    p = TimeoutPolicy(TimeoutConfig(window=64, warmup_samples=8, update_every=1))
+    p.seed([1.0] * 20)  # a reused profile's quantiles: summary points, not samples
+    assert (p.window_samples, p.window_stored) == (0, 20)
+    assert not p.warming_up and p.timeout_s == 1.0
+    feed(p, [0.01] * 44, slow=lambda t, p: False)  # the window fills: nothing leaves yet
+    assert (p.window_samples, p.window_stored) == (44, 20)
+    feed(p, [0.01] * 10, slow=lambda t, p: False)  # now the quantiles leave, oldest first
+    assert (p.window_samples, p.window_stored) == (54, 10)
+    feed(p, [0.01] * 10, slow=lambda t, p: False)
+    assert (p.window_samples, p.window_stored) == (64, 0)
+    assert p.timeout_s == 0.01  # what this run measured, the stored values gone
+
+
+def test_a_second_stored_profile_replaces_the_first_and_measured_samples_win_the_window():
+    p = TimeoutPolicy(TimeoutConfig(window=16, warmup_samples=4, update_every=1))
+    feed(p, [0.5] * 10, slow=lambda t, p: False)
+    p.seed([2.0] * 8)  # 8 + 10 > 16: two quantiles do not fit, the samples stay
+    assert (p.window_samples, p.window_stored) == (10, 6)
+    p.seed([3.0] * 4)
+    assert (p.window_samples, p.window_stored) == (10, 4)
+    assert sorted(p._times) == [0.5] * 10 + [3.0] * 4

@@ -29,7 +29,7 @@ class Facts:
     next_order: OrderPlan | None
     handoff: bool
     stats: LoaderStats
-    timeout_samples: int
+    timeout_samples: int  # samples measured in this run in the hand-off timeout's window
     scale_decisions: tuple[ScaleDecision, ...]
     profile: PipelineProfile | None
     profile_note: str
@@ -44,6 +44,17 @@ class Facts:
     collate: str | None = None  # where a user collate_fn runs (runtime/collate_rng.py)
     samples_done: int = 0  # samples delivered over the loader's life (stats keep 1000 epochs)
     running: bool = False  # the last of ``stats.epochs`` is under way (an iterator still open)
+    timeout_stored: int = 0  # a stored profile's quantiles still in that window (not samples)
+
+
+def _timeout_basis(f: Facts) -> str:
+    """What the hand-off timeout's percentile is taken over, in words: the samples measured
+    in this run, and a stored profile's quantiles until those samples push them out."""
+    measured = f"the last {f.timeout_samples} samples"
+    if not f.timeout_stored:
+        return measured
+    stored = f"{f.timeout_stored} quantiles of the stored profile"
+    return stored if not f.timeout_samples else f"{measured} and {stored}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +198,7 @@ def explain_text(f: Facts) -> str:
                 f"and at least {units.duration(HANDOFF_MIN_S)}")
         out.append(
             f"slow lane: hand-off timeout {units.duration(st.timeout_s)} = p{st.timeout_percentile:g} of "
-            f"per-sample time over the last {f.timeout_samples} samples{fb}{share}{cost}"
+            f"per-sample time over {_timeout_basis(f)}{fb}{share}{cost}"
         )
     if f.messages:
         out.append(f.messages)

@@ -65,6 +65,7 @@ class TimeoutPolicy:
         self._times: deque[float] = deque(maxlen=c.window)
         self._slow: deque[bool] = deque(maxlen=max(c.update_every * 4, 64))
         self._seen = 0
+        self._seeded = 0  # entries of _times that are a stored profile's quantiles, not samples
         self._since_update = 0
         self._fallback_until = -1
         self._timeout = c.fixed_s if c.fixed_s is not None else math.inf
@@ -98,11 +99,27 @@ class TimeoutPolicy:
         """Share of recently classified samples that were handed off (0..1)."""
         return sum(self._slow) / len(self._slow) if self._slow else 0.0
 
+    @property
+    def window_samples(self) -> int:
+        """Samples measured in this run that the window holds (the timeout's basis)."""
+        return len(self._times) - self._seeded
+
+    @property
+    def window_stored(self) -> int:
+        """Values of a stored profile's per-sample time quantiles still in the window: they
+        are summary points of an earlier run, not samples, and leave it first."""
+        return self._seeded
+
     def seed(self, times: list[float] | tuple[float, ...]) -> None:
         """Start from stored per-sample times (a reused profile): no warm-up is needed."""
         if self.config.fixed_s is not None or not times:
             return
-        self._times.extend(times)
+        # Oldest first, so that samples measured in this run push them out first (and win
+        # over them when the window cannot hold both); a second profile replaces the first.
+        measured = list(self._times)[self._seeded:]
+        window = self.config.window
+        self._seeded = max(0, len(times) - max(0, len(times) + len(measured) - window))
+        self._times = deque([*times, *measured], maxlen=window)
         self._seen = max(self._seen, self.config.warmup_samples)
         self._recompute()
 
@@ -110,6 +127,8 @@ class TimeoutPolicy:
         """Record one finished sample: its total step time (s) and whether it went slow."""
         c = self.config
         self._seen += 1
+        if self._seeded and len(self._times) == self._times.maxlen:
+            self._seeded -= 1  # the oldest value leaves: a stored quantile
         self._times.append(sample_s)
         if not math.isinf(self._timeout):
             self._slow.append(handed_off)
