@@ -427,3 +427,51 @@ def test_no_sample_whose_steps_left_take_microseconds_moves_after_a_reorder(no_l
     assert orders[1] == ["late_crop", "noise"]  # reordered from epoch 1
     assert timeout < float("inf")  # learned in epoch 0: hand-offs were possible in epoch 1
     assert slow == [0, 0, 0]
+
+
+class Bytes:
+    def __len__(self) -> int:
+        return 48
+
+    def load(self, i: int) -> np.ndarray:
+        return np.random.default_rng(i).integers(0, 256, (16, 16), dtype=np.uint8)
+
+
+def crop_8(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    top, left = (int(v) for v in rng.integers(0, 9, 2))
+    return x[top:top + 8, left:left + 8].copy()
+
+
+def to_float(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32)  # inflationary (4 bytes an element from 1)
+
+
+def normalize(x: np.ndarray) -> np.ndarray:
+    return (x - x.dtype.type(128)) / x.dtype.type(64)  # on uint8 the subtraction wraps
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_autoorder_never_moves_a_step_across_a_cast(workers, no_leaks):
+    # both declared commuting; normalize keeps float32 where it was measured (after the cast),
+    # so AutoOrder moved it before the cast, where it ran on uint8: every sample of the second
+    # epoch came out in [0, 4) instead of [-2, 2) (a bug hunt's find)
+    def run(reorder: bool) -> list[np.ndarray]:
+        pipe = hr.Pipeline(Bytes(), [hr.step(crop_8, random=True),
+                                     hr.step(to_float, commutes=True),
+                                     hr.step(normalize, commutes=True)])
+        loader = hr.DataLoader(pipe, batch_size=8, num_workers=workers, options=hr.Options(
+            seed=3, reorder=reorder, profile_store=False, cache=None))
+        try:
+            epochs = [np.concatenate([b.numpy() for b in loader]) for _ in range(3)]
+            assert [s.name for s in loader.planning.executed.steps] == [
+                "crop_8", "to_float", "normalize"]
+            if reorder:
+                assert "to_float changes the sample's type, rank or dtype" in loader.explain()
+        finally:
+            loader.close()
+        return epochs
+
+    reordered, declared = run(True), run(False)
+    for e in range(3):
+        assert np.array_equal(reordered[e], declared[e]), e
+        assert declared[e].min() >= -2 and declared[e].max() < 2

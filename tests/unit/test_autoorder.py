@@ -85,7 +85,7 @@ def test_random_resized_crop_moves_before_the_flips_but_not_across_to_tensor():
     ]  # fmt: skip
     assert [m.step for m in d.moves] == ["RandomResizedCrop"]
     assert d.roles[4] == "barrier"
-    assert any("ToTensor changes the sample's type or rank" in n for n in d.notes)
+    assert any("ToTensor changes the sample's type, rank or dtype" in n for n in d.notes)
 
 
 def test_speech_pad_moves_after_the_augmentations():

@@ -134,17 +134,23 @@ def test_deep_nesting_does_not_recurse_forever():
     assert payload_bytes(x) == 0  # it holds nothing but itself, counted once
 
 
-def test_type_signature_flags_type_and_rank_changes_not_casts():
+def test_type_signature_flags_type_rank_and_dtype_changes():
     raw = b"\xff\xd8jpeg"
     img = np.zeros((8, 8, 3), dtype=np.uint8)
     assert type_signature(raw) != type_signature(img)  # decode
     assert type_signature(img) == type_signature(img[:, ::-1])  # flip
-    assert type_signature(img) == type_signature(img.astype(np.float32))  # cast: movable
+    assert type_signature(img) == type_signature(img[:4, :2])  # crop: shape only
+    # a cast: a barrier (a step measured after it kept its dtype only there)
+    assert type_signature(img) != type_signature(img.astype(np.float32))
+    t = torch.zeros(3, 4, dtype=torch.uint8)
+    assert type_signature(t) != type_signature(t.float())
+    assert type_signature(t.float()) == type_signature((t.float() - 128) / 64)  # normalize
     assert type_signature(img) != type_signature(img[..., 0])  # rank 3 -> 2
     assert type_signature(img) != type_signature(torch.from_numpy(img))  # numpy -> torch
     pil = Image.new("RGB", (8, 8))
     assert type_signature(pil) == type_signature(pil.transpose(Image.FLIP_LEFT_RIGHT))
     assert type_signature(pil) != type_signature(Image.new("L", (8, 8)))
+    assert type_signature(Image.new("L", (8, 8))) != type_signature(Image.new("F", (8, 8)))
     assert type_signature(pil) != type_signature(torch.zeros(3, 8, 8))  # ToTensor
 
 

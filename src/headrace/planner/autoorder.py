@@ -8,7 +8,8 @@ Rules, as in Pecan with headrace's traits:
 
 - Barriers split the pipeline into sections and never move, nor does anything cross them:
   ``keep_position`` steps, ``kind="decode"`` steps, and steps the profiler saw change the
-  sample's type or rank (``changes_type``). Steps that are neither ``random`` nor ``commutes``
+  sample's type, rank or dtype (``changes_type``; Pecan moves casts, headrace does not: a step
+  that kept its dtype after a cast may not keep it before one). Steps that are neither ``random`` nor ``commutes``
   (``Step.movable`` is false) are fixed too: reordering them is not known to be safe, so they
   bound sections like barriers (declare ``commutes=True`` to let AutoOrder move them).
 - Within a section, steps are stably partitioned: deflationary first, then neutral, then
@@ -197,7 +198,7 @@ def autoorder(
     Args:
         steps: the pipeline's steps (``load`` excluded), in their declared order.
         inflation: per step, output bytes / input bytes per sample; ``None`` when unknown.
-        changes_type: per step, whether it changed the sample's type or rank (a barrier).
+        changes_type: per step, whether it changed the sample's type, rank or dtype (a barrier).
         keeps_shape: per step, whether it kept its input's dtype and shape on every profiled
             sample; ``None``: unknown for every step, so no two movable steps swap.
         cpu: per step, CPU seconds per sample, for the estimate.
@@ -267,7 +268,8 @@ def autoorder(
                 "so it stays in place; declare it with commutes=True to let AutoOrder move it"
             )
         elif roles[i] == "barrier" and not s.barrier:
-            notes.append(f"{s.name} changes the sample's type or rank: kept in place as a barrier")
+            notes.append(f"{s.name} changes the sample's type, rank or dtype: kept in place as a "
+                         "barrier")
         elif roles[i] == "unknown":
             notes.append(f"no inflation factor measured for {s.name}: treated as neutral")
     before = after = None

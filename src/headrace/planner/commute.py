@@ -9,7 +9,8 @@ rules restrict which pairs of steps that sort may swap:
   output of the resize's shape either way. Two steps that both change the dtype or the shape
   generally do not: a scale jitter then a fixed-size crop gives the crop's size, the crop then
   the jitter twice it or more (a bug hunt saw the second epoch's collate fail on 32x32 and 64x64
-  samples); a normalize and a cast, a crop and a resize, likewise. So the steps that change
+  samples); a crop and a resize likewise. (A step that changes the dtype never gets here: it is
+  a barrier, ``sizes.type_signature``.) So the steps that change
   the shape keep their declared relative order and the others move across them.
 - **Names.** Steps that share a name never swap: headrace tells them apart by their place
   among the steps of that name (the profile entry each is matched to, its per-sample random

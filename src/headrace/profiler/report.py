@@ -15,9 +15,10 @@ import numpy as np
 
 __all__ = ["PROFILE_SCHEMA", "TOTAL_GRID", "PipelineProfile", "StepStats"]
 
-PROFILE_SCHEMA = 1
+PROFILE_SCHEMA = 2
 """Version of :meth:`PipelineProfile.to_dict`'s layout; bump it when a field changes meaning
-or goes away. A field added with a default (``StepStats.queued_mean``, ``sized``, ``reshapes``,
+or goes away (2: ``StepStats.type_changes`` counts dtype changes too, so a stored profile of 1
+would let a step cross a cast; it is read as a miss and replaced). A field added with a default (``StepStats.queued_mean``, ``sized``, ``reshapes``,
 ``PipelineProfile.executor`` and ``consumer_rate``) keeps it: profiles stored before read the
 default, and an older headrace treats a newer profile as a miss."""
 
@@ -48,8 +49,8 @@ class StepStats:
             ``bytes_out / bytes_in`` across samples: its spread says whether ``inflation`` is a
             property of the step (narrow) or of the data (wide, e.g. a fixed-size resize of
             images of varying size).
-        type_changes: samples whose output type or rank differed from the input (any such
-            sample makes the step a barrier for AutoOrder), among the ``sized`` samples.
+        type_changes: samples whose output type, rank or dtype differed from the input's (any
+            such sample makes the step a barrier for AutoOrder), among the ``sized`` samples.
         sized: samples whose output size, type and run-queue wait were measured, a subset of
             ``count`` (a worker measures them on its first 64 samples, then one in 8:
             ``runtime/worker.py``; every sample in the training process). ``None``: a profile
@@ -80,7 +81,7 @@ class StepStats:
 
     @property
     def changes_type(self) -> bool:
-        """True when some sample's output type or rank differed from its input."""
+        """True when some sample's output type, rank or dtype differed from its input's."""
         return self.type_changes > 0
 
     @property

@@ -6,8 +6,9 @@ counts its extent, not its base storage), containers the sum of their leaves. It
 ``sys.getsizeof``, which counts Python object headers, not data. It runs per step per sample, so
 the common types are dispatched on their exact type first, without ``isinstance`` chains.
 
-``type_signature`` is a cheap, hashable summary (container/array type and rank) used to flag the
-steps that change a sample's type or rank: AutoOrder treats those as barriers (Pecan §5.2).
+``type_signature`` is a cheap, hashable summary (container/array type, rank and dtype) used to
+flag the steps that change a sample's type, rank or dtype: AutoOrder treats those as barriers
+(Pecan §5.2 for type and rank; the dtype is headrace's addition, ``docs/design.md``).
 ``shape_signature`` adds dtypes, shapes and lengths: a step whose output has its input's shape
 signature on every sample kept the sample's dtype and shape, and AutoOrder lets only such a
 step swap places with another (``planner/commute.py``).
@@ -180,19 +181,21 @@ def _pil_bytes(img: Any) -> int:
 
 
 def type_signature(x: Any, depth: int = 0) -> Hashable:
-    """Hashable (type, rank) summary of a sample; compare a step's input and output signatures.
+    """Hashable (type, rank, dtype) summary of a sample; compare a step's input and output
+    signatures.
 
-    Tensors and arrays give ``(type, ndim)``, PIL images ``("PIL", 2 or 3)`` (3 with several
-    bands); tuples (positionally) and dicts (by key) of at most 8 items recurse two levels deep,
-    lists give the set of their first 8 items' signatures (so length does not matter), anything
-    else gives ``(type,)``. The dtype is deliberately left out: a cast is a numeric-to-numeric change that
-    AutoOrder may move (Pecan moves Cast+Normalize in RetinaNet).
+    Tensors and arrays give ``(type, ndim, dtype)``, PIL images ``("PIL", mode)``; tuples
+    (positionally) and dicts (by key) of at most 8 items recurse two levels deep, lists give the
+    set of their first 8 items' signatures (so length does not matter), anything else gives
+    ``(type,)``. The dtype counts: Pecan moves casts (Cast+Normalize in RetinaNet), but a step
+    measured after a cast kept its dtype only there: a normalize moved before a cast to float
+    ran on uint8, where ``x - 128`` wraps (a bug hunt's find: every sample of an epoch wrong).
     """
     t = type(x)
     if t is torch.Tensor or t is np.ndarray or isinstance(x, (torch.Tensor, np.ndarray)):
-        return (t, x.ndim)
+        return (t, x.ndim, x.dtype)
     if _looks_like_pil(x):
-        return ("PIL", 3 if len(x.getbands()) > 1 else 2)
+        return ("PIL", x.mode)
     if isinstance(x, tuple):  # a structure, e.g. (image, label): positional
         if depth >= 2 or len(x) > 8:
             return (t, "...")
@@ -251,7 +254,7 @@ def signatures(x: Any, depth: int = 0) -> tuple[Hashable, Hashable]:
     type; anything else is left to the two functions."""
     t = type(x)
     if t is np.ndarray or t is torch.Tensor:
-        return (t, x.ndim), (t, x.dtype, x.shape)
+        return (t, x.ndim, x.dtype), (t, x.dtype, x.shape)
     if t in _LEAVES:
         sig = (t,)
         return sig, sig
