@@ -61,6 +61,15 @@ def test_put_then_get_returns_the_same_profile(tmp_path):
     assert store.keys() == [KEY]
 
 
+def test_a_directory_given_as_the_path_holds_the_store_file(tmp_path):
+    # SQLite cannot open a directory: the loader warned "unable to open database file" and
+    # ran without a store (a bug hunt's find)
+    store = ProfileStore(tmp_path)
+    store.put(KEY, make_profile())
+    assert store.path == tmp_path / "profiles.sqlite" and store.path.is_file()
+    assert ProfileStore(tmp_path).get(KEY) == make_profile()
+
+
 @pytest.mark.parametrize("component", ["pipeline", "dataset", "machine", "executor"])
 def test_a_changed_key_component_is_a_miss(tmp_path, component):
     store = ProfileStore(tmp_path / "p.sqlite")

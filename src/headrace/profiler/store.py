@@ -46,6 +46,8 @@ __all__ = [
 ]
 
 ENV_VAR = "HEADRACE_PROFILE_STORE"
+STORE_FILE = "profiles.sqlite"
+"""The store's file name in the default directory and in a directory given as its path."""
 """Environment variable naming the store file (overridden by an explicit ``path``)."""
 
 STORE_SCHEMA = 2
@@ -122,7 +124,7 @@ def default_store_path() -> Path:
     if env:
         return Path(env).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "headrace" / "profiles.sqlite"
+    return Path(cache) / "headrace" / STORE_FILE
 
 
 def _missing_home(path: Path) -> str | None:
@@ -139,10 +141,13 @@ class ProfileStore:
     """Profiles in one SQLite file, keyed by :class:`ProfileKey`. Safe across processes."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None, timeout: float = 30.0) -> None:
-        """``path``: the SQLite file (created with its directory on first use); ``None``: the
-        default (see :func:`default_store_path`). ``timeout``: seconds a call waits for another
-        process's write lock before ``sqlite3.OperationalError``."""
+        """``path``: the SQLite file (created with its directory on first use), or an existing
+        directory to hold ``profiles.sqlite``; ``None``: the default (see
+        :func:`default_store_path`). ``timeout``: seconds a call waits for another process's
+        write lock before ``sqlite3.OperationalError``."""
         self.path = Path(path).expanduser() if path is not None else default_store_path()
+        if self.path.is_dir():  # SQLite cannot open a directory ("unable to open database file")
+            self.path = self.path / STORE_FILE
         self.timeout = timeout
 
     def __repr__(self) -> str:
