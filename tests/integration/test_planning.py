@@ -475,3 +475,48 @@ def test_autoorder_never_moves_a_step_across_a_cast(workers, no_leaks):
     for e in range(3):
         assert np.array_equal(reordered[e], declared[e]), e
         assert declared[e].min() >= -2 and declared[e].max() < 2
+
+
+def pad_to_32(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    # keeps a 64-row input (the declared order), pads a 16-row one (after the crop)
+    if x.shape[0] >= 32:
+        return x
+    out = np.zeros((32, x.shape[1]), x.dtype)
+    top = int(rng.integers(0, 32 - x.shape[0] + 1))
+    out[top:top + x.shape[0]] = x
+    return out
+
+
+def crop_16(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    top = int(rng.integers(0, x.shape[0] - 16 + 1))
+    return x[top:top + 16].copy()
+
+
+class Rows:
+    def __len__(self) -> int:
+        return 320
+
+    def load(self, i: int) -> np.ndarray:
+        return np.full((64, 8), i, dtype=np.float32)
+
+
+def test_an_order_that_did_not_hold_is_not_run_again_by_the_next_run(tmp_path, no_leaks):
+    # AutoOrder cannot see that the pad keeps the shape only on 64-row inputs: the first run
+    # runs one epoch crop-first (32-row samples) and validation goes back. A later run decided
+    # the same order again from the stored profile and ran its first epoch 32-row too (a bug
+    # hunt: every run of the job one wrong epoch); now the rejection is stored with the profile
+    def rows(run: int) -> list[set[int]]:
+        pipe = hr.Pipeline(Rows(), [hr.step(pad_to_32, random=True),
+                                    hr.step(crop_16, random=True)])
+        loader = hr.DataLoader(pipe, batch_size=32, num_workers=0, options=hr.Options(
+            seed=run, profile_store=tmp_path / "store.sqlite", cache=None))
+        try:
+            return [{b.shape[1] for b in loader} for _ in range(3)]
+        finally:
+            loader.close()
+
+    assert rows(0) == [{16}, {32}, {16}]  # the blind spot: one epoch in the other shape
+    store = ProfileStore(tmp_path / "store.sqlite")
+    (key,) = store.keys()
+    assert store.get(key).rejected_orders == (("crop_16", "pad_to_32"),)
+    assert rows(1) == [{16}, {16}, {16}]

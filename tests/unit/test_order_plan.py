@@ -69,6 +69,21 @@ def test_an_order_whose_factors_depend_on_it_changes_at_most_twice():
     assert "X: deflationary (0.40) -> inflationary (2.50)" in plans[2].reason
 
 
+def test_an_order_rejected_earlier_is_not_run_again():
+    # an earlier run's validation found X -> P did not hold (recorded with the stored
+    # profile): decided again from that profile, it is not run for one epoch more
+    p, x = aug("P"), aug("X")
+    stored = profile((p, x), [100, 100, 40], [False, True])
+    assert names(plan_order((p, x), (p, x), stored, "stored profile", True)) == ["X", "P"]
+    plan = plan_order((p, x), (p, x), stored, "stored profile", True, rejected=[("X", "P")])
+    assert names(plan) == ["P", "X"] and plan.phase == "kept"
+    assert "order: as declared for the rest of the run: AutoOrder's order X -> P did not hold " \
+        "when validated earlier" in plan.reason
+    # another order is decided as before
+    plan = plan_order((p, x), (p, x), stored, "stored profile", True, rejected=[("P", "X")])
+    assert names(plan) == ["X", "P"] and plan.phase == "validating"
+
+
 def test_an_order_that_holds_is_kept_whatever_later_profiles_say():
     p, x = aug("P"), aug("X")
     calls = []

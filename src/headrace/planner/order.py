@@ -22,7 +22,7 @@ Deciding once and validating once bounds a run to at most two order changes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Literal
 
 from headrace.pipeline import Step
@@ -65,6 +65,7 @@ def plan_order(
     min_samples: int = MIN_PROFILE_SAMPLES,
     embedded: bool = False,
     previous: OrderPlan | None = None,
+    rejected: Collection[tuple[str, ...]] = (),
 ) -> OrderPlan:
     """The order for the next epoch.
 
@@ -72,7 +73,10 @@ def plan_order(
     profile (``profile_source`` says where it comes from: "this run", "stored profile"); while
     validating, it must be this run's profile of ``current`` only. ``embedded``: the steps run
     inside a dataset's ``__getitem__`` (never moved). ``previous``: the plan adopted last
-    (``None``: none yet), whose ``phase`` says what this call does.
+    (``None``: none yet), whose ``phase`` says what this call does. ``rejected``: orders (step
+    names) that did not hold when validated, in this run or an earlier one of the job
+    (``PipelineProfile.rejected_orders``): decided again, they are not run; the order that runs
+    is kept for the rest of the run.
     """
     declared, current = tuple(declared), tuple(current)
     if embedded:
@@ -121,6 +125,11 @@ def plan_order(
     decision = autoorder_from_profile(declared, profile)
     moved = len(decision.steps) != len(current) or any(
         a is not b for a, b in zip(decision.steps, current, strict=True))
+    if moved and tuple(decision.names) in rejected:
+        return OrderPlan(current, None, (
+            f"order: as {'declared' if current == declared else 'it runs'} for the rest of the "
+            f"run: AutoOrder's order {' -> '.join(decision.names)} did not hold when validated "
+            "earlier (recorded with the stored profile), so it is not run again"), "kept")
     # an order that runs already has nothing to validate: the next epoch decides again (a
     # profile stored before the shapes were recorded read no step as keeping its shape and
     # kept the declared order "validating", then for the whole run)

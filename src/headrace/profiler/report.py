@@ -19,7 +19,7 @@ PROFILE_SCHEMA = 2
 """Version of :meth:`PipelineProfile.to_dict`'s layout; bump it when a field changes meaning
 or goes away (2: ``StepStats.type_changes`` counts dtype changes too, so a stored profile of 1
 would let a step cross a cast; it is read as a miss and replaced). A field added with a default (``StepStats.queued_mean``, ``sized``, ``reshapes``,
-``PipelineProfile.executor`` and ``consumer_rate``) keeps it: profiles stored before read the
+``PipelineProfile.executor``, ``consumer_rate`` and ``rejected_orders``) keeps it: profiles stored before read the
 default, and an older headrace treats a newer profile as a miss."""
 
 TOTAL_GRID = 101
@@ -133,6 +133,9 @@ class PipelineProfile:
             data, in the last epoch that ran to its end for at least half a second of loop time
             (``None``: none did). The next run of the job starts ``num_workers="auto"`` at no
             more workers than that rate needs.
+        rejected_orders: step orders (names, ``load`` excluded) AutoOrder decided for this job
+            that did not hold when a run validated them (``planner/order.py``): a later run
+            keeps the declared order instead of running one epoch of them again.
     """
 
     steps: tuple[StepStats, ...]
@@ -143,6 +146,7 @@ class PipelineProfile:
     schema_version: int = PROFILE_SCHEMA
     executor: str | None = None
     consumer_rate: float | None = None
+    rejected_orders: tuple[tuple[str, ...], ...] = ()
 
     @property
     def sized_samples(self) -> int:
@@ -190,6 +194,7 @@ class PipelineProfile:
         d = dataclasses.asdict(self)
         d["steps"] = list(d["steps"])
         d["total_quantiles"] = list(self.total_quantiles)
+        d["rejected_orders"] = [list(o) for o in self.rejected_orders]
         return d
 
     @classmethod
@@ -209,6 +214,8 @@ class PipelineProfile:
                 executor=d.get("executor"),
                 consumer_rate=(None if d.get("consumer_rate") is None
                                else float(d["consumer_rate"])),
+                rejected_orders=tuple(tuple(str(n) for n in o)
+                                      for o in d.get("rejected_orders", ())),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed profile dict: {e}") from e

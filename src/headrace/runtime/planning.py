@@ -47,7 +47,8 @@ class Planning:
         self._looked_up = False
         self._pinned: OrderPlan | None = None  # an order a state dict restored
         self._saved_at: float | None = None  # time.monotonic() of the last save
-        self._saved_samples = 0  # the profile's samples then
+        self._saved: tuple[object, int, int] | None = None  # (profiler, samples, rejections)
+        self.rejected: list[tuple[str, ...]] = []  # orders that did not hold (with the profile)
         self.note = "measured this run" if options.profile else "off (Options(profile=False))"
 
     @property
@@ -75,7 +76,7 @@ class Planning:
                                   key=lambda p: p.samples), ""
         return plan_order(self.declared.steps, self.executed.steps, profile, source,
                           self.options.reorder, min_samples=need, embedded=self.declared.embedded,
-                          previous=self.order)
+                          previous=self.order, rejected=self.rejected)
 
     @property
     def executed_names(self) -> tuple[str, ...]:
@@ -133,6 +134,9 @@ class Planning:
             plan = self.decide()
             if plan is None:
                 return False
+            if (self.order is not None and self.order.phase == "validating"
+                    and plan.phase == "kept" and plan.decision is None):
+                self._reject(tuple(s.name for s in self.order.steps))
             self.order = plan
             steps = plan.steps
         if len(steps) == len(self.executed.steps) and all(
@@ -154,17 +158,19 @@ class Planning:
         stays (``ProfileStore.put(keep_larger=True)``): a resumed epoch's or a short run's
         profile replaced a larger one."""
         p = self.monitor.profiler
-        if self.store is None or p is None or p.samples == self._saved_samples:
+        # a new order starts a new profiler: one of as many samples as the last save's is new
+        if self.store is None or p is None or self._saved == (p, p.samples, len(self.rejected)):
             return
         self._looked_up = True  # (read before this run measured; a read now finds its own save)
         t = time.monotonic()
         if not now and self._saved_at is not None and t - self._saved_at < SAVE_EVERY_S:
             return
-        self._saved_at, self._saved_samples = t, p.samples
+        self._saved_at, self._saved = t, (p, p.samples, len(self.rejected))
         rate = self.monitor.last_consumer_rate()
         if rate is None and self.stored is not None:  # too short to measure: keep the last known
             rate = self.stored.consumer_rate
-        report = dataclasses.replace(p.report(), consumer_rate=rate)
+        report = dataclasses.replace(p.report(), consumer_rate=rate,
+                                     rejected_orders=tuple(self.rejected))
         try:
             self.store.put(self.key, report, keep_larger=True)
         except Exception as e:  # noqa: BLE001 - a broken cache must not break training
@@ -179,6 +185,8 @@ class Planning:
         except Exception as e:  # noqa: BLE001
             self._give_up("read profiles from", e)
             return
+        if self.stored is not None:
+            self.rejected.extend(o for o in self.stored.rejected_orders if o not in self.rejected)
         if self.stored is not None and self.stored.samples:
             q = list(self.stored.total_quantiles)
             self.monitor.timeout.seed(q)
@@ -188,6 +196,21 @@ class Planning:
                 f"reused a stored profile of {self.stored.samples} samples from {self.store.path} "
                 "(warm-up skipped)"
             )
+
+    def _reject(self, names: tuple[str, ...]) -> None:
+        """AutoOrder's order ``names`` did not hold: remember it for this job's later runs, in
+        the stored profile now (this run's own may stay smaller than it, and not replace it)
+        and in every save of this run's."""
+        if names in self.rejected:
+            return
+        self.rejected.append(names)
+        if self.store is None or self.stored is None or self.store_failed:
+            return
+        self.stored = dataclasses.replace(self.stored, rejected_orders=tuple(self.rejected))
+        try:
+            self.store.put(self.key, self.stored, keep_larger=True)
+        except Exception as e:  # noqa: BLE001 - a broken cache must not break training
+            self._give_up("save the profile to", e)
 
     def _give_up(self, what: str, e: Exception) -> None:
         """The store failed: warn once and use it no more in this loader (each later access
