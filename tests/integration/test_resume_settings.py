@@ -143,3 +143,133 @@ def test_a_state_dict_whose_identities_were_computed_otherwise_is_not_told_as_ch
             third.load_state_dict(old)
         assert Counter(r for b in third for r in rows(b)) == rest
         third.close()
+
+
+def ranked(rank, seed, epoch, workers, in_order):
+    """Rank ``rank`` of 2 (``DistributedSampler`` without a process group) over 26 samples,
+    its sampler given ``seed`` and ``set_epoch(epoch)`` as a training script does."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    pipe = hr.Pipeline(ArraySource(26), [hr.step(noise, random=True)])
+    sampler = DistributedSampler(pipe, num_replicas=2, rank=rank, shuffle=True, seed=seed)
+    sampler.set_epoch(epoch)
+    return hr.DataLoader(pipe, batch_size=3, sampler=sampler, num_workers=workers,
+                         in_order=in_order, generator=torch.Generator().manual_seed(7))
+
+
+def saved_mid_epoch(first, k):
+    """The state dict (through JSON) after ``k`` batches of loader ``first`` (closed then),
+    and the rows those batches delivered."""
+    it = iter(first)
+    before = [r for _ in range(k) for r in rows(next(it))]
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    first.close()
+    return state, before
+
+
+@pytest.mark.parametrize(("workers", "in_order"), [(0, True), (2, False)])
+@pytest.mark.parametrize("changed", ["seed", "epoch"])
+def test_a_distributed_sampler_given_another_seed_or_epoch_finishes_the_saved_epoch_once(
+        changed, workers, in_order, no_leaks):
+    # saved part-way with seed=1, set_epoch(4); resumed with seed=2 (or set_epoch(0): a new
+    # process counting epochs from 0): the state dict held positions over the saved order,
+    # read over another one, so the two ranks delivered some samples twice and others never,
+    # and the warning blamed a sampler drawing its order as it goes
+    later = {"seed": (2, 4), "epoch": (1, 0)}[changed]
+    said = {"seed": "seed=2 now, 1 when the state dict was saved",
+            "epoch": "set_epoch(0) now, set_epoch(4) when it was saved"}[changed]
+    epoch = []
+    for rank in (0, 1):
+        full = [r for b in ranked(rank, 1, 4, workers, in_order) for r in rows(b)]
+        state, before = saved_mid_epoch(ranked(rank, 1, 4, workers, in_order), 2)
+        assert state["epoch_sampler_seeds"] == [[1, 4]]  # what its order was drawn with
+        second = ranked(rank, *later, workers, in_order)
+        second.load_state_dict(state)
+        with pytest.warns(UserWarning, match=re.escape(said)):
+            it = iter(second)
+        middle = rows(next(it))
+        state = json.loads(json.dumps(second.state_dict()))  # saved again, in the resumed epoch
+        del it
+        second.close()
+        third = ranked(rank, 3, later[1], workers, in_order)  # and resumed with yet another seed
+        third.load_state_dict(state)
+        with pytest.warns(UserWarning, match=re.escape("seed=3 now, 1 when")):
+            after = [r for b in third for r in rows(b)]
+        got = before + middle + after
+        assert Counter(got) == Counter(full)  # the saved epoch's samples, with their content
+        if in_order:
+            assert got == full
+        epoch += [i for i, _ in got]
+        # the epochs after it are the script's: its seed, the epoch set_epoch gives
+        third.sampler.set_epoch(later[1] + 1)
+        nxt = [i for b in third for i, _ in rows(b)]
+        assert sorted(nxt) == sorted(third.sampler) and (nxt == list(third.sampler)
+                                                         or not in_order)
+        assert (third.sampler.seed, third.sampler.epoch) == (3, later[1] + 1)
+        third.close()
+    assert sorted(epoch) == list(range(26))  # exactly once over the two ranks
+
+
+def test_a_distributed_samplers_state_resumes_exactly_in_a_new_process_with_another_seed(
+        tmp_path, no_leaks):
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    done = []
+    for rank in (0, 1):
+        state, before = saved_mid_epoch(ranked(rank, 1, 0, 2, False), 2)
+        (tmp_path / f"state{rank}.json").write_text(json.dumps(state))
+        done += [tuple(r) for r in before]
+    script = textwrap.dedent(f"""
+        import json, sys, warnings
+        sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+        from tests.integration.test_resume import rows
+        from tests.integration.test_resume_settings import ranked
+        out = []
+        for rank in (0, 1):
+            loader = ranked(rank, 2, 0, 1, False)
+            loader.load_state_dict(json.loads(open({str(tmp_path)!r} + f"/state{{rank}}.json").read()))
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                out += [r for b in loader for r in rows(b)]
+            out += [["warned", str(w.message)] for w in said]
+            loader.close()
+        print(json.dumps(out))
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    said = [m for tag, m in out if tag == "warned"]
+    resumed = [tuple(r) for r in out if r[0] != "warned"]
+    full = [r for rank in (0, 1) for b in ranked(rank, 1, 0, 0, False) for r in rows(b)]
+    assert Counter(done + resumed) == Counter(full)
+    assert sorted(i for i, _ in done + resumed) == list(range(26))  # exactly once
+    assert len(said) == 2 and all("seed=2 now, 1 when the state dict was saved" in m
+                                  for m in said)
+
+
+def test_an_older_distributed_state_without_the_samplers_seed_loads_and_names_it(no_leaks):
+    # a state dict saved before epoch_sampler_seeds: the same seed resumes exactly, as it did;
+    # another one cannot be replayed, and the warning names the seed, not a sampler drawing
+    # as it goes
+    import warnings
+
+    full = [r for b in ranked(0, 1, 4, 0, True) for r in rows(b)]
+    state, before = saved_mid_epoch(ranked(0, 1, 4, 0, True), 2)
+    older = {k: v for k, v in state.items() if k != "epoch_sampler_seeds"}
+    same = ranked(0, 1, 4, 0, True)
+    same.load_state_dict(older)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert before + [r for b in same for r in rows(b)] == full
+    same.close()
+    other = ranked(0, 2, 4, 0, True)
+    other.load_state_dict(older)
+    with pytest.warns(hr.ReplayOrderWarning, match="does not record the DistributedSampler's "
+                      "seed and epoch"):
+        list(other)
+    other.close()

@@ -18,9 +18,10 @@ import torch
 
 from headrace.errors import StateDictError
 from headrace.pipeline.source import user_attr
-from headrace.runtime import host_rngs, state_checks
+from headrace.runtime import host_rngs, sampler_seeds, state_checks
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.order_digest import OrderDigest
+from headrace.runtime.sampler_seeds import Seeds
 
 SCHEMA_VERSION = 2
 """2 added the executed step order and what identifies the dataset and steps (for warnings);
@@ -119,6 +120,8 @@ class EpochOrigin:
     host_rngs: host_rngs.HostRngs | None = None  # Python's and NumPy's global generators at
     # epoch start, where reading the sampler moved them (``runtime/host_rngs.py``)
     order: OrderDigest | None = None  # the positions the epoch read, a digest of them
+    sampler_seeds: Seeds | None = None  # each DistributedSampler's (seed, epoch)
+    # at the epoch's start: its order comes from them (None: not recorded, older state dicts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,6 +203,9 @@ def build(
                              if origin and origin.global_rng is not None else None),
         "epoch_first_read": _first_read_to_dict(origin.first_read if origin else None),
         "epoch_host_rngs": host_rngs.to_dict(origin.host_rngs) if origin else None,
+        # each DistributedSampler's [seed, epoch] the epoch's order was drawn with: a replay
+        # draws it with them whatever the resumed run's (``runtime/sampler_seeds.py``)
+        "epoch_sampler_seeds": sampler_seeds.to_list(origin.sampler_seeds) if origin else None,
         # positions the epoch read and a digest of their indices: a replay compares its own
         "order_digest": _order_to(origin, delivered, ident),
         "sampler_generator_states": [rng_to_str(g.get_state()) for g in sampler_generators],
@@ -256,7 +262,8 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
                              rng_from_str(glob) if glob is not None else None,
                              _first_read_from_dict(sd.get("epoch_first_read")),
                              host_rngs.from_dict(sd.get("epoch_host_rngs")),
-                             _order_from(sd.get("order_digest")))
+                             _order_from(sd.get("order_digest")),
+                             sampler_seeds.from_list(sd.get("epoch_sampler_seeds")))
     gen = sd.get("generator_state")
     steps = sd.get("steps")
     return ResumePoint(

@@ -47,7 +47,7 @@ def is_sharded(sampler: Any) -> bool:
     share: torch's ``DistributedSampler``, or any sampler that says how many replicas or
     processes it serves (Accelerate's ``BatchSamplerShard``, most custom distributed
     samplers)."""
-    for s in _nested(sampler):
+    for s in nested(sampler):
         if isinstance(s, tud.distributed.DistributedSampler):
             return True
         if any(user_attr(s, a) not in (None, 1) for a in ("num_replicas", "num_processes")):
@@ -55,7 +55,7 @@ def is_sharded(sampler: Any) -> bool:
     return False
 
 
-def _nested(sampler: Any) -> Iterator[Any]:
+def nested(sampler: Any) -> Iterator[Any]:
     """``sampler`` and the samplers under it (``BatchSampler(DistributedSampler)``, wrappers
     of it), four deep at most."""
     for _ in range(4):
@@ -70,7 +70,7 @@ def sampler_rank(sampler: Any) -> tuple[int, int] | None:
     """``(rank, replicas)`` a sharded ``sampler`` (or the sampler under a batch sampler) was
     given itself (``DistributedSampler(num_replicas=, rank=)`` without a process group;
     Accelerate's ``process_index``/``num_processes``), else ``None``."""
-    for s in _nested(sampler):
+    for s in nested(sampler):
         for rank, size in (("rank", "num_replicas"), ("process_index", "num_processes")):
             r, n = user_attr(s, rank), user_attr(s, size)
             if isinstance(r, int) and isinstance(n, int) and n > 1:

@@ -5,6 +5,7 @@ the same draws replayed from a saved epoch's RNG states (exact resume)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from headrace.errors import StateDictError
-from headrace.runtime import host_rngs
+from headrace.runtime import host_rngs, sampler_seeds
 from headrace.runtime.checkpoint import (
     EpochOrigin,
     FirstRead,
@@ -60,11 +61,16 @@ def draw_epoch(
             torch.set_rng_state(global_rng)
         if not replay.drew_base_seed:
             loader._base_seed = replay.base_seed
+    seeds = contextlib.ExitStack()  # a DistributedSampler's seed and epoch, replayed
     try:
+        if replay is not None:
+            seeds.enter_context(sampler_seeds.replaying(loader._index_sampler,
+                                                        replay.sampler_seeds, replay.epoch))
         before = host_rngs.snapshot()
         rng = capture_rng(loader.generator)
         glob = torch.get_rng_state() if loader.generator is not None else None
         sampler_rngs = tuple(g.get_state() for g in own)
+        seeded = sampler_seeds.capture(loader._index_sampler)
         sampler_iter = iter(loader._index_sampler)
         # a replayed epoch draws what it drew then: the base seed a resumed persistent loader
         # already holds (state_dict's persistent_base_seed) was drawn by that very epoch when
@@ -78,7 +84,7 @@ def draw_epoch(
         if replay is None and loader.num_workers == 0:
             assert loader._base_seed is not None
             origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob,
-                                 host_rngs=host_rngs.moved_since(before))
+                                 host_rngs=host_rngs.moved_since(before), sampler_seeds=seeded)
             return origin, FirstAtNext(sampler_iter, loader.generator, own)
         first_read = replay.first_read if replay is not None else None
         if first_read is not None:  # the saved epoch read its first element later (at next())
@@ -86,6 +92,7 @@ def draw_epoch(
         first = next(sampler_iter, _END)
         host = replay.host_rngs if replay is not None else host_rngs.moved_since(before)
     finally:
+        seeds.close()  # the script's seed and epoch back, for the epochs after this one
         if user_rng is not None:
             torch.set_rng_state(user_rng)  # the training loop's RNG is not ours to move
         host_rngs.give_back(user_host)  # nor its Python and NumPy ones
@@ -96,7 +103,7 @@ def draw_epoch(
             "does not reproduce its order from the saved RNG state"
         )
     origin = EpochOrigin(loader._epoch, rng, loader._base_seed, drew, sampler_rngs, glob,
-                         first_read, host)
+                         first_read, host, sampler_seeds=seeded)
     groups = sampler_iter if first is _END else _after(first, sampler_iter)
     return origin, groups
 

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from headrace.profiler import sizes
-from headrace.runtime import ordering, pinning
+from headrace.runtime import ordering, pinning, sampler_seeds
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
@@ -122,7 +122,9 @@ def start_epoch(loader: DataLoader) -> Any:
     saved = resume.origin.order if resume is not None and resume.origin is not None else None
     order = OrderDigest(saved.saved(resume.delivered.end())  # (under ODS: no order to keep)
                         if saved is not None and resume is not None
-                        and not delivered_by_index(loader) else None)
+                        and not delivered_by_index(loader) else None,
+                        sampler_seeds.unrecorded(loader._index_sampler, resume.origin.sampler_seeds)
+                        if resume is not None and resume.origin is not None else None)
     groups = order.wrap(groups, loader._auto_collation)
     origin = dataclasses.replace(origin, order=order)
     epoch, base_seed = origin.epoch, origin.base_seed

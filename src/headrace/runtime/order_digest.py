@@ -36,12 +36,15 @@ taken are at most the epoch's in-flight bound, one sampler element each at worst
 class OrderDigest:
     """The positions an epoch read from its sampler (``read``) and a digest of their indices,
     in order (``digest``); ``expect``: the saved epoch's ``(read, digest)`` a resumed epoch
-    compares its own with once it has read that many positions (``None``: not a resume)."""
+    compares its own with once it has read that many positions (``None``: not a resume);
+    ``cause``: what the warning blames where the likely cause is known (else a sampler that
+    draws as it goes)."""
 
-    def __init__(self, expect: tuple[int, int] | None = None) -> None:
+    def __init__(self, expect: tuple[int, int] | None = None, cause: str | None = None) -> None:
         self.read = 0
         self.digest = 0
         self.expect = expect
+        self.cause = cause
         self.mismatch = False  # the replay gave another order (warned once)
         self._marks: deque[tuple[int, int]] = deque(maxlen=MARKS)  # (read, digest) per element
 
@@ -89,11 +92,11 @@ class OrderDigest:
             f"headrace: the sampler did not give the saved epoch's order again: its first "
             f"{self.expect[0]} positions hold other indices than when the state dict was saved, "
             "so the positions delivered before now hold other samples, and this epoch may "
-            "deliver some samples twice and others never. The sampler draws its order as it "
-            "goes (from a global generator after its first element, or from the clock): give "
-            "it a torch.Generator as its `generator` attribute, or draw the epoch's order in "
-            "__iter__ or at its first element (docs/reliability.md)", ReplayOrderWarning,
-            stacklevel=2)
+            "deliver some samples twice and others never. " + (self.cause or (
+                "The sampler draws its order as it goes (from a global generator after its "
+                "first element, or from the clock): give it a torch.Generator as its "
+                "`generator` attribute, or draw the epoch's order in __iter__ or at its first "
+                "element (docs/reliability.md)")), ReplayOrderWarning, stacklevel=2)
 
 
 class _Digesting:
