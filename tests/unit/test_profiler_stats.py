@@ -316,3 +316,17 @@ def test_from_dict_refuses_other_schemas_and_malformed_dicts():
         PipelineProfile.from_dict({**d, "schema_version": PROFILE_SCHEMA + 1})
     with pytest.raises(ValueError, match="malformed"):
         PipelineProfile.from_dict({**d, "steps": [{"name": "x"}]})
+
+
+def test_step_medians_are_the_reports_including_a_step_not_yet_observed():
+    p = Profiler(NAMES)
+    rng = np.random.default_rng(3)
+    for _ in range(3 * TIMES_ALL):  # past the reservoir, records kept one in TIMES_EVERY
+        p.observe(sample(list(rng.random(3)) + [0.0])[:3], None, partial=True)
+    for _ in range(50):
+        p.observe(sample(list(rng.random(4))), [10, 20, 30, 40])
+    assert p.step_wall_p50s() == [s.wall_p50 for s in p.report().steps]
+    fresh = Profiler(NAMES)
+    fresh.observe(sample([0.5, 0.25])[:2], None, partial=True)
+    assert fresh.step_wall_p50s() == [0.5, 0.25, 0.0, 0.0] == [
+        s.wall_p50 for s in fresh.report().steps]

@@ -314,6 +314,16 @@ class Profiler:
             mine.merge(theirs)
         self._total.merge(other._total)
 
+    def step_wall_p50s(self) -> list[float]:
+        """Each step's median wall seconds so far, in step order (0.0 for a step not yet
+        observed): ``[s.wall_p50 for s in self.report().steps]`` without the rest of the
+        report. The training process asks for it once a second (``Monitor._push_remaining``);
+        the whole report (two quantile passes per step, the totals' grid) cost it about 1.2 ms
+        a call, 5 steps and full reservoirs, against 0.2 ms for the medians alone (the flush
+        of the observations pending aside: due either way)."""
+        self._flush()
+        return [acc.wall.quantile(0.5) if acc.wall.count else 0.0 for acc in self._steps]
+
     def report(self) -> PipelineProfile:
         """Snapshot of the statistics so far (cheap; observing may continue afterwards)."""
         self._flush()

@@ -293,7 +293,7 @@ class Monitor(WorkerScaling):
         if len(pool.handoff.remaining) != len(names) + 1:
             return
         if self.profiler.samples >= REMAINING_MIN_SAMPLES:
-            typical = [s.wall_p50 for s in self.profiler.report().steps]
+            typical = self.profiler.step_wall_p50s()  # not report(): 6x the CPU
         elif self.known_step_p50 and all(n in self.known_step_p50 for n in names):
             typical = [self.known_step_p50[n] for n in names]
         else:
