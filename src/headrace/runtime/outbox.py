@@ -70,9 +70,9 @@ SHM_FULL = (
 
 NOT_PICKLABLE = (
     ". headrace collates batches in the training process, so every sample crosses from its "
-    "worker process on its own (a slow one handed off between two steps, its value there too) "
-    "and must pickle; torch's workers collate first and pickle the batch, so there a collate_fn "
-    "may drop what does not pickle. Return values that pickle from __getitem__ and the steps, "
+    "worker process on its own and must pickle (a slow one's value between two steps is not "
+    "handed off where it does not); torch's workers collate first and pickle the batch, so "
+    "there a collate_fn may drop what does not pickle. Return values that pickle from __getitem__ and the steps, "
     "or run the workers as threads of the training process, where nothing is pickled: "
     "options=headrace.Options(executor='threads') (README, Differences from torch's "
     "DataLoader: \"Batches collated in the training process\")"

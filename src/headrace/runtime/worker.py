@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import functools
 import gc
+import logging
 import multiprocessing.util as mp_util
 import signal
 import time
@@ -41,6 +42,7 @@ from headrace.pipeline.runner import Outcome, SampleRunner
 from headrace.planner.timeout import worth_moving
 from headrace.profiler import sizes
 from headrace.profiler.runqueue import run_queue_s
+from headrace.runtime.faithful import why_it_stays
 from headrace.runtime.gilprobe import start_probe
 from headrace.runtime.native_threads import limit_in_worker
 from headrace.runtime.outbox import Outbox, qualname, send
@@ -55,6 +57,8 @@ MEASURE_EVERY = 8
 """...then on one in this many (sizes cost a few µs per step; times are always measured)."""
 POLL_S = 0.5
 """How often a waiting worker checks that its parent is still alive (seconds)."""
+
+log = logging.getLogger("headrace")
 
 
 class Task(NamedTuple):
@@ -208,7 +212,9 @@ class TaskRunner:
     ``MEASURE_EVERY`` (in a pool that probes for ``executor="auto"``, also whether a step drew
     from the global random generators, on every run: ``Progress.global_draw``),
     and asks the hand-off rule between steps: over the shared timeout (``handoff``: the pool's
-    ``HandOff``), and enough typical work left for a move to pay.
+    ``HandOff``), and enough typical work left for a move to pay. A sample whose partial value
+    would not arrive as it is (it does not pickle, or two of its parts share memory:
+    ``runtime/faithful.py``) is not handed off: its worker finishes it.
     """
 
     def __init__(
@@ -235,6 +241,7 @@ class TaskRunner:
         self.progress = progress
         self.runs = 0
         self.measure_all = setup.profile == "all"  # near storage: every sample's sizes
+        self.pipeline_names = setup.pipeline.step_names
         limit, remaining = handoff.timeout, handoff.remaining
 
         def hand_off(next_step: int, spent: float) -> bool:
@@ -249,7 +256,10 @@ class TaskRunner:
         return bool(self.progress.is_revoked(self.slot, task.tid))
 
     def run(self, task: Task, value: Any) -> Outcome:
-        """Run ``task`` (from its partial ``value`` when it resumes at a later step)."""
+        """Run ``task`` (from its partial ``value`` when it resumes at a later step). A
+        partial outcome is returned only for a value that travels faithfully; any other goes
+        on here to the end, with the timings of both runs, as the worker it would have been
+        handed to runs it (same seeds, same cache forms)."""
         slot, progress = self.slot, self.progress
         progress.started[slot] = time.monotonic()
         progress.step[slot] = task.start
@@ -257,19 +267,21 @@ class TaskRunner:
         self.runs += 1
         measured = (self.runs <= MEASURE_ALL or self.runs % MEASURE_EVERY == 0
                     or self.measure_all)
-        return run_cached(
-            self.cache,
-            (self.measured if measured else self.plain).run,
-            task.sample,
-            task.start,
-            value,
-            task.base_seed,
-            task.epoch,
-            slot,
-            hand_off=self.hand_off if task.may_hand_off else None,
-            on_step=self.on_step,
-            draw=task.draw,
-        )
+        run = (self.measured if measured else self.plain).run
+        out = run_cached(self.cache, run, task.sample, task.start, value, task.base_seed,
+                         task.epoch, slot, hand_off=self.hand_off if task.may_hand_off else None,
+                         on_step=self.on_step, draw=task.draw)
+        if out.next_step is None or out.error is not None:
+            return out
+        why = why_it_stays(out.value)
+        if why is None:
+            return out
+        # kept: the worker goes on as the one it was handed to would have (runtime/faithful.py)
+        _say_kept(self.pipeline_names[out.next_step - 1], why)
+        rest = run_cached(self.cache, run, task.sample, out.next_step, out.value,
+                          task.base_seed, task.epoch, slot, on_step=self.on_step, draw=task.draw)
+        return Outcome(rest.value, rest.next_step, out.timings + rest.timings, rest.error,
+                       out.bytes_in)
 
     def message(
         self, tid: int, out: Outcome, send_value: Callable[[Any], tuple[Any, int | None]]
@@ -292,6 +304,21 @@ class TaskRunner:
                 msg = ("done", tid, payload, out.timings, out.bytes_in, ring_end)
         self.progress.tid[self.slot] = -1
         return msg
+
+
+_kept_said: set[str] = set()
+"""Steps after which this process said it kept a sample (``_say_kept``)."""
+
+
+def _say_kept(step: str, why: str) -> None:
+    """Warn, once per step and process, that a sample over the timeout was not handed off
+    after ``step`` because of ``why`` (``runtime/faithful.py``) and its worker finished it."""
+    if step not in _kept_said:
+        _kept_said.add(step)
+        log.warning("headrace: a sample over the hand-off timeout was not handed off after "
+                    "step %r: %s. Its worker finished it, as it would without hand-off (said "
+                    "once per worker process; docs/design.md, \"What cannot be handed off\")",
+                    step, why)
 
 
 def _if_orphaned(parent_pid: int, clean_up: Callable[[], Any]) -> None:
