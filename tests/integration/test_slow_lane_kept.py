@@ -122,4 +122,5 @@ def test_a_sample_whose_value_does_not_pickle_is_finished_by_its_worker(executor
     assert torch.equal(moved[1].flatten(), torch.arange(N * 16, dtype=torch.float32))
     if executor == "threads":  # said, with the step and why (a worker process says it on
         # its own stderr, out of this process's log capture)
-        assert "not handed off after step 'open_reader': it does not pickle" in caplog.text
+        assert "not handed off to another worker after step 'open_reader': it does not pickle" \
+            in caplog.text

@@ -72,10 +72,10 @@ NOT_PICKLABLE = (
     ". headrace collates batches in the training process, so every sample crosses from its "
     "worker process on its own and must pickle (a slow one's value between two steps is not "
     "handed off where it does not); torch's workers collate first and pickle the batch, so "
-    "there a collate_fn may drop what does not pickle. Return values that pickle from __getitem__ and the steps, "
-    "or run the workers as threads of the training process, where nothing is pickled: "
-    "options=headrace.Options(executor='threads') (README, Differences from torch's "
-    "DataLoader: \"Batches collated in the training process\")"
+    "there a collate_fn may drop what does not pickle. Return values that pickle from "
+    "__getitem__ and the steps, or run the workers as threads of the training process, "
+    "where nothing is pickled: options=headrace.Options(executor='threads') (README, "
+    "Differences from torch's DataLoader: \"Batches collated in the training process\")"
 )
 """What a sample's error adds when it cannot be sent otherwise (it does not pickle). Never
 ``on_error='skip'``: every sample of such a dataset fails alike, and the epoch delivered

@@ -311,14 +311,14 @@ _kept_said: set[str] = set()
 
 
 def _say_kept(step: str, why: str) -> None:
-    """Warn, once per step and process, that a sample over the timeout was not handed off
-    after ``step`` because of ``why`` (``runtime/faithful.py``) and its worker finished it."""
+    """Warn, once per step and process, that a sample was not handed off after ``step``
+    (over the timeout, or at a remote worker's split point) because of ``why``
+    (``runtime/faithful.py``), and its worker finished it."""
     if step not in _kept_said:
         _kept_said.add(step)
-        log.warning("headrace: a sample over the hand-off timeout was not handed off after "
-                    "step %r: %s. Its worker finished it, as it would without hand-off (said "
-                    "once per worker process; docs/design.md, \"What cannot be handed off\")",
-                    step, why)
+        log.warning("headrace: a sample was not handed off to another worker after step %r: "
+                    "%s. Its worker finished it, as it would without hand-off (said once per "
+                    "worker process; docs/design.md, \"What cannot be handed off\")", step, why)
 
 
 def _if_orphaned(parent_pid: int, clean_up: Callable[[], Any]) -> None:
