@@ -28,7 +28,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from numpy.lib.array_utils import byte_bounds
+
+try:  # NumPy 2 moved it; pyproject allows NumPy 1.24 on
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # pragma: no cover - NumPy 1.x
+    from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
 
 _COPIED = (dict, torch.Tensor, np.ndarray, bytearray)
 """What the transport copies or rebuilds one by one wherever it appears (with exact lists):
