@@ -124,3 +124,58 @@ def test_a_sample_whose_value_does_not_pickle_is_finished_by_its_worker(executor
         # its own stderr, out of this process's log capture)
         assert "not handed off to another worker after step 'open_reader': it does not pickle" \
             in caplog.text
+
+
+class NoCopy:
+    """Pickles, but refuses a deep copy (what a worker thread makes of a handed-off value)."""
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __deepcopy__(self, memo):
+        raise RuntimeError(f"sample {self.i} refuses a deep copy")
+
+
+def wrap(i):
+    time.sleep(0.02)  # simulated work, over the timeout
+    return NoCopy(i)
+
+
+def unwrap(x):
+    time.sleep(0.02)  # simulated work: enough left for a move to pay
+    return torch.tensor([x.i])
+
+
+def test_a_thread_that_cannot_copy_a_handed_off_value_fails_that_sample_not_the_epoch(no_leaks):
+    # the copy raised in the worker thread, which died; its samples went to the next thread,
+    # which died the same way: tens of thousands of "worker died" lines and no end of epoch
+    class Indices:
+        def __len__(self) -> int:
+            return 8
+
+        def load(self, i: int) -> int:
+            return i
+
+    pipe = hr.Pipeline(Indices(), [hr.step(wrap), hr.step(unwrap)])
+    opts = hr.Options(seed=3, timeout=FORCED, cache=None, profile_store=False,
+                      executor="threads")
+    loader = hr.DataLoader(pipe, batch_size=1, num_workers=2, options=opts)
+    got, errors = [], []
+    try:
+        it = iter(loader)
+        for _ in range(8 + 1):  # each sample once, delivered or raised; then the end
+            try:
+                got.append(int(next(it)))
+            except hr.StepError as e:
+                errors.append(e)
+            except StopIteration:
+                break
+        else:
+            pytest.fail("the epoch did not end")
+    finally:
+        loader.close()
+    assert errors, "no sample was handed off"
+    assert sorted(got + [e.index for e in errors]) == list(range(8))
+    for e in errors:  # the user's exception, at the hand-off, naming the sample
+        assert e.step == "transport" and isinstance(e, RuntimeError)
+        assert f"sample {e.index} refuses a deep copy" in str(e)

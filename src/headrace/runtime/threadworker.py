@@ -51,6 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 from headrace.errors import message_of
+from headrace.pipeline.runner import Outcome
 from headrace.runtime.outbox import qualname
 from headrace.runtime.worker import TaskRunner, WorkerSetup
 
@@ -235,8 +236,14 @@ def thread_main(
         # A resumed sample runs on its own copy of the partial value: the scheduler keeps the
         # original for a retry, and a revoked attempt that races its replacement (see
         # Dispatcher._steal) must not change what the other one works on.
-        value = copy.deepcopy(task.payload) if task.start > 0 else None
-        out = runner.run(task, value)
+        try:
+            value = copy.deepcopy(task.payload) if task.start > 0 else None
+        except Exception as e:  # noqa: BLE001 - that sample's error, not the thread's death
+            # (a dead thread's samples went to the next thread, which died the same way: the
+            # epoch never ended, a bug hunt's find); step -1 reads as 'transport'
+            out = Outcome(None, None, [], (-1, e, traceback.format_exc()), 0)
+        else:
+            out = runner.run(task, value)
         if not results.send(runner.message(task.tid, out, _as_is)):
             return
 
