@@ -500,23 +500,47 @@ class Rows:
         return np.full((64, 8), i, dtype=np.float32)
 
 
-def test_an_order_that_did_not_hold_is_not_run_again_by_the_next_run(tmp_path, no_leaks):
+def _rows_loader(seed: int, store) -> hr.DataLoader:
+    pipe = hr.Pipeline(Rows(), [hr.step(pad_to_32, random=True), hr.step(crop_16, random=True)])
+    return hr.DataLoader(pipe, batch_size=32, num_workers=0, options=hr.Options(
+        seed=seed, profile_store=store, cache=None))
+
+
+@pytest.mark.parametrize("ending", ["three epochs", "cut part-way", "resumed"])
+def test_an_order_that_did_not_hold_is_not_run_again_by_the_next_run(ending, tmp_path, no_leaks):
     # AutoOrder cannot see that the pad keeps the shape only on 64-row inputs: the first run
     # runs one epoch crop-first (32-row samples) and validation goes back. A later run decided
     # the same order again from the stored profile and ran its first epoch 32-row too (a bug
-    # hunt: every run of the job one wrong epoch); now the rejection is stored with the profile
-    def rows(run: int) -> list[set[int]]:
-        pipe = hr.Pipeline(Rows(), [hr.step(pad_to_32, random=True),
-                                    hr.step(crop_16, random=True)])
-        loader = hr.DataLoader(pipe, batch_size=32, num_workers=0, options=hr.Options(
-            seed=run, profile_store=tmp_path / "store.sqlite", cache=None))
+    # hunt: every run of the job one wrong epoch); now the rejection is stored with the profile,
+    # also when the first run stops part-way into its next epoch (its new profile is smaller
+    # than the stored one, which stays) or is resumed from a state dict taken between epochs
+    # (the resumed run never sees the validation fail). A review's finds, the last two.
+    store = tmp_path / "store.sqlite"
+    loader = _rows_loader(0, store)
+    try:
+        first = [{b.shape[1] for b in loader} for _ in range(2)]
+        if ending == "three epochs":
+            first.append({b.shape[1] for b in loader})
+        elif ending == "cut part-way":
+            it = iter(loader)
+            first.append({next(it).shape[1] for _ in range(2)})
+            del it
+        else:
+            state = loader.state_dict()
+    finally:
+        loader.close()
+    assert first[:2] == [{16}, {32}]  # the blind spot: one epoch in the other shape
+    if ending == "resumed":
+        loader = _rows_loader(0, store)
         try:
-            return [{b.shape[1] for b in loader} for _ in range(3)]
+            loader.load_state_dict(state)
+            assert [{b.shape[1] for b in loader} for _ in range(2)] == [{16}, {16}]
         finally:
             loader.close()
-
-    assert rows(0) == [{16}, {32}, {16}]  # the blind spot: one epoch in the other shape
-    store = ProfileStore(tmp_path / "store.sqlite")
-    (key,) = store.keys()
-    assert store.get(key).rejected_orders == (("crop_16", "pad_to_32"),)
-    assert rows(1) == [{16}, {16}, {16}]
+    (key,) = ProfileStore(store).keys()
+    assert ProfileStore(store).get(key).rejected_orders == (("crop_16", "pad_to_32"),)
+    loader = _rows_loader(1, store)
+    try:
+        assert [{b.shape[1] for b in loader} for _ in range(3)] == [{16}, {16}, {16}]
+    finally:
+        loader.close()

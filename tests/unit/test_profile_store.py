@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import sqlite3
 from pathlib import Path
@@ -68,6 +69,29 @@ def test_a_directory_given_as_the_path_holds_the_store_file(tmp_path):
     store.put(KEY, make_profile())
     assert store.path == tmp_path / "profiles.sqlite" and store.path.is_file()
     assert ProfileStore(tmp_path).get(KEY) == make_profile()
+    # one not made yet, named with a trailing separator, is a directory too (a review: it
+    # became a file named like the directory, and the user's makedirs under it failed)
+    later = ProfileStore(f"{tmp_path}/runs/profiles/")
+    later.put(KEY, make_profile())
+    assert later.path == tmp_path / "runs" / "profiles" / "profiles.sqlite"
+    (tmp_path / "runs" / "profiles" / "ckpt").mkdir()
+
+
+def test_rejected_orders_are_merged_whichever_profile_is_kept(tmp_path):
+    # a run's rejection must reach the store even where its own profile is smaller than the
+    # stored one, which stays (a review: the next run ran the rejected order for an epoch)
+    store = ProfileStore(tmp_path / "p.sqlite")
+    assert not store.add_rejected(KEY, ("a", "b"))  # nothing stored: the run's save carries it
+    store.put(KEY, make_profile(n=40))
+    assert store.add_rejected(KEY, ("b", "a"))
+    assert store.get(KEY).rejected_orders == (("b", "a"),)
+    assert store.get(KEY).samples == 40
+    small = dataclasses.replace(make_profile(n=10), rejected_orders=(("c", "d"),))
+    assert not store.put(KEY, small, keep_larger=True)  # the larger stays, with both
+    assert store.get(KEY).samples == 40
+    assert store.get(KEY).rejected_orders == (("b", "a"), ("c", "d"))
+    assert store.put(KEY, make_profile(n=50), keep_larger=True)  # a larger one keeps them
+    assert store.get(KEY).rejected_orders == (("b", "a"), ("c", "d"))
 
 
 @pytest.mark.parametrize("component", ["pipeline", "dataset", "machine", "executor"])

@@ -46,9 +46,10 @@ __all__ = [
 ]
 
 ENV_VAR = "HEADRACE_PROFILE_STORE"
+"""Environment variable naming the store file or its directory (overridden by an explicit
+``path``)."""
 STORE_FILE = "profiles.sqlite"
 """The store's file name in the default directory and in a directory given as its path."""
-"""Environment variable naming the store file (overridden by an explicit ``path``)."""
 
 STORE_SCHEMA = 2
 """Layout of the SQLite file (``PRAGMA user_version`` and a column of every row); 2 added the
@@ -141,12 +142,13 @@ class ProfileStore:
     """Profiles in one SQLite file, keyed by :class:`ProfileKey`. Safe across processes."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None, timeout: float = 30.0) -> None:
-        """``path``: the SQLite file (created with its directory on first use), or an existing
-        directory to hold ``profiles.sqlite``; ``None``: the default (see
+        """``path``: the SQLite file (created with its directory on first use), or a
+        directory to hold ``profiles.sqlite`` (one that exists, or a path ending in ``/``); ``None``: the default (see
         :func:`default_store_path`). ``timeout``: seconds a call waits for another process's
         write lock before ``sqlite3.OperationalError``."""
         self.path = Path(path).expanduser() if path is not None else default_store_path()
-        if self.path.is_dir():  # SQLite cannot open a directory ("unable to open database file")
+        named_dir = path is not None and os.fspath(path).endswith(("/", os.sep))
+        if named_dir or self.path.is_dir():  # SQLite cannot open a directory
             self.path = self.path / STORE_FILE
         self.timeout = timeout
 
@@ -168,37 +170,58 @@ class ProfileStore:
     def put(self, key: ProfileKey, profile: PipelineProfile, *, keep_larger: bool = False) -> bool:
         """Store the profile of ``key``, atomically; True when it was stored. It replaces the
         one stored, unless ``keep_larger`` and that one is readable and holds more samples
-        (``PipelineProfile.samples``): then the store keeps it and this call changes nothing.
-        The loader saves with ``keep_larger`` (docs/design.md: a stored profile is replaced only
-        by one of at least as many samples)."""
-        text = json.dumps(profile.to_dict(), separators=(",", ":"))
+        (``PipelineProfile.samples``): then the store keeps it and this call changes nothing
+        but its ``rejected_orders``. Those are merged either way (an order found not to hold
+        stays found, whichever profile is kept). The loader saves with ``keep_larger``
+        (docs/design.md: a stored profile is replaced only by one of at least as many
+        samples)."""
         with self._connect() as conn:
             if conn is None:
                 return False
             with _transaction(conn):
-                if keep_larger:
-                    row = conn.execute(
-                        "SELECT samples, profile FROM profiles WHERE pipeline=? AND dataset=?"
-                        " AND machine=? AND executor=?",
-                        (key.pipeline, key.dataset, key.machine, key.executor),
-                    ).fetchone()
-                    if (row is not None and row[0] > profile.samples
-                            and _parse(row[1]) is not None):
-                        return False
-                conn.execute(
-                    "INSERT OR REPLACE INTO profiles VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        key.pipeline,
-                        key.dataset,
-                        key.machine,
-                        key.executor,
-                        STORE_SCHEMA,
-                        time.time(),
-                        profile.samples,
-                        text,
-                    ),
-                )
+                old = self._read(conn, key)
+                if old is not None:
+                    profile = _with_rejected(profile, old.rejected_orders)
+                if keep_larger and old is not None and old.samples > profile.samples:
+                    merged = _with_rejected(old, profile.rejected_orders)
+                    if merged != old:
+                        self._write(conn, key, merged)
+                    return False
+                self._write(conn, key, profile)
         return True
+
+    def add_rejected(self, key: ProfileKey, order: tuple[str, ...]) -> bool:
+        """Record ``order`` (step names) in the stored profile of ``key``'s
+        ``rejected_orders``, atomically; False when no readable profile is stored (the run's
+        own save carries it then)."""
+        with self._connect() as conn:
+            if conn is None:
+                return False
+            with _transaction(conn):
+                old = self._read(conn, key)
+                if old is None:
+                    return False
+                merged = _with_rejected(old, (order,))
+                if merged != old:
+                    self._write(conn, key, merged)
+        return True
+
+    @staticmethod
+    def _read(conn: sqlite3.Connection, key: ProfileKey) -> PipelineProfile | None:
+        row = conn.execute(
+            "SELECT profile FROM profiles WHERE pipeline=? AND dataset=? AND machine=?"
+            " AND executor=? AND schema_version=?",
+            (key.pipeline, key.dataset, key.machine, key.executor, STORE_SCHEMA),
+        ).fetchone()
+        return None if row is None else _parse(row[0])
+
+    @staticmethod
+    def _write(conn: sqlite3.Connection, key: ProfileKey, profile: PipelineProfile) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO profiles VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (key.pipeline, key.dataset, key.machine, key.executor, STORE_SCHEMA, time.time(),
+             profile.samples, json.dumps(profile.to_dict(), separators=(",", ":"))),
+        )
 
     def invalidate(
         self,
@@ -263,6 +286,14 @@ class ProfileStore:
             yield conn if usable else None
         finally:
             conn.close()
+
+
+def _with_rejected(profile: PipelineProfile,
+                   orders: tuple[tuple[str, ...], ...]) -> PipelineProfile:
+    """``profile`` whose ``rejected_orders`` also hold ``orders`` (in the order first seen)."""
+    extra = tuple(o for o in orders if o not in profile.rejected_orders)
+    return (dataclasses.replace(profile, rejected_orders=profile.rejected_orders + extra)
+            if extra else profile)
 
 
 def _parse(text: str) -> PipelineProfile | None:

@@ -76,7 +76,8 @@ class Options:
             start when a stored profile exists). ``False`` keeps the declared order.
         profile_store: where profiles are kept between runs, keyed by pipeline, dataset and
             machine: ``True`` the user cache directory (or ``$HEADRACE_PROFILE_STORE``), a
-            file path, a directory (its ``profiles.sqlite``), or ``False`` for none. A stored profile skips the warm-up.
+            file path, a directory (one that exists, or a path ending in ``/``: its
+            ``profiles.sqlite``), or ``False`` for none. A stored profile skips the warm-up.
         executor: what runs the ``num_workers`` workers. ``"processes"`` (torch's way): worker
             processes, each sample copied to the training process through shared memory.
             ``"threads"``: threads of the training process, samples handed over without a copy

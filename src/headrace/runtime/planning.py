@@ -95,6 +95,10 @@ class Planning:
         plan = self._pinned if self._pinned is not None else self.decide()
         if plan is None:
             return self.executed_names, self.phase
+        if plan is not self._pinned:
+            # a state dict taken here records "kept": the resumed run would not see the
+            # validation fail, so the order is recorded as rejected now
+            self._if_rejected(plan)
         return tuple(s.name for s in plan.steps), plan.phase
 
     def restore(self, names: tuple[str, ...], phase: str | None = None) -> None:
@@ -134,9 +138,7 @@ class Planning:
             plan = self.decide()
             if plan is None:
                 return False
-            if (self.order is not None and self.order.phase == "validating"
-                    and plan.phase == "kept" and plan.decision is None):
-                self._reject(tuple(s.name for s in self.order.steps))
+            self._if_rejected(plan)
             self.order = plan
             steps = plan.steps
         if len(steps) == len(self.executed.steps) and all(
@@ -197,6 +199,12 @@ class Planning:
                 "(warm-up skipped)"
             )
 
+    def _if_rejected(self, plan: OrderPlan) -> None:
+        """``plan`` ends a validation that failed: record the order it ran as rejected."""
+        if (self.order is not None and self.order.phase == "validating"
+                and plan.phase == "kept" and plan.decision is None):
+            self._reject(tuple(s.name for s in self.order.steps))
+
     def _reject(self, names: tuple[str, ...]) -> None:
         """AutoOrder's order ``names`` did not hold: remember it for this job's later runs, in
         the stored profile now (this run's own may stay smaller than it, and not replace it)
@@ -204,11 +212,10 @@ class Planning:
         if names in self.rejected:
             return
         self.rejected.append(names)
-        if self.store is None or self.stored is None or self.store_failed:
+        if self.store is None:
             return
-        self.stored = dataclasses.replace(self.stored, rejected_orders=tuple(self.rejected))
-        try:
-            self.store.put(self.key, self.stored, keep_larger=True)
+        try:  # merged into whatever profile is stored (the run's own save carries it too)
+            self.store.add_rejected(self.key, names)
         except Exception as e:  # noqa: BLE001 - a broken cache must not break training
             self._give_up("save the profile to", e)
 
