@@ -38,9 +38,6 @@ with ``batch_size=None`` (a sample a step) is always padded to the same count on
 from __future__ import annotations
 
 import inspect
-import pickle
-import sys
-import time
 from typing import Any
 
 import torch
@@ -148,9 +145,7 @@ class HeadraceShard(DataLoaderShard):
         sampler = self.base_dataloader.sampler
         if isinstance(sampler, tud.DistributedSampler):
             state[_SEED] = sampler.seed
-        if self.num_processes == 1:
-            return state
-        return {ranks.GATHERED: _all_gather_settled(state, self.num_processes)}
+        return state if self.num_processes == 1 else ranks.gather_all(state, self.num_processes)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the headrace loader's state, the ``DistributedSampler``'s seed, and the
@@ -177,56 +172,6 @@ class HeadraceShard(DataLoaderShard):
                                 self.process_index, self._non_blocking, self.skip_batches,
                                 self.iteration, self._drop_last, self.rng_types,
                                 self.synchronized_generator))
-
-
-_SETTLE_S = 60.0
-"""Seconds :func:`_all_gather_settled` waits at most for the process group's threads to drop
-its tensors (normally within a millisecond of the collective's end)."""
-
-
-def _all_gather_settled(obj: Any, world: int) -> list[Any]:
-    """Every rank's ``obj``, in rank order (``torch.distributed.all_gather_object``), returned
-    only once the process group's own threads have dropped the tensors that carried it.
-
-    A gloo worker thread drops its references to a collective's tensors after the collective
-    has completed, and for a tensor that has a Python object that drop takes the GIL.
-    Accelerate's ``save_state`` gathers the loader's state last; where the script ends right
-    after it, as the README's snippet does, a worker held up by a loaded machine came to take
-    the GIL after the interpreter had begun finalizing: CPython ended the thread
-    (``pthread_exit``), the unwinding met a ``noexcept`` destructor, and the rank aborted at
-    exit ("terminate called without an active exception", exit -6). ``all_gather_object``'s
-    tensors are its own; here they are ours, held until no other thread holds them."""
-    dist = torch.distributed
-    device = (torch.device("cuda", torch.cuda.current_device())
-              if dist.get_backend() == "nccl" else torch.device("cpu"))
-    payload = pickle.dumps(obj)
-    sizes = _all_gather_bytes(len(payload).to_bytes(8, "little"), 8, world, device)
-    longest = max(int.from_bytes(b, "little") for b in sizes)
-    data = _all_gather_bytes(payload, longest, world, device)
-    return [pickle.loads(d[:int.from_bytes(n, "little")]) for d, n in zip(data, sizes, strict=True)]
-
-
-def _all_gather_bytes(payload: bytes, length: int, world: int,
-                      device: torch.device) -> list[bytes]:
-    """Every rank's ``payload`` padded to ``length`` bytes, once the process group's threads
-    have dropped the tensors it was gathered with (or after :data:`_SETTLE_S`).
-
-    While C++ code holds a tensor, torch holds a reference to the tensor's Python object too,
-    and drops it, under the GIL, when C++ drops its last: so the Python reference counts
-    back at what they were before the collective mean that no thread will take the GIL for
-    these tensors again (a torch that keeps no such reference needs no GIL to drop one)."""
-    mine = torch.zeros(length, dtype=torch.uint8)
-    if payload:
-        mine[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    mine = mine.to(device)
-    outputs = [torch.empty(length, dtype=torch.uint8, device=device) for _ in range(world)]
-    tensors = [mine, *outputs]
-    before = [sys.getrefcount(t) for t in tensors]
-    torch.distributed.all_gather(outputs, mine)
-    deadline = time.monotonic() + _SETTLE_S
-    while [sys.getrefcount(t) for t in tensors] != before and time.monotonic() < deadline:
-        time.sleep(0.001)
-    return [o.cpu().numpy().tobytes() for o in outputs]
 
 
 def prepare_data_loader(accelerator: Accelerator, loader: DataLoader,

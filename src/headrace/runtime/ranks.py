@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from headrace.errors import StateDictError
-from headrace.runtime import distributed
+from headrace.runtime import distributed, settled_gather
 
 GATHERED = "headrace_ranks"
 """The key of a state dict holding every rank's state, in rank order."""
@@ -79,7 +79,11 @@ def gathered(state: dict[str, Any], where: tuple[int, int] | None) -> dict[str, 
 
 def gather_all(state: Any, world: int) -> dict[str, Any]:
     """Every rank's ``state``, in rank order, under :data:`GATHERED` (a collective: every
-    rank of the process group calls it; also Accelerate's ``save_state``)."""
+    rank of the process group calls it; also Accelerate's ``save_state``). With gloo, once no
+    thread of the process group holds the gather's tensors (``runtime/settled_gather.py``: a
+    script ending right after a checkpoint aborted at exit)."""
+    if torch.distributed.get_backend() == "gloo":
+        return {GATHERED: settled_gather.all_gather_settled(state, world)}
     states: list[Any] = [None] * world
     torch.distributed.all_gather_object(states, state)
     return {GATHERED: states}
