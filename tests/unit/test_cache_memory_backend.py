@@ -145,3 +145,52 @@ def test_small_entries_stored_in_random_order_stay_within_the_budget() -> None:
         assert any(v is not None for v in taken)
         backend.set_budgets({"encoded": 0})
         assert backend.scan_bytes() == 0
+
+
+def _start_ticks(pid: int) -> int:
+    """``pid``'s start time as ``/proc/<pid>/stat`` gives it (clock ticks since boot)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rfind(b")") + 2:].split()[19])
+
+
+def test_a_directory_of_a_reused_pid_is_removed_one_of_its_live_owner_kept(tmp_path,
+                                                                            monkeypatch) -> None:
+    # a container restarted with /dev/shm kept gives its new training process the killed one's
+    # pid: the sweep asked only whether the pid existed, and kept every killed job's directory
+    # (384 MB, 767 MB, 1.2 GB after three restarts)
+    monkeypatch.setattr(memory_backend, "SHM_ROOT", str(tmp_path))
+    me, start = os.getpid(), _start_ticks(os.getpid())
+    reused = tmp_path / f"headrace-cache-{me}-{start - 1}-a1b2c3d4"  # an earlier process's
+    live = tmp_path / f"headrace-cache-{me}-{start}-e5f6g7h8"  # this one's, lock not made yet
+    older = tmp_path / f"headrace-cache-{me}-i9j0k1l2"  # an older version's: the pid decides
+    for d in (reused, live, older):
+        d.mkdir()
+        (d / "shard-0").mkdir()
+    path = memory_backend.make_dir()
+    try:
+        assert not reused.exists() and live.exists() and older.exists()
+    finally:
+        memory_backend.remove_dir(path)
+
+
+def test_the_owners_lock_decides_whatever_pid_the_name_holds(tmp_path, monkeypatch) -> None:
+    # another container sharing /dev/shm: its pids mean nothing here, its lock does
+    import fcntl
+
+    monkeypatch.setattr(memory_backend, "SHM_ROOT", str(tmp_path))
+    absent_pid = 1 << 22  # above any pid_max
+    held = tmp_path / f"headrace-cache-{absent_pid}-5-a1b2c3d4"
+    free = tmp_path / f"headrace-cache-{os.getpid()}-{_start_ticks(os.getpid())}-e5f6g7h8"
+    for d in (held, free):
+        d.mkdir()
+        (d / "owner.lock").touch()
+        (d / "shard-0").mkdir()
+    fd = os.open(held / "owner.lock", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # its owner lives
+        path = memory_backend.make_dir()
+        memory_backend.remove_dir(path)
+        assert held.exists() and not free.exists()  # free: every process of its owner is gone
+    finally:
+        os.close(fd)

@@ -26,16 +26,15 @@ which can make room), so a client does not stop storing while other shards have 
 from __future__ import annotations
 
 import os
-import shutil
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from headrace.cache import shm_owner
 from headrace.cache.lmdb_envs import close_envs
 from headrace.cache.lmdb_store import LmdbStore, entry_cost
 
 SHM_ROOT = "/dev/shm"
-DIR_PREFIX = "headrace-cache-"
 MAX_SHARDS = 16
 """The most LMDB environments one cache is split into."""
 CORES_PER_SHARD = 4
@@ -78,41 +77,22 @@ def split_tiers(budgets: dict[str, int], shards: int) -> list[dict[str, int]]:
     return parts
 
 
-def make_dir(owner_pid: int | None = None) -> str:
-    """A fresh private directory on tmpfs for one job's cache; removes dead owners' dirs."""
-    root = SHM_ROOT if os.path.isdir(SHM_ROOT) else None
-    import tempfile
-
-    _remove_orphans(root or tempfile.gettempdir())
-    pid = owner_pid or os.getpid()
-    return tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{pid}-", dir=root)
-
-
-def _remove_orphans(root: str) -> None:
-    """Remove cache dirs left by a process that was killed (its pid is in the name)."""
-    import psutil
-
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return
-    for n in names:
-        if not n.startswith(DIR_PREFIX):
-            continue
-        pid = n[len(DIR_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(os.path.join(root, n), ignore_errors=True)
+def make_dir() -> str:
+    """A fresh private directory on tmpfs for this process's cache, locked by it and watched
+    (``shm_owner``); removes the directories of dead owners first."""
+    return shm_owner.make_dir(SHM_ROOT if os.path.isdir(SHM_ROOT) else None)
 
 
 def remove_dir(path: str, owner_pid: int | None = None) -> None:
     """Delete a cache directory, its shards included (called by the owning loader on close and
-    at exit). ``owner_pid``: only in that process; a process the user's code forked from it
-    runs the finaliser at its exit too, and removed the live cache under the training
-    process (which then went on without one)."""
+    at exit), and in its owner stop its watcher. ``owner_pid``: only in that process; a
+    process the user's code forked from it runs the finaliser at its exit too, and removed the
+    live cache under the training process (which then went on without one)."""
     if owner_pid is not None and os.getpid() != owner_pid:
         return
     close_envs(path)
-    shutil.rmtree(path, ignore_errors=True)
+    shm_owner.remove_tree(path)
+    shm_owner.release(path)
 
 
 class MemoryBackend:
@@ -169,7 +149,7 @@ class MemoryBackend:
         worker's watchdog thread (``runtime/parent.py``) while another thread may be inside a
         transaction or reading an entry in place; the process ends next. Its mappings stay
         valid after the files are unlinked."""
-        shutil.rmtree(self.path, ignore_errors=True)
+        shm_owner.remove_tree(self.path)
 
     def close_here(self) -> None:
         """Close this process's environments (no transaction may be open); reopened on use."""
