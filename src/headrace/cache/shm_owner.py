@@ -26,7 +26,9 @@ Three things now end such a directory:
 - *The sweep.* ``remove_orphans``, when any cache is made: every directory whose lock is free.
 
 Names are ``headrace-cache-<pid>-<start>-<random>``: ``<start>`` is the owner's start time
-(``/proc/<pid>/stat``'s starttime, clock ticks since boot). The lock decides where it exists;
+(``/proc/<pid>/stat``'s starttime, clock ticks since boot). The lock file is locked before it
+is given its name (created as ``.owner.lock``, renamed), so no sweep finds it unlocked in a live
+directory. The lock decides where it exists;
 the name decides only in the instant between the directory's creation and its lock (the pid and
 the start time must both match a live process to keep it). Names of older versions,
 ``headrace-cache-<pid>-<random>``, are judged by their pid as before.
@@ -124,8 +126,13 @@ def make_dir(root: str | None) -> str:
     remove_orphans(root)
     pid = os.getpid()
     path = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{pid}-{start_time(pid)}-", dir=root)
-    fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # locked before it has its name: another job's sweep that found an unlocked owner.lock
+    # between its creation and its lock would remove this live directory (DDP ranks make
+    # their caches at the same moment)
+    making = os.path.join(path, f".{LOCK_NAME}")
+    fd = os.open(making, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(making, os.path.join(path, LOCK_NAME))
     _owned[path] = Ownership(pid, fd, _start_watcher(path))
     return path
 
