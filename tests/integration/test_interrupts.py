@@ -479,3 +479,50 @@ def test_a_sampler_error_comes_once_after_what_was_read_then_the_epoch_ends(work
     assert got[:4] == [0, 1, 2, 3] and "the sampler broke" in outcome
     assert outcome.count("the sampler broke") == 1 and outcome[-1] == "stop"
     assert loader.state_dict()["in_epoch"]
+
+
+def _started_inside_launch(frame: FrameType, call: int) -> bool:
+    """multiprocessing's ``Finalize`` made by ``Popen._launch`` in this process: after the
+    fork, before the ``Process`` kept the child's pid."""
+    from multiprocessing import popen_fork
+
+    return frame.f_back is not None and frame.f_back.f_code is popen_fork.Popen._launch.__code__
+
+
+def _post_fork_points() -> list[Any]:
+    from multiprocessing import util
+
+    from headrace.runtime.handles import WorkerHandle
+    from headrace.runtime.taskpipe import TaskPipe
+
+    return [
+        pytest.param(TaskPipe.__init__.__code__, nth_call(1), id="TaskPipe.__init__"),
+        pytest.param(WorkerHandle.__init__.__code__, nth_call(1), id="WorkerHandle.__init__"),
+        pytest.param(util.Finalize.__init__.__code__, _started_inside_launch,
+                     id="Popen._launch-after-fork"),
+    ]
+
+
+@pytest.mark.parametrize(("code", "when"), _post_fork_points())
+def test_a_ctrl_c_right_after_a_worker_forks_leaves_no_worker_alive(code, when):
+    """A Ctrl-C landing between a worker's fork and the pool's record of it, caught as a
+    notebook does: the worker is killed and reaped, or (cut inside ``multiprocessing``, no pid
+    kept) reads EOF on its task pipe and exits. Before, it waited on its pipe (it held a copy of
+    our end) until the training process exited, seen by no shutdown."""
+    import gc
+
+    import psutil
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children()}
+    loader = hr.DataLoader(IndexDataset(N), batch_size=4, num_workers=2)
+    with interrupt_once(code, when) as fired, pytest.raises(KeyboardInterrupt):
+        iter(loader)
+    assert fired["n"] == 1
+    del loader
+    gc.collect()
+    new = [p for p in me.children() if p.pid not in before]
+    _, alive = psutil.wait_procs(new, timeout=10)  # reaps the exited ones (zombies included)
+    assert not alive, f"workers still alive after the interrupted start: {alive}"
+    got = [i for b in hr.DataLoader(IndexDataset(N), batch_size=4, num_workers=2) for i in b.tolist()]
+    assert sorted(got) == list(range(N))

@@ -31,6 +31,7 @@ across loaders (docs/design.md).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
@@ -120,24 +121,45 @@ def _unlock_in_child() -> None:
 os.register_at_fork(after_in_child=_unlock_in_child)
 
 
-def start_process(ctx: Any, args: tuple[Any, ...], name: str) -> Any:
+def start_process(ctx: Any, args: tuple[Any, ...], name: str,
+                  parent_ends: tuple[Any, ...] = ()) -> Any:
     """Start a worker process of multiprocessing context ``ctx`` running
     ``worker.worker_main(*args)``; returns the started ``Process``. Forked, no collection runs
     between the fork and the child's ``gc.freeze()`` (``worker.forked_main``): the training
     process's garbage is never finalised in a worker, and the training process's own frozen
-    objects stay as its user froze them."""
-    if ctx.get_start_method() != "fork":
-        proc = ctx.Process(target=worker_main, args=args, daemon=True, name=name)
-        proc.start()
-        return proc
-    with _FORKING:
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            proc = ctx.Process(target=forked_main, args=(collecting, *args), daemon=True,
-                               name=name)
+    objects stay as its user froze them; the child closes its copies of ``parent_ends`` (the
+    training process's ends of its own pipes), so it reads EOF once the training process
+    closes them. An exception after the fork (a Ctrl-C) stops the started process
+    (:func:`stop_started`) before it propagates."""
+    proc = None
+    try:
+        if ctx.get_start_method() != "fork":
+            proc = ctx.Process(target=worker_main, args=args, daemon=True, name=name)
             proc.start()
-        finally:
-            if collecting:
-                gc.enable()
-    return proc
+            return proc
+        with _FORKING:
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                proc = ctx.Process(target=forked_main, args=(collecting, parent_ends, *args),
+                                   daemon=True, name=name)
+                proc.start()
+            finally:
+                if collecting:
+                    gc.enable()
+        return proc
+    except BaseException:
+        if proc is not None:
+            stop_started(proc)
+        raise
+
+
+def stop_started(proc: Any) -> None:
+    """Kill and reap ``proc`` if it was started (an exception cut its start, or its record
+    in the pool, short). One cut inside ``multiprocessing`` before it kept the child's pid
+    cannot be killed here: that child exits on EOF (``start_process``'s ``parent_ends``)."""
+    if proc.pid is None:
+        return
+    with contextlib.suppress(OSError, ValueError, AssertionError):
+        proc.kill()
+        proc.join()

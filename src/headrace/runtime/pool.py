@@ -40,7 +40,7 @@ from typing import Any
 
 from headrace.pipeline import Pipeline
 from headrace.runtime import live_pools
-from headrace.runtime.forks import StartRequests, start_process
+from headrace.runtime.forks import StartRequests, start_process, stop_started
 from headrace.runtime.handles import HandOff, Progress, WorkerHandle
 from headrace.runtime.native_threads import resolved_for_fork
 from headrace.runtime.ring import Ring
@@ -228,21 +228,46 @@ class WorkerPool:
         self.progress.tid[slot] = -1
         self.progress.gil_held[slot] = self.progress.gil_probed[slot] = 0.0
         self.progress.clear_revoked(slot)  # a dead predecessor's revocations do not carry over
+        if start is None and self.executor != "threads":
+            return self._start_process(setup)  # records its handle itself
         if start is None:
-            start = self._start_thread if self.executor == "threads" else self._start_process
+            start = self._start_thread
         h = self.workers[slot] = start(setup)
         return h
 
     def _start_process(self, setup: WorkerSetup) -> WorkerHandle:
+        """Fork or spawn the worker of ``setup.slot`` and record its handle in ``workers``.
+
+        An exception landing between the fork and the record (a Ctrl-C: a signal's exception
+        lands where a function starts) would leave a worker that no ``shutdown`` sees and that
+        waits for ever on its task pipe, as it holds a copy of our end (until the training
+        process exits). So the handle is recorded in the same ``try`` as the start; on any
+        exception the worker is killed and reaped, and our pipe ends closed. Backstop for a
+        fork the exception cut inside ``multiprocessing`` (no pid to kill): the child closes
+        its copies of our ends (``forks.start_process``), so it reads EOF once ours close."""
         reader, writer = self.ctx.Pipe(duplex=False)
         task_reader, task_writer = self.ctx.Pipe(duplex=False)
         ring = Ring(self.ctx)
         slot = setup.slot
         args = (setup, task_reader, writer, self.handoff, self.progress, ring)
-        proc = start_process(self.ctx, args, f"headrace-worker-{slot}")
-        writer.close()  # only the worker writes; EOF on our end then means it died
-        task_reader.close()  # only the worker reads
-        return WorkerHandle(slot, proc, TaskPipe(task_writer), reader, ring)
+        proc = None
+        try:
+            tasks = TaskPipe(task_writer)
+            proc = start_process(self.ctx, args, f"headrace-worker-{slot}",
+                                 parent_ends=(task_writer, reader))
+            h = self.workers[slot] = WorkerHandle(slot, proc, tasks, reader, ring)
+            writer.close()  # only the worker writes; EOF on our end then means it died
+            task_reader.close()  # only the worker reads
+        except BaseException:
+            if self.workers.get(slot) is not None and self.workers[slot].process is proc:
+                del self.workers[slot]
+            if proc is not None:
+                stop_started(proc)
+            for conn in (task_writer, reader, writer, task_reader):
+                conn.close()
+            ring.close()
+            raise
+        return h
 
     def _start_thread(self, setup: WorkerSetup) -> WorkerHandle:
         tasks, results = ThreadTasks(), ThreadResults()

@@ -98,10 +98,15 @@ class WorkerSetup(NamedTuple):
     blas_threads: int | None = None  # native pools' threads (runtime/native_threads.py)
 
 
-def forked_main(collecting: bool, *args: Any) -> None:
+def forked_main(collecting: bool, parent_ends: tuple[Any, ...], *args: Any) -> None:
     """Entry point of a forked worker: what it inherited leaves its collections, then
     ``worker_main``. The pool forks with the collector off (``pool.py``), so no collection ran
-    in between; ``collecting``: whether the training process's collector was on."""
+    in between; ``collecting``: whether the training process's collector was on.
+    ``parent_ends``: the training process's ends of this worker's own pipes (connections),
+    closed here, so that this worker reads EOF once the training process closes them (a
+    worker whose start an exception cut short, unrecorded: ``WorkerPool._start_process``)."""
+    for conn in parent_ends:
+        conn.close()
     gc.freeze()
     if collecting:
         gc.enable()
