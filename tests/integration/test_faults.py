@@ -79,6 +79,69 @@ def test_a_sample_that_always_kills_its_worker_is_named(no_leaks):
         list(loader)
 
 
+class _Indices:
+    def __len__(self) -> int:
+        return 24
+
+    def load(self, i: int) -> int:
+        return i
+
+
+def _dies_on_13(i: int) -> torch.Tensor:
+    if i == 13 and torch.utils.data.get_worker_info() is not None:
+        os.kill(os.getpid(), signal.SIGKILL)  # as a native crash or the OOM killer would
+    return torch.tensor(i)
+
+
+def test_a_worker_dying_in_a_step_names_the_step_the_workers_and_the_signal(no_leaks, caplog):
+    """Invariant 6: the error names its place. It said "sample index 13 ... (last exit code
+    -9); the sample likely crashes or exhausts memory", and the warnings "worker 0 died (exit
+    code -9); re-running 2 sample(s)": no step, no workers, a signal as a bare number."""
+    pipe = hr.Pipeline(source=_Indices(), steps=[hr.step(_dies_on_13, name="decode")])
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=2, options=hr.Options(cache=None))
+    with pytest.raises(hr.WorkerDiedError) as ei:
+        list(loader)
+    text = str(ei.value)
+    assert "sample index 13 was being processed in step 'decode'" in text, text
+    assert "killed by SIGKILL" in text and "exit code" not in text, text
+    assert "workers 0, 1" in text or "workers 1, 0" in text, text
+    warnings = [r.getMessage() for r in caplog.records if "died (" in r.getMessage()]
+    assert warnings and all("in step 'decode' on sample index 13" in w for w in warnings), warnings
+    assert all("indices [" in w and "13" in w.split("indices [")[1] for w in warnings), warnings
+
+
+def _exits_on_5(i: int) -> torch.Tensor:
+    if i == 5:
+        raise SystemExit(3)  # a library calling sys.exit(3)
+    return torch.tensor(i)
+
+
+def _interrupts_on_5(i: int) -> torch.Tensor:
+    if i == 5:
+        raise KeyboardInterrupt("raised by the step itself")
+    return torch.tensor(i)
+
+
+@pytest.mark.parametrize(("fn", "raised"), [(_exits_on_5, "SystemExit"),
+                                             (_interrupts_on_5, "KeyboardInterrupt")])
+def test_sys_exit_from_a_step_in_a_worker_is_that_samples_step_error(fn, raised, no_leaks):
+    """A step raising SystemExit or KeyboardInterrupt in a worker process (no signal: workers
+    ignore SIGINT) is that sample's StepError with its traceback, as an error is. It ended the
+    worker: the sample was re-run on a second one, which died too, and the WorkerDiedError
+    blamed a crash or memory, with the traceback lost."""
+    pipe = hr.Pipeline(source=_Indices(), steps=[hr.step(fn, name="decode")])
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=2, options=hr.Options(cache=None))
+    with pytest.raises(hr.StepError) as ei:
+        list(loader)
+    e = ei.value
+    assert (e.index, e.step, e.cause_type) == (5, "decode", raised)
+    assert e.worker in (0, 1) and "raise " in e.remote_traceback, e.remote_traceback
+    assert loader.stats().worker_restarts == 0
+    skip = hr.DataLoader(pipe, batch_size=4, num_workers=2,
+                         options=hr.Options(cache=None, on_error="skip"))
+    assert Counter(flat(skip)) == Counter(set(range(24)) - {5})
+
+
 def test_a_sample_that_kills_workers_is_skipped_under_skip_policy(no_leaks):
     loader = hr.DataLoader(KillerDataset(20, {7}), batch_size=4, num_workers=2,
                            options=hr.Options(on_error="skip"))

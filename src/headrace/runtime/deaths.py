@@ -20,7 +20,16 @@ from headrace.runtime.dispatch import running_longer_than
 from headrace.runtime.handles import WorkerHandle
 from headrace.runtime.lanes import Lanes
 from headrace.runtime.pool import WorkerPool
-from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec, death_error, start_death_error
+from headrace.runtime.work import (
+    Counters,
+    EpochSpec,
+    Fatal,
+    Rec,
+    death_error,
+    how_it_ended,
+    start_death_error,
+    step_name,
+)
 
 log = logging.getLogger("headrace")
 
@@ -64,6 +73,7 @@ class Deaths:
             return
         lost = [self.lanes.recs[t] for t in w.assigned if t in self.lanes.recs]
         running = self.pool.progress.tid[w.slot]
+        step = self.pool.progress.step[w.slot] if running != -1 else None  # where it died
         hung = self._hung.pop(w.slot, None)
         w.assigned.clear()
         exitcode = w.process.exitcode
@@ -72,11 +82,14 @@ class Deaths:
             log.info("headrace worker %d ended%s; re-running %d sample(s)", w.slot,
                      "" if w.ready else " before it started", len(lost))
         else:
-            log.warning("headrace worker %d died (exit code %s); re-running %d sample(s)",
-                        w.slot, exitcode, len(lost))
+            log.warning("headrace worker %d died (%s)%s; re-running %d sample(s)%s", w.slot,
+                        how_it_ended(exitcode), self._running(lost, running, step),
+                        len(lost), shown_indices(lost))
         for rec in lost:
             if rec.task.tid == running or len(lost) == 1 and w.ready:
                 rec.attempts += 1  # only the sample it was running is suspect (none, starting)
+                rec.died_on += (w.slot,)
+                rec.died_in = step if rec.task.tid == running else None
             if rec.attempts >= self.spec.max_restarts:
                 err = death_error(rec, hung, self.pool.pipeline.step_names, exitcode,
                                   self.spec.sample_timeout_s, w.slot)
@@ -90,3 +103,23 @@ class Deaths:
                 raise Fatal(start_death_error(w.slot, deaths, exitcode))
         if self.pool.replace(w):  # not once the pool is shutting down
             self.hooks.on_worker_restart()
+
+    def _running(self, lost: list[Rec], running: int, step: int | None) -> str:
+        """`` in step 'decode' on sample index 13``: what the dead worker was running."""
+        rec = next((r for r in lost if r.task.tid == running), None)
+        if rec is None:
+            return ""
+        name = step_name(self.pool.pipeline.step_names, step)
+        return (f" in step {name!r}" if name is not None else "") + f" on sample index {rec.index}"
+
+
+SHOWN = 8
+"""Sample indices a dead worker's warning lists; it counts the rest."""
+
+
+def shown_indices(lost: list[Rec]) -> str:
+    """``: indices [3, 7]``, the first ``SHOWN`` and how many more (nothing when none)."""
+    if not lost:
+        return ""
+    more = f" and {len(lost) - SHOWN} more" if len(lost) > SHOWN else ""
+    return f": indices [{', '.join(str(r.index) for r in lost[:SHOWN])}]{more}"

@@ -6,6 +6,7 @@ Plain data shared by the scheduler thread (``runtime/scheduler.py``) and the loa
 from __future__ import annotations
 
 import contextlib
+import signal
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -79,6 +80,8 @@ class Rec:
     attempts: int = 0
     step_s: float = 0.0  # step time spent so far (s)
     worker: int | None = None
+    died_on: tuple[int, ...] = ()  # the slots of the workers that died running it
+    died_in: int | None = None  # the step position the last of them died in (None: unknown)
 
 
 class Counters:
@@ -175,6 +178,39 @@ def _shown(indices: list[int]) -> str:
     return ", ".join(map(str, indices[:16])) + (", ..." if len(indices) > 16 else "")
 
 
+def how_it_ended(exitcode: int | None) -> str:
+    """A worker process's exit code in words: a negative one names the signal that ended it
+    (``-6``: ``killed by SIGABRT``), which a bare number hid."""
+    if exitcode is None:
+        return "exit code unknown"
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"killed by signal {-exitcode}"
+
+
+_CRASHES = frozenset(("SIGSEGV", "SIGBUS", "SIGABRT", "SIGFPE", "SIGILL"))
+
+
+def likely_cause(exitcode: int | None) -> str:
+    """What usually ends a worker that way: a crash in native code, the out-of-memory killer,
+    or code that ends the process (``os._exit``: a step's ``sys.exit`` is reported as its
+    error, ``worker.TaskRunner.run``)."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = ""
+        if name in _CRASHES:
+            return "native code crashed in the step (a decoder, an extension module)"
+        if name == "SIGKILL":
+            return "the out-of-memory killer or a kill from outside ended it"
+        return "a signal ended it"
+    return "code in the step ended the process (os._exit, or a library exiting)"
+
+
 def start_death_error(slot: int, deaths: int, exitcode: int | None) -> WorkerDiedError:
     """The error of a worker slot whose workers died ``deaths`` times in a row while starting,
     before their "ready" (``worker_init_fn`` or the dataset's setup ends the process: a
@@ -182,8 +218,13 @@ def start_death_error(slot: int, deaths: int, exitcode: int | None) -> WorkerDie
     such death; headrace replaces the worker up to ``Options(max_worker_restarts)`` times."""
     return worker_start_error(None, (
         f"worker {slot} died {deaths} times in a row while starting, before it ran a sample "
-        f"(last exit code {exitcode}): worker_init_fn or the dataset's setup ends the worker "
+        f"(last {how_it_ended(exitcode)}): worker_init_fn or the dataset's setup ends the worker "
         "process"))
+
+
+def step_name(names: list[str], step: int | None) -> str | None:
+    """The name of step position ``step`` (None: unknown)."""
+    return names[step] if step is not None and 0 <= step < len(names) else None
 
 
 def death_error(rec: Rec, hung: tuple[int, int] | None, names: list[str], exitcode: int | None,
@@ -191,14 +232,19 @@ def death_error(rec: Rec, hung: tuple[int, int] | None, names: list[str], exitco
     """The error of a sample whose worker died ``rec.attempts`` times while running it: a
     ``TimeoutError``-flavoured ``StepError`` naming the step it hung in when ``hung`` (the
     task id and step of a worker killed for ``sample_timeout_s``) is this sample's, else a
-    ``WorkerDiedError``."""
+    ``WorkerDiedError`` naming the sample, the step its last worker died in
+    (``rec.died_in``), the workers, and how the last one ended."""
     if hung is not None and hung[0] == rec.task.tid:
-        step = names[hung[1]] if 0 <= hung[1] < len(names) else "?"
+        step = step_name(names, hung[1]) or "?"
         return step_error_for(
             TimeoutError, rec.index, step, "TimeoutError",
             f"the sample ran longer than sample_timeout={sample_timeout_s} s in step {step!r} "
             f"on {rec.attempts} attempt(s); its worker was replaced", "", slot)
+    died_in = step_name(names, rec.died_in)
+    where = f" in step {died_in!r}" if died_in is not None else ""
+    workers = ", ".join(map(str, rec.died_on or (slot,)))
     return WorkerDiedError(
-        f"sample index {rec.index} was being processed by a worker that died {rec.attempts} "
-        f"times (last exit code {exitcode}); the sample likely crashes or exhausts memory in a "
-        "step. Skip it with options=headrace.Options(on_error='skip') or fix the step.")
+        f"sample index {rec.index} was being processed{where} by a worker that died "
+        f"{rec.attempts} times (workers {workers}; the last {how_it_ended(exitcode)}: "
+        f"{likely_cause(exitcode)}). Skip it with options=headrace.Options(on_error='skip') "
+        "or fix the step.")

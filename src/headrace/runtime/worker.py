@@ -273,6 +273,16 @@ class TaskRunner:
         measured = (self.runs <= MEASURE_ALL or self.runs % MEASURE_EVERY == 0
                     or self.measure_all)
         run = (self.measured if measured else self.plain).run
+        try:
+            return self._run(task, value, run)
+        except (SystemExit, KeyboardInterrupt) as e:
+            # a step's own (a worker ignores SIGINT, and its shutdown sends no signal that
+            # raises): the sample's error with its traceback, as an ``Exception`` is; it ended
+            # the worker, which was taken for a crash and lost both (docs/reliability.md)
+            return Outcome(None, None, [], (progress.step[slot], e, traceback.format_exc()))
+
+    def _run(self, task: Task, value: Any, run: Callable[..., Outcome]) -> Outcome:
+        slot = self.slot
         out = run_cached(self.cache, run, task.sample, task.start, value, task.base_seed,
                          task.epoch, slot, hand_off=self.hand_off if task.may_hand_off else None,
                          on_step=self.on_step, draw=task.draw)
