@@ -23,6 +23,11 @@ Written once here; every loop that blocks points to it.
   interrupt cut short). Workers are daemonic, so even a missed call cannot outlive the
   interpreter. Only the process that made a pool stops it: a process the user's code forks
   runs the exit hook and the finalisers too.
+* Starting: a worker is recorded in ``workers`` in the same ``try`` as its fork, which kills
+  and reaps it on any exception in between (a Ctrl-C lands where a function starts): unrecorded,
+  no shutdown saw it, and it waited on its task pipe until the interpreter exited. A fork cut
+  inside ``multiprocessing`` keeps no pid to kill: that child closes its copies of our pipe
+  ends (``forks.start_process``) and exits on EOF once ours close.
 * Shared memory: tensors travel with torch's ``file_descriptor`` strategy; segments are unlinked
   at creation and vanish with the last process holding them, so a killed process leaks none.
 """
@@ -236,15 +241,9 @@ class WorkerPool:
         return h
 
     def _start_process(self, setup: WorkerSetup) -> WorkerHandle:
-        """Fork or spawn the worker of ``setup.slot`` and record its handle in ``workers``.
-
-        An exception landing between the fork and the record (a Ctrl-C: a signal's exception
-        lands where a function starts) would leave a worker that no ``shutdown`` sees and that
-        waits for ever on its task pipe, as it holds a copy of our end (until the training
-        process exits). So the handle is recorded in the same ``try`` as the start; on any
-        exception the worker is killed and reaped, and our pipe ends closed. Backstop for a
-        fork the exception cut inside ``multiprocessing`` (no pid to kill): the child closes
-        its copies of our ends (``forks.start_process``), so it reads EOF once ours close."""
+        """Start the worker of ``setup.slot`` and record it in ``workers``, in one ``try``: on
+        any exception in between (a Ctrl-C) the worker is killed and reaped and our pipe ends
+        closed (see NOTE [headrace shutdown])."""
         reader, writer = self.ctx.Pipe(duplex=False)
         task_reader, task_writer = self.ctx.Pipe(duplex=False)
         ring = Ring(self.ctx)
@@ -259,9 +258,9 @@ class WorkerPool:
             writer.close()  # only the worker writes; EOF on our end then means it died
             task_reader.close()  # only the worker reads
         except BaseException:
-            if self.workers.get(slot) is not None and self.workers[slot].process is proc:
-                del self.workers[slot]
             if proc is not None:
+                if getattr(self.workers.get(slot), "process", None) is proc:
+                    del self.workers[slot]
                 stop_started(proc)
             for conn in (task_writer, reader, writer, task_reader):
                 conn.close()
