@@ -27,7 +27,7 @@ Written once here; every loop that blocks points to it.
   and reaps it on any exception in between (a Ctrl-C lands where a function starts): unrecorded,
   no shutdown saw it, and it waited on its task pipe until the interpreter exited. A fork cut
   inside ``multiprocessing`` keeps no pid to kill: that child closes its copies of our pipe
-  ends (``forks.start_process``) and exits on EOF once ours close.
+  ends (``forks.start_process``) and exits on EOF once ours close (``process_start.py``).
 * Shared memory: tensors travel with torch's ``file_descriptor`` strategy; segments are unlinked
   at creation and vanish with the last process holding them, so a killed process leaks none.
 """
@@ -45,11 +45,10 @@ from typing import Any
 
 from headrace.pipeline import Pipeline
 from headrace.runtime import live_pools
-from headrace.runtime.forks import StartRequests, start_process, stop_started
+from headrace.runtime.forks import StartRequests
 from headrace.runtime.handles import HandOff, Progress, WorkerHandle
 from headrace.runtime.native_threads import resolved_for_fork
-from headrace.runtime.ring import Ring
-from headrace.runtime.taskpipe import TaskPipe
+from headrace.runtime.process_start import start_worker_process
 from headrace.runtime.threadworker import (
     ThreadResults,
     ThreadRun,
@@ -233,39 +232,11 @@ class WorkerPool:
         self.progress.tid[slot] = -1
         self.progress.gil_held[slot] = self.progress.gil_probed[slot] = 0.0
         self.progress.clear_revoked(slot)  # a dead predecessor's revocations do not carry over
-        if start is None and self.executor != "threads":
-            return self._start_process(setup)  # records its handle itself
+        if start is None and self.executor != "threads":  # records its handle itself
+            return start_worker_process(self.ctx, setup, self.handoff, self.progress, self.workers)
         if start is None:
             start = self._start_thread
         h = self.workers[slot] = start(setup)
-        return h
-
-    def _start_process(self, setup: WorkerSetup) -> WorkerHandle:
-        """Start the worker of ``setup.slot`` and record it in ``workers``, in one ``try``: on
-        any exception in between (a Ctrl-C) the worker is killed and reaped and our pipe ends
-        closed (see NOTE [headrace shutdown])."""
-        reader, writer = self.ctx.Pipe(duplex=False)
-        task_reader, task_writer = self.ctx.Pipe(duplex=False)
-        ring = Ring(self.ctx)
-        slot = setup.slot
-        args = (setup, task_reader, writer, self.handoff, self.progress, ring)
-        proc = None
-        try:
-            tasks = TaskPipe(task_writer)
-            proc = start_process(self.ctx, args, f"headrace-worker-{slot}",
-                                 parent_ends=(task_writer, reader))
-            h = self.workers[slot] = WorkerHandle(slot, proc, tasks, reader, ring)
-            writer.close()  # only the worker writes; EOF on our end then means it died
-            task_reader.close()  # only the worker reads
-        except BaseException:
-            if proc is not None:
-                if getattr(self.workers.get(slot), "process", None) is proc:
-                    del self.workers[slot]
-                stop_started(proc)
-            for conn in (task_writer, reader, writer, task_reader):
-                conn.close()
-            ring.close()
-            raise
         return h
 
     def _start_thread(self, setup: WorkerSetup) -> WorkerHandle:

@@ -104,7 +104,7 @@ def forked_main(collecting: bool, parent_ends: tuple[Any, ...], *args: Any) -> N
     in between; ``collecting``: whether the training process's collector was on.
     ``parent_ends``: the training process's ends of this worker's own pipes (connections),
     closed here, so that this worker reads EOF once the training process closes them (a
-    worker whose start an exception cut short, unrecorded: ``WorkerPool._start_process``)."""
+    worker whose start an exception cut short, unrecorded: ``process_start.py``)."""
     for conn in parent_ends:
         conn.close()
     gc.freeze()
