@@ -117,14 +117,15 @@ def _changed(ss: tuple[Any, ...], saved: Seeds, now: Seeds, epoch: int) -> str |
 
 def unrecorded(index_sampler: Any, saved: Seeds | None) -> str | None:
     """What to blame when a resumed epoch's order differs and the state dict did not record
-    the ``DistributedSampler``'s seed and epoch (``saved`` ``None``, an older headrace's) while
+    the ``DistributedSampler``'s seed and epoch (``saved`` ``None``: an older headrace's, or
+    :func:`capture` found one that is not an integer) while
     this loader has a shuffling one; ``None`` otherwise."""
     if saved is not None or not any(s.shuffle for s in samplers(index_sampler)):
         return None
-    return ("This state dict, saved by an older headrace, does not record the "
-            "DistributedSampler's seed and epoch, whose order is drawn from seed + epoch: "
-            "resume with the saved run's seed and set_epoch(epoch) to finish that epoch exactly "
-            "(a state dict saved by this headrace records them)")
+    return ("This state dict does not record the DistributedSampler's seed and epoch (saved "
+            "by an older headrace, or a sampler whose seed or epoch is not an integer), whose "
+            "order is drawn from seed + epoch: resume with the saved run's seed and "
+            "set_epoch(epoch) to finish that epoch exactly")
 
 
 def to_list(seeds: Seeds | None) -> list[list[int]] | None:
