@@ -100,7 +100,8 @@ class Deaths:
         if not w.ready and not w.external:  # it died starting: replaced, but not for ever
             deaths = self._start_deaths[w.slot] = self._start_deaths.get(w.slot, 0) + 1
             if deaths > self.spec.max_restarts:  # (a fork of this process each time)
-                raise Fatal(start_death_error(w.slot, deaths, exitcode))
+                raise Fatal(start_death_error(w.slot, deaths, exitcode,
+                                              self.pool.ctx.get_start_method()))
         if self.pool.replace(w):  # not once the pool is shutting down
             self.hooks.on_worker_restart()
 

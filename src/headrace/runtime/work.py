@@ -211,15 +211,23 @@ def likely_cause(exitcode: int | None) -> str:
     return "code in the step ended the process (os._exit, or a library exiting)"
 
 
-def start_death_error(slot: int, deaths: int, exitcode: int | None) -> WorkerDiedError:
+def start_death_error(slot: int, deaths: int, exitcode: int | None,
+                      start_method: str = "fork") -> WorkerDiedError:
     """The error of a worker slot whose workers died ``deaths`` times in a row while starting,
     before their "ready" (``worker_init_fn`` or the dataset's setup ends the process: a
-    segfault in an import, ``os._exit``, the OOM killer at start-up). torch raises at the first
-    such death; headrace replaces the worker up to ``Options(max_worker_restarts)`` times."""
+    segfault in an import, ``os._exit``, the OOM killer at start-up; under ``spawn`` or
+    ``forkserver``, a script without a ``__main__`` guard, which each worker imports). torch
+    raises at the first such death; headrace replaces the worker up to
+    ``Options(max_worker_restarts)`` times."""
+    guard = ("" if start_method == "fork" else
+             f"; under the {start_method!r} start method each worker also imports the script "
+             "that made the loader, so a script whose training code is not under "
+             "`if __name__ == '__main__':` runs it again there and the worker fails (Python's "
+             "multiprocessing docs, \"Safe importing of main module\")")
     return worker_start_error(None, (
         f"worker {slot} died {deaths} times in a row while starting, before it ran a sample "
         f"(last {how_it_ended(exitcode)}): worker_init_fn or the dataset's setup ends the worker "
-        "process"))
+        f"process{guard}"))
 
 
 def step_name(names: list[str], step: int | None) -> str | None:
