@@ -114,7 +114,11 @@ class StepError(HeadraceError):
         text = f"step {step!r} failed on {what} in {where}: {cause_type}: {message}"
         if remote_traceback:
             text += f"\n\nOriginal traceback:\n{remote_traceback.rstrip()}"
-        if step != TRANSPORT_STEP:  # a transport failure's message says what to change:
+        if step == "collate_fn":  # on_error="skip" drops samples, never a batch: advising it
+            # here changed nothing, also where it was set (a bug hunt's find)
+            text += ("\n\nFix the collate_fn or the samples it is given (on_error='skip' drops "
+                     "failing samples, not batches).")
+        elif step != TRANSPORT_STEP:  # a transport failure's message says what to change:
             # skipping every sample that cannot be sent drops the whole epoch, silently
             text += (
                 "\n\nFix the step or the sample, or pass "

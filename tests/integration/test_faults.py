@@ -209,6 +209,9 @@ def test_wrong_shape_names_the_samples_of_the_batch(no_leaks):
         list(loader)
     loader.close()  # the epoch list() left (its traceback keeps it alive until then)
     assert ei.value.step == "collate_fn" and "3" in str(ei.value) and "shape" in str(ei.value)
+    # on_error="skip" drops samples, not batches: not advised for a batch (it changed nothing)
+    assert "on_error='skip') to drop" not in str(ei.value)
+    assert "drops failing samples, not batches" in str(ei.value)
 
 
 def test_nan_caught_by_a_validation_step(no_leaks):
