@@ -176,3 +176,18 @@ def test_threads_slower_than_processes_in_their_trial_epoch_go_back(no_leaks):
     assert executors == ["processes", "threads", "processes"]
     assert d is not None and d.executor == "processes"
     assert "threads were tried for an epoch" in d.reason
+
+
+def test_explain_says_how_much_step_time_is_measured_until_it_decides(no_leaks):
+    # short epochs: "measuring" for three epochs with no number and no word of what it waits
+    # for (1 s of step time; a docs hunt's find)
+    pipe = hr.Pipeline(ArraySource(16), [hr.step(sleepy, name="sleepy")])
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    try:
+        run_epochs(loader, 1)
+        assert loader.monitor.executor_decision is None  # 16 x 10 ms: under the 1 s it needs
+        line = next(x for x in loader.explain().splitlines() if x.startswith('executor="auto"'))
+    finally:
+        loader.close()
+    assert "ms of step time measured; it decides at 1.00 s" in line, line
+    assert "(0 µs of step time" not in line  # the epoch's probes were read

@@ -35,6 +35,12 @@ class ExecutorProbes:
         self._processes_rate: float | None = None  # samples/s of the last epoch on processes
         self._tried = False  # threads had their trial epoch
 
+    @property
+    def probed_s(self) -> float:
+        """Seconds of step time the GIL probes watched so far (the decision needs
+        ``planner.executor.MIN_PROBED_S``)."""
+        return self._banked[1] + self._last[1]
+
     def after_epoch(self, executor: str, wall_s: float, samples_per_s: float,
                     decision: ExecutorDecision | None) -> ExecutorDecision | None:
         """The decision once an epoch that ran on ``executor`` closed: threads' first epoch

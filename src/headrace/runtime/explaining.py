@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from headrace import units
+from headrace.planner.executor import MIN_PROBED_S
 from headrace.planner.explain import Facts
 from headrace.runtime import epochs, ordering
 
@@ -69,8 +71,10 @@ def _executor_line(loader: DataLoader) -> str | None:
         return None
     d = loader.monitor.executor_decision
     if d is None:
+        probed = loader.monitor._executor_probes.probed_s
         return (f'executor="auto": running {loader._executor}, measuring how much of the '
-                "steps' time holds the GIL")
+                f"steps' time holds the GIL ({units.duration(probed)} of step time measured; "
+                f"it decides at {units.duration(MIN_PROBED_S)})")
     applied = ("" if d.executor == loader._executor
                else f" (from the next epoch; {loader._executor} until then)")
     return d.describe() + applied
