@@ -25,7 +25,7 @@ class SlowStartSampler(Sampler[int]):
         return N
 
     def __iter__(self) -> Iterator[int]:
-        time.sleep(ITER_S)
+        time.sleep(ITER_S)  # simulated work (an index file read, a large shuffle)
         return iter(range(N))
 
 

@@ -158,14 +158,7 @@ class ProfileStore:
     def get(self, key: ProfileKey) -> PipelineProfile | None:
         """The stored profile of ``key``, or ``None`` (never stored, invalidated, or unreadable)."""
         with self._connect() as conn:
-            if conn is None:
-                return None
-            row = conn.execute(
-                "SELECT profile FROM profiles WHERE pipeline=? AND dataset=? AND machine=?"
-                " AND executor=? AND schema_version=?",
-                (key.pipeline, key.dataset, key.machine, key.executor, STORE_SCHEMA),
-            ).fetchone()
-        return None if row is None else _parse(row[0])
+            return None if conn is None else self._read(conn, key)
 
     def put(self, key: ProfileKey, profile: PipelineProfile, *, keep_larger: bool = False) -> bool:
         """Store the profile of ``key``, atomically; True when it was stored. It replaces the

@@ -178,17 +178,24 @@ def _shown(indices: list[int]) -> str:
     return ", ".join(map(str, indices[:16])) + (", ..." if len(indices) > 16 else "")
 
 
+def _signal_name(exitcode: int | None) -> str | None:
+    """The signal a negative exit code says ended the process (``-6``: ``SIGABRT``; an unknown
+    number: ``signal 200``); None for a process that exited or is not known to have ended."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
 def how_it_ended(exitcode: int | None) -> str:
     """A worker process's exit code in words: a negative one names the signal that ended it
     (``-6``: ``killed by SIGABRT``), which a bare number hid."""
-    if exitcode is None:
-        return "exit code unknown"
-    if exitcode >= 0:
-        return f"exit code {exitcode}"
-    try:
-        return f"killed by {signal.Signals(-exitcode).name}"
-    except ValueError:
-        return f"killed by signal {-exitcode}"
+    name = _signal_name(exitcode)
+    if name is not None:
+        return f"killed by {name}"
+    return "exit code unknown" if exitcode is None else f"exit code {exitcode}"
 
 
 _CRASHES = frozenset(("SIGSEGV", "SIGBUS", "SIGABRT", "SIGFPE", "SIGILL"))
@@ -198,11 +205,8 @@ def likely_cause(exitcode: int | None) -> str:
     """What usually ends a worker that way: a crash in native code, the out-of-memory killer,
     or code that ends the process (``os._exit``: a step's ``sys.exit`` is reported as its
     error, ``worker.TaskRunner.run``)."""
-    if exitcode is not None and exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = ""
+    name = _signal_name(exitcode)
+    if name is not None:
         if name in _CRASHES:
             return "native code crashed in the step (a decoder, an extension module)"
         if name == "SIGKILL":
