@@ -271,11 +271,13 @@ def test_an_order_whose_factors_depend_on_it_settles(no_leaks):
     finally:
         loader.close()
     declared = ["twice", "pad_to_1024"]
-    # (epoch 1 runs AutoOrder's order, whose output is 2048 long: the limit of a rule that
-    # judges a step on the inputs it had, docs/design.md); it does not hold, and from then on
-    # the declared order runs
-    assert orders[0] == declared and orders[2:] == [declared] * 4
-    assert shapes[0] == {1200} and shapes[2:] == [{1200}] * 4
+    # epoch 1 runs AutoOrder's order, whose output would be 2048 long (a rule that judges a
+    # step on the inputs it had); each sample's check finds the pad changing the shape and runs
+    # it in the declared order (pipeline/order_guard.py), and from then on the declared order
+    # runs
+    assert orders[0] == declared and orders[1] == declared[::-1]
+    assert orders[2:] == [declared] * 4
+    assert shapes == [{1200}] * 6
     assert "as declared for the rest of the run" in text, text
 
 
@@ -509,7 +511,9 @@ def _rows_loader(seed: int, store) -> hr.DataLoader:
 @pytest.mark.parametrize("ending", ["three epochs", "cut part-way", "resumed"])
 def test_an_order_that_did_not_hold_is_not_run_again_by_the_next_run(ending, tmp_path, no_leaks):
     # AutoOrder cannot see that the pad keeps the shape only on 64-row inputs: the first run
-    # runs one epoch crop-first (32-row samples) and validation goes back. A later run decided
+    # runs one epoch crop-first, where each sample is checked, found 32 rows wide and run
+    # again in the declared order (pipeline/order_guard.py; they were delivered 32 rows wide
+    # before), and the order goes back. A later run decided
     # the same order again from the stored profile and ran its first epoch 32-row too (a bug
     # hunt: every run of the job one wrong epoch); now the rejection is stored with the profile,
     # also when the first run stops part-way into its next epoch (its new profile is smaller
@@ -529,7 +533,7 @@ def test_an_order_that_did_not_hold_is_not_run_again_by_the_next_run(ending, tmp
             state = loader.state_dict()
     finally:
         loader.close()
-    assert first[:2] == [{16}, {32}]  # the blind spot: one epoch in the other shape
+    assert first[:2] == [{16}, {16}]  # (the check: no epoch in the other shape)
     if ending == "resumed":
         loader = _rows_loader(0, store)
         try:

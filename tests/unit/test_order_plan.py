@@ -137,3 +137,20 @@ def test_a_step_measured_by_its_times_alone_is_not_known_to_keep_its_shape():
         prof.observe([StepTiming(i, 1e-3, 1e-3) for i in range(2)], None)
     st = prof.report().step("noise")
     assert st.count == 5 and st.sized == 0 and not st.keeps_shape
+
+
+def test_an_order_a_sample_broke_goes_back_to_the_declared_order_in_any_phase():
+    # a sample on which a moved step changed the shape after all (pipeline/order_guard.py):
+    # validating or already kept, the declared order runs for the rest of the run
+    p, x = aug("P"), aug("X")
+    moved = profile((x, p), [100, 40, 40], [True, False])
+    for phase in ("validating", "kept"):
+        previous = OrderPlan((x, p), None, "order: reordered by AutoOrder", phase)
+        plan = plan_order((p, x), (x, p), moved, "this run", True, previous=previous,
+                          broke="P changed a sample's dtype or shape")
+        assert names(plan) == ["P", "X"] and plan.phase == "kept" and plan.decision is None
+        assert "did not hold: P changed a sample's dtype or shape" in plan.reason
+    # running the declared order, there is nothing to go back from
+    previous = OrderPlan((p, x), None, "order: as declared", "undecided")
+    plan = plan_order((p, x), (p, x), moved, "this run", True, previous=previous, broke="P ...")
+    assert plan.decision is not None and "did not hold" not in plan.reason

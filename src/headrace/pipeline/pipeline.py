@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from headrace.errors import PipelineError
@@ -27,15 +27,22 @@ class Pipeline:
     its transforms, which run where ``source.load`` (the dataset's ``__getitem__``) calls them,
     measured per step but never split out, handed off between or reordered
     (``pipeline/inplace.py``).
+    ``declared``: the user's step order when ``steps`` is another one (AutoOrder's, set by
+    :meth:`with_steps`), else None; the runner checks the new order's premise sample by sample
+    (``pipeline/order_guard.py``). ``kept_shape``: the seed keys (``keys``) of the steps that
+    kept dtype and shape on every profiled sample, which that premise is about.
     """
 
     source: Source
     steps: tuple[Step, ...] = ()
     opaque: bool = False
     embedded: bool = False
+    declared: tuple[Step, ...] | None = dataclasses.field(default=None, compare=False)
+    kept_shape: frozenset[int] = dataclasses.field(default=frozenset(), compare=False)
 
     def __init__(self, source: Source, steps: Sequence[Step | Any] = (), opaque: bool = False,
-                 embedded: bool = False):
+                 embedded: bool = False, declared: Sequence[Step] | None = None,
+                 kept_shape: Collection[int] = ()):
         if not hasattr(source, "load") or not hasattr(source, "__len__"):
             raise PipelineError(
                 f"source {type(source).__name__} must have __len__ and load(index); "
@@ -49,6 +56,8 @@ class Pipeline:
         object.__setattr__(self, "steps", norm)
         object.__setattr__(self, "opaque", opaque)
         object.__setattr__(self, "embedded", embedded)
+        object.__setattr__(self, "declared", tuple(declared) if declared is not None else None)
+        object.__setattr__(self, "kept_shape", frozenset(kept_shape))
 
     def __len__(self) -> int:
         return len(self.source)
@@ -91,9 +100,14 @@ class Pipeline:
         """Its steps run one by one in the runner: a sample can be handed off between them."""
         return not self.embedded and len(self.steps) > 0
 
-    def with_steps(self, steps: Sequence[Step]) -> Pipeline:
-        """A new pipeline with the same source and another step order (used by the planner)."""
-        return Pipeline(self.source, steps, opaque=self.opaque, embedded=self.embedded)
+    def with_steps(self, steps: Sequence[Step], kept_shape: Collection[int] = ()) -> Pipeline:
+        """A new pipeline with the same source and another step order (used by the planner);
+        it remembers the declared order (``declared``) unless ``steps`` is that order, and
+        ``kept_shape`` (seed keys of the steps that kept dtype and shape when profiled)."""
+        mine = self.declared if self.declared is not None else self.steps
+        same = len(steps) == len(mine) and all(a is b for a, b in zip(steps, mine, strict=True))
+        return Pipeline(self.source, steps, opaque=self.opaque, embedded=self.embedded,
+                        declared=None if same else mine, kept_shape=kept_shape)
 
     def fingerprint(self) -> str:
         """Identity of the steps' code and order plus the source's identity (hex, 16 chars)."""

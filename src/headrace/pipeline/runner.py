@@ -27,6 +27,7 @@ from headrace.pipeline.seeding import (
 from headrace.pipeline.timed import Probe, Probing
 
 if TYPE_CHECKING:
+    from headrace.pipeline.order_guard import OrderGuard
     from headrace.pipeline.pipeline import Pipeline
 
 
@@ -99,6 +100,10 @@ class SampleRunner:
     states compared around it, ``seeding.draw_mark``: about 4 µs a step; with
     ``reseed_globals`` only, and not for the transforms of a dataset, which run inside
     ``load``). ``executor="auto"`` keeps such pipelines on worker processes.
+
+    ``guard``: when ``pipeline`` runs AutoOrder's order rather than the declared one, the check
+    of that order's premise on each sample (``pipeline/order_guard.py``): a sample that breaks
+    it is run again from its start in the declared order, and that run's outcome is returned.
     """
 
     def __init__(
@@ -109,6 +114,7 @@ class SampleRunner:
         queued: Clock | None = None,
         on_global_draw: Callable[[int], None] | None = None,
         python_draws: list[bool] | None = None,
+        guard: OrderGuard | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.reseed_globals = reseed_globals
@@ -131,6 +137,11 @@ class SampleRunner:
         self.python_draws = python_draws if python_draws is not None else [False] * self.n
         """Per step: it drew from Python's global generator in this process (then seeded)."""
         self._marks = reseed_globals and PYTHON_MARKS
+        self.guard = guard
+        """The check of AutoOrder's premise when ``pipeline`` runs another order than the
+        declared one (``pipeline/order_guard.py``); None: nothing is checked."""
+        self._watched = guard.watched if guard is not None else frozenset()
+        self._declared: SampleRunner | None = None  # runs a sample whose run broke it
 
     def run(
         self,
@@ -170,6 +181,8 @@ class SampleRunner:
         watch = self.on_global_draw
         marks = self._marks and start == 0 and after_step is None
         python_draws = self.python_draws
+        guard, watched = self.guard, self._watched
+        changed: dict[int, bool] = {}  # per watched step run: it changed the shape signature
         for i in range(start, self.n):
             rng, mark = None, None
             if self._seeded:
@@ -201,6 +214,7 @@ class SampleRunner:
             ws = time.perf_counter()
             qs = queued() if queued is not None else 0.0
             cs = time.thread_time()
+            shape_in = guard.shape_of(x) if guard is not None and i in watched else None
             try:
                 x = self._calls[i](x, rng)
             except Exception as e:  # noqa: BLE001 - reported with its place
@@ -212,6 +226,8 @@ class SampleRunner:
             we = time.perf_counter()
             if mark is not None and python_mark() != mark:  # drew unseeded: again, seeded
                 return self._again(i, index, base_seed, epoch, hand_off, on_step, draw)
+            if shape_in is not None and guard is not None and guard.broke(changed, i, shape_in, x):
+                return self._in_declared_order(index, base_seed, epoch, on_step, draw)
             spent += we - ws
             if drawn is not None and draw_mark() != drawn:
                 for tell in (watch, on_drew):
@@ -238,6 +254,26 @@ class SampleRunner:
         step is seeded from now on, and the sample runs again from its start."""
         self.python_draws[step] = True
         return self.run(index, 0, None, base_seed, epoch, hand_off, on_step, None, draw)
+
+    def _in_declared_order(self, index: Any, base_seed: int, epoch: int,
+                           on_step: Callable[[int], None] | None, draw: int) -> Outcome:
+        """The run of a sample that broke the premise of the order running
+        (``pipeline/order_guard.py``): from its start, in the declared order, to the end
+        (no hand-off, no cache), with step positions given as the executed order's."""
+        guard = self.guard
+        assert guard is not None
+        to = guard.to_executed
+        if self._declared is None:
+            watch = self.on_global_draw
+            self._declared = SampleRunner(
+                guard.declared, None, self.reseed_globals,
+                on_global_draw=(lambda j: watch(to[j])) if watch is not None else None)
+        out = self._declared.run(index, 0, None, base_seed, epoch,
+                                 on_step=(lambda j: on_step(to[j])) if on_step is not None else None,
+                                 draw=draw)
+        error = None if out.error is None else (to[out.error[0]], out.error[1], out.error[2])
+        return Outcome(out.value, None, [t._replace(step=to[t.step]) for t in out.timings],
+                       error)
 
     def _load_embedded(
         self, index: int, root: int, timings: list[StepTiming]

@@ -102,6 +102,9 @@ class AutoOrderDecision:
             them (the new order would have swapped steps that share a name); also in ``notes``.
         apart: steps kept in their declared relative order because both change the sample's
             dtype or shape (``planner/commute.py``), one line per step held; also in ``notes``.
+        keeps_shape: per original step, whether it kept dtype and shape on every profiled
+            sample (what the chosen order relies on where such a step moved across another;
+            checked per sample as it runs, ``pipeline/order_guard.py``); empty: unknown.
         neutral: the neutral band used.
         cpu_before, cpu_after: expected CPU seconds per sample of the given and the chosen
             order under the cost model in the module docstring; ``None`` without costs.
@@ -120,6 +123,7 @@ class AutoOrderDecision:
     cpu_after: float | None = None
     held: tuple[str, ...] = ()
     apart: tuple[str, ...] = ()
+    keeps_shape: tuple[bool, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -291,17 +295,13 @@ def autoorder(
         cpu_after=after,
         held=tuple(held),
         apart=tuple(shape_notes),
+        keeps_shape=tuple(keeps) if keeps_shape is not None else (),
     )
 
 
-def autoorder_from_profile(
-    steps: Sequence[Step], profile: PipelineProfile, *, neutral: tuple[float, float] = NEUTRAL_BAND
-) -> AutoOrderDecision:
-    """AutoOrder with factors, type changes and costs read from ``profile``.
-
-    Steps are matched to the profile by name (the k-th step of a repeated name to the k-th
-    entry of that name), so the profile may come from any order of the same steps.
-    """
+def stats_of(steps: Sequence[Step], profile: PipelineProfile) -> list[StepStats | None]:
+    """Each step's entry in ``profile`` (None: not profiled), matched by name: the k-th step of
+    a repeated name to the k-th entry of that name."""
     seen: dict[str, int] = {}
     stats: list[StepStats | None] = []
     for s in steps:
@@ -311,6 +311,18 @@ def autoorder_from_profile(
             stats.append(profile.step(s.name, k))
         except KeyError:
             stats.append(None)
+    return stats
+
+
+def autoorder_from_profile(
+    steps: Sequence[Step], profile: PipelineProfile, *, neutral: tuple[float, float] = NEUTRAL_BAND
+) -> AutoOrderDecision:
+    """AutoOrder with factors, type changes and costs read from ``profile``.
+
+    Steps are matched to the profile by name (:func:`stats_of`), so the profile may come from
+    any order of the same steps.
+    """
+    stats = stats_of(steps, profile)
     load = profile.steps[0] if profile.steps and profile.steps[0].name == LOAD_STEP else None
     decision = autoorder(
         steps,

@@ -66,6 +66,7 @@ def plan_order(
     embedded: bool = False,
     previous: OrderPlan | None = None,
     rejected: Collection[tuple[str, ...]] = (),
+    broke: str | None = None,
 ) -> OrderPlan:
     """The order for the next epoch.
 
@@ -76,7 +77,9 @@ def plan_order(
     (``None``: none yet), whose ``phase`` says what this call does. ``rejected``: orders (step
     names) that did not hold when validated, in this run or an earlier one of the job
     (``PipelineProfile.rejected_orders``): decided again, they are not run; the order that runs
-    is kept for the rest of the run.
+    is kept for the rest of the run. ``broke``: why a sample broke the premise of ``current``
+    (``pipeline/order_guard.py``; None: none did): in whatever phase, the declared order runs
+    for the rest of the run.
     """
     declared, current = tuple(declared), tuple(current)
     if embedded:
@@ -90,6 +93,10 @@ def plan_order(
             declared, None,
             "order: as declared (no step is random=True or commutes=True, so none may move)",
         )
+    if broke is not None and any(a is not b for a, b in zip(current, declared, strict=True)):
+        return OrderPlan(declared, None, (
+            f"order: as declared for the rest of the run: AutoOrder's order "
+            f"{' -> '.join(s.name for s in current)} did not hold: {broke}"), "kept")
     phase = previous.phase if previous is not None else "undecided"
     if previous is not None and phase == "kept":
         return previous

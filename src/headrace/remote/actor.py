@@ -32,7 +32,7 @@ def _progress(slots: int) -> SimpleNamespace:
     """A ``handles.Progress`` of ``slots`` slots for a ``TaskRunner`` to write in its own
     slot (nobody reads it here)."""
     return SimpleNamespace(tid=[-1] * slots, started=[0.0] * slots, step=[0] * slots,
-                           revoked=[-1] * slots)
+                           revoked=[-1] * slots, order_broke=[0] * slots)
 
 
 class RemoteWorker:

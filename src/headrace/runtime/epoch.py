@@ -301,6 +301,7 @@ class EpochIterator(EpochBase):
         """Stop the scheduler; stop the workers unless they persist; drop what it queued and
         nobody will take (batches, an error whose traceback holds the scheduler's frames)."""
         self.scheduler.stop()
+        self.hooks.read_order_watch(self.pool)
         self._held = None
         self._cuts.ran()
         while True:

@@ -47,7 +47,8 @@ class Progress:
     ``global_draw[slot]``: 1 + the position of the first step a probing worker saw draw from
     the global random generators (0: none seen; kept when the slot's worker is replaced).
     ``probe_stop``: set by the main process once ``executor="auto"`` decided: the GIL probes
-    stop.
+    stop. ``order_broke[slot]``: 1 + the executed position of the first step the slot's
+    workers saw break AutoOrder's order (0: none; ``runtime/order_watch.py``).
     """
 
     def __init__(self, ctx: Any, slots: int) -> None:
@@ -60,6 +61,7 @@ class Progress:
         self.gil_probed = ctx.RawArray("d", slots)
         self.global_draw = ctx.RawArray("i", slots)
         self.probe_stop = ctx.RawValue("i", 0)
+        self.order_broke = ctx.RawArray("i", slots)
 
     def revoke(self, slot: int, tid: int) -> None:
         """(Main process) the worker in ``slot`` must skip queued task ``tid``; the slot keeps

@@ -19,6 +19,7 @@ from headrace.pipeline.seeding import global_states, restore_globals
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.draws import Draws
 from headrace.runtime.epoch_base import EpochBase
+from headrace.runtime.order_watch import guard_for
 from headrace.runtime.work import CutShort, collate_error, note_collate
 from headrace.telemetry.stats import EpochStats
 
@@ -47,7 +48,8 @@ class InProcessIterator(EpochBase):
         drop_last: bool = False,
     ) -> None:
         super().__init__(epoch, hooks, delivered)
-        self.runner = SampleRunner(pipeline, measure=measure)
+        self.runner = SampleRunner(pipeline, measure=measure, guard=guard_for(
+            pipeline, lambda _step, why: hooks.on_order_broke(why)))
         self.epoch = epoch
         self.base_seed = base_seed
         self.groups = groups

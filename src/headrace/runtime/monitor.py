@@ -25,6 +25,7 @@ from headrace.planner.workers import WorkerScaler
 from headrace.profiler.stats import Profiler
 from headrace.runtime.executor_auto import ExecutorProbes
 from headrace.runtime.options import Options
+from headrace.runtime.order_watch import why_broken
 from headrace.runtime.output import batches_queued
 from headrace.runtime.worker_scaling import WorkerScaling
 from headrace.telemetry.stats import EpochStats, QueueSample, keep_latest
@@ -117,6 +118,10 @@ class Monitor(WorkerScaling):
         self.meter: Any = None
         """The running epoch's ``EpochMeter`` (the consumer's side: samples taken, stall)."""
         self.cpu_use = resources.CpuUse() if autoscale else None  # its interval starts now
+        self.order_broke: str | None = None
+        """Why AutoOrder's step order running did not hold on a sample, in words
+        (``runtime/order_watch.py``; the declared order runs from the next epoch boundary, and
+        ``Planning`` clears it when it adopts an order); None: nothing seen."""
 
     def use_executor(self, executor: str) -> None:
         """Workers run on ``executor`` (``"processes"`` or ``"threads"``) from now on. A new
@@ -194,6 +199,18 @@ class Monitor(WorkerScaling):
             "on its worker: the seed set in worker_init_fn does not reach __getitem__. Use "
             "DataLoader(generator=...) or Options(seed=...) to make a run reproducible "
             "(README: differences from torch)", UserWarning, stacklevel=2)
+
+    def on_order_broke(self, why: str) -> None:
+        """A sample broke the premise of the step order running (``runtime/order_watch.py``)."""
+        if self.order_broke is None:
+            self.order_broke = why
+
+    def read_order_watch(self, pool: Any) -> None:
+        """What ``pool``'s workers saw of the premise of the order they ran
+        (``Progress.order_broke``), read when an epoch releases the pool."""
+        step = max(pool.progress.order_broke, default=0)
+        if step and self.order_broke is None:
+            self.order_broke = why_broken(pool.pipeline, step - 1)
 
     def on_worker_restart(self) -> None:
         self.worker_restarts += 1

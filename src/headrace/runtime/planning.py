@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 
 from headrace.pipeline import Pipeline, Step
+from headrace.planner.autoorder import stats_of
 from headrace.planner.order import MIN_PROFILE_SAMPLES, PHASES, OrderPlan, Phase, plan_order
 from headrace.profiler.report import PipelineProfile
 from headrace.profiler.store import ProfileKey, ProfileStore
@@ -76,7 +78,8 @@ class Planning:
                                   key=lambda p: p.samples), ""
         return plan_order(self.declared.steps, self.executed.steps, profile, source,
                           self.options.reorder, min_samples=need, embedded=self.declared.embedded,
-                          previous=self.order, rejected=self.rejected)
+                          previous=self.order, rejected=self.rejected,
+                          broke=self.monitor.order_broke)
 
     @property
     def executed_names(self) -> tuple[str, ...]:
@@ -144,14 +147,27 @@ class Planning:
         if len(steps) == len(self.executed.steps) and all(
                 a is b for a, b in zip(steps, self.executed.steps, strict=True)):
             return False
-        self.executed = self.declared.with_steps(steps)
+        self.executed = self.declared.with_steps(steps, self._kept_shape())
         self.monitor.new_profile(self.executed.step_names)  # a new order, a new profile
+        self.monitor.order_broke = None  # (what the guard saw of the order before)
         if pinned is not None:
             log.info("headrace: resumed epoch runs the saved step order %s", " -> ".join(
                 s.name for s in steps))
         else:
             log.info("headrace: %s", "; ".join(self.order.lines() if self.order else ()))
         return True
+
+    def _kept_shape(self) -> list[int]:
+        """Seed keys of the declared steps that kept dtype and shape on every profiled sample:
+        from the decision of the order adopted, else (an order a state dict restored) from the
+        freshest profile; none known without either (``pipeline/order_guard.py``)."""
+        decision = self.order.decision if self.order is not None else None
+        keeps: Sequence[bool] = decision.keeps_shape if decision is not None else ()
+        if not keeps:
+            profile = self.profile()
+            keeps = [st is not None and st.keeps_shape
+                     for st in stats_of(self.declared.steps, profile)] if profile else []
+        return [k for k, kept in zip(self.declared.keys[1:], keeps, strict=False) if kept]
 
     def after_epoch(self, now: bool = False) -> None:
         """Keep this run's profile for the next run of the same job: after the first epoch
@@ -200,9 +216,11 @@ class Planning:
             )
 
     def _if_rejected(self, plan: OrderPlan) -> None:
-        """``plan`` ends a validation that failed: record the order it ran as rejected."""
-        if (self.order is not None and self.order.phase == "validating"
-                and plan.phase == "kept" and plan.decision is None):
+        """``plan`` ends a validation that failed, or an order a sample broke (kept or not
+        yet validated, ``OrderGuard``): record the order it ran as rejected."""
+        if (self.order is not None and self.order.phase in ("validating", "kept")
+                and plan.phase == "kept" and plan.decision is None
+                and any(a is not b for a, b in zip(plan.steps, self.order.steps, strict=True))):
             self._reject(tuple(s.name for s in self.order.steps))
 
     def _reject(self, names: tuple[str, ...]) -> None:

@@ -45,6 +45,7 @@ from headrace.profiler.runqueue import run_queue_s
 from headrace.runtime.faithful import why_it_stays
 from headrace.runtime.gilprobe import start_probe
 from headrace.runtime.native_threads import limit_in_worker
+from headrace.runtime.order_watch import guard_for
 from headrace.runtime.outbox import Outbox, qualname, send
 from headrace.runtime.parent import exit_when_parent_gone, parent_gone
 from headrace.runtime.ring import Ring, RingWriter
@@ -235,12 +236,14 @@ class TaskRunner:
                     draws[slot] = step + 1
 
             watch = note_draw
+        broke, slot = progress.order_broke, setup.slot
+        guard = guard_for(setup.pipeline, lambda step, _why: broke.__setitem__(slot, step + 1))
         self.measured = SampleRunner(setup.pipeline, measure, reseed_globals, run_queue_s,
-                                     on_global_draw=watch)
+                                     on_global_draw=watch, guard=guard)
         # a probing pool watches every sample it runs (4 µs a step), not only the first ones:
         # a step drawing only for later samples (indices past 200) moved to threads unseen
         self.plain = SampleRunner(setup.pipeline, None, reseed_globals, on_global_draw=watch,
-                                  python_draws=self.measured.python_draws)
+                                  python_draws=self.measured.python_draws, guard=guard)
         self.slot = setup.slot
         self.cache = setup.cache
         self.progress = progress
