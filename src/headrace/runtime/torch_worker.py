@@ -1,0 +1,78 @@
+"""Making a process look like one of torch's worker processes to the user's code: its global
+generators seeded as torch's worker loop seeds them, ``get_worker_info()`` answering, then
+``worker_init_fn``. Shared by local worker processes (``runtime/worker.py``) and remote workers
+(``remote/actor.py``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from headrace.runtime.worker import WorkerSetup
+
+
+def init_as_torch_worker(setup: WorkerSetup) -> tuple[str, ...]:
+    """Make this process look like one of torch's workers to the user's code, as torch's worker
+    loop does: the global generators seeded from ``base_seed + slot``, ``get_worker_info()``
+    answering (id ``slot``, ``num_workers``, that seed, ``dataset``), then
+    ``worker_init_fn(slot)``. Shared by local worker processes and remote workers
+    (``remote/actor.py``). Returns the global generators ``worker_init_fn`` seeded (not merely
+    drew from), which per-sample seeding overrides (``_reseeded``)."""
+    slot = setup.slot
+    seed = setup.base_seed + slot
+    _seed_like_torch(setup.base_seed, slot, seed)
+    _set_worker_info(slot, setup.num_workers, seed, setup.dataset)
+    if setup.worker_init_fn is None:
+        return ()
+    before = _global_states()
+    setup.worker_init_fn(slot)
+    return _reseeded(before, _global_states())
+
+
+def _seed_like_torch(base_seed: int, worker_id: int, seed: int) -> None:
+    """Seed the worker's global generators as torch's worker loop does (before worker_init_fn)."""
+    import random
+
+    import numpy as np
+    from torch.utils.data._utils.worker import _generate_state
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(_generate_state(base_seed, worker_id))
+
+
+def _global_states() -> tuple[Any, Any, int]:
+    import random
+
+    import numpy as np
+
+    return random.getstate(), np.random.get_state(legacy=False), torch.initial_seed()
+
+
+def _reseeded(before: tuple[Any, Any, int], after: tuple[Any, Any, int]) -> tuple[str, ...]:
+    """The global generators ``worker_init_fn`` seeded (not merely drew from): torch's initial
+    seed changed; Python's or NumPy's state changed and sits at a freshly seeded position
+    (Mersenne Twister: 624, where drawing would have moved it). NumPy's global bit generator
+    may be another than its Mersenne Twister (``np.random.set_bit_generator``): a seed cannot
+    be told from a draw there, and none is reported."""
+    out = []
+    if after[0] != before[0] and after[0][1][-1] == 624:
+        out.append("random")
+    b, a = before[1], after[1]
+    if (a["bit_generator"] == b["bit_generator"] == "MT19937"
+            and not np.array_equal(a["state"]["key"], b["state"]["key"])
+            and a["state"]["pos"] == 624):
+        out.append("numpy")
+    if after[2] != before[2]:
+        out.append("torch")
+    return tuple(out)
+
+
+def _set_worker_info(slot: int, num_workers: int, seed: int, dataset: Any) -> None:
+    """Make ``torch.utils.data.get_worker_info()`` answer inside headrace workers."""
+    from torch.utils.data._utils import worker as tw
+
+    tw._worker_info = tw.WorkerInfo(id=slot, num_workers=num_workers, seed=seed, dataset=dataset)
