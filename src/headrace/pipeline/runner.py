@@ -92,9 +92,11 @@ class SampleRunner:
     which a worker's runners share): around any other step its state is marked
     (``seeding.python_mark``), and a step that drew after all is flagged and the sample runs
     again from its start, every step seeded as before. A step's first draw from Python's
-    generator in a process thus costs its sample a second run; a run that starts at a later
-    step (a hand-off, a cache hit) or inserts into the cache, which could not run again from
-    the start, seeds every step.
+    generator in a runner not told of it thus costs its sample a second run; a run that starts
+    at a later step (a hand-off, a cache hit) or inserts into the cache, which could not run
+    again from the start, seeds every step. ``on_python_draw(step)``: called when a step is
+    flagged (once per step and runner), so that the flags outlive the runner and its process
+    (``runtime/python_draws.py``: the next workers and epochs are told from their start).
 
     ``on_global_draw(step)``: called when a step drew from those global generators (their
     states compared around it, ``seeding.draw_mark``: about 4 µs a step; with
@@ -114,6 +116,7 @@ class SampleRunner:
         queued: Clock | None = None,
         on_global_draw: Callable[[int], None] | None = None,
         python_draws: list[bool] | None = None,
+        on_python_draw: Callable[[int], None] | None = None,
         guard: OrderGuard | None = None,
     ) -> None:
         self.pipeline = pipeline
@@ -135,7 +138,9 @@ class SampleRunner:
         self._random = [False, *(s.random for s in pipeline.steps)]
         self._seeded = reseed_globals or any(self._random)  # else no step needs a seed
         self.python_draws = python_draws if python_draws is not None else [False] * self.n
-        """Per step: it drew from Python's global generator in this process (then seeded)."""
+        """Per step: it drew from Python's global generator (then seeded): seen by this
+        runner, or known when it was made."""
+        self.on_python_draw = on_python_draw
         self._marks = reseed_globals and PYTHON_MARKS
         self.guard = guard
         """The check of AutoOrder's premise when ``pipeline`` runs another order than the
@@ -253,6 +258,8 @@ class SampleRunner:
         """The run of a sample whose ``step`` drew from Python's generator unseeded: that
         step is seeded from now on, and the sample runs again from its start."""
         self.python_draws[step] = True
+        if self.on_python_draw is not None:
+            self.on_python_draw(step)
         return self.run(index, 0, None, base_seed, epoch, hand_off, on_step, None, draw)
 
     def _in_declared_order(self, index: Any, base_seed: int, epoch: int,

@@ -6,6 +6,7 @@ so per-sample seeding does not disturb the training loop's own randomness.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from headrace.errors import StepError, message_of, step_error_for
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import SampleRunner
 from headrace.pipeline.seeding import global_states, restore_globals
+from headrace.runtime import python_draws
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.draws import Draws
 from headrace.runtime.epoch_base import EpochBase
@@ -48,8 +50,14 @@ class InProcessIterator(EpochBase):
         drop_last: bool = False,
     ) -> None:
         super().__init__(epoch, hooks, delivered)
-        self.runner = SampleRunner(pipeline, measure=measure, guard=guard_for(
-            pipeline, lambda _step, why: hooks.on_order_broke(why)))
+        # told the steps earlier epochs saw drawing from Python's generator, and telling
+        # the next epochs what it sees (runtime/python_draws.py)
+        self.runner = SampleRunner(pipeline, measure=measure,
+                                   python_draws=python_draws.known(pipeline),
+                                   on_python_draw=functools.partial(python_draws.learn_step,
+                                                                    pipeline),
+                                   guard=guard_for(pipeline,
+                                                   lambda _step, why: hooks.on_order_broke(why)))
         self.epoch = epoch
         self.base_seed = base_seed
         self.groups = groups

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from headrace.pipeline import Pipeline
-from headrace.runtime import live_pools
+from headrace.runtime import live_pools, python_draws
 from headrace.runtime.forks import StartRequests
 from headrace.runtime.handles import HandOff, Progress, WorkerHandle
 from headrace.runtime.native_threads import resolved_for_fork
@@ -113,6 +113,9 @@ class WorkerPool:
         """Shared hand-off timeout and expected remaining step time, read by workers."""
         self.progress = Progress(ctx, max_slots)
         """What each worker slot is running (see ``Progress``)."""
+        self.python_draws = python_draws.shared(ctx, pipeline)
+        """Per step: known to draw from Python's generator (``runtime/python_draws.py``): what
+        earlier pools learned, and what this pool's workers flag; each reads it at its start."""
         self.workers: dict[int, WorkerHandle] = {}
         self.tids = itertools.count()
         """Task ids, unique over the pool's life (persistent workers span epochs)."""
@@ -233,7 +236,8 @@ class WorkerPool:
         self.progress.gil_held[slot] = self.progress.gil_probed[slot] = 0.0
         self.progress.clear_revoked(slot)  # a dead predecessor's revocations do not carry over
         if start is None and self.executor != "threads":  # records its handle itself
-            return start_worker_process(self.ctx, setup, self.handoff, self.progress, self.workers)
+            return start_worker_process(self.ctx, setup, self.handoff, self.progress,
+                                        self.workers, self.python_draws)
         if start is None:
             start = self._start_thread
         h = self.workers[slot] = start(setup)
@@ -330,6 +334,7 @@ class WorkerPool:
                 self.requests.drop()
                 handles = list(self.workers.values())
                 self.workers.clear()
+                python_draws.learn(self.pipeline, self.python_draws)  # for the next pools
         done = 0
         try:
             for h in handles if not again else ():

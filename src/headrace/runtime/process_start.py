@@ -13,17 +13,19 @@ from headrace.runtime.worker import WorkerSetup
 
 
 def start_worker_process(ctx: Any, setup: WorkerSetup, handoff: HandOff, progress: Progress,
-                         workers: dict[int, WorkerHandle]) -> WorkerHandle:
+                         workers: dict[int, WorkerHandle], python_draws: Any = None
+                         ) -> WorkerHandle:
     """Start the worker of ``setup.slot`` (multiprocessing context ``ctx``) and record its
     handle in ``workers``, in one ``try``: on any exception in between (a Ctrl-C lands where a
     function starts) the worker is killed and reaped and our pipe ends and its ring closed;
     unrecorded, no shutdown saw it, and it waited on its task pipe until the interpreter
-    exited (a bug hunt's find)."""
+    exited (a bug hunt's find). ``python_draws``: the pool's shared flags of the steps that
+    draw from Python's generator (``runtime/python_draws.py``)."""
     reader, writer = ctx.Pipe(duplex=False)
     task_reader, task_writer = ctx.Pipe(duplex=False)
     ring = Ring(ctx)
     slot = setup.slot
-    args = (setup, task_reader, writer, handoff, progress, ring)
+    args = (setup, task_reader, writer, handoff, progress, ring, python_draws)
     proc = None
     try:
         tasks = TaskPipe(task_writer)

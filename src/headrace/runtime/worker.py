@@ -47,6 +47,7 @@ from headrace.runtime.native_threads import limit_in_worker
 from headrace.runtime.order_watch import guard_for
 from headrace.runtime.outbox import Outbox, qualname, send
 from headrace.runtime.parent import exit_when_parent_gone, parent_gone
+from headrace.runtime.python_draws import WorkerFlags
 from headrace.runtime.ring import Ring, RingWriter
 from headrace.runtime.ring import encode as ring_encode
 from headrace.runtime.torch_worker import init_as_torch_worker
@@ -115,7 +116,8 @@ def forked_main(collecting: bool, parent_ends: tuple[Any, ...], *args: Any) -> N
 
 
 def worker_main(
-    setup: WorkerSetup, tasks: Any, results: Any, handoff: Any, progress: Any, ring: Ring
+    setup: WorkerSetup, tasks: Any, results: Any, handoff: Any, progress: Any, ring: Ring,
+    python_draws: Any = None,
 ) -> None:
     """Entry point of a worker process.
 
@@ -123,7 +125,8 @@ def worker_main(
     position, the expected seconds of the steps from there to the end (read between steps).
     ``progress``: shared arrays (``handles.Progress``) where the worker writes, per slot, the tid it
     runs (−1: idle), when it started (``time.monotonic()``) and the step it is in, so the main
-    process knows what a dead or hung worker held.
+    process knows what a dead or hung worker held. ``python_draws``: the pool's shared flags of
+    the steps drawing from Python's generator (``runtime/python_draws.py``), or None.
     """
     slot = setup.slot
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
@@ -136,7 +139,7 @@ def worker_main(
         if setup.blas_threads is not None:  # before worker_init_fn, which may change it
             limit_in_worker(setup.blas_threads)
         reseeded = init_as_torch_worker(setup)
-        runner = TaskRunner(setup, handoff, progress)
+        runner = TaskRunner(setup, handoff, progress, python_draws=python_draws)
         writer = RingWriter(ring, setup.parent_pid)
         if setup.probe_gil:
             start_probe(progress, slot)
@@ -202,11 +205,14 @@ class TaskRunner:
     and asks the hand-off rule between steps: over the shared timeout (``handoff``: the pool's
     ``HandOff``), and enough typical work left for a move to pay. A sample whose partial value
     would not arrive as it is (it does not pickle, or two of its parts share memory:
-    ``runtime/faithful.py``) is not handed off: its worker finishes it.
+    ``runtime/faithful.py``) is not handed off: its worker finishes it. ``python_draws``:
+    the pool's shared flags of the steps known to draw from Python's generator, read at the
+    start and at each new epoch, set when this worker flags a step (``runtime/python_draws.py``).
     """
 
     def __init__(
-        self, setup: WorkerSetup, handoff: Any, progress: Any, reseed_globals: bool = True
+        self, setup: WorkerSetup, handoff: Any, progress: Any, reseed_globals: bool = True,
+        python_draws: Any = None,
     ) -> None:
         measure = sizes.measure if setup.profile else None
         watch: Callable[[int], None] | None = None
@@ -218,14 +224,19 @@ class TaskRunner:
                     draws[slot] = step + 1
 
             watch = note_draw
+        self.learned = WorkerFlags(python_draws) if python_draws is not None else None
+        flags, tell = (self.learned.flags, self.learned.tell) if self.learned else (None, None)
+        self.epoch = -1  # of the last task run: a new one refreshes ``learned``
         broke, slot = progress.order_broke, setup.slot
         guard = guard_for(setup.pipeline, lambda step, _why: broke.__setitem__(slot, step + 1))
         self.measured = SampleRunner(setup.pipeline, measure, reseed_globals, run_queue_s,
-                                     on_global_draw=watch, guard=guard)
+                                     on_global_draw=watch, python_draws=flags,
+                                     on_python_draw=tell, guard=guard)
         # a probing pool watches every sample it runs (4 µs a step), not only the first ones:
         # a step drawing only for later samples (indices past 200) moved to threads unseen
         self.plain = SampleRunner(setup.pipeline, None, reseed_globals, on_global_draw=watch,
-                                  python_draws=self.measured.python_draws, guard=guard)
+                                  python_draws=self.measured.python_draws, on_python_draw=tell,
+                                  guard=guard)
         self.slot = setup.slot
         self.cache = setup.cache
         self.progress = progress
@@ -255,6 +266,9 @@ class TaskRunner:
         progress.step[slot] = task.start
         progress.tid[slot] = task.tid
         self.runs += 1
+        if task.epoch != self.epoch and self.learned is not None:  # (persistent workers) what
+            self.epoch = task.epoch  # the pool's other workers flagged in the last epochs
+            self.learned.refresh()
         measured = (self.runs <= MEASURE_ALL or self.runs % MEASURE_EVERY == 0
                     or self.measure_all)
         run = (self.measured if measured else self.plain).run

@@ -1,0 +1,63 @@
+"""What the runners learn of the steps drawing from Python's generator outlives them
+(``runtime/python_draws.py``): a worker started later, a persistent worker's next epoch and the
+next epoch's pool start from it, so only the first epoch runs a sample once more."""
+
+import multiprocessing
+import os
+import random
+
+import headrace as hr
+from headrace.pipeline.seeding import global_states, restore_globals, sample_root, step_seed
+from headrace.runtime import python_draws
+from headrace.runtime.handles import HandOff, Progress
+from headrace.runtime.worker import Task, TaskRunner, WorkerSetup
+
+CTX = multiprocessing.get_context("fork")
+
+
+class DrawsFromFour:
+    """``dataset[i]``: ``i`` below 4, else ``random.random()``; its calls by index."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> float:
+        self.calls.append(i)
+        return float(i) if i < 4 else random.random()
+
+
+def test_workers_start_from_what_their_pool_and_earlier_pools_learned():
+    saved = global_states()  # the runners re-seed this process's global generators
+    try:
+        ds = DrawsFromFour()
+        pipe = hr.Pipeline.from_dataset(ds)
+        shared = python_draws.shared(CTX, pipe)
+        assert list(shared) == [0]  # a new source: nothing known
+
+        def worker(slot: int) -> TaskRunner:
+            setup = WorkerSetup(slot, 3, 0, pipe, ds, None, os.getpid(), False)
+            return TaskRunner(setup, HandOff(CTX, 1), Progress(CTX, 3), python_draws=shared)
+
+        def run(w: TaskRunner, index: int, epoch: int) -> float:
+            return w.run(Task(0, index, 0, None, 5, epoch, False), None).value
+
+        a, b = worker(0), worker(1)
+        assert run(b, 0, 0) == 0.0  # b ran a sample before anyone knew
+        run(a, 4, 0)  # a's first draw: that sample runs again, seeded, and the pool is told
+        assert ds.calls == [0, 4, 4] and list(shared) == [1]
+        c = worker(2)  # started now (a replacement, the scaler's): told at its start
+        run(c, 5, 0)
+        # b, persistent, is told at its next epoch: no second run there either
+        value = run(b, 6, 1)
+        assert ds.calls == [0, 4, 4, 5, 6], ds.calls
+        seed = step_seed(sample_root(5, 1, 6), pipe.keys[0])
+        assert value == random.Random(seed).random()  # seeded, as every run that draws
+        # the pool's shutdown keeps it for the next pools over this source object
+        python_draws.learn(pipe, shared)
+        assert list(python_draws.shared(CTX, pipe)) == [1]
+        assert list(python_draws.shared(CTX, hr.Pipeline.from_dataset(ds))) == [0]  # another
+    finally:
+        restore_globals(saved)
