@@ -181,3 +181,21 @@ def test_busy_workers_rounds_to_the_nearest_count():
     assert workers_mod.busy_workers(16, 0.5) == 32
     assert workers_mod.busy_workers(1, 1.0) == 1
     assert workers_mod.busy_workers(1, 3.0) == 1  # never 0
+
+
+def test_the_memory_budget_follows_what_other_processes_take():
+    from headrace.planner.ranks import worker_memory_budget
+
+    gib = 2.0**30
+    start = worker_memory_budget(16 * gib, 0.0, 1)  # before any worker: half the available
+    assert start == 8 * gib
+    # the workers took 4 GiB of the 16: the budget is unchanged
+    assert worker_memory_budget(12 * gib, 4 * gib, 1) == start
+    # another process took 8 GiB meanwhile: the budget drops, and with it the scaler's cap
+    later = worker_memory_budget(4 * gib, 4 * gib, 1)
+    assert later == 4 * gib
+    s = WorkerScaler(AutoscaleConfig(max_workers=16))
+    assert s.decide(8, cpu_usage=0.5, memory_per_worker=gib / 2, memory_budget=start).new >= 8
+    assert s.decide(8, cpu_usage=0.5, memory_per_worker=gib / 2, memory_budget=later).new == 8
+    assert s.decide(8, cpu_usage=0.5, memory_per_worker=gib, memory_budget=later).new == 4
+    assert worker_memory_budget(16 * gib, 0.0, 4) == 2 * gib  # four ranks on the node

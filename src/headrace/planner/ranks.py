@@ -58,6 +58,15 @@ def memory_share(available_bytes: float, local_ranks: int) -> float:
     return available_bytes / max(1, local_ranks)
 
 
+def worker_memory_budget(available_bytes: float, workers_use: float, local_ranks: int) -> float:
+    """Bytes of private memory one rank's workers may hold in all: half of what they could
+    have now, the machine's available memory plus what they hold already (``workers_use``,
+    bytes), shared among the node's ranks (:func:`memory_share`). Taken at each decision:
+    memory another process takes later lowers it, and the workers' own growth does not (what
+    they take leaves ``available_bytes`` and enters ``workers_use``)."""
+    return memory_share((available_bytes + workers_use) / 2, local_ranks)
+
+
 def _positive(raw: str | None) -> int | None:
     """``raw`` as a count of at least 1, else None (unset, junk, zero)."""
     try:

@@ -108,7 +108,6 @@ class Monitor(WorkerScaling):
         """How ``num_workers="auto"`` chose its first count from a stored profile (explain())."""
         self._last_scale = time.perf_counter()
         self._starting = False  # a worker of the pool was not ready at the last tick
-        self._memory_budget: float | None = None
         self._warned_reseed = False
         self.probe_gil = False
         """``executor="auto"`` measures the GIL share of worker processes' steps."""

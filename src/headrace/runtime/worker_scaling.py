@@ -32,7 +32,6 @@ class WorkerScaling:
     workers_timeline: Any
     start_note: str | None
     executor: str | None
-    _memory_budget: float | None
     t0: float
     """``time.perf_counter()`` when the loader was created."""
 
@@ -112,18 +111,17 @@ class WorkerScaling:
         e = self.epochs[-1]
         return consumer_rate(e.samples, e.wall_s - e.stall_s)
 
-    def memory_budget(self) -> float:
-        """Bytes the workers may use in all (``AutoscaleConfig.memory_budget_bytes``), fixed
-        when first asked."""
-        if self._memory_budget is None:
-            assert self.scaler is not None
-            cfg_budget = self.scaler.cfg.memory_budget_bytes
-            self._memory_budget = float(
-                cfg_budget if cfg_budget is not None
-                else ranks.memory_share(resources.available_memory() / 2,
-                                        ranks.local_world_size())
-            )
-        return self._memory_budget
+    def memory_budget(self, workers_use: float = 0.0) -> float:
+        """Bytes the workers may use in all: ``AutoscaleConfig.memory_budget_bytes``, else
+        ``ranks.worker_memory_budget`` of the memory available now and ``workers_use`` (bytes
+        the workers hold already). Read at each decision: it was read once, so memory another
+        process took later went unseen and the workers kept their count (a review's find)."""
+        assert self.scaler is not None
+        cfg_budget = self.scaler.cfg.memory_budget_bytes
+        if cfg_budget is not None:
+            return float(cfg_budget)
+        return ranks.worker_memory_budget(resources.available_memory(), workers_use,
+                                          ranks.local_world_size())
 
     def _autoscale(self, sched: Scheduler) -> None:
         assert self.scaler is not None
@@ -140,7 +138,8 @@ class WorkerScaling:
         steps = self._profile_steps()  # one report for both numbers
         assert self.cpu_use is not None
         d = self.scaler.decide(len(live), self.cpu_use.read(), per_worker,
-                               self.memory_budget(), self._cpu_share(steps), rank_cpus(),
+                               self.memory_budget(sum(used)), self._cpu_share(steps),
+                               rank_cpus(),
                                self._consumer_rate(), self._sample_wall_s(steps),
                                draining=sched.lanes.exhausted and not sched.lanes.fresh)
         if d.new > d.current:  # forked by the training thread at its next batch (forks.py)
