@@ -36,7 +36,9 @@ class Remote:
             source is reachable from their nodes (shared storage). ``False``: the training
             host loads the sample (in a thread of the training process, unseeded per sample)
             and ships the loaded value; it needs steps after ``load`` (a ``Pipeline``): over a
-            dataset whose steps all run in ``__getitem__`` the loader raises.
+            dataset whose steps all run in ``__getitem__`` the loader raises. A loaded value
+            that would not arrive as it is (it does not pickle, or parts of it share memory:
+            ``runtime/faithful.py``) is not shipped: a local worker loads that sample again.
         num_cpus: CPUs a remote worker reserves (Ray's ``num_cpus``).
         resources: Ray custom resources a remote worker requires (e.g. ``{"cpu_node": 0.01}``
             to keep workers off the training host): amounts finite, >= 0, and 0 or at least

@@ -3,9 +3,12 @@ once the scheduler takes it (``outcome``, ``Outcomes``). No Ray here."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger("headrace")
 
 SampleKey = tuple[int, int, int]
 """One sample of one epoch: (epoch, dataset index, draw) (``runtime.worker.Task``'s fields;
@@ -92,7 +95,10 @@ class RemoteCounts:
     workers that died after they started (their samples were re-run); ``uncached``: samples
     remote workers ran from step 0, whatever they returned (finished, handed back or off):
     remote workers have no sample cache, so none of them was looked up there, nor were the
-    forms made remotely stored (``docs/design.md``).
+    forms made remotely stored (``docs/design.md``); ``loaded_again``: samples a proxy loaded
+    for its actor (``Remote(read_source=False)``) and handed back to the local workers, which
+    load them again, because the loaded value would not have arrived as it is
+    (``proxy_options.LoadLocally``; not in ``remote_samples``).
 
     Each sample counts once in ``remote_samples``. One handed back at the split point
     (``AT_SPLIT``) is remembered while it is in flight: when a replan has moved the split
@@ -109,6 +115,7 @@ class RemoteCounts:
         self.handed_back_remote = 0
         self.lost = 0
         self.uncached = 0
+        self.loaded_again = 0
         self._count_lock = threading.Lock()
         self._at_split: set[SampleKey] = set()  # counted at a split, maybe still in flight
 
@@ -143,6 +150,19 @@ class RemoteCounts:
     def _resumed(self) -> None:
         with self._count_lock:
             self.resumed_remote += 1
+
+    def _loaded_again(self, why: str) -> None:
+        """A proxy handed a sample it loaded back to the local workers because of ``why``
+        (``runtime/faithful.py``); the first one of the loader is said in a warning."""
+        with self._count_lock:
+            self.loaded_again += 1
+            first = self.loaded_again == 1
+        if first:
+            log.warning("headrace: a sample loaded for a remote worker (Remote(read_source="
+                        "False)) was not sent to it: %s. A local worker loads it again and runs "
+                        "it whole, as without remote workers; every such sample is loaded "
+                        "twice (said once per loader; counted in loader.remote.loaded_again; "
+                        "docs/design.md, \"What cannot be handed off\")", why)
 
     def _lost(self) -> None:
         with self._count_lock:

@@ -45,6 +45,10 @@ def remote_facts(session: RemoteSession, pool: WorkerPool | None, steps: list[st
         extra.append(f"  cache: remote workers do not use the sample cache: {session.uncached} "
                      "sample(s) they ran from the start were not looked up there, nor were the "
                      "forms they made stored")
+    if session.loaded_again:  # Remote(read_source=False): docs/design.md
+        extra.append(f"  local load: {session.loaded_again} sample(s) loaded for remote workers "
+                     "were not sent (the loaded value does not pickle, or parts of it share "
+                     "memory): local workers loaded them again and ran them whole")
     if not workers:  # between epochs without persistent workers ("0 local" before): the
         # counts the next epoch starts with (``attach``, ``adopt``), remote ones only once
         # Ray has placed one of them (else the cluster has no room for them)

@@ -6,10 +6,20 @@ count: ``remote/counts.py``). No Ray here: the proxies themselves are
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from headrace.remote.config import Remote
 from headrace.runtime.worker import Task
+
+
+class LoadLocally(NamedTuple):
+    """The payload of a sample a proxy hands back at step 0 (a task's payload is otherwise
+    unused there): the value it loaded for the actor would not have arrived as it is
+    (``why``: ``runtime/faithful.py``). The scheduler puts it in the slow lane at step 0; only
+    local workers take it (``ProxyOptions.runs``), and one of them loads it again and runs it
+    whole, as without remote workers. It never goes back to a proxy, so it cannot loop."""
+
+    why: str
 
 
 class ProxyOptions:
@@ -21,14 +31,16 @@ class ProxyOptions:
     they exchange are ``runtime/transport.py``-encoded. ``on_lost()``: an actor died after
     it started; ``on_resumed()``: a sample resumed at a later step was sent;
     ``on_started(slot)``: an actor runs; ``on_start_failed(slot, cause)``: an actor died before
-    it ran (``cause``: ``remote/starts.py``'s ``start_cause``).
+    it ran (``cause``: ``remote/starts.py``'s ``start_cause``); ``on_loaded_again(why)``: a
+    sample loaded here was handed back to the local workers (``LoadLocally``).
     """
 
     def __init__(self, cfg: Remote, pipeline: Any, steps: int, processes: bool,
                  on_lost: Callable[[], None] | None = None,
                  on_resumed: Callable[[], None] | None = None,
                  on_started: Callable[[int], None] | None = None,
-                 on_start_failed: Callable[[int, str], None] | None = None) -> None:
+                 on_start_failed: Callable[[int, str], None] | None = None,
+                 on_loaded_again: Callable[[str], None] | None = None) -> None:
         self.cfg = cfg
         self.pipeline = pipeline
         self.steps = steps
@@ -39,6 +51,7 @@ class ProxyOptions:
         self.on_resumed = on_resumed
         self.on_started = on_started
         self.on_start_failed = on_start_failed
+        self.on_loaded_again = on_loaded_again
         self.handoff: Any = None
         """The pool's ``HandOff`` (timeout, typical seconds left per step), sent with each
         task that may be handed off (None: remote workers never hand samples off)."""
@@ -55,6 +68,9 @@ class ProxyOptions:
     def runs(self, task: Task) -> bool:
         """Whether a remote worker may take ``task`` (a retry, a slow-lane sample): it has steps
         left before its split point. One handed back at the split is the local workers' to
-        finish (``WorkerHandle.runs``)."""
+        finish (``WorkerHandle.runs``), and so is one a proxy handed back at step 0 because
+        its loaded value could not be shipped (``LoadLocally``)."""
+        if isinstance(task.payload, LoadLocally):
+            return False
         return task.start < self.stop_for(task.sample)
 

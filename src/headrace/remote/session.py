@@ -174,7 +174,8 @@ class RemoteSession(RemoteCounts):
                     processes=pool.executor != "threads", on_lost=self._lost,
                     on_resumed=self._resumed,
                     on_started=self._started,
-                    on_start_failed=self._start_failed)
+                    on_start_failed=self._start_failed,
+                    on_loaded_again=self._loaded_again)
                 opts.handoff = pool.handoff
                 self._pool_opts = (weakref.ref(pool), opts)
             self.cache_on = getattr(pool.cache, "enabled", False)

@@ -14,9 +14,11 @@ else. Two things a pickle cannot carry:
   (``d["img"].mul_(2)``) no longer changes the others.
 
 :func:`why_it_stays` tells which, in words, or None when the value travels faithfully. It runs
-only on a value about to be handed off (a sample already over the timeout), never on the
-per-sample path: one walk of the containers plus one pickling in which tensors and arrays are
-replaced by nothing (their bytes are never copied), about 40 µs for an image, its label and a dict of metadata.
+on a value about to be handed off (a sample already over the timeout), and on every value a
+remote worker's proxy loads to ship (``Remote(read_source=False)``, ``remote/ray_backend.py``:
+each of those crosses), never on the local per-sample path: one walk of the containers plus one
+pickling in which tensors and arrays are replaced by nothing (their bytes are never copied),
+about 40 µs for an image, its label and a dict of metadata.
 The check is conservative: two views of one storage count as shared even where they do not
 overlap.
 """
