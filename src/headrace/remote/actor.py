@@ -5,7 +5,7 @@ worker process on some node, with the same ``TaskRunner`` a local worker process
 per-(sample, step) seeds, the re-seeding of the global generators, the timings and size
 measurements and the error messages are those of a local worker: a sample finished remotely is
 the sample a local worker would have finished. To the user's code it is one of torch's workers,
-as a local worker process is (``runtime/worker.py``'s ``init_as_torch_worker``):
+as a local worker process is (``runtime/torch_worker.py``'s ``init_as_torch_worker``):
 ``get_worker_info()`` answers with its slot as id (after every local slot), the loader's
 worker slots, local and remote, as ``num_workers``, its seed and the dataset, and
 ``worker_init_fn`` runs once, when the actor starts. A sample over the training process's
@@ -25,7 +25,8 @@ from typing import Any
 from headrace.errors import message_of, picklable_class
 from headrace.remote.payload import pack, unpack
 from headrace.runtime.outbox import qualname
-from headrace.runtime.worker import Task, TaskRunner, WorkerSetup, init_as_torch_worker
+from headrace.runtime.torch_worker import init_as_torch_worker
+from headrace.runtime.worker import Task, TaskRunner, WorkerSetup
 
 
 def _progress(slots: int) -> SimpleNamespace:
