@@ -12,6 +12,14 @@ Around torch's iterator headrace keeps what a loader owes its user as for a map-
   far and how far the running epoch got. ``load_state_dict()`` of it warns
   (``IterablePositionWarning``) when that epoch was part-way: the next ``iter()`` starts it over,
   as a resumed run does with torch's DataLoader, which frameworks (Lightning) do not checkpoint.
+* What decides the workers' seeds is saved, so a resumed run's epochs get the seeds the
+  uninterrupted run's would (``get_worker_info().seed``: torch's base seed, drawn from the
+  loader's generator at each new iterator, plus the worker id). The state holds the loader's
+  generator (``generator=`` or ``Options(seed=)``; without one torch draws from its global
+  generator, which the training script restores as it does for its model) and, where the next
+  ``iter()`` must not draw a new base seed, the one it reuses: a part-way epoch's (started over
+  with its own seeds) and persistent workers' (torch draws theirs once). Before, the state held
+  neither: a run resumed between epochs replayed epoch 0's seeds, silently.
 """
 
 from __future__ import annotations
@@ -19,16 +27,46 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import torch
 from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
-from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
+from torch.utils.data.dataloader import (
+    _BaseDataLoaderIter,
+    _MultiProcessingDataLoaderIter,
+    _SingleProcessDataLoaderIter,
+)
 
 from headrace.errors import IterablePositionWarning, LoaderClosedError, StateDictError
+from headrace.runtime.checkpoint import capture_rng, rng_from_str, rng_to_str
 from headrace.runtime.options import AutoWorkers
 
 KIND = "iterable"
 """``state["dataset_kind"]`` of an IterableDataset loader's state (a map-style one has none)."""
-SCHEMA_VERSION = 1
-"""``state["schema_version"]`` of that state: its own numbering, not the map-style one's."""
+SCHEMA_VERSION = 2
+"""``state["schema_version"]`` of that state: its own numbering, not the map-style one's. 2 added
+``generator_state`` and ``base_seed``; a version 1 state (neither) still loads, as before."""
+_READS = (1, SCHEMA_VERSION)
+_BASE_SEED = "_iterable_base_seed"
+"""The loader attribute holding a loaded ``base_seed`` until the next new iterator takes it."""
+
+
+class _SeededStart(_BaseDataLoaderIter):
+    """torch's iterator start, where a loaded state named the base seed: that seed, and the
+    generator it is drawn from left as it was (the uninterrupted run drew it before the save).
+    Placed in the MRO between torch's iterator class and its base, so the seed is set before
+    torch's ``__init__`` starts worker processes with it."""
+
+    def __init__(self, loader: Any) -> None:
+        seed = loader.__dict__.pop(_BASE_SEED, None)
+        if seed is None:
+            super().__init__(loader)
+            return
+        before = capture_rng(loader.generator)  # the loader's, else torch's global one
+        super().__init__(loader)
+        if loader.generator is not None:
+            loader.generator.set_state(before)
+        else:
+            torch.set_rng_state(before)
+        self._base_seed = seed
 
 
 class _Closable:
@@ -81,11 +119,11 @@ class _Closable:
             shutdown()
 
 
-class SingleProcessIter(_Closable, _SingleProcessDataLoaderIter):
+class SingleProcessIter(_Closable, _SingleProcessDataLoaderIter, _SeededStart):
     """torch's ``num_workers=0`` iterator, closable."""
 
 
-class MultiProcessingIter(_Closable, _MultiProcessingDataLoaderIter):
+class MultiProcessingIter(_Closable, _MultiProcessingDataLoaderIter, _SeededStart):
     """torch's worker-process iterator, closable (its workers stop at ``close()``)."""
 
     def _try_get_data(self, timeout: float = MP_STATUS_CHECK_INTERVAL) -> Any:
@@ -138,35 +176,65 @@ def fixed_workers(auto: AutoWorkers) -> int:
 
 def state(loader: Any, running: _Closable | None) -> dict[str, Any]:
     """``state_dict()``: ``epochs_started`` (``iter(loader)`` calls so far) and
-    ``batches_delivered`` (of the running epoch while it is part-way, else 0); no position."""
+    ``batches_delivered`` (of the running epoch while it is part-way, else 0); no position.
+    ``generator_state``: the loader's generator now (None without one); ``base_seed``: the
+    base seed the next ``iter()`` reuses instead of drawing one (None: it draws), see
+    :func:`_next_base_seed`."""
     batches = 0  # (no truth test of the iterator: it has torch's __len__, which may raise)
     if running is not None and running.part_way:  # closed part-way too: still unfinished
         batches = running._num_yielded
+    gen = loader.generator
     return {"dataset_kind": KIND, "schema_version": SCHEMA_VERSION,
-            "epochs_started": loader._epoch, "batches_delivered": batches}
+            "epochs_started": loader._epoch, "batches_delivered": batches,
+            "generator_state": rng_to_str(gen.get_state()) if gen is not None else None,
+            "base_seed": _next_base_seed(loader, running)}
+
+
+def _next_base_seed(loader: Any, running: _Closable | None) -> int | None:
+    """The base seed an uninterrupted run's next epoch has without drawing one: a loaded one
+    no iterator took yet, persistent workers' (torch draws it once, at their start), or the
+    running epoch's while it is part-way (a resume starts it over: with the seeds it had)."""
+    loaded = loader.__dict__.get(_BASE_SEED)
+    if loaded is not None:
+        return int(loaded)
+    persistent = loader.__dict__.get("_torch_iterator")
+    if persistent is not None:
+        return int(persistent._base_seed)
+    if running is not None and running.part_way:
+        return int(running._base_seed)  # type: ignore[attr-defined]
+    return None
 
 
 def load(loader: Any, sd: Any) -> None:
-    """``load_state_dict()``: keep the epoch count; warn when the saved epoch was part-way
-    (its batches come again); refuse a map-style loader's state."""
+    """``load_state_dict()``: keep the epoch count, the generator's state and the base seed
+    the next ``iter()`` reuses (persistent workers started before stop: theirs is another);
+    warn when the saved epoch was part-way (its batches come again); refuse a map-style
+    loader's state."""
     if not isinstance(sd, dict) or sd.get("dataset_kind") != KIND:
         raise StateDictError(
             "this state dict is not an IterableDataset loader's (no dataset_kind='iterable': "
             "a map-style dataset's loader saved it?); this loader iterates an IterableDataset, "
             "whose position torch's iterator cannot restore")
-    if sd.get("schema_version") != SCHEMA_VERSION:
+    if sd.get("schema_version") not in _READS:
         raise StateDictError(f"IterableDataset state dict schema_version "
                              f"{sd.get('schema_version')} is not supported by this headrace "
-                             f"(it reads {SCHEMA_VERSION})")
+                             f"(it reads {', '.join(map(str, _READS))})")
     loader._epoch = int(sd["epochs_started"])
+    gen = sd.get("generator_state")
+    if gen is not None and loader.generator is not None:
+        loader.generator.set_state(rng_from_str(gen))
+    seed = sd.get("base_seed")
+    loader.__dict__[_BASE_SEED] = int(seed) if seed is not None else None
+    if loader.__dict__.get("_torch_iterator") is not None:  # its workers have their own seed
+        close(loader, None)
     batches = int(sd["batches_delivered"])
     if batches:
         warnings.warn(
             f"load_state_dict(): the saved IterableDataset epoch had delivered {batches} "
             "batch(es); an IterableDataset's position cannot be restored (torch's iterator "
             "runs the dataset's own __iter__), so the next iter(loader) starts that epoch over "
-            "and delivers them again, as with torch's DataLoader", IterablePositionWarning,
-            stacklevel=3)
+            "and delivers them again, as with torch's DataLoader (its workers get the seeds "
+            "they had: get_worker_info().seed)", IterablePositionWarning, stacklevel=3)
 
 
 def refuse_iterable_state(sd: Any) -> None:
