@@ -45,7 +45,7 @@ from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import CollatePlace
 from headrace.runtime.executor_auto import threads_blocked
 from headrace.runtime.monitor import Monitor
-from headrace.runtime.options import AutoWorkers, Options, check_arguments
+from headrace.runtime.options import AutoWorkers, Options, check_arguments, loader_generator
 from headrace.runtime.planning import Planning
 from headrace.runtime.pool import WorkerPool
 from headrace.telemetry.stats import EpochStats, LoaderStats
@@ -102,9 +102,7 @@ class DataLoader(tud.DataLoader[_T_co]):
                 num_workers = iterable_dataset.fixed_workers(num_workers)
         elif type(num_workers) is not AutoWorkers and hasattr(num_workers, "__index__"):
             num_workers = operator.index(num_workers)  # NumPy's integers, as torch takes them
-        if generator is None and options.seed is not None:
-            generator = torch.Generator()
-            generator.manual_seed(options.seed)
+        generator = loader_generator(options, generator)  # warns when seed is not used
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,

@@ -33,10 +33,18 @@ class Options:
     """What headrace adds to torch's DataLoader keywords.
 
     Attributes:
-        seed: when set, headrace draws the epoch's shuffle order and base seed from its own
-            generator seeded with this value, so order and content do not depend on the global
-            torch RNG (and resume is exact across epochs whatever the training loop draws).
-            ``None`` keeps torch's semantics (the global RNG or the ``generator`` keyword).
+        seed: when set, the loader's generator (torch's ``generator`` keyword) is one seeded
+            with this value: torch's ``shuffle=True`` sampler draws each epoch's order from it,
+            and the epoch's base seed (each sample's seeds, ``get_worker_info().seed``) is drawn
+            from it, so these do not depend on the global torch RNG, and the state dict holds
+            it (resume is exact across epochs whatever the training loop draws). A ``sampler``
+            or ``batch_sampler`` built by the user draws from its own generator, or without one
+            from torch's global generator, as in torch: its order still follows
+            ``torch.manual_seed`` (what each sample holds does not). With ``generator=`` also
+            given, that generator is the loader's and ``seed`` does not seed it (a warning
+            says so when their seeds differ; ``headrace.integrations.accelerate``'s
+            ``DistributedSampler`` takes ``seed`` first). ``None`` keeps torch's semantics
+            (the global RNG or the ``generator`` keyword).
         on_error: ``"raise"`` re-raises a failing step in the training process with the sample
             index and step name; ``"skip"`` drops that sample from the epoch and counts it
             (refused over an ``IterableDataset``, whose samples torch's iterator runs).
@@ -169,6 +177,28 @@ class Options:
             raise ValueError("worker_blas_threads must be >= 1 (or None: inherited)")
         if self.max_worker_restarts < 1:
             raise ValueError("max_worker_restarts must be >= 1")
+
+
+def loader_generator(options: Options, generator: torch.Generator | None
+                     ) -> torch.Generator | None:
+    """The generator a loader gives torch: ``generator=`` as given, else one seeded with
+    ``Options(seed=)``, else ``None`` (torch's global generator). Both given with other seeds:
+    ``generator=`` wins, as torch would use it, and a warning says that ``seed`` is not used.
+    Same seed, no warning: a loader rebuilt from its attributes (Lightning's and Accelerate's
+    sampler injection) passes back the generator its ``seed`` made, with its ``options``."""
+    if generator is None:
+        if options.seed is None:
+            return None
+        generator = torch.Generator()
+        generator.manual_seed(options.seed)
+        return generator
+    if options.seed is not None and generator.initial_seed() != options.seed % 2**64:
+        warnings.warn(
+            f"Options(seed={options.seed}) and generator= (seeded with "
+            f"{generator.initial_seed()}) were both given: the generator= keyword is the "
+            "loader's generator (the shuffle order and the samples' seeds come from it, as in "
+            "torch), and seed does not seed it; pass one of them", UserWarning, stacklevel=3)
+    return generator
 
 
 def check_arguments(options: Options, iterable: bool, num_workers: int,
