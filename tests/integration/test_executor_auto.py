@@ -191,3 +191,36 @@ def test_explain_says_how_much_step_time_is_measured_until_it_decides(no_leaks):
         loader.close()
     assert "ms of step time measured; it decides at 1.00 s" in line, line
     assert "(0 µs of step time" not in line  # the epoch's probes were read
+
+
+def worker_id(x: np.ndarray) -> np.ndarray:
+    w = hr.get_worker_info()  # torch's: a per-worker shard, file or log name
+    return np.append(x, -1.0 if w is None else float(w.id))
+
+
+def ids_seen(loader, epochs):
+    out = []
+    for _ in range(epochs):
+        rows = np.concatenate([np.asarray(b) for b in loader])
+        out.append(sorted(set(rows[:, 1].tolist())))
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_a_step_calling_get_worker_info_keeps_processes(no_leaks):
+    # "sleepy" releases the GIL: on their own, these steps would get threads, where
+    # get_worker_info() returns None (the finding: ids [0, 1] in epoch 0, None from epoch 1)
+    pipe = hr.Pipeline(ArraySource(120), [hr.step(sleepy, name="sleepy"),
+                                          hr.step(worker_id, name="worker_id")])
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    try:
+        seen = ids_seen(loader, 3)
+        d = loader.monitor.executor_decision
+        explained = loader.explain()
+    finally:
+        loader.close()
+    assert seen == [[0.0, 1.0]] * 3
+    assert d is not None and d.executor == "processes"
+    assert "step 'worker_id' calls get_worker_info()" in d.reason
+    assert "'worker_id' calls get_worker_info()" in explained
+

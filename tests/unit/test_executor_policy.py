@@ -71,7 +71,7 @@ def test_a_draw_seen_after_threads_were_chosen_still_keeps_processes():
 
     class Pool:  # what decide() reads of a WorkerPool (weakly referenced, as pools are)
         progress = SimpleNamespace(gil_held=[0.05, 0.05], gil_probed=[0.6, 0.6],
-                                   global_draw=[0, 0])
+                                   global_draw=[0, 0], worker_info_read=[0, 0])
         size = 2
         pipeline = SimpleNamespace(step_names=["load", "flip"])
 
@@ -84,3 +84,4 @@ def test_a_draw_seen_after_threads_were_chosen_still_keeps_processes():
     progress.global_draw[1] = 2  # worker 1 saw step 1 ("flip") draw, after the choice
     later = probes.decide(pool, first)
     assert later is not None and later.executor == "processes" and "'flip'" in later.reason
+

@@ -11,6 +11,9 @@ Threads never re-seed the global random generators (they share them), so a step 
 from Python's, NumPy's or torch's keeps the pipeline on processes: the probing workers compare
 those generators' states around the steps of their first 64 samples
 (``SampleRunner.on_global_draw``), and the first draw seen decides (:func:`global_draw_reason`).
+Nor do threads get a ``WorkerInfo`` (torch keeps one per process): a step that calls
+``get_worker_info()`` keeps processes too, once a probing worker saw it call
+(``runtime/torch_worker.py``: :func:`worker_info_reason`).
 
 ``h`` is measured, not guessed: a probe thread in each worker process (``runtime/gilprobe.py``)
 sleeps a fraction of a millisecond at a time while a step runs and times how late it wakes; a
@@ -105,6 +108,14 @@ def global_draw_reason(step: str) -> str:
             "torch's), which worker processes re-seed per sample and step and threads would "
             "share: threads would change what it computes (give the step random=True and draw "
             "from its rng to allow them)")
+
+
+def worker_info_reason(step: str) -> str:
+    """Why ``executor="auto"`` stays on processes once step ``step`` was seen calling
+    ``get_worker_info()`` (``runtime/torch_worker.watch_worker_info_reads``)."""
+    return (f"step {step!r} calls get_worker_info(), which answers in worker processes (their "
+            "id, seed and dataset copy) and returns None in worker threads: threads would "
+            "change what it computes")
 
 
 def forced_processes(reason: str) -> ExecutorDecision:

@@ -1,7 +1,8 @@
 """``executor="auto"`` in the training process: what the probing worker pools measured, added
 up across pools (each epoch has its own unless ``persistent_workers``), and the decision
 ``planner/executor.py`` takes from it. The workers measure (``runtime/gilprobe.py`` for the
-GIL, ``SampleRunner.on_global_draw`` for draws from the global generators)."""
+GIL, ``SampleRunner.on_global_draw`` for draws from the global generators,
+``torch_worker.watch_worker_info_reads`` for calls of ``get_worker_info()``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from headrace.planner.executor import (
     choose_executor,
     forced_processes,
     global_draw_reason,
+    worker_info_reason,
 )
 from headrace.planner.workers import rank_cpus
 
@@ -60,22 +62,39 @@ class ExecutorProbes:
     def decide(self, pool: Any, decision: ExecutorDecision | None) -> ExecutorDecision | None:
         """``decision`` once ``pool`` (a probing pool) measured more: made once enough was
         probed (None: not yet), and processes at once when a step of its workers was seen
-        drawing from the global random generators, also after a choice of threads (their
-        watch covers every sample of the probing epoch, which may come after enough probing)."""
+        drawing from the global random generators or calling ``get_worker_info()``, also after
+        a choice of threads (their watch covers every sample of the probing epoch, which may
+        come after enough probing)."""
         if self._pool() is not pool:
             self._banked = (self._banked[0] + self._last[0], self._banked[1] + self._last[1])
             self._pool = weakref.ref(pool)
         prog = pool.progress
         if decision is not None and decision.executor == "processes":
             return decision
-        drew = max(prog.global_draw)
-        if drew:  # threads would share the generators that worker processes re-seed
-            return forced_processes(global_draw_reason(pool.pipeline.step_names[drew - 1]))
+        forced = self._forced(pool)
+        if forced is not None:
+            return forced
         if decision is not None:
             return decision
         self._last = (sum(prog.gil_held), sum(prog.gil_probed))
         return choose_executor(self._banked[0] + self._last[0], self._banked[1] + self._last[1],
                                max(1, pool.size), rank_cpus())
+
+    @staticmethod
+    def _forced(pool: Any) -> ExecutorDecision | None:
+        """Processes, when a worker of ``pool`` (a probing pool, or None) saw a step do what
+        threads would change: draw from the global generators (worker processes re-seed them,
+        threads share them) or call ``get_worker_info()`` (None in a thread)."""
+        if pool is None:
+            return None
+        prog, names = pool.progress, pool.pipeline.step_names
+        drew = max(prog.global_draw)
+        if drew:
+            return forced_processes(global_draw_reason(names[drew - 1]))
+        read = max(prog.worker_info_read)
+        if read:
+            return forced_processes(worker_info_reason(names[read - 1]))
+        return None
 
 
 def threads_blocked(loader: DataLoader) -> str | None:

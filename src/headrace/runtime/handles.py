@@ -46,6 +46,8 @@ class Progress:
     probe saw held / watched (``runtime/gilprobe.py``).
     ``global_draw[slot]``: 1 + the position of the first step a probing worker saw draw from
     the global random generators (0: none seen; kept when the slot's worker is replaced).
+    ``worker_info_read[slot]``: the same for the first step a probing worker saw call
+    ``get_worker_info()`` (``torch_worker.watch_worker_info_reads``).
     ``probe_stop``: set by the main process once ``executor="auto"`` decided: the GIL probes
     stop. ``order_broke[slot]``: 1 + the executed position of the first step the slot's
     workers saw break AutoOrder's order (0: none; ``runtime/order_watch.py``).
@@ -60,6 +62,7 @@ class Progress:
         self.gil_held = ctx.RawArray("d", slots)
         self.gil_probed = ctx.RawArray("d", slots)
         self.global_draw = ctx.RawArray("i", slots)
+        self.worker_info_read = ctx.RawArray("i", slots)
         self.probe_stop = ctx.RawValue("i", 0)
         self.order_broke = ctx.RawArray("i", slots)
 

@@ -138,7 +138,7 @@ def worker_main(
         torch.set_num_threads(1)
         if setup.blas_threads is not None:  # before worker_init_fn, which may change it
             limit_in_worker(setup.blas_threads)
-        reseeded = init_as_torch_worker(setup)
+        reseeded = init_as_torch_worker(setup, progress)
         runner = TaskRunner(setup, handoff, progress, python_draws=python_draws)
         writer = RingWriter(ring, setup.parent_pid)
         if setup.probe_gil:
