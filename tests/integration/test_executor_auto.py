@@ -224,3 +224,27 @@ def test_a_step_calling_get_worker_info_keeps_processes(no_leaks):
     assert "step 'worker_id' calls get_worker_info()" in d.reason
     assert "'worker_id' calls get_worker_info()" in explained
 
+
+def last_worker_id(x: np.ndarray) -> np.ndarray:
+    if x.reshape(-1)[0] == 239:  # the epoch's last sample only (in_order, and the slowest)
+        time.sleep(0.2)
+        w = hr.get_worker_info()
+        return x + (1000.0 if w is None else 0.0)
+    return x
+
+
+@pytest.mark.timeout(120)
+def test_get_worker_info_called_only_by_the_last_sample_keeps_processes(no_leaks):
+    # auto chooses threads half-way through epoch 0 (1 s of 10 ms steps probed); the one call
+    # comes in the epoch's last sample, after the scheduler's last look at the probes
+    pipe = hr.Pipeline(ArraySource(240), [hr.step(sleepy, name="sleepy"),
+                                          hr.step(last_worker_id, name="last_worker_id")])
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    try:
+        counts = run_epochs(loader, 2)
+        d = loader.monitor.executor_decision
+    finally:
+        loader.close()
+    assert all(c == Counter(float(i) for i in range(240)) for c in counts)  # never None
+    assert d is not None and d.executor == "processes"
+    assert "'last_worker_id' calls get_worker_info()" in d.reason

@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from headrace.planner.executor import MIN_PROBED_S, choose_executor, forced_processes
 
 
@@ -85,3 +87,28 @@ def test_a_draw_seen_after_threads_were_chosen_still_keeps_processes():
     later = probes.decide(pool, first)
     assert later is not None and later.executor == "processes" and "'flip'" in later.reason
 
+
+@pytest.mark.parametrize("seen, said", [("worker_info_read", "calls get_worker_info()"),
+                                        ("global_draw", "draws from a global random generator")])
+def test_what_threads_would_change_keeps_processes_also_when_seen_at_the_epoch_end(seen, said):
+    from types import SimpleNamespace
+
+    from headrace.runtime.executor_auto import ExecutorProbes
+
+    class Pool:  # what decide() reads of a WorkerPool (weakly referenced, as pools are)
+        progress = SimpleNamespace(gil_held=[0.05, 0.05], gil_probed=[0.6, 0.6],
+                                   global_draw=[0, 0], worker_info_read=[0, 0])
+        size = 2
+        pipeline = SimpleNamespace(step_names=["load", "decode", "shard"])
+
+    pool = Pool()
+    probes = ExecutorProbes()
+    first = probes.decide(pool, None)
+    assert first is not None and first.executor == "threads"
+    # worker 0 saw step 2 ("shard") do it in the epoch's last sample: the scheduler decides
+    # no more once that sample is in, the epoch's close reads it
+    getattr(pool.progress, seen)[0] = 3
+    after = probes.after_epoch("processes", 2.0, 500.0, first)
+    assert after is not None and after.executor == "processes"
+    assert f"step 'shard' {said}" in after.reason
+    assert probes.decide(pool, after) is after  # kept

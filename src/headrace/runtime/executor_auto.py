@@ -47,7 +47,13 @@ class ExecutorProbes:
                     decision: ExecutorDecision | None) -> ExecutorDecision | None:
         """The decision once an epoch that ran on ``executor`` closed: threads' first epoch
         long enough to tell (``TRIAL_MIN_S``) is compared with the last such epoch on
-        processes (``planner.executor.after_trial``); otherwise ``decision`` as it was."""
+        processes (``planner.executor.after_trial``); processes when the last probing pool's
+        workers saw what threads would change (:meth:`_forced`) in samples that came in after
+        the last :meth:`decide`; otherwise ``decision`` as it was."""
+        if decision is None or decision.executor == "threads":
+            forced = self._forced(self._pool())  # seen after the epoch's last decide():
+            if forced is not None:  # the scheduler ticks no more once the last sample is in
+                return forced
         if wall_s < TRIAL_MIN_S:
             return decision
         if executor == "processes":
