@@ -105,9 +105,10 @@ class Options:
             first epoch on threads delivers under 0.9x the samples/s of the last one on
             processes (the probe reads steps that let go of the GIL often but briefly as free).
             Threads are considered only where they cannot change what the code computes: a
-            ``Pipeline`` (its random steps draw from their ``rng``, and no step was seen drawing
-            from Python's, NumPy's or torch's global generator on each worker's first 64
-            samples), torch's default collation, no ``worker_init_fn``, ``sample_timeout_s`` or
+            ``Pipeline`` (its random steps draw from their ``rng``, and no step was seen, on
+            any sample of the probing epoch, drawing from Python's, NumPy's or torch's global
+            generator or calling ``get_worker_info()``, which worker threads answer with
+            ``None``), torch's default collation, no ``worker_init_fn``, ``sample_timeout_s`` or
             ``remote``; anything else stays on processes.
         device: device prefetch (``runtime/prefetch.py``): ``"cuda"``, ``"cuda:N"`` or a
             ``torch.device`` (e.g. ``torch.accelerator.current_accelerator()``). The next
