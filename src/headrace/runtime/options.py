@@ -126,9 +126,11 @@ class Options:
         cache: Seneca's tiered sample cache (:class:`headrace.Cache`; ``None``: off). Default:
             a memory cache whose budget is 25% of the available memory, within the
             process's memory cgroup, off under 256 MB (see ``Cache``); it
-            caches a Pipeline's or split dataset's decoded form (else its encoded form), so
-            epochs after the first skip those steps. An opaque dataset caches nothing by
-            default (its only form, the final output, is exact only within one epoch).
+            caches a Pipeline's decoded form (else its encoded form), so epochs after the
+            first skip those steps. A Dataset caches nothing by default, whether opaque or
+            with a Compose whose transforms run inside its ``__getitem__``: its only form, the
+            final output, is exact only within one epoch (``Cache(shared_augmented=True)``
+            reuses it across epochs; ``explain()`` says the cache is off and why).
     """
 
     seed: int | None = None
