@@ -157,6 +157,8 @@ class ResumePoint:
     empty_batches: int = 0  # a batch sampler's empty batches the saved epoch delivered
     batches: int = 0  # batches the saved epoch delivered (0: before its first, or unknown: not
     # recorded, or counted in another batch_size or drop_last than this loader's)
+    positions_read: int | None = None  # positions the saved epoch had read from its sampler
+    # (None: not recorded); more than its __len__ says: that length does not end it (span.covers)
 
 
 def build(
@@ -170,6 +172,7 @@ def build(
     empty_batches: int = 0,
     batches: int = 0,
     order_phase: str | None = None,
+    positions_read: int | None = None,
 ) -> dict[str, Any]:
     in_epoch = origin is not None
     return {
@@ -214,6 +217,9 @@ def build(
         # batches the saved epoch delivered: DDP ranks padding a resumed epoch to the batch
         # count every rank takes (``distributed.EvenBatches``) count those too
         "batches_delivered": batches if in_epoch else 0,
+        # positions the saved epoch had read from its sampler: past what the sampler's __len__
+        # says, the epoch goes on past it, whatever was delivered (``span.covers``)
+        "positions_read": positions_read if in_epoch else None,
     }
 
 
@@ -280,6 +286,8 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
         batches=(int(sd.get("batches_delivered") or 0)
                  if (sd.get("batch_size"), sd.get("drop_last", False))
                  == (ident.batch_size, ident.drop_last) else 0),
+        positions_read=(int(sd["positions_read"]) if sd.get("in_epoch")
+                        and sd.get("positions_read") is not None else None),
     )
 
 
@@ -292,7 +300,8 @@ def epoch_over(point: ResumePoint) -> ResumePoint:
     order and AutoOrder goes on from that phase (they were dropped: the resumed run went back
     to the declared order and decided again, where the uninterrupted one kept its order)."""
     return dataclasses.replace(point, epoch=point.epoch + 1, in_epoch=False, origin=None,
-                               delivered=Bitmap(), empty_batches=0, batches=0)
+                               delivered=Bitmap(), empty_batches=0, batches=0,
+                               positions_read=None)
 
 
 def _order_to(origin: EpochOrigin | None, delivered: Bitmap | None,

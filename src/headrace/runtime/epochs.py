@@ -106,12 +106,14 @@ def start_epoch(loader: DataLoader) -> Any:
         loader._epoch = replay.epoch
     origin, groups = draw_epoch(loader, replay)
     lazy = groups if isinstance(groups, FirstAtNext) else None
-    if resume is not None and covers(loader, resume.delivered.count):
+    if resume is not None and covers(loader, resume.delivered.count, resume.positions_read):
         # a state taken after the epoch's last batch, before its end was seen (Lightning knows
         # len(loader) and asks no further): that epoch is done, and this iter() is the next
         # one. It gave an empty epoch: a run resumed from a checkpoint written at an epoch's
         # last step lost a whole epoch of steps. The replay's sampler is read to its end, as
         # the rest of that epoch would have been (a sampler drawing as it goes draws the same).
+        # Not where the saved epoch's sampler had given more than its __len__ said (an
+        # oversampler): it went on past that length, and its rest is resumed (span.covers)
         for _ in groups:
             pass
         resume = None

@@ -314,7 +314,8 @@ class DataLoader(tud.DataLoader[_T_co]):
             self._unfinished = checkpoint.ResumePoint(
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
                 generator_state=None, persistent_base_seed=None, steps=it.steps,
-                empty_batches=it.empty_batches, batches=it.batches_delivered or 0)
+                empty_batches=it.empty_batches, batches=it.batches_delivered or 0,
+                positions_read=epoch_span.positions_read(it))
 
     def explain(self) -> str:
         """Every decision headrace made for this loader and the measured numbers behind it."""

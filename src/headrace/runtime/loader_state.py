@@ -23,15 +23,17 @@ def save(loader: DataLoader) -> dict[str, Any]:
     steps = loader.planning.executed_names
     phase: str | None = loader.planning.phase
     empty = batches = 0
+    read: int | None = None
     if it is not None and not it.closed and not epoch_span.at_end(loader, it):
         origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
         empty, batches = it.empty_batches, it.batches_delivered or 0
+        read = epoch_span.positions_read(it)  # (after at_end: its read of the end counts)
     elif loader._resume is not None or loader._unfinished is not None:
         point = loader._resume if loader._resume is not None else loader._unfinished
         assert point is not None
         origin, delivered, epoch = point.origin, point.delivered, point.epoch
         steps, empty, batches = point.steps or steps, point.empty_batches, point.batches
-        phase = point.order_phase or phase
+        phase, read = point.order_phase or phase, point.positions_read
     else:  # between epochs: the order the next one runs, as the uninterrupted run would
         origin, delivered, epoch = None, None, loader._epoch
         steps, phase = loader.planning.upcoming()
@@ -39,7 +41,7 @@ def save(loader: DataLoader) -> dict[str, Any]:
     state = checkpoint.build(identity(loader, steps), epoch, origin, delivered, loader.generator,
                              persistent, checkpoint.sampler_generators(loader._index_sampler,
                                                                        loader.generator), empty,
-                             batches, phase)
+                             batches, phase, read)
     return ranks.gathered(state, ranks.shard(loader._index_sampler))  # DDP: whose it is
 
 

@@ -47,12 +47,31 @@ def total_positions(loader: DataLoader) -> int | None:
 
 
 def epoch_positions(loader: DataLoader, it: Any) -> int | None:
-    """Positions in the running epoch ``it``: :func:`total_positions`, or for a sampler
-    without a length, those it gave once it was read to its end (``EpochBase.known_length``:
-    the workers' feed reads it ahead of the deliveries; ``num_workers=0`` reads it a batch at
-    a time, as torch, so its end is unknown until a ``next()`` reads it); ``None``: unknown."""
-    total = total_positions(loader)
-    return total if total is not None else it.known_length()
+    """Positions in the running epoch ``it``: those its sampler gave once it was read to its
+    end (``EpochBase.known_length``: the workers' feed reads it ahead of the deliveries;
+    ``num_workers=0`` reads it a batch at a time, as torch, so its end is unknown until a
+    ``next()`` reads it), else :func:`total_positions` while the sampler has given no more
+    than that; ``None``: unknown. A sampler's ``__len__`` is a hint: torch asks it only in
+    ``len(loader)``, and a sampler may yield more (an oversampler saying ``len(dataset)``),
+    whose epoch then goes on past it (a bug hunt: it was taken as whole there, and a resume
+    lost its rest)."""
+    known = it.known_length()
+    if known is not None:
+        return int(known)
+    return hinted(total_positions(loader), positions_read(it))
+
+
+def positions_read(it: Any) -> int | None:
+    """Positions the running epoch ``it`` read from its sampler so far, before its resume
+    included (its order digest counts them: ``runtime/order_digest.py``); None: unknown."""
+    order = getattr(it.origin, "order", None) if it.origin is not None else None
+    return None if order is None else int(order.read)
+
+
+def hinted(total: int | None, read: int | None) -> int | None:
+    """The epoch's length a sampler's ``__len__`` says (``total``), unless it has given more
+    positions than that (``read``): then unknown (None) until its end is seen."""
+    return None if total is None or (read is not None and read > total) else total
 
 
 def all_settled(loader: DataLoader, it: Any) -> bool:
@@ -60,23 +79,37 @@ def all_settled(loader: DataLoader, it: Any) -> bool:
     (skipped, failed, dropped): its last batch is out and only its end is not seen yet, as
     where Lightning, which knows ``len(loader)``, writes a checkpoint at an epoch's last step.
     Its draws are all made (at ``iter()``), so the state between epochs describes it. Never
-    where the epoch's length is unknown (a sampler without one, not read to its end)."""
+    where the epoch's length is unknown (a sampler without one, not read to its end; one that
+    gave more positions than its ``__len__`` said, not read to its end)."""
     return _whole(epoch_positions(loader, it), it.delivered.count + it.settled_undelivered())
 
 
 def at_end(loader: DataLoader, it: Any) -> bool:
     """:func:`all_settled`, and the sampler read to its end (``num_workers=0`` reads it one
     group at a time: its end is read here, as the ``next()`` that ends the epoch would), so
-    the state between epochs gives the next epoch the order it would have had."""
-    if not all_settled(loader, it):
-        return False
+    the state between epochs gives the next epoch the order it would have had. A sampler that
+    gave more than its ``__len__`` said is read here too once every position it gave is
+    settled: its end may be next, and a state at its last batch is then the one between
+    epochs, as with a length that is right (not read, it resumed an empty epoch there)."""
     read_end = getattr(it, "read_end", None)
+    if not all_settled(loader, it) and not (read_end is not None and _past_length(loader, it)):
+        return False
     return read_end is None or bool(read_end())
 
 
-def covers(loader: DataLoader, settled: int) -> bool:
-    """Whether ``settled`` positions are the whole epoch (its length known)."""
-    return _whole(total_positions(loader), settled)
+def _past_length(loader: DataLoader, it: Any) -> bool:
+    """Whether the running epoch ``it`` read more positions than its sampler's ``__len__``
+    says, and every one is settled."""
+    total, read = total_positions(loader), positions_read(it)
+    return (total is not None and read is not None and total < read
+            <= it.delivered.count + it.settled_undelivered())
+
+
+def covers(loader: DataLoader, settled: int, read: int | None) -> bool:
+    """Whether a saved epoch's ``settled`` positions are the whole epoch: its length known and
+    its sampler, when saved, had read no more positions than that (``read``: None in state
+    dicts saved before they recorded it)."""
+    return _whole(hinted(total_positions(loader), read), settled)
 
 
 def _whole(total: int | None, settled: int) -> bool:
