@@ -280,8 +280,9 @@ class DataLoader(tud.DataLoader[_T_co]):
         friendly, versioned (``schema_version``). With ``generator=`` or ``Options(seed=)`` the
         following epochs are identical too; with torch's global generator they are as long as
         the training script restores that generator as it does for its model. Over an
-        ``IterableDataset``: no position, only the ``iter()`` calls so far and the batches the
-        running epoch delivered (``runtime/iterable_dataset.py``).
+        ``IterableDataset``: no position, only the ``iter()`` calls so far, the batches the
+        running epoch delivered, and what decides the next epoch's worker seeds (the loader's
+        generator, a base seed to reuse: ``runtime/iterable_dataset.py``).
         """
         return loader_state.save(self)
 
