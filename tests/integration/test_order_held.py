@@ -100,3 +100,31 @@ def test_an_order_validated_and_kept_goes_back_once_a_sample_breaks_it(tmp_path,
     (key,) = ProfileStore(store).keys()
     assert ProfileStore(store).get(key).rejected_orders == (tuple(moved),)
     assert run(True, store)[1] == [declared] * 4
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_order_a_sample_broke_in_the_runs_last_epoch_is_stored_as_rejected(
+        workers, tmp_path, no_leaks):
+    # a two-epoch job: its second (last) epoch ran AutoOrder's order and each sample broke it;
+    # no epoch boundary followed, so the rejection was never recorded, and every later run of
+    # the job ran each sample twice for an epoch again (a review's find)
+    store = tmp_path / "store.sqlite"
+
+    def run() -> list:
+        pipe = hr.Pipeline(Rows(), [hr.step(pad_to_32, random=True),
+                                    hr.step(crop_16, random=True)])
+        loader = hr.DataLoader(pipe, batch_size=32, num_workers=workers, options=hr.Options(
+            seed=4, profile_store=store, cache=None))
+        try:
+            orders = []
+            for _ in range(2):
+                assert {b.shape[1] for b in loader} == {16}
+                orders.append([s.name for s in loader.planning.executed.steps])
+            return orders
+        finally:
+            loader.close()
+
+    assert run() == [["pad_to_32", "crop_16"], ["crop_16", "pad_to_32"]]
+    (key,) = ProfileStore(store).keys()
+    assert ProfileStore(store).get(key).rejected_orders == (("crop_16", "pad_to_32"),)
+    assert run() == [["pad_to_32", "crop_16"]] * 2

@@ -97,3 +97,43 @@ def test_without_the_profile_one_of_two_steps_that_swapped_must_keep_the_shape()
         got = guarded.run(i, 0, None, base_seed=3, epoch=1)
         np.testing.assert_array_equal(got.value, wanted.run(i, 0, None, 3, 1).value)
     assert guard.broken == 2
+
+
+def test_an_error_in_the_declared_run_says_that_the_sample_ran_in_the_declared_order():
+    # the failing step's input (64 rows) cannot come from the executed order (crop first):
+    # the error says why the sample ran in the declared one
+    def pad_picky(x, rng):
+        if x.shape[0] == 64 and x[0, 0] == 7:
+            raise ValueError("no 64-row sample 7")
+        return pad_to_32(x, rng)
+
+    pad, crop = step(pad_picky, random=True), step(crop_16, random=True)
+    declared = Pipeline(Rows(), [pad, crop])
+    moved = declared.with_steps([crop, pad], kept_shape=declared.keys[1:2])
+    out = SampleRunner(moved, guard=OrderGuard.of(moved, shape_signature)).run(7, 0, None, 3, 1)
+    assert out.error is not None and out.error[0] == 2  # pad_picky's executed position
+    assert "no 64-row sample 7" in out.error[2]
+    assert "ran again in the declared step order" in out.error[2]
+
+
+def test_the_declared_run_starts_from_and_adds_to_the_python_draw_flags():
+    import random
+
+    calls = []
+
+    class Drawing(Rows):
+        def load(self, i):
+            calls.append(i)
+            return super().load(i) + np.float32(random.random())
+
+    pad, crop = step(pad_to_32, random=True), step(crop_16, random=True)
+    declared = Pipeline(Drawing(), [pad, crop])
+    moved = declared.with_steps([crop, pad], kept_shape=declared.keys[1:2])
+    learned: list[int] = []
+    runner = SampleRunner(moved, guard=OrderGuard.of(moved, shape_signature),
+                          on_python_draw=learned.append)
+    runner.run(1, 0, None, 3, 1)  # load drew unseeded: again; the pad broke it: declared
+    assert calls == [1, 1, 1] and learned == [0] and runner.python_draws[0]
+    calls.clear()
+    runner.run(3, 0, None, 3, 1)  # both know load draws: one run each
+    assert calls == [3, 3]

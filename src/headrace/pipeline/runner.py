@@ -266,19 +266,31 @@ class SampleRunner:
                            on_step: Callable[[int], None] | None, draw: int) -> Outcome:
         """The run of a sample that broke the premise of the order running
         (``pipeline/order_guard.py``): from its start, in the declared order, to the end
-        (no hand-off, no cache), with step positions given as the executed order's."""
+        (no hand-off, no cache), with step positions given as the executed order's. It starts
+        from the steps this runner knows to draw from Python's generator, and what it learns
+        is this runner's too (each costs a sample a second run)."""
         guard = self.guard
         assert guard is not None
         to = guard.to_executed
         if self._declared is None:
-            watch = self.on_global_draw
+            watch, mine = self.on_global_draw, self.python_draws
+
+            def drew(j: int) -> None:
+                mine[to[j]] = True
+                if self.on_python_draw is not None:
+                    self.on_python_draw(to[j])
+
             self._declared = SampleRunner(
                 guard.declared, None, self.reseed_globals,
-                on_global_draw=(lambda j: watch(to[j])) if watch is not None else None)
+                on_global_draw=(lambda j: watch(to[j])) if watch is not None else None,
+                python_draws=[mine[to[j]] for j in range(self.n)], on_python_draw=drew)
         out = self._declared.run(index, 0, None, base_seed, epoch,
                                  on_step=(lambda j: on_step(to[j])) if on_step is not None else None,
                                  draw=draw)
-        error = None if out.error is None else (to[out.error[0]], out.error[1], out.error[2])
+        error = None if out.error is None else (
+            to[out.error[0]], out.error[1],
+            f"{out.error[2]}(headrace: this sample ran again in the declared step order, as "
+            "AutoOrder's order did not hold on it: pipeline/order_guard.py)\n")
         return Outcome(out.value, None, [t._replace(step=to[t.step]) for t in out.timings],
                        error)
 

@@ -165,9 +165,11 @@ class Planning:
         keeps: Sequence[bool] = decision.keeps_shape if decision is not None else ()
         if not keeps:
             profile = self.profile()
+            if profile is None:
+                return []
             keeps = [st is not None and st.keeps_shape
-                     for st in stats_of(self.declared.steps, profile)] if profile else []
-        return [k for k, kept in zip(self.declared.keys[1:], keeps, strict=False) if kept]
+                     for st in stats_of(self.declared.steps, profile)]
+        return [k for k, kept in zip(self.declared.keys[1:], keeps, strict=True) if kept]
 
     def after_epoch(self, now: bool = False) -> None:
         """Keep this run's profile for the next run of the same job: after the first epoch
@@ -175,6 +177,10 @@ class Planning:
         when the loader closes (``now``) if it grew since. A stored profile of more samples
         stays (``ProfileStore.put(keep_larger=True)``): a resumed epoch's or a short run's
         profile replaced a larger one."""
+        if self.monitor.order_broke is not None and self.executed.declared is not None:
+            # a sample broke the order (the next boundary goes back, whatever the phase): kept
+            # with the profile now, also where no boundary comes (a run's last epoch, a close)
+            self._reject(self.executed_names)
         p = self.monitor.profiler
         # a new order starts a new profiler: one of as many samples as the last save's is new
         if self.store is None or p is None or self._saved == (p, p.samples, len(self.rejected)):
