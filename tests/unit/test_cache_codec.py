@@ -196,3 +196,43 @@ def test_a_sparse_view_of_a_large_array_comes_back_c_ordered_not_in_its_span() -
     back = codec.decode(codec.encode(t))
     assert torch.equal(back, t) and back.is_contiguous()
     assert back.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def _locked(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+READ_ONLY = {
+    "locked": _locked(_BASE.copy()),
+    "broadcast": np.broadcast_to(np.arange(3.0), (4, 3)),  # laid out (zero strides)
+    "frombuffer": np.frombuffer(b"\x01\x02\x03\x04", np.uint8),  # a decode step's output
+    "locked fortran": _locked(np.asfortranarray(_BASE)),
+}
+
+
+@pytest.mark.parametrize("name", list(READ_ONLY))
+def test_a_read_only_array_comes_back_read_only(name) -> None:
+    # a hit came back writeable where the computed sample was not: a later in-place step that
+    # raises on a miss succeeded on a hit (a cache hunt's find)
+    value = READ_ONLY[name]
+    out = codec.decode(codec.encode({"x": value, "w": _BASE}))
+    _same(value, out["x"])
+    assert _layout(out["x"]) == _layout(value)
+    assert not out["x"].flags.writeable
+    assert out["w"].flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        out["x"][...] = 0
+
+
+def test_a_writeable_arrays_entry_is_as_an_older_version_wrote_it() -> None:
+    # the read-only mark is a prefix only read-only arrays get: entries of writeable arrays
+    # (and those already stored) keep their format, and a mark before a non-array is corrupt
+    a = np.arange(6, dtype="<i4").reshape(2, 3)
+    old = (codec.MAGIC + b"a" + bytes([3]) + b"<i4" + bytes([2]) + (2).to_bytes(8, "little")
+           + (3).to_bytes(8, "little") + (24).to_bytes(8, "little") + a.tobytes())
+    assert codec.encode(a) == old
+    assert codec.decode(old).flags.writeable
+    assert codec.encode(_locked(a.copy())) == old[:4] + b"r" + old[4:]
+    with pytest.raises(codec.CorruptEntry):
+        codec.decode(codec.MAGIC + b"r" + codec.encode(5)[4:])

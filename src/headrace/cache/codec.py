@@ -10,6 +10,9 @@ format has no way to name a class or a function. What it stores (recursively):
   transpose, a flip, a crop's gaps, a broadcast): also its strides, and it is decoded with the
   same strides (``cache/layout.py``), so a hit has the layout a computed sample has (a view
   spanning more than ``SPAN_FACTOR`` times its values comes back C-ordered);
+* a read-only array (``flags.writeable`` false: ``np.broadcast_to``, ``np.frombuffer`` of
+  bytes, one the user locked) comes back read-only: a one-byte prefix (tag ``r``) before its
+  encoding, so the entries of writeable arrays are as before;
 * ``tuple``, ``list`` and ``dict`` with ``str`` keys (exact types, not subclasses).
 
 Anything else raises :class:`Uncacheable`; the cache then does not store the value (and counts
@@ -61,7 +64,8 @@ def encode(value: Any) -> bytes:
 
 def _enc(x: Any, out: _Parts, depth: int) -> None:
     # tags: N T F (None, bools), i f s b, a S L (arrays in C order, NumPy scalars, arrays with
-    # their strides), t M (tensors in C order, tensors with their strides), ( [ {
+    # their strides), r (a read-only array: its a or L follows), t M (tensors in C order,
+    # tensors with their strides), ( [ {
     if depth > MAX_DEPTH:
         raise Uncacheable("nested deeper than MAX_DEPTH")
     t = type(x)
@@ -82,6 +86,8 @@ def _enc(x: Any, out: _Parts, depth: int) -> None:
         out += [b"b", _U64.pack(len(x)), x]
     elif t is np.ndarray:
         laid_out = _laid_out(x.shape, x.strides, x.itemsize)
+        if not x.flags.writeable:
+            out.append(b"r")
         out.append(b"L" if laid_out else b"a")
         _enc_array(x, out, laid_out)
     elif isinstance(x, np.generic) and not isinstance(x, np.object_):
@@ -213,6 +219,13 @@ def _dec(mv: memoryview, o: int, depth: int) -> tuple[Any, int]:
     if tag in (b"a", b"S", b"L"):
         a, o = _dec_array(mv, o, tag == b"L")
         return (a[()] if tag == b"S" else a), o
+    if tag == b"r":  # a read-only array
+        inner = mv[o : o + 1].tobytes()
+        if inner not in (b"a", b"L"):
+            raise CorruptEntry("cached entry marks a non-array read-only")
+        a, o = _dec_array(mv, o + 1, inner == b"L")
+        a.flags.writeable = False
+        return a, o
     if tag in (b"t", b"M"):
         return _dec_tensor(mv, o, tag == b"M")
     if tag in (b"(", b"["):
