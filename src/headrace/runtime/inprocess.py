@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from headrace.cache.client import run_cached
+from headrace.cache.running import run_cached
 from headrace.errors import StepError, message_of, step_error_for
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import SampleRunner

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from headrace.cache.client import run_cached
+from headrace.cache.running import run_cached
 from headrace.errors import exception_attributes, message_of, picklable_class
 from headrace.pipeline import Pipeline
 from headrace.pipeline.runner import Outcome, SampleRunner
