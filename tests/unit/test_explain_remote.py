@@ -79,7 +79,7 @@ def test_near_storage_hand_backs_are_no_offloaded_share():
     # a fetcher's sample back at its own stop counted as offloaded: "finished remotely"
     from headrace.remote.counts import AT_SPLIT, HANDED_BACK, HANDED_OFF, OFFLOADED, outcome
 
-    partial = ("partial", 7, 3, None, [], 0, None)
+    partial = ("partial", 7, 3, None, [], 0, None, None)
     assert outcome(partial, 3) == AT_SPLIT  # at a split: its remote part is done
     assert outcome(partial, 3, per_sample=True) == HANDED_BACK
     assert outcome(partial, 4, per_sample=True) == outcome(partial, 4) == HANDED_OFF

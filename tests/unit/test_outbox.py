@@ -47,7 +47,7 @@ def test_a_sample_longer_than_the_hold_is_sent_at_once_with_what_was_kept():
 def test_a_hand_off_or_an_error_goes_at_once_with_what_was_kept():
     r, box = pipe()
     box.add(done(1), time.monotonic())
-    partial = ("partial", 2, 3, None, [], 0, 128)
+    partial = ("partial", 2, 3, None, [], 0, None, 128)
     box.add(partial, time.monotonic())
     assert r.recv() == ("many", [done(1), partial])
     err = ("error", 3, 1, None, "ValueError", "bad", "tb")

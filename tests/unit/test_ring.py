@@ -91,7 +91,7 @@ def test_ring_space_of_messages_an_error_left_unhandled_is_freed_and_never_taken
     w = WorkerHandle(0, None, None, None, ring)
     ring.read_pos.value = 4096
     msgs = [("done", 1, None, [], 0, 8192), ("error", 2, 1, None, "E", "e", "tb"),
-            ("partial", 3, 2, None, [], 0, 12288)]
+            ("partial", 3, 2, None, [], 0, None, 12288)]
     _free_ring(w, msgs)
     assert ring.read_pos.value == 12288  # up to the last handed-off sample's end
     _free_ring(w, [("done", 0, None, [], 0, 1024)])

@@ -1,4 +1,13 @@
-"""A sample run with the cache: looked up first, its forms inserted (``run_cached``)."""
+"""A sample run with the cache: looked up first, its forms inserted, and where it drew from a
+global random generator carried across a hand-off (``run_cached``).
+
+A sample handed off to the slow lane (or kept by its worker when its value would not travel
+as it is) runs in two parts, two calls here, often in two processes. The forms of the second
+part are as epoch-dependent as the first part's draws made them, so the first drawing step
+travels with the partial value (``Outcome.drew_at`` -> the ``partial`` message ->
+``Task.drew_at``) and presets the second part's ``Insert.drew_at``: it stores no unseeded form
+after that step. A sample not handed off carries nothing more (a ``None`` in its task).
+"""
 
 from __future__ import annotations
 
@@ -18,16 +27,29 @@ def run_cached(
     base_seed: int,
     epoch: int,
     row: int,
+    drew_at: int | None = None,
+    watch_draws: bool = False,
     **kwargs: Any,
 ) -> Any:
     """``run(index, start, value, base_seed, epoch, after_step=..., **kwargs)`` with the cache:
     a fresh sample (``start == 0``) is looked up first; a hit resumes after its form's step
     (or is the final value), and the forms the run produces are inserted. A repeat of its index
-    (``kwargs["draw"]`` above 0) uses only the forms before the first random step."""
+    (``kwargs["draw"]`` above 0) uses only the forms before the first random step.
+
+    ``drew_at``: where a sample resumed after a hand-off drew from a global generator in its
+    earlier part (``Outcome.drew_at`` of that part, carried by the scheduler in
+    ``Task.drew_at``): its forms from here on differ each epoch too, and none is stored. The
+    outcome's ``drew_at`` says where it drew so far, for a later part; a run that may be
+    handed off is watched also where this process stores nothing (its tiers are full here, not
+    in the worker that takes it; ``watch_draws``: a remote worker, which has no cache)."""
     from headrace.pipeline.runner import Outcome
 
     if client is None or not client.enabled:
-        return run(index, start, value, base_seed, epoch, **kwargs)
+        if watch_draws and kwargs.get("hand_off") is not None:
+            return _watched(run, index, start, value, base_seed, epoch, drew_at, kwargs)
+        out = run(index, start, value, base_seed, epoch, **kwargs)
+        out.drew_at = drew_at
+        return out
     if start == 0:
         try:
             hit = client.lookup(index, base_seed, epoch, row, kwargs.get("draw", 0))
@@ -35,19 +57,46 @@ def run_cached(
             import traceback
 
             return Outcome(None, None, [], (0, e, traceback.format_exc()))
-        if hit is not None:
+        if hit is not None:  # its prefix drew nothing in the run that stored it
             start, value = hit
             if start >= client.layout.steps:
                 return Outcome(value, None, [])
     ins = client.inserter(index, base_seed, epoch, start, row, kwargs.get("draw", 0))
     if ins is None:
-        out = run(index, start, value, base_seed, epoch, **kwargs)
+        if kwargs.get("hand_off") is not None and any(p >= start for p in client.at_position):
+            out = _watched(run, index, start, value, base_seed, epoch, drew_at, kwargs)
+        else:
+            out = run(index, start, value, base_seed, epoch, **kwargs)
+            out.drew_at = drew_at
     else:
+        ins.drew_at = drew_at
         out = run(index, start, value, base_seed, epoch, after_step=ins.after_step,
                   on_drew=ins.drew, **kwargs)
+        out.drew_at = ins.drew_at
         if out.error is None:
             ins.commit()  # handed off or finished: the forms made so far
     client.observe(out.timings, row)
+    return out
+
+
+class _FirstDraw:
+    """``on_drew`` for a run nothing is inserted from: keeps the first drawing step."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: int | None) -> None:
+        self.at = at
+
+    def __call__(self, position: int) -> None:
+        if self.at is None:
+            self.at = position
+
+
+def _watched(run: Callable[..., Any], index: int, start: int, value: Any, base_seed: int,
+             epoch: int, drew_at: int | None, kwargs: dict[str, Any]) -> Any:
+    first = _FirstDraw(drew_at)
+    out = run(index, start, value, base_seed, epoch, on_drew=first, **kwargs)
+    out.drew_at = first.at
     return out
 
 

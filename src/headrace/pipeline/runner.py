@@ -67,6 +67,10 @@ class Outcome:
     error: tuple[int, BaseException, str] | None = None
     bytes_in: int = 0
     """Payload bytes of the value the run started from (0 when it started at ``load``)."""
+    drew_at: int | None = None
+    """The first step of this sample's run so far (this run, and the parts before a
+    hand-off) that drew from a global random generator, where the cache watched
+    (``cache.running.run_cached``): the next part stores no unseeded form after it."""
 
 
 Measure = Callable[[Any], tuple[int, Hashable, Hashable]]

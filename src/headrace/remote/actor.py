@@ -71,6 +71,9 @@ class RemoteWorker:
             return next_step >= self._stop or self._late(next_step, spent)
 
         self.runner.hand_off = split
+        # no cache here, but the local workers that finish a sample handed back store its forms:
+        # where its steps here drew from a global generator travels with it (cache/running.py)
+        self.runner.watch_draws = True
 
     def where(self) -> tuple[str, int, str, tuple[Any, ...]]:
         """(host name, process id, Ray node id, ``started``): where this worker runs, and how

@@ -326,7 +326,8 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
     before: list[Any] = []
     stop = opts.stop_for(task.sample)
     if task.start > 0 and stop <= task.start:
-        return ("msg", ("partial", task.tid, task.start, task.payload, [], 0, None))
+        return ("msg", ("partial", task.tid, task.start, task.payload, [], 0, task.drew_at,
+                        None))
     if task.start > 0:  # a slow-lane sample (over the timeout, before the split) resumed here
         value = decode(task.payload) if opts.processes else task.payload
         if opts.on_resumed is not None:
@@ -345,12 +346,12 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
         if why is not None:  # it would not arrive as it is: a local worker runs it whole
             if opts.on_loaded_again is not None:
                 opts.on_loaded_again(why)
-            return ("msg", ("partial", task.tid, 0, LoadLocally(why), [], 0, None))
+            return ("msg", ("partial", task.tid, 0, LoadLocally(why), [], 0, None, None))
         value, before = out.value, out.timings
         task = task._replace(start=out.next_step)
         if stop <= task.start:  # the split is at the load: nothing to run remotely
             return ("msg", ("partial", task.tid, task.start,
-                            encode(value) if opts.processes else value, before, 0, None))
+                            encode(value) if opts.processes else value, before, 0, None, None))
     handoff = None
     if task.may_hand_off and opts.handoff is not None:  # the local workers' rule, now
         h = opts.handoff
@@ -368,8 +369,8 @@ def _local_message(msg: tuple[Any, ...], before: list[Any], opts: ProxyOptions) 
         _, tid, payload, timings, bytes_in, _ = msg
         return ("done", tid, unpack(payload), before + list(timings), bytes_in, None)
     if kind == "partial":
-        _, tid, next_step, payload, timings, bytes_in, _ = msg
+        _, tid, next_step, payload, timings, bytes_in, drew_at, _ = msg
         value = unpack(payload)
         return ("partial", tid, next_step, encode(value) if opts.processes else value,
-                before + list(timings), bytes_in, None)
+                before + list(timings), bytes_in, drew_at, None)
     return msg

@@ -334,7 +334,7 @@ class Scheduler:
                 self.counters.fast += 1
             self.hooks.on_sample(rec.index, rec.step_s, rec.slow, timings, bytes_in)
         elif kind == "partial":
-            _, _, next_step, payload, timings, bytes_in, ring_end = msg
+            _, _, next_step, payload, timings, bytes_in, drew_at, ring_end = msg
             c0 = time.thread_time()
             if ring is not None:
                 # copied out of the worker's ring; large arrays go to the next worker by shared memory
@@ -345,7 +345,8 @@ class Scheduler:
             rec.step_s += sum(t.wall for t in timings)
             rec.slow = True
             self.hooks.on_sample_partial(rec.index, timings, bytes_in)
-            rec.task = rec.task._replace(start=next_step, payload=payload, may_hand_off=False)
+            rec.task = rec.task._replace(start=next_step, payload=payload, may_hand_off=False,
+                                         drew_at=drew_at)  # its cache stores no form after it
             self.lanes.backlog.append(rec)
         elif kind == "error":
             _, _, step, exc_cls, cause, text, tb, attributes = msg

@@ -9,9 +9,10 @@ Messages (tuples, to keep pickling cheap):
   ``worker_init_fn`` seeded, which per-sample seeding overrides), or ``("init_error", slot, cause_type, message, tb, exc_class)``
   (``exc_class``: what was raised, where it pickles, else None);
   ``("done", tid, payload, timings, bytes_in, ring_end)``; ``("partial", tid, next_step, payload,
-  timings, bytes_in, ring_end)`` when the sample is handed off (timings: ``StepTiming`` per step
-  run; bytes_in: size of the value a resumed run started from; ring_end: the worker's ring write
-  position after this payload, which the receiver frees up to); ``("error", tid, step, exc_class, cause_type, message, tb, attributes)``
+  timings, bytes_in, drew_at, ring_end)`` when the sample is handed off (timings: ``StepTiming``
+  per step run; bytes_in: size of the value a resumed run started from; drew_at: the first step
+  so far that drew from a global generator, or None: ``Outcome.drew_at``, for ``Task.drew_at``;
+  ring_end: the worker's ring write position after this payload, which the receiver frees up to); ``("error", tid, step, exc_class, cause_type, message, tb, attributes)``
   (``attributes``: the exception's own, those that pickle: ``errors.exception_attributes``;
   ``None`` for a sample that could not be sent);
   ``("many", [message, ...])``: several finished samples' messages, in order (``Outbox``).
@@ -74,6 +75,8 @@ class Task(NamedTuple):
     epoch: int
     may_hand_off: bool
     draw: int = 0  # times the index came earlier this epoch (runtime/draws.py): in its seed
+    drew_at: int | None = None  # a resumed sample's first step that drew from a global
+    # generator before its hand-off: its cache stores no unseeded form (cache/running.py)
 
 
 class Tasks(NamedTuple):
@@ -249,6 +252,9 @@ class TaskRunner:
             return worth_moving(spent, limit.value, remaining[next_step])
 
         self.hand_off = hand_off
+        self.watch_draws = False
+        """Watch a run that may be handed off for draws from the global generators also with
+        no cache here (a remote worker: the local workers that finish it store its forms)."""
         self.on_step: Callable[[int], None] = functools.partial(progress.step.__setitem__, setup.slot)
 
     def revoked(self, task: Task) -> bool:
@@ -283,7 +289,8 @@ class TaskRunner:
     def _run(self, task: Task, value: Any, run: Callable[..., Outcome]) -> Outcome:
         slot = self.slot
         out = run_cached(self.cache, run, task.sample, task.start, value, task.base_seed,
-                         task.epoch, slot, hand_off=self.hand_off if task.may_hand_off else None,
+                         task.epoch, slot, task.drew_at, self.watch_draws,
+                         hand_off=self.hand_off if task.may_hand_off else None,
                          on_step=self.on_step, draw=task.draw)
         if out.next_step is None or out.error is not None:
             return out
@@ -293,9 +300,10 @@ class TaskRunner:
         # kept: the worker goes on as the one it was handed to would have (runtime/faithful.py)
         _say_kept(self.pipeline_names[out.next_step - 1], why)
         rest = run_cached(self.cache, run, task.sample, out.next_step, out.value,
-                          task.base_seed, task.epoch, slot, on_step=self.on_step, draw=task.draw)
+                          task.base_seed, task.epoch, slot, out.drew_at, on_step=self.on_step,
+                          draw=task.draw)
         return Outcome(rest.value, rest.next_step, out.timings + rest.timings, rest.error,
-                       out.bytes_in)
+                       out.bytes_in, rest.drew_at)
 
     def message(
         self, tid: int, out: Outcome, send_value: Callable[[Any], tuple[Any, int | None]]
@@ -313,7 +321,8 @@ class TaskRunner:
         else:
             payload, ring_end = send_value(out.value)
             if out.next_step is not None:
-                msg = ("partial", tid, out.next_step, payload, out.timings, out.bytes_in, ring_end)
+                msg = ("partial", tid, out.next_step, payload, out.timings, out.bytes_in,
+                       out.drew_at, ring_end)
             else:
                 msg = ("done", tid, payload, out.timings, out.bytes_in, ring_end)
         self.progress.tid[self.slot] = -1

@@ -1,0 +1,74 @@
+"""Where a sample drew from a global generator travels with it across a hand-off
+(``cache/running.py``), also from a worker that stores nothing itself: two clients on one
+memory cache stand for the two workers of a hand-off."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+
+import headrace as hr
+from headrace.cache import memory_backend
+from headrace.cache.client import CacheClient, Counters
+from headrace.cache.memory_backend import MemoryBackend
+from headrace.cache.running import run_cached
+from headrace.cache.tiers import TierLayout
+from headrace.pipeline.runner import SampleRunner
+
+
+class Src:
+    def __len__(self) -> int:
+        return 4
+
+    def load(self, i: int) -> np.ndarray:
+        return np.full(256, i, np.float32)
+
+
+def draws(x: np.ndarray) -> np.ndarray:
+    return x + np.float32(np.random.random())  # not declared random
+
+
+def scale(x: np.ndarray) -> np.ndarray:
+    return x * 2  # deterministic: its output is the decoded form
+
+
+def flip(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return x + np.float32(rng.random())
+
+
+PIPE = hr.Pipeline(Src(), [hr.step(draws), hr.step(scale), hr.step(flip, random=True)])
+DRAWS = 1  # the position of ``draws`` (``load`` is 0)
+
+
+@pytest.fixture
+def clients():
+    path = memory_backend.make_dir()
+    backend = MemoryBackend(path, 4_000_000, shards=1)
+    backend.set_budgets({"decoded": 1_000_000})
+    layout = TierLayout.for_pipeline(PIPE)
+    counters = Counters(mp.get_context("fork"), 2)
+    yield [CacheClient(layout, backend, counters, ("decoded",)) for _ in range(2)]
+    memory_backend.remove_dir(path)
+    assert not os.path.exists(path)
+
+
+def test_a_part_that_stores_nothing_still_says_where_it_drew(clients) -> None:
+    # the first worker found the decoded tier full earlier this epoch (its own view: it
+    # inserts nothing), the one the sample goes to has room; the second part stored the
+    # decoded form after the first part's draw, for every later epoch
+    first, second = clients
+    first.namespaces(0, 0)
+    first.full.add("decoded")
+    runner = SampleRunner(PIPE)
+    part = run_cached(first, runner.run, 3, 0, None, 0, 0, 0,
+                      hand_off=lambda next_step, _spent: next_step == DRAWS + 1)
+    assert part.next_step == DRAWS + 1 and part.drew_at == DRAWS
+    rest = run_cached(second, runner.run, 3, part.next_step, part.value, 0, 0, 1,
+                      part.drew_at)
+    assert rest.next_step is None and rest.drew_at == DRAWS
+    totals = second.counters.totals()
+    assert (totals["inserts"], totals["drew"]) == (0, 1)
+    assert second.lookup(3, 0, 0, 1) is None  # nothing a later epoch could be served
