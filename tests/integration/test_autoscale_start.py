@@ -146,3 +146,21 @@ def test_samples_of_microseconds_start_where_nothing_was_stored(tmp_path):
     ran = [n for _, n in loader.stats().workers_timeline if n]
     assert ran and f"({ran[-1]} ran;" in text  # how many it ran
     assert "as given" not in text
+
+
+def test_no_more_workers_start_than_the_epoch_has_samples(tmp_path):
+    # samples that mostly wait: the stored profile asks for cores / share workers (16 per core
+    # at most); a 16-sample epoch started them all (32 on 2 cores: an edge-case hunt's 16-sample
+    # job ran its epochs 7-9x longer than with 2 workers)
+    store = tmp_path / "profiles.sqlite"
+    opts = hr.Options(cache=None, profile_store=store)
+    sizes = []
+    for _ in range(2):
+        loader = hr.DataLoader(IndexDataset(16, slow_every=1, slow_s=0.01), batch_size=8,
+                               num_workers="auto", options=opts)
+        try:
+            assert sorted(i for b in loader for i in b.tolist()) == list(range(16))
+            sizes.append(max(n for _, n in loader.monitor.workers_timeline))
+        finally:
+            loader.close()
+    assert sizes[1] <= 8, sizes  # (two samples a worker)

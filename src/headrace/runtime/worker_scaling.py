@@ -47,10 +47,20 @@ class WorkerScaling:
         """The worker count last recorded (``default`` before any)."""
         return self.workers_timeline[-1][1] if self.workers_timeline else default
 
-    def start_workers(self, default: int) -> int:
+    def start_workers(self, default: int, most: int | None = None) -> int:
         """Where the next epoch's pool starts with ``num_workers="auto"``: the count the last
         epoch ended with; for the first, ``default``, or the count a stored profile says keeps
-        the cores busy (``AutoscaleConfig.start_count``)."""
+        the cores busy (``AutoscaleConfig.start_count``). ``most``: the workers the epoch can
+        keep busy at once (its length or the in-flight bound, over the two samples a worker
+        holds): a stored profile of steps that mostly wait (a CPU share near 0) asked for 16
+        workers per core, and a 16-sample job started 32, its epochs 7-9x longer than with 2
+        (an edge-case hunt)."""
+        n = self._start_workers(default)
+        if most is not None and self.scaler is not None:
+            n = max(self.scaler.cfg.min_workers, min(n, most))
+        return n
+
+    def _start_workers(self, default: int) -> int:
         if self.workers_timeline or self.scaler is None or self.stored_profile is None:
             return self.last_workers(default)
         steps = self._profile_steps()
