@@ -80,6 +80,10 @@ class RedisBackend:
     ``maxmemory``; ``ledger``: the server may evict entries (``redis_limits.ServerLimits``).
     """
 
+    budgets_per_process = True
+    """Its tier budgets (``set_budgets``) and ODS's tiers are this process's: a persistent
+    worker process sets the training process's anew at each epoch (``epoch_client.py``)."""
+
     def __init__(self, url: str, budget_bytes: int, ttl_s: float = DEFAULT_TTL_S, *,
                  allow_oom: bool = False, ledger: bool = False) -> None:
         self.url = url

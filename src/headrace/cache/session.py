@@ -1,7 +1,8 @@
 """One loader's cache: owns the backend, splits the budget, counts per epoch, explains.
 
-Lives in the training process. ``client(executed)`` gives the picklable ``CacheClient`` that
-workers and the ``num_workers=0`` path use for one executed step order.
+Lives in the training process. ``client()`` gives the picklable ``CacheClient`` that workers
+and the ``num_workers=0`` path use in the running epoch; workers that outlive an epoch take
+each new epoch's through ``epoch_cache`` (``cache/epoch_client.py``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from headrace.cache.client import CacheClient, Counters
+from headrace.cache.client import Counters
 from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget
+from headrace.cache.epoch_client import EpochCache, EpochClient, ods_tiers
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.pipeline import Pipeline
 from headrace.planner.cache_partition import (
@@ -110,6 +112,9 @@ class CacheSession:
         self.budget = budget
         self.limits, self.fitted = limits, fitted
         self.counters = Counters(ctx, worker_rows + 1)
+        self.epoch_cache = EpochCache(ctx)
+        """Each epoch's plan as workers that outlive an epoch read it (``epoch_client.py``)."""
+        self._client: EpochClient | None = None
         self.row = worker_rows
         """Counter row of the training process (``num_workers=0``)."""
         self.backend: Any = None
@@ -199,10 +204,12 @@ class CacheSession:
 
             tracked = [t for t in layout.tiers if not (t.seeded and not t.shared)]
             backend.ods = OdsKeys(PREFIX, group_of([f"{t.name}|{t.prefix}" for t in tracked]))
-            backend.ods_tiers = frozenset(t.name for t in tracked if t.name in self.active)
+            backend.ods_tiers = ods_tiers(layout, self.active)
             backend.ods_always = frozenset(t.name for t in tracked if t.shared)
         if self.active:
             backend.set_budgets(budgets)
+        self._client = None  # the epoch's, also for the workers of a persistent pool
+        self.epoch_cache.publish(self.client(), budgets)
         self._release()
 
     def start_ods(self, epoch: int, delivered: Any) -> Any:
@@ -221,10 +228,15 @@ class CacheSession:
         self._release()
         return self.ods_epoch
 
-    def client(self) -> CacheClient:
-        """The client for the forms ``replan`` chose (picklable, for workers)."""
+    def client(self) -> EpochClient:
+        """The client for the forms and keys ``replan`` chose for the running epoch
+        (picklable, for workers; the one a persistent pool's workers take at a new epoch:
+        ``cache/epoch_client.py``)."""
         assert self.layout is not None, "replan() first"
-        return CacheClient(self.layout, self._open_backend(), self.counters, self.active)
+        if self._client is None:
+            self._client = EpochClient(self.layout, self._open_backend(), self.counters,
+                                       self.active, self.epoch_cache, self.epoch_cache.number)
+        return self._client
 
     @property
     def t_gpu(self) -> float:
@@ -319,6 +331,7 @@ class CacheSession:
         if self._board is not None:
             self._board.leave()
             self._board = None
+        self._client = self.epoch_cache.current = None
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None

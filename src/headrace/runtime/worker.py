@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from headrace.cache.epoch_client import for_epoch
 from headrace.cache.running import run_cached
 from headrace.errors import exception_attributes, message_of, picklable_class
 from headrace.pipeline import Pipeline
@@ -275,6 +276,7 @@ class TaskRunner:
         if task.epoch != self.epoch and self.learned is not None:  # (persistent workers) what
             self.epoch = task.epoch  # the pool's other workers flagged in the last epochs
             self.learned.refresh()
+        self.cache = for_epoch(self.cache)  # (persistent workers) the epoch's cache plan
         measured = (self.runs <= MEASURE_ALL or self.runs % MEASURE_EVERY == 0
                     or self.measure_all)
         run = (self.measured if measured else self.plain).run
