@@ -3,6 +3,7 @@ and the split each epoch chose reach workers that outlive an epoch."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -67,6 +68,50 @@ def test_worker_threads_take_each_epochs_keys(change, no_leaks) -> None:
     want = _epochs(None, "threads", change)
     assert want[2] != want[1]  # the change shows without the cache
     assert _epochs(hr.Cache(budget_bytes=1 << 20), "threads", change) == want
+
+
+class CrashOnce:
+    """A random step that ends its worker process once a trigger file exists (it removes it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return x
+        os._exit(1)
+
+
+def _restarted(cache, trigger: str) -> list[list[float]]:
+    src = Offset()
+    pipe = hr.Pipeline(src, [hr.step(scaled), hr.step(CrashOnce(trigger), random=True,
+                                                      name="crash")])
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=1, persistent_workers=True,
+                           timeout=60, options=hr.Options(seed=2, profile_store=False,
+                                                          cache=cache))
+    out = []
+    try:
+        for e in range(3):
+            if e == 1:
+                src.offset = 1000.0
+                open(trigger, "w").close()
+            out.append(sorted(float(v) for b in loader for v in b[:, 0]))
+        return out
+    finally:
+        loader.close()
+
+
+def test_a_replacement_worker_process_keys_by_the_state_it_started_with(tmp_path,
+                                                                       no_leaks) -> None:
+    """A persistent worker process keeps the dataset it started with (as torch's), so its keys
+    stay its start's; one forked later (here a replacement for a crashed one) runs the training
+    process's dataset as it is then, and was given the first epoch's keys: it was served the
+    old dataset's forms where it computes the new one's."""
+    want = _restarted(None, str(tmp_path / "a"))
+    assert want[1] == want[2] != want[0]  # the replacement runs the changed dataset
+    assert _restarted(hr.Cache(budget_bytes=1 << 20), str(tmp_path / "b")) == want
 
 
 class Slow:

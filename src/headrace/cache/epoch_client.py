@@ -14,7 +14,8 @@ What reaches a worker, and why not the same for threads and processes:
   epoch's whole client (keys and active forms): ``EpochCache.current``;
 * a worker **process** runs its own copy of the dataset and the steps' globals, taken when it
   started (torch's persistent workers keep theirs too: a change the script makes later is not
-  seen there), so its keys stay those of the epoch it started in; keying it by the training process's
+  seen there), so its keys stay those of the epoch it started in (the pool hands the epoch's
+  client to the workers it starts: ``runtime/epochs.py``); keying it by the training process's
   new state would store forms of the old state under the new state's keys, to be served to a
   worker running the new state (a replacement, a later pool) or to another job on a shared
   Redis. Only which forms have a budget, and the budgets (a Redis backend keeps them per

@@ -259,7 +259,8 @@ def local_slots(loader: DataLoader) -> int:
 
 def get_pool(loader: DataLoader, base_seed: int) -> tuple[WorkerPool, bool]:
     """The worker pool and whether the epoch owns it (``False``: persistent workers)."""
-    if loader._pool is not None:
+    if loader._pool is not None:  # persistent: the epoch's cache for the workers it starts
+        loader._pool.cache = loader.cache.client() if loader.cache else None  # (epoch_client.py)
         return loader._pool, False
     assert loader.pipeline is not None
     ctx = loader.multiprocessing_context or torch.multiprocessing.get_context()
