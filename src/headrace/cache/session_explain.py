@@ -33,7 +33,8 @@ def explain_lines(self: CacheSession, opaque: bool,
     forms = ", ".join(f"{t.name} after step {t.position}"
                       + (" (per base seed and epoch)" if t.seeded and not t.shared else "")
                       for t in self.layout.tiers)
-    out.append(f"  forms: {forms}")
+    out.append(f"  forms: {forms or 'none'}")
+    out.extend(f"  {note}" for note in self.layout.notes)
     split = ", ".join(f"{k} {100 * v:.0f}%" for k, v in self.split.items()) or "nothing"
     if self.config.split is not None:
         why = " (Cache.split)"

@@ -16,7 +16,8 @@ output, which is the *augmented* form.
 
 A key is ``namespace (16 bytes) + sample index (8 bytes; 17 for other sampler keys)``. The namespace hashes the tier, the
 fingerprint of the prefix (each step up to the form: name, traits, code identity) and of the
-source, so a changed step never serves stale data. Forms after a random step are exact only for
+source, so a changed step never serves stale data; no form lies at or after a step (or any, for
+a source) whose state its digest could not follow whole. Forms after a random step are exact only for
 one (base seed, epoch): their namespace includes both, unless ``shared_augmented`` (Seneca's
 trade: content then depends on what other epochs or jobs drew).
 """
@@ -28,6 +29,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 from headrace.pipeline.code_digest import code_identity
+from headrace.pipeline.digest_scope import Findings, digest_scope
 from headrace.pipeline.fingerprint import source_fingerprint
 from headrace.pipeline.seeding import index_key
 
@@ -77,16 +79,26 @@ class TierLayout:
     tiers: tuple[Tier, ...]
     steps: int
     """Number of execution steps (load included)."""
+    notes: tuple[str, ...] = ()
+    """Why steps are not keyed, in words (for ``explain()``)."""
 
     @classmethod
     def for_pipeline(cls, pipeline: Pipeline, shared_augmented: bool = False) -> TierLayout:
         """The forms of ``pipeline``, keyed by its source's content and its steps' code as
         they are now (the cache plans each epoch anew: a source or step the script changed
-        between epochs gets other entries)."""
+        between epochs gets other entries). No form is kept at or after a step (or source)
+        whose state its digest could not follow whole (``digest_scope.Findings``); ``notes``
+        says which."""
         whole = pipeline.opaque or pipeline.embedded  # one unit of work: __getitem__
         n = 1 if whole else len(pipeline.step_names)
+        fps, found = _prefix_fingerprints(pipeline)
+        names = ["the source", *(f"step {s.name!r}" for s in pipeline.steps)]
         randoms = [False, *(s.varies for s in pipeline.steps)]
+        cuts = [f.cut is not None for f in found]
+        if whole:  # its steps run inside one unit: the first random or cut one is its own
+            randoms, cuts = [any(randoms)], [any(cuts)]
         first_random = next((i for i, r in enumerate(randoms) if r), None)
+        unkeyed = next((i for i, c in enumerate(cuts) if c), None)
         last = n - 1
         positions: dict[str, int] = {"encoded": 0}
         if whole:
@@ -97,18 +109,27 @@ class TierLayout:
             if first_random - 1 > 0:
                 positions["decoded"] = first_random - 1
             positions["augmented"] = last
+        if unkeyed is not None:  # no form at or after it: the deterministic one just before
+            positions = {k: p for k, p in positions.items() if p < unkeyed}
+            if (not whole and "decoded" not in positions and unkeyed - 1 > 0
+                    and (first_random is None or unkeyed <= first_random)):
+                positions["decoded"] = unkeyed - 1
         # merge forms that fall on the same position into the most processed one
         by_pos: dict[int, str] = {}
         for name in TIERS:
             if name in positions:
                 by_pos[positions[name]] = name
-        fps = _prefix_fingerprints(pipeline)
         tiers = []
         for pos, name in sorted(by_pos.items(), reverse=True):
             seeded = first_random is not None and pos >= first_random or whole
             tiers.append(Tier(name, pos, seeded, shared_augmented and name == "augmented",
                               fps[pos]))
-        return cls(tuple(tiers), n)
+        notes = []
+        for i, f in enumerate(found):
+            if f.cut is not None:
+                notes.append(f"{names[i]} is not keyed: its state could not be hashed whole "
+                             f"({f.cut}), so no form at or after it is cached")
+        return cls(tuple(tiers), n, tuple(notes))
 
     def get(self, name: str) -> Tier | None:
         return next((t for t in self.tiers if t.name == name), None)
@@ -118,18 +139,23 @@ class TierLayout:
         return tuple(t.name for t in self.tiers)
 
 
-def _prefix_fingerprints(pipeline: Pipeline) -> list[str]:
+def _prefix_fingerprints(pipeline: Pipeline) -> tuple[list[str], list[Findings]]:
     """``fps[p]``: hash of the source (by content) and of execution steps ``1..p`` (name,
-    traits, code)."""
-    h = hashlib.sha256(source_fingerprint(pipeline.source, content=True).encode())
+    traits, code); ``found[p]``: what the digest of the source (``p`` 0) or step ``p`` met
+    (state it could not follow whole)."""
+    with digest_scope() as source_found:
+        source = source_fingerprint(pipeline.source, content=True)
+    h = hashlib.sha256(source.encode())
     h.update(f"|opaque={pipeline.opaque}".encode())
-    out = [h.hexdigest()[:16]]
+    out, found = [h.hexdigest()[:16]], [source_found]
     for s in pipeline.steps:
         h.update(f"{s.name}|{s.random}|{s.keep_position}|{s.kind}|{s.commutes}|".encode())
-        h.update(code_identity(s.fn).encode())
+        with digest_scope() as step_found:
+            h.update(code_identity(s.fn).encode())
         h.update(b"\x00")
         out.append(h.copy().hexdigest()[:16])
-    return out
+        found.append(step_found)
+    return out, found
 
 
 def sample_key(namespace: bytes, index: Any) -> bytes:

@@ -19,15 +19,23 @@ import sys
 from types import FunctionType
 from typing import Any
 
+from headrace.pipeline.digest_scope import (
+    CODE_ONLY,
+    MAX_NESTING,
+    digest_scope,
+    enter,
+    guarded,
+    leave,
+    module_name,
+    qualified_name,
+    running,
+    short_hash,
+)
 from headrace.pipeline.modules import module_digest, package_version
 from headrace.pipeline.value_digest import (
     FULL_ITEMS,
-    MAX_DEPTH,
     SCALAR_TYPES,
     dictless_state,
-    module_name,
-    qualified_name,
-    short_hash,
     state_digest,
 )
 
@@ -81,12 +89,43 @@ def code_identity(fn: Any, depth: int = 0) -> str:
     ``Scaler(3).apply``, differ. A built-in function is its qualified name (``builtins.abs``,
     ``torch._VariableFunctionsClass.flatten``) plus the object it is bound to, if any; a class
     is its qualified name and its methods' code.
+
+    State counts at any depth (``value_digest``'s module docstring); ``depth`` 0 is the step
+    itself (the globals it reads count), ``digest_scope.CODE_ONLY`` the code without its
+    parameters. Called outside a whole digest, it is one (``digest_scope.digest_scope``).
     """
+    if not running():
+        with digest_scope():
+            return guarded(code_identity, fn, depth)
+    instead = enter(fn)  # on the path: a cycle through its state ends here
+    if instead is not None:
+        return instead
+    try:
+        return _identity(fn, depth)
+    finally:
+        leave(fn)
+
+
+def _identity(fn: Any, depth: int) -> str:
+    """:func:`code_identity` of ``fn``, on the running digest's path. The step itself
+    (``depth`` 0) wrapped by a decorator (``functools.wraps``: ``@torch.no_grad()``,
+    ``@functools.lru_cache``) counts the function it wraps as a step too, with the globals
+    that one reads: they counted as a captured function's, without its globals, and a step
+    ``@torch.no_grad() def features(x): return enc(x)`` was served the features of the
+    weights ``enc`` had before the script loaded others (a bug hunt)."""
+    inner = getattr(fn, "__wrapped__", None) if depth == 0 else None
+    if callable(inner) and inner is not fn:
+        return f"{_unwrapped_identity(fn, depth)}:wraps:{code_identity(inner, 0)}"
+    return _unwrapped_identity(fn, depth)
+
+
+def _unwrapped_identity(fn: Any, depth: int) -> str:
+    """:func:`_identity` without the function a decorator wraps."""
     if isinstance(fn, functools.partial):
         ident = (f"{qualified_name(type(fn))}({code_identity(fn.func, depth)}"
                  f";{state_digest(fn.args, depth + 1)};{state_digest(fn.keywords, depth + 1)})")
         state = getattr(fn, "__dict__", None)
-        if state and depth < MAX_DEPTH:
+        if state and depth < CODE_ONLY:
             ident += ":" + state_digest(state, depth + 1)
         return ident
     if inspect.ismethod(fn) or inspect.isbuiltin(fn):
@@ -109,7 +148,7 @@ def code_identity(fn: Any, depth: int = 0) -> str:
             ident += ":" + _globals_digest(getattr(fn, "__globals__", None), [code],
                                            module_name(fn))
         cells = getattr(fn, "__closure__", None) or ()
-        if cells and depth < MAX_DEPTH:
+        if cells and depth < CODE_ONLY:
             captured = []
             for c in cells:
                 try:
@@ -120,7 +159,7 @@ def code_identity(fn: Any, depth: int = 0) -> str:
         return ident
     cls = type(fn)
     ident = f"{qualified_name(cls)}:{_methods_digest(cls, depth)}"
-    if depth >= MAX_DEPTH:
+    if depth >= CODE_ONLY:
         return ident
     state = getattr(fn, "__dict__", None)
     rest = (state_digest(state, depth + 1) if state else None) if isinstance(state, dict) \
@@ -227,12 +266,12 @@ def _global_part(g: dict[str, Any], n: str, used: set[str], own: str, values: bo
 def _immutable(v: Any, depth: int) -> bool:
     """Whether ``v`` is an immutable scalar (``None``, ``bool``, ``int``, ``float``,
     ``complex``, ``str``, ``bytes``) or a tuple or frozenset of such values, nested at most
-    ``MAX_DEPTH`` deep: of any length when its items are scalars, of at most ``FULL_ITEMS``
+    ``MAX_NESTING`` deep: of any length when its items are scalars, of at most ``FULL_ITEMS``
     otherwise (64 before ``identity_version`` 5: a helper reading a 100-entry tuple counted it by
     name)."""
     if v is None or isinstance(v, (bool, int, float, complex, str, bytes)):
         return True
-    if type(v) not in (tuple, frozenset) or depth >= MAX_DEPTH:
+    if type(v) not in (tuple, frozenset) or depth >= MAX_NESTING:
         return False
     return set(map(type, v)) <= SCALAR_TYPES or (
         len(v) <= FULL_ITEMS and all(_immutable(x, depth + 1) for x in v))

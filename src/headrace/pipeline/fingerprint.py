@@ -15,25 +15,14 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 from headrace.pipeline.code_digest import code_identity
+from headrace.pipeline.digest_scope import CODE_ONLY, qualified_name, short_hash
 from headrace.pipeline.inplace import compose_parts
 from headrace.pipeline.source import DatasetSource, user_attr
 from headrace.pipeline.timed import unwrapped
-from headrace.pipeline.value_digest import (
-    MAX_DEPTH,
-    qualified_name,
-    short_hash,
-    state_digest,
-)
+from headrace.pipeline.value_digest import state_digest
 
 if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline
-
-_SOURCE_DEPTH = -4
-"""The depth a source's state is hashed from (:func:`source_fingerprint` with ``content``):
-four levels more than a step's, for two wrappers (an object and its state a level each) such as
-a ``Subset`` around a dataset holding a ``Compose([Resize(224)])``, whose 224 a step's depth
-did not reach: two jobs over ``Resize(224)`` and ``Resize(256)`` shared a cache."""
-
 
 def step_digests(p: Pipeline) -> dict[str, str]:
     """Step name (``name#2`` for a name's second use) -> digest of its traits and code, in the
@@ -61,8 +50,8 @@ def pipeline_fingerprint(p: Pipeline) -> str:
 
 def source_fingerprint(source: Any, content: bool = False) -> str:
     """The source's own ``fingerprint()`` if it has one, else its type, length and code
-    (:func:`source_code`); with ``content``, also its state by value (:func:`state_digest` of
-    its attributes: the paths it reads, its arrays by their bytes, a large one by a sample or the
+    (:func:`source_code`); with ``content``, also its state by value at any depth, as a step's
+    parameters (:func:`state_digest` of its attributes: the paths it reads, its arrays by their bytes, a large one by a sample or the
     file it is mapped from, its transforms' code and parameters; :mod:`value_digest` says
     what is hashed in full). A map-style dataset wrapped as a source (``DatasetSource``) counts as the
     dataset.
@@ -84,7 +73,7 @@ def source_fingerprint(source: Any, content: bool = False) -> str:
         n = "?"
     name = f"{qualified_name(type(source))}:{n}"
     if content:  # its transform's code counts in its state, with the transform's parameters
-        return f"{name}:{_classes_code(source)}:{state_digest(source, _SOURCE_DEPTH)}"
+        return f"{name}:{_classes_code(source)}:{state_digest(source, 1)}"
     return f"{name}:{source_code(source)}"
 
 
@@ -99,7 +88,7 @@ def source_code(source: Any, depth: int = 0) -> str:
     tf = user_attr(source, "transform")
     if callable(tf):
         members = compose_parts(tf) or []
-        parts += [code_identity(unwrapped(t), MAX_DEPTH) for t in [tf, *members]]
+        parts += [code_identity(unwrapped(t), CODE_ONLY) for t in [tf, *members]]
     parts += [source_code(d, depth + 1) for d in wrapped(source, depth)]
     return short_hash(";".join(parts).encode())
 

@@ -23,35 +23,55 @@ differing anywhere"):
   counts by the file's path, the view's place in it, strides, and the file's size and
   modification time (``sources.Files``' rule), and none of it is read.
 
-- one digest as a whole (the outermost :func:`state_digest` call and all it reaches):
-  ``TOTAL_BYTES`` hashed in full and ``TOTAL_ITEMS`` items hashed one by one, for the bounds
-  above compounded (a list of 9,000 decoded images); past them, a few elements or items.
+- one digest as a whole (the outermost :func:`state_digest` or ``code_identity`` call and
+  all it reaches, ``digest_scope.digest_scope``): ``TOTAL_BYTES`` hashed in full and
+  ``TOTAL_ITEMS`` items hashed one by one, for the bounds above compounded (a list of 9,000
+  decoded images); past them, a few elements or items (``digest_scope`` has these bounds).
 
 Containers of up to ``MAX_ITEMS`` items are hashed item by item, and arrays of up to 1 MiB
 whole, as in every earlier version: their digests did not change when the rest stopped being
 cut at 64 items and sampled past 1 MiB (``identity_version`` 5).
 
+State is followed at any depth: a cycle back to an object on the path being hashed counts by
+its distance up that path, and nothing is left out by its depth alone. Before, state nested
+more than 6 levels deep counted by its type only, and two jobs whose step held
+``partial(prep, t=Compose([Resize(224)]))`` and ``Resize(256)``, or a nested ``nn.Sequential``
+with other weights, shared a Redis cache's entries (one was served the other's samples). What
+cannot be followed whole (nested more than ``MAX_NESTING`` objects deep, more than
+``TOTAL_NODES`` objects, a ``RecursionError``) is not cut silently: the digest records it
+(``digest_scope.Findings`` ``cut``), and the sample cache keys no form by it
+(``cache/tiers.py``).
+
 A callable inside a value counts by :func:`code_digest.code_identity`, which in turn hashes
 the state of the objects it reaches here: the two recurse into each other, and this module
 imports ``code_digest`` inside :func:`state_digest` (a local import), ``code_digest`` this one
-at its top.
+at its top. Both take part in one whole digest (``digest_scope.digest_scope``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
+import logging
 import os
 import pickle
-import threading
 from itertools import chain
 from typing import Any
 
-MAX_DEPTH = 6
-"""Nesting levels of object state hashed; deeper state counts by its type only (numbers,
-strings and arrays count by value at any depth). An object and its state take a level each, so
-a ``Compose([Resize(224)])`` step reaches the 224 at level 5: object, state, list, transform,
-state, value."""
+from headrace.pipeline.digest_scope import (
+    CODE_ONLY,
+    digest_scope,
+    enter,
+    guarded,
+    leave,
+    qualified_name,
+    running,
+    short_hash,
+    spend,
+)
+from headrace.pipeline.modules import module_digest
+
 MAX_ITEMS = 64
 """Containers of up to this many items are hashed item by item, each item's digest joined
 (the format of every earlier version); longer ones by :func:`_items_digest`. Before
@@ -89,44 +109,11 @@ scalars over ``_FULL_SCALARS``, first and last included: one every 4 KB of a 1 G
 array, read in 8 ms."""
 _CHUNK = 4 << 20
 """Bytes of a non-contiguous array copied at a time to be hashed."""
-TOTAL_BYTES = 32 << 20
-"""Bytes hashed in full over one whole digest (the outermost :func:`state_digest` call and all
-it reaches), arrays, tensors and ``bytes`` together; once spent, each further one counts by
-dtype, shape and about ``_SPENT_SAMPLE`` evenly spaced elements. The bounds above are each a
-container's or an array's: they compounded, and a source holding 9,000 decoded images of
-150 KB in a list (8,192 items, each hashed whole) took 0.86 s at every epoch's start (a
-review). 32 MiB is about 25 ms of SHA-256 here."""
-TOTAL_ITEMS = 1 << 10
-"""Items hashed one by one (by :func:`state_digest`) over one whole digest; a container whose
-non-scalar items do not fit what is left counts by ``_SPENT_SAMPLE`` evenly spaced ones and its
-length (each item costs 20-60 µs: 8,192 lists of 8,192 objects were otherwise 67 million
-digests, and a list of 9,000 images 9,000). Plain scalars and records are hashed in one pass
-and not counted here."""
 _SPENT_SAMPLE = 64
 """Elements (items) hashed of an array (container) met once the digest's budget is spent."""
-_BUDGET = threading.local()
-"""``left``: [bytes, items] the running outermost digest may still hash in full (absent or
-None: no digest running in this thread)."""
 SCALAR_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes})
 """Types hashed in one pass when a container holds only them (exact types: a subclass such as
 an ``IntEnum`` may carry state)."""
-
-
-def module_name(obj: Any) -> str:
-    """``obj.__module__`` with the training script's two names (``__main__`` in the process
-    that runs it, ``__mp_main__`` in a ``spawn`` child) made one."""
-    mod = str(getattr(obj, "__module__", None) or "?")
-    return "__main__" if mod == "__mp_main__" else mod
-
-
-def qualified_name(obj: Any) -> str:
-    """``module.QualName`` of a function or class, the same in every process."""
-    return f"{module_name(obj)}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
-
-
-def short_hash(data: bytes) -> str:
-    """The first 12 hex digits of the SHA-256 of ``data``."""
-    return hashlib.sha256(data).hexdigest()[:12]
 
 
 def state_digest(value: Any, depth: int = 0) -> str:
@@ -134,26 +121,12 @@ def state_digest(value: Any, depth: int = 0) -> str:
     tensors by dtype, shape and bytes, containers element by element (the bounds past which
     they are sampled: module docstring; over the whole digest, ``TOTAL_BYTES`` and
     ``TOTAL_ITEMS``), callables by :func:`code_digest.code_identity`, other objects by class
-    and ``__dict__``."""
-    if getattr(_BUDGET, "left", None) is not None:
+    and ``__dict__``, at any depth (module docstring). ``depth`` 0: the step itself (its
+    globals count, ``code_identity``); ``CODE_ONLY``: state by type."""
+    if running():
         return _state_digest(value, depth)
-    _BUDGET.left = [TOTAL_BYTES, TOTAL_ITEMS]  # the outermost call: its budget
-    try:
-        return _state_digest(value, depth)
-    finally:
-        _BUDGET.left = None
-
-
-def _spend(nbytes: int = 0, items: int = 0) -> bool:
-    """Take ``nbytes`` and ``items`` from the running digest's budget (only called inside
-    :func:`state_digest`, which sets it): False (nothing taken) when it has not that much
-    left."""
-    left = _BUDGET.left
-    if left[0] < nbytes or left[1] < items:
-        return False
-    left[0] -= nbytes
-    left[1] -= items
-    return True
+    with digest_scope():
+        return guarded(_state_digest, value, depth)
 
 
 def _state_digest(value: Any, depth: int) -> str:
@@ -165,7 +138,7 @@ def _state_digest(value: Any, depth: int) -> str:
         if isinstance(value, memoryview) and not value.contiguous:
             return short_hash(bytes(value))
         size = value.nbytes if isinstance(value, memoryview) else len(value)
-        if size <= _FULL_BYTES and _spend(size):
+        if size <= _FULL_BYTES and spend(size):
             return hashlib.sha256(value).hexdigest()[:12]
         h = hashlib.sha256()  # a sample, as a large array's
         _hash_array(h, np.frombuffer(value, np.uint8))
@@ -181,8 +154,27 @@ def _state_digest(value: Any, depth: int) -> str:
         h = hashlib.sha256(f"{value.dtype}{tuple(value.shape)}".encode())
         _hash_tensor(h, value)
         return h.hexdigest()[:12]
-    if depth >= MAX_DEPTH:
+    if depth >= CODE_ONLY:
         return short_hash(qualified_name(type(value)).encode())
+    if inspect.ismodule(value):  # by its source file, as a module a step calls into
+        return short_hash(f"module:{module_digest(value)}".encode())
+    if isinstance(value, logging.Logger):  # by name: its manager reaches every logger
+        return short_hash(f"logger:{value.name}".encode())
+    if callable(value):  # its state one level down, as any object's (code_identity enters it)
+        from headrace.pipeline.code_digest import code_identity  # they recurse (docstring)
+
+        return short_hash(code_identity(value, depth).encode())
+    instead = enter(value)
+    if instead is not None:
+        return instead
+    try:
+        return _object_digest(value, depth)
+    finally:
+        leave(value)
+
+
+def _object_digest(value: Any, depth: int) -> str:
+    """:func:`_state_digest` of a container or an object without code (on the path)."""
     if isinstance(value, (list, tuple, set, frozenset)):
         name = type(value).__name__
         if len(value) <= MAX_ITEMS:
@@ -204,10 +196,6 @@ def _state_digest(value: Any, depth: int) -> str:
             keys, values = list(value), list(value.values())
         return short_hash(f"dict{len(value)}:{_items_digest(keys, depth + 1)}="
                           f"{_items_digest(values, depth + 1)}".encode())
-    if callable(value):  # its state one level down, as any object's
-        from headrace.pipeline.code_digest import code_identity  # they recurse (docstring)
-
-        return short_hash(code_identity(value, depth).encode())
     state = getattr(value, "__dict__", None)
     name = qualified_name(type(value))
     if isinstance(state, dict):
@@ -240,7 +228,7 @@ def _items_digest(items: Any, depth: int) -> str:
         picks = np.linspace(0, n - 1, _SAMPLED if flat else FULL_ITEMS, dtype=np.int64)
         items, prefix = [items[i] for i in picks.tolist()], "sampled:"
         flat = flat or set(map(type, items)) == {tuple} and _records(items)
-    if not flat and not _spend(items=len(items)):  # the digest's item budget is spent
+    if not flat and not spend(items=len(items)):  # the digest's item budget is spent
         picks = np.linspace(0, len(items) - 1, _SPENT_SAMPLE, dtype=np.int64)
         items, prefix = [items[i] for i in picks.tolist()], prefix + "spent:"
     if flat:
@@ -263,7 +251,7 @@ def _hash_array(h: Any, a: Any) -> None:
     ``_SAMPLED`` evenly spaced elements (read in place)."""
     import numpy as np
 
-    if a.nbytes <= _FULL_BYTES and _spend(a.nbytes):
+    if a.nbytes <= _FULL_BYTES and spend(a.nbytes):
         if a.flags.c_contiguous:
             h.update(a.reshape(-1).view(np.uint8))
             return
