@@ -1,8 +1,9 @@
 """The default cache and a step's own state: parameters nested deep in it (a ``Compose`` inside
-the step object, a ``partial``'s argument, a nested ``nn.Sequential``). State nested more than 6
-levels deep was not in the cache key, so a size or weights the script changed between epochs
-were served from the old ones' entries, and two jobs on one Redis cache shared entries (a bug
-hunt)."""
+the step object, a ``partial``'s argument, a nested ``nn.Sequential``), and a random generator
+of its own. State nested more than 6 levels deep was not in the cache key, so a size or weights
+the script changed between epochs were served from the old ones' entries; a step drawing from
+its own generator was cached as deterministic, its first epoch's draws served every epoch (a
+bug hunt)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,17 @@ def apply(x: np.ndarray, t: Compose) -> np.ndarray:
     return t(x)
 
 
+class Jitter:
+    """Not declared random: draws from a generator it holds."""
+
+    def __init__(self) -> None:
+        self.g = np.random.default_rng(0)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        _work()
+        return x + np.float32(self.g.random())
+
+
 class Src:
     def __len__(self) -> int:
         return N
@@ -66,8 +78,9 @@ class Src:
         return np.full((16, 2), i, np.float32)
 
 
-def _loader(steps: list) -> hr.DataLoader:
-    return hr.DataLoader(hr.Pipeline(Src(), steps), batch_size=4, num_workers=0,
+def _loader(steps: list, workers: int = 0, persistent: bool = False) -> hr.DataLoader:
+    return hr.DataLoader(hr.Pipeline(Src(), steps), batch_size=4, num_workers=workers,
+                         persistent_workers=persistent,
                          options=hr.Options(seed=0, profile_store=False,
                                             cache=hr.Cache(budget_bytes=1 << 20)))
 
@@ -122,6 +135,27 @@ def test_weights_of_a_nested_module_changed_between_epochs_are_not_served_from_o
         loader.close()
     assert not torch.equal(first, second)
     assert torch.equal(second, want)
+
+
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, True)])
+def test_a_step_drawing_from_its_own_generator_is_not_served_its_first_epochs_draws(
+        workers, persistent, no_leaks):
+    def sums(loader) -> list[float]:
+        try:
+            return [float(torch.cat(list(loader)).sum()) for _ in range(3)]
+        finally:
+            loader.close()
+
+    cached = _loader([hr.step(Jitter(), name="jitter")], workers, persistent)
+    got = sums(cached)
+    explained = cached.explain()
+    assert len(set(got)) == 3  # each epoch draws anew (the first epoch's were served after)
+    assert "step 'jitter' holds a random generator" in explained
+    if workers == 0:  # one process draws them in order: exactly the uncached loader's
+        plain = hr.DataLoader(hr.Pipeline(Src(), [hr.step(Jitter(), name="jitter")]),
+                              batch_size=4, num_workers=0,
+                              options=hr.Options(seed=0, profile_store=False, cache=None))
+        assert got == sums(plain)
 
 
 @pytest.mark.redis

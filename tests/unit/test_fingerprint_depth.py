@@ -1,5 +1,5 @@
-"""A step's state counts at any depth, cycles end, and what cannot be followed whole is
-recorded (and keys no cache form). State
+"""A step's state counts at any depth, cycles end, what cannot be followed whole is recorded
+(and keys no cache form), and a random generator a step holds makes it count as random. State
 nested more than 6 levels deep counted by its type only: two jobs whose steps held
 ``partial(prep, t=Compose([Resize(224)]))`` and ``Resize(256)`` shared a Redis cache's entries
 (a bug hunt)."""
@@ -7,7 +7,9 @@ nested more than 6 levels deep counted by its type only: two jobs whose steps he
 from __future__ import annotations
 
 import functools
+import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,6 +150,37 @@ def test_no_form_is_kept_at_or_after_a_step_its_digest_could_not_follow() -> Non
     assert any("step 'odd' is not keyed" in n for n in lay.notes)
     whole = {t.name: t.position for t in _layout(Holds(Node(None))).tiers}
     assert whole == {"encoded": 0, "decoded": 4}
+
+
+RNG = np.random.default_rng(0)
+
+
+def reads_a_module_generator(x):
+    return x + RNG.random()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Holds(np.random.default_rng(0)), lambda: Holds(np.random.RandomState(0)),
+    lambda: Holds(random.Random(0)), lambda: Holds(torch.Generator().manual_seed(0)),
+    lambda: Holds(Holds(Holds(Holds({"g": [np.random.default_rng(0)]})))),
+    lambda: functools.partial(prep, t=Holds(random.Random(0))),
+    lambda: reads_a_module_generator,
+], ids=["Generator", "RandomState", "Random", "torch", "nested", "partial", "global"])
+def test_a_step_holding_a_random_generator_counts_as_random(make) -> None:
+    lay = _layout(make())
+    # the decoded form ends before it; its output and later ones are exact per epoch only
+    assert {t.name: (t.position, t.seeded) for t in lay.tiers} == {
+        "encoded": (0, False), "decoded": (2, False), "augmented": (4, True)}
+    assert any("step 'odd' holds a random generator" in n for n in lay.notes)
+
+
+def test_a_generator_counts_by_its_type_not_what_it_drew() -> None:
+    # a RandomState's state was hashed (its 624 words): a step drawing from one in the
+    # training process had another identity at every epoch and state_dict()
+    g = np.random.RandomState(0)
+    before = code_identity(Holds(g))
+    g.random_sample(10)
+    assert code_identity(Holds(g)) == before  # a resume's step identity does not change
 
 
 def test_a_decorated_step_counts_the_globals_its_wrapped_function_reads() -> None:

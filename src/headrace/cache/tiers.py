@@ -5,7 +5,8 @@ order, after AutoOrder):
 
 * **encoded**: the source's output (after step 0);
 * **decoded**: the output of the last deterministic step before the first random step (a
-  step declared ``random=True`` or ``kind="augment"``: ``Step.varies``);
+  step declared ``random=True`` or ``kind="augment"``: ``Step.varies``; or one whose state
+  holds a random generator it may draw from, ``digest_scope.Findings``);
 * **augmented**: the final output.
 
 A hit on a form at position ``p`` skips steps ``0..p`` and runs ``p+1..`` as usual with the same
@@ -80,20 +81,23 @@ class TierLayout:
     steps: int
     """Number of execution steps (load included)."""
     notes: tuple[str, ...] = ()
-    """Why steps are not keyed, in words (for ``explain()``)."""
+    """Why steps count as random or are not keyed although not declared so, in words (for
+    ``explain()``)."""
 
     @classmethod
     def for_pipeline(cls, pipeline: Pipeline, shared_augmented: bool = False) -> TierLayout:
         """The forms of ``pipeline``, keyed by its source's content and its steps' code as
         they are now (the cache plans each epoch anew: a source or step the script changed
-        between epochs gets other entries). No form is kept at or after a step (or source)
-        whose state its digest could not follow whole (``digest_scope.Findings``); ``notes``
-        says which."""
+        between epochs gets other entries). A step (or source) whose state holds a random
+        generator counts as random, and no form is kept at or after one whose state its
+        digest could not follow whole (``digest_scope.Findings``); ``notes`` says why."""
         whole = pipeline.opaque or pipeline.embedded  # one unit of work: __getitem__
         n = 1 if whole else len(pipeline.step_names)
         fps, found = _prefix_fingerprints(pipeline)
         names = ["the source", *(f"step {s.name!r}" for s in pipeline.steps)]
-        randoms = [False, *(s.varies for s in pipeline.steps)]
+        randoms = [found[0].generator is not None,
+                   *(s.varies or f.generator is not None for s, f in zip(
+                       pipeline.steps, found[1:], strict=True))]
         cuts = [f.cut is not None for f in found]
         if whole:  # its steps run inside one unit: the first random or cut one is its own
             randoms, cuts = [any(randoms)], [any(cuts)]
@@ -126,6 +130,9 @@ class TierLayout:
                               fps[pos]))
         notes = []
         for i, f in enumerate(found):
+            declared = i > 0 and pipeline.steps[i - 1].varies
+            if f.generator is not None and not declared:
+                notes.append(_generator_note(names[i], f.generator))
             if f.cut is not None:
                 notes.append(f"{names[i]} is not keyed: its state could not be hashed whole "
                              f"({f.cut}), so no form at or after it is cached")
@@ -139,10 +146,17 @@ class TierLayout:
         return tuple(t.name for t in self.tiers)
 
 
+def _generator_note(name: str, kind: str) -> str:
+    return (f"{name} holds a random generator ({kind}) and may draw from it, so it counts as "
+            "random: nothing at or after it is cached as deterministic (a step declared "
+            "random=True draws from the rng it is given, with the same draws in every worker, "
+            "and its output is cached per epoch)")
+
+
 def _prefix_fingerprints(pipeline: Pipeline) -> tuple[list[str], list[Findings]]:
     """``fps[p]``: hash of the source (by content) and of execution steps ``1..p`` (name,
     traits, code); ``found[p]``: what the digest of the source (``p`` 0) or step ``p`` met
-    (state it could not follow whole)."""
+    (a random generator, state it could not follow whole)."""
     with digest_scope() as source_found:
         source = source_fingerprint(pipeline.source, content=True)
     h = hashlib.sha256(source.encode())

@@ -24,9 +24,11 @@ from headrace.pipeline.digest_scope import (
     MAX_NESTING,
     digest_scope,
     enter,
+    generator_kind,
     guarded,
     leave,
     module_name,
+    note_generator,
     qualified_name,
     running,
     short_hash,
@@ -245,8 +247,14 @@ def _global_part(g: dict[str, Any], n: str, used: set[str], own: str, values: bo
     list, an object) by name. A module-level memo table a method or helper fills is such an
     object: by value it changed the step's identity as the step ran (the cache stopped
     hitting, a resume said the step changed). A setting the script changes between epochs (a
-    curriculum's ``SCALE``) is a scalar: by name the cache served the old setting's samples."""
+    curriculum's ``SCALE``) is a scalar: by name the cache served the old setting's samples.
+    A random generator (``RNG = np.random.default_rng(0)``) counts by its type and is recorded
+    (``digest_scope.Findings``): the code may draw from it."""
     v = g[n]
+    kind = generator_kind(v)
+    if kind is not None:  # a module-level generator the code may draw from: by its type
+        note_generator(kind)
+        return f"{n}=generator:{kind}"
     if inspect.ismodule(v):
         return f"{n}={_modules_digest(v, used)}"
     if inspect.isclass(v):

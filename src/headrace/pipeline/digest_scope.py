@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import random
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -73,6 +75,9 @@ def short_hash(data: bytes) -> str:
 class Findings:
     """What one whole digest met besides values (:func:`digest_scope`)."""
 
+    generator: str | None = None
+    """Qualified type of the first random generator reached (a step holding one may draw from
+    it: its output may differ from one epoch to the next)."""
     cut: str | None = None
     """Why some state reached was not hashed, in words (None: all of it was, up to
     ``value_digest``'s sampling bounds): the digest then does not tell that state apart."""
@@ -153,6 +158,27 @@ def enter(value: Any) -> str | None:
 def leave(value: Any) -> None:
     """Take ``value`` off the running digest's path (after :func:`enter` gave ``None``)."""
     _SCOPE.current.path.pop(id(value), None)
+
+
+def generator_kind(value: Any) -> str | None:
+    """The qualified type of ``value`` if it is a random generator (``random.Random`` and its
+    subclasses, NumPy's ``Generator``, ``RandomState``, ``BitGenerator``, a
+    ``torch.Generator``), else None."""
+    import numpy as np
+
+    torch = sys.modules.get("torch")
+    if isinstance(value, (random.Random, np.random.Generator, np.random.RandomState,
+                          np.random.BitGenerator)) or (
+            torch is not None and isinstance(value, torch.Generator)):
+        return qualified_name(type(value))
+    return None
+
+
+def note_generator(kind: str) -> None:
+    """Record that the running digest reached a random generator of type ``kind``."""
+    found = _SCOPE.current.found
+    if found.generator is None:
+        found.generator = kind
 
 
 def spend(nbytes: int = 0, items: int = 0) -> bool:

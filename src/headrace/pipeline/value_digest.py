@@ -40,7 +40,10 @@ with other weights, shared a Redis cache's entries (one was served the other's s
 cannot be followed whole (nested more than ``MAX_NESTING`` objects deep, more than
 ``TOTAL_NODES`` objects, a ``RecursionError``) is not cut silently: the digest records it
 (``digest_scope.Findings`` ``cut``), and the sample cache keys no form by it
-(``cache/tiers.py``).
+(``cache/tiers.py``). A
+random generator (``random.Random``, NumPy's ``Generator``, ``RandomState`` and
+``BitGenerator``, ``torch.Generator``) counts by its type, not its state (what it drew so
+far), and is recorded too (``generator``): a step holding one may draw from it.
 
 A callable inside a value counts by :func:`code_digest.code_identity`, which in turn hashes
 the state of the objects it reaches here: the two recurse into each other, and this module
@@ -63,8 +66,10 @@ from headrace.pipeline.digest_scope import (
     CODE_ONLY,
     digest_scope,
     enter,
+    generator_kind,
     guarded,
     leave,
+    note_generator,
     qualified_name,
     running,
     short_hash,
@@ -156,6 +161,10 @@ def _state_digest(value: Any, depth: int) -> str:
         return h.hexdigest()[:12]
     if depth >= CODE_ONLY:
         return short_hash(qualified_name(type(value)).encode())
+    kind = generator_kind(value)
+    if kind is not None:  # by its type: its state is what it drew so far
+        note_generator(kind)
+        return short_hash(f"generator:{kind}".encode())
     if inspect.ismodule(value):  # by its source file, as a module a step calls into
         return short_hash(f"module:{module_digest(value)}".encode())
     if isinstance(value, logging.Logger):  # by name: its manager reaches every logger
