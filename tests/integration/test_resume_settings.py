@@ -124,7 +124,7 @@ def test_a_state_dict_whose_identities_were_computed_otherwise_is_not_told_as_ch
     import warnings
 
     state, rest = saved_after(26, 2, batch_size=4)
-    assert state["identity_version"] == IDENTITY_VERSION == 5
+    assert state["identity_version"] == IDENTITY_VERSION == 6
     edited = dict(state, step_code={k: "0" + v for k, v in state["step_code"].items()},
                   dataset="another")
     second = loader(26, seed=99, batch_size=4)
@@ -133,10 +133,10 @@ def test_a_state_dict_whose_identities_were_computed_otherwise_is_not_told_as_ch
     second.close()
     # before identity_version (1), 2: before a step's helpers and the scalar globals they and
     # a callable class's methods read were counted, 3: before a dataset's class code was,
-    # 4: before a container's items past the 64th were
+    # 4: before a container's items past the 64th were, 5: before state past six levels was
     for old in ({k: v for k, v in edited.items() if k != "identity_version"},
                 dict(edited, identity_version=2), dict(edited, identity_version=3),
-                dict(edited, identity_version=4)):
+                dict(edited, identity_version=4), dict(edited, identity_version=5)):
         third = loader(26, seed=99, batch_size=4)
         with warnings.catch_warnings():
             warnings.simplefilter("error")

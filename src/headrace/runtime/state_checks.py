@@ -78,7 +78,7 @@ def setting_changes(sd: dict[str, Any], ident: Identity, positions: bool = True)
     return out
 
 
-IDENTITY_VERSION = 5
+IDENTITY_VERSION = 6
 """How the state dict's ``dataset`` and ``step_code`` were computed (``identity_version``): 2
 counts a callable class's every method, the modules a step calls into by content, a file
 set's modification times; 3 the helpers of its module a step calls, and the immutable scalar
@@ -89,7 +89,9 @@ length alone (``pipeline/fingerprint.py``: ``source_code``), and a set literal i
 sorted elements (``code_digest._const_repr``); 5 every item of a container and every byte of
 an array up to ``pipeline/value_digest.py``'s bounds, not the first 64 items and a sample of an
 array over 1 MiB; every global a step reads, not the first 64, and a long tuple a helper reads
-by value. Identities computed otherwise cannot be
+by value; 6 a step's and a dataset's state at any depth (no cut at six levels), a decorated
+step's wrapped function's globals, a module held in a value by its source file, a generator by
+its type (``pipeline/digest_scope.py``). Identities computed otherwise cannot be
 compared: after an upgrade every resume said its steps and dataset had changed."""
 
 
