@@ -5,8 +5,8 @@ A worker that dies (the OOM killer, SIGKILL, a segfault, a remote node lost) has
 held run again on other workers; only the one it was running counts as an attempt, and a sample
 out of attempts fails per the error policy. A worker stuck on one sample longer than
 ``sample_timeout_s`` is killed, and its death is handled the same way. A worker process that
-dies before it is ready is replaced, not for ever. A retired worker that exited hands its
-samples back.
+dies before it is ready is replaced, not for ever; one whose ``worker_init_fn`` raised is not
+(``runtime/starts.py``). A retired worker that exited hands its samples back.
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ class Deaths:
 
     def on_death(self, w: WorkerHandle) -> None:
         """A worker died (OOM killer, SIGKILL, segfault): re-run what it held, replace it."""
-        if w.retiring:  # a worker the scaler retired has exited
+        if w.retiring or w.slot in self.pool.failed_slots and not w.external:
+            # a worker the scaler retired has exited, or one whose start failed (its error
+            # ended the epoch or will: runtime/starts.py); not replaced
             self.lanes.retry.extend(self.lanes.recs[t] for t in w.assigned if t in self.lanes.recs)
             w.assigned.clear()
             self.pool.reap(w)

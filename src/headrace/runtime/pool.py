@@ -121,6 +121,10 @@ class WorkerPool:
         """Task ids, unique over the pool's life (persistent workers span epochs)."""
         self.requests = StartRequests()
         """Workers the scheduler thread asked for, to fork on the training thread (``forks.py``)."""
+        self.failed_slots: set[int] = set()
+        """Own slots whose ``worker_init_fn`` (or dataset setup) raised: no worker starts in
+        them again until ``start`` (``runtime/starts.py``: persistent workers go on without)."""
+        self._dropped: set[int] = set()  # failed slots that drop_failed returned
         self.starting = False
         """``start`` is forking the pool's first workers (a ``worker_init_fn``'s epoch holds
         its first batch until they all started: ``runtime/starts.py``)."""
@@ -146,13 +150,17 @@ class WorkerPool:
         return self._own() + len(self.requests) >= self.local_slots
 
     def _own(self) -> int:
-        """Slots the pool's own workers hold (retiring ones included)."""
-        return sum(not w.external for w in self.workers.values())
+        """Slots the pool's own workers hold (retiring ones included), or that their failed
+        start closed (``failed_slots``)."""
+        return sum(not w.external for w in self.workers.values()) + \
+            len(self.failed_slots - self.workers.keys())
 
     def _free_slot(self, backend: bool) -> int | None:
-        """The lowest free slot of the pool's own workers or of a backend's (None: none)."""
+        """The lowest free slot of the pool's own workers or of a backend's (None: none); a
+        slot in ``failed_slots`` is not free."""
         span = range(self.local_slots, self.max_slots) if backend else range(self.local_slots)
-        return next((i for i in span if i not in self.workers), None)
+        return next((i for i in span if i not in self.workers and i not in self.failed_slots),
+                    None)
 
     @property
     def forked(self) -> bool:
@@ -163,8 +171,9 @@ class WorkerPool:
         """Start ``n`` workers; ``on_added()`` after each (e.g. wake the scheduler thread so it
         watches the new worker's pipe now rather than at its next poll timeout). They are the
         pool's first (or, persistent, replace all that died): starts asked for before are
-        dropped."""
+        dropped, and so are the slots whose start failed (``failed_slots``): each starts again."""
         self.requests.drop()
+        self.failed_slots, self._dropped = set(), set()
         forked = self.forked
         if forked:
             # Each worker seeds NumPy's global generator, as torch's do; NumPy 2 imports
@@ -308,10 +317,18 @@ class WorkerPool:
         h.send_exit()
 
     def reap(self, h: WorkerHandle) -> None:
-        """Forget a retired worker that has exited."""
+        """Forget a retired worker that has exited, or one whose start failed."""
         with self._lock:
             if not self._closed:
                 self._dispose(h, grace_s=1.0)
+
+    def drop_failed(self) -> list[int]:
+        """Forget the workers whose start failed (``failed_slots``; they exit after saying
+        so), not replaced; the failed slots not returned before, lowest first."""
+        for w in [w for w in self.workers.values() if w.slot in self.failed_slots]:
+            self.reap(w)  # (or a death seen after the failure reaped it already)
+        new, self._dropped = self.failed_slots - self._dropped, set(self.failed_slots)
+        return sorted(new)
 
     def shutdown(self, grace_s: float = 0.5) -> None:
         """Stop every worker (idempotent). See NOTE [headrace shutdown].

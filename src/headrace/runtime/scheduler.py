@@ -100,6 +100,7 @@ class Scheduler:
         self.deaths = Deaths(pool, spec, self.lanes, self.counters, hooks,
                              lambda rec, err: me._fail(rec, err))  # no cycle: see above
         self.starts = Starts(pool, lambda w, msg: me._handle(w, msg))
+        self.starts.forget_failed()  # persistent workers: before the epoch (re)starts any
         self._stop = threading.Event()
         self._waiter = Waiter()
         self._poll_s = POLL_S  # how long the next wait blocks at most (seconds): IDLE_POLL_S
@@ -305,9 +306,10 @@ class Scheduler:
             return
         if kind == "init_error":
             _, slot, cause, text, tb, original = msg
-            raise Fatal(worker_start_error(
+            self.starts.failed(w, worker_start_error(  # raises Fatal, now or before a batch
                 original, f"worker {slot} failed to start (worker_init_fn or dataset setup): "
                           f"{cause}: {text}\n\nOriginal traceback:\n{tb}"))
+            return
         tid = msg[1]
         task = w.assigned.pop(tid, None)
         rec = self._recs.get(tid)
