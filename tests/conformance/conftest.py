@@ -17,6 +17,8 @@ PER_SAMPLE_SEEDING = "per-sample seeding of the global generators in workers"
 COLLATE_IN_MAIN = "batches collated in the training process"
 REPLACED_ITERATOR = "a replaced persistent iterator raises instead of silently resetting"
 TIMEOUT_WITHOUT_WORKERS = "timeout>0 with num_workers=0 warns at iter() where torch raises"
+ARGUMENT_TYPES_AT_BUILD = ("num_workers, prefetch_factor or generator of the wrong type raise "
+                           "when the loader is built where torch raises at iter()")
 
 
 @pytest.fixture(params=["torch", "headrace"])

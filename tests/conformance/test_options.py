@@ -5,6 +5,7 @@ import copy
 import multiprocessing
 import pickle
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -188,6 +189,34 @@ def test_the_class_is_generic(Loader):
 def test_invalid_arguments_raise_torchs_errors(Loader, kw, error):
     with pytest.raises(error):
         Loader(Squares(4), **kw)
+
+
+NOT_AN_INTEGER = "'float' object cannot be interpreted as an integer"
+
+
+def test_arguments_of_the_wrong_type_raise_a_type_error(Loader, no_leaks):
+    """Both raise TypeError, torch in iter() (its ``range()`` over the counts, its
+    ``random_(generator=...)``), headrace when the loader is built: ARGUMENT_TYPES_AT_BUILD.
+    headrace failed in iter() in words about sequences (num_workers=1.5), read ahead by 2.5
+    batches (prefetch_factor=2.5) and raised an AttributeError about ``get_state``
+    (generator=3), a bug hunt's find. What torch's ``range()`` takes is kept: NumPy's
+    integers, bools."""
+    for kw, words in [({"num_workers": 1.5}, NOT_AN_INTEGER),
+                      ({"num_workers": 2, "prefetch_factor": 2.5}, NOT_AN_INTEGER),
+                      ({"num_workers": 2, "prefetch_factor": 2.0}, NOT_AN_INTEGER),
+                      ({"generator": 3}, "generator"),
+                      ({"generator": 3, "shuffle": True}, "generator")]:
+        if is_headrace(Loader):  # difference: ARGUMENT_TYPES_AT_BUILD
+            with pytest.raises(TypeError, match=words):
+                Loader(Squares(4), batch_size=2, **kw)
+        else:
+            loader = Loader(Squares(4), batch_size=2, **kw)
+            with pytest.raises(TypeError, match=words):
+                iter(loader)
+    loader = Loader(Squares(4), batch_size=2, num_workers=np.int64(1),
+                    prefetch_factor=np.int32(1), generator=torch.Generator())
+    assert flat(loader) == SQ[:4]
+    assert flat(Loader(Squares(4), batch_size=2, num_workers=True, prefetch_factor=True)) == SQ[:4]
 
 
 @pytest.mark.parametrize("ctx", ["spawn", "forkserver"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 import warnings
 from typing import Any, Literal
@@ -188,7 +189,13 @@ def loader_generator(options: Options, generator: torch.Generator | None
     ``Options(seed=)``, else ``None`` (torch's global generator). Both given with other seeds:
     ``generator=`` wins, as torch would use it, and a warning says that ``seed`` is not used.
     Same seed, no warning: a loader rebuilt from its attributes (Lightning's and Accelerate's
-    sampler injection) passes back the generator its ``seed`` made, with its ``options``."""
+    sampler injection) passes back the generator its ``seed`` made, with its ``options``.
+    Anything else than a ``torch.Generator`` is a ``TypeError`` here, when the loader is built
+    (torch's ``iter()`` raises one from ``random_(generator=...)``; headrace read
+    ``initial_seed()`` or ``get_state()`` of it first and raised an ``AttributeError``)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {generator!r} "
+                        f"of type {type(generator).__qualname__}")
     if generator is None:
         if options.seed is None:
             return None
@@ -216,7 +223,16 @@ def check_arguments(options: Options, iterable: bool, num_workers: int,
     option of that kind: it becomes the fixed count torch's iterator runs, named in a warning
     (``runtime/iterable_dataset.py``). Options that only tune how samples are scheduled,
     cached or profiled, set to other than their defaults, are not refused (one ``Options`` is
-    often shared by a script's loaders) but named in a warning (:func:`unused_by_iterable`)."""
+    often shared by a script's loaders) but named in a warning (:func:`unused_by_iterable`).
+
+    ``num_workers`` and, with workers, ``prefetch_factor`` that are not integers (``1.5``,
+    ``2.0``) are a ``TypeError`` with torch's words (``'float' object cannot be interpreted as
+    an integer``) here, when the loader is built, where torch's ``iter()`` raises it (its
+    ``range()`` over them): headrace refused neither (``num_workers=1.5`` failed in ``iter()``
+    in words about sequences, ``prefetch_factor=2.5`` read ahead by 2.5 batches)."""
+    _check_integer("num_workers", num_workers, "an int or 'auto'")
+    if num_workers and prefetch_factor is not None:
+        _check_integer("prefetch_factor", prefetch_factor, "an int, batches each worker keeps ahead")
     if iterable and options.on_error != "raise":
         raise ValueError(
             f"Options(on_error={options.on_error!r}) needs a map-style dataset: an "
@@ -251,6 +267,15 @@ def check_arguments(options: Options, iterable: bool, num_workers: int,
         raise ValueError("Options(remote=...) needs a map-style dataset and num_workers >= 1 "
                          "(remote workers join the local ones)")
 
+
+def _check_integer(name: str, value: Any, wanted: str) -> None:
+    """Raise torch's ``TypeError`` for an argument ``value`` that is not an integer (an ``int``
+    or what has ``__index__``, as ``range()`` takes it), naming the argument ``name`` and what
+    it should be (``wanted``)."""
+    try:
+        operator.index(value)
+    except TypeError as e:
+        raise TypeError(f"{e} ({name}={value!r}: {wanted})") from None
 
 
 _SAMPLE_TUNING = ("max_in_flight", "slow_lane_share", "timeout", "max_worker_restarts",
