@@ -2,6 +2,7 @@
 batch samplers, pin_memory on a machine without an accelerator."""
 
 import os
+import re
 import threading
 import time
 from collections import namedtuple
@@ -27,6 +28,52 @@ class Structured(tud.Dataset):
     def __getitem__(self, i):
         return {"t": torch.full((2,), float(i)), "a": np.arange(3) + i, "n": i, "f": i / 2,
                 "s": f"s{i}", "p": Point(i, torch.tensor(i)), "l": [i, -i]}
+
+
+class OddSamples(tud.Dataset):
+    """Four samples default_collate refuses: all alike (``"none"``, ``"set"``), or the last one
+    of another shape (``"shape"``) or with a leaf of another type (``"leaf"``)."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        if self.kind == "none":
+            return None
+        if self.kind == "set":
+            return {i}
+        if self.kind == "shape":
+            return torch.zeros(2 if i < 3 else 3)
+        return {"t": torch.zeros(2), "y": i if i < 3 else None}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind, error, words, differs", [
+    ("none", TypeError, "found <class 'NoneType'>", None),
+    ("set", TypeError, "found <class 'set'>", None),
+    ("shape", RuntimeError, "stack expects each tensor to be equal size",
+     "sample index 3 has shape (3,) where sample index 0 has (2,)"),
+    ("leaf", RuntimeError, "Could not infer dtype of NoneType",
+     "sample index 3 has type NoneType at ['y'] where sample index 0 has int"),
+])
+def test_a_collation_error_is_torchs_and_names_the_sample_that_differs(
+        Loader, workers, kind, error, words, differs, no_leaks):
+    """torch's error type and words; headrace adds the batch's sample indices and, only when
+    one sample differs from the first in type or shape, which and how (it said "a sample of
+    another shape or type than the others is the usual cause" of every collation error,
+    samples all alike included: a bug hunt's find)."""
+    it = iter(Loader(OddSamples(kind), batch_size=4, num_workers=workers, in_order=True))
+    with pytest.raises(error, match=re.escape(words)) as caught:
+        next(it)
+    with pytest.raises(StopIteration):  # the epoch's end: torch's workers stop now, not at GC
+        next(it)
+    if is_headrace(Loader):
+        first_line = str(caught.value).split("\n")[0]
+        hint = f"; {differs}" if differs else ""
+        assert first_line.endswith(f"(batch of sample indices [0, 1, 2, 3]{hint})")
 
 
 @pytest.mark.parametrize("workers", [0, 2])

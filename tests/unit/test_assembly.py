@@ -163,3 +163,18 @@ def test_falling_back_rebuilds_the_rows_already_stored_as_the_samples_they_were(
         assert type(got) is tuple and type(got[1]) is Pair and type(got[2]) is list
         assert np.array_equal(got[0], want[0]) and torch.equal(got[1].image, want[1].image)
         assert got[1].label == want[1].label and got[2] == want[2]
+
+
+def test_the_samples_of_rows_stored_in_place_are_rebuilt_for_an_error_to_compare():
+    # a collation error names the sample that differs from the first (runtime/work.py); the
+    # rows stored in place are rebuilt for it, around views of the batch's tensors
+    samples = [sample(i) for i in range(3)]
+    samples[2]["label"] = None  # an object leaf: the batch stays in place
+    batch = assemble(samples)
+    assert batch.in_place
+    got = batch.samples([0, 2])
+    assert got[1]["label"] is None and got[0]["label"] == 0
+    assert type(got[0]["pair"]) is Pair and type(got[0]["as_tuple"]) is tuple
+    assert torch.equal(got[1]["image"], samples[2]["image"])
+    assert np.array_equal(got[0]["mask"], samples[0]["mask"])
+    assert batch.in_place  # nothing moved: the batch still collates in place

@@ -129,6 +129,13 @@ class BatchAssembly:
         assert self._spec is not None
         return _build(self._spec, iter(out))
 
+    def samples(self, rows: list[int]) -> list[Any]:
+        """The samples of ``rows`` as ``collate_fn`` gets them, for an error to compare: rows
+        stored in place are rebuilt around views of the batch's tensors (no copy)."""
+        if not self.in_place:
+            return [self._samples[r] for r in rows]
+        return [self._rebuilt(r, copy=False) for r in rows]
+
     # -- internals ---------------------------------------------------------------------------
     def _layout(self, spec: Spec, leaves: list[Any]) -> None:
         self._spec = spec
@@ -157,19 +164,25 @@ class BatchAssembly:
 
     def _to_list(self) -> None:
         """Fall back to a list of samples: rebuild the rows stored so far as samples."""
-        assert self._spec is not None
         for row in self._stored:
-            leaves = []
-            for spec, tensor, objects in zip(self._leaves, self._tensors, self._objects, strict=True):
-                if tensor is None:
-                    leaves.append(objects[row])
-                elif spec[1] == "np":
-                    leaves.append(tensor[row].numpy().copy())
-                else:
-                    leaves.append(tensor[row].clone())
-            self._samples[row] = _build(self._spec, iter(leaves), collated=False)
+            self._samples[row] = self._rebuilt(row, copy=True)
         self.in_place = False
         self._tensors, self._rows, self._objects, self._stored = [], [], [], []
+
+    def _rebuilt(self, row: int, copy: bool) -> Any:
+        """The sample stored in place in ``row``, its arrays copied out of the batch's
+        tensors (``copy``) or views of them."""
+        assert self._spec is not None
+        leaves = []
+        for spec, tensor, objects in zip(self._leaves, self._tensors, self._objects, strict=True):
+            if tensor is None:
+                leaves.append(objects[row])
+            elif spec[1] == "np":
+                view = tensor[row].numpy()
+                leaves.append(view.copy() if copy else view)
+            else:
+                leaves.append(tensor[row].clone() if copy else tensor[row])
+        return _build(self._spec, iter(leaves), collated=False)
 
 
 def _flatten(x: Any, ring: Ring | None, leaves: list[Any], in_sequence: bool = False) -> Spec:

@@ -191,7 +191,7 @@ class InProcessIterator(EpochBase):
         except Exception as e:
             self.discarded += len(got)
             del carry[:len(got)]
-            raise collate_error(e, indices) from e
+            raise collate_error(e, indices, samples) from e
         except BaseException as e:
             note_collate(e, indices)
             if got and self._cuts.fails(("batch", done), e):  # the collate_fn's own doing

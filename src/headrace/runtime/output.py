@@ -154,7 +154,8 @@ class BatchOutput:
 def _collate(assembly: BatchAssembly, rows: list[int], pin: Callable[[Any], Any] | None) -> Any:
     """The batch of ``rows``; a failure is a ``StepError`` at step ``collate_fn`` naming the
     batch's sample indices."""
-    return _pinned(lambda: assembly.finish(rows), pin, lambda: [assembly.indices[r] for r in rows])
+    return _pinned(lambda: assembly.finish(rows), pin, lambda: [assembly.indices[r] for r in rows],
+                   lambda: assembly.samples(rows))
 
 
 def _collate_empty(collate: Callable[[Any], Any], pin: Callable[[Any], Any] | None) -> Any:
@@ -164,15 +165,17 @@ def _collate_empty(collate: Callable[[Any], Any], pin: Callable[[Any], Any] | No
 
 
 def _pinned(make: Callable[[], Any], pin: Callable[[Any], Any] | None,
-            indices: Callable[[], list[int]]) -> Any:
-    """``make()``, pinned; its failure a ``StepError`` naming the batch's ``indices()``, or,
+            indices: Callable[[], list[int]],
+            samples: Callable[[], list[Any]] = list) -> Any:
+    """``make()``, pinned; its failure a ``StepError`` naming the batch's ``indices()`` (and
+    which of its ``samples()`` differs from the others, if one does: read only then), or,
     for an exception that is not an error (``SystemExit``, a user's own ``BaseException``),
     that exception itself with a note naming them (``note_collate``)."""
     try:
         batch = make()
         return pin(batch) if pin is not None else batch
     except Exception as e:  # noqa: BLE001 - collate_fn is user code: that batch raises
-        raise collate_error(e, indices()) from e
+        raise collate_error(e, indices(), samples) from e
     except BaseException as e:
         note_collate(e, indices())
         raise

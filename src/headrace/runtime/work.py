@@ -6,10 +6,12 @@ Plain data shared by the scheduler thread (``runtime/scheduler.py``) and the loa
 from __future__ import annotations
 
 import contextlib
+import itertools
 import signal
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Number
 from typing import Any
 
 from headrace.errors import (
@@ -116,15 +118,97 @@ class Fatal(Exception):
         self.error = error
 
 
-def collate_error(e: Exception, indices: list[int]) -> StepError:
-    """A collate_fn failure, naming the samples of the batch (e.g. one of another shape), or
-    saying it had none."""
-    where = (f"batch of sample indices [{_shown(indices)}]; a sample of another shape or type "
-             "than the others is the usual cause") if indices else "an empty batch from the batch_sampler"
+def collate_error(e: Exception, indices: list[int],
+                  samples: Sequence[Any] | Callable[[], Sequence[Any]] = ()) -> StepError:
+    """A collate_fn failure, naming the samples of the batch, or saying it had none.
+    ``samples``: the batch's samples, as ``collate_fn`` got them (or a function returning
+    them, called only here, where its failure costs the hint only); where one differs from the
+    first in type or shape (:func:`sample_difference`), the message names it, the usual cause
+    of a collation error. Samples that all agree get no such hint: a ``collate_fn`` that
+    is not callable, or a type ``default_collate`` refuses in every sample (``None``, a
+    ``set``, a dataclass, sparse tensors), is not a mismatch."""
+    original = traceback.format_exc()  # first: the look at the samples may raise and catch
+    if indices:
+        where = f"batch of sample indices [{_shown(indices)}]"
+        with contextlib.suppress(Exception):  # a sample whose inspection raises: no hint
+            differs = sample_difference(samples() if callable(samples) else samples, indices)
+            if differs is not None:
+                where += f"; {differs}"
+    else:
+        where = "an empty batch from the batch_sampler"
     return step_error_for(
         type(e), indices[0] if indices else None, "collate_fn", type(e).__qualname__,
-        f"{message_of(e)} ({where})", traceback.format_exc(),
+        f"{message_of(e)} ({where})", original,
     )
+
+
+_LOOK_DEPTH = 8
+"""Containers nested deeper than this in a sample are not compared (``sample_difference``)."""
+_LOOK_ITEMS = 64
+"""Items of a list, tuple or dict compared at most, per container (``sample_difference``)."""
+_LOOK_VALUES = 4096
+"""Values compared at most in all, over a batch's samples (``sample_difference``)."""
+
+
+def sample_difference(samples: Sequence[Any], indices: list[int]) -> str | None:
+    """Where the first of ``samples`` (of dataset ``indices``) that differs from the first
+    sample does, in words (``"sample index 3 has shape (20, 20, 3) at [0] where sample index
+    0 has (16, 16, 3)"``); None where they agree. Compared: the types of values (any two
+    numbers agree: torch makes one tensor of ints, floats and bools), the shapes of tensors and
+    arrays (not their dtypes, which ``torch.stack`` promotes), the lengths of lists and tuples
+    and the keys of dicts, down to ``_LOOK_DEPTH`` levels, ``_LOOK_ITEMS`` items each and
+    ``_LOOK_VALUES`` values in all. Read on the error path only: a few µs per sample."""
+    if len(samples) < 2 or len(indices) != len(samples):
+        return None
+    first, budget = samples[0], [_LOOK_VALUES]
+    for index, sample in zip(indices[1:], samples[1:], strict=True):
+        found = _difference(first, sample, "", _LOOK_DEPTH, budget)
+        if found is not None:
+            at, theirs, ours = found
+            return (f"sample index {index} has {theirs}{f' at {at}' if at else ''} where sample "
+                    f"index {indices[0]} has {ours}")
+    return None
+
+
+def _difference(a: Any, b: Any, at: str, depth: int,
+                budget: list[int]) -> tuple[str, str, str] | None:
+    """The first place (a path like ``[0]['image']``) where ``b`` differs from ``a``, with
+    what each has there; None where they agree (see :func:`sample_difference`), or where
+    ``budget[0]``, the values left to compare, ran out."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return None
+    if isinstance(a, Number) and isinstance(b, Number):
+        return None
+    if type(a) is not type(b):
+        return at, f"type {type(b).__qualname__}", type(a).__qualname__
+    if depth <= 0:
+        return None
+    shape_a, shape_b = getattr(a, "shape", None), getattr(b, "shape", None)
+    if (isinstance(shape_a, tuple) and isinstance(shape_b, tuple)  # tensors (a Size is a
+            and shape_a != shape_b):  # tuple), arrays
+        return at, f"shape {tuple(shape_b)}", f"{tuple(shape_a)}"
+    if isinstance(a, Mapping):
+        if set(a) != set(b):
+            return at, f"keys {_keys(b)}", f"{_keys(a)}"
+        for key in itertools.islice(a, _LOOK_ITEMS):
+            found = _difference(a[key], b[key], f"{at}[{key!r}]", depth - 1, budget)
+            if found is not None:
+                return found
+    elif isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return at, f"length {len(b)}", f"{len(a)}"
+        for i, (x, y) in enumerate(itertools.islice(zip(a, b, strict=True), _LOOK_ITEMS)):
+            found = _difference(x, y, f"{at}[{i}]", depth - 1, budget)
+            if found is not None:
+                return found
+    return None
+
+
+def _keys(d: Mapping[Any, Any]) -> str:
+    """A dict's keys as a message shows them: the first 8, in order."""
+    keys = list(itertools.islice(d, 9))
+    return "[" + ", ".join(map(repr, keys[:8])) + (", ...]" if len(keys) > 8 else "]")
 
 
 class CutShort:
