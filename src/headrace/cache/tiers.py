@@ -135,7 +135,8 @@ class TierLayout:
                 notes.append(_generator_note(names[i], f.generator))
             if f.cut is not None:
                 notes.append(f"{names[i]} is not keyed: its state could not be hashed whole "
-                             f"({f.cut}), so no form at or after it is cached")
+                             f"({f.cut}), so no form at or after it is cached; "
+                             + (_SOURCE_FIX if i == 0 else _STEP_FIX))
         return cls(tuple(tiers), n, tuple(notes))
 
     def get(self, name: str) -> Tier | None:
@@ -144,6 +145,17 @@ class TierLayout:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tiers)
+
+
+_SOURCE_FIX = ("give the source a fingerprint() method returning a string that changes "
+               "whenever what it loads does (hr.sources.Files has one), or hold its tables "
+               "as plain values (dicts, lists, tuples of str, int, float, bytes, None: "
+               "hashed whole)")
+"""How to key a source the cache could not key (the end of its ``explain()`` note)."""
+_STEP_FIX = ("hold its tables as plain values (dicts, lists, tuples of str, int, float, bytes, "
+             "None: hashed whole) or as an array, or keep large objects (a model, a framework) "
+             "out of the step's state")
+"""How to key a step the cache could not key (the end of its ``explain()`` note)."""
 
 
 def _generator_note(name: str, kind: str) -> str:
@@ -157,14 +169,14 @@ def _prefix_fingerprints(pipeline: Pipeline) -> tuple[list[str], list[Findings]]
     """``fps[p]``: hash of the source (by content) and of execution steps ``1..p`` (name,
     traits, code); ``found[p]``: what the digest of the source (``p`` 0) or step ``p`` met
     (a random generator, state it could not follow whole)."""
-    with digest_scope() as source_found:
+    with digest_scope(complete=True) as source_found:
         source = source_fingerprint(pipeline.source, content=True)
     h = hashlib.sha256(source.encode())
     h.update(f"|opaque={pipeline.opaque}".encode())
     out, found = [h.hexdigest()[:16]], [source_found]
     for s in pipeline.steps:
         h.update(f"{s.name}|{s.random}|{s.keep_position}|{s.kind}|{s.commutes}|".encode())
-        with digest_scope() as step_found:
+        with digest_scope(complete=True) as step_found:
             h.update(code_identity(s.fn).encode())
         h.update(b"\x00")
         out.append(h.copy().hexdigest()[:16])

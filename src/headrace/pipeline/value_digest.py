@@ -12,11 +12,12 @@ differing anywhere"):
 - a list, tuple, set or dict: every item, up to ``FULL_ITEMS`` items of any kind,
   ``_FULL_RECORDS`` tuples of plain scalars (records such as ``(path, label)``) and
   ``_FULL_SCALARS`` plain scalars (``None``, ``bool``, ``int``, ``float``, ``complex``,
-  ``str``, ``bytes``); records and scalars are hashed in one pass, at C speed. Beyond, evenly
-  spaced items (``FULL_ITEMS`` of them, ``_SAMPLED`` scalars) and the length. A set's items,
-  and a dict's keys up to ``_SORTED``, are sorted first (a set of strings iterates in an order
-  string hashing, seeded anew in each process, decides); a larger dict counts in insertion
-  order.
+  ``str``, ``bytes``); records and scalars are hashed in one pass, at C speed. Beyond (or once
+  ``TOTAL_ITEMS`` is spent), for the sample cache's keys, all items in one pass if they are
+  plain values at any depth (``plain_digest``, up to ``TOTAL_PLAIN``); else evenly spaced items and the length, and the
+  digest is incomplete (below). A set's items, and a dict's keys up to ``_SORTED``, are sorted
+  first (a set of strings iterates in an order string hashing, seeded anew in each process,
+  decides); a larger dict counts in insertion order.
 - an array, a tensor, ``bytes``: every byte up to ``_FULL_BYTES``; beyond, ``_SAMPLED``
   evenly spaced elements, with dtype and shape. A larger array mapped from a file
   (``np.memmap``, ``np.load(mmap_mode=...)``) is data a source reads, not a parameter: it
@@ -24,9 +25,9 @@ differing anywhere"):
   modification time (``sources.Files``' rule), and none of it is read.
 
 - one digest as a whole (the outermost :func:`state_digest` or ``code_identity`` call and
-  all it reaches, ``digest_scope.digest_scope``): ``TOTAL_BYTES`` hashed in full and
-  ``TOTAL_ITEMS`` items hashed one by one, for the bounds above compounded (a list of 9,000
-  decoded images); past them, a few elements or items (``digest_scope`` has these bounds).
+  all it reaches, ``digest_scope.digest_scope``): ``TOTAL_BYTES`` hashed in full,
+  ``TOTAL_ITEMS`` items hashed one by one and ``TOTAL_PLAIN`` bytes of plain values, for the
+  bounds above compounded; past them, a few elements of an array or items of a container.
 
 Containers of up to ``MAX_ITEMS`` items are hashed item by item, and arrays of up to 1 MiB
 whole, as in every earlier version: their digests did not change when the rest stopped being
@@ -38,9 +39,10 @@ more than 6 levels deep counted by its type only, and two jobs whose step held
 ``partial(prep, t=Compose([Resize(224)]))`` and ``Resize(256)``, or a nested ``nn.Sequential``
 with other weights, shared a Redis cache's entries (one was served the other's samples). What
 cannot be followed whole (nested more than ``MAX_NESTING`` objects deep, more than
-``TOTAL_NODES`` objects, a ``RecursionError``) is not cut silently: the digest records it
-(``digest_scope.Findings`` ``cut``), and the sample cache keys no form by it
-(``cache/tiers.py``). A
+``TOTAL_NODES`` objects, a container's items sampled, a ``RecursionError``) is not cut
+silently: the digest records it (``digest_scope.Findings`` ``cut``), and the sample cache keys
+no form by it (``cache/tiers.py``); an array's bytes sampled past a byte bound are not
+recorded (a change few of its elements see is not told apart). A
 random generator (``random.Random``, NumPy's ``Generator``, ``RandomState`` and
 ``BitGenerator``, ``torch.Generator``) counts by its type, not its state (what it drew so
 far), and is recorded too (``generator``): a step holding one may draw from it.
@@ -64,18 +66,23 @@ from typing import Any
 
 from headrace.pipeline.digest_scope import (
     CODE_ONLY,
+    TOTAL_ITEMS,
+    TOTAL_PLAIN,
     digest_scope,
     enter,
     generator_kind,
     guarded,
     leave,
+    note_cut,
     note_generator,
     qualified_name,
     running,
     short_hash,
     spend,
+    wants_complete,
 )
 from headrace.pipeline.modules import module_digest
+from headrace.pipeline.plain_digest import kinds_in_words, plain_digest
 
 MAX_ITEMS = 64
 """Containers of up to this many items are hashed item by item, each item's digest joined
@@ -224,22 +231,41 @@ def _sorted(items: Any) -> list[Any]:
 
 def _items_digest(items: Any, depth: int) -> str:
     """A digest of a sequence's items, in order. Plain scalars: all in one pass, up to
-    ``_FULL_SCALARS`` (beyond, ``_SAMPLED`` evenly spaced ones). Tuples of plain scalars
-    (records: ``(path, label)``): all in one pass, up to ``_FULL_RECORDS``. Others: each by
-    :func:`state_digest` at ``depth``, up to ``FULL_ITEMS`` (beyond, ``FULL_ITEMS`` evenly
-    spaced ones, in one pass if they are records)."""
+    ``_FULL_SCALARS``. Tuples of plain scalars (records: ``(path, label)``): all in one pass,
+    up to ``_FULL_RECORDS``. Others: each by :func:`state_digest` at ``depth``, up to
+    ``FULL_ITEMS`` and while the digest's ``TOTAL_ITEMS`` last. Beyond: all in one pass when
+    they are plain values (``plain_digest``), else evenly spaced ones (``FULL_ITEMS``,
+    ``_SAMPLED`` scalars, or 64 once ``TOTAL_ITEMS`` is spent) and the digest is incomplete
+    (``note_cut``: the sample cache keys no form by it)."""
     import numpy as np
 
     n, prefix = len(items), ""
     kinds = set(map(type, items))
     flat = kinds <= SCALAR_TYPES or kinds == {tuple} and n <= _FULL_RECORDS and _records(items)
-    if n > (_FULL_SCALARS if flat else FULL_ITEMS):
+    if n <= (_FULL_SCALARS if flat else FULL_ITEMS) and (flat or spend(items=n)):
+        return _hashed(items, flat, prefix, depth)
+    whole = plain_digest(items if type(items) in (list, tuple) else list(items)) \
+        if wants_complete() else None
+    if whole is not None:
+        return f"plain:{whole}"
+    limit = _FULL_SCALARS if flat else FULL_ITEMS
+    why = (f"more than {limit:,}" if n > limit
+           else f"past the {TOTAL_ITEMS:,} hashed one by one over the whole digest")
+    if n > limit:
         picks = np.linspace(0, n - 1, _SAMPLED if flat else FULL_ITEMS, dtype=np.int64)
         items, prefix = [items[i] for i in picks.tolist()], "sampled:"
         flat = flat or set(map(type, items)) == {tuple} and _records(items)
     if not flat and not spend(items=len(items)):  # the digest's item budget is spent
         picks = np.linspace(0, len(items) - 1, _SPENT_SAMPLE, dtype=np.int64)
         items, prefix = [items[i] for i in picks.tolist()], prefix + "spent:"
+    note_cut(f"a container of {n:,} items of {kinds_in_words(kinds)} ({why}; not all plain values, or "
+             f"over {TOTAL_PLAIN >> 20} MiB of them) was hashed by a sample of {len(items):,}")
+    return _hashed(items, flat, prefix, depth)
+
+
+def _hashed(items: Any, flat: bool, prefix: str, depth: int) -> str:
+    """The digest of all of ``items``: in one pass if ``flat`` (plain scalars or records),
+    else each by :func:`state_digest` at ``depth``."""
     if flat:
         buf = io.BytesIO()
         pickler = pickle.Pickler(buf, 4)
