@@ -22,11 +22,20 @@ from typing import Any
 
 from headrace.cache import codec
 from headrace.cache.tiers import TIERS, TierLayout, sample_key
+from headrace.cache.verify import (
+    CHECKS_UNVERIFIED,
+    CHECKS_VERIFIED,
+    DIFFERS,
+    VERIFIED,
+    Check,
+    Verdicts,
+    kept,
+)
 
 log = logging.getLogger("headrace")
 
 FIELDS = ("lookups", "hit_encoded", "hit_decoded", "hit_augmented", "inserts", "uncacheable",
-          "full", "errors", "not_worth", "not_stored", "drew")
+          "full", "errors", "not_worth", "not_stored", "drew", "checked", "differed")
 """Counter columns (see ``telemetry.stats.CacheStats`` for their meaning)."""
 _F = {n: i for i, n in enumerate(FIELDS)}
 PROBE_EVERY = 32
@@ -47,12 +56,15 @@ class Counters:
 
     ``costs``: per row and tier, the seconds of a lookup and of computing the form (medians a
     process measured), so a new worker or a new epoch starts from what others measured.
+    ``verdicts``: each form's check (``cache/verify.py``), so a form found to differ is off in
+    every worker.
     """
 
     def __init__(self, ctx: Any, rows: int) -> None:
         self.rows = rows
         self.values = ctx.RawArray("q", rows * len(FIELDS))
         self.costs = ctx.RawArray("d", rows * len(TIERS) * 2)
+        self.verdicts = Verdicts(ctx)
 
     def set_cost(self, row: int, tier: str, which: int, seconds: float) -> None:
         self.costs[(row * len(TIERS) + TIERS.index(tier)) * 2 + which] = seconds
@@ -104,7 +116,7 @@ class Insert:
         """Called by the runner after each step with its output."""
         c = self.client
         tier = c.at_position.get(position)
-        if tier is None:
+        if tier is None or c.counters.verdicts.state(tier) == DIFFERS:  # not what it computes
             return
         if tier in c.full:  # counted in ``commit`` unless another form is stored
             self.skipped_full = True
@@ -193,6 +205,9 @@ class CacheClient:
         self._encode_s: dict[str, deque[float]] = {}  # tier -> seconds encoding its forms took
         self._encode_median: dict[str, float] = {}  # of ``_encode_s``, once measured enough
         self._store_probe = 0
+        self._checks: dict[tuple[int, str], tuple[int, int]] = {}
+        """(counter row, tier) -> hits checked this epoch, and how many are to be
+        (``cache/verify.py``)."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {"layout": self.layout, "backend": self.backend, "counters": self.counters,
@@ -214,6 +229,7 @@ class CacheClient:
                 self._ns = {t.name: t.namespace(base_seed, epoch) for t in self.tiers}
                 self._epoch_key = (base_seed, epoch)
                 self.full = set()  # a new epoch may make older entries evictable
+                self._checks = {}  # each worker checks its first hits of every epoch
                 forget = getattr(self.backend, "forget_full", None)  # the memory backend's
                 if forget is not None:  # shards found full, likewise
                     forget()
@@ -223,15 +239,18 @@ class CacheClient:
                draw: int = 0) -> tuple[int, Any] | None:
         """``(next step, value)`` from the most processed cached form, or None on a miss.
         ``draw`` above 0 (a repeat of its index this epoch, ``runtime/draws.py``): the seeded
-        forms are not looked up (they are the first draw's).
+        forms are not looked up (they are the first draw's). A form found to differ from what
+        its steps compute is not looked up; a hit due for a check (``check_due``) gives a
+        ``verify.Check`` as its value: the caller computes the form and compares.
 
         Raises ``codec.CorruptEntry`` when an entry under a valid key is not in the raw format.
         """
         ns = self.namespaces(base_seed, epoch)
         self.counters.add(row, "lookups")
         self._probe += 1
+        verdicts = self.counters.verdicts
         for t in self.tiers:
-            if draw and t.seeded:
+            if draw and t.seeded or verdicts.state(t.name) == DIFFERS:
                 continue
             # an ODS tier is always looked up: ODS chose the sample because it is cached, and
             # the lookup is the use that lets the entry be evicted once every job had it
@@ -239,12 +258,14 @@ class CacheClient:
                 self.counters.add(row, "not_worth")
                 continue
             key = sample_key(ns[t.name], index)
+            check = not t.shared and self.check_due(t.name, row)
+            decode = kept if check else codec.decode
             t0 = time.perf_counter()
             try:
                 if t.shared or t.name in self.ods_tiers:  # served once / reference-counted
-                    value = self.backend.take(key, t.name, codec.decode)
+                    value = self.backend.take(key, t.name, decode)
                 else:
-                    value = self.backend.get(key, codec.decode)
+                    value = self.backend.get(key, decode)
             except codec.CorruptEntry:
                 raise
             except Exception as e:  # noqa: BLE001 - continue uncached
@@ -253,8 +274,24 @@ class CacheClient:
             self._record(t.name, 0, time.perf_counter() - t0, row)
             if value is not None:
                 self.counters.add(row, f"hit_{t.name}")
+                if check:
+                    done, limit = self._checks[(row, t.name)]
+                    self._checks[(row, t.name)] = (done + 1, limit)
+                    return t.position + 1, Check(t.name, t.position, value)
                 return t.position + 1, value
         return None
+
+    def check_due(self, tier: str, row: int) -> bool:
+        """A hit of ``tier`` in counter row ``row`` (a worker slot) is to be checked: among
+        its first ``CHECKS_UNVERIFIED`` this epoch where the form was not verified when the
+        epoch's first was due, its first ``CHECKS_VERIFIED`` where it was (``cache/verify.py``). A seeded form shared across
+        epochs (``shared_augmented``) is never checked: it is another epoch's draw by design."""
+        done, limit = self._checks.get((row, tier), (0, 0))
+        if not done:  # its verdict as the worker's first check of the epoch found it
+            limit = (CHECKS_VERIFIED if self.counters.verdicts.state(tier) == VERIFIED
+                     else CHECKS_UNVERIFIED)
+            self._checks[(row, tier)] = (0, limit)
+        return done < limit
 
     def _median(self, tier: str, which: int) -> float | None:
         m = self._medians.get((tier, which))

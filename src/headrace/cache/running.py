@@ -7,6 +7,9 @@ part are as epoch-dependent as the first part's draws made them, so the first dr
 travels with the partial value (``Outcome.drew_at`` -> the ``partial`` message ->
 ``Task.drew_at``) and presets the second part's ``Insert.drew_at``: it stores no unseeded form
 after that step. A sample not handed off carries nothing more (a ``None`` in its task).
+
+A few hits are computed as well and compared with their form (``cache/verify.py``): such a
+sample runs from its ``load`` and delivers the computed value.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from headrace.cache import codec
 from headrace.cache.client import CacheClient
+from headrace.cache.verify import Check, judge, locate
 
 
 def run_cached(
@@ -57,6 +61,10 @@ def run_cached(
             import traceback
 
             return Outcome(None, None, [], (0, e, traceback.format_exc()))
+        if hit is not None and isinstance(hit[1], Check):
+            out = _checked(client, run, index, hit[1], base_seed, epoch, row, drew_at, kwargs)
+            client.observe(out.timings, row)
+            return out
         if hit is not None:  # its prefix drew nothing in the run that stored it
             start, value = hit
             if start >= client.layout.steps:
@@ -76,6 +84,36 @@ def run_cached(
         if out.error is None:
             ins.commit()  # handed off or finished: the forms made so far
     client.observe(out.timings, row)
+    return out
+
+
+def _checked(client: CacheClient, run: Callable[..., Any], index: int, check: Check,
+             base_seed: int, epoch: int, row: int, drew_at: int | None,
+             kwargs: dict[str, Any]) -> Any:
+    """The run of a hit to check (``cache/verify.py``): from ``load``, as a miss; the form is
+    compared with ``check.blob`` right after its step, and the forms after it are inserted as
+    on a hit. The outcome is the computed one, whatever the verdict."""
+    ins = client.inserter(index, base_seed, epoch, check.position + 1, row,
+                          kwargs.get("draw", 0))
+    first = _FirstDraw(drew_at)
+
+    def after(i: int, x: Any) -> None:
+        if i == check.position:
+            check.compare(x)
+        elif i > check.position and ins is not None:
+            ins.after_step(i, x)
+
+    def drew(i: int) -> None:
+        first(i)
+        if ins is not None:
+            ins.drew(i)
+
+    out = run(index, 0, None, base_seed, epoch, after_step=after, on_drew=drew, **kwargs)
+    out.drew_at = first.at
+    if out.error is None and ins is not None:
+        ins.commit()
+    judge(client.counters, check, row,
+          lambda: locate(run, index, base_seed, epoch, check.position, kwargs))
     return out
 
 

@@ -119,6 +119,9 @@ class CacheSession:
         """Counter row of the training process (``num_workers=0``)."""
         self.backend: Any = None
         self.layout: TierLayout | None = None
+        self.step_names: list[str] = []
+        """The executed steps as ``explain()`` names them, by position (load first)."""
+        self._warned: set[str] = set()  # forms found to differ that a warning named
         self.split: dict[str, float] = {}
         self.closed_epochs: list[CacheStats] = []
         self.dropped = False  # the loader went on without it (``drop``)
@@ -180,6 +183,9 @@ class CacheSession:
         # curriculum's size) gets other entries, never the last epoch's
         layout = TierLayout.for_pipeline(executed, self.config.shared_augmented)
         self.layout = layout
+        self.step_names = (["the dataset's __getitem__"] if executed.opaque or executed.embedded
+                           else ["the source's load",
+                                 *(f"step {n!r}" for n in executed.step_names[1:])])
         self.split = default_split(layout, self.config)
         self.plan = None
         forms = tuple(t.name for t in layout.tiers if not (t.seeded and not t.shared))
@@ -283,6 +289,7 @@ class CacheSession:
                      for e, c in zip(epochs[:n], self.closed_epochs, strict=True)) + epochs[n:]
 
     def end_epoch(self, epoch: int) -> None:
+        self.warn_differs()
         self.closed_epochs.append(self.current())
         self.epoch_numbers.append(epoch)
         for history in (self.closed_epochs, self.epoch_numbers, self.predicted):
@@ -312,6 +319,16 @@ class CacheSession:
             budget_by_tier=budgets,
             substituted=ods.substituted if ods else 0, jobs=ods.board.jobs if ods else 0,
         )
+
+    def warn_differs(self) -> None:
+        """Warn once per form found to differ from what its steps compute (a worker's check,
+        ``cache/verify.py``), from the training process, at the end of the epoch."""
+        from headrace.cache.session_explain import differs_lines
+
+        for tier, line in differs_lines(self):
+            if tier not in self._warned:
+                self._warned.add(tier)
+                log.warning("headrace: %s", line)
 
     def explain_lines(self, opaque: bool, epochs: Sequence[EpochStats] = ()) -> list[str]:
         """What ``explain()`` says of the cache (``cache/session_explain.py``)."""

@@ -80,7 +80,61 @@ def explain_lines(self: CacheSession, opaque: bool,
                       if c.drew else "")
                    + (f", {c.substituted} substituted (ODS, {c.jobs} "
                       f"{'job' if c.jobs == 1 else 'jobs'})" if c.jobs else ""))
+    out.extend(_check_lines(self))
     return out
+
+
+def _check_lines(self: CacheSession) -> list[str]:
+    """How many hits were computed again and compared with their form (the whole run), which
+    forms matched and which differed (``cache/verify.py``)."""
+    c = self.counters.totals()
+    if not c["checked"]:
+        return []
+    from headrace.cache.verify import CHECKS_UNVERIFIED, CHECKS_VERIFIED, VERIFIED
+
+    verified = [t.name for t in self.layout.tiers
+                if self.counters.verdicts.state(t.name) == VERIFIED] if self.layout else []
+    out = [f"  checked: {c['checked']} hits computed again and compared with their cached "
+           f"form ({CHECKS_UNVERIFIED} a worker and epoch until a form matches, then "
+           f"{CHECKS_VERIFIED}), {c['differed']} differed; "
+           + (f"verified: {', '.join(verified)} (its steps gave the same bytes)" if verified
+              else "none verified")]
+    out.extend(f"  {line}" for _, line in differs_lines(self))
+    return out
+
+
+def differs_lines(self: CacheSession) -> list[tuple[str, str]]:
+    """(tier, line) for each form found to differ from what its steps compute now."""
+    from headrace.cache.tiers import TIERS
+    from headrace.cache.verify import DIFFERS
+
+    verdicts, names, out = self.counters.verdicts, self.step_names, []
+    for tier in TIERS:
+        if verdicts.state(tier) != DIFFERS:
+            continue
+        t = self.layout.get(tier) if self.layout is not None else None
+        after = f" (after {names[t.position]})" if t is not None and t.position < len(names) else ""
+        steps = verdicts.located(tier)
+        if steps is not None and steps[1] < len(names):
+            lo, hi = steps
+            who = names[hi] if lo == hi else f"one of {', '.join(names[lo:hi + 1])}"
+            fix = ("move the draw into a step declared random=True, drawing from the rng it is "
+                   "given (a source's load is given none)" if hi == 0 and len(names) > 1
+                   else "declare it random=True and draw from the rng it is given")
+            why = (f"{who} gives another output for the same input and seed in each run: it "
+                   "draws from a generator headrace does not see (another module's, one it "
+                   "makes itself, such as np.random.default_rng() or torch.Generator().seed()); "
+                   f"fix: {fix}")
+        else:
+            why = ("two more runs of its steps agree, so what they read changed since it was "
+                   "stored (a global the script changed, another job's entry); if a step draws "
+                   "from a generator of its own, declare it random=True and draw from the rng "
+                   "it is given")
+        out.append((tier, f"the {tier} form{after} differed from what its steps compute now "
+                    f"(a hit computed again): {why}. The {tier} form is neither served nor "
+                    "stored for the rest of this run; the computed samples were delivered"))
+    return out
+
 
 def _ods_lines(self: CacheSession) -> list[str]:
     if not self.config.ods:

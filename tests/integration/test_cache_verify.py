@@ -1,0 +1,148 @@
+"""The cache checks some hits against what their steps compute (``cache/verify.py``).
+
+A step or a source drawing from a generator headrace cannot see (another module's, one it makes
+itself, a source's module global) had its first epoch's output served in every later epoch:
+the same value each epoch where torch and ``cache=None`` drew anew (a cache review: 5 of 14
+placements, hits [0, 8, 8]; ``explain()`` said nothing). A checked hit now computes its form
+too; a form that differs is not served again, and ``explain()`` names the step and the fix."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import headrace as hr
+from tests.integration import hidden_rng
+
+pytestmark = pytest.mark.integration
+N = 8
+
+
+def _work() -> None:
+    """Simulated work (about 0.3 ms): a step whose output is worth storing and looking up."""
+    m = np.ones((32, 32))
+    for _ in range(4):
+        np.linalg.svd(m)
+
+
+class Src:
+    def __len__(self) -> int:
+        return N
+
+    def load(self, i: int) -> np.ndarray:
+        return np.full((16, 2), i, np.float32)
+
+
+SRC_RNG = [np.random.default_rng()]  # a stream of its own in each process (``hidden_rng``)
+os.register_at_fork(after_in_child=lambda: SRC_RNG.__setitem__(0, np.random.default_rng()))
+
+
+class SrcModuleGlobal(Src):
+    def load(self, i: int) -> np.ndarray:
+        return np.full((16, 2), i, np.float32) + np.float32(SRC_RNG[0].random())
+
+
+class SrcOtherModule(Src):
+    def load(self, i: int) -> np.ndarray:
+        return np.full((16, 2), i, np.float32) + np.float32(hidden_rng.RNG.random())
+
+
+def via_other_module(x: np.ndarray) -> np.ndarray:
+    _work()
+    return hidden_rng.jitter(x)
+
+
+def fresh_numpy(x: np.ndarray) -> np.ndarray:
+    _work()
+    return x + np.float32(np.random.default_rng().random())
+
+
+def fresh_torch(x: np.ndarray) -> np.ndarray:
+    _work()
+    g = torch.Generator()
+    g.seed()
+    return x + np.float32(torch.rand(1, generator=g).item())
+
+
+def ident(x: np.ndarray) -> np.ndarray:
+    _work()
+    return x * 1
+
+
+CASES = {  # source, step, what explain() names
+    "helper drawing from its module's generator": (Src, via_other_module, "step 's'"),
+    "unseeded np.random.default_rng() in the step": (Src, fresh_numpy, "step 's'"),
+    "torch.Generator().seed() in the step": (Src, fresh_torch, "step 's'"),
+    "load drawing from its module's generator": (SrcModuleGlobal, ident, "the source's load"),
+    "load drawing from another module's generator": (SrcOtherModule, ident, "the source's load"),
+}
+
+
+def _loader(src: type, step, workers: int, executor: str) -> hr.DataLoader:
+    return hr.DataLoader(hr.Pipeline(src(), [hr.step(step, name="s")]), batch_size=4,
+                         num_workers=workers, persistent_workers=workers > 0,
+                         options=hr.Options(seed=0, profile_store=False, executor=executor,
+                                            cache=hr.Cache(budget_bytes=1 << 20)))
+
+
+def _epoch(loader: hr.DataLoader) -> dict[int, float]:
+    """Each sample's value (index + its draw, in [index, index + 1)), by index."""
+    values = torch.cat(list(loader))[:, 0, 0].tolist()
+    return {int(v): v for v in values}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(("workers", "executor"),
+                         [(0, "processes"), (2, "processes"), (2, "threads")])
+def test_a_hidden_generator_is_never_served_its_first_epochs_draws(no_leaks, case, workers,
+                                                                   executor) -> None:
+    src, step, culprit = CASES[case]
+    loader = _loader(src, step, workers, executor)
+    try:
+        epochs = [_epoch(loader) for _ in range(3)]
+        totals = loader.cache.counters.totals()
+        text = loader.explain()
+    finally:
+        loader.close()
+    assert all(sorted(e) == list(range(N)) for e in epochs)
+    # every epoch draws anew, as with torch and cache=None: no sample has epoch 1's value
+    for later in epochs[1:]:
+        assert all(later[i] != epochs[0][i] for i in range(N)), (epochs, text)
+    assert totals["differed"] >= 1
+    assert "decoded form (after step 's') differed from what its steps compute" in text
+    assert f"{culprit} gives another output for the same input" in text
+    assert "random=True" in text
+
+
+def test_a_form_found_to_differ_is_warned_about_once_and_no_longer_looked_up(no_leaks, caplog):
+    loader = _loader(Src, via_other_module, 0, "processes")
+    try:
+        with caplog.at_level(logging.WARNING, logger="headrace"):
+            for _ in range(3):
+                _epoch(loader)
+        hits = [e.cache.hits for e in loader.stats().epochs]
+    finally:
+        loader.close()
+    warned = [r for r in caplog.records if "differed from what its steps compute" in r.message]
+    assert len(warned) == 1 and "step 's'" in warned[0].message
+    assert hits == [0, 1, 0]  # the checked hit, computed; then the form is off
+
+
+def test_a_deterministic_form_is_verified_and_still_served(no_leaks) -> None:
+    loader = _loader(Src, ident, 0, "processes")
+    try:
+        epochs = [_epoch(loader) for _ in range(3)]
+        hits = [e.cache.hits for e in loader.stats().epochs]
+        totals = loader.cache.counters.totals()
+        text = loader.explain()
+    finally:
+        loader.close()
+    assert epochs[0] == epochs[1] == epochs[2]
+    assert hits == [0, N, N]
+    # epoch 2: two checks while unverified (CHECKS_UNVERIFIED), epoch 3: one (CHECKS_VERIFIED)
+    assert (totals["checked"], totals["differed"]) == (3, 0)
+    assert "verified: decoded" in text and "differed from" not in text
