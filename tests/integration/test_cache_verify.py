@@ -82,9 +82,10 @@ CASES = {  # source, step, what explain() names
 }
 
 
-def _loader(src: type, step, workers: int, executor: str) -> hr.DataLoader:
+def _loader(src: type, step, workers: int, executor: str,
+            persistent: bool = True) -> hr.DataLoader:
     return hr.DataLoader(hr.Pipeline(src(), [hr.step(step, name="s")]), batch_size=4,
-                         num_workers=workers, persistent_workers=workers > 0,
+                         num_workers=workers, persistent_workers=persistent and workers > 0,
                          options=hr.Options(seed=0, profile_store=False, executor=executor,
                                             cache=hr.Cache(budget_bytes=1 << 20)))
 
@@ -96,12 +97,13 @@ def _epoch(loader: hr.DataLoader) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize(("workers", "executor"),
-                         [(0, "processes"), (2, "processes"), (2, "threads")])
+@pytest.mark.parametrize(("workers", "executor", "persistent"),
+                         [(0, "processes", False), (2, "processes", True),
+                          (2, "processes", False), (2, "threads", True)])
 def test_a_hidden_generator_is_never_served_its_first_epochs_draws(no_leaks, case, workers,
-                                                                   executor) -> None:
+                                                                   executor, persistent) -> None:
     src, step, culprit = CASES[case]
-    loader = _loader(src, step, workers, executor)
+    loader = _loader(src, step, workers, executor, persistent)
     try:
         epochs = [_epoch(loader) for _ in range(3)]
         totals = loader.cache.counters.totals()
