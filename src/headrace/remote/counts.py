@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from headrace.remote.proxy_options import DRAWN_IN_A_ROW, LOAD_DREW, NOT_LOADED
+
 log = logging.getLogger("headrace")
 
 SampleKey = tuple[int, int, int]
@@ -98,7 +100,10 @@ class RemoteCounts:
     forms made remotely stored (``docs/design.md``); ``loaded_again``: samples a proxy loaded
     for its actor (``Remote(read_source=False)``) and handed back to the local workers, which
     load them again, because the loaded value would not have arrived as it is
-    (``proxy_options.LoadLocally``; not in ``remote_samples``).
+    (``proxy_options.LoadLocally``; not in ``remote_samples``), or because the load drew from
+    a global random generator (``load_drew`` of them); ``not_loaded``: samples the proxies
+    handed to the local workers without loading them, their loads having drawn
+    (``ProxyOptions.loads_stopped``).
 
     Each sample counts once in ``remote_samples``. One handed back at the split point
     (``AT_SPLIT``) is remembered while it is in flight: when a replan has moved the split
@@ -116,6 +121,8 @@ class RemoteCounts:
         self.lost = 0
         self.uncached = 0
         self.loaded_again = 0
+        self.load_drew = 0
+        self.not_loaded = 0
         self._count_lock = threading.Lock()
         self._at_split: set[SampleKey] = set()  # counted at a split, maybe still in flight
 
@@ -152,11 +159,24 @@ class RemoteCounts:
             self.resumed_remote += 1
 
     def _loaded_again(self, why: str) -> None:
-        """A proxy handed a sample it loaded back to the local workers because of ``why``
-        (``runtime/faithful.py``); the first one of the loader is said in a warning."""
+        """A proxy handed a sample back to the local workers because of ``why``
+        (``runtime/faithful.py``'s reason, ``LOAD_DREW``, or ``NOT_LOADED``: it did not load
+        it); the first one of the loader and the first not loaded are said in a warning."""
         with self._count_lock:
-            self.loaded_again += 1
-            first = self.loaded_again == 1
+            if why == NOT_LOADED:
+                self.not_loaded += 1
+                first, stopped = False, self.not_loaded == 1
+            else:
+                self.loaded_again += 1
+                self.load_drew += why == LOAD_DREW
+                first, stopped = self.loaded_again == 1, False
+        if stopped:
+            log.warning("headrace: the remote workers' proxies (Remote(read_source=False)) "
+                        "of the running pool load no more samples: %d of their loads in a row "
+                        "drew from a global random generator. The samples they take go to "
+                        "the local workers unloaded (said once per loader; counted in "
+                        "loader.remote.not_loaded; "
+                        "docs/design.md, \"A proxy's load that draws\")", DRAWN_IN_A_ROW)
         if first:
             log.warning("headrace: a sample loaded for a remote worker (Remote(read_source="
                         "False)) was not sent to it: %s. A local worker loads it again and runs "

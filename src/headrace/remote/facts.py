@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from headrace.remote.proxy_options import DRAWN_IN_A_ROW
+
 if TYPE_CHECKING:
     from headrace.planner.explain import RemoteFacts
     from headrace.remote.session import RemoteSession
@@ -46,9 +48,20 @@ def remote_facts(session: RemoteSession, pool: WorkerPool | None, steps: list[st
                      "sample(s) they ran from the start were not looked up there, nor were the "
                      "forms they made stored")
     if session.loaded_again:  # Remote(read_source=False): docs/design.md
+        drew = session.load_drew
+        whys = [f"{session.loaded_again - drew} as the loaded value does not pickle, or "
+                "parts of it share memory"] if session.loaded_again > drew else []
+        if drew:
+            whys.append(f"{drew} as the load drew from a global random generator, which the "
+                        "training process does not seed per sample")
+        why = "; ".join(whys)
         extra.append(f"  local load: {session.loaded_again} sample(s) loaded for remote workers "
-                     "were not sent (the loaded value does not pickle, or parts of it share "
-                     "memory): local workers loaded them again and ran them whole")
+                     f"were not sent ({why}): local workers loaded them again and ran them "
+                     "whole")
+    if session.not_loaded:
+        extra.append(f"  local load: {session.not_loaded} sample(s) remote workers took were "
+                     "not loaded for them, as their loads drew from a global random generator "
+                     f"({DRAWN_IN_A_ROW} in a row): local workers ran them whole")
     if not workers:  # between epochs without persistent workers ("0 local" before): the
         # counts the next epoch starts with (``attach``, ``adopt``), remote ones only once
         # Ray has placed one of them (else the cluster has no room for them)

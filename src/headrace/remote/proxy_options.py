@@ -5,11 +5,85 @@ count: ``remote/counts.py``). No Ray here: the proxies themselves are
 
 from __future__ import annotations
 
+import ctypes
+import struct
+import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
+import torch
+
+from headrace.pipeline.seeding import draw_mark
 from headrace.remote.config import Remote
 from headrace.runtime.worker import Task
+
+LOAD_DREW = ("its load drew from a global random generator (Python's random, numpy.random or "
+             "torch's default one), which the training process, where it ran, does not seed "
+             "per sample")
+"""Why a proxy hands back a sample whose load it saw draw (``LoadLocally.why``)."""
+NOT_LOADED = ("the proxies of this pool load no more samples: their loads drew from a global "
+              "random generator")
+"""Why a proxy hands back a sample it did not load (``ProxyOptions.loads_stopped``)."""
+DRAWN_IN_A_ROW = 16
+"""Loads seen drawing one after another (all proxies of a pool) after which its proxies load no
+more samples (``ProxyOptions.loaded``). Not 1: a draw the training loop makes in its own thread
+while a proxy loads looks the same (and costs that sample a second load only). A thread loading
+back to back saw 8.5% of its loads "draw" beside a loop drawing once per 20 ms step, 26%
+(at most 4 in a row) beside CPU training with dropout: 16 in a row at 26% is about 1 in 10^10
+loads. A load that always draws costs 16 samples a second load, and the training loop's
+generators 16 loads' draws, per pool (docs/design.md, "A proxy's load that draws from a
+global generator")."""
+
+
+def _numpy_gauss_at(rs: Any) -> int | None:
+    """Offset in NumPy's legacy ``RandomState`` ``rs`` of its cached Gaussian (``has_gauss``, a
+    C int, then the value, a double 8 bytes on), found on a ``RandomState`` of this module's
+    own and checked: a draw caches one, the next serves it, and ``rs``'s ``get_state`` agrees.
+    None where the layout is another (``load_mark`` then reads ``get_state``, about 40 µs)."""
+    probe: Any = np.random.RandomState(1)  # get_state(): (name, key, pos, has_gauss, gauss)
+    size = type(probe).__basicsize__
+    try:
+        probe.standard_normal()
+        cached = struct.pack("d", probe.get_state()[4])
+        raw = ctypes.string_at(id(probe), size)
+        found = [i - 8 for i in range(16, size - 7, 8) if raw[i:i + 8] == cached]
+        if len(found) != 1 or type(rs) is not type(probe):
+            return None
+        at = found[0]
+
+        def read(r: Any) -> tuple[int, bytes]:
+            return ctypes.c_int.from_address(id(r) + at).value, ctypes.string_at(id(r) + at + 8, 8)
+
+        probe.standard_normal()
+        st: Any = rs.get_state()
+        if read(probe)[0] != 0 or read(rs)[0] != st[3] or (
+                st[3] and read(rs)[1] != struct.pack("d", st[4])):
+            return None
+    except Exception:  # noqa: BLE001 - another NumPy: its state is read instead
+        return None
+    return at
+
+
+_RAND: Any = getattr(getattr(np.random, "mtrand", None), "_rand", None)
+"""The ``RandomState`` that ``np.random.random()`` and the other module functions draw from."""
+_GAUSS_AT = _numpy_gauss_at(_RAND) if _RAND is not None else None
+
+
+def load_mark() -> tuple[Any, ...]:
+    """What any draw from Python's, NumPy's or torch's global generator changes, where they
+    are not seeded before it (a proxy's load, in the training process): ``seeding.draw_mark``
+    and, besides, NumPy's legacy cached Gaussian and torch's whole state. A Gaussian served
+    from the cache an earlier draw left moves no twister: ``draw_mark``, taken where the
+    generators were just seeded (which clears those caches), need not see it (a second
+    ``torch.randn(1)`` changes only the last 32 bytes of torch's 5,056). About 5 µs
+    (docs/design.md)."""
+    if _GAUSS_AT is not None:
+        gauss: Any = ctypes.string_at(id(_RAND) + _GAUSS_AT, 16)
+    else:
+        legacy = np.random.get_state(legacy=False)
+        gauss = (legacy["has_gauss"], legacy["gauss"])
+    return draw_mark(), gauss, torch.default_generator.get_state().numpy().tobytes()
 
 
 class LoadLocally(NamedTuple):
@@ -20,6 +94,7 @@ class LoadLocally(NamedTuple):
     whole, as without remote workers. It never goes back to a proxy, so it cannot loop."""
 
     why: str
+    """``runtime/faithful.py``'s reason, ``LOAD_DREW`` or ``NOT_LOADED``."""
 
 
 class ProxyOptions:
@@ -32,7 +107,8 @@ class ProxyOptions:
     it started; ``on_resumed()``: a sample resumed at a later step was sent;
     ``on_started(slot)``: an actor runs; ``on_start_failed(slot, cause)``: an actor died before
     it ran (``cause``: ``remote/starts.py``'s ``start_cause``); ``on_loaded_again(why)``: a
-    sample loaded here was handed back to the local workers (``LoadLocally``).
+    sample loaded here, or taken with ``loads_stopped``, was handed back to the local workers
+    (``LoadLocally``).
     """
 
     def __init__(self, cfg: Remote, pipeline: Any, steps: int, processes: bool,
@@ -60,6 +136,29 @@ class ProxyOptions:
         self.stops: Any = None
         """Per-sample split (near storage: ``stops[sample]``, ``remote/storage.py``; None:
         ``stop`` for every sample)."""
+        self.loads_stopped = False
+        """The proxies load no sample (``Remote(read_source=False)``): ``DRAWN_IN_A_ROW``
+        loads in a row drew from a global generator. A sample they take goes back to the
+        local workers unloaded (``NOT_LOADED``). Not set from ``runtime/python_draws.py``'s
+        flags: they say the load drew for some sample, maybe one in many, whose load alone
+        the watch sends back."""
+        self._drawn_in_a_row = 0
+        self._lock = threading.Lock()  # every proxy thread of the pool reports its loads
+
+    def loaded(self, drew: bool) -> None:
+        """(Proxy) a load here drew from a global generator (``load_mark`` changed around
+        it), or not; ``DRAWN_IN_A_ROW`` drawing loads in a row stop the loads."""
+        with self._lock:
+            self._drawn_in_a_row = self._drawn_in_a_row + 1 if drew else 0
+            if self._drawn_in_a_row >= DRAWN_IN_A_ROW:
+                self.loads_stopped = True
+
+    def hand_back(self, task: Task, why: str) -> tuple[Any, ...]:
+        """(Proxy) The message that gives ``task`` back at step 0, for a local worker to load
+        and run whole (``LoadLocally``), counted (``on_loaded_again``)."""
+        if self.on_loaded_again is not None:
+            self.on_loaded_again(why)
+        return ("msg", ("partial", task.tid, 0, LoadLocally(why), [], 0, None, None))
 
     def stop_for(self, sample: int) -> int:
         """Where the remote part of ``sample`` ends."""

@@ -63,7 +63,7 @@ from headrace.remote.config import Remote
 from headrace.remote.counts import Outcomes, outcome
 from headrace.remote.link import PROBE_BUDGET_S, PROBE_BYTES, LinkEcho, LinkMeasure
 from headrace.remote.payload import pack, unpack
-from headrace.remote.proxy_options import LoadLocally, ProxyOptions
+from headrace.remote.proxy_options import LOAD_DREW, NOT_LOADED, ProxyOptions, load_mark
 from headrace.remote.starts import start_cause
 from headrace.runtime.faithful import why_it_stays
 from headrace.runtime.outbox import qualname
@@ -263,6 +263,8 @@ def _wait_placed(actor: Any, tasks: RemoteTasks, slot: int,
 def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: Any,
              opts: ProxyOptions, setup: WorkerSetup, outcomes: Outcomes) -> None:
     slot = setup.slot
+    # the training process's global generators are the training loop's: not re-seeded here
+    # (a load that draws from them goes back to the local workers: ``_submit``)
     local = SampleRunner(setup.pipeline, None, False) if opts.read_local else None
     # object ref -> (task, local timings, the step its remote part ends at)
     inflight: dict[Any, tuple[Task, list[Any], int]] = {}
@@ -321,7 +323,14 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
     worker to load again and run whole (``LoadLocally``; its load here is not timed in the
     profile). The check runs on every sample loaded here, all of which cross: 2 to 9 µs
     (bytes, an array, a dict of a tensor and metadata), against about 1 ms for the call to
-    the actor that it precedes (docs/design.md)."""
+    the actor that it precedes (docs/design.md).
+
+    So does a sample whose load drew from a global random generator (``load_mark`` around
+    it): here they are the training loop's, not seeded per sample (nor seeded and restored:
+    the training loop may draw meanwhile, in its thread), and the partial value would travel
+    without the ``drew_at`` that keeps the cache from storing its later forms. After
+    ``DRAWN_IN_A_ROW`` such loads in a row the pool's proxies load no more
+    (``ProxyOptions.loads_stopped``): each sample they take goes back unloaded."""
     value = None
     before: list[Any] = []
     stop = opts.stop_for(task.sample)
@@ -333,8 +342,15 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
         if opts.on_resumed is not None:
             opts.on_resumed()
     elif local is not None:  # the source is not reachable remotely: load here
+        if opts.loads_stopped:  # its loads draw from the global generators: load none here
+            return opts.hand_back(task, NOT_LOADED)
+        mark = load_mark()
         out = local.run(task.sample, 0, None, task.base_seed, task.epoch,
                         hand_off=lambda _next, _spent: True, draw=task.draw)
+        drew = load_mark() != mark
+        opts.loaded(drew)
+        if drew:  # unseeded here (its error, too, may be the draw's): a local worker loads it
+            return opts.hand_back(task, LOAD_DREW)
         if out.error is not None:
             step, exc, tb = out.error
             return ("msg", ("error", task.tid, step, picklable_class(type(exc)),
@@ -344,9 +360,7 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
             return ("msg", ("done", task.tid, out.value, out.timings, 0, None))
         why = why_it_stays(out.value)  # every sample loaded here crosses (the cost: above)
         if why is not None:  # it would not arrive as it is: a local worker runs it whole
-            if opts.on_loaded_again is not None:
-                opts.on_loaded_again(why)
-            return ("msg", ("partial", task.tid, 0, LoadLocally(why), [], 0, None, None))
+            return opts.hand_back(task, why)
         value, before = out.value, out.timings
         task = task._replace(start=out.next_step)
         if stop <= task.start:  # the split is at the load: nothing to run remotely
