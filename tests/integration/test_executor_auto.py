@@ -8,6 +8,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
+from torch.utils.data import default_collate
 
 import headrace as hr
 from tests.helpers import ArraySource, IndexDataset, noise
@@ -223,6 +225,23 @@ def test_a_step_calling_get_worker_info_keeps_processes(no_leaks):
     assert d is not None and d.executor == "processes"
     assert "step 'worker_id' calls get_worker_info()" in d.reason
     assert "'worker_id' calls get_worker_info()" in explained
+
+
+def stack_crops(x: np.ndarray) -> torch.Tensor:
+    # torch's default_collate asks get_worker_info() only to choose where to allocate
+    return default_collate([torch.from_numpy(x)] * 4)
+
+
+def test_torchs_own_call_of_get_worker_info_inside_a_step_does_not_keep_processes(no_leaks):
+    pipe = hr.Pipeline(ArraySource(120), [hr.step(sleepy, name="sleepy"),
+                                          hr.step(stack_crops, name="stack_crops")])
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    try:
+        run_epochs(loader, 2)
+        d = loader.monitor.executor_decision
+    finally:
+        loader.close()
+    assert d is not None and "get_worker_info" not in d.reason, d.reason
 
 
 def last_worker_id(x: np.ndarray) -> np.ndarray:

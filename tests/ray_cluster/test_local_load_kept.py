@@ -126,3 +126,25 @@ def test_a_loaded_value_that_does_not_pickle_is_not_shipped(ray_cluster, no_acto
     assert any(s[2] >= 1 for s in got if s[0] % 2 == 0), "no sample ran remotely"
     assert all(s[2] == 0 for s in got if s[0] % 2 == 1), "a file was shipped"
     assert loader.remote.loaded_again > 0
+
+
+@pytest.mark.timeout(180)
+def test_a_sample_handed_back_unshipped_is_not_counted_as_a_hand_off(ray_cluster,
+                                                                     no_actor_leaks):
+    # with a timeout no sample reaches, the hand-backs were counted as slow-lane samples and as
+    # moves (whose CPU cost explain() then quoted as measured), beside "no hand-off yet"
+    pipe = hr.Pipeline(Views(), [hr.step(brighten), hr.step(sums)])
+    remote = _not_readable_remotely()
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, collate_fn=ident_collate,
+                           options=hr.Options(seed=5, remote=remote, sample_timeout_s=60.0))
+    it = iter(loader)
+    try:
+        wait_until(lambda it=it: remote_ready(it, WORKERS))
+        got = [s for b in it for s in b]
+        forwarded = it.scheduler.counters.forwarded
+    finally:
+        del it
+        loader.close()
+    assert sorted(s[0] for s in got) == list(range(N))
+    assert loader.remote.loaded_again > 0
+    assert loader.stats().last.slow_samples == 0 and forwarded == 0

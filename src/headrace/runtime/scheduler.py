@@ -342,6 +342,12 @@ class Scheduler:
                 # copied out of the worker's ring; large arrays go to the next worker by shared memory
                 payload = encode(ring_decode(payload, ring, decode))
                 ring.read_pos.value = ring_end
+            if next_step == 0 and not timings:
+                # handed back with nothing run (a Ray proxy that would not ship its load,
+                # remote/proxy_options.py): not a move, not slow, and no part of a profile
+                rec.task = rec.task._replace(payload=payload)
+                self.lanes.backlog.append(rec)
+                return
             self.counters.forward_cpu_s += time.thread_time() - c0
             self.counters.forwarded += 1
             rec.step_s += sum(t.wall for t in timings)

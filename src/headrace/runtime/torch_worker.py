@@ -93,13 +93,22 @@ def watch_worker_info_reads(reads: Any, steps: Any, slot: int) -> None:
     torch.utils.data import get_worker_info`` binds it at import), so its code is swapped for
     :func:`_noting_get_worker_info`, which returns what torch's returns, and put back at the
     first call: from then on, and in a process whose steps never call it, the watch costs
-    nothing. A probing worker process only: the training process's function is never touched."""
+    nothing. A probing worker process only: the training process's function is never touched.
+    Calls from torch's own data utilities are not the step's: ``default_collate`` asks it only
+    to choose where to allocate (a step stacking crops with it was kept on processes, named
+    as calling ``get_worker_info()``, by a review); they are let through, watched on (a frame
+    read, about a microsecond a call, in the probing epoch only)."""
+    import sys
+
     from torch.utils.data._utils import worker as tw
 
     fn = tw.get_worker_info
     original = fn.__code__
 
     def noted() -> None:
+        # the caller of get_worker_info: two frames up (this, then its swapped code)
+        if sys._getframe(2).f_globals.get("__name__", "").startswith("torch.utils.data."):
+            return
         fn.__code__ = original
         if not reads[slot]:
             reads[slot] = steps[slot] + 1
