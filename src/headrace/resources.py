@@ -77,23 +77,39 @@ def group_dirs(mounts: list[tuple[str, str, str, set[str]]], groups: dict[str, s
 
 def memory_left(read: Callable[[str], str | None], v2: list[str], v1: list[str]) -> int | None:
     """Bytes the cgroup still lets this process's group use (``None``: no limit found).
-    ``read(path)``: a file's text, or ``None`` when it cannot be read."""
+    ``read(path)``: a file's text, or ``None`` when it cannot be read. The page cache the
+    group's usage counts is given back where the kernel can drop it: its file pages, active
+    and inactive, less those dirty or under writeback (as the host's ``MemAvailable``
+    counts them; ``/dev/shm`` pages are not file pages there). With the inactive ones
+    alone, a dataset read every epoch stayed in the active list, and ``num_workers="auto"``'s
+    budget, read at each decision, shrank to what the workers held (a review: 3.40 to 1.00
+    GiB under an 8 GiB limit, 4.5 GiB of it droppable)."""
     best: int | None = None
     for d in v2:
         limit = _number(read(os.path.join(d, "memory.max")))
         used = _number(read(os.path.join(d, "memory.current")))
         if limit is None or limit >= UNLIMITED or used is None:
             continue
-        left = limit - used + _stat(read(os.path.join(d, "memory.stat")), "inactive_file")
+        left = limit - used + _droppable(read(os.path.join(d, "memory.stat")), "")
         best = left if best is None else min(best, left)
     if v1:  # the group's own statistics carry the tightest limit of its ancestors
         stat = read(os.path.join(v1[0], "memory.stat"))
         limit = _stat(stat, "hierarchical_memory_limit") or None
         used = _number(read(os.path.join(v1[0], "memory.usage_in_bytes")))
         if limit is not None and limit < UNLIMITED and used is not None:
-            left = limit - used + _stat(stat, "total_inactive_file")
+            left = limit - used + _droppable(stat, "total_")
             best = left if best is None else min(best, left)
     return None if best is None else max(0, best)
+
+
+def _droppable(stat: str | None, prefix: str) -> int:
+    """Page cache bytes a cgroup's ``memory.stat`` shows the kernel can drop: file pages,
+    active and inactive, less dirty and writeback ones (v2 names; v1's have ``total_`` before
+    them, and ``dirty``/``writeback`` for the file ones)."""
+    files = _stat(stat, prefix + "active_file") + _stat(stat, prefix + "inactive_file")
+    busy = (_stat(stat, prefix + ("file_dirty" if not prefix else "dirty"))
+            + _stat(stat, prefix + ("file_writeback" if not prefix else "writeback")))
+    return max(0, files - busy)
 
 
 def cpu_quota(read: Callable[[str], str | None], v2: list[str], v1: list[str]) -> float | None:

@@ -65,6 +65,17 @@ def test_cgroup_v2_takes_the_tightest_ancestor():
         "/sys/fs/cgroup/user.slice/cpu.max": "max 100000\n",
     })
     assert r.memory_left(read, dirs, []) == 4_000_000_000 - 3_000_000_000 + 500_000_000
+    # a dataset read every epoch sits in the active list: droppable too, less what is dirty
+    cached = files({"/g/memory.max": "8000000000\n", "/g/memory.current": "7000000000\n",
+                    "/g/memory.stat": "anon 2500000000\nactive_file 4000000000\n"
+                                      "inactive_file 500000000\nfile_dirty 100000000\n"
+                                      "file_writeback 0\n"})
+    assert r.memory_left(cached, ["/g"], []) == 1_000_000_000 + 4_400_000_000
+    v1 = files({"/m/memory.stat": "hierarchical_memory_limit 8000000000\n"
+                                  "total_active_file 4000000000\ntotal_inactive_file 0\n"
+                                  "total_dirty 500000000\ntotal_writeback 0\n",
+                "/m/memory.usage_in_bytes": "7000000000\n"})
+    assert r.memory_left(v1, [], ["/m"]) == 1_000_000_000 + 3_500_000_000
     assert r.cpu_quota(read, dirs, []) == 2.0
     # over its limit (usage may exceed memory.max briefly): nothing left, never negative
     over = files({"/g/memory.max": "100\n", "/g/memory.current": "150\n"})
