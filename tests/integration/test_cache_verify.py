@@ -148,3 +148,69 @@ def test_a_deterministic_form_is_verified_and_still_served(no_leaks) -> None:
     # epoch 2: two checks while unverified (CHECKS_UNVERIFIED), epoch 3: one (CHECKS_VERIFIED)
     assert (totals["checked"], totals["differed"]) == (3, 0)
     assert "verified: decoded" in text and "differed from" not in text
+
+
+KEY_ORDER = "HEADRACE_TEST_KEY_ORDER"
+"""The environment variable ``split`` builds its dict's key order from (workers inherit it)."""
+PARTS = ("image", "mask", "depth", "boxes", "labels")
+
+
+def split(x: np.ndarray) -> dict[str, np.ndarray]:
+    """A deterministic step whose dict's key order follows the process, as one built from a set
+    of strings does (each process has its own string-hash seed: spawned workers, a restarted
+    job, two jobs sharing one Redis): equal values, other encodings."""
+    _work()
+    keys = sorted(PARTS, reverse=os.environ.get(KEY_ORDER) == "reversed")
+    return {k: x * len(k) for k in keys}
+
+
+@pytest.mark.parametrize(("workers", "executor", "persistent", "context"),
+                         [(0, "processes", False, None), (2, "processes", False, None),
+                          (2, "threads", True, None), (2, "processes", False, "spawn")])
+def test_a_dict_in_another_key_order_is_the_same_value(no_leaks, monkeypatch, workers,
+                                                       executor, persistent, context) -> None:
+    # each epoch's processes build the dicts in another key order than the epoch before
+    loader = hr.DataLoader(hr.Pipeline(Src(), [hr.step(split, name="split")]), batch_size=4,
+                           num_workers=workers, persistent_workers=persistent,
+                           multiprocessing_context=context,
+                           options=hr.Options(seed=0, profile_store=False, executor=executor,
+                                              cache=hr.Cache(budget_bytes=1 << 22)))
+    try:
+        epochs = []
+        for order in ("sorted", "reversed", "sorted")[:2 if context else 3]:
+            monkeypatch.setenv(KEY_ORDER, order)
+            batches = list(loader)
+            epochs.append({k: torch.cat([b[k] for b in batches]) for k in PARTS})
+        hits = [e.cache.hits for e in loader.stats().epochs]
+        totals = loader.cache.counters.totals()
+        text = loader.explain()
+    finally:
+        loader.close()
+    for e in epochs[1:]:
+        assert all(torch.equal(e[k], epochs[0][k]) for k in PARTS)
+    assert totals["checked"] >= 2 and totals["differed"] == 0, text
+    assert hits[1:] == [N] * (len(hits) - 1), (hits, text)  # served in every later epoch
+    assert "verified: decoded" in text and "differed from" not in text
+
+
+def boxes(x: np.ndarray) -> dict[str, object]:
+    """Differs from run to run in one element of one array only: ``['boxes'][3]``."""
+    _work()
+    return {"label": int(x[0, 0]), "boxes": [x[0], x[1], x[2], x[3] + np.float32(hidden_rng.RNG.random())]}
+
+
+def test_the_warning_says_where_the_values_differ(no_leaks, caplog) -> None:
+    loader = hr.DataLoader(hr.Pipeline(Src(), [hr.step(boxes, name="s")]), batch_size=4,
+                           options=hr.Options(seed=0, profile_store=False,
+                                              cache=hr.Cache(budget_bytes=1 << 20)))
+    try:
+        with caplog.at_level(logging.WARNING, logger="headrace"):
+            for _ in range(2):
+                list(loader)
+        text = loader.explain()
+    finally:
+        loader.close()
+    warned = [r.message for r in caplog.records if "differed from what its steps" in r.message]
+    where = "(value['boxes'][3]: 2 of 2 elements differ (float32, shape (2,)))"
+    assert len(warned) == 1 and where in warned[0], warned
+    assert where in text and "step 's' gives another output" in text

@@ -165,6 +165,12 @@ def _as_numpy(t: Any) -> np.ndarray:
         return t.view(_int_view(t.element_size())).numpy()
 
 
+def numpy_view(t: Any) -> np.ndarray:
+    """A NumPy view of CPU tensor ``t`` as ``encode`` reads it (``_as_numpy``), for
+    ``cache/verify.py``'s comparison of a tensor's elements."""
+    return _as_numpy(t)
+
+
 def _raw(a: np.ndarray) -> memoryview:
     """The bytes of C-contiguous ``a`` as a flat view, not a copy: ``encode``'s one join is
     the only copy of a large array (``tobytes`` then the join copied it twice)."""

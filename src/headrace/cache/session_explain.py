@@ -97,7 +97,7 @@ def _check_lines(self: CacheSession) -> list[str]:
     out = [f"  checked: {c['checked']} hits computed again and compared with their cached "
            f"form ({CHECKS_UNVERIFIED} a worker and epoch until a form matches, then "
            f"{CHECKS_VERIFIED}), {c['differed']} differed; "
-           + (f"verified: {', '.join(verified)} (its steps gave the same bytes)" if verified
+           + (f"verified: {', '.join(verified)} (its steps gave equal values)" if verified
               else "none verified")]
     out.extend(f"  {line}" for _, line in differs_lines(self))
     return out
@@ -126,12 +126,15 @@ def differs_lines(self: CacheSession) -> list[tuple[str, str]]:
                    "makes itself, such as np.random.default_rng() or torch.Generator().seed()); "
                    f"fix: {fix}")
         else:
-            why = ("two more runs of its steps agree, so what they read changed since it was "
-                   "stored (a global the script changed, another job's entry); if a step draws "
-                   "from a generator of its own, declare it random=True and draw from the rng "
-                   "it is given")
+            why = ("two more runs of its steps agree with each other, so what they read "
+                   "differs from when the form was stored (a global or a file the script "
+                   "changed since, in this job or in the one that stored the entry); if a step "
+                   "draws from a generator of its own, declare it random=True and draw from "
+                   "the rng it is given")
+        where = verdicts.where(tier)
+        at = f" ({where})" if where else ""
         out.append((tier, f"the {tier} form{after} differed from what its steps compute now "
-                    f"(a hit computed again): {why}. The {tier} form is neither served nor "
+                    f"(a hit computed again){at}: {why}. The {tier} form is neither served nor "
                     "stored for the rest of this run; the computed samples were delivered"))
     return out
 

@@ -10,14 +10,22 @@ from one: their first epoch's draws were served in every later epoch (a cache re
 placements, hits [0, 8, 8], one value every epoch, where torch and ``cache=None`` gave three).
 
 So a few hits are computed as well (``run_cached``): the sample runs from its ``load`` as a miss
-does, and its form is encoded right after the form's step (as it was when stored) and compared
-with the stored blob, byte for byte (``codec.encode`` is a function of the value: dtype, shape,
-strides, bytes). The computed value is what the sample delivers, so a check never serves a
-stale value. A form that differs is off for the rest of the run, in every worker (``Verdicts``,
-shared memory): not looked up, not stored; the training process warns once and ``explain()``
-names the step found to give another output for the same input (two more runs of the form's
-steps, compared step by step) and the fix (``random=True``, drawing from the ``rng`` it is
-given). A form that matched is *verified*.
+does, and its form is compared, right after the form's step, with the stored entry by value
+(:func:`difference`): equal types, a dict's keys and values whatever their order, lists and
+tuples item by item, arrays and tensors by dtype, shape and the bytes of their elements (a NaN
+equals a NaN of the same bits; strides and a read-only flag are not compared). The encodings
+are compared first, and the entry is decoded only when they differ: ``codec.encode`` follows
+a dict's insertion order, and a deterministic step building a dict from a set of strings has
+its keys in another order in each process (each has its own string-hash seed: spawned workers,
+a restarted job, two jobs sharing one Redis), which a comparison of bytes took for another
+value (a review: the form turned off in 3 of 3 runs with ``multiprocessing_context="spawn"``).
+The computed value is what the sample delivers, so a check never serves a stale value. A form
+that differs is off for the rest of the run, in every worker (``Verdicts``, shared memory): not
+looked up, not stored; the training process warns once, saying where the values first differ
+(``value['boxes'][3]: 1 of 4 elements differ``), and ``explain()`` names the step found to give
+another output for the same input (two more runs of the form's steps, compared step by step)
+and the fix (``random=True``, drawing from the ``rng`` it is given). A form that matched is
+*verified*.
 
 Rate: ``CHECKS_UNVERIFIED`` checks per worker slot, epoch and form while the form is not
 verified, then ``CHECKS_VERIFIED``. Each check costs one computation of the steps the hit would
@@ -29,15 +37,18 @@ is still caught, for one prefix computation per worker and epoch, a small share 
 of thousands of samples per worker.
 
 What it does not find: a difference that none of the checked samples shows (a step drawing on
-rare samples only), and a step whose output varies by less than an encoding sees (none: equal
-encodings are equal values; a float result that varies in its last bit between runs is found
-to differ, and is then not served: it was not what the steps compute).
+rare samples only), and one in what is not compared (a dict's key order, an array's strides).
+A float result that varies in its last bit between runs is found to differ, and is then not
+served: it was not what the steps compute.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from headrace.cache import codec
 from headrace.cache.tiers import TIERS
@@ -51,17 +62,24 @@ UNVERIFIED, VERIFIED, DIFFERS = 0, 1, 2
 """A form's verdict (``Verdicts.state``)."""
 
 
+WHERE_BYTES = 240
+"""Bytes of UTF-8 kept per form for where its values first differed (``Verdicts.where``)."""
+
+
 class Verdicts:
     """Each form's verdict for one cache session, in shared memory (made with the
     ``multiprocessing`` context ``ctx``, shared with worker processes like the counters).
 
     Per tier, in the order of ``TIERS``: its state (``UNVERIFIED``, ``VERIFIED``, ``DIFFERS``),
     then the first and last execution step (position + 1; 0: not located) among which one was
-    found to give another output for the same input. Written by the process that checked;
-    a race of two writers writes the same state."""
+    found to give another output for the same input; and, in ``text``, where the stored and
+    computed values first differed (UTF-8, ``WHERE_BYTES`` a tier, cut there). Written by the
+    process that checked; a race of two writers writes the same state (the text then is
+    either's, or a mix of both: it only explains)."""
 
     def __init__(self, ctx: Any) -> None:
         self.values = ctx.RawArray("q", 3 * len(TIERS))
+        self.text = ctx.RawArray("c", WHERE_BYTES * len(TIERS))
 
     def state(self, tier: str) -> int:
         return int(self.values[3 * TIERS.index(tier)])
@@ -71,12 +89,16 @@ class Verdicts:
         if self.values[k] == UNVERIFIED:
             self.values[k] = VERIFIED
 
-    def differs(self, tier: str, steps: tuple[int, int] | None) -> None:
-        """``tier``'s form differed; ``steps``: (first, last) position among which one gave
-        another output for the same input (None: not located)."""
+    def differs(self, tier: str, steps: tuple[int, int] | None, where: str = "") -> None:
+        """``tier``'s form differed, first at ``where`` (:func:`difference`); ``steps``:
+        (first, last) position among which one gave another output for the same input (None:
+        not located)."""
         k = 3 * TIERS.index(tier)
         lo, hi = steps if steps is not None else (-1, -1)
         self.values[k + 1], self.values[k + 2] = lo + 1, hi + 1
+        raw = where.encode("utf-8")[:WHERE_BYTES].decode("utf-8", "ignore").encode("utf-8")
+        at = TIERS.index(tier) * WHERE_BYTES
+        self.text[at:at + WHERE_BYTES] = raw.ljust(WHERE_BYTES, b"\0")
         self.values[k] = DIFFERS
 
     def located(self, tier: str) -> tuple[int, int] | None:
@@ -85,25 +107,115 @@ class Verdicts:
         lo, hi = int(self.values[k + 1]), int(self.values[k + 2])
         return (lo - 1, hi - 1) if lo > 0 else None
 
+    def where(self, tier: str) -> str:
+        """Where ``tier``'s stored and computed values first differed ("": not said)."""
+        at = TIERS.index(tier) * WHERE_BYTES
+        return bytes(self.text[at:at + WHERE_BYTES]).rstrip(b"\0").decode("utf-8", "replace")
+
 
 class Check:
     """A hit of ``tier`` (the output of step ``position``) to compute and compare: ``blob``,
     the stored encoding. ``same``: the verdict once the computed form was compared (None: the
-    run did not reach the form's step, a hand-off or an error)."""
+    run did not reach the form's step, a hand-off or an error); ``where``: where the values
+    first differed when they did (:func:`difference`)."""
 
-    __slots__ = ("blob", "position", "same", "tier")
+    __slots__ = ("blob", "position", "same", "tier", "where")
 
     def __init__(self, tier: str, position: int, blob: bytes) -> None:
         self.tier, self.position, self.blob = tier, position, blob
         self.same: bool | None = None
+        self.where = ""
 
     def compare(self, value: Any) -> None:
-        """``value``: the form computed now, right after its step (a value that no longer
-        encodes differs from the stored one)."""
+        """``value``: the form computed now, right after its step; compared by value with the
+        stored one (:func:`difference`), which is decoded only when the encodings differ (a
+        value that no longer encodes differs from the stored one)."""
         try:
-            self.same = codec.encode(value) == self.blob
-        except Exception:  # noqa: BLE001 - Uncacheable, or it fails to encode: not the stored
-            self.same = False
+            blob = codec.encode(value)
+        except Exception as e:  # noqa: BLE001 - Uncacheable, or it fails to encode: not the stored
+            self.same, self.where = False, f"value: the computed form cannot be stored ({e})"
+            return
+        self.where = "" if blob == self.blob else (difference(codec.decode(self.blob), value)
+                                                   or "")
+        self.same = not self.where
+
+
+def difference(stored: Any, computed: Any, path: str = "value") -> str | None:
+    """Where two values of the cache's format (``cache/codec.py``) first differ, and how
+    (``"value['boxes'][3]: 1 of 4 elements differ (float32, shape (4,))"``), or None when they
+    are equal: the same types; dicts with the same keys and equal values, in any key order;
+    lists and tuples item by item; arrays and tensors of the same dtype and shape whose elements
+    have the same bytes (a NaN equals a NaN of the same bits, 0.0 differs from -0.0; strides
+    and a read-only flag are not compared); other values (numbers, strings, bytes, None) by
+    type and ``==``, a float by its bits."""
+    ta, tb = type(stored), type(computed)
+    if ta is not tb:
+        return f"{path}: type {ta.__qualname__} stored, {tb.__qualname__} computed"
+    if ta is dict:
+        only = [k for k in stored if k not in computed] + [k for k in computed if k not in stored]
+        if only:
+            side = "stored" if only[0] in stored else "computed"
+            return f"{path}: key {only[0]!r} only in the {side} form"
+        for k in stored:
+            d = difference(stored[k], computed[k], f"{path}[{k!r}]")
+            if d is not None:
+                return d
+        return None
+    if ta in (list, tuple):
+        if len(stored) != len(computed):
+            return f"{path}: {len(stored)} items stored, {len(computed)} computed"
+        for i, (a, b) in enumerate(zip(stored, computed, strict=True)):
+            d = difference(a, b, f"{path}[{i}]")
+            if d is not None:
+                return d
+        return None
+    if ta is np.ndarray or isinstance(stored, np.generic) or _is_tensor(stored):
+        return _array_difference(stored, computed, path)
+    if ta is float:
+        same = codec.encode(stored) == codec.encode(computed)  # bits: NaN, -0.0
+    else:
+        try:
+            same = bool(stored == computed)
+        except Exception:  # noqa: BLE001 - an == that raises or is not one truth value
+            same = codec.encode(stored) == codec.encode(computed)
+    return None if same else f"{path}: {_short(stored)} stored, {_short(computed)} computed"
+
+
+def _is_tensor(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and type(x) is torch.Tensor
+
+
+def _array_difference(stored: Any, computed: Any, path: str) -> str | None:
+    """:func:`difference` of two arrays, NumPy scalars or tensors of the same type."""
+    if stored.dtype != computed.dtype:  # NumPy's: byte order too
+        return (f"{path}: dtype {_dtype(stored)} stored, {_dtype(computed)} computed")
+    shape = tuple(stored.shape)
+    if shape != tuple(computed.shape):
+        return f"{path}: shape {shape} stored, {tuple(computed.shape)} computed"
+    a, b = _elements(stored), _elements(computed)
+    if not a.size or np.array_equal(a, b):  # the bytes (array_equal: one pass, no copy)
+        return None
+    diff = int(np.count_nonzero((a != b).any(axis=1)))
+    return f"{path}: {diff} of {len(a)} elements differ ({_dtype(stored)}, shape {shape})"
+
+
+def _dtype(x: Any) -> str:
+    return str(x.dtype).removeprefix("torch.")
+
+
+def _elements(x: Any) -> np.ndarray:
+    """The bytes of ``x``'s elements, C order, one row per element: a ``uint8`` array of
+    shape ``(size, itemsize)`` (a tensor's through ``codec``'s NumPy view)."""
+    if _is_tensor(x):
+        x = codec.numpy_view(x.contiguous())
+    a = np.ascontiguousarray(x)
+    return a.reshape(-1).view(np.uint8).reshape(a.size, a.dtype.itemsize)
+
+
+def _short(x: Any) -> str:
+    r = repr(x)
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def judge(counters: Any, check: Check, row: int,
@@ -121,7 +233,7 @@ def judge(counters: Any, check: Check, row: int,
         return
     counters.add(row, "differed")
     if verdicts.state(check.tier) != DIFFERS:
-        verdicts.differs(check.tier, locate())
+        verdicts.differs(check.tier, locate(), check.where)
 
 
 def kept(buf: Any) -> bytes:
@@ -135,10 +247,10 @@ def locate(run: Callable[..., Any], index: Any, base_seed: int, epoch: int, posi
            kwargs: dict[str, Any]) -> tuple[int, int] | None:
     """The steps among which one gives another output for the same input: steps
     ``0..position`` run twice more with the sample's seeds, their outputs encoded after each
-    step; the first step whose outputs differ, from the step after the last one whose outputs
+    step; the first step whose outputs differ (by value: :func:`difference`), from the step after the last one whose outputs
     were equal (a step whose output does not encode cannot be told apart from the next).
-    None: both runs agree at every step (the stored form came from other inputs: a global the
-    script changed since, another job's)."""
+    None: both runs agree at every step (what the steps read differs from when the form was
+    stored: a global or a file the script changed since, in this job or the one that stored it)."""
     kw = {k: v for k, v in kwargs.items() if k != "hand_off"}
     runs: list[dict[int, bytes | None]] = []
     for _ in range(2):
@@ -158,10 +270,10 @@ def locate(run: Callable[..., Any], index: Any, base_seed: int, epoch: int, posi
         a, b = runs[0].get(i), runs[1].get(i)
         if a is None or b is None:
             continue
-        if a != b:
+        if a != b and difference(codec.decode(a), codec.decode(b)) is not None:
             return lo, i
         lo = i + 1
     return None
 
 
-__all__ = ["CHECKS_UNVERIFIED", "CHECKS_VERIFIED", "Check", "Verdicts"]
+__all__ = ["CHECKS_UNVERIFIED", "CHECKS_VERIFIED", "Check", "Verdicts", "difference"]
