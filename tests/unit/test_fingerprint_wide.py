@@ -131,3 +131,77 @@ def test_only_the_cache_pays_for_a_whole_digest() -> None:
     _relabel(value, _unsampled(2_000, 64))
     assert code_identity(Holds(value)) == before
     assert _digest(value)[1] is None
+
+
+def _records(n: int, root: str) -> list:
+    return [(f"{root}/n{i % 1000:08d}/n{i % 1000:08d}_{i:08d}.JPEG", i % 1000) for i in range(n)]
+
+
+def test_a_places365_size_list_of_paths_fits_the_plain_budget() -> None:
+    # 1,803,460 (path, label) samples of 104-char paths pickle to 221 MB: past a 128 MiB
+    # budget the source had no cached form at all (a review); measured from 10,000 of them
+    import pickle
+
+    sample = _records(10_000, "/" + "r" * 69)
+    assert len(sample[0][0]) == 104
+    assert len(pickle.dumps(sample, 3)) * 1_803_460 / 10_000 < scope_module.TOTAL_PLAIN
+
+
+def test_plain_values_past_the_budget_say_so_and_suggest_a_fingerprint(monkeypatch) -> None:
+    monkeypatch.setattr(scope_module, "TOTAL_PLAIN", 1 << 20)  # bytes; 30,000 dicts take 2 MB
+
+    class Folder:
+        def __init__(self) -> None:
+            self.anns = _annotations(30_000)
+
+        def __len__(self) -> int:
+            return len(self.anns)
+
+        def load(self, i: int) -> int:
+            return self.anns[i]["label"]
+
+    lay = TierLayout.for_pipeline(hr.Pipeline(Folder(), [hr.step(np.negative)]))
+    assert lay.tiers == ()
+    note = next(n for n in lay.notes if "the source is not keyed" in n)
+    assert "over the 1 MiB" in note and "fingerprint()" in note
+    assert "not all plain values" not in note and "hold its tables" not in note
+
+
+def _coco(n: int, order: list) -> list:
+    return [{k: {"id": i, "bbox": [1.0, 2.0, 3.0, i], "label": i % 7, "area": 4.5}[k]
+             for k in order} for i in range(n)]
+
+
+KEYS = ["id", "bbox", "label", "area"]
+
+
+@pytest.mark.parametrize("make", [
+    lambda order: _coco(10_000, order),  # one key order in each chunk
+    lambda order: [d if i % 3 else dict(reversed(d.items()))  # orders mixed in a chunk
+                   for i, d in enumerate(_coco(10_000, order))],
+    lambda order: [{"ann": d, "n": (i, {"a": 1, "b": 2} if i % 2 else {"b": 2, "a": 1})}
+                   for i, d in enumerate(_coco(10_000, order))],  # dicts in dicts and tuples
+    lambda order: [{(k, 0): v for k, v in d.items()} for d in _coco(10_000, order)],  # tuple keys
+    lambda order: [(i, d) for i, d in enumerate(_coco(10_000, order))],  # records of dicts
+], ids=["one order", "mixed orders", "nested", "tuple keys", "records"])
+def test_equal_dicts_inserted_in_another_order_give_one_digest(make) -> None:
+    # a dict built from a set of strings is in another order in each process (string hashing
+    # is seeded anew): equal sources got other keys, and jobs on one Redis shared no entry
+    forward, cut = _digest(make(KEYS))
+    assert cut is None
+    assert _digest(make(KEYS[::-1]))[0] == forward
+    changed = make(KEYS)
+    item = changed[5_000]
+    item = item[1] if type(item) is tuple else item.get("ann", item)
+    item["label" if "label" in item else ("label", 0)] = -1
+    assert _digest(changed)[0] != forward
+
+
+def test_structured_arrays_count_by_their_fields() -> None:
+    # '|V8' was the dtype of both: two tables of one bytes and other fields shared a key
+    a = np.dtype([("label", "<i4"), ("weight", "<f4")])
+    b = np.dtype([("weight", "<f4"), ("label", "<i4")])
+    for make in (lambda dt: [np.zeros(1, dtype=dt) for _ in range(10_000)],
+                 lambda dt: [np.zeros(1, dtype=dt)[0] for _ in range(10_000)]):  # np.void
+        (da, cut_a), (db, cut_b) = _digest(make(a)), _digest(make(b))
+        assert da != db and cut_a is None and cut_b is None

@@ -136,7 +136,7 @@ class TierLayout:
             if f.cut is not None:
                 notes.append(f"{names[i]} is not keyed: its state could not be hashed whole "
                              f"({f.cut}), so no form at or after it is cached; "
-                             + (_SOURCE_FIX if i == 0 else _STEP_FIX))
+                             + _FIXES[i > 0, f.too_large])
         return cls(tuple(tiers), n, tuple(notes))
 
     def get(self, name: str) -> Tier | None:
@@ -156,6 +156,13 @@ _STEP_FIX = ("hold its tables as plain values (dicts, lists, tuples of str, int,
              "None: hashed whole) or as an array, or keep large objects (a model, a framework) "
              "out of the step's state")
 """How to key a step the cache could not key (the end of its ``explain()`` note)."""
+_FIXES = {(False, False): _SOURCE_FIX, (True, False): _STEP_FIX,
+          (False, True): "give the source a fingerprint() method returning a string that "
+                         "changes whenever what it loads does (hr.sources.Files has one)",
+          (True, True): "keep a table that large out of the step's state (in the source, "
+                        "with its own fingerprint() method)"}
+"""The end of an ``explain()`` note, by (a step, not the source; its state was plain values
+too large to hash whole, ``Findings.too_large``)."""
 
 
 def _generator_note(name: str, kind: str) -> str:

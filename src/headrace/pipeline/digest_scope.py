@@ -52,14 +52,19 @@ than ``value_digest.FULL_ITEMS``) is hashed whole in one pass, for the sample ca
 when its items are plain values (``TOTAL_PLAIN``); else it counts by 64 evenly spaced items and its length, and the digest is
 incomplete (:class:`Findings` ``cut``): a source holding 2,000 annotation dicts hashed 64 of
 them, and the cache served old labels after 8 were changed (a review)."""
-TOTAL_PLAIN = 128 << 20
+TOTAL_PLAIN = 512 << 20
 """Bytes of plain values (dicts, lists and tuples of ``None``, ``bool``, ``int``, ``float``,
 ``str``, ``bytes`` and NumPy values, nested at any depth) pickled and hashed over one whole
 digest of the sample cache's keys (``digest_scope(complete=True)``) for containers that would
 otherwise be sampled (``plain_digest.plain_digest``); checked after each 1,024 items, so one
-digest pickles at most this plus one such chunk. About 0.4 GB/s here: 100,000 COCO annotation
-dicts (29 MB) took 71 ms, a million paths (57 MB) 66 ms, so this bound is about 0.33 s. Past
-it, such a container counts by a sample and the digest is incomplete."""
+digest pickles at most this plus one such chunk, and holds one chunk's bytes at a time. CPU
+time here (2 cores shared with a test run): a Places365-size source of 1.8 million ``(path,
+label)`` samples with 104-char paths (about 200 MB pickled) 0.25-0.4 s; 100,000 COCO
+annotation dicts (29 MB; each dict rebuilt in sorted key order, ``plain_digest``) 0.28 s; this
+budget spent on a container larger still (5.2 million such samples) 1.2 s, once per epoch's cache
+plan, never per sample. 128 MiB left that source, and ImageNet's with a 102-char root, with no
+cached form (a review). Past it, such a container counts by a sample and the digest is
+incomplete (:class:`Findings` ``too_large``: a source's own ``fingerprint()`` keys it)."""
 _SCOPE = threading.local()
 """``current``: the running whole digest's :class:`_Scope` (absent or None: none running in
 this thread)."""
@@ -95,6 +100,9 @@ class Findings:
     the digest then does not tell that state apart. Only the sample cache insists on a whole
     digest (``cache/tiers.py``); a stored profile's key and a state dict's step identities
     take the digest as it is."""
+    too_large: bool = False
+    """Whether ``cut`` is a container of plain values past ``TOTAL_PLAIN`` (hashing it whole
+    was possible, but costs more than one epoch's plan may take)."""
 
 
 class _Scope:
@@ -156,11 +164,12 @@ def guarded(digest: Any, value: Any, depth: int) -> str:
         return short_hash(f"cut:{qualified_name(type(value))}".encode())
 
 
-def note_cut(why: str) -> None:
-    """Record that the running digest left state out (the first reason is kept)."""
+def note_cut(why: str, too_large: bool = False) -> None:
+    """Record that the running digest left state out (the first reason is kept), and whether
+    it was plain values past ``TOTAL_PLAIN`` (:class:`Findings` ``too_large``)."""
     found = _SCOPE.current.found
     if found.cut is None:
-        found.cut = why
+        found.cut, found.too_large = why, too_large
 
 
 def enter(value: Any) -> str | None:

@@ -67,7 +67,6 @@ from typing import Any
 from headrace.pipeline.digest_scope import (
     CODE_ONLY,
     TOTAL_ITEMS,
-    TOTAL_PLAIN,
     digest_scope,
     enter,
     generator_kind,
@@ -258,8 +257,9 @@ def _items_digest(items: Any, depth: int) -> str:
     if not flat and not spend(items=len(items)):  # the digest's item budget is spent
         picks = np.linspace(0, len(items) - 1, _SPENT_SAMPLE, dtype=np.int64)
         items, prefix = [items[i] for i in picks.tolist()], prefix + "spent:"
-    note_cut(f"a container of {n:,} items of {kinds_in_words(kinds)} ({why}; not all plain values, or "
-             f"over {TOTAL_PLAIN >> 20} MiB of them) was hashed by a sample of {len(items):,}")
+    plain = "; not all plain values" if wants_complete() else ""  # too many: noted already
+    note_cut(f"a container of {n:,} items of {kinds_in_words(kinds)} ({why}{plain}) was hashed "
+             f"by a sample of {len(items):,}")
     return _hashed(items, flat, prefix, depth)
 
 
