@@ -246,7 +246,7 @@ def test_torchs_own_call_of_get_worker_info_inside_a_step_does_not_keep_processe
 
 def last_worker_id(x: np.ndarray) -> np.ndarray:
     if x.reshape(-1)[0] == 239:  # the epoch's last sample only (in_order, and the slowest)
-        time.sleep(0.2)
+        time.sleep(0.2)  # simulated work: the epoch's slowest sample, read last
         w = hr.get_worker_info()
         return x + (1000.0 if w is None else 0.0)
     return x
