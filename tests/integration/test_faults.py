@@ -2,6 +2,7 @@
 
 import io
 import os
+import re
 import signal
 from collections import Counter
 
@@ -104,7 +105,9 @@ def test_a_worker_dying_in_a_step_names_the_step_the_workers_and_the_signal(no_l
     text = str(ei.value)
     assert "sample index 13 was being processed in step 'decode'" in text, text
     assert "killed by SIGKILL" in text and "exit code" not in text, text
-    assert "workers 0, 1" in text or "workers 1, 0" in text, text
+    # the two slots it died in: the second attempt may go to slot 0's replacement when that
+    # one asks first (a loaded machine: "workers 0, 0", as right)
+    assert re.search(r"\(workers [01], [01];", text), text
     warnings = [r.getMessage() for r in caplog.records if "died (" in r.getMessage()]
     assert warnings and all("in step 'decode' on sample index 13" in w for w in warnings), warnings
     assert all("indices [" in w and "13" in w.split("indices [")[1] for w in warnings), warnings
