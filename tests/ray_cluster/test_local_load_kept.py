@@ -12,7 +12,7 @@ import torch
 
 import headrace as hr
 from tests.helpers import ident_collate
-from tests.ray_cluster.test_remote import ON_CPU_NODES, remote_ready, wait_until
+from tests.ray_cluster.test_remote import ON_CPU_NODES, wait_ready
 
 pytestmark = pytest.mark.ray
 
@@ -78,7 +78,7 @@ def _epoch(pipe: hr.Pipeline, remote: hr.Remote | None,
     it = iter(loader)
     try:
         if remote is not None:
-            wait_until(lambda it=it: remote_ready(it, WORKERS))
+            wait_ready(it, WORKERS)
         got = [s for b in it for s in b]
     finally:
         del it
@@ -139,7 +139,7 @@ def test_a_sample_handed_back_unshipped_is_not_counted_as_a_hand_off(ray_cluster
                            options=hr.Options(seed=5, remote=remote, sample_timeout_s=60.0))
     it = iter(loader)
     try:
-        wait_until(lambda it=it: remote_ready(it, WORKERS))
+        wait_ready(it, WORKERS)
         got = [s for b in it for s in b]
         forwarded = it.scheduler.counters.forwarded
     finally:

@@ -20,7 +20,7 @@ import torch
 
 import headrace as hr
 from tests.helpers import ident_collate
-from tests.ray_cluster.test_remote import ON_CPU_NODES, remote_ready, wait_until
+from tests.ray_cluster.test_remote import ON_CPU_NODES, wait_ready
 
 pytestmark = pytest.mark.ray
 
@@ -80,7 +80,7 @@ def _epochs(drawing: str, cache: bool, remote: hr.Remote | None = None,
         for _ in range(2):
             it = iter(loader)
             if remote is not None:
-                wait_until(lambda it=it: remote_ready(it, 2))
+                wait_ready(it, 2)
             got.append({s["i"]: s for b in it for s in b})
             del it
     finally:

@@ -55,6 +55,14 @@ def remote_ready(it, n: int) -> bool:
     return sum(w.ready for w in list(it.pool.workers.values()) if w.external) >= n
 
 
+def wait_ready(it, n: int, timeout_s: float = 60.0) -> None:
+    """Wait until ``n`` of the epoch ``it``'s remote workers are ready: woken by each "ready"
+    its scheduler handles (``Scheduler.readiness``), not polled."""
+    with it.scheduler.readiness:
+        assert it.scheduler.readiness.wait_for(lambda: remote_ready(it, n), timeout_s), \
+            f"{n} remote workers not ready in {timeout_s} s"
+
+
 def by_index(batches) -> dict[int, dict]:
     return {s["i"]: s for b in batches for s in b}
 
@@ -112,7 +120,7 @@ def test_remote_samples_equal_local_ones(ray_cluster, local_run, no_actor_leaks)
     loader = hr.DataLoader(pipeline(), batch_size=4, shuffle=True, num_workers=1,
                            collate_fn=ident_collate, options=remote_opts())
     it = iter(loader)
-    wait_until(lambda it=it: remote_ready(it, 3))
+    wait_ready(it, 3)
     got = by_index(list(it))
     assert loader.remote.remote_samples > 0
     assert sorted(got) == sorted(expected) == list(range(48))
@@ -132,7 +140,7 @@ def test_each_index_exactly_once_with_default_collate(ray_cluster, no_actor_leak
                            options=opts)
     for _ in range(2):  # two epochs: the remote workers of the first are gone
         it = iter(loader)
-        wait_until(lambda it=it: remote_ready(it, 2))
+        wait_ready(it, 2)
         seen = Counter(int(i) for b in it for i in b["i"])
         assert seen == Counter(range(40))
     assert loader.remote.remote_samples > 0
@@ -154,7 +162,7 @@ def test_remote_samples_hold_writable_arrays(ray_cluster, local_run, no_actor_le
     loader = hr.DataLoader(pipeline(), batch_size=4, num_workers=1, collate_fn=shift_in_place,
                            options=remote_opts())
     it = iter(loader)
-    wait_until(lambda it=it: remote_ready(it, 3))
+    wait_ready(it, 3)
     got = by_index(list(it))
     assert loader.remote.remote_samples > 0
     for i, s in expected.items():
@@ -168,7 +176,7 @@ def test_source_read_locally_when_not_reachable(ray_cluster, local_run, no_actor
     loader = hr.DataLoader(pipeline(), batch_size=4, num_workers=1, collate_fn=ident_collate,
                            options=remote_opts(read_source=False))
     it = iter(loader)
-    wait_until(lambda it=it: remote_ready(it, 3))
+    wait_ready(it, 3)
     got = by_index(list(it))
     assert loader.remote.remote_samples > 0
     for i, s in expected.items():
@@ -210,7 +218,7 @@ def test_split_remote_prefix_local_suffix(ray_cluster, no_actor_leaks):
                                max_workers=2, resources=ON_CPU_NODES)))
     loader.remote.stop = 2
     it = iter(loader)
-    wait_until(lambda: remote_ready(it, 2))
+    wait_ready(it, 2)
     got = by_index(list(it))
     assert sorted(got) == list(range(40))
     assert it.stats().slow_samples > 0  # handed back at the split point, finished locally
@@ -224,7 +232,7 @@ def test_persistent_remote_workers_serve_later_epochs(ray_cluster, no_actor_leak
     loader = hr.DataLoader(pipeline(40), batch_size=4, num_workers=1, persistent_workers=True,
                            options=remote_opts())
     it = iter(loader)
-    wait_until(lambda it=it: remote_ready(it, 3))
+    wait_ready(it, 3)
     assert Counter(int(i) for b in it for i in b["i"]) == Counter(range(40))
     first = loader.remote.remote_samples
     assert loader.remote.ready_workers() == 3  # the same actors, still placed between epochs
@@ -244,7 +252,7 @@ def test_resume_mid_epoch_from_a_remote_run(ray_cluster, local_run, no_actor_lea
     loader = hr.DataLoader(pipeline_on_node(), batch_size=4, shuffle=True, num_workers=1,
                            collate_fn=ident_collate, options=opts)
     it = iter(loader)
-    wait_until(lambda it=it: remote_ready(it, 3))
+    wait_ready(it, 3)
     remote = cpu_nodes()
     delivered = []
     for batch in it:  # up to the first batch holding a sample a remote worker ran
@@ -274,7 +282,7 @@ def test_offload_ratio_caps_the_remote_share(ray_cluster, no_actor_leaks):
                            options=remote_opts())
     try:
         it = iter(loader)
-        wait_until(lambda it=it: remote_ready(it, 3))
+        wait_ready(it, 3)
         list(it)  # first epoch: no limit
         loader.remote.ratio = 0.25
         base = loader.remote.remote_samples
@@ -296,7 +304,7 @@ def test_slow_lane_samples_finish_on_remote_workers(ray_cluster, local_run, no_a
                                max_workers=2, resources=ON_CPU_NODES, slow_lane=True)))
     try:
         it = iter(loader)
-        wait_until(lambda it=it: remote_ready(it, 2))
+        wait_ready(it, 2)
         got = by_index(list(it))
         assert sorted(got) == list(range(80))
         assert loader.stats().last.slow_samples > 0
@@ -318,7 +326,7 @@ def test_remote_workers_hand_slow_samples_off(ray_cluster, local_run, no_actor_l
                                max_workers=2, resources=ON_CPU_NODES)))
     try:
         it = iter(loader)
-        wait_until(lambda it=it: remote_ready(it, 2))
+        wait_ready(it, 2)
         got = by_index(list(it))
         assert sorted(got) == list(range(80))  # exactly once
         assert loader.remote.handed_off_remote > 0

@@ -21,7 +21,7 @@ import headrace as hr
 from headrace.remote.starts import MAX_START_FAILURES
 from tests.helpers import ArraySource, gated_jitter, ident_collate, jitter
 from tests.ray_cluster.conftest import NODE_CPUS, ROOT, STORE_BYTES, live_headrace_actors
-from tests.ray_cluster.test_remote import ON_CPU_NODES, remote_ready, wait_until
+from tests.ray_cluster.test_remote import ON_CPU_NODES, wait_ready, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -51,7 +51,7 @@ def test_node_killed_mid_epoch_loses_no_sample(ray_cluster, no_actor_leaks, tmp_
     loader = hr.DataLoader(pipe, batch_size=4, shuffle=True, num_workers=1, options=hr.Options(
         seed=5, remote=hr.Remote(max_workers=2, resources=ON_CPU_NODES)))
     it = iter(loader)
-    wait_until(lambda it=it: remote_ready(it, 2))
+    wait_ready(it, 2)
     seen: Counter[int] = Counter()
     for _ in range(5):  # mid-epoch: some batches delivered
         seen.update(int(i) for i in next(it)["i"])
@@ -98,7 +98,7 @@ def test_del_loader_mid_epoch_leaves_no_actor(ray_cluster, no_actor_leaks):
     loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, options=hr.Options(
         remote=hr.Remote(max_workers=2, resources=ON_CPU_NODES)))
     it = iter(loader)
-    wait_until(lambda it=it: remote_ready(it, 2))
+    wait_ready(it, 2)
     next(it)
     assert len(live_headrace_actors()) == 2
     del it, loader  # no_actor_leaks checks that the actors are gone
@@ -145,7 +145,7 @@ def test_ctrl_c_in_the_training_loop_leaves_no_actor(ray_cluster, no_actor_leaks
     loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, options=hr.Options(
         remote=hr.Remote(max_workers=2, resources=ON_CPU_NODES)))
     it = iter(loader)
-    wait_until(lambda it=it: remote_ready(it, 2))
+    wait_ready(it, 2)
     with pytest.raises(KeyboardInterrupt):
         for i, _ in enumerate(it):
             if i == 3:

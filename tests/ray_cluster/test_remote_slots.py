@@ -11,7 +11,7 @@ import pytest
 import headrace as hr
 from headrace.cache.client import FIELDS
 from tests.helpers import ArraySource, ident_collate, ran_at
-from tests.ray_cluster.test_remote import ON_CPU_NODES, remote_ready, wait_until
+from tests.ray_cluster.test_remote import ON_CPU_NODES, wait_ready, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -32,7 +32,7 @@ def test_local_worker_started_after_a_remote_one_keeps_a_local_slot(ray_cluster,
     seen: Counter[int] = Counter()
     it = iter(loader)
     try:
-        wait_until(lambda it=it: remote_ready(it, 1))
+        wait_ready(it, 1)
         pool = it.pool
         seen.update(s["i"] for s in next(it))
         first = next(w for w in pool.workers.values() if not w.external)

@@ -16,7 +16,7 @@ import torch
 import headrace as hr
 from tests.helpers import ArraySource, ident_collate, jitter
 from tests.ray_cluster.conftest import STORAGE_CPUS
-from tests.ray_cluster.test_remote import ON_CPU_NODES, remote_ready, wait_until
+from tests.ray_cluster.test_remote import ON_CPU_NODES, wait_ready, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -133,7 +133,7 @@ def test_remote_workers_are_torch_workers_to_user_code(ray_cluster, no_actor_lea
     remote = scaled_loader(hr.Remote(max_workers=2, resources=ON_CPU_NODES))
     it = iter(remote)
     try:
-        wait_until(lambda it=it: remote_ready(it, 2))
+        wait_ready(it, 2)
         got = by_index(it)
         assert remote.remote.remote_samples > 0
         assert sorted(got) == list(range(N))
@@ -199,7 +199,7 @@ def test_explain_counts_the_samples_that_ran_remotely_without_the_cache(ray_clus
                                                                resources=ON_CPU_NODES)))
     it = iter(loader)
     try:
-        wait_until(lambda it=it: remote_ready(it, 2))
+        wait_ready(it, 2)
         assert sorted(s["i"] for s in by_index(it).values()) == list(range(N))
         uncached = loader.remote.uncached
         assert 0 < uncached == loader.remote.remote_samples

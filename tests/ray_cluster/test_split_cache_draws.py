@@ -18,7 +18,7 @@ import torch
 
 import headrace as hr
 from tests.helpers import ident_collate
-from tests.ray_cluster.test_remote import ON_CPU_NODES, remote_ready, wait_until
+from tests.ray_cluster.test_remote import ON_CPU_NODES, wait_ready
 
 pytestmark = pytest.mark.ray
 
@@ -75,7 +75,7 @@ def test_a_draw_before_the_split_keeps_the_forms_after_it_out_of_the_cache(ray_c
     loader.remote.stop, loader.remote.ratio = 2, 1.0  # remote: load and draws; local: the rest
     it = iter(loader)
     try:
-        wait_until(lambda it=it: remote_ready(it, 2))
+        wait_ready(it, 2)
         first = {s["i"]: s for b in it for s in b}
         assert sum(s["remote"] for s in first.values()) > 0  # some drew remotely
         # the next epoch runs locally: every sample is looked up

@@ -9,7 +9,7 @@ import torch
 
 import headrace as hr
 from tests.helpers import ident_collate
-from tests.ray_cluster.test_remote import ON_CPU_NODES, remote_ready, wait_until
+from tests.ray_cluster.test_remote import ON_CPU_NODES, wait_ready
 
 pytestmark = pytest.mark.ray
 
@@ -62,7 +62,7 @@ def test_a_value_sharing_memory_at_the_split_is_finished_remotely(ray_cluster, n
     loader.remote.stop = 2  # remote workers run [load, split] and hand the value back
     it = iter(loader)
     try:
-        wait_until(lambda it=it: remote_ready(it, WORKERS))
+        wait_ready(it, WORKERS)
         got = [s for b in it for s in b]
     finally:
         del it

@@ -11,7 +11,7 @@ import pytest
 import headrace as hr
 from headrace.runtime.dispatch import DEPTH
 from tests.helpers import ArraySource, ident_collate, ran_at
-from tests.ray_cluster.test_remote import ON_CPU_NODES, remote_ready, wait_until
+from tests.ray_cluster.test_remote import ON_CPU_NODES, wait_ready
 
 pytestmark = pytest.mark.ray
 
@@ -33,7 +33,7 @@ def test_local_suffix_stays_local_and_the_ratio_holds(ray_cluster, no_actor_leak
     loader.remote.stop, loader.remote.ratio = 2, RATIO  # what apply_offload sets for [0, 2)
     it = iter(loader)
     try:
-        wait_until(lambda it=it: remote_ready(it, WORKERS))
+        wait_ready(it, WORKERS)
         got = [s for b in it for s in b]
         assert Counter(s["i"] for s in got) == Counter(range(N))  # exactly once
         # get_worker_info().id: 0 in the local worker process, 1.. in a remote actor

@@ -102,6 +102,9 @@ class Scheduler:
         self.starts = Starts(pool, lambda w, msg: me._handle(w, msg))
         self.starts.forget_failed()  # persistent workers: before the epoch (re)starts any
         self._stop = threading.Event()
+        self.readiness = threading.Condition()
+        """Notified each time a worker says it is ready (a caller waits on it for workers
+        to start, Ray actors' placement taking seconds, instead of polling)."""
         self._waiter = Waiter()
         self._poll_s = POLL_S  # how long the next wait blocks at most (seconds): IDLE_POLL_S
         self._thread = threading.Thread(target=self._run, name="headrace-scheduler", daemon=True)
@@ -301,6 +304,8 @@ class Scheduler:
         if kind == "ready":
             w.ready = True
             self.deaths.ready(w.slot)
+            with self.readiness:
+                self.readiness.notify_all()
             if len(msg) > 2 and msg[2]:
                 self.hooks.on_worker_reseeded(msg[2])
             return
