@@ -265,6 +265,14 @@ def fail_on_7(x: Any) -> Any:
     return x
 
 
+def cpu_work() -> None:
+    """Simulated work (about 0.3 ms of CPU): makes a step's output worth storing in the sample
+    cache and looking up, even in Redis."""
+    m = np.ones((32, 32))
+    for _ in range(4):
+        np.linalg.svd(m)
+
+
 def busy(x: np.ndarray) -> np.ndarray:
     """30 ms of simulated work (a sleep: more Ray workers add real capacity on 2 cores)."""
     time.sleep(0.03)

@@ -14,16 +14,11 @@ import pytest
 import torch
 
 import headrace as hr
+from tests.helpers import cpu_work
 
 pytestmark = pytest.mark.integration
 N = 8
 
-
-def _work() -> None:
-    """Simulated work (about 0.3 ms): a step whose output is worth storing, even in Redis."""
-    m = np.ones((32, 32))
-    for _ in range(4):
-        np.linalg.svd(m)
 
 
 class Resize:
@@ -51,7 +46,7 @@ class Prep:
         self.t = Compose([Resize(size)])
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        _work()
+        cpu_work()
         return self.t(x)
 
 
@@ -66,7 +61,7 @@ class Jitter:
         self.g = np.random.default_rng(0)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        _work()
+        cpu_work()
         return x + np.float32(self.g.random())
 
 

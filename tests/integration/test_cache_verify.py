@@ -16,17 +16,12 @@ import pytest
 import torch
 
 import headrace as hr
+from tests.helpers import cpu_work
 from tests.integration import hidden_rng
 
 pytestmark = pytest.mark.integration
 N = 8
 
-
-def _work() -> None:
-    """Simulated work (about 0.3 ms): a step whose output is worth storing and looking up."""
-    m = np.ones((32, 32))
-    for _ in range(4):
-        np.linalg.svd(m)
 
 
 class Src:
@@ -52,24 +47,24 @@ class SrcOtherModule(Src):
 
 
 def via_other_module(x: np.ndarray) -> np.ndarray:
-    _work()
+    cpu_work()
     return hidden_rng.jitter(x)
 
 
 def fresh_numpy(x: np.ndarray) -> np.ndarray:
-    _work()
+    cpu_work()
     return x + np.float32(np.random.default_rng().random())
 
 
 def fresh_torch(x: np.ndarray) -> np.ndarray:
-    _work()
+    cpu_work()
     g = torch.Generator()
     g.seed()
     return x + np.float32(torch.rand(1, generator=g).item())
 
 
 def ident(x: np.ndarray) -> np.ndarray:
-    _work()
+    cpu_work()
     return x * 1
 
 
@@ -159,7 +154,7 @@ def split(x: np.ndarray) -> dict[str, np.ndarray]:
     """A deterministic step whose dict's key order follows the process, as one built from a set
     of strings does (each process has its own string-hash seed: spawned workers, a restarted
     job, two jobs sharing one Redis): equal values, other encodings."""
-    _work()
+    cpu_work()
     keys = sorted(PARTS, reverse=os.environ.get(KEY_ORDER) == "reversed")
     return {k: x * len(k) for k in keys}
 
@@ -195,7 +190,7 @@ def test_a_dict_in_another_key_order_is_the_same_value(no_leaks, monkeypatch, wo
 
 def boxes(x: np.ndarray) -> dict[str, object]:
     """Differs from run to run in one element of one array only: ``['boxes'][3]``."""
-    _work()
+    cpu_work()
     return {"label": int(x[0, 0]), "boxes": [x[0], x[1], x[2], x[3] + np.float32(hidden_rng.RNG.random())]}
 
 
