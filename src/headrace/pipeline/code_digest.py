@@ -23,12 +23,11 @@ from headrace.pipeline.digest_scope import (
     CODE_ONLY,
     MAX_NESTING,
     digest_scope,
-    enter,
     generator_kind,
     guarded,
-    leave,
     module_name,
     note_generator,
+    on_path,
     qualified_name,
     running,
     short_hash,
@@ -99,13 +98,7 @@ def code_identity(fn: Any, depth: int = 0) -> str:
     if not running():
         with digest_scope():
             return guarded(code_identity, fn, depth)
-    instead = enter(fn)  # on the path: a cycle through its state ends here
-    if instead is not None:
-        return instead
-    try:
-        return _identity(fn, depth)
-    finally:
-        leave(fn)
+    return on_path(fn, _identity, depth)  # a cycle through its state ends here
 
 
 def _identity(fn: Any, depth: int) -> str:

@@ -15,7 +15,7 @@ import hashlib
 import random
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 MAX_NESTING = 64
@@ -194,6 +194,18 @@ def enter(value: Any) -> str | None:
 def leave(value: Any) -> None:
     """Take ``value`` off the running digest's path (after :func:`enter` gave ``None``)."""
     _SCOPE.current.path.pop(id(value), None)
+
+
+def on_path(value: Any, digest: Callable[[Any, int], str], depth: int) -> str:
+    """``digest(value, depth)`` with ``value`` on the running digest's path (:func:`enter`,
+    :func:`leave`), or the digest :func:`enter` gives instead (a cycle, a cut)."""
+    instead = enter(value)
+    if instead is not None:
+        return instead
+    try:
+        return digest(value, depth)
+    finally:
+        leave(value)
 
 
 def generator_kind(value: Any) -> str | None:

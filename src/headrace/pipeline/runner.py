@@ -191,7 +191,8 @@ class SampleRunner:
         marks = self._marks and start == 0 and after_step is None
         python_draws = self.python_draws
         guard, watched = self.guard, self._watched
-        changed: dict[int, bool] = {}  # per watched step run: it changed the shape signature
+        # per watched step run: it changed the shape signature (a reordered run only)
+        changed: dict[int, bool] | None = {} if guard is not None else None
         for i in range(start, self.n):
             rng, mark = None, None
             if self._seeded:
@@ -235,7 +236,8 @@ class SampleRunner:
             we = time.perf_counter()
             if mark is not None and python_mark() != mark:  # drew unseeded: again, seeded
                 return self._again(i, index, base_seed, epoch, hand_off, on_step, draw)
-            if shape_in is not None and guard is not None and guard.broke(changed, i, shape_in, x):
+            if shape_in is not None and guard is not None and changed is not None \
+                    and guard.broke(changed, i, shape_in, x):
                 return self._in_declared_order(index, base_seed, epoch, on_step, draw)
             spent += we - ws
             if drawn is not None and draw_mark() != drawn:

@@ -68,12 +68,11 @@ from headrace.pipeline.digest_scope import (
     CODE_ONLY,
     TOTAL_ITEMS,
     digest_scope,
-    enter,
     generator_kind,
     guarded,
-    leave,
     note_cut,
     note_generator,
+    on_path,
     qualified_name,
     running,
     short_hash,
@@ -179,13 +178,7 @@ def _state_digest(value: Any, depth: int) -> str:
         from headrace.pipeline.code_digest import code_identity  # they recurse (docstring)
 
         return short_hash(code_identity(value, depth).encode())
-    instead = enter(value)
-    if instead is not None:
-        return instead
-    try:
-        return _object_digest(value, depth)
-    finally:
-        leave(value)
+    return on_path(value, _object_digest, depth)
 
 
 def _object_digest(value: Any, depth: int) -> str:
