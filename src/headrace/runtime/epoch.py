@@ -166,6 +166,7 @@ class EpochIterator(EpochBase):
             if self.feed is not None and self.feed.per_batch:  # raised in its batch's place:
                 self._raised_batches += 1  # torch reads the next batch then, as on delivery
                 self._top_up(wake=True)
+            self.scheduler.let_go()  # the training thread holds the error's last reference
             self._held = None  # last: no call between it and the raise below
         elif kind == "end":  # (held: interrupted before the close, the next take ends it)
             lost = self.scheduler.counters.batches_out - self.batches_taken

@@ -160,6 +160,19 @@ class Scheduler:
             return
         self.wake(leaving)
 
+    def let_go(self) -> None:
+        """Return once the thread that queued a sample's error (this scheduler's, or a worker
+        thread in ``deliver``) has left the handling it queued it in: every error is made and
+        queued under ``_lock``, by calls that return before it is released, so afterwards
+        none of that thread's frames holds the error. The training thread calls this before
+        raising one: the error's traceback holds the epoch iterator's frames, and when the
+        scheduler's thread held the last reference to it (``on_death``'s local, ``emit``'s
+        while it collated the next batch) the iterator was finalised there, its workers
+        joined in that thread while the training loop, out of its ``except`` block, already
+        took them for stopped (NOTE [headrace shutdown] in ``runtime/pool.py``)."""
+        with self._lock:
+            pass
+
     def stop(self) -> None:
         """Stop the thread (idempotent); the pool is the caller's to stop or keep."""
         self._stop.set()
