@@ -19,7 +19,7 @@ place (``WorkerHandle.external``): its node may be gone; ``remote/session.py`` s
 An actor that dies before it runs (its constructor, or the unpickling of the pipeline it is
 given, raised) held no sample: it is reported with the remote exception, not as lost, and
 ``remote/starts.py`` decides when to stop starting more.
-Shutdown (NOTE [headrace shutdown] in ``runtime/pool.py``): closing the task queue ends the
+Shutdown (NOTE [headrace shutdown] in ``runtime/worker_stop.py``): closing the task queue ends the
 proxy within ``POLL_S`` and it kills its actor; actors are not detached, so Ray also ends them
 when the training process exits.
 

@@ -4,7 +4,7 @@
 only writer of the delivered bitmap, so a ``state_dict()`` taken between two ``next()`` calls is
 exact. A batch is marked when it reaches the training loop (``mark``), not when it is taken
 from the scheduler (``take``): the device prefetcher (``runtime/prefetch.py``) takes batches
-ahead, and those are not delivered yet. Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
+ahead, and those are not delivered yet. Shutdown: see NOTE [headrace shutdown] in ``runtime/worker_stop.py``.
 
 An interrupt (Ctrl-C) may come anywhere in ``next()``, and a notebook user reads the same
 iterator on. CPython 3.11 runs a signal's handler, and so raises its exception, where a

@@ -1,5 +1,5 @@
 """The worker pools alive in this process, and what happens to them at a fork and at exit
-(see NOTE [headrace shutdown] in ``runtime/pool.py``): the interpreter's exit stops them, a
+(see NOTE [headrace shutdown] in ``runtime/worker_stop.py``): the interpreter's exit stops them, a
 process forked from this one leaves them alone, and a new pool finishes the shutdowns an
 interrupt cut short. Pools are held weakly and read by their attributes only."""
 

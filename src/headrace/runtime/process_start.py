@@ -1,5 +1,5 @@
 """Starting one worker process and recording it in its pool, as one step that a Ctrl-C cannot
-cut in two (NOTE [headrace shutdown] in ``runtime/pool.py``)."""
+cut in two (NOTE [headrace shutdown] in ``runtime/worker_stop.py``)."""
 
 from __future__ import annotations
 

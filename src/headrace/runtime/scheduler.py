@@ -22,7 +22,7 @@ their own thread; that is why the scheduler's state changes under ``_lock``.
 
 Exactly-once: every task has a tid; a result is accepted only for a tid still outstanding, a
 position is completed once, and the training loop marks positions delivered one batch at a time.
-Shutdown: see NOTE [headrace shutdown] in ``runtime/pool.py``.
+Shutdown: see NOTE [headrace shutdown] in ``runtime/worker_stop.py``.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class Scheduler:
         scheduler's thread held the last reference to it (``on_death``'s local, ``emit``'s
         while it collated the next batch) the iterator was finalised there, its workers
         joined in that thread while the training loop, out of its ``except`` block, already
-        took them for stopped (NOTE [headrace shutdown] in ``runtime/pool.py``)."""
+        took them for stopped (NOTE [headrace shutdown] in ``runtime/worker_stop.py``)."""
         with self._lock:
             pass
 

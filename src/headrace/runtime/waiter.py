@@ -4,7 +4,7 @@ Worker result pipes and process sentinels (a message, or a death), a wake-up pip
 dispatch: room freed by the training loop, a worker added), and task pipes still full (rare: a
 large hand-off payload; watched until they drain). One persistent selector (epoll): building a
 selector per wait cost more CPU than the rest of the scheduler. Waits at most the caller's
-timeout, so the scheduler sees its stop event (NOTE [headrace shutdown] in ``runtime/pool.py``).
+timeout, so the scheduler sees its stop event (NOTE [headrace shutdown] in ``runtime/worker_stop.py``).
 
 The training thread wakes the scheduler on its way out of ``next()`` (room freed). The pipe
 write releases the GIL, the woken thread takes it for its pass, and ``next()`` waited for that

@@ -17,7 +17,7 @@ Messages (tuples, to keep pickling cheap):
   ``None`` for a sample that could not be sent);
   ``("many", [message, ...])``: several finished samples' messages, in order (``Outbox``).
 
-See NOTE [headrace shutdown] in ``runtime/pool.py`` for how a worker exits.
+See NOTE [headrace shutdown] in ``runtime/worker_stop.py`` for how a worker exits.
 """
 
 from __future__ import annotations
