@@ -146,3 +146,32 @@ def test_a_sampler_yielding_past_its_length_resumes_in_a_new_process(tmp_path, n
                          timeout=240)
     assert out.returncode == 0, out.stderr[-4000:]
     check_rest(full, before, [tuple(r) for r in json.loads(out.stdout)], True)
+
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_close_at_the_last_batch_before_the_end_is_seen_ends_cleanly(workers, no_leaks):
+    """``loader.close()`` after the epoch's last batch, its end not seen yet: the next
+    ``next()`` is a ``StopIteration``, as with a length that is right (``num_workers=0``
+    raised ``LoaderClosedError``: the positions past the length were of unknown number)."""
+    loader = make(workers)
+    it = iter(loader)
+    assert len(epoch(it, stop=2 * N // BS)) == 2 * N  # every batch; the end not read yet
+    loader.close()
+    with pytest.raises(StopIteration):
+        next(it)
+    loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_close_where_the_deliveries_reach_the_length_says_the_rest_is_lost(workers, no_leaks):
+    """``loader.close()`` once the deliveries reach the sampler's ``__len__``, half the epoch
+    still to come: ``LoaderClosedError`` (``num_workers=0`` gave a ``StopIteration``, and a
+    training loop took the half for the whole)."""
+    loader = make(workers)
+    it = iter(loader)
+    epoch(it, stop=N // BS)
+    loader.close()
+    with pytest.raises(hr.LoaderClosedError, match=r"part-way through epoch 0: 5 batch\(es\)"):
+        next(it)
+    loader.close()

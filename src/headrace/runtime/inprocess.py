@@ -141,7 +141,8 @@ class InProcessIterator(EpochBase):
         it ended (the draws a sampler makes at its end are made: torch's ``RandomSampler``
         draws one more permutation there, which the next epoch's order follows), False when
         it gave more (kept for the next ``next()``). For ``state_dict()`` once every position
-        is settled: only then is the state between epochs."""
+        is settled: only then is the state between epochs; and for ``loader.close()``, to
+        tell an epoch at its end from one closed part-way (``span.halt_unfinished``)."""
         if self._peeked:
             return False
         try:

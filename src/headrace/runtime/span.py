@@ -134,10 +134,14 @@ def batches_left(loader: DataLoader, epoch: Any) -> int:
 
 
 def halt_unfinished(loader: DataLoader, epoch: Any, *why: str) -> None:
-    """Before ``close()`` or ``load_state_dict()`` closes the running ``epoch``: if some of its
-    positions are not settled, its later ``next()`` calls raise ``LoaderClosedError`` (``why``:
-    what closed it and what to do, ``EpochBase.halting``'s defaults otherwise)."""
-    if epoch is not None and not epoch.closed and not all_settled(loader, epoch):
+    """Before ``close()`` or ``load_state_dict()`` closes the running ``epoch``: unless it is
+    :func:`at_end` (with ``num_workers=0`` the sampler's end is read here, as ``state_dict()``
+    reads it), its later ``next()`` calls raise ``LoaderClosedError`` (``why``: what closed it
+    and what to do, ``EpochBase.halting``'s defaults otherwise). It went by
+    :func:`all_settled` alone: an oversampler closed at its last batch, its end not read yet,
+    raised ``LoaderClosedError``; one closed where its deliveries reached its ``__len__``,
+    half of it still to come, ended with a ``StopIteration`` (``num_workers=0``)."""
+    if epoch is not None and not epoch.closed and not at_end(loader, epoch):
         epoch.halting(epoch_positions(loader, epoch), length_or_none(loader), *why)
 
 
