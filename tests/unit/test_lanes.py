@@ -4,7 +4,8 @@ import itertools
 
 from headrace.runtime.batcher import Batcher
 from headrace.runtime.bitmap import Bitmap
-from headrace.runtime.lanes import Lanes
+from headrace.runtime.feed import Feed
+from headrace.runtime.lanes import Lanes, fresh_left
 from headrace.runtime.work import EpochSpec, Rec
 from headrace.runtime.worker import Task
 
@@ -90,3 +91,46 @@ def test_a_worker_limited_to_some_resumed_samples_takes_only_those():
     assert [r.index for r in lanes.retry] == [5] and [r.index for r in lanes.backlog] == [6]
     assert lanes.choose(False, lambda: True, 0).index == 5  # a local worker: the retry first
     assert lanes.choose(False, lambda: True, 0).index == 6
+
+
+def test_fresh_left_counts_the_positions_the_sampler_gave_its_length_a_hint():
+    assert fresh_left(10, 4, False, 4, 2) == 8  # a length that is right: 6 to pull, 2 waiting
+    assert fresh_left(10, 14, False, 14, 2) is None  # given past its length: unknown (was -2)
+    assert fresh_left(10, 20, True, 18, 1) == 3  # its end read: 2 to pull, 1 waiting
+    assert fresh_left(10, 4, True, 4, 1) == 1  # gave less than its length, end read (was 7)
+    assert fresh_left(None, 3, False, 3, 0) is None  # no length, end not read
+    assert fresh_left(None, 3, True, 3, 0) == 0
+
+
+def fed(groups, total):
+    """Lanes over a ``Feed`` (as the scheduler's are), read ahead as far as ``top_up`` goes."""
+    feed = Feed(iter(groups), True, ahead=100)
+    s = spec([], total=total)
+    s.groups = feed
+    return Lanes(s, itertools.count()), feed
+
+
+def test_an_oversampler_past_its_length_is_near_its_end_only_at_its_end():
+    """It gives 12 positions, its ``__len__`` says 4: past 4 the epoch's end was taken as near
+    (each worker held one sample at a time for the rest of the epoch)."""
+    lanes, feed = fed([[0, 1], [2, 3], [0, 1], [2, 3], [0, 1], [2, 3]], total=4)
+    feed.ahead = 6
+    feed.top_up(0)  # 6 positions read, the end not yet
+    for _ in range(5):
+        lanes.next_fresh(0)
+    assert lanes.positions == 6 and not lanes.near_end(2)  # 1 fresh waiting, the rest unknown
+    feed.ahead = 100
+    feed.top_up(6)  # the rest read, and the end
+    assert feed.read_to_end and not lanes.near_end(2)  # 7 fresh left
+    for _ in range(5):
+        lanes.next_fresh(0)
+    assert lanes.near_end(2) and not lanes.near_end(1)  # 2 left
+
+
+def test_an_undersampler_is_near_its_end_once_its_end_is_read():
+    """It gives 4 positions, its ``__len__`` says 100: the epoch's end never counted as near."""
+    lanes, feed = fed([[0, 1], [2, 3]], total=100)
+    feed.top_up(0)
+    assert feed.read_to_end
+    lanes.next_fresh(0)
+    assert lanes.near_end(3) and not lanes.near_end(2)  # 3 left (1 waiting, 2 to pull)

@@ -18,7 +18,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from headrace.runtime.draws import Draws
-from headrace.runtime.feed import NotYet, detached
+from headrace.runtime.feed import Feed, NotYet, detached
+from headrace.runtime.span import hinted
 from headrace.runtime.work import EpochSpec, Rec
 from headrace.runtime.worker import Task
 
@@ -72,11 +73,18 @@ class Lanes:
 
     def near_end(self, margin: int) -> bool:
         """At most ``margin`` fresh samples are left: queue none behind a running one (no tail
-        waiting behind a slow sample)."""
-        total = self.spec.total_positions
-        if total is None:
-            return False
-        return total - self.positions + len(self.fresh) <= margin
+        waiting behind a slow sample). Counted from the positions the sampler gave
+        (:func:`fresh_left`), its ``__len__`` a hint only: an oversampler past its length was
+        near its end for the whole rest of the epoch (one sample per worker at a time), and
+        one that gave less was never near it."""
+        feed = self.spec.groups
+        if isinstance(feed, Feed):  # the training thread reads it ahead of the pulls here
+            read, end_read = feed.positions, feed.read_to_end
+        else:
+            read, end_read = self.positions, False
+        left = fresh_left(self.spec.total_positions, read, end_read or self.exhausted,
+                          self.positions, len(self.fresh))
+        return left is not None and left <= margin
 
     def next_fresh(self, in_flight: int) -> Rec | None:
         """A new task for the next fresh position, pulling a sampler batch when none is left and
@@ -129,6 +137,20 @@ class Lanes:
         self.fresh.extend(todo)
         self.pulled += len(todo)
         return True
+
+
+def fresh_left(length: int | None, read: int, end_read: bool, pulled: int,
+               waiting: int) -> int | None:
+    """Fresh samples of an epoch not yet on a worker, as far as is known; None: unknown.
+    ``waiting``: those pulled and not dispatched; to them come the positions not pulled yet
+    (``pulled``: how many were), out of ``read`` where the sampler was read to its end
+    (``end_read``: ``read`` is then the epoch's positions), else out of its ``__len__``
+    (``length``) where the sampler has not given more than that (``span.hinted``). Positions a
+    resumed epoch delivered before are counted as left: an overcount of at most those."""
+    if end_read:
+        return max(0, read - pulled) + waiting
+    total = hinted(length, read)
+    return None if total is None else max(0, total - pulled) + waiting
 
 
 def _take(queue: deque[Rec], runs: Callable[[Task], bool] | None) -> Rec | None:
