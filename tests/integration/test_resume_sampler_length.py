@@ -172,6 +172,9 @@ def test_close_where_the_deliveries_reach_the_length_says_the_rest_is_lost(worke
     it = iter(loader)
     epoch(it, stop=N // BS)
     loader.close()
-    with pytest.raises(hr.LoaderClosedError, match=r"part-way through epoch 0: 5 batch\(es\)"):
+    with pytest.raises(hr.LoaderClosedError, match=r"part-way through epoch 0: 5 batch\(es\)"
+                       ) as ei:
         next(it)
+    # its __len__ is no count of what is left: the message does not say it has none
+    assert "has no length, or gave more than its __len__" in str(ei.value), ei.value
     loader.close()

@@ -242,7 +242,7 @@ def test_close_where_a_lengthless_samplers_end_was_not_read_is_not_guessed(worke
     loader.close()
     with pytest.raises(hr.LoaderClosedError, match=re.escape(
             "3 batch(es) were delivered, and how much was not is unknown (the sampler has no "
-            "length, and its end was not read yet)")):
+            "length, or gave more than its __len__, and its end was not read yet)")):
         next(it)
     assert loader.state_dict()["in_epoch"]
     loader.close()

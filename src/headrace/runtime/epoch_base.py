@@ -132,8 +132,8 @@ class EpochBase:
         m = self.meter
         before = self.delivered_before
         if total is None:
-            left = ("how much was not is unknown (the sampler has no length, and its end was "
-                    "not read yet)")
+            left = ("how much was not is unknown (the sampler has no length, or gave more "
+                    "than its __len__, and its end was not read yet)")
         else:
             samples = total - self.delivered.count - self.settled_undelivered()
             left = (f"{batches - m.batches} of its {batches} batches ({samples} samples) were not"
