@@ -199,3 +199,59 @@ def test_the_memory_budget_follows_what_other_processes_take():
     assert s.decide(8, cpu_usage=0.5, memory_per_worker=gib / 2, memory_budget=later).new == 8
     assert s.decide(8, cpu_usage=0.5, memory_per_worker=gib, memory_budget=later).new == 4
     assert worker_memory_budget(16 * gib, 0.0, 4) == 2 * gib  # four ranks on the node
+
+
+def test_no_decision_adds_workers_the_rest_of_the_epoch_cannot_keep_busy():
+    """Each decision is capped, as a pool's start is, by the workers the epoch's unfinished
+    samples keep busy (two a worker): an empty queue at a short epoch's end asked Little's law
+    for 25 workers where 5 samples were left."""
+    from headrace.planner.workers import epoch_workers
+
+    assert epoch_workers(5, 64) == 3  # 5 samples left: 3 workers hold them
+    assert epoch_workers(100, 16) == 8 and epoch_workers(None, 16) == 8  # the in-flight bound
+    assert epoch_workers(0, 16) == 0
+    big = AutoscaleConfig(max_workers=64)
+    d = next_worker_count(2, 0.0, 0.3, big, cores=2, demand=25, epoch_cap=3)
+    assert d.new == 3 and d.epoch_cap == 3
+    assert "the rest of the epoch keeps 3 busy" in d.describe()
+    assert next_worker_count(4, 0.0, 1.0, CFG, epoch_cap=5).new == 5  # Formula 2's +2 too
+    # a cap that does not bind is not named
+    free = next_worker_count(4, 0.0, 1.0, CFG, epoch_cap=20)
+    assert free.new == 6 and free.epoch_cap is None and "epoch" not in free.describe()
+    # it removes none (the next epoch starts from this count; its start has its own cap),
+    # nor holds back what the formula removes
+    assert next_worker_count(6, 0.0, 1.0, CFG, epoch_cap=2).new == 6
+    assert next_worker_count(8, 1.0, 0.0, CFG, epoch_cap=2).new == 7
+    assert next_worker_count(1, 0.0, 1.0, AutoscaleConfig(min_workers=4), epoch_cap=2).new == 4
+    s = WorkerScaler(AutoscaleConfig(max_workers=64, ema=1.0))
+    s.observe_queue(0.0)
+    d = s.decide(2, cpu_usage=0.2, cores=2, consumer_rate=100.0, sample_wall_s=0.2, epoch_cap=4)
+    assert d.demand_workers == 25 and d.new == 4
+
+
+def test_the_rest_of_an_epoch_is_what_its_sampler_has_yet_to_give_and_what_runs():
+    import itertools
+
+    from headrace.runtime.lanes import Lanes
+    from headrace.runtime.worker_scaling import epoch_cap
+    from tests.unit.test_lanes import spec
+
+    # the runtime reads it off the scheduler's lanes, capped by the in-flight bound
+    lanes = Lanes(spec([[2 * k, 2 * k + 1] for k in range(8)], max_in_flight=100, total=16),
+                  itertools.count())
+    assert epoch_cap(lanes) == 8  # nothing pulled yet: 16 samples, 8 workers
+    for _ in range(7):
+        assert lanes.next_fresh(0) is not None
+    lanes.settled = 4  # 8 pulled (one waits), 4 settled: 8 to give + 4 unsettled
+    assert epoch_cap(lanes) == 6
+    for _ in range(9):
+        assert lanes.next_fresh(0) is not None
+    lanes.settled = 11  # all 16 given, 5 left running or waiting
+    assert epoch_cap(lanes) == 3
+    small = Lanes(spec([[0, 1]], max_in_flight=4, total=400), itertools.count())
+    assert epoch_cap(small) == 2  # 4 in flight at most: 2 workers
+    # a sampler that gave more than its __len__ said: the rest is unknown, the bound caps
+    over = Lanes(spec([[k] for k in range(12)], max_in_flight=8, total=4), itertools.count())
+    for _ in range(6):
+        assert over.next_fresh(0) is not None
+    assert epoch_cap(over) == 4

@@ -8,9 +8,9 @@ utilisation in [0, 1] and θ_c the CPU threshold. An empty queue or a busy CPU a
 full queue with an idle CPU removes them. headrace also caps the count by a memory budget:
 ``budget // memory_per_worker`` (a worker's private memory, ``runtime/worker_scaling.py``).
 
-Two departures, because the paper's max_workers is the core count and ours is not (samples
-that mostly wait, on I/O or sleeps, need many more workers than cores: torch's best on the
-speech workloads was 12 workers per core):
+Three departures, two because the paper's max_workers is the core count and ours is not
+(samples that mostly wait, on I/O or sleeps, need many more workers than cores: torch's best
+on the speech workloads was 12 workers per core), one because its epochs are long:
 
 * **Saturated cores add no workers.** At or above ``saturated_cpu`` machine utilisation, no
   worker is added beyond the cores: the cores, not the worker count, limit throughput, and a
@@ -24,6 +24,10 @@ speech workloads was 12 workers per core):
   known CPU share, at most the workers the cores can run (:func:`busy_workers`): λ·W counts
   the wait of CPU-bound samples for a core as work more workers would overlap, and no count
   of workers overlaps it.
+* **The rest of the epoch caps what is added.** No decision adds workers beyond those the
+  epoch's unfinished samples can keep busy (:func:`epoch_workers`: two samples a worker, the
+  rule that caps a pool's start): a short epoch whose empty queue asked for more forked
+  workers that its last samples could not keep busy.
 
 Pure: the runtime measures, this decides.
 """
@@ -36,6 +40,7 @@ from collections import deque
 
 from headrace import resources
 from headrace.planner import ranks
+from headrace.planner.queueing import MIN_DEPTH
 
 
 def available_cpus() -> int:
@@ -169,6 +174,9 @@ class ScaleDecision:
     memory_cap: int | None
     demand_workers: int | None = None
     saturated: bool = False
+    epoch_cap: int | None = None
+    """Workers the rest of the epoch could keep busy (:func:`epoch_workers`), when that held
+    back what the decision added; None otherwise."""
 
     def describe(self) -> str:
         verb = "kept" if self.new == self.current else ("added" if self.new > self.current else "removed")
@@ -178,9 +186,11 @@ class ScaleDecision:
         demand = (f", the consumer needs ~{self.demand_workers} (λ·W)"
                   if self.demand_workers is not None else "")
         sat = ", cores saturated: none added beyond them" if self.saturated else ""
+        left = (f", the rest of the epoch keeps {self.epoch_cap} busy"
+                if self.epoch_cap is not None else "")
         return (
             f"{what}: ready-queue fill {self.queue_fill:.2f}, CPU {self.cpu_usage:.2f}, "
-            f"Δ={self.delta:+.2f}{cap}{demand}{sat}"
+            f"Δ={self.delta:+.2f}{cap}{demand}{sat}{left}"
         )
 
 
@@ -209,6 +219,18 @@ def demand_workers(consumer_rate: float | None, sample_wall_s: float | None,
     return max(1, math.ceil(consumer_rate * sample_wall_s * margin))
 
 
+def epoch_workers(left: int | None, max_in_flight: int) -> int:
+    """Workers an epoch can keep busy from here: its samples not finished (``left``: not yet
+    given to a worker or given and not settled; None: unknown) or the samples allowed in
+    flight (``max_in_flight``),
+    whichever is fewer, over the ``MIN_DEPTH`` samples a worker holds (one running, one
+    queued): more would hold none. The rule that caps a pool's start
+    (``WorkerScaling.start_workers(most=)``), applied to the rest of the epoch at each
+    decision (:func:`next_worker_count`'s ``epoch_cap``)."""
+    at_once = max_in_flight if left is None else min(max_in_flight, left)
+    return -(-max(0, at_once) // MIN_DEPTH)
+
+
 def next_worker_count(
     current: int,
     queue_fill: float,
@@ -219,6 +241,7 @@ def next_worker_count(
     cores: int | None = None,
     demand: int | None = None,
     draining: bool = False,
+    epoch_cap: int | None = None,
 ) -> ScaleDecision:
     """Formulas 1-2: the next worker count from queue fill (0..1) and CPU use (0..1).
 
@@ -229,7 +252,12 @@ def next_worker_count(
     ``cpu_share``: CPU ÷ wall time of samples' steps (see ``AutoscaleConfig.bounds``).
     ``cores``: the cores the workers may use; with it, saturated cores add no worker beyond
     them. ``demand``: Little's law's workers (:func:`demand_workers`); with it, a short queue
-    on unsaturated cores jumps there (both: see the module docstring)."""
+    on unsaturated cores jumps there (both: see the module docstring).
+
+    ``epoch_cap``: the workers the rest of the epoch can keep busy (:func:`epoch_workers`);
+    no worker is added beyond it (a short epoch's last samples keep no new worker busy: its
+    fork costs more than it runs). It removes none: the next epoch starts from the count this
+    one ends with, and its own start is capped by its length."""
     queue_fill = min(1.0, max(0.0, queue_fill))
     cpu_usage = min(1.0, max(0.0, cpu_usage))
     raw = formula_delta(queue_fill, cpu_usage, cfg)
@@ -250,8 +278,11 @@ def next_worker_count(
             runnable = min(demand, busy_workers(cores, cpu_share))
         step = max(step, runnable - current)
     new = min(hi, max(lo, current + step))
+    capped = None
+    if epoch_cap is not None and new > max(current, lo, epoch_cap):
+        new, capped = max(current, lo, epoch_cap), epoch_cap
     return ScaleDecision(current, new, raw, queue_fill, cpu_usage, memory_cap, demand,
-                         saturated and new <= current)
+                         saturated and new <= current, capped)
 
 
 class WorkerScaler:
@@ -278,19 +309,21 @@ class WorkerScaler:
         consumer_rate: float | None = None,
         sample_wall_s: float | None = None,
         draining: bool = False,
+        epoch_cap: int | None = None,
     ) -> ScaleDecision:
         """Next count; ``memory_per_worker`` (a worker's private memory: what one more adds)
         and ``memory_budget`` in bytes cap it;
         ``cpu_share`` (CPU ÷ wall of samples' steps) raises the default upper bound;
         ``cores``, ``consumer_rate`` (samples/s the consumer takes when it does not wait)
         and ``sample_wall_s`` (a sample's mean seconds in a worker) feed the two departures
-        of the module docstring; ``draining``: see :func:`next_worker_count`."""
+        of the module docstring; ``draining`` and ``epoch_cap`` (the workers the rest of the
+        epoch can keep busy, :func:`epoch_workers`): see :func:`next_worker_count`."""
         cap = None
         if memory_per_worker and memory_budget:
             cap = max(1, int(memory_budget // memory_per_worker))
         fill = self.queue_avg if self.queue_avg is not None else 0.0
         demand = demand_workers(consumer_rate, sample_wall_s, self.cfg.demand_margin)
         d = next_worker_count(current, fill, cpu_usage, self.cfg, cap, cpu_share, cores, demand,
-                              draining)
+                              draining, epoch_cap)
         self.decisions.append(d)
         return d

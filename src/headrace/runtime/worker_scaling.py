@@ -11,11 +11,20 @@ import psutil
 
 from headrace import resources
 from headrace.planner import ranks
-from headrace.planner.workers import WorkerScaler, consumer_rate, demand_workers, rank_cpus
+from headrace.planner.workers import (
+    WorkerScaler,
+    consumer_rate,
+    demand_workers,
+    epoch_workers,
+    rank_cpus,
+)
 from headrace.profiler.report import PipelineProfile, cpu_share
+from headrace.runtime.feed import Feed
+from headrace.runtime.lanes import fresh_left
 
 if TYPE_CHECKING:
     from headrace.profiler.stats import Profiler
+    from headrace.runtime.lanes import Lanes
     from headrace.runtime.scheduler import Scheduler
 
 
@@ -151,7 +160,8 @@ class WorkerScaling:
                                self.memory_budget(sum(used)), self._cpu_share(steps),
                                rank_cpus(),
                                self._consumer_rate(), self._sample_wall_s(steps),
-                               draining=sched.lanes.exhausted and not sched.lanes.fresh)
+                               draining=sched.lanes.exhausted and not sched.lanes.fresh,
+                               epoch_cap=epoch_cap(sched.lanes))
         if d.new > d.current:  # forked by the training thread at its next batch (forks.py)
             for _ in range(d.new - d.current):
                 if not pool.request_worker(num_workers=d.new):
@@ -160,6 +170,23 @@ class WorkerScaling:
             for w in sorted(live, key=lambda w: len(w.assigned))[: d.current - d.new]:
                 pool.retire(w)
         self.record_workers(pool.size + len(pool.requests))
+
+
+def epoch_cap(lanes: Lanes) -> int:
+    """The workers the rest of the epoch ``lanes`` tracks can keep busy
+    (``planner.workers.epoch_workers``): the cap on the scaler's additions, by the rule that
+    caps the pool's start. Its samples not finished are those not yet given to a worker
+    (``lanes.fresh_left``, as ``Lanes.near_end`` counts them: the sampler's ``__len__`` a hint)
+    and those given and not settled (waiting, running, in the slow lane)."""
+    feed = lanes.spec.groups
+    if isinstance(feed, Feed):  # the training thread reads it ahead of the pulls
+        read, end_read = feed.positions, feed.read_to_end
+    else:
+        read, end_read = lanes.positions, False
+    fresh = fresh_left(lanes.spec.total_positions, read, end_read or lanes.exhausted,
+                       lanes.positions, len(lanes.fresh))
+    left = None if fresh is None else fresh + max(0, lanes.pulled - lanes.settled - len(lanes.fresh))
+    return epoch_workers(left, lanes.spec.max_in_flight)
 
 
 def _start_note(n: int, share: float | None, rate: float | None, demand: int | None,
