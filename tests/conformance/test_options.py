@@ -185,10 +185,21 @@ def test_the_class_is_generic(Loader):
     ({"num_workers": 0, "multiprocessing_context": "spawn"}, ValueError),
     ({"num_workers": 1, "multiprocessing_context": "bad"}, ValueError),
     ({"num_workers": 1, "multiprocessing_context": object()}, TypeError),
+    ({"num_workers": "2"}, TypeError),  # torch: '<' not supported between 'str' and 'int'
+    ({"num_workers": "Auto"}, TypeError),  # (headrace's ValueError, a bug hunt's find)
 ])
 def test_invalid_arguments_raise_torchs_errors(Loader, kw, error):
     with pytest.raises(error):
         Loader(Squares(4), **kw)
+
+
+
+def test_a_string_other_than_auto_is_a_type_error_that_says_what_num_workers_takes(Loader):
+    with pytest.raises(TypeError) as info:
+        Loader(Squares(4), batch_size=2, num_workers="2")
+    if is_headrace(Loader):
+        assert "num_workers must be an int or 'auto'" in str(info.value)
+        assert "'2'" in str(info.value)
 
 
 NOT_AN_INTEGER = "'float' object cannot be interpreted as an integer"

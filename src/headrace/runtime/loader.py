@@ -96,7 +96,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         iterable = isinstance(dataset, tud.IterableDataset)
         if isinstance(num_workers, str):
             if num_workers != "auto":
-                raise ValueError(f"num_workers must be an int or 'auto', got {num_workers!r}")
+                raise TypeError(  # as torch's DataLoader (its num_workers < 0 check)
+                    f"num_workers must be an int or 'auto', got the string {num_workers!r}")
             num_workers = AutoWorkers(options.autoscale.start_count())
             if iterable:  # torch's iterator: a fixed count, named in a warning
                 num_workers = iterable_dataset.fixed_workers(num_workers)
