@@ -114,6 +114,11 @@ class Monitor(WorkerScaling):
         self.executor_decision: ExecutorDecision | None = None
         """What ``executor="auto"`` chose (None: still measuring, or not auto)."""
         self._executor_probes = ExecutorProbes()  # what the probing pools measured
+        self.threads_caveat: str | None | bool = False
+        """``executor="auto"`` where threads can run (set by the loader): None, or why they
+        would compute differently (``executor_auto.threads_differ``); False: not auto, or
+        threads cannot run. Samples that do not pickle move such a loader to threads
+        (:meth:`on_unsendable`)."""
         self.meter: Any = None
         """The running epoch's ``EpochMeter`` (the consumer's side: samples taken, stall)."""
         self.cpu_use = resources.CpuUse() if autoscale else None  # its interval starts now
@@ -213,6 +218,21 @@ class Monitor(WorkerScaling):
 
     def on_worker_restart(self) -> None:
         self.worker_restarts += 1
+
+    def on_unsendable(self, index: int, text: str) -> bool:
+        """(Scheduler thread) sample ``index``'s error from a worker process, ``text``: True
+        when it did not pickle and ``executor="auto"`` moves to threads for it (the scheduler
+        then moves the pool's workers to threads and runs the sample again); False otherwise
+        (the error stays the sample's)."""
+        if self.threads_caveat is False:
+            return False
+        caveat = self.threads_caveat if isinstance(self.threads_caveat, str) else None
+        d = self._executor_probes.on_unsendable(index, text, caveat)
+        if d is None:
+            return False
+        self.executor_decision = d
+        self.use_executor("threads")  # a new profile: a thread's wall holds its GIL waits
+        return True
 
     def on_skip(self, index: int, err: BaseException) -> None:
         self.skipped_total += 1
