@@ -98,49 +98,44 @@ def tag(i):
     return {"i": i, "tag": Tagged(str(i))}
 
 
-@pytest.mark.parametrize("kind", ["pipeline", "dataset", "persistent"])
-def test_auto_moves_to_threads_for_samples_that_do_not_pickle(kind, no_leaks):
+@pytest.mark.parametrize("persistent", [False, True])
+def test_auto_moves_to_threads_for_samples_that_do_not_pickle(persistent, no_leaks):
     # executor="auto" started on processes and raised the sample's error, which recommended
     # executor='threads': auto now moves there itself, within the epoch, and says why
     auto = hr.Options(executor="auto", profile_store=False, cache=None)
-    if kind == "dataset":  # a plain Dataset and a collate_fn of one's own: threads compute
-        # differently in general (global generators, shared objects), not that processes
-        # could deliver these samples at all
-        loader = hr.DataLoader(LockSamples(), batch_size=2, num_workers=2,
-                               collate_fn=first_only, options=auto)
-        want = list(range(6))
-    else:
-        loader = hr.DataLoader(hr.Pipeline(Indices(), [hr.step(tag, name="tag")]), batch_size=4,
-                               num_workers=2, options=auto,
-                               persistent_workers=kind == "persistent")
-        want = list(range(24))
+    loader = hr.DataLoader(hr.Pipeline(Indices(), [hr.step(tag, name="tag")]), batch_size=4,
+                           num_workers=2, options=auto, persistent_workers=persistent)
     try:
         for _ in range(2):
-            got = [i for b in loader
-                   for i in (b.tolist() if kind == "dataset" else b["i"].tolist())]
-            assert sorted(got) == want  # each sample once, the one that failed to send too
+            got = [i for b in loader for i in b["i"].tolist()]
+            assert sorted(got) == list(range(24))  # each sample once, the one that failed too
             text = loader.explain()
             assert 'executor="auto" chose threads: sample' in text
             assert "does not pickle (cannot pickle '_thread.lock' object)" in text
             assert "until then" not in text  # it ran on threads already
-            assert ("although the dataset's own __getitem__" in text) == (kind == "dataset")
         assert loader._executor == "threads"  # the second epoch's pool was one of threads
-        if kind == "persistent":  # the first's, kept, moved to threads
+        if persistent:  # the first's, kept, moved to threads
             assert all(w.is_thread for w in loader._pool.workers.values())
     finally:
         loader.close()
 
 
-def test_auto_keeps_the_error_where_threads_cannot_run_or_processes_were_asked_for(no_leaks):
+def test_auto_keeps_the_error_where_threads_are_held_back_or_processes_were_asked_for(no_leaks):
+    # a plain Dataset with a collate_fn of its own: threads could compute otherwise (its global
+    # generators, objects threads share), so auto does not move there to deliver something
     pipe = hr.Pipeline(Indices(), [hr.step(tag, name="tag")])
-    for options, kw in [(hr.Options(executor="processes", cache=None), {}),
-                        (hr.Options(executor="auto", profile_store=False, cache=None),
-                         {"worker_init_fn": lambda k: None})]:
-        loader = hr.DataLoader(pipe, batch_size=4, num_workers=2, options=options, **kw)
+    cases = [(pipe, hr.Options(executor="processes", cache=None), {}),
+             (pipe, hr.Options(executor="auto", profile_store=False, cache=None),
+              {"worker_init_fn": lambda k: None}),
+             (LockSamples(), hr.Options(executor="auto", profile_store=False, cache=None),
+              {"collate_fn": first_only})]
+    for data, options, kw in cases:
+        loader = hr.DataLoader(data, batch_size=4, num_workers=2, options=options, **kw)
         try:
             with pytest.raises(hr.StepError) as info:
                 list(loader)
             assert info.value.step == "transport" and "cannot pickle" in str(info.value)
             assert "Options(executor='threads')" in str(info.value)
+            assert loader._executor == "processes"
         finally:
             loader.close()

@@ -123,12 +123,11 @@ def test_samples_that_do_not_pickle_move_auto_to_threads_for_good():
     assert unsendable_cause(f"{NOT_SENT}[Errno 28] No space left on device{SHM_FULL}") is None
     assert unsendable_cause("division by zero") is None  # a step's own error
     probes = ExecutorProbes()
-    assert probes.on_unsendable(3, "division by zero", None) is None
-    d = probes.on_unsendable(3, text, "a collate_fn of your own would receive objects")
+    assert probes.on_unsendable(3, "division by zero") is None
+    d = probes.on_unsendable(3, text)
     assert d is not None and d.executor == "threads" and math.isnan(d.held_share)
     assert "sample 3 does not pickle (cannot pickle '_thread.lock' object)" in d.reason
-    assert "although a collate_fn of your own" in d.reason
-    assert probes.on_unsendable(5, text, None) is d  # the first sample's reason stays
+    assert probes.on_unsendable(5, text) is d  # the first sample's reason stays
     # nothing moves it back: no trial against processes (which delivered nothing), no draw
     processes = choose_executor(1.9, 2.0, workers=4, cores=4)
     assert probes.after_epoch("processes", 5.0, 1000.0, processes) is d

@@ -27,10 +27,11 @@ good. Pure: the runtime measures, this decides.
 
 Samples that do not pickle cannot leave a worker process at all (headrace collates in the
 training process, so each sample crosses on its own): the first such sample moves the loader
-to threads for good (:func:`unsendable_threads`), even where threads were otherwise held back
-for computing differently (a plain Dataset's global generators, a ``collate_fn`` of one's own):
-processes deliver nothing there. Not where threads cannot run at all (a ``worker_init_fn``,
-``sample_timeout_s``, remote workers): the sample's error says why.
+to threads for good (:func:`unsendable_threads`). Only where nothing else holds threads back
+(``runtime.executor_auto.threads_blocked``): where they cannot run at all (a
+``worker_init_fn``, ``sample_timeout_s``, remote workers) or could compute otherwise (a plain
+Dataset's ``__getitem__`` and its global generators, which threads share; a ``collate_fn`` of
+one's own), the sample's error stays, and says to choose ``executor="threads"``.
 """
 
 from __future__ import annotations
@@ -130,15 +131,11 @@ def forced_processes(reason: str) -> ExecutorDecision:
     return ExecutorDecision("processes", float("nan"), 0.0, 0, reason)
 
 
-def unsendable_threads(index: int, cause: str, caveat: str | None = None) -> ExecutorDecision:
+def unsendable_threads(index: int, cause: str) -> ExecutorDecision:
     """``executor="auto"`` once sample ``index`` could not be sent from its worker process
     (``cause``: the pickling error, e.g. ``cannot pickle '_thread.lock' object``): threads,
-    where nothing is pickled, for good. ``caveat``: why threads were held back otherwise
-    (``runtime.executor_auto.threads_differ``), named in the reason: threads run then, as
-    ``executor="threads"`` would, since processes cannot deliver such samples at all."""
+    where nothing is pickled, for good."""
     why = (f"sample {index} does not pickle ({cause}), so it cannot leave a worker process; "
            "worker threads of the training process pickle nothing, so the pool moved to "
            "threads at once and its worker processes' samples ran again there")
-    if caveat is not None:
-        why += f" (although {caveat}: processes could not deliver these samples at all)"
     return ExecutorDecision("threads", float("nan"), 0.0, 0, why)

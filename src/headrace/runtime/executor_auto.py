@@ -94,17 +94,16 @@ class ExecutorProbes:
         return choose_executor(self._banked[0] + self._last[0], self._banked[1] + self._last[1],
                                max(1, pool.size), rank_cpus())
 
-    def on_unsendable(self, index: int, text: str, caveat: str | None) -> ExecutorDecision | None:
+    def on_unsendable(self, index: int, text: str) -> ExecutorDecision | None:
         """Threads for good (``planner.executor.unsendable_threads``) when ``text``, the error
         of sample ``index`` from a worker process, says it could not be sent because it does
-        not pickle (:func:`unsendable_cause`); None for any other error. ``caveat``: why
-        threads were held back otherwise (:func:`threads_differ`), or None."""
+        not pickle (:func:`unsendable_cause`); None for any other error."""
         if self._unsendable is not None:
             return self._unsendable
         cause = unsendable_cause(text)
         if cause is None:
             return None
-        self._unsendable = unsendable_threads(index, cause, caveat)
+        self._unsendable = unsendable_threads(index, cause)
         return self._unsendable
 
     @staticmethod
@@ -134,30 +133,16 @@ def unsendable_cause(text: str) -> str | None:
 
 
 def threads_blocked(loader: DataLoader) -> str | None:
-    """Why ``executor="auto"`` may not choose threads here (None: it may): it cannot
-    (:func:`threads_ruled_out`), or they would compute differently (:func:`threads_differ`)."""
-    return threads_ruled_out(loader) or threads_differ(loader)
-
-
-def threads_differ(loader: DataLoader) -> str | None:
-    """Why worker threads could compute other samples or batches than worker processes here
-    (None: they could not). ``executor="auto"`` keeps processes for it, unless samples do not
-    pickle (``ExecutorProbes.on_unsendable``): processes deliver none of those."""
-    assert loader.pipeline is not None
+    """Why ``executor="auto"`` may not choose threads here (None: it may)."""
+    if not loader.num_workers or loader.pipeline is None:
+        return "no worker processes to replace (num_workers=0 or an IterableDataset)"
     if loader.pipeline.opaque or loader.pipeline.embedded:
         return ("the dataset's own __getitem__ runs the steps: threads would share its "
                 "global random generators, which worker processes re-seed per sample")
-    if loader.collate_fn is not torch_collate.default_collate:
-        return "a collate_fn of your own would receive objects shared between threads"
-    return None
-
-
-def threads_ruled_out(loader: DataLoader) -> str | None:
-    """Why worker threads cannot run this loader's samples at all (None: they can)."""
-    if not loader.num_workers or loader.pipeline is None:
-        return "no worker processes to replace (num_workers=0 or an IterableDataset)"
     if loader.worker_init_fn is not None:
         return "worker_init_fn needs worker processes"
+    if loader.collate_fn is not torch_collate.default_collate:
+        return "a collate_fn of your own would receive objects shared between threads"
     if loader.options.sample_timeout_s is not None:
         return "sample_timeout_s needs worker processes (a thread cannot be killed)"
     if loader.options.remote is not None:

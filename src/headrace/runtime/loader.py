@@ -43,7 +43,7 @@ from headrace.runtime import (
 from headrace.runtime import span as epoch_span
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import CollatePlace
-from headrace.runtime.executor_auto import threads_blocked, threads_ruled_out
+from headrace.runtime.executor_auto import threads_blocked
 from headrace.runtime.monitor import Monitor
 from headrace.runtime.options import AutoWorkers, Options, check_arguments, loader_generator
 from headrace.runtime.planning import Planning
@@ -143,8 +143,7 @@ class DataLoader(tud.DataLoader[_T_co]):
                 self.monitor.executor_decision = forced_processes(blocked)
             else:
                 self.monitor.probe_gil = True
-            if threads_ruled_out(self) is None:  # samples that do not pickle get threads
-                self.monitor.threads_caveat = blocked
+                self.monitor.unsendable_to_threads = True  # as threads_blocked allows
         self.planning = (Planning(self.pipeline, self.options, self.monitor)
                          if self.pipeline is not None else None)  # (an empty one is falsy)
         if self.planning is not None:

@@ -114,11 +114,9 @@ class Monitor(WorkerScaling):
         self.executor_decision: ExecutorDecision | None = None
         """What ``executor="auto"`` chose (None: still measuring, or not auto)."""
         self._executor_probes = ExecutorProbes()  # what the probing pools measured
-        self.threads_caveat: str | None | bool = False
-        """``executor="auto"`` where threads can run (set by the loader): None, or why they
-        would compute differently (``executor_auto.threads_differ``); False: not auto, or
-        threads cannot run. Samples that do not pickle move such a loader to threads
-        (:meth:`on_unsendable`)."""
+        self.unsendable_to_threads = False
+        """``executor="auto"`` where nothing holds threads back (``threads_blocked``; set by the
+        loader): samples that do not pickle move the loader to threads (:meth:`on_unsendable`)."""
         self.meter: Any = None
         """The running epoch's ``EpochMeter`` (the consumer's side: samples taken, stall)."""
         self.cpu_use = resources.CpuUse() if autoscale else None  # its interval starts now
@@ -224,10 +222,9 @@ class Monitor(WorkerScaling):
         when it did not pickle and ``executor="auto"`` moves to threads for it (the scheduler
         then moves the pool's workers to threads and runs the sample again); False otherwise
         (the error stays the sample's)."""
-        if self.threads_caveat is False:
+        if not self.unsendable_to_threads:
             return False
-        caveat = self.threads_caveat if isinstance(self.threads_caveat, str) else None
-        d = self._executor_probes.on_unsendable(index, text, caveat)
+        d = self._executor_probes.on_unsendable(index, text)
         if d is None:
             return False
         self.executor_decision = d
