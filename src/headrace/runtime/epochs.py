@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-from headrace.planner.queueing import MIN_DEPTH
+from headrace.planner.workers import epoch_workers
 from headrace.profiler import sizes
 from headrace.runtime import ordering, pinning, sampler_seeds
 from headrace.runtime.batcher import Batcher, Mode
@@ -218,10 +218,8 @@ def make_iterator(
         # Fork after the scheduler started: it feeds the first workers while later ones fork.
         # num_workers="auto" starts where the last epoch's scaler left off (the first epoch:
         # where a stored profile says the cores stay busy), not from scratch.
-        positions = total_positions(loader)
-        at_once = min(max_in_flight, positions) if positions is not None else max_in_flight
-        # each worker holds MIN_DEPTH samples (one running, one queued): more would hold none
-        most = -(-at_once // MIN_DEPTH)
+        # what the epoch can keep busy: more would hold no sample (the scaler's cap too)
+        most = epoch_workers(total_positions(loader), max_in_flight)
         n = (loader.monitor.start_workers(loader.num_workers, most) if loader.autoscale
              else loader.num_workers)
         pool.start(n, on_added=it.scheduler.wake)

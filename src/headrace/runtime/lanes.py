@@ -77,14 +77,19 @@ class Lanes:
         (:func:`fresh_left`), its ``__len__`` a hint only: an oversampler past its length was
         near its end for the whole rest of the epoch (one sample per worker at a time), and
         one that gave less was never near it."""
+        left = self.fresh_left()
+        return left is not None and left <= margin
+
+    def fresh_left(self) -> int | None:
+        """Fresh samples of the epoch not yet on a worker, as far as is known (None: unknown;
+        :func:`fresh_left`)."""
         feed = self.spec.groups
         if isinstance(feed, Feed):  # the training thread reads it ahead of the pulls here
             read, end_read = feed.positions, feed.read_to_end
         else:
             read, end_read = self.positions, False
-        left = fresh_left(self.spec.total_positions, read, end_read or self.exhausted,
+        return fresh_left(self.spec.total_positions, read, end_read or self.exhausted,
                           self.positions, len(self.fresh))
-        return left is not None and left <= margin
 
     def next_fresh(self, in_flight: int) -> Rec | None:
         """A new task for the next fresh position, pulling a sampler batch when none is left and

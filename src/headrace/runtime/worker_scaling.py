@@ -19,8 +19,6 @@ from headrace.planner.workers import (
     rank_cpus,
 )
 from headrace.profiler.report import PipelineProfile, cpu_share
-from headrace.runtime.feed import Feed
-from headrace.runtime.lanes import fresh_left
 
 if TYPE_CHECKING:
     from headrace.profiler.stats import Profiler
@@ -178,13 +176,7 @@ def epoch_cap(lanes: Lanes) -> int:
     caps the pool's start. Its samples not finished are those not yet given to a worker
     (``lanes.fresh_left``, as ``Lanes.near_end`` counts them: the sampler's ``__len__`` a hint)
     and those given and not settled (waiting, running, in the slow lane)."""
-    feed = lanes.spec.groups
-    if isinstance(feed, Feed):  # the training thread reads it ahead of the pulls
-        read, end_read = feed.positions, feed.read_to_end
-    else:
-        read, end_read = lanes.positions, False
-    fresh = fresh_left(lanes.spec.total_positions, read, end_read or lanes.exhausted,
-                       lanes.positions, len(lanes.fresh))
+    fresh = lanes.fresh_left()
     left = None if fresh is None else fresh + max(0, lanes.pulled - lanes.settled - len(lanes.fresh))
     return epoch_workers(left, lanes.spec.max_in_flight)
 
