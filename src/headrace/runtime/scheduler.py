@@ -321,9 +321,7 @@ class Scheduler:
         threads; the next epoch's pool is one of threads (``epochs.start_epoch``)."""
         self._to_threads = False
         pool = self.pool
-        pool.executor = "threads"  # its workers from now on (pool.py reads it at each start)
-        pool.probe_gil = False
-        pool.progress.probe_stop.value = 1
+        pool.to_threads()
         for w in [w for w in list(pool.workers.values()) if not w.external and not w.is_thread]:
             self.lanes.retry.extend(self._recs[t] for t in w.assigned if t in self._recs)
             w.assigned.clear()
