@@ -119,3 +119,61 @@ def test_inputs_from_a_measured_profile():
     assert [s.name for s in x.steps] == ["load", "decode"]
     assert x.steps[1].work_s == 0.01 and x.steps[1].bytes_out == 6e5  # wall_mean
     assert decide(x).offload
+
+
+# -- Remote(read_source=False): the remote nodes cannot reach the source (FastFlow's p'1) --
+
+def unshared(**kw):
+    steps = (StepCost("load", 0.001, 0.1 * MB), StepCost("decode", 0.010, 0.6 * MB),
+             StepCost("crop", 0.004, 0.15 * MB))
+    base = dict(gthp=1000.0, lthp=200.0, steps=steps, remote_workers=8, bandwidth=1250 * MB)
+    base.update(kw)
+    return OffloadInputs(**base)
+
+
+def test_an_unreachable_source_leaves_only_ranges_this_host_reads():
+    # the model ranks a = 0 highest (no local load, no bytes shipped out): with the source
+    # shared it is chosen; when the user said the remote nodes cannot reach it, it must not be
+    assert decide(unshared()).best.start == 0
+    d = decide(unshared(read_source=False))
+    assert d.offload and d.best.start == 1 and d.best.stop == 3
+    assert {c.start for c in d.candidates} == {1}
+    assert "this host reads the source" in d.describe()
+
+
+def test_a_redecision_keeps_the_source_unreachable():
+    from headrace.planner.replan import revise
+
+    x = unshared(read_source=False)
+    again = decide(revise(x, remote_workers=4, steps=tuple(
+        StepCost(s.name, 2 * s.work_s, s.bytes_out) for s in x.steps)))
+    assert again.offload and again.best.start == 1
+
+
+def test_the_probe_ran_no_load_remotely_without_the_source():
+    # with read_source=False the probe's 4 remote workers ran decode (10 ms) only, the load
+    # was done here: 400 samples/s is exactly the profile's speed, not twice as fast
+    from headrace.planner.offload import remote_speed
+
+    steps = (StepCost("load", 0.010, 1e3), StepCost("decode", 0.010, 1e3))
+    x = OffloadInputs(gthp=1000.0, lthp=50.0, steps=steps, remote_workers=4,
+                      bandwidth=1000 * MB, remote_thp=400.0, read_source=False)
+    assert remote_speed(x) == pytest.approx(1.0)
+    # the loaded value crosses too: 40 kB shipped + 10 kB back at 20 MB/s carry 400/s
+    big = OffloadInputs(gthp=1000.0, lthp=50.0, remote_workers=4, bandwidth=20 * MB,
+                        remote_thp=400.0, read_source=False,
+                        steps=(StepCost("load", 0.010, 40e3), StepCost("decode", 0.010, 10e3)))
+    assert probe_link_bound(big)
+
+
+def test_a_session_that_cannot_reach_the_source_keeps_reading_it_here():
+    # whatever range a decision names, Remote(read_source=False) means this host loads
+    import headrace as hr
+    from headrace.remote.session import RemoteSession
+
+    s = RemoteSession(hr.Remote(max_workers=8, read_source=False))
+    s.max_workers = 8
+    d = decide(unshared())  # decided as if the source were shared: a = 0
+    assert d.best.start == 0 and s.read_local
+    s.apply_offload(d, None, available=8)
+    assert s.read_local and s.stop == d.best.stop

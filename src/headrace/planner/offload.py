@@ -5,7 +5,8 @@ FastFlow decides *whether* to offload (a prep stall worth at least 10%), *which*
 headrace's pipelines are lists of steps, so the candidates are every range ``[a, b)`` of steps
 a remote worker can run: ``a = 0`` the remote worker reads the sample itself (FastFlow's p'2:
 the source is reachable from the remote node), ``a = 1`` the training host reads it and ships
-the loaded value (p'1); ``b`` is any later boundary (the remote worker hands the sample back
+the loaded value (p'1, the only kind with ``read_source=False``: the remote nodes cannot
+reach the source); ``b`` is any later boundary (the remote worker hands the sample back
 there and local workers finish it). p'3 (remote batching) does not exist: batches are formed
 by the scheduler.
 
@@ -51,7 +52,10 @@ class OffloadInputs:
     available. ``remote_thp``: samples/s the remote workers delivered in the probe running the
     whole pipeline (``None``: not probed; the profile's CPU times are trusted as they are).
     ``bandwidth``: bytes/s between the remote workers and this host. ``overhead_s``: local CPU
-    seconds an offloaded sample costs here (receiving, unpacking, copying).
+    seconds an offloaded sample costs here (receiving, unpacking, copying). ``read_source``:
+    the remote workers can read the source (``Remote(read_source=...)``); ``False``: this host
+    reads every sample (step 0) and ships it, so only ranges from step 1 are candidates, and
+    the probe behind ``remote_thp`` ran steps 1.. remotely with the loaded value shipped.
     """
 
     gthp: float
@@ -61,6 +65,12 @@ class OffloadInputs:
     bandwidth: float
     overhead_s: float = 0.0
     remote_thp: float | None = None
+    read_source: bool = True
+
+    @property
+    def first_remote(self) -> int:
+        """The first step a remote worker can run: 0 when it reads the source, else 1."""
+        return 0 if self.read_source else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,12 +122,13 @@ class OffloadDecision:
 
 def probe_link_bound(x: OffloadInputs) -> bool:
     """Whether the remote probe (the whole pipeline on every remote worker, reading the source
-    there, so only the finished sample crosses) was limited by the link rather than by the
-    workers' CPUs: it reached at least ``LINK_BOUND_SHARE`` of what the link carries. Its
-    throughput then says nothing about one worker's speed."""
-    if x.remote_thp is None or not x.steps:
+    there, so only the finished sample crosses; with ``read_source=False`` the loaded value
+    crosses too) was limited by the link rather than by the workers' CPUs: it reached at least
+    ``LINK_BOUND_SHARE`` of what the link carries. Its throughput then says nothing about one
+    worker's speed."""
+    if x.remote_thp is None or len(x.steps) <= x.first_remote:
         return False
-    moved = x.steps[-1].bytes_out
+    moved = x.steps[-1].bytes_out + (x.steps[0].bytes_out if x.first_remote else 0.0)
     if moved <= 0 or not math.isfinite(x.bandwidth):
         return False
     return x.remote_thp >= LINK_BOUND_SHARE * x.bandwidth / moved
@@ -125,8 +136,9 @@ def probe_link_bound(x: OffloadInputs) -> bool:
 
 def remote_speed(x: OffloadInputs) -> float:
     """Remote worker-seconds per profiled second (>1: remote workers slower than this host),
-    from the probe; 1 when it was not probed or was link-bound (``probe_link_bound``)."""
-    pcycle = sum(max(0.0, s.work_s) for s in x.steps)
+    from the probe (which ran steps ``first_remote``.. remotely); 1 when it was not probed or
+    was link-bound (``probe_link_bound``)."""
+    pcycle = sum(max(0.0, s.work_s) for s in x.steps[x.first_remote:])
     if (x.remote_thp is None or x.remote_thp <= 0 or pcycle <= 0 or x.remote_workers <= 0
             or probe_link_bound(x)):
         return 1.0
@@ -154,13 +166,14 @@ def worker_rate(x: OffloadInputs, decision: OffloadDecision) -> float | None:
 
 
 def candidates(x: OffloadInputs) -> list[Candidate]:
-    """Every range a remote worker can run, with its modelled throughput (FastFlow line 6)."""
+    """Every range a remote worker can run, with its modelled throughput (FastFlow line 6):
+    from step 0 and from step 1, or from step 1 only when it cannot read the source."""
     n = len(x.steps)
     cpu = [max(0.0, s.work_s) for s in x.steps]
     pcycle = sum(cpu)
     speed = remote_speed(x)
     out = []
-    for start in (0, 1):
+    for start in range(x.first_remote, 2):
         for stop in range(start + 1, n + 1):
             work = sum(cpu[start:stop]) * speed
             moved = (x.steps[start - 1].bytes_out if start > 0 else 0.0) \
@@ -225,11 +238,12 @@ def decide(x: OffloadInputs) -> OffloadDecision:
 
 def inputs_from_profile(profile: PipelineProfile, gthp: float, lthp: float,
                         remote_workers: int, bandwidth: float = math.inf,
-                        overhead_s: float = 0.0, remote_thp: float | None = None
-                        ) -> OffloadInputs:
+                        overhead_s: float = 0.0, remote_thp: float | None = None,
+                        read_source: bool = True) -> OffloadInputs:
     """The decision's inputs from a measured profile (per-step mean wall seconds and output
     bytes) and throughputs in samples/s (``ProbeResult``'s batches/s × batch size)."""
     steps = tuple(StepCost(s.name, s.wall_mean, max(0.0, s.bytes_out_mean))
                   for s in profile.steps)
     return OffloadInputs(gthp=gthp, lthp=lthp, steps=steps, remote_workers=remote_workers,
-                         bandwidth=bandwidth, overhead_s=overhead_s, remote_thp=remote_thp)
+                         bandwidth=bandwidth, overhead_s=overhead_s, remote_thp=remote_thp,
+                         read_source=read_source)

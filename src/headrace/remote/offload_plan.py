@@ -84,7 +84,8 @@ def plan_offload(loader: Any, train_step: Any, batches: int = 20, warmup: int = 
         remote_thp = _remote_throughput(loader, train_step, n, available)
     x = inputs_from_profile(profile, gthp=local.gthp * bs, lthp=local.lthp * bs,
                             remote_workers=available, bandwidth=bandwidth,
-                            overhead_s=overhead_s, remote_thp=remote_thp)
+                            overhead_s=overhead_s, remote_thp=remote_thp,
+                            read_source=session.cfg.read_source)
     decision = decide(x)
     per_worker = worker_rate(x, decision)
     session.apply_offload(decision, per_worker, available=available)

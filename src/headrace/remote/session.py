@@ -293,7 +293,8 @@ class RemoteSession(RemoteCounts):
     def apply_offload(self, decision: Any, per_worker_thp: float | None = None,
                       available: int | None = None) -> None:
         """Apply a FastFlow decision (``planner/offload.py``): the remote range's end becomes
-        the split point, its start says who reads the source, and the remote worker count
+        the split point, its start says who reads the source (this host, whatever it says,
+        with ``Remote(read_source=False)``), and the remote worker count
         follows the ratio (``workers_needed``; all available workers when one worker's rate is
         unknown; none when offloading does not pay). ``available``: remote workers the cluster
         holds now (default ``max_workers``). New samples follow it at once; the worker count
@@ -305,7 +306,7 @@ class RemoteSession(RemoteCounts):
         self.ratio = decision.ratio
         best = decision.best
         self.stop = best.stop
-        self.read_local = best.start > 0
+        self.read_local = best.start > 0 or not self.cfg.read_source
         room = self.max_workers if available is None else min(available, self.max_workers)
         rate = per_worker_thp or (decision.best.rthp / max(1, room))
         self.target = decision.workers_needed(rate, room)
