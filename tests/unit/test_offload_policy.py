@@ -177,3 +177,28 @@ def test_a_session_that_cannot_reach_the_source_keeps_reading_it_here():
     assert d.best.start == 0 and s.read_local
     s.apply_offload(d, None, available=8)
     assert s.read_local and s.stop == d.best.stop
+
+
+# -- FastFlow's rule assumes the local CPUs limit Lthp --
+
+def test_idle_local_workers_are_not_offloaded_from():
+    # CIFAR-sized samples: 0.2 ms of steps, 4 local workers, Lthp 3000/s set by the training
+    # process: the steps keep 0.60 of 4 workers busy, so the stall is not theirs
+    steps = (StepCost("load", 0.00005, 3e3), StepCost("aug", 0.00015, 12e3))
+    x = OffloadInputs(gthp=10000.0, lthp=3000.0, steps=steps, remote_workers=8,
+                      bandwidth=1250 * MB, overhead_s=0.0001, local_workers=4)
+    d = decide(x)
+    assert not d.offload and d.ratio == 0.0 and d.predicted == 3000.0
+    assert "not the bottleneck" in d.reason and "0.60 of 4 busy (15%" in d.describe()
+    # the same job with its 4 workers busy (Lthp 18000/s would keep 3.6 busy): offloaded
+    busy = OffloadInputs(gthp=40000.0, lthp=18000.0, steps=steps, remote_workers=8,
+                         bandwidth=1250 * MB, overhead_s=0.00001, local_workers=4)
+    assert decide(busy).offload
+
+
+def test_steps_that_take_no_time_are_not_offloaded():
+    for work in (0.0, -1e-3):  # nothing measured (or a clock going back): Pcycle 0
+        steps = (StepCost("load", work, 0.1 * MB), StepCost("decode", work, 0.6 * MB))
+        d = decide(OffloadInputs(gthp=1000.0, lthp=200.0, steps=steps, remote_workers=8,
+                                 bandwidth=1250 * MB))
+        assert not d.offload and "Pcycle = 0" in d.reason and d.predicted == 200.0

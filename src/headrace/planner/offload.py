@@ -30,6 +30,13 @@ SPEEDUP_THRESHOLD = 1.1
 """Offload only when removing the stall could speed training up by at least 10% (FastFlow)."""
 LINK_BOUND_SHARE = 0.8
 """A remote probe reaching this share of the link's sample rate counts as link-bound."""
+LOCAL_BUSY_SHARE = 0.5
+"""Offload only when, at Lthp, the steps keep at least this share of the local workers busy
+(``Lthp × Pcycle ÷ local_workers``). FastFlow's Lower and line-7 estimate assume the local CPUs
+limit Lthp; when the workers idle, the stall is elsewhere (the training process, collation,
+the transport) and offloading their work cannot remove it. Not 1: a saturated worker also
+spends time the profile does not see between steps (receiving a task, sending the sample),
+so it reads below 1; under a half it idles, whatever that time is."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +63,8 @@ class OffloadInputs:
     the remote workers can read the source (``Remote(read_source=...)``); ``False``: this host
     reads every sample (step 0) and ships it, so only ranges from step 1 are candidates, and
     the probe behind ``remote_thp`` ran steps 1.. remotely with the loaded value shipped.
+    ``local_workers``: local workers that ran the steps while Lthp was measured (``None``:
+    unknown, and whether they were the bottleneck is not checked: ``LOCAL_BUSY_SHARE``).
     """
 
     gthp: float
@@ -66,6 +75,7 @@ class OffloadInputs:
     overhead_s: float = 0.0
     remote_thp: float | None = None
     read_source: bool = True
+    local_workers: int | None = None
 
     @property
     def first_remote(self) -> int:
@@ -193,7 +203,9 @@ def _estimate(lthp: float, pcycle: float, rthp: float, ocycle: float) -> float:
     ``lthp × pcycle`` CPU-seconds per second) spend ``ocycle`` on each offloaded sample and
     ``pcycle`` on each local one. FastFlow writes ``Lthp·(1 − Ocycle/Pcycle) + Rthp`` with
     whole-run cycle counts and whole-pipeline offloading; per sample, with ranges that leave
-    steps to the local workers, the local work of offloaded samples must be counted."""
+    steps to the local workers, the local work of offloaded samples must be counted. The
+    capacity in use at Lthp is taken as all there is: ``decide`` offloads only when the local
+    workers are (nearly) saturated, else this over-predicts (``LOCAL_BUSY_SHARE``)."""
     capacity = lthp * pcycle
     remote = min(rthp, capacity / ocycle) if ocycle > 0 else rthp
     local = max(0.0, capacity - remote * ocycle) / pcycle if pcycle > 0 else 0.0
@@ -201,7 +213,8 @@ def _estimate(lthp: float, pcycle: float, rthp: float, ocycle: float) -> float:
 
 
 def decide(x: OffloadInputs) -> OffloadDecision:
-    """FastFlow's Algorithm 1 over every step boundary."""
+    """FastFlow's Algorithm 1 over every step boundary, after line 3 refusing when the local
+    workers do not limit Lthp (``_local_not_bottleneck``): the rule assumes they do."""
     pcycle = sum(max(0.0, s.work_s) for s in x.steps)
     g, lt = x.gthp, x.lthp
     if x.remote_workers <= 0:
@@ -211,6 +224,9 @@ def decide(x: OffloadInputs) -> OffloadDecision:
         return OffloadDecision(
             False, f"no stall worth removing: Gthp/Lthp = {g / lt:.2f} < {SPEEDUP_THRESHOLD}",
             g, lt, pcycle, predicted=min(g, lt))
+    refused = _local_not_bottleneck(x, pcycle)
+    if refused is not None:
+        return OffloadDecision(False, refused, g, lt, pcycle, predicted=min(g, lt))
     cands = candidates(x)
     if not cands:
         return OffloadDecision(False, "no step has work to offload", g, lt, pcycle, predicted=lt)
@@ -236,14 +252,33 @@ def decide(x: OffloadInputs) -> OffloadDecision:
                            ratio=ratio, predicted=predicted, candidates=tuple(cands))
 
 
+def _local_not_bottleneck(x: OffloadInputs, pcycle: float) -> str | None:
+    """Why the local workers do not limit Lthp, so that offloading their work cannot raise it
+    (None: they may). FastFlow's rule takes a prep stall to be a local CPU bottleneck."""
+    if pcycle <= 0:
+        return ("the steps take no local worker time (Pcycle = 0 ms): the local workers do "
+                "not limit Lthp, so offloading cannot raise it")
+    if x.local_workers is None or x.local_workers <= 0:
+        return None
+    busy = x.lthp * pcycle  # local workers the steps keep busy at Lthp
+    if busy >= LOCAL_BUSY_SHARE * x.local_workers:
+        return None
+    return (f"the local workers are not the bottleneck: at Lthp {x.lthp:.1f}/s the steps "
+            f"(Pcycle {1e3 * pcycle:.3f} ms) keep {busy:.2f} of {x.local_workers} busy "
+            f"({busy / x.local_workers:.0%}, under {LOCAL_BUSY_SHARE:.0%}): the stall is "
+            "elsewhere (the training process, collation, the transport), which offloading the "
+            "steps does not remove")
+
+
 def inputs_from_profile(profile: PipelineProfile, gthp: float, lthp: float,
                         remote_workers: int, bandwidth: float = math.inf,
                         overhead_s: float = 0.0, remote_thp: float | None = None,
-                        read_source: bool = True) -> OffloadInputs:
+                        read_source: bool = True, local_workers: int | None = None
+                        ) -> OffloadInputs:
     """The decision's inputs from a measured profile (per-step mean wall seconds and output
     bytes) and throughputs in samples/s (``ProbeResult``'s batches/s × batch size)."""
     steps = tuple(StepCost(s.name, s.wall_mean, max(0.0, s.bytes_out_mean))
                   for s in profile.steps)
     return OffloadInputs(gthp=gthp, lthp=lthp, steps=steps, remote_workers=remote_workers,
                          bandwidth=bandwidth, overhead_s=overhead_s, remote_thp=remote_thp,
-                         read_source=read_source)
+                         read_source=read_source, local_workers=local_workers)

@@ -3,7 +3,9 @@
 The policy is ``planner/offload.py``; this module measures its inputs on the user's own job:
 
 1. Lthp and Gthp with ``profiler.probe`` on local workers only (remote target 0), the user's
-   ``train_step`` included (FastFlow §5.1), converted to samples/s;
+   ``train_step`` included (FastFlow §5.1), converted to samples/s, and the local workers
+   that ran it (the count its pool started with: with ``num_workers="auto"`` the scaler may
+   have changed it during the probe);
 2. the per-step CPU seconds and output bytes from the loader's profile (measured meanwhile);
 3. the link: bandwidth to a remote worker's node and the local CPU of receiving a sample
    (``remote/link.py``, a few hundred milliseconds; parameters override it);
@@ -85,7 +87,8 @@ def plan_offload(loader: Any, train_step: Any, batches: int = 20, warmup: int = 
     x = inputs_from_profile(profile, gthp=local.gthp * bs, lthp=local.lthp * bs,
                             remote_workers=available, bandwidth=bandwidth,
                             overhead_s=overhead_s, remote_thp=remote_thp,
-                            read_source=session.cfg.read_source)
+                            read_source=session.cfg.read_source,
+                            local_workers=session.local_started or int(loader.num_workers))
     decision = decide(x)
     per_worker = worker_rate(x, decision)
     session.apply_offload(decision, per_worker, available=available)
