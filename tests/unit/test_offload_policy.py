@@ -202,3 +202,25 @@ def test_steps_that_take_no_time_are_not_offloaded():
         d = decide(OffloadInputs(gthp=1000.0, lthp=200.0, steps=steps, remote_workers=8,
                                  bandwidth=1250 * MB))
         assert not d.offload and "Pcycle = 0" in d.reason and d.predicted == 200.0
+
+
+# -- inputs FastFlow's rule cannot be decided from --
+
+@pytest.mark.parametrize("kw, metric", [
+    ({"lthp": 0.0}, "Lthp"),  # line 3's Gthp/Lthp: a ZeroDivisionError
+    ({"lthp": math.nan}, "Lthp"),  # read as a stall: "offload: yes (Gthp/Lthp = nan)"
+    ({"gthp": math.nan}, "Gthp"),  # read as "no accelerator bound known"
+    ({"remote_thp": math.nan}, "remote_thp"),
+    ({"bandwidth": math.nan}, "bandwidth"),
+])
+def test_a_nan_or_zero_throughput_is_named(kw, metric):
+    with pytest.raises(ValueError, match=metric):
+        decide(inputs(**kw))
+
+
+def test_a_nan_step_time_is_named_not_read_as_zero():
+    # max(0.0, nan) == 0.0: decode's 10 ms vanished, Pcycle read 11 ms instead of 21 ms
+    steps = (StepCost("load", 0.001, 0.1 * MB), StepCost("decode", math.nan, 0.6 * MB),
+             StepCost("augment", 0.010, 0.6 * MB))
+    with pytest.raises(ValueError, match="'decode' has work_s = nan"):
+        decide(inputs(steps=steps))

@@ -133,3 +133,37 @@ def test_config_is_validated():
         ReplanConfig(patience=0)
     with pytest.raises(ValueError):
         ReplanConfig(drift=0)
+
+
+def test_an_epoch_spent_wholly_remote_says_nothing_of_the_local_capacity():
+    # every sample finished remotely at no local cost (Ocycle 0): 0 local CPU-seconds, which
+    # as Lthp = 0 made the re-decision divide by it
+    x = inputs(overhead_s=0.0, remote_workers=16)
+    w = Watch(x, decide(x))
+    assert w.decision.offload and w.decision.best.ocycle == 0.0
+    assert local_capacity(w, epoch(100.0, remote=1000)) is None
+
+
+def test_a_profile_with_a_nan_time_keeps_the_decision_in_force():
+    # the watcher read a NaN step time as 0 ms ("profile changed: 20.0 -> 10.0 ms") and
+    # decided again from it; now the profile is set aside and the epoch judged by throughput
+    from types import SimpleNamespace
+
+    import headrace as hr
+    from headrace.profiler.report import PipelineProfile, StepStats
+    from headrace.remote.replan import OffloadWatcher
+    from headrace.remote.session import RemoteSession
+
+    def st(name, wall):
+        return StepStats(name, 100, wall, wall, wall, wall, 0.0, 4096.0, None, None, None,
+                         None, None)
+
+    profile = PipelineProfile((st("load", 0.010), st("augment", math.nan)), 100, 0.02, 0.02, ())
+    x = inputs()
+    d = decide(x)
+    epochs: list = []
+    watcher = OffloadWatcher(RemoteSession(hr.Remote(max_workers=4)), x, d, lambda: profile,
+                             lambda: epochs)
+    epochs.append(SimpleNamespace(samples=1000, wall_s=1000 / d.predicted))  # as predicted
+    watcher.on_tick(SimpleNamespace(pool=None))
+    assert watcher.history == [] and watcher.watch.inputs is x

@@ -77,10 +77,43 @@ class OffloadInputs:
     read_source: bool = True
     local_workers: int | None = None
 
+    def __post_init__(self) -> None:
+        # FastFlow's line 3 divides by Lthp, and a NaN compares False everywhere: a NaN step
+        # time read as 0 (``max(0.0, nan)``) and a NaN Lthp as a stall worth removing
+        _check("Lthp", self.lthp, "samples/s (training throughput on local workers)",
+               finite=True, positive=True)
+        _check("Gthp", self.gthp, "samples/s (inf: no accelerator bound known)", positive=True)
+        _check("bandwidth", self.bandwidth, "bytes/s (inf: no link limit)")
+        _check("overhead_s", self.overhead_s, "CPU seconds per offloaded sample", finite=True)
+        if self.remote_thp is not None:
+            _check("remote_thp", self.remote_thp, "samples/s (None: not probed)", finite=True)
+        for s in self.steps:  # a negative time (a clock going back) counts as 0
+            for name, v in (("work_s", s.work_s), ("bytes_out", s.bytes_out)):
+                if not math.isfinite(v):
+                    raise ValueError(f"offload: step {s.name!r} has {name} = {v!r}: a "
+                                     "finite number is needed (a profile with a NaN or "
+                                     "infinite mean cannot be decided from)")
+        if self.remote_workers < 0:
+            raise ValueError(f"offload: remote_workers = {self.remote_workers} must be >= 0")
+        if self.local_workers is not None and self.local_workers < 1:
+            raise ValueError(f"offload: local_workers = {self.local_workers} must be >= 1 "
+                             "(None: unknown)")
+
     @property
     def first_remote(self) -> int:
         """The first step a remote worker can run: 0 when it reads the source, else 1."""
         return 0 if self.read_source else 1
+
+
+def _check(name: str, v: float, unit: str, finite: bool = False, positive: bool = False
+           ) -> None:
+    """Raise ``ValueError`` naming metric ``name`` unless ``v`` is a number >= 0 (> 0 with
+    ``positive``; not ``inf`` with ``finite``); never NaN."""
+    bad = math.isnan(v) or v < 0 or (positive and v == 0) or (finite and math.isinf(v))
+    if bad:
+        need = "> 0" if positive else ">= 0"
+        raise ValueError(f"offload: {name} = {v!r} cannot be decided from: it must be {need}"
+                         f"{' and finite' if finite else ''}, in {unit}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,7 +291,7 @@ def _local_not_bottleneck(x: OffloadInputs, pcycle: float) -> str | None:
     if pcycle <= 0:
         return ("the steps take no local worker time (Pcycle = 0 ms): the local workers do "
                 "not limit Lthp, so offloading cannot raise it")
-    if x.local_workers is None or x.local_workers <= 0:
+    if x.local_workers is None:
         return None
     busy = x.lthp * pcycle  # local workers the steps keep busy at Lthp
     if busy >= LOCAL_BUSY_SHARE * x.local_workers:

@@ -105,15 +105,18 @@ def check_epoch(cfg: ReplanConfig, watch: Watch, obs: EpochObservation
 def local_capacity(watch: Watch, obs: EpochObservation) -> float | None:
     """The local workers' capacity measured in ``obs``, as whole-pipeline samples/s (what Lthp
     means), or None when the epoch says nothing about it: the accelerator was the bound (the
-    local workers idled), or no time passed. Local CPU-seconds spent = local samples × Pcycle
-    + remote samples × Ocycle (each sample finished remotely still costs its ``ocycle`` here)."""
+    local workers idled), no time passed, or no local CPU was spent (every sample remote at
+    no cost here: Lthp 0, which a decision cannot be made from). Local CPU-seconds spent =
+    local samples × Pcycle + remote samples × Ocycle (each sample finished remotely still
+    costs its ``ocycle`` here)."""
     x, d = watch.inputs, watch.decision
     p = pcycle(obs.steps or x.steps)
     if obs.wall_s <= 0 or p <= 0 or obs.samples_per_s >= x.gthp / (1 + 0.1):
         return None
     ocycle = d.best.ocycle if d.offload and d.best is not None else p
     local = max(0, obs.samples - obs.remote_samples)
-    return (local * p + obs.remote_samples * ocycle) / obs.wall_s / p
+    lthp = (local * p + obs.remote_samples * ocycle) / obs.wall_s / p
+    return lthp if lthp > 0 else None
 
 
 def revise(x: OffloadInputs, remote_workers: int | None = None,

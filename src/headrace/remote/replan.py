@@ -107,7 +107,12 @@ class OffloadWatcher:
         steps: Sequence[StepCost] = ()
         profile = self.profile_fn()
         if profile is not None and profile.samples:
-            steps = inputs_from_profile(profile, x.gthp, x.lthp, x.remote_workers).steps
+            try:
+                steps = inputs_from_profile(profile, x.gthp, x.lthp, x.remote_workers).steps
+            except ValueError as e:  # a NaN mean (offload.OffloadInputs): raised from the
+                # scheduler thread it ended the epoch; the epoch is judged by throughput alone
+                log.warning("headrace: the profile cannot be used to decide offloading "
+                            "again: %s", e)
         obs = EpochObservation(samples=last.samples, wall_s=last.wall_s,
                                remote_samples=min(remote, last.samples), steps=steps)
         self.watch, why = check_epoch(self.cfg, self.watch, obs)
