@@ -224,3 +224,28 @@ def test_a_nan_step_time_is_named_not_read_as_zero():
              StepCost("augment", 0.010, 0.6 * MB))
     with pytest.raises(ValueError, match="'decode' has work_s = nan"):
         decide(inputs(steps=steps))
+
+
+def test_this_hosts_wait_for_a_core_is_not_charged_to_remote_workers():
+    # 4 local workers on 2 cores: augment's 20 ms wall is 10 ms of work and 10 ms waiting for
+    # a core here (StepStats.queued_mean). 8 remote workers on their own cores run it in 10 ms:
+    # 800 samples/s, not 400/s (which made the ratio 0.67 and the prediction 600/s)
+    steps = (StepCost("load", 0.0, 0.1 * MB), StepCost("augment", 0.020, 0.15 * MB, 0.010))
+    d = decide(OffloadInputs(gthp=1000.0, lthp=200.0, steps=steps, remote_workers=8,
+                             bandwidth=1250 * MB))
+    assert d.offload and (d.best.start, d.best.stop) == (0, 2)
+    assert d.best.rthp == pytest.approx(800.0)
+    assert d.ratio == pytest.approx(0.8) and d.predicted == pytest.approx(1000.0)
+    assert d.pcycle == pytest.approx(0.020)  # a local worker is held for the wait all the same
+
+
+def test_the_profiles_wait_for_a_core_reaches_the_decision():
+    from headrace.planner.offload import inputs_from_profile
+    from headrace.profiler.report import PipelineProfile, StepStats
+
+    aug = StepStats("augment", 100, 0.020, 0.020, 0.020, 0.010, 0.0, 0.15 * MB, None, None,
+                    None, None, None, queued_mean=0.010)
+    x = inputs_from_profile(PipelineProfile((aug,), 100, 0.02, 0.02, ()), gthp=1000.0,
+                            lthp=200.0, remote_workers=8)
+    assert x.steps[0].work_s == 0.020 and x.steps[0].remote_s == pytest.approx(0.010)
+    assert decide(x).best.rthp == pytest.approx(800.0)

@@ -14,8 +14,10 @@ Throughputs are in samples per second, work in worker-seconds per sample (a step
 time: a worker is held for it whether it computes or waits on I/O; FastFlow's cycles would call
 a step that waits free), bytes per sample. The model of a candidate's remote throughput
 ``Rthp(a, b)`` is the smaller of the remote capacity (workers ÷ the range's worker-seconds,
-scaled by how fast the remote workers really ran in the probe) and the network (bandwidth ÷ the bytes the range moves: the shipped input when
-``a = 1`` plus the value handed back at ``b``).
+scaled by how fast the remote workers really ran in the probe) and the network (bandwidth ÷
+the bytes the range moves: the shipped input when ``a = 1`` plus the value handed back at
+``b``). A remote worker's seconds are a step's wall time less what it waited here for a core
+(``StepCost.queued_s``): that wait is this host's, not the step's.
 """
 
 from __future__ import annotations
@@ -42,11 +44,19 @@ so it reads below 1; under a half it idles, whatever that time is."""
 @dataclasses.dataclass(frozen=True)
 class StepCost:
     """One step's mean cost per sample: ``work_s`` worker-seconds (its wall time),
-    ``bytes_out`` output bytes."""
+    ``bytes_out`` output bytes, ``queued_s`` seconds of ``work_s`` the step waited on this host
+    for a core (``StepStats.queued_mean``; more workers than cores make it)."""
 
     name: str
     work_s: float
     bytes_out: float
+    queued_s: float = 0.0
+
+    @property
+    def remote_s(self) -> float:
+        """Worker-seconds the step takes on a remote worker with its own core: ``work_s``
+        less this host's run-queue wait (FastFlow's cycles count no waiting either)."""
+        return max(0.0, self.work_s - max(0.0, self.queued_s))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +98,8 @@ class OffloadInputs:
         if self.remote_thp is not None:
             _check("remote_thp", self.remote_thp, "samples/s (None: not probed)", finite=True)
         for s in self.steps:  # a negative time (a clock going back) counts as 0
-            for name, v in (("work_s", s.work_s), ("bytes_out", s.bytes_out)):
+            for name, v in (("work_s", s.work_s), ("bytes_out", s.bytes_out),
+                            ("queued_s", s.queued_s)):
                 if not math.isfinite(v):
                     raise ValueError(f"offload: step {s.name!r} has {name} = {v!r}: a "
                                      "finite number is needed (a profile with a NaN or "
@@ -181,7 +192,7 @@ def remote_speed(x: OffloadInputs) -> float:
     """Remote worker-seconds per profiled second (>1: remote workers slower than this host),
     from the probe (which ran steps ``first_remote``.. remotely); 1 when it was not probed or
     was link-bound (``probe_link_bound``)."""
-    pcycle = sum(max(0.0, s.work_s) for s in x.steps[x.first_remote:])
+    pcycle = sum(s.remote_s for s in x.steps[x.first_remote:])
     if (x.remote_thp is None or x.remote_thp <= 0 or pcycle <= 0 or x.remote_workers <= 0
             or probe_link_bound(x)):
         return 1.0
@@ -191,7 +202,7 @@ def remote_speed(x: OffloadInputs) -> float:
 def per_worker_thp(x: OffloadInputs, start: int = 0, stop: int | None = None) -> float:
     """Samples/s one remote worker runs steps ``[start, stop)`` at, CPU only (its share of
     the link is the model's other bound): the sizing of FastFlow §7's worker count."""
-    work = sum(max(0.0, s.work_s) for s in x.steps[start:stop]) * remote_speed(x)
+    work = sum(s.remote_s for s in x.steps[start:stop]) * remote_speed(x)
     return 1.0 / work if work > 0 else math.inf
 
 
@@ -212,13 +223,14 @@ def candidates(x: OffloadInputs) -> list[Candidate]:
     """Every range a remote worker can run, with its modelled throughput (FastFlow line 6):
     from step 0 and from step 1, or from step 1 only when it cannot read the source."""
     n = len(x.steps)
-    cpu = [max(0.0, s.work_s) for s in x.steps]
+    cpu = [max(0.0, s.work_s) for s in x.steps]  # here: a local worker is held for the wait
+    remote = [s.remote_s for s in x.steps]
     pcycle = sum(cpu)
     speed = remote_speed(x)
     out = []
     for start in range(x.first_remote, 2):
         for stop in range(start + 1, n + 1):
-            work = sum(cpu[start:stop]) * speed
+            work = sum(remote[start:stop]) * speed
             moved = (x.steps[start - 1].bytes_out if start > 0 else 0.0) \
                 + (x.steps[stop - 1].bytes_out if stop > 0 else 0.0)
             cpu_bound = x.remote_workers / work if work > 0 else math.inf
@@ -308,9 +320,10 @@ def inputs_from_profile(profile: PipelineProfile, gthp: float, lthp: float,
                         overhead_s: float = 0.0, remote_thp: float | None = None,
                         read_source: bool = True, local_workers: int | None = None
                         ) -> OffloadInputs:
-    """The decision's inputs from a measured profile (per-step mean wall seconds and output
-    bytes) and throughputs in samples/s (``ProbeResult``'s batches/s × batch size)."""
-    steps = tuple(StepCost(s.name, s.wall_mean, max(0.0, s.bytes_out_mean))
+    """The decision's inputs from a measured profile (per-step mean wall seconds, of them the
+    mean wait for a core, and output bytes) and throughputs in samples/s (``ProbeResult``'s
+    batches/s × batch size)."""
+    steps = tuple(StepCost(s.name, s.wall_mean, max(0.0, s.bytes_out_mean), s.queued_mean)
                   for s in profile.steps)
     return OffloadInputs(gthp=gthp, lthp=lthp, steps=steps, remote_workers=remote_workers,
                          bandwidth=bandwidth, overhead_s=overhead_s, remote_thp=remote_thp,
