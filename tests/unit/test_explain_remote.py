@@ -86,3 +86,27 @@ def test_near_storage_hand_backs_are_no_offloaded_share():
     assert outcome(("done", 7, None, [], 0, None), 3, per_sample=True) == OFFLOADED
     text = "\n".join(remote_lines(facts(remote_samples=0, handed_back=40), 48))
     assert "0 of 48 samples finished remotely; 40 handed back at their own stop" in text
+
+
+def test_the_split_names_load_as_this_hosts_when_it_reads_the_source():
+    # the decision said "steps [1, 3) remote (this host reads the source)" while the split
+    # line said "remote workers run load -> decode -> augment"
+    d = decide(OffloadInputs(gthp=math.inf, lthp=20.0, remote_workers=4, bandwidth=1e9,
+                             read_source=False,
+                             steps=(StepCost("load", 0.001, 1e4), StepCost("decode", 0.05, 1e5),
+                                    StepCost("augment", 0.01, 1e5), StepCost("pack", 0.0, 1e5))))
+    assert d.offload and (d.best.start, d.best.stop) == (1, 3)
+    text = "\n".join(remote_lines(facts(offload=d, split=3, read_local=True,
+                                        steps=("load", "decode", "augment", "pack")), 100))
+    assert "split: this host runs load, remote workers run decode -> augment, local workers " \
+        "pack" in text
+    # from the session as it applied the decision
+    import headrace as hr
+    from headrace.remote.session import RemoteSession
+
+    session = RemoteSession(hr.Remote(max_workers=4, read_source=False))
+    session.max_workers = 4
+    session.apply_offload(d, None, available=4)
+    f = session.facts(None, ["load", "decode", "augment", "pack"], None)
+    assert f.read_local and "this host runs load, remote workers run decode" in \
+        "\n".join(remote_lines(f, 0))

@@ -99,6 +99,9 @@ class RemoteFacts:
     end of its traceback; None once a remote worker started since)."""
     gave_up: bool = False
     """That many in a row failed: no more remote workers are started."""
+    read_local: bool = False
+    """This host reads each sample (``load``) and ships it: the remote part starts after it
+    (``Remote(read_source=False)``, or an offload range from step 1)."""
 
 
 def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
@@ -133,8 +136,10 @@ def remote_lines(r: RemoteFacts, total_samples: int) -> list[str]:
         out.append("  offloading watched: decided again when the cluster, the profile or the "
                    "throughput changes (not yet)")
     if split:
-        out.append(f"  split: remote workers run {' -> '.join(r.steps[:r.split])}, local "
-                   f"workers {' -> '.join(r.steps[r.split:])}")
+        start = 1 if r.read_local else 0  # it listed load as remote when this host read it
+        here = f"this host runs {r.steps[0]}, " if start else ""
+        out.append(f"  split: {here}remote workers run {' -> '.join(r.steps[start:r.split])}, "
+                   f"local workers {' -> '.join(r.steps[r.split:])}")
     if r.offload is not None and r.offload.offload and r.measured_thp is not None:
         out.append(f"  throughput: predicted {r.offload.predicted:.1f} samples/s, measured "
                    f"{r.measured_thp:.1f} samples/s (last epoch)")

@@ -89,5 +89,5 @@ def remote_facts(session: RemoteSession, pool: WorkerPool | None, steps: list[st
         measured_thp=measured_thp, cost_per_hour=cost, replans=replans,
         handed_off=session.handed_off_remote, handed_back=session.handed_back_remote,
         link=session.link.describe() if session.link is not None else None,
-        watching=session.watcher is not None,
+        watching=session.watcher is not None, read_local=session.read_local,
         extra=tuple(extra) + (tuple(session.near.lines()) if session.near is not None else ()))
