@@ -196,6 +196,14 @@ def test_idle_local_workers_are_not_offloaded_from():
     assert decide(busy).offload
 
 
+def test_steps_of_microseconds_are_not_offloaded_without_a_worker_count():
+    # 3 µs a sample at 200/s keeps 0.0006 of a worker busy: there is at least one
+    steps = (StepCost("load", 1e-6, 0.1 * MB), StepCost("decode", 2e-6, 0.6 * MB))
+    d = decide(OffloadInputs(gthp=1000.0, lthp=200.0, steps=steps, remote_workers=8,
+                             bandwidth=1250 * MB))
+    assert not d.offload and "0.00 of at least 1 busy" in d.reason
+
+
 def test_steps_that_take_no_time_are_not_offloaded():
     for work in (0.0, -1e-3):  # nothing measured (or a clock going back): Pcycle 0
         steps = (StepCost("load", work, 0.1 * MB), StepCost("decode", work, 0.6 * MB))

@@ -74,7 +74,7 @@ class OffloadInputs:
     reads every sample (step 0) and ships it, so only ranges from step 1 are candidates, and
     the probe behind ``remote_thp`` ran steps 1.. remotely with the loaded value shipped.
     ``local_workers``: local workers that ran the steps while Lthp was measured (``None``:
-    unknown, and whether they were the bottleneck is not checked: ``LOCAL_BUSY_SHARE``).
+    unknown, taken as 1, the fewest a loader with remote workers has: ``LOCAL_BUSY_SHARE``).
     """
 
     gthp: float
@@ -303,14 +303,15 @@ def _local_not_bottleneck(x: OffloadInputs, pcycle: float) -> str | None:
     if pcycle <= 0:
         return ("the steps take no local worker time (Pcycle = 0 ms): the local workers do "
                 "not limit Lthp, so offloading cannot raise it")
-    if x.local_workers is None:
-        return None
+    # unknown: at least one (a loader with remote workers has num_workers >= 1)
+    workers = 1 if x.local_workers is None else x.local_workers
     busy = x.lthp * pcycle  # local workers the steps keep busy at Lthp
-    if busy >= LOCAL_BUSY_SHARE * x.local_workers:
+    if busy >= LOCAL_BUSY_SHARE * workers:
         return None
+    of = f"{workers}" if x.local_workers is not None else "at least 1"
     return (f"the local workers are not the bottleneck: at Lthp {x.lthp:.1f}/s the steps "
-            f"(Pcycle {1e3 * pcycle:.3f} ms) keep {busy:.2f} of {x.local_workers} busy "
-            f"({busy / x.local_workers:.0%}, under {LOCAL_BUSY_SHARE:.0%}): the stall is "
+            f"(Pcycle {1e3 * pcycle:.3f} ms) keep {busy:.2f} of {of} busy "
+            f"({busy / workers:.0%}, under {LOCAL_BUSY_SHARE:.0%}): the stall is "
             "elsewhere (the training process, collation, the transport), which offloading the "
             "steps does not remove")
 
