@@ -83,6 +83,12 @@ class Cache:
             ``headrace.profiler.probe.probe(...).gthp`` times the batch size). ``None``:
             measured on the training loop, samples per second of its own time (outside
             ``next()``) in the last finished epoch; before one finished, no limit.
+        b_cache: the cache's bandwidth to this process in bytes per second, MDP's B_cache.
+            ``None``: measured once, when MDP first plans, on the backend in use: a timed
+            32 MiB copy for ``"memory"``; for Redis, ``GET``s of a value the size of the
+            largest cached form (4 KiB to 8 MiB) written under ``hr:bandwidth-probe:`` and
+            deleted after (``cache/bandwidth.py``). Give it where one probe misleads: a link
+            shared with other traffic, a server that will be farther than it is now.
         redis_ttl_s: (Redis) seconds an entry, and its namespace's share of the budget, outlive
             the last insert or hit of that namespace (6 hours by default). Entries of a changed
             pipeline (another prefix fingerprint) or of a dataset no job reads any more then
@@ -103,6 +109,7 @@ class Cache:
     ods_ttl_s: float = 60.0
     t_gpu: float | None = None
     redis_ttl_s: float = 6 * 3600.0
+    b_cache: float | None = None
 
     def __post_init__(self) -> None:
         if self.url != "memory" and not is_redis(self.url):
@@ -115,6 +122,8 @@ class Cache:
                              "url='redis://host:port/db'")
         if self.t_gpu is not None and not self.t_gpu > 0:
             raise ValueError("t_gpu must be > 0 samples/s (or None: measured)")
+        if self.b_cache is not None and not self.b_cache > 0:
+            raise ValueError("b_cache must be > 0 bytes/s (or None: measured)")
         if self.redis_ttl_s <= 0:
             raise ValueError("redis_ttl_s must be > 0 (seconds)")
         if self.ods_ttl_s <= 0:

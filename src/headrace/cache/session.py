@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from headrace.cache.client import Counters
-from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget
+from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget, redact
 from headrace.cache.epoch_client import EpochCache, EpochClient, ods_tiers
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.pipeline import Pipeline
 from headrace.planner.cache_partition import (
     INF,
+    DsiParams,
     Split,
     best_split,
     consumer_rate,
@@ -130,6 +131,11 @@ class CacheSession:
         self._finalizer: Any = None
         self._main_uses = False
         self._b_cache: float | None = None
+        self.b_cache_how = ""
+        """How the plan's B_cache was had, in words (``cache_bandwidth``)."""
+        self.plan_off: str | None = None
+        """Why MDP did not plan this epoch although a profile exists (None: it did, or no
+        profile yet)."""
         self.plan: tuple[Split, list[Split]] | None = None
         """MDP's choice for the running epoch and the single-form splits' predictions."""
         self.predicted: list[float | None] = []
@@ -143,9 +149,11 @@ class CacheSession:
         """The running epoch's ``ods_epoch.OdsEpoch`` (None without ODS)."""
         self._board: Any = None
         self.measured_t_gpu = INF
+        """The training loop's rate in the last finished epoch (``consumer_rate``), samples/s."""
         self.plan_t_gpu = INF
         """The T_GPU the running epoch's MDP plan used (samples/s)."""
-        """The training loop's rate in the last finished epoch (``consumer_rate``), samples/s."""
+        self.plan_b_cache = INF
+        """The B_cache the running epoch's MDP plan used (bytes/s)."""
 
     def _release(self) -> None:
         if not self._main_uses and hasattr(self.backend, "close_here"):
@@ -187,16 +195,17 @@ class CacheSession:
                            else ["the source's load",
                                  *(f"step {n!r}" for n in executed.step_names[1:])])
         self.split = default_split(layout, self.config)
-        self.plan = None
+        self.plan, self.plan_off = None, None
         forms = tuple(t.name for t in layout.tiers if not (t.seeded and not t.shared))
         if (self.config.split is None and forms and profile is not None
                 and profile.step_names == executed.step_names):
             params = params_from_profile(profile, len(executed),
                                          {t.name: t.position for t in layout.tiers},
-                                         max(1, workers), self.budget, self.cache_bandwidth(),
-                                         self.t_gpu)
+                                         max(1, workers), self.budget, INF, self.t_gpu)
             if params is not None:
-                self.plan_t_gpu = params.t_gpu
+                params = self._with_bandwidth(params, forms)
+            if params is not None:
+                self.plan_t_gpu, self.plan_b_cache = params.t_gpu, params.b_cache
                 best = best_split(params, forms)
                 self.plan = (best, single_tier_splits(params, forms))
                 self.split = best.shares()
@@ -249,20 +258,43 @@ class CacheSession:
         """MDP's T_GPU, samples/s: ``Cache.t_gpu``, else the training loop's measured rate."""
         return self.config.t_gpu if self.config.t_gpu is not None else self.measured_t_gpu
 
-    def cache_bandwidth(self) -> float:
-        """B_cache in bytes/s: for the memory backend, a 32 MB copy timed once (memory
-        bandwidth; reads are in place, then copied once into the step's value)."""
+    def cache_bandwidth(self, nbytes: float = 0.0) -> float:
+        """B_cache in bytes/s (``cache/bandwidth.py``): ``Cache.b_cache`` when given, else
+        measured once on the backend in use: a timed copy for the memory backend, ``GET``
+        round trips of a value of ``nbytes`` (a sample's bytes, within the probe's bounds) on
+        a Redis server. ``b_cache_how`` says which, in words. Raises what the server raised."""
+        from headrace import units
+        from headrace.cache import bandwidth
+
+        if self.config.b_cache is not None:
+            self.b_cache_how = "Cache.b_cache"
+            return self.config.b_cache
         if self._b_cache is None:
-            import time
-
-            import numpy as np
-
-            src = np.ones(32 << 20, np.uint8)
-            dst = np.empty_like(src)
-            t0 = time.perf_counter()
-            np.copyto(dst, src)
-            self._b_cache = src.nbytes / max(1e-6, time.perf_counter() - t0)
+            if self.config.url == "memory":
+                self._b_cache = bandwidth.memory_bandwidth()
+                self.b_cache_how = (f"a timed {units.size(bandwidth.MEMORY_PROBE_BYTES)} copy "
+                                    "in memory")
+            else:
+                n = bandwidth.probe_size(nbytes)
+                self._b_cache = bandwidth.redis_bandwidth(self._open_backend(), n)
+                self.b_cache_how = (f"{bandwidth.PROBE_ROUNDS} GETs of a {units.size(n)} value "
+                                    "from the server")
         return self._b_cache
+
+    def _with_bandwidth(self, params: DsiParams, forms: tuple[str, ...]) -> DsiParams | None:
+        """``params`` with B_cache measured at the size of the largest allowed form; None
+        (the default split this epoch, ``plan_off`` says why) when the server cannot be
+        measured."""
+        sizes = {"encoded": params.size_encoded, "decoded": params.size_decoded,
+                 "augmented": params.size_augmented}
+        try:
+            b = self.cache_bandwidth(max(sizes[f] for f in forms))
+        except Exception as e:  # noqa: BLE001 - a server down: the cache copes, MDP waits
+            self.plan_off = (f"B_cache could not be measured on the server ({type(e).__name__}: "
+                             f"{redact(str(e))}); MDP plans at a later epoch")
+            return None
+        self.plan_off = None
+        return dataclasses.replace(params, b_cache=b)
 
     # -- per-epoch numbers ---------------------------------------------------------------------
     def begin_epoch(self) -> None:

@@ -44,7 +44,10 @@ def explain_lines(self: CacheSession, opaque: bool,
                + ("Cache.t_gpu" if self.config.t_gpu is not None else
                   "the training loop's own rate last epoch"))
         why = (f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted; "
-               f"accelerator T_GPU {gpu})")
+               f"accelerator T_GPU {gpu}; cache bandwidth B_cache "
+               f"{units.size(self.plan_b_cache)}/s, {self.b_cache_how})")
+    elif self.plan_off is not None:
+        why = f" (default: {self.plan_off})"
     else:
         why = " (default until profiled: the most processed exact form)"
     out.append(f"  split: {split}{why}")

@@ -1,0 +1,85 @@
+"""B_cache measured on the backend a loader uses: GETs on the real Redis server, the option."""
+
+from __future__ import annotations
+
+import pytest
+
+import headrace as hr
+from headrace.cache.bandwidth import PROBE_PREFIX, PROBE_ROUNDS, redis_bandwidth
+from headrace.cache.redis_backend import RedisBackend
+from tests.integration.test_cache import pipeline, samples
+
+pytestmark = [pytest.mark.integration, pytest.mark.redis]
+
+
+@pytest.fixture
+def server(redis_server):
+    redis_server.flush()
+    return redis_server
+
+
+def _stats(r) -> tuple[int, int]:
+    """GET calls the server served and bytes it sent, since it started."""
+    gets = r.info("commandstats").get("cmdstat_get", {}).get("calls", 0)
+    return gets, r.info("stats")["total_net_output_bytes"]
+
+
+def test_the_probe_reads_a_samples_size_from_the_server_and_deletes_it(server) -> None:
+    import redis
+
+    r = redis.Redis.from_url(server.url)
+    backend = RedisBackend(server.url, 1 << 20)
+    gets0, out0 = _stats(r)
+    b = redis_bandwidth(backend, 256 << 10)
+    gets1, out1 = _stats(r)
+    backend.close_here()
+    assert b > 0
+    assert gets1 - gets0 == PROBE_ROUNDS + 1  # one untimed, then the timed ones
+    assert out1 - out0 >= (PROBE_ROUNDS + 1) * (256 << 10)  # the value crossed the socket
+    assert list(r.scan_iter(match=PROBE_PREFIX + b"*")) == []
+
+
+def test_mdp_plans_a_redis_cache_with_the_servers_bandwidth(server, no_leaks) -> None:
+    """The plan's B_cache is measured on the server: a probe value is written there, read,
+    and deleted (keyspace notifications from the real server), not a copy in memory."""
+    import redis
+
+    r = redis.Redis.from_url(server.url)
+    old = r.config_get("notify-keyspace-events")["notify-keyspace-events"]
+    r.config_set("notify-keyspace-events", "Kg$")  # generic (del) and string (set) events
+    ps = r.pubsub()
+    ps.psubscribe(b"__keyspace@0__:" + PROBE_PREFIX + b"*")
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=0,
+                           options=hr.Options(seed=2, cache=hr.Cache(url=server.url,
+                                                                     budget_bytes=1 << 20)))
+    try:
+        for _ in range(2):  # the second epoch is planned by MDP from the first's profile
+            samples(loader)
+        events = []
+        while (m := ps.get_message(timeout=1.0)) is not None:
+            if m["type"] == "pmessage":
+                events.append(m["data"])
+        assert events[:1] == [b"set"] and events[-1:] == [b"del"]  # (an "expire" between)
+        s = loader.cache
+        assert s.plan is not None and s.plan_b_cache == s.cache_bandwidth()
+        assert list(r.scan_iter(match=PROBE_PREFIX + b"*")) == []
+        assert "GETs of a 4.1 KB value from the server" in loader.explain()
+    finally:
+        loader.close()
+        ps.close()
+        r.config_set("notify-keyspace-events", old)
+
+
+def test_b_cache_given_is_the_plans(no_leaks) -> None:
+    cache = hr.Cache(budget_bytes=1 << 20, b_cache=117e6)
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=0,
+                           options=hr.Options(seed=2, cache=cache))
+    try:
+        for _ in range(2):
+            samples(loader)
+        assert loader.cache.plan is not None and loader.cache.plan_b_cache == 117e6
+        assert "cache bandwidth B_cache 117.0 MB/s, Cache.b_cache" in loader.explain()
+    finally:
+        loader.close()
+    with pytest.raises(ValueError, match="b_cache"):
+        hr.Cache(b_cache=0)

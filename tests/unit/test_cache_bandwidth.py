@@ -1,0 +1,48 @@
+"""B_cache (Seneca MDP's cache bandwidth) from the probe's numbers, and the split it gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from headrace.cache.bandwidth import (
+    PROBE_MAX_BYTES,
+    PROBE_MIN_BYTES,
+    from_round_trips,
+    probe_size,
+)
+from headrace.planner.cache_partition import DsiParams, best_split, dsi_overall
+
+FORMS = ("encoded", "decoded")  # a default loader's forms (augmented is per epoch)
+
+
+def params(b_cache: float) -> DsiParams:
+    """JPEG-like samples (110 KB encoded, 600 KB decoded), 20 GB of cache for 100k samples."""
+    return DsiParams(n_total=100_000, cache_bytes=20e9, size_encoded=110e3, size_decoded=600e3,
+                     size_augmented=600e3, t_decode_augment=400.0, t_augment=2000.0,
+                     b_storage=50e6, b_cache=b_cache)
+
+
+def test_the_probe_value_is_a_samples_size_within_bounds() -> None:
+    assert probe_size(600e3) == 600_000
+    assert probe_size(10.0) == PROBE_MIN_BYTES
+    assert probe_size(1e12) == PROBE_MAX_BYTES
+
+
+def test_bandwidth_is_the_median_round_trips() -> None:
+    # one slow round trip (a scheduling hiccup) does not set it
+    assert from_round_trips(600_000, [0.005, 0.005, 0.5, 0.005, 0.006]) == pytest.approx(120e6)
+    with pytest.raises(ValueError):
+        from_round_trips(600_000, [])
+
+
+def test_the_split_follows_the_measured_bandwidth() -> None:
+    """A 600 KB value read in 5.13 ms (117 MB/s, a 1 GbE Redis) and one copied at 10 GB/s give
+    MDP other splits: the decoded form it picks at memory speed gives 332 samples/s on the
+    slow server, where the encoded form it picks there gives 400."""
+    slow = from_round_trips(600_000, [600e3 / 117e6] * 5)
+    assert slow == pytest.approx(117e6)
+    fast = best_split(params(10e9), FORMS)
+    right = best_split(params(slow), FORMS)
+    assert fast.shares() == {"decoded": 1.0}
+    assert right.shares() == {"encoded": 1.0} and right.predicted == pytest.approx(400)
+    assert dsi_overall(params(slow), fast.encoded, fast.decoded, 0.0) == pytest.approx(332, abs=1)
