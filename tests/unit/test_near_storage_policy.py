@@ -144,3 +144,33 @@ def test_describe_names_the_numbers() -> None:
     prof = openimages_like(20)
     text = ns.sophon(prof, ns.Resources(1 * MB, 2, 4)).describe()
     assert "offloaded" in text and "MB" in text and "bound:" in text
+
+
+def test_a_sample_refused_by_the_guard_does_not_stop_the_cheaper_ones_after_it() -> None:
+    """SOPHON §3.2 goes on while the network is predominant; headrace's guard leaves a sample
+    raw when its storage CPU would outlast the network, and the greedy used to stop there:
+    sample 2 (cheaper, network still the bound) was never tried (3.50 s, not 3.45 s)."""
+    prof = profile([([1e6, 0.5e6], [0.0, 0.01]),  # 50 MB per CPU-second: taken first
+                    ([1e6, 0.1e6], [0.0, 5.0]),  # 0.18: storage CPU 5 s > network 3.5 s
+                    ([1e6, 0.95e6], [0.0, 0.5]),  # 0.1: fits under the network time
+                    ([1e6, 1.2e6], [0.0, 0.01])])  # never smaller than raw
+    plan = ns.sophon(prof, ns.Resources(bandwidth=1 * MB, storage_cores=1, compute_cores=4))
+    assert plan.stops.tolist() == [2, 1, 2, 1]
+    assert plan.predicted.epoch_s == pytest.approx(3.45)
+    assert plan.predicted.bottleneck == "network"
+    assert "still the bottleneck" in plan.reason and "1 of 3 samples that shrink left raw" \
+        in plan.reason
+
+
+def test_the_reason_follows_what_ended_the_greedy() -> None:
+    # the only sample that shrinks costs 5 s of storage CPU against 2 s of network: left raw,
+    # and the network still the bound (it said "the network is not the bottleneck")
+    prof = profile([([1e6, 0.1e6], [0.0, 5.0]), ([1e6, 1.2e6], [0.0, 0.01])])
+    plan = ns.sophon(prof, ns.Resources(bandwidth=1 * MB, storage_cores=1, compute_cores=4))
+    assert plan.offloaded == 0 and plan.predicted.bottleneck == "network"
+    assert "not the bottleneck" not in plan.reason and "left raw" in plan.reason
+    # a fast link: training CPU is the bound from the start, and the reason says by how much
+    none = ns.sophon(openimages_like(), ns.Resources(bandwidth=1e3 * MB, storage_cores=1,
+                                                     compute_cores=16))
+    assert none.offloaded == 0 and none.predicted.bottleneck == "training CPU"
+    assert "the network is not the bottleneck (training CPU" in none.reason

@@ -9,8 +9,8 @@ SOPHON's decision, per sample: the prefix whose output is smallest (ties: the sh
 raw when nothing shrinks); *efficiency* = bytes saved against raw ÷ the storage CPU-seconds
 that prefix costs. Samples are taken in decreasing efficiency while the network is still the
 predominant term of the epoch (SOPHON's ``T_Net`` against ``T_CS``, ``T_CC``, ``T_G``), and
-a sample is only taken when it does not make the predicted epoch longer. A sample that is
-smallest raw is never offloaded.
+a sample is only taken when it does not make the predicted epoch longer (one that would is left
+raw, and the next ones are tried). A sample that is smallest raw is never offloaded.
 
 Units: bytes, seconds, bytes per second; CPU times are the steps' thread CPU seconds as
 profiled on the training side (SOPHON assumes the same CPU type on both sides).
@@ -167,8 +167,11 @@ def best_prefixes(profile: SampleProfile) -> tuple[np.ndarray, np.ndarray, np.nd
 
 def sophon(profile: SampleProfile, res: Resources) -> Plan:
     """SOPHON's greedy (§3.2): samples in decreasing bytes saved per storage CPU-second,
-    each at its smallest prefix, taken while the network is the epoch's predominant term and
-    taking one does not lengthen the predicted epoch."""
+    each at its smallest prefix, until the network is no longer the epoch's predominant term
+    (the paper's stop) or none is left. A sample whose storage CPU would lengthen the predicted
+    epoch is left raw and the next ones are tried (headrace's guard: the room storage CPU has
+    under the network time only shrinks as samples are taken, so a sample refused once stays
+    refused)."""
     stops, saved, cost = best_prefixes(profile)
     base = no_off(profile, res).predicted
     cand = np.flatnonzero(saved > 0)
@@ -177,30 +180,44 @@ def sophon(profile: SampleProfile, res: Resources) -> Plan:
                                    reason="no sample is smaller after any step than raw")
     eff = saved[cand] / np.maximum(cost[cand], MIN_CPU_S)
     order = cand[np.argsort(-eff, kind="stable")]
-    s_cum = np.cumsum(saved[order])
-    c_cum = np.cumsum(cost[order])
-    # the model's terms after taking the first k + 1 candidates (k = 0..m-1)
-    net = (base.bytes - s_cum) / res.bandwidth
-    storage = base.storage_s + c_cum / res.storage_cores
-    compute = base.compute_s - c_cum / res.compute_cores
-    epoch = np.maximum.reduce([net, storage, compute, np.full_like(net, res.gpu_s)])
-    # before taking candidate k: the terms after k candidates (k = 0: the baseline)
-    net_before = np.concatenate(([base.net_s], net[:-1]))
-    other_before = np.concatenate(([max(base.storage_s, base.compute_s, base.gpu_s)],
-                                   np.maximum.reduce([storage, compute,
-                                                      np.full_like(net, res.gpu_s)])[:-1]))
-    epoch_before = np.concatenate(([base.epoch_s], epoch[:-1]))
-    ok = (net_before >= other_before) & (epoch <= epoch_before)
-    taken = int(np.argmin(ok)) if not ok.all() else len(order)
+    net, storage, compute, gpu = base.net_s, base.storage_s, base.compute_s, res.gpu_s
+    taken: list[int] = []
+    refused, bound = 0, ""
+    d_net = (saved[order] / res.bandwidth).tolist()
+    d_cpu = cost[order].tolist()
+    for k, dn, c in zip(order.tolist(), d_net, d_cpu, strict=True):
+        if net < storage or net < compute or net < gpu:
+            terms = {"storage CPU": storage, "training CPU": compute, "GPU": gpu}
+            top = max(terms, key=terms.__getitem__)
+            bound = f"{top} {terms[top]:.2f} s against network {net:.2f} s"
+            break
+        # net is the epoch now, and taking k only lowers net and training CPU: the epoch
+        # gets longer exactly when storage CPU would pass the network time
+        s_after = storage + c / res.storage_cores
+        if s_after > net:
+            refused += 1
+            continue
+        net, storage, compute = net - dn, s_after, compute - c / res.compute_cores
+        taken.append(k)
     chosen = np.ones(len(stops), np.int16)
-    chosen[order[:taken]] = stops[order[:taken]]
-    if taken == len(order):
-        why = "every sample that shrinks is offloaded"
-    elif taken == 0:
-        why = "the network is not the bottleneck"
+    chosen[taken] = stops[taken]
+    return _plan("headrace", profile, chosen, res, _why(len(order), len(taken), refused, bound))
+
+
+def _why(candidates: int, taken: int, refused: int, bound: str) -> str:
+    """``sophon``'s reason, in words, from what ended its loop: ``bound``, the term that
+    overtook the network (""): none did), ``refused`` samples left raw by the guard."""
+    if bound:
+        why = (f"the network is not the bottleneck ({bound})" if taken == 0 else
+               f"stopped where the network stopped being the bottleneck ({bound})")
+    elif taken == candidates:
+        return "every sample that shrinks is offloaded"
     else:
-        why = "stopped where the network stopped being the bottleneck"
-    return _plan("headrace", profile, chosen, res, why)
+        why = "the network is still the bottleneck"
+    if refused:
+        why += (f"; {refused} of {candidates} samples that shrink left raw: each would make "
+                "storage CPU outlast the network time, lengthening the epoch")
+    return why
 
 
 def decide(policy: str, profile: SampleProfile, res: Resources,
