@@ -203,6 +203,22 @@ def test_expected_cpu_model():
     assert "expected per-sample CPU 7.0 ms -> 2.5 ms" in text
     assert "1.0 KB -> 250 B per sample" in text
     assert autoorder(steps, factors).cpu_before is None  # no costs, no estimate
+    assert "up:" not in text  # it goes down
+
+
+def test_an_order_the_cost_model_finds_dearer_is_said_to_be():
+    """Pecan Alg. 2 moves a deflationary step (0.94, 10 ms) before one in the neutral band that
+    still shrinks samples 4% (0.96, 1 ms): the cheap one reads smaller samples, the dear one
+    larger ones, and the model's CPU goes up, 11.0 -> 11.4 ms. The text said only "so it runs
+    on smaller samples" beside the rise; it now says which way the estimate goes and why."""
+    steps = [aug("neutral_cheap"), aug("defl_costly")]
+    d = autoorder(steps, [0.96, 0.94], keeps_shape=[True, True], cpu=[0.001, 0.010],
+                  bytes_in=[1e6, 0.96e6], input_bytes=1e6)
+    assert names(d.steps) == ["defl_costly", "neutral_cheap"]  # the factors decide (Pecan)
+    assert d.cpu_after > d.cpu_before
+    line = next(x for x in d.explain() if "expected per-sample CPU" in x)
+    assert "11.0 ms -> 11.4 ms, up:" in line
+    assert "the moved steps read larger ones" in line
 
 
 def test_misaligned_inputs_are_rejected():

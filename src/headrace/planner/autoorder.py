@@ -63,6 +63,10 @@ __all__ = [
 NEUTRAL_BAND = (0.95, 1.05)
 """Inflation factors within this closed interval count as 1 (the step is neither moved up nor down)."""
 
+CPU_UP = (", up: the moves follow the inflation factors alone (Pecan Alg. 2); the steps they "
+          "cross read smaller samples, but the moved steps read larger ones (a step they crossed, "
+          "within the neutral band, changes sizes), which by this model costs more than it saves")
+"""What ``explain()`` adds where the order it reports raises the model's CPU estimate."""
 Role = Literal["deflationary", "neutral", "inflationary", "unknown", "barrier", "fixed"]
 _RANK = {"deflationary": 0, "neutral": 1, "unknown": 1, "inflationary": 2}
 
@@ -152,10 +156,10 @@ class AutoOrderDecision:
             lines = ["AutoOrder: kept the declared order (no movable step gains from moving)"]
         lines += [f"  {m.reason}" for m in self.moves]
         if self.cpu_before is not None and self.cpu_after is not None and self.changed:
-            lines.append(
-                f"  expected per-sample CPU {units.duration(self.cpu_before)} -> {units.duration(self.cpu_after)} "
-                "(model: a step's CPU time is proportional to its input bytes)"
-            )
+            up = self.cpu_after > self.cpu_before * (1 + 1e-9)
+            lines.append(f"  expected per-sample CPU {units.duration(self.cpu_before)} -> "
+                         f"{units.duration(self.cpu_after)}{CPU_UP if up else ''} (model: a "
+                         "step's CPU time is proportional to its input bytes)")
         lines += [f"  note: {n}" for n in self.notes]
         return lines
 
