@@ -413,3 +413,18 @@ def test_a_hit_has_the_memory_layout_of_a_computed_sample(no_leaks) -> None:
         assert hit[i]["fortran"].flags.f_contiguous
         assert torch.equal(hit[i]["channels_last"], computed[i]["channels_last"])
         assert hit[i]["channels_last"].stride() == computed[i]["channels_last"].stride()
+
+
+def test_a_budget_of_zero_is_explained_as_caching_nothing(no_leaks) -> None:
+    # planned, then explained, as "decoded 100%" (the default split, then MDP's tie-break)
+    loader = hr.DataLoader(pipeline(), batch_size=8, num_workers=0,
+                           options=hr.Options(seed=1, cache=hr.Cache(budget_bytes=0)))
+    try:
+        for _ in range(2):  # the second epoch with a profile: MDP would plan it
+            samples(loader)
+        text = loader.explain()
+        assert "split: nothing (no budget: nothing is cached" in text
+        assert "decoded 100%" not in text
+        assert loader.stats().last.cache.hits == 0
+    finally:
+        loader.close()

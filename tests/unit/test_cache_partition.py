@@ -109,3 +109,12 @@ def test_a_measured_accelerator_brings_predictions_down_to_it() -> None:
     mid = params(t_gpu=8000.0, **fast_cpu)
     preds = {round(s.decoded): s.predicted for s in single_tier_splits(mid, forms)}
     assert preds[1] > preds[0]  # decoded (T_A 20,000 capped at 8,000) beats encoded (5,000)
+
+
+def test_no_budget_caches_nothing_and_says_so() -> None:
+    # every split ties at 0 bytes: the tie-break named "decoded 100%" for a cache holding none
+    p = params(cache_bytes=0.0)
+    s = best_split(p)
+    assert s.shares() == {} and s.predicted == pytest.approx(dsi_storage(p))
+    assert s.describe() == f"nothing cached: {dsi_storage(p):.0f} samples/s predicted"
+    assert single_tier_splits(p, ("encoded", "decoded")) == []

@@ -49,7 +49,8 @@ class Cache:
             cgroup, not in any process's RSS. A Redis cache's budget is at most what the
             server has room for (``redis_limits``: 70% of its ``maxmemory`` left beside other
             data, read when the loader opens); the default is that much, and the local default
-            only for a server without a ``maxmemory``.
+            only for a server without a ``maxmemory``. ``0``: nothing is cached
+            (``explain()`` says so).
         shared_augmented: serve the augmented (final) form across epochs and jobs. Off by
             default: the final output of a random step is exact only for one (base seed,
             epoch), so it is keyed by both and never reused by another epoch. On, an

@@ -194,10 +194,10 @@ class CacheSession:
         self.step_names = (["the dataset's __getitem__"] if executed.opaque or executed.embedded
                            else ["the source's load",
                                  *(f"step {n!r}" for n in executed.step_names[1:])])
-        self.split = default_split(layout, self.config)
+        self.split = default_split(layout, self.config) if self.budget > 0 else {}
         self.plan, self.plan_off = None, None
         forms = tuple(t.name for t in layout.tiers if not (t.seeded and not t.shared))
-        if (self.config.split is None and forms and profile is not None
+        if (self.config.split is None and forms and profile is not None and self.budget > 0
                 and profile.step_names == executed.step_names):
             params = params_from_profile(profile, len(executed),
                                          {t.name: t.position for t in layout.tiers},

@@ -36,7 +36,9 @@ def explain_lines(self: CacheSession, opaque: bool,
     out.append(f"  forms: {forms or 'none'}")
     out.extend(f"  {note}" for note in self.layout.notes)
     split = ", ".join(f"{k} {100 * v:.0f}%" for k, v in self.split.items()) or "nothing"
-    if self.config.split is not None:
+    if self.budget <= 0:
+        why = " (no budget: nothing is cached, every sample runs its steps)"
+    elif self.config.split is not None:
         why = " (Cache.split)"
     elif self.plan is not None:
         gpu = ("unlimited (not measured yet)" if self.plan_t_gpu == INF else

@@ -120,7 +120,8 @@ class Split:
                                   ("augmented", self.augmented)) if v > 0}
 
     def describe(self) -> str:
-        parts = ", ".join(f"{k} {100 * v:.0f}%" for k, v in self.shares().items()) or "nothing"
+        parts = (", ".join(f"{k} {100 * v:.0f}%" for k, v in self.shares().items())
+                 or "nothing cached")
         return f"{parts}: {self.predicted:.0f} samples/s predicted"
 
 
@@ -129,8 +130,12 @@ def best_split(p: DsiParams, forms: tuple[str, ...] = ("encoded", "decoded", "au
     """Brute force over the shares at ``step`` (1%) granularity; ``forms``: those allowed.
 
     Ties (shares beyond what the dataset needs) go to the least augmented share (augmented
-    entries must be refilled) and then the most decoded one.
+    entries must be refilled) and then the most decoded one. With no budget
+    (``cache_bytes <= 0``) every split ties: nothing is cached, every sample comes from storage
+    (Eq. 7), and the split says so rather than name a form.
     """
+    if p.cache_bytes <= 0:
+        return Split(0.0, 0.0, 0.0, dsi_overall(p, 0.0, 0.0, 0.0))
     k = round(1 / step)
     best: Split | None = None
     for a in range(k + 1) if "augmented" in forms else (0,):
@@ -145,8 +150,11 @@ def best_split(p: DsiParams, forms: tuple[str, ...] = ("encoded", "decoded", "au
 
 
 def single_tier_splits(p: DsiParams, forms: tuple[str, ...]) -> list[Split]:
-    """The whole cache to one form, for each allowed form (``explain()`` shows them beside)."""
-    out = []
+    """The whole cache to one form, for each allowed form (``explain()`` shows them beside);
+    none with no budget (each would cache nothing)."""
+    out: list[Split] = []
+    if p.cache_bytes <= 0:
+        return out
     for f in forms:
         x = (float(f == "encoded"), float(f == "decoded"), float(f == "augmented"))
         out.append(Split(*x, dsi_overall(p, *x)))
