@@ -14,8 +14,8 @@ from headrace.planner.autoorder import (
     autoorder_from_profile,
     classify,
     expected_cpu,
-    revalidate,
 )
+from headrace.planner.order_revalidation import revalidate
 from headrace.profiler.sizes import payload_bytes, shape_signature, type_signature
 from headrace.profiler.stats import PipelineProfile, Profiler
 

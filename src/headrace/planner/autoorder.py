@@ -51,13 +51,11 @@ if TYPE_CHECKING:
 __all__ = [
     "NEUTRAL_BAND",
     "AutoOrderDecision",
-    "Revalidation",
     "StepMove",
     "autoorder",
     "autoorder_from_profile",
     "classify",
     "expected_cpu",
-    "revalidate",
 ]
 
 NEUTRAL_BAND = (0.95, 1.05)
@@ -164,21 +162,6 @@ class AutoOrderDecision:
         return lines
 
 
-@dataclasses.dataclass(frozen=True)
-class Revalidation:
-    """Whether a decision still holds under a newer profile (Pecan re-checks after epoch 1).
-
-    ``decision`` is AutoOrder recomputed from the new profile on the declared steps;
-    ``changes`` lists the steps whose role changed, with the numbers. ``planner/order.py``
-    keeps a decision that holds and otherwise goes back to the declared order (not to
-    ``decision``, which would be another order not yet validated).
-    """
-
-    holds: bool
-    decision: AutoOrderDecision
-    changes: tuple[str, ...]
-
-
 def classify(factor: float | None, neutral: tuple[float, float] = NEUTRAL_BAND) -> Role:
     """Role of an inflation factor: below, within or above the neutral band; None: unknown."""
     if factor is None or not math.isfinite(factor):
@@ -272,7 +255,7 @@ def autoorder(
         measured = classify(inflation[i], neutral)
         if roles[i] == "fixed" and measured in ("deflationary", "inflationary"):
             notes.append(
-                f"{s.name} is {measured} ({_f(inflation[i])}) but neither random nor commutes, "
+                f"{s.name} is {measured} ({factor_text(inflation[i])}) but neither random nor commutes, "
                 "so it stays in place; declare it with commutes=True to let AutoOrder move it"
             )
         elif roles[i] == "barrier" and not s.barrier:
@@ -351,23 +334,6 @@ def autoorder_from_profile(
     return dataclasses.replace(decision, notes=(*notes, *decision.notes))
 
 
-def revalidate(decision: AutoOrderDecision, new_profile: PipelineProfile) -> Revalidation:
-    """Recompute AutoOrder on the declared steps with ``new_profile`` (e.g. after epoch 1).
-
-    The order holds when the recomputed order is the same; the new profile may have been
-    measured on the reordered pipeline (steps are matched by name).
-    """
-    fresh = autoorder_from_profile(decision.original, new_profile, neutral=decision.neutral)
-    changes = []
-    for i, s in enumerate(decision.original):
-        old, new = decision.roles[i], fresh.roles[i]
-        if old != new:
-            changes.append(
-                f"{s.name}: {old} ({_f(decision.factors[i])}) -> {new} ({_f(fresh.factors[i])})"
-            )
-    return Revalidation(fresh.order == decision.order, fresh, tuple(changes))
-
-
 def _move(
     steps: Sequence[Step],
     j: int,
@@ -397,5 +363,6 @@ def _check_len(what: str, seq: Sequence[object] | None, n: int) -> None:
         raise ValueError(f"autoorder: {what} has {len(seq)} entries for {n} steps")
 
 
-def _f(x: float | None) -> str:
+def factor_text(x: float | None) -> str:
+    """An inflation factor in words: two decimals, or ``unknown``."""
     return "unknown" if x is None else f"{x:.2f}"

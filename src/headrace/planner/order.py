@@ -26,7 +26,8 @@ from collections.abc import Collection, Sequence
 from typing import Literal
 
 from headrace.pipeline import Step
-from headrace.planner.autoorder import AutoOrderDecision, autoorder_from_profile, revalidate
+from headrace.planner.autoorder import AutoOrderDecision, autoorder_from_profile
+from headrace.planner.order_revalidation import revalidate
 from headrace.profiler.report import PipelineProfile
 
 MIN_PROFILE_SAMPLES = 300
