@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import headrace as hr
-from headrace.cache.bandwidth import PROBE_PREFIX, PROBE_ROUNDS, redis_bandwidth
+from headrace.cache.bandwidth import PROBE_PREFIX, PROBE_ROUNDS, reads_per_round, redis_bandwidth
 from headrace.cache.redis_backend import RedisBackend
 from tests.integration.test_cache import pipeline, samples
 
@@ -34,8 +34,10 @@ def test_the_probe_reads_a_samples_size_from_the_server_and_deletes_it(server) -
     gets1, out1 = _stats(r)
     backend.close_here()
     assert b > 0
-    assert gets1 - gets0 == PROBE_ROUNDS + 1  # one untimed, then the timed ones
-    assert out1 - out0 >= (PROBE_ROUNDS + 1) * (256 << 10)  # the value crossed the socket
+    reads = 1 + PROBE_ROUNDS * reads_per_round(256 << 10)  # one untimed, then timed rounds
+    assert reads_per_round(256 << 10) == 4  # 1 MiB a round: round trips paid once a round
+    assert gets1 - gets0 == reads
+    assert out1 - out0 >= reads * (256 << 10)  # the value crossed the socket
     assert list(r.scan_iter(match=PROBE_PREFIX + b"*")) == []
 
 
@@ -63,7 +65,8 @@ def test_mdp_plans_a_redis_cache_with_the_servers_bandwidth(server, no_leaks) ->
         s = loader.cache
         assert s.plan is not None and s.plan_b_cache == s.cache_bandwidth()
         assert list(r.scan_iter(match=PROBE_PREFIX + b"*")) == []
-        assert "GETs of a 4.1 KB value from the server" in loader.explain()
+        assert "5 rounds of 64 pipelined GETs of a 4.1 KB value from the server" in \
+            loader.explain()
     finally:
         loader.close()
         ps.close()

@@ -277,8 +277,9 @@ class CacheSession:
             else:
                 n = bandwidth.probe_size(nbytes)
                 self._b_cache = bandwidth.redis_bandwidth(self._open_backend(), n)
-                self.b_cache_how = (f"{bandwidth.PROBE_ROUNDS} GETs of a {units.size(n)} value "
-                                    "from the server")
+                self.b_cache_how = (f"{bandwidth.PROBE_ROUNDS} rounds of "
+                                    f"{bandwidth.reads_per_round(n)} pipelined GETs of a "
+                                    f"{units.size(n)} value from the server")
         return self._b_cache
 
     def _with_bandwidth(self, params: DsiParams, forms: tuple[str, ...]) -> DsiParams | None:
