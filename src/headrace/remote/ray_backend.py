@@ -14,7 +14,11 @@ through Ray's object store, with tensors as arrays (``remote/payload.py``).
 
 Faults: when the actor's node or process dies, ``ray.get`` raises; the proxy then ends, its
 sentinel fires, and the scheduler re-runs the samples it held on other workers exactly as for
-a dead local process (``runtime/deaths.py``). The pool does not restart a remote worker in
+a dead local process (``runtime/deaths.py``). A proxy whose own code raises (any other
+exception: a user step's error comes back as a message) ends the same way and counts the
+same: lost (and replaced), or, before its actor ran, a start that failed; the sample it was
+handling counts an attempt (``progress.tid``), so one that fails every proxy is failed per the
+error policy after ``max_restarts``, not retried for ever. The pool does not restart a remote worker in
 place (``WorkerHandle.external``): its node may be gone; ``remote/session.py`` starts new ones.
 An actor that dies before it runs (its constructor, or the unpickling of the pipeline it is
 given, raised) held no sample: it is reported with the remote exception, not as lost, and
@@ -45,6 +49,7 @@ import logging
 import queue
 import socket
 import time
+import traceback
 from typing import Any
 
 import numpy as np
@@ -225,6 +230,17 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
                     slot, type(e).__name__, first)
         if opts.on_lost is not None:
             opts.on_lost()
+    except Exception as e:  # noqa: BLE001 - the proxy's own code failed (a user step's
+        # error is a message, never raised here): counted and replaced as a lost worker
+        if not ran:  # before its actor ran: a start that failed (bounded: remote/starts.py)
+            if opts.on_start_failed is not None:
+                opts.on_start_failed(slot, f"{qualname(type(e))}: {message_of(e)} (raised in "
+                                           "its proxy thread, in the training process)")
+            return
+        log.warning("headrace remote worker %d lost: its proxy thread failed; its samples "
+                    "are re-run and it is replaced:\n%s", slot, traceback.format_exc())
+        if opts.on_lost is not None:
+            opts.on_lost()
     finally:
         # progress.tid keeps the task at the head of the actor's queue: the scheduler counts
         # an attempt against that sample (a sample that keeps killing actors is failed per
@@ -281,7 +297,11 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
                 break
             if progress.is_revoked(slot, task.tid):
                 continue  # moved to an idle worker while queued here (Dispatcher._steal)
-            sent = _submit(actor, task, opts, local)
+            try:
+                sent = _submit(actor, task, opts, local)
+            except Exception:
+                progress.tid[slot] = task.tid  # the sample it failed on counts an attempt
+                raise
             if sent[0] == "msg":
                 if not results.send(sent[1]):
                     return
@@ -298,6 +318,8 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
         for ref in ready:
             task, before, stop = inflight.pop(ref)
             msg = ray.get(ref)  # raises when the actor died: the scheduler re-runs its samples
+            progress.tid[slot] = task.tid  # should the proxy fail on it: an attempt of its
+            local_msg = _local_message(msg, before, opts)
             head = next(iter(inflight.values()), None)
             progress.started[slot] = time.monotonic()
             progress.tid[slot] = head[0].tid if head is not None else -1
@@ -305,7 +327,7 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
             # the stop it ran with: a replan may have moved the split since
             outcomes.expect(task.tid, outcome(msg, stop, opts.stops is not None),
                             (task.epoch, task.sample, task.draw), fresh=task.start == 0)
-            if not results.send(_local_message(msg, before, opts)):
+            if not results.send(local_msg):
                 return
 
 
