@@ -8,11 +8,13 @@ global generators before each step, for user code that draws from those.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import operator
 import pickle
 import random as _pyrandom
+import struct
 import zlib
 from _random import Random as _CRandom
 from typing import Any
@@ -312,6 +314,57 @@ def draw_mark() -> tuple[Any, Any, Any]:
     state = _TORCH.get_state().numpy()
     torch_ = bytes(state[8:24]) if _TORCH_COUNTERS else state.tobytes()
     return (python_mark() if PYTHON_MARKS else _PY.getstate()), numpy_, torch_
+
+
+def _numpy_gauss_at(rs: Any) -> int | None:
+    """Offset in NumPy's legacy ``RandomState`` ``rs`` of its cached Gaussian (``has_gauss``, a
+    C int, then the value, a double 8 bytes on), found on a ``RandomState`` of this module's
+    own and checked: a draw caches one, the next serves it, and ``rs``'s ``get_state`` agrees.
+    None where the layout is another (:func:`load_mark` then reads ``get_state``, about 40 µs)."""
+    probe: Any = np.random.RandomState(1)  # get_state(): (name, key, pos, has_gauss, gauss)
+    size = type(probe).__basicsize__
+    try:
+        probe.standard_normal()
+        cached = struct.pack("d", probe.get_state()[4])
+        raw = ctypes.string_at(id(probe), size)
+        found = [i - 8 for i in range(16, size - 7, 8) if raw[i:i + 8] == cached]
+        if len(found) != 1 or type(rs) is not type(probe):
+            return None
+        at = found[0]
+
+        def read(r: Any) -> tuple[int, bytes]:
+            return ctypes.c_int.from_address(id(r) + at).value, ctypes.string_at(id(r) + at + 8, 8)
+
+        probe.standard_normal()
+        st: Any = rs.get_state()
+        if read(probe)[0] != 0 or read(rs)[0] != st[3] or (
+                st[3] and read(rs)[1] != struct.pack("d", st[4])):
+            return None
+    except Exception:  # noqa: BLE001 - another NumPy: its state is read instead
+        return None
+    return at
+
+
+_RAND: Any = getattr(getattr(np.random, "mtrand", None), "_rand", None)
+"""The ``RandomState`` that ``np.random.random()`` and the other module functions draw from."""
+_GAUSS_AT = _numpy_gauss_at(_RAND) if _RAND is not None else None
+
+
+def load_mark() -> tuple[Any, ...]:
+    """What any draw from Python's, NumPy's or torch's global generator changes, where they
+    are not seeded before it (a remote worker's proxy's load, in the training process:
+    ``remote/ray_backend.py``): :func:`draw_mark` and, besides, NumPy's legacy cached
+    Gaussian and torch's whole state. A Gaussian served
+    from the cache an earlier draw left moves no twister: ``draw_mark``, taken where the
+    generators were just seeded (which clears those caches), need not see it (a second
+    ``torch.randn(1)`` changes only the last 32 bytes of torch's 5,056). About 5 µs
+    (docs/design.md)."""
+    if _GAUSS_AT is not None:
+        gauss: Any = ctypes.string_at(id(_RAND) + _GAUSS_AT, 16)
+    else:
+        legacy = np.random.get_state(legacy=False)
+        gauss = (legacy["has_gauss"], legacy["gauss"])
+    return draw_mark(), gauss, torch.default_generator.get_state().numpy().tobytes()
 
 
 def global_states() -> tuple[Any, Any, torch.Tensor]:

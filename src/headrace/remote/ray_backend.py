@@ -63,12 +63,13 @@ from headrace.errors import (
     picklable_class,
 )
 from headrace.pipeline.runner import SampleRunner
+from headrace.pipeline.seeding import load_mark
 from headrace.remote.actor import RemoteWorker
 from headrace.remote.config import Remote
 from headrace.remote.counts import Outcomes, outcome
 from headrace.remote.link import PROBE_BUDGET_S, PROBE_BYTES, LinkEcho, LinkMeasure
 from headrace.remote.payload import pack, unpack
-from headrace.remote.proxy_options import LOAD_DREW, NOT_LOADED, ProxyOptions, load_mark
+from headrace.remote.proxy_options import LOAD_DREW, NOT_LOADED, ProxyOptions
 from headrace.remote.starts import start_cause
 from headrace.runtime.faithful import why_it_stays
 from headrace.runtime.outbox import qualname
