@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from headrace.remote.proxy_options import DRAWN_IN_A_ROW, LOAD_DREW, NOT_LOADED
+from headrace.remote.proxy_options import LOAD_DREW, NOT_LOADED
 
 log = logging.getLogger("headrace")
 
@@ -102,8 +102,9 @@ class RemoteCounts:
     load them again, because the loaded value would not have arrived as it is
     (``proxy_options.LoadLocally``; not in ``remote_samples``), or because the load drew from
     a global random generator (``load_drew`` of them); ``not_loaded``: samples the proxies
-    handed to the local workers without loading them, their loads having drawn
-    (``ProxyOptions.loads_stopped``).
+    handed to the local workers without loading them, queued at a proxy when the loads
+    stopped (``LoadDraws.stopped``; at most ``dispatch.DEPTH`` per remote worker: none are
+    given to them after).
 
     Each sample counts once in ``remote_samples``. One handed back at the split point
     (``AT_SPLIT``) is remembered while it is in flight: when a replan has moved the split
@@ -161,22 +162,16 @@ class RemoteCounts:
     def _loaded_again(self, why: str) -> None:
         """A proxy handed a sample back to the local workers because of ``why``
         (``runtime/faithful.py``'s reason, ``LOAD_DREW``, or ``NOT_LOADED``: it did not load
-        it); the first one of the loader and the first not loaded are said in a warning."""
+        it); the first one of the loader is said in a warning (the loads stopping, by
+        ``LoadDraws``)."""
         with self._count_lock:
             if why == NOT_LOADED:
                 self.not_loaded += 1
-                first, stopped = False, self.not_loaded == 1
+                first = False
             else:
                 self.loaded_again += 1
                 self.load_drew += why == LOAD_DREW
-                first, stopped = self.loaded_again == 1, False
-        if stopped:
-            log.warning("headrace: the remote workers' proxies (Remote(read_source=False)) "
-                        "of the running pool load no more samples: %d of their loads in a row "
-                        "drew from a global random generator. The samples they take go to "
-                        "the local workers unloaded (said once per loader; counted in "
-                        "loader.remote.not_loaded; "
-                        "docs/design.md, \"A proxy's load that draws\")", DRAWN_IN_A_ROW)
+                first = self.loaded_again == 1
         if first:
             log.warning("headrace: a sample loaded for a remote worker (Remote(read_source="
                         "False)) was not sent to it: %s. A local worker loads it again and runs "

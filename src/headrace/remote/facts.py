@@ -58,10 +58,13 @@ def remote_facts(session: RemoteSession, pool: WorkerPool | None, steps: list[st
         extra.append(f"  local load: {session.loaded_again} sample(s) loaded for remote workers "
                      f"were not sent ({why}): local workers loaded them again and ran them "
                      "whole")
-    if session.not_loaded:
-        extra.append(f"  local load: {session.not_loaded} sample(s) remote workers took were "
-                     "not loaded for them, as their loads drew from a global random generator "
-                     f"({DRAWN_IN_A_ROW} in a row): local workers ran them whole")
+    if session.load_draws.stopped:
+        extra.append(f"  local load: the proxies load no more samples, as {DRAWN_IN_A_ROW} of "
+                     "their loads in a row drew from a global random generator: remote "
+                     "workers take no sample that starts at the load, for the loader's life"
+                     + (f" ({session.not_loaded} sample(s) taken before were handed back "
+                        "unloaded: local workers ran them whole)" if session.not_loaded
+                        else ""))
     if not workers:  # between epochs without persistent workers ("0 local" before): the
         # counts the next epoch starts with (``attach``, ``adopt``), remote ones only once
         # Ray has placed one of them (else the cluster has no room for them)

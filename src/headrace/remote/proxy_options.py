@@ -5,6 +5,7 @@ count: ``remote/counts.py``). No Ray here: the proxies themselves are
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -12,22 +13,62 @@ from typing import Any, NamedTuple
 from headrace.remote.config import Remote
 from headrace.runtime.worker import Task
 
+log = logging.getLogger("headrace")
+
 LOAD_DREW = ("its load drew from a global random generator (Python's random, numpy.random or "
              "torch's default one), which the training process, where it ran, does not seed "
              "per sample")
 """Why a proxy hands back a sample whose load it saw draw (``LoadLocally.why``)."""
-NOT_LOADED = ("the proxies of this pool load no more samples: their loads drew from a global "
-              "random generator")
-"""Why a proxy hands back a sample it did not load (``ProxyOptions.loads_stopped``)."""
+NOT_LOADED = ("the proxies load no more samples: their loads drew from a global random "
+              "generator")
+"""Why a proxy hands back a sample it did not load (``LoadDraws.stopped``): one queued at it
+when the loads stopped."""
 DRAWN_IN_A_ROW = 16
-"""Loads seen drawing one after another (all proxies of a pool) after which its proxies load no
-more samples (``ProxyOptions.loaded``). Not 1: a draw the training loop makes in its own thread
+"""Loads seen drawing one after another (all proxies of a loader, across its pools) after which
+its proxies load no more samples (``LoadDraws.loaded``). Not 1: a draw the training loop makes in its own thread
 while a proxy loads looks the same (and costs that sample a second load only). A thread loading
 back to back saw 8.5% of its loads "draw" beside a loop drawing once per 20 ms step, 26%
 (at most 4 in a row) beside CPU training with dropout: 16 in a row at 26% is about 1 in 10^10
 loads. A load that always draws costs 16 samples a second load, and the training loop's
-generators 16 loads' draws, per pool (docs/design.md, "A proxy's load that draws from a
+generators 16 loads' draws, once per loader (docs/design.md, "A proxy's load that draws from a
 global generator")."""
+
+
+class LoadDraws:
+    """The proxies' loads seen drawing from a global generator, in a row, over a loader's life
+    (``RemoteSession`` holds one; every pool's ``ProxyOptions`` shares it), and whether they
+    stopped loading (``stopped``). For the loader's life, not a pool's: a pool per epoch
+    (non-persistent workers) paid ``DRAWN_IN_A_ROW`` loads drawn and loaded again, and the
+    training loop's generators as many draws, every epoch."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        """The proxies load no sample (``Remote(read_source=False)``): ``DRAWN_IN_A_ROW``
+        loads in a row drew from a global generator. Remote workers then take no sample
+        whose remote part starts at the load (``RemoteSession``'s dispatch gate); one queued
+        at a proxy when it stopped goes back to the local workers unloaded (``NOT_LOADED``).
+        Not set from ``runtime/python_draws.py``'s flags: they say the load drew for some
+        sample, maybe one in many, whose load alone the watch sends back."""
+        self._in_a_row = 0
+        self._lock = threading.Lock()  # every proxy thread reports its loads
+
+    def loaded(self, drew: bool) -> None:
+        """(Proxy) a load drew from a global generator (``seeding.load_mark`` changed around
+        it), or not; ``DRAWN_IN_A_ROW`` drawing loads in a row stop the loads (said once, in
+        a warning)."""
+        with self._lock:
+            if self.stopped:
+                return
+            self._in_a_row = self._in_a_row + 1 if drew else 0
+            self.stopped = self._in_a_row >= DRAWN_IN_A_ROW
+            now = self.stopped
+        if now:
+            log.warning("headrace: the remote workers' proxies (Remote(read_source=False)) load "
+                        "no more samples: %d of their loads in a row drew from a global random "
+                        "generator. For the rest of this loader, remote workers take no sample "
+                        "that starts at the load: the local workers load and run them (said "
+                        "once per loader; docs/design.md, \"A proxy's load that draws\")",
+                        DRAWN_IN_A_ROW)
 
 
 class LoadLocally(NamedTuple):
@@ -60,7 +101,8 @@ class ProxyOptions:
                  on_resumed: Callable[[], None] | None = None,
                  on_started: Callable[[int], None] | None = None,
                  on_start_failed: Callable[[int, str], None] | None = None,
-                 on_loaded_again: Callable[[str], None] | None = None) -> None:
+                 on_loaded_again: Callable[[str], None] | None = None,
+                 draws: LoadDraws | None = None) -> None:
         self.cfg = cfg
         self.pipeline = pipeline
         self.steps = steps
@@ -80,22 +122,13 @@ class ProxyOptions:
         self.stops: Any = None
         """Per-sample split (near storage: ``stops[sample]``, ``remote/storage.py``; None:
         ``stop`` for every sample)."""
-        self.loads_stopped = False
-        """The proxies load no sample (``Remote(read_source=False)``): ``DRAWN_IN_A_ROW``
-        loads in a row drew from a global generator. A sample they take goes back to the
-        local workers unloaded (``NOT_LOADED``). Not set from ``runtime/python_draws.py``'s
-        flags: they say the load drew for some sample, maybe one in many, whose load alone
-        the watch sends back."""
-        self._drawn_in_a_row = 0
-        self._lock = threading.Lock()  # every proxy thread of the pool reports its loads
+        self.draws = draws if draws is not None else LoadDraws()
+        """The loader's watch over its proxies' loads (the session's, shared by its pools)."""
 
-    def loaded(self, drew: bool) -> None:
-        """(Proxy) a load here drew from a global generator (``load_mark`` changed around
-        it), or not; ``DRAWN_IN_A_ROW`` drawing loads in a row stop the loads."""
-        with self._lock:
-            self._drawn_in_a_row = self._drawn_in_a_row + 1 if drew else 0
-            if self._drawn_in_a_row >= DRAWN_IN_A_ROW:
-                self.loads_stopped = True
+    @property
+    def loads_stopped(self) -> bool:
+        """The proxies load no more samples (``LoadDraws.stopped``)."""
+        return self.draws.stopped
 
     def hand_back(self, task: Task, why: str) -> tuple[Any, ...]:
         """(Proxy) The message that gives ``task`` back at step 0, for a local worker to load

@@ -352,8 +352,9 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
     it): here they are the training loop's, not seeded per sample (nor seeded and restored:
     the training loop may draw meanwhile, in its thread), and the partial value would travel
     without the ``drew_at`` that keeps the cache from storing its later forms. After
-    ``DRAWN_IN_A_ROW`` such loads in a row the pool's proxies load no more
-    (``ProxyOptions.loads_stopped``): each sample they take goes back unloaded."""
+    ``DRAWN_IN_A_ROW`` such loads in a row the loader's proxies load no more
+    (``LoadDraws.stopped``, for the loader's life): the remote workers are then given no
+    sample that starts at the load, and one queued here before goes back unloaded."""
     value = None
     before: list[Any] = []
     stop = opts.stop_for(task.sample)
@@ -365,13 +366,13 @@ def _submit(actor: Any, task: Task, opts: ProxyOptions,
         if opts.on_resumed is not None:
             opts.on_resumed()
     elif local is not None:  # the source is not reachable remotely: load here
-        if opts.loads_stopped:  # its loads draw from the global generators: load none here
+        if opts.loads_stopped:  # queued before the loads stopped: load none here
             return opts.hand_back(task, NOT_LOADED)
         mark = load_mark()
         out = local.run(task.sample, 0, None, task.base_seed, task.epoch,
                         hand_off=lambda _next, _spent: True, draw=task.draw)
         drew = load_mark() != mark
-        opts.loaded(drew)
+        opts.draws.loaded(drew)
         if drew:  # unseeded here (its error, too, may be the draw's): a local worker loads it
             return opts.hand_back(task, LOAD_DREW)
         if out.error is not None:

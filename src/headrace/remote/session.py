@@ -15,7 +15,7 @@ from typing import Any
 from headrace.errors import PipelineError, RemoteUnavailableError
 from headrace.remote.config import Remote, check_read_source, unplaceable
 from headrace.remote.counts import Outcomes, RemoteCounts
-from headrace.remote.proxy_options import ProxyOptions
+from headrace.remote.proxy_options import LoadDraws, ProxyOptions
 from headrace.remote.starts import StartFailures
 from headrace.remote.storage import RESOURCE, NearStorage, StorageSide
 from headrace.runtime.handles import WorkerHandle
@@ -82,6 +82,9 @@ class RemoteSession(RemoteCounts):
         (``config.unplaceable``), for ``explain()``."""
         self.cache_on = False
         """The latest pool's local workers use a sample cache (remote workers never do)."""
+        self.load_draws = LoadDraws()
+        """The proxies' loads seen drawing from a global generator, and whether they stopped
+        loading: for the loader's life, shared by its pools' ``ProxyOptions``."""
 
     # -- cluster -------------------------------------------------------------------------------
     def open(self, may_join: bool = False) -> int:
@@ -175,7 +178,7 @@ class RemoteSession(RemoteCounts):
                     on_resumed=self._resumed,
                     on_started=self._started,
                     on_start_failed=self._start_failed,
-                    on_loaded_again=self._loaded_again)
+                    on_loaded_again=self._loaded_again, draws=self.load_draws)
                 opts.handoff = pool.handoff
                 self._pool_opts = (weakref.ref(pool), opts)
             self.cache_on = getattr(pool.cache, "enabled", False)
@@ -274,8 +277,20 @@ class RemoteSession(RemoteCounts):
                         name=f"headrace-worker-remote-{setup.slot}")
         run.start()
         return WorkerHandle(setup.slot, run, tasks, results, None, external=True,
-                            gate=self._within_ratio, prefers_slow=self.cfg.slow_lane,
+                            gate=self._may_take, prefers_slow=self.cfg.slow_lane,
                             fetches=self.near_storage, runs=opts.runs, took=outcomes.took)
+
+    def _may_take(self) -> bool:
+        """May remote workers take more samples now (the scheduler asks before dispatching)?
+        Not once their proxies load no more (``LoadDraws.stopped``) while the remote part
+        starts at the load (``read_local``): every sample they took would go back to the
+        local workers unloaded, a round trip for nothing. The dispatcher offers a worker
+        fresh samples whenever it takes any (``WorkerHandle.runs`` is asked of retries and
+        slow-lane samples only), so they then take no slow-lane sample either
+        (docs/design.md). Else the offload ratio (``_within_ratio``)."""
+        if self.read_local and self.load_draws.stopped:
+            return False
+        return self._within_ratio()
 
     def _within_ratio(self) -> bool:
         """May remote workers take more samples now? FastFlow's ApplyOffRatio by counters:
