@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import headrace as hr
-from headrace.remote import ray_backend
+from headrace.remote import proxy_calls
 from tests.helpers import ident_collate
 from tests.ray_cluster.test_remote import (
     ON_CPU_NODES,
@@ -33,11 +33,11 @@ N = 160
 
 
 class FailOnce:
-    """``ray_backend.unpack`` (the proxy's own handling of an actor's result) raising once,
+    """``proxy_calls.unpack`` (the proxy's own handling of an actor's result) raising once,
     in the first proxy thread that calls it: a bug in the proxy, not in the user's code."""
 
     def __init__(self) -> None:
-        self.real = ray_backend.unpack
+        self.real = proxy_calls.unpack
         self.fired = threading.Event()
         self._lock = threading.Lock()
 
@@ -67,7 +67,7 @@ def test_a_proxy_dying_of_its_own_exception_is_counted_and_replaced(ray_cluster,
         ref_loader.close()
     loader = _loader(remote=True)
     fault = FailOnce()
-    monkeypatch.setattr(ray_backend, "unpack", fault)  # the first remote result kills its proxy
+    monkeypatch.setattr(proxy_calls, "unpack", fault)  # the first remote result kills its proxy
     got: dict[int, dict] = {}
     seen: Counter[int] = Counter()
     try:
