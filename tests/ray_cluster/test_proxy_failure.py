@@ -94,3 +94,43 @@ def test_a_proxy_dying_of_its_own_exception_is_counted_and_replaced(ray_cluster,
     for i, s in expected.items():
         assert torch.equal(got[i]["t"], s["t"]) and np.array_equal(got[i]["a"], s["a"])
         assert got[i]["n"] == s["n"]
+
+
+class FailOn:
+    """``proxy_calls.unpack`` raising on every result of a sample whose index is 5 modulo 8:
+    such a sample fails every proxy that gets its result back (``hit``: those it did)."""
+
+    def __init__(self) -> None:
+        self.real = proxy_calls.unpack
+        self.hit: set[int] = set()
+
+    def __call__(self, x):
+        if isinstance(x, dict) and x.get("i", 0) % 8 == 5:
+            self.hit.add(x["i"])
+            raise RuntimeError("a bug in the proxy on this sample (injected by the test)")
+        return self.real(x)
+
+
+@pytest.mark.timeout(300)
+def test_the_sample_a_proxy_failed_on_is_the_one_counted(ray_cluster, no_actor_leaks,
+                                                          monkeypatch):
+    # One death is one attempt, and it is the sample the proxy was handling that counts it
+    # (max_worker_restarts=1: failed, here skipped, at its first). Before, the attempt went to
+    # the sample queued behind it at the actor (progress.tid already named it): an innocent
+    # sample was skipped, and the one that fails every proxy was retried.
+    fault = FailOn()
+    monkeypatch.setattr(proxy_calls, "unpack", fault)
+    loader = hr.DataLoader(pipeline(N), batch_size=4, num_workers=1, collate_fn=ident_collate,
+                           options=hr.Options(seed=7, on_error="skip", max_worker_restarts=1,
+                                              remote=hr.Remote(max_workers=2,
+                                                               resources=ON_CPU_NODES)))
+    try:
+        it = iter(loader)
+        wait_ready(it, 2)
+        seen = Counter(s["i"] for b in it for s in b)
+    finally:
+        loader.close()
+    assert fault.hit, "no sample failed a proxy"
+    assert loader.remote.lost >= 1
+    assert max(seen.values()) == 1
+    assert set(range(N)) - set(seen) == fault.hit
