@@ -18,6 +18,7 @@ import torch
 
 import headrace as hr
 from headrace.remote import proxy_calls
+from headrace.remote.replacing import Replacements
 from tests.helpers import ident_collate
 from tests.ray_cluster.test_remote import (
     ON_CPU_NODES,
@@ -134,3 +135,19 @@ def test_the_sample_a_proxy_failed_on_is_the_one_counted(ray_cluster, no_actor_l
     assert loader.remote.lost >= 1
     assert max(seen.values()) == 1
     assert set(range(N)) - set(seen) == fault.hit
+
+
+def test_an_end_is_answered_once_its_worker_has_left_the_pool():
+    # A proxy reports its worker's end from its own thread, before the scheduler has handled
+    # it: asked in between, the session saw the ended worker still in the pool, found no
+    # replacement needed and answered that end for good (the first test above, once in three
+    # runs: "not replaced"). The same on the session's clock, without Ray or threads.
+    r = Replacements(every_s=1.0)
+    r.ended(3)
+    assert not r.due(1, [2, 3], now=10.0)  # slot 3 still holds the worker that ended
+    assert r.due(1, [2], now=10.0)  # its end handled: one replacement
+    r.started(3)
+    assert not r.due(1, [2, 3], now=20.0)  # that end is answered
+    r.ended(2)
+    assert not r.due(2, [3], now=10.5)  # within every_s of the last one
+    assert r.due(2, [3], now=11.0)

@@ -88,8 +88,8 @@ class ProxyOptions:
     ``pipeline``: what every actor runs, passed to each actor's constructor by value (NOTE [no
     driver-owned objects]). ``stop``: the step the remote part ends at (the offload split
     point; the pipeline's step count: the whole sample). ``processes``: the local workers are processes, so partial values
-    they exchange are ``runtime/transport.py``-encoded. ``on_lost()``: an actor died after
-    it started; ``on_resumed()``: a sample resumed at a later step was sent;
+    they exchange are ``runtime/transport.py``-encoded. ``on_lost(slot)``: the worker in ``slot``
+    was lost after it started (its actor died, or the proxy itself failed); ``on_resumed()``: a sample resumed at a later step was sent;
     ``on_started(slot)``: an actor runs; ``on_start_failed(slot, cause)``: an actor died before
     it ran (``cause``: ``remote/starts.py``'s ``start_cause``); ``on_loaded_again(why)``: a
     sample loaded here, or taken with ``loads_stopped``, was handed back to the local workers
@@ -97,7 +97,7 @@ class ProxyOptions:
     """
 
     def __init__(self, cfg: Remote, pipeline: Any, steps: int, processes: bool,
-                 on_lost: Callable[[], None] | None = None,
+                 on_lost: Callable[[int], None] | None = None,
                  on_resumed: Callable[[], None] | None = None,
                  on_started: Callable[[int], None] | None = None,
                  on_start_failed: Callable[[int, str], None] | None = None,

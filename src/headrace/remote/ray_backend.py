@@ -225,7 +225,7 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
         log.warning("headrace remote worker %d lost (%s: %s); its samples are re-run",
                     slot, type(e).__name__, first)
         if opts.on_lost is not None:
-            opts.on_lost()
+            opts.on_lost(slot)
     except Exception as e:  # noqa: BLE001 - the proxy's own code failed (a user step's
         # error is a message, never raised here): counted and replaced as a lost worker
         if not ran:  # before its actor ran: a start that failed (bounded: remote/starts.py)
@@ -236,7 +236,7 @@ def proxy_main(setup: WorkerSetup, tasks: RemoteTasks, results: ThreadResults, p
         log.warning("headrace remote worker %d lost: its proxy thread failed; its samples "
                     "are re-run and it is replaced:\n%s", slot, traceback.format_exc())
         if opts.on_lost is not None:
-            opts.on_lost()
+            opts.on_lost(slot)
     finally:
         # progress.tid keeps the task at the head of the actor's queue: the scheduler counts
         # an attempt against that sample (a sample that keeps killing actors is failed per

@@ -16,6 +16,7 @@ from headrace.errors import PipelineError, RemoteUnavailableError
 from headrace.remote.config import Remote, check_read_source, unplaceable
 from headrace.remote.counts import Outcomes, RemoteCounts
 from headrace.remote.proxy_options import LoadDraws, ProxyOptions
+from headrace.remote.replacing import Replacements
 from headrace.remote.starts import StartFailures
 from headrace.remote.storage import RESOURCE, NearStorage, StorageSide
 from headrace.runtime.handles import WorkerHandle
@@ -25,10 +26,6 @@ from headrace.runtime.work import Fatal
 from headrace.runtime.worker import WorkerSetup
 
 log = logging.getLogger("headrace")
-
-REPLACE_EVERY_S = 1.0
-"""Seconds between two replacements of remote workers that died."""
-
 
 class RemoteSession(RemoteCounts):
     """The remote side of one loader.
@@ -68,8 +65,8 @@ class RemoteSession(RemoteCounts):
         self.watcher: Any = None
         """Makes the offloading decision again when it goes stale (``remote/replan.py``; armed
         by ``plan_offload``)."""
-        self._replaced = 0  # deaths answered by a replacement (or found not to need one)
-        self._replaced_at = 0.0  # time.monotonic() of the last replacement
+        self.replacements = Replacements()
+        """Remote workers that ended, and when to start one in place of each."""
         self._lock = threading.Lock()
         self._add_lock = threading.Lock()
         self._pool_opts: tuple[Any, Any] = (lambda: None, None)  # (weakref to pool, options)
@@ -174,7 +171,7 @@ class RemoteSession(RemoteCounts):
                 steps = len(pool.pipeline.step_names)
                 opts = ProxyOptions(
                     self.cfg, pool.pipeline, steps,
-                    processes=pool.executor != "threads", on_lost=self._lost,
+                    processes=pool.executor != "threads", on_lost=self._lost_in,
                     on_resumed=self._resumed,
                     on_started=self._started,
                     on_start_failed=self._start_failed,
@@ -259,14 +256,21 @@ class RemoteSession(RemoteCounts):
         self.starts.started()
         self.placed_total += 1
 
+    def _lost_in(self, slot: int) -> None:
+        """The remote worker in ``slot`` was lost after it ran (a proxy thread says)."""
+        self.replacements.ended(slot)
+        self._lost()
+
     def _start_failed(self, slot: int, cause: str) -> None:
         """A remote worker died before it ran (a proxy thread says)."""
+        self.replacements.ended(slot)
         if self.starts.report(slot, cause, self.cfg.address, self.cfg.required):
             self.target = 0  # gave up: no more are started
 
     def _start(self, pool: WorkerPool, setup: WorkerSetup) -> WorkerHandle:
         from headrace.remote import ray_backend
 
+        self.replacements.started(setup.slot)
         tasks, results = ray_backend.RemoteTasks(), ThreadResults()
         opts, outcomes = self._options(pool), Outcomes(self._took)
         # get_worker_info().num_workers: every slot, local and remote, so that each worker's
@@ -366,22 +370,20 @@ class RemoteSession(RemoteCounts):
 
     def on_tick(self, pool: WorkerPool) -> None:
         """Replace remote workers that died, up to ``target`` (Ray places them on live nodes),
-        at most one every ``REPLACE_EVERY_S``, none once ``starts.limit`` in a row failed
-        to start: then ``Remote(required=True)`` ends the epoch with the cause."""
+        at most one every ``REPLACE_EVERY_S``, once the scheduler has handled the end
+        (``remote/replacing.py``), none once ``starts.limit`` in a row failed to start: then
+        ``Remote(required=True)`` ends the epoch with the cause."""
         if not self.available or pool.closed:
             return
         if self.starts.gave_up:  # required=True: an error once no remote worker runs at all
             if self.cfg.required and not any(w.ready for w in self.remote_workers(pool)):
                 raise Fatal(RemoteUnavailableError(self.starts.message(self.cfg.address)))
             return
-        if self._replaced >= self.lost + self.starts.total:
+        live = self.remote_workers(pool)
+        if not self.replacements.due(self.lost + self.starts.total, [w.slot for w in live],
+                                     time.monotonic()):
             return
-        now = time.monotonic()
-        if now - self._replaced_at < REPLACE_EVERY_S:
-            return
-        self._replaced_at = now
-        self._replaced += 1
-        if len(self.remote_workers(pool)) < self.target:
+        if len(live) < self.target:
             self.add(pool)
 
 def remote_session(cfg: Remote | None, monitor: Any) -> RemoteSession | None:

@@ -2,7 +2,7 @@
 
 A Ray actor whose constructor raises (most often: a step's module importable on the training
 host but not on the remote nodes, so unpickling the pipeline fails there) dies before it runs a
-sample. Replacing it as if it had been lost would start one more every ``REPLACE_EVERY_S`` for
+sample. Replacing it as if it had been lost would start one more every ``replacing.REPLACE_EVERY_S`` for
 ever, each failing the same way, and say nothing of why. Plain data, no Ray: the proxy threads
 (``remote/ray_backend.py``) report each start that failed, and ``remote/session.py`` asks
 whether to start another.
