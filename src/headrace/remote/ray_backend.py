@@ -17,9 +17,10 @@ sentinel fires, and the scheduler re-runs the samples it held on other workers e
 a dead local process (``runtime/deaths.py``). A proxy whose own code raises (any other
 exception: a user step's error comes back as a message) ends the same way and counts the
 same: lost (and replaced), or, before its actor ran, a start that failed; the sample it was
-handling counts an attempt (``progress.tid``), so one that fails every proxy is failed per the
-error policy after ``max_restarts``, not retried for ever. The pool does not restart a remote worker in
-place (``WorkerHandle.external``): its node may be gone; ``remote/session.py`` starts new ones.
+handling counts an attempt (``progress.tid``), so one that fails every proxy is failed per
+the error policy after ``max_restarts``, not retried for ever. The pool does not restart a
+remote worker in place (``WorkerHandle.external``): its node may be gone;
+``remote/session.py`` starts new ones (``remote/replacing.py``: when).
 An actor that dies before it runs (its constructor, or the unpickling of the pipeline it is
 given, raised) held no sample: it is reported with the remote exception, not as lost, and
 ``remote/starts.py`` decides when to stop starting more.
@@ -314,7 +315,7 @@ def _forward(actor: Any, tasks: RemoteTasks, results: ThreadResults, progress: A
         for ref in ready:
             task, before, stop = inflight.pop(ref)
             msg = ray.get(ref)  # raises when the actor died: the scheduler re-runs its samples
-            progress.tid[slot] = task.tid  # should the proxy fail on it: an attempt of its
+            progress.tid[slot] = task.tid  # a failure below is charged to this sample
             local_msg = local_message(msg, before, opts)
             head = next(iter(inflight.values()), None)
             progress.started[slot] = time.monotonic()
