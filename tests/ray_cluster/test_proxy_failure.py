@@ -1,10 +1,13 @@
 """A remote worker's proxy thread (in the training process) that dies of an exception of its
 own, not of Ray's: it is counted lost and replaced like one whose actor died, and the samples
-it held are delivered exactly once (docs/design.md, "A proxy that fails").
+it held are delivered exactly once (docs/design.md, "Remote workers are one more kind of
+worker").
 
 Before, only a ``RayError`` counted the worker lost: a proxy ending on any other exception was
 neither counted nor replaced, so the loader ran on with one remote worker fewer for the rest
-of the pool's life.
+of the pool's life. The attempt such a death counts is the sample's the proxy was handling
+(it went to the one queued behind it), and the replacement waits until the scheduler has
+handled the death (a tick in between found none needed, for good).
 """
 
 from __future__ import annotations
