@@ -120,3 +120,19 @@ class PlacementController:
         pool.requests.cancel(len(local()) + len(pool.requests) - n)  # asked for, not forked
         while len(local()) > n:
             pool.retire(min(local(), key=lambda w: len(w.assigned)))
+
+
+def placement_tick(session: RemoteSession, sched: Any) -> None:
+    """Every scheduler pass with ``Remote(autoplace=True)``: AutoPlacement's controller, made
+    once the pool has started its local workers (it counts them), then ticked."""
+    if session.placement is None:
+        if session.local_started is None:
+            return  # the pool is still starting its local workers: count them after
+        cfg = PlacementConfig(
+            max_remote=session.max_workers, max_local=max(1, sched.pool.local_slots),
+            window=session.cfg.window, threshold=session.cfg.threshold,
+            local_cost=session.cfg.local_cost_per_hour,
+            remote_cost=session.cfg.cost_per_worker_hour)
+        session.placement = PlacementController(session, cfg, max(1, session.local_started),
+                                                sched.spec.batcher.batch_size or 1)
+    session.placement.on_tick(sched)

@@ -349,24 +349,10 @@ class RemoteSession(RemoteCounts):
         self.on_tick(sched.pool)
         if self.watcher is not None:
             self.watcher.on_tick(sched)
-        if not self.cfg.autoplace or not self.available:
-            return
-        if self.placement is None:
-            if self.local_started is None:
-                return  # the pool is still starting its local workers: count them after
-            from headrace.planner.placement import PlacementConfig
-            from headrace.remote.autoplace import PlacementController
+        if self.cfg.autoplace and self.available:
+            from headrace.remote.autoplace import placement_tick
 
-            pool = sched.pool
-            local = self.local_started
-            cfg = PlacementConfig(
-                max_remote=self.max_workers, max_local=max(1, pool.local_slots),
-                window=self.cfg.window, threshold=self.cfg.threshold,
-                local_cost=self.cfg.local_cost_per_hour,
-                remote_cost=self.cfg.cost_per_worker_hour)
-            self.placement = PlacementController(self, cfg, max(1, local),
-                                                 sched.spec.batcher.batch_size or 1)
-        self.placement.on_tick(sched)
+            placement_tick(self, sched)
 
     def on_tick(self, pool: WorkerPool) -> None:
         """Replace remote workers that died, up to ``target`` (Ray places them on live nodes),
@@ -385,6 +371,7 @@ class RemoteSession(RemoteCounts):
             return
         if len(live) < self.target:
             self.add(pool)
+
 
 def remote_session(cfg: Remote | None, monitor: Any) -> RemoteSession | None:
     """The loader's remote session (None without ``Options(remote=...)``), ticked by the
