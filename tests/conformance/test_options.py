@@ -27,16 +27,18 @@ def test_timeout_raises_when_a_batch_is_late(Loader, no_leaks):
 
 
 class LateSample(Dataset):
-    """Sample 2 waits for ``gate`` (a process-shared event; 60 s at most), the others not."""
+    """``n`` samples; sample 2 waits for ``gate`` (a process-shared event; 60 s at most; None:
+    not at all), the others not."""
 
-    def __init__(self, gate) -> None:
+    def __init__(self, gate, n: int = 8) -> None:
         self.gate = gate
+        self.n = n
 
     def __len__(self) -> int:
-        return 8
+        return self.n
 
     def __getitem__(self, i: int) -> int:
-        if i == 2:
+        if i == 2 and self.gate is not None:
             self.gate.wait(60)
         return i
 
@@ -52,6 +54,37 @@ def test_a_timeout_leaves_the_epoch_going(Loader, no_leaks):
             next(it)  # sample 2 holds its batch
         gate.set()  # it comes now: the same iterator goes on
         assert [b.tolist() for b in it] == [[2, 3], [4, 5], [6, 7]]
+    finally:
+        gate.set()
+
+
+class LateCollate:
+    """A collate_fn whose batch holding sample 10 waits for ``gate`` (a process-shared event;
+    60 s at most): a tokenizer server, a lock, a fetch that hangs."""
+
+    def __init__(self, gate) -> None:
+        self.gate = gate
+
+    def __call__(self, batch):
+        if 10 in batch:
+            self.gate.wait(60)
+        return torch.tensor(batch)
+
+
+def test_a_timeout_bounds_a_collate_fn_that_hangs(Loader, no_leaks):
+    # torch's workers collate, so its timeout bounds a collate_fn too; headrace collates in the
+    # training process, and next() waited for the collate thread unbounded (30 s in a hunt)
+    # (past the first four batches, where headrace runs a collate_fn inside next() while it
+    # watches it for random draws: README)
+    gate = multiprocessing.get_context("fork").Event()
+    it = iter(Loader(LateSample(None, 14), batch_size=2, num_workers=1, timeout=0.5,
+                     collate_fn=LateCollate(gate)))
+    try:
+        assert [next(it).tolist() for _ in range(5)] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+        with pytest.raises(RuntimeError, match="timed out"):
+            next(it)  # [10, 11]'s collate_fn waits
+        gate.set()  # it returns now: the same iterator goes on, that batch first
+        assert [b.tolist() for b in it] == [[10, 11], [12, 13]]
     finally:
         gate.set()
 

@@ -156,7 +156,7 @@ class EpochIterator(EpochBase):
         kind, value, positions = item
         if kind in ("batch", "future", "deferred"):
             try:
-                return self._batch(item, block, c0)
+                return self._batch(item, block, c0, deadline)
             finally:  # an error's traceback holds this frame: not the future (or the batch)
                 item = value = None
         if not block:
@@ -189,20 +189,21 @@ class EpochIterator(EpochBase):
         finally:  # this frame is in the error's traceback: it must not hold the error itself
             value = item = None
 
-    def _batch(self, item: tuple[str, Any, Any], block: bool,
-               c0: float) -> tuple[Any, Any] | None:
+    def _batch(self, item: tuple[str, Any, Any], block: bool, c0: float,
+               deadline: float | None = None) -> tuple[Any, Any] | None:
         """The batch of a queue ``item`` (``"batch"``, or a user ``collate_fn``'s
         ``"future"`` or ``"deferred"`` one, collated now) and its positions; ``None`` when a
         non-blocking take finds its collation still running (held for later). The item stays
         held (``_held``) until the batch is returned, so a take interrupted meanwhile (a Ctrl-C
         while it waits for the collation or runs it) leaves it to the next take: dropped, its
-        batch was lost for the rest of the epoch. Held collated, once it is."""
+        batch was lost for the rest of the epoch. Held collated, once it is. ``deadline``: of
+        the loader's ``timeout``, when this take waited for the queue already (``take``)."""
         kind, value, positions = item
         try:
             if kind != "batch":  # a user collate_fn's batch (runtime/output.py)
                 if kind == "future" and not block and not value.done():
                     return None  # (held)
-                value = self._collated(kind, value, positions)
+                value = self._collated(kind, value, positions, deadline)
                 self._held = item = ("batch", value, positions)
             n = len(positions)
             self.meter.consumer_cpu_s += time.thread_time() - c0
@@ -215,7 +216,8 @@ class EpochIterator(EpochBase):
                 del value, item  # traceback holds this frame, a cycle through the future
             raise  # else an interrupt: the batch stays held, for the next take
 
-    def _collated(self, kind: str, collate: Any, positions: Any) -> Any:
+    def _collated(self, kind: str, collate: Any, positions: Any,
+                  deadline: float | None = None) -> Any:
         """What a user ``collate_fn`` made of a batch: the ``"future"``'s result, or the
         ``"deferred"`` collation run here. Its ``StepError`` (the batch raises in place, as in
         torch) takes the batch's samples out of flight; so does whatever else a collate
@@ -230,11 +232,17 @@ class EpochIterator(EpochBase):
         another exception that is not an ``Exception`` again (``SystemExit``, a user's own
         ``BaseException``) raises as a collate thread's does, taking the batch with it, the
         rule ``num_workers=0`` applies to a sample (``runtime/inprocess.py``): such a
-        ``collate_fn`` in one of the first batches made every later ``next()`` raise it."""
+        ``collate_fn`` in one of the first batches made every later ``next()`` raise it.
+
+        The loader's ``timeout`` bounds the wait for a collate thread's result, as torch's
+        bounds its wait for a worker that collates (what is left of it when ``deadline``, set
+        by ``take``'s wait for the queue, is given): it raises torch's ``RuntimeError`` and the
+        batch stays held, for the next ``next()`` to wait for again. A ``"deferred"``
+        collation runs in this thread: nothing bounds it (README)."""
         t0 = time.perf_counter()
         try:
             if kind == "future":
-                return collate.result()
+                return self._result(collate, deadline)
             batch = collate()
             self._cuts.ran()
             return batch
@@ -252,6 +260,21 @@ class EpochIterator(EpochBase):
             raise
         finally:
             self.meter.stall_s += time.perf_counter() - t0
+
+    def _result(self, future: Any, deadline: float | None) -> Any:
+        """A collate thread's result, waited for at most until ``deadline`` (else the whole
+        ``timeout``; unbounded without one)."""
+        if self.timeout_s <= 0:
+            return future.result()
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout_s
+        try:
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            if future.done():
+                raise  # the collate_fn's own TimeoutError
+        raise RuntimeError(f"DataLoader timed out after {self.timeout_s} seconds waiting for a "
+                           "batch (its collate_fn had not returned)")
 
     def _settle_raised(self, positions: Any) -> None:
         """The batch at ``positions`` raised instead of being delivered: out of flight, and
