@@ -112,23 +112,3 @@ def test_what_threads_would_change_keeps_processes_also_when_seen_at_the_epoch_e
     assert after is not None and after.executor == "processes"
     assert f"step 'shard' {said}" in after.reason
     assert probes.decide(pool, after) is after  # kept
-
-
-def test_samples_that_do_not_pickle_move_auto_to_threads_for_good():
-    from headrace.runtime.executor_auto import ExecutorProbes, unsendable_cause
-    from headrace.runtime.outbox import NOT_PICKLABLE, NOT_SENT, SHM_FULL
-
-    text = f"{NOT_SENT}cannot pickle '_thread.lock' object{NOT_PICKLABLE}"
-    assert unsendable_cause(text) == "cannot pickle '_thread.lock' object"
-    assert unsendable_cause(f"{NOT_SENT}[Errno 28] No space left on device{SHM_FULL}") is None
-    assert unsendable_cause("division by zero") is None  # a step's own error
-    probes = ExecutorProbes()
-    assert probes.on_unsendable(3, "division by zero") is None
-    d = probes.on_unsendable(3, text)
-    assert d is not None and d.executor == "threads" and math.isnan(d.held_share)
-    assert "sample 3 does not pickle (cannot pickle '_thread.lock' object)" in d.reason
-    assert probes.on_unsendable(5, text) is d  # the first sample's reason stays
-    # nothing moves it back: no trial against processes (which delivered nothing), no draw
-    processes = choose_executor(1.9, 2.0, workers=4, cores=4)
-    assert probes.after_epoch("processes", 5.0, 1000.0, processes) is d
-    assert probes.after_epoch("threads", 5.0, 1.0, d) is d

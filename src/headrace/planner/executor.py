@@ -24,14 +24,6 @@ as free (16% held), and threads ran them 3x slower than processes. So the first 
 threads is a trial (:func:`after_trial`): when it delivers fewer samples per second than the
 last epoch on processes did, by more than ``TRIAL_KEEP``, the loader goes back to processes for
 good. Pure: the runtime measures, this decides.
-
-Samples that do not pickle cannot leave a worker process at all (headrace collates in the
-training process, so each sample crosses on its own): the first such sample moves the loader
-to threads for good (:func:`unsendable_threads`). Only where nothing else holds threads back
-(``runtime.executor_auto.threads_blocked``): where they cannot run at all (a
-``worker_init_fn``, ``sample_timeout_s``, remote workers) or could compute otherwise (a plain
-Dataset's ``__getitem__`` and its global generators, which threads share; a ``collate_fn`` of
-one's own), the sample's error stays, and says to choose ``executor="threads"``.
 """
 
 from __future__ import annotations
@@ -129,13 +121,3 @@ def worker_info_reason(step: str) -> str:
 def forced_processes(reason: str) -> ExecutorDecision:
     """``executor="auto"`` where threads cannot be used at all (``reason`` says why)."""
     return ExecutorDecision("processes", float("nan"), 0.0, 0, reason)
-
-
-def unsendable_threads(index: int, cause: str) -> ExecutorDecision:
-    """``executor="auto"`` once sample ``index`` could not be sent from its worker process
-    (``cause``: the pickling error, e.g. ``cannot pickle '_thread.lock' object``): threads,
-    where nothing is pickled, for good."""
-    why = (f"sample {index} does not pickle ({cause}), so it cannot leave a worker process; "
-           "worker threads of the training process pickle nothing, so the pool moved to "
-           "threads at once and its worker processes' samples ran again there")
-    return ExecutorDecision("threads", float("nan"), 0.0, 0, why)

@@ -18,11 +18,9 @@ from headrace.planner.executor import (
     choose_executor,
     forced_processes,
     global_draw_reason,
-    unsendable_threads,
     worker_info_reason,
 )
 from headrace.planner.workers import rank_cpus
-from headrace.runtime.outbox import NOT_PICKLABLE, NOT_SENT
 
 if TYPE_CHECKING:
     from headrace.runtime.loader import DataLoader
@@ -38,7 +36,6 @@ class ExecutorProbes:
         self._banked = (0.0, 0.0)  # the same, from earlier pools
         self._processes_rate: float | None = None  # samples/s of the last epoch on processes
         self._tried = False  # threads had their trial epoch
-        self._unsendable: ExecutorDecision | None = None  # threads, for samples that do not pickle
 
     @property
     def probed_s(self) -> float:
@@ -52,10 +49,7 @@ class ExecutorProbes:
         long enough to tell (``TRIAL_MIN_S``) is compared with the last such epoch on
         processes (``planner.executor.after_trial``); processes when the last probing pool's
         workers saw what threads would change (:meth:`_forced`) in samples that came in after
-        the last :meth:`decide`; otherwise ``decision`` as it was (always once samples did not
-        pickle: :meth:`on_unsendable`)."""
-        if self._unsendable is not None:
-            return self._unsendable
+        the last :meth:`decide`; otherwise ``decision`` as it was."""
         if decision is None or decision.executor == "threads":
             forced = self._forced(self._pool())  # seen after the epoch's last decide():
             if forced is not None:  # the scheduler ticks no more once the last sample is in
@@ -81,8 +75,6 @@ class ExecutorProbes:
             self._banked = (self._banked[0] + self._last[0], self._banked[1] + self._last[1])
             self._pool = weakref.ref(pool)
         prog = pool.progress
-        if self._unsendable is not None:
-            return self._unsendable
         if decision is not None and decision.executor == "processes":
             return decision
         forced = self._forced(pool)
@@ -93,18 +85,6 @@ class ExecutorProbes:
         self._last = (sum(prog.gil_held), sum(prog.gil_probed))
         return choose_executor(self._banked[0] + self._last[0], self._banked[1] + self._last[1],
                                max(1, pool.size), rank_cpus())
-
-    def on_unsendable(self, index: int, text: str) -> ExecutorDecision | None:
-        """Threads for good (``planner.executor.unsendable_threads``) when ``text``, the error
-        of sample ``index`` from a worker process, says it could not be sent because it does
-        not pickle (:func:`unsendable_cause`); None for any other error."""
-        if self._unsendable is not None:
-            return self._unsendable
-        cause = unsendable_cause(text)
-        if cause is None:
-            return None
-        self._unsendable = unsendable_threads(index, cause)
-        return self._unsendable
 
     @staticmethod
     def _forced(pool: Any) -> ExecutorDecision | None:
@@ -121,15 +101,6 @@ class ExecutorProbes:
         if read:
             return forced_processes(worker_info_reason(names[read - 1]))
         return None
-
-
-def unsendable_cause(text: str) -> str | None:
-    """The pickling error in ``text``, a sample's error from a worker process that could not
-    send it because it does not pickle (``runtime/outbox.send``); None for any other error
-    (/dev/shm full among them)."""
-    if not (text.startswith(NOT_SENT) and text.endswith(NOT_PICKLABLE)):
-        return None
-    return text[len(NOT_SENT):-len(NOT_PICKLABLE)]
 
 
 def threads_blocked(loader: DataLoader) -> str | None:

@@ -75,9 +75,8 @@ def _executor_line(loader: DataLoader) -> str | None:
         return (f'executor="auto": running {loader._executor}, measuring how much of the '
                 f"steps' time holds the GIL ({units.duration(probed)} of step time measured; "
                 f"it decides at {units.duration(MIN_PROBED_S)})")
-    running = loader.monitor.executor or loader._executor  # (moved mid-epoch: threads)
-    applied = ("" if d.executor == running
-               else f" (from the next epoch; {running} until then)")
+    applied = ("" if d.executor == loader._executor
+               else f" (from the next epoch; {loader._executor} until then)")
     return d.describe() + applied
 
 

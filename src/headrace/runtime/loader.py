@@ -143,7 +143,6 @@ class DataLoader(tud.DataLoader[_T_co]):
                 self.monitor.executor_decision = forced_processes(blocked)
             else:
                 self.monitor.probe_gil = True
-                self.monitor.unsendable_to_threads = True  # as threads_blocked allows
         self.planning = (Planning(self.pipeline, self.options, self.monitor)
                          if self.pipeline is not None else None)  # (an empty one is falsy)
         if self.planning is not None:

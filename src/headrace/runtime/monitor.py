@@ -114,9 +114,6 @@ class Monitor(WorkerScaling):
         self.executor_decision: ExecutorDecision | None = None
         """What ``executor="auto"`` chose (None: still measuring, or not auto)."""
         self._executor_probes = ExecutorProbes()  # what the probing pools measured
-        self.unsendable_to_threads = False
-        """``executor="auto"`` where nothing holds threads back (``threads_blocked``; set by the
-        loader): samples that do not pickle move the loader to threads (:meth:`on_unsendable`)."""
         self.meter: Any = None
         """The running epoch's ``EpochMeter`` (the consumer's side: samples taken, stall)."""
         self.cpu_use = resources.CpuUse() if autoscale else None  # its interval starts now
@@ -216,20 +213,6 @@ class Monitor(WorkerScaling):
 
     def on_worker_restart(self) -> None:
         self.worker_restarts += 1
-
-    def on_unsendable(self, index: int, text: str) -> bool:
-        """(Scheduler thread) sample ``index``'s error from a worker process, ``text``: True
-        when it did not pickle and ``executor="auto"`` moves to threads for it (the scheduler
-        then moves the pool's workers to threads and runs the sample again); False otherwise
-        (the error stays the sample's)."""
-        if not self.unsendable_to_threads:
-            return False
-        d = self._executor_probes.on_unsendable(index, text)
-        if d is None:
-            return False
-        self.executor_decision = d
-        self.use_executor("threads")  # a new profile: a thread's wall holds its GIL waits
-        return True
 
     def on_skip(self, index: int, err: BaseException) -> None:
         self.skipped_total += 1

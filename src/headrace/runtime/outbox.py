@@ -68,9 +68,6 @@ SHM_FULL = (
 )
 """What a sample's error adds when /dev/shm is full."""
 
-NOT_SENT = "the sample could not be sent to the main process: "
-"""How a sample's error from a worker process begins when the sample could not be sent."""
-
 NOT_PICKLABLE = (
     ". headrace collates batches in the training process, so every sample crosses from its "
     "worker process on its own and must pickle (a slow one's value between two steps is not "
@@ -96,7 +93,7 @@ def send(conn: Any, msg: Any) -> bool:
         return False  # the main process closed our pipe: shutting down
     except Exception as e:  # noqa: BLE001 - e.g. an unpicklable sample, /dev/shm full
         if msg[0] in ("done", "partial"):
-            text = f"{NOT_SENT}{e}"
+            text = f"the sample could not be sent to the main process: {e}"
             text += SHM_FULL if _looks_like_shm_exhaustion(e) else NOT_PICKLABLE
             err = ("error", msg[1], -1, picklable_class(type(e)), qualname(type(e)), text,
                    traceback.format_exc(), None)

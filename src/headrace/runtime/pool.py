@@ -278,14 +278,6 @@ class WorkerPool:
             if on_added is not None:
                 on_added()
 
-    def to_threads(self) -> None:
-        """Workers started from now on are threads, which probe nothing (``executor="auto"``
-        met a sample that does not pickle: ``Scheduler._move_to_threads`` replaces the
-        processes)."""
-        self.executor = "threads"
-        self.probe_gil = False
-        self.progress.probe_stop.value = 1
-
     def retire(self, h: WorkerHandle) -> None:
         """Ask a worker to exit once its queued tasks are done."""
         h.retiring = True

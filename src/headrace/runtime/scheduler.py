@@ -114,7 +114,6 @@ class Scheduler:
         self._finished = False  # "end" or "error" is on ``out``: nothing more to do
         self._deliver_cpu_s = 0.0  # CPU seconds worker threads spent in deliver()
         self._sinks: dict[int, Any] = {}  # slot -> the sink this scheduler gave that thread
-        self._to_threads = False  # executor="auto" moves the pool to threads (_move_to_threads)
 
     # -- control -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -311,25 +310,6 @@ class Scheduler:
             for w in dict.fromkeys(dead):
                 self._waiter.unwatch(w)
                 self.deaths.on_death(w)
-            if self._to_threads:
-                self._move_to_threads()
-
-    def _move_to_threads(self) -> None:
-        """``executor="auto"`` met a sample that does not pickle (``Monitor.on_unsendable``):
-        each worker process of the pool gives its slot to a worker thread now, and what it
-        held runs again there, first (as a dead worker's). The rest of the epoch runs on
-        threads; the next epoch's pool is one of threads (``epochs.start_epoch``)."""
-        self._to_threads = False
-        pool = self.pool
-        pool.to_threads()
-        for w in [w for w in list(pool.workers.values()) if not w.external and not w.is_thread]:
-            self.lanes.retry.extend(self._recs[t] for t in w.assigned if t in self._recs)
-            w.assigned.clear()
-            self._waiter.unwatch(w)
-            if w.retiring:
-                pool.reap(w)
-            else:
-                pool.replace(w)  # terminated; a thread starts in its slot
 
     # -- results -------------------------------------------------------------------------------
     def _handle(self, w: WorkerHandle, msg: tuple[Any, ...]) -> None:
@@ -398,11 +378,6 @@ class Scheduler:
             _, _, step, exc_cls, cause, text, tb, attributes = msg
             names = self.pool.pipeline.step_names
             step_name = names[step] if 0 <= step < len(names) else TRANSPORT_STEP
-            if step < 0 and not w.is_thread and self.hooks.on_unsendable(rec.index, text):
-                # executor="auto", a sample that does not pickle: threads from now on
-                self.lanes.retry.append(rec)
-                self._to_threads = True  # once this worker's messages are handled
-                return
             err = step_error_for(exc_cls, rec.index, step_name, cause, text, tb, w.slot,
                                  attributes=attributes)
             self._fail(rec, err)
