@@ -167,3 +167,31 @@ def test_a_profile_with_a_nan_time_keeps_the_decision_in_force():
     epochs.append(SimpleNamespace(samples=1000, wall_s=1000 / d.predicted))  # as predicted
     watcher.on_tick(SimpleNamespace(pool=None))
     assert watcher.history == [] and watcher.watch.inputs is x
+
+
+def test_an_offloading_epochs_idle_local_workers_do_not_turn_offloading_off():
+    """The Lthp an offloading epoch measures is the local CPU it used: its local workers waited
+    on slower remote ones. The refusal for idle local workers (meant for the probe's Lthp)
+    read that as a stall elsewhere and turned offloading off; the local-only epoch that
+    followed drifted from its prediction and turned it on again: offloading every other
+    epoch, at 100 samples/s where it gave 160 (a review's find)."""
+    steps = (StepCost("load", 0.002, 100e3), StepCost("decode", 0.030, 600e3),
+             StepCost("aug", 0.008, 600e3))
+    x = OffloadInputs(gthp=1000.0, lthp=100.0, steps=steps, remote_workers=8, bandwidth=1e9,
+                      overhead_s=0.001, local_workers=4)
+    cfg, w = ReplanConfig(), Watch(x, decide(x))
+    assert w.decision.offload
+    offloading = []
+    for _ in range(8):  # offloading: remote workers at a third of the modelled speed, 160/s
+        if w.decision.offload:
+            obs = EpochObservation(samples=16000, wall_s=100.0, remote_samples=13000,
+                                   steps=steps)
+        else:  # local workers alone: 100/s
+            obs = EpochObservation(samples=10000, wall_s=100.0, remote_samples=0, steps=steps)
+        w, why = check_epoch(cfg, w, obs)
+        if why is not None:
+            lthp = local_capacity(w, obs) if "throughput" in why else None
+            nx = revise(w.inputs, steps=steps, lthp=lthp, offloaded=obs.remote_samples > 0)
+            w = Watch(nx, decide(nx))
+        offloading.append(w.decision.offload)
+    assert all(offloading), offloading

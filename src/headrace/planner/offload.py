@@ -75,6 +75,10 @@ class OffloadInputs:
     the probe behind ``remote_thp`` ran steps 1.. remotely with the loaded value shipped.
     ``local_workers``: local workers that ran the steps while Lthp was measured (``None``:
     unknown, taken as 1, the fewest a loader with remote workers has: ``LOCAL_BUSY_SHARE``).
+    ``local_only``: Lthp was measured with no sample offloaded (the probe, or an epoch that
+    offloaded none), so local workers it left idle mean a stall elsewhere; ``False``: it is
+    the local CPU an offloading epoch used (``planner/replan.local_capacity``), idle while
+    local workers waited on remote ones, which says nothing of where a stall is.
     """
 
     gthp: float
@@ -86,6 +90,7 @@ class OffloadInputs:
     remote_thp: float | None = None
     read_source: bool = True
     local_workers: int | None = None
+    local_only: bool = True
 
     def __post_init__(self) -> None:
         # FastFlow's line 3 divides by Lthp, and a NaN compares False everywhere: a NaN step
@@ -299,7 +304,12 @@ def decide(x: OffloadInputs) -> OffloadDecision:
 
 def _local_not_bottleneck(x: OffloadInputs, pcycle: float) -> str | None:
     """Why the local workers do not limit Lthp, so that offloading their work cannot raise it
-    (None: they may). FastFlow's rule takes a prep stall to be a local CPU bottleneck."""
+    (None: they may). FastFlow's rule takes a prep stall to be a local CPU bottleneck. Not
+    asked of an Lthp an offloading epoch measured (``OffloadInputs.local_only``): its local
+    workers waited on the remote ones, and refusing there turned offloading off and on in
+    turn at each replan (a review: half the epochs at 100 samples/s instead of 160)."""
+    if not x.local_only:
+        return None
     if pcycle <= 0:
         return ("the steps take no local worker time (Pcycle = 0 ms): the local workers do "
                 "not limit Lthp, so offloading cannot raise it")

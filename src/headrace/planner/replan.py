@@ -120,12 +120,15 @@ def local_capacity(watch: Watch, obs: EpochObservation) -> float | None:
 
 
 def revise(x: OffloadInputs, remote_workers: int | None = None,
-           steps: Sequence[StepCost] | None = None, lthp: float | None = None
-           ) -> OffloadInputs:
+           steps: Sequence[StepCost] | None = None, lthp: float | None = None,
+           offloaded: bool = False) -> OffloadInputs:
     """The next decision's inputs: ``x`` with what changed. The local CPUs keep their capacity
     in CPU-seconds (Lthp scales with 1/Pcycle when the steps change, unless a measured ``lthp``
     is given); a remote worker keeps its measured speed (Rthp scales with the worker count and
-    with 1/Pcycle). Gthp, the link and the overhead per sample stay as measured."""
+    with 1/Pcycle). Gthp, the link and the overhead per sample stay as measured.
+    ``offloaded``: the epoch ``lthp`` was measured in offloaded samples (``local_capacity``
+    then counts the local CPU used, not what the local workers could do alone:
+    ``OffloadInputs.local_only``)."""
     before = pcycle(x.steps)
     new_steps = tuple(steps) if steps else tuple(x.steps)
     now = pcycle(new_steps)
@@ -136,4 +139,5 @@ def revise(x: OffloadInputs, remote_workers: int | None = None,
         rthp = rthp * scale * (workers / x.remote_workers) if x.remote_workers > 0 else None
     return dataclasses.replace(
         x, steps=new_steps, remote_workers=workers, remote_thp=rthp,
-        lthp=lthp if lthp is not None else x.lthp * scale)
+        lthp=lthp if lthp is not None else x.lthp * scale,
+        local_only=x.local_only if lthp is None else not offloaded)

@@ -118,7 +118,8 @@ class OffloadWatcher:
         self.watch, why = check_epoch(self.cfg, self.watch, obs)
         if why is not None:
             lthp = local_capacity(self.watch, obs) if "throughput" in why else None
-            self._replan(pool, why, revise(x, steps=steps or None, lthp=lthp))
+            self._replan(pool, why, revise(x, steps=steps or None, lthp=lthp,
+                                           offloaded=obs.remote_samples > 0))
 
     def _replan(self, pool: Any, why: str, x: OffloadInputs) -> None:
         decision = decide(x)
