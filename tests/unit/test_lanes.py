@@ -134,3 +134,27 @@ def test_an_undersampler_is_near_its_end_once_its_end_is_read():
     assert feed.read_to_end
     lanes.next_fresh(0)
     assert lanes.near_end(3) and not lanes.near_end(2)  # 3 left (1 waiting, 2 to pull)
+
+
+def test_near_end_says_what_fresh_left_counts():
+    """``near_end`` is written out for speed (asked per task dispatched): it must keep
+    ``fresh_left``'s rule, over lengths right, short, long and unknown, before and after the
+    sampler's end is read, with and without a feed reading ahead."""
+    for groups, total in [([[0, 1], [2, 3], [4, 5]], 6), ([[0, 1], [2, 3]], 100),
+                          ([[0, 1], [2, 3], [0, 1], [2, 3]], 4), ([[0, 1], [2, 3]], None)]:
+        for with_feed in (False, True):
+            if with_feed:
+                lanes, feed = fed(groups, total)
+                feed.ahead = 2
+                feed.top_up(0)
+            else:
+                lanes = Lanes(spec(groups, total=total), itertools.count())
+            for _ in range(10):
+                left = lanes.fresh_left()
+                for margin in range(8):
+                    assert lanes.near_end(margin) == (left is not None and left <= margin), (
+                        groups, total, with_feed, lanes.positions, margin, left)
+                if lanes.next_fresh(0) is None:
+                    break
+                if with_feed:
+                    feed.top_up(lanes.positions)
