@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 UNLIMITED = 1 << 60
 """Limits at or above this (bytes) mean none: cgroup v1 writes ``PAGE_COUNTER_MAX`` pages."""
@@ -189,7 +190,10 @@ class CpuUse:
     Under a cgroup CPU quota (a container's ``--cpus``), the group's own CPU time over the
     quota: on a 64-core node a pod allowed 4 cores reads 6% busy host-wide while its quota is
     spent, and the worker scaler (MinatoLoader's Formula 2) would keep adding workers the quota
-    then throttles. Elsewhere, the host's share (``psutil.cpu_percent``), as before.
+    then throttles. Elsewhere, the share of the cores in this process's affinity (a ``taskset``,
+    a Slurm or Kubernetes cpuset without a quota: 4 of 16 cores saturated read 25% host-wide,
+    while the scaler's bounds count those 4), from per-core times (:func:`cores_busy`); the
+    host's share (``psutil.cpu_percent``) where the affinity is every core or unknown.
     """
 
     def __init__(self) -> None:
@@ -199,6 +203,8 @@ class CpuUse:
         self.quota = cpu_limit()
         self._dirs = _dirs("cpuacct") if self.quota is not None else ([], [])
         self._last = self._sample()
+        self._cores = _pinned_cores() if self.quota is None else None
+        self._core_times = _core_times() if self._cores is not None else None
 
     def _sample(self) -> tuple[float, int] | None:
         if self.quota is None:
@@ -210,11 +216,51 @@ class CpuUse:
         """The share since the last call (or since this meter was made)."""
         now = self._sample()
         last, self._last = self._last, now
+        if self._cores is not None and self._core_times is not None:
+            before, self._core_times = self._core_times, _core_times()
+            return cores_busy(before, self._core_times, self._cores)
         if now is None or last is None or self.quota is None:
             import psutil
 
             return float(psutil.cpu_percent(None)) / 100.0
         return busy_share(now[1] - last[1], now[0] - last[0], self.quota)
+
+
+def _pinned_cores() -> list[int] | None:
+    """The cores of this process's affinity, where it is not every core (None: every core, or
+    unknown)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return None
+    return cores if cores and len(cores) < (os.cpu_count() or 0) else None
+
+
+def _core_times() -> list[Any]:
+    import psutil
+
+    return list(psutil.cpu_times(percpu=True))
+
+
+def cores_busy(before: Sequence[Any], after: Sequence[Any], cores: Sequence[int]) -> float:
+    """Share (0..1) of ``cores``' time that was busy between two readings of per-core times
+    (``psutil.cpu_times(percpu=True)``: seconds per state; busy is all but ``idle`` and
+    ``iowait``, and guest time is in ``user`` already, as ``psutil.cpu_percent`` counts them).
+    0 when no time passed."""
+    busy = total = 0.0
+    for c in cores:
+        if c >= len(before) or c >= len(after):
+            continue
+        (all0, idle0), (all1, idle1) = _all_idle(before[c]), _all_idle(after[c])
+        total += max(0.0, all1 - all0)
+        busy += max(0.0, (all1 - idle1) - (all0 - idle0))
+    return min(1.0, busy / total) if total > 0 else 0.0
+
+
+def _all_idle(t: Any) -> tuple[float, float]:
+    """(all seconds, idle seconds) of one core's times."""
+    guest = getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
+    return sum(t) - guest, t.idle + getattr(t, "iowait", 0.0)
 
 
 def busy_share(used_ns: int, wall_s: float, quota: float) -> float:

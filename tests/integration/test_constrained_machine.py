@@ -232,3 +232,31 @@ def test_no_profile_store_is_made_in_a_home_that_does_not_exist(tmp_path, monkey
     loader.close()
     assert not home.exists()
     assert f"the home directory {home} does not exist" in loader.explain()
+
+
+PINNED_SCRIPT = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+os.sched_setaffinity(0, {{0}})
+from headrace import resources
+meter = resources.CpuUse()
+end = time.monotonic() + 0.3
+while time.monotonic() < end:  # core 0, the only one it may use, kept busy
+    pass
+print(meter.quota, meter._cores, meter.read())
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"),
+                    reason="needs two cores and CPU affinity")
+def test_a_process_pinned_to_one_core_reads_that_cores_share():
+    """A taskset or cpuset without a quota: the meter reads the cores the process may use,
+    not the host (here the other core may idle: host-wide, half of it)."""
+    root = str(Path(__file__).resolve().parents[2] / "src")
+    out = subprocess.run([sys.executable, "-c", PINNED_SCRIPT.format(root=root)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    quota, cores, share = out.stdout.split(maxsplit=2)
+    if quota != "None":
+        pytest.skip("a cgroup CPU quota: the meter reads the group's time")
+    assert cores == "[0]" and float(share) > 0.9, out.stdout

@@ -122,6 +122,29 @@ def test_cpu_time_of_the_group_and_its_share_of_the_quota():
     assert r.busy_share(9_000_000_000, 1.0, 4.0) == 1.0 and r.busy_share(5, 0.0, 4.0) == 0.0
 
 
+def test_a_pinned_process_reads_the_share_of_its_own_cores():
+    """4 of 16 cores saturated (a taskset, a cpuset without a quota) read 25% host-wide, while
+    the scaler's bounds count those 4: it kept adding workers the cores could not run."""
+    from collections import namedtuple
+
+    T = namedtuple("T", "user nice system idle iowait irq softirq steal guest guest_nice")
+
+    def core(busy, idle, guest=0.0):
+        return T(busy, 0.0, 0.0, idle, 0.0, 0.0, 0.0, 0.0, guest, 0.0)
+
+    before = [core(10.0, 10.0) for _ in range(16)]
+    after = [core(11.0, 10.0) if c < 4 else core(10.0, 11.0) for c in range(16)]
+    assert r.cores_busy(before, after, [0, 1, 2, 3]) == 1.0
+    assert r.cores_busy(before, after, range(16)) == 0.25  # what the host's share said
+    assert r.cores_busy(before, after, [3, 4]) == 0.5
+    # guest time is counted in user already; iowait is idle; no time passed: 0
+    g0, g1 = core(10.0, 10.0, guest=5.0), core(11.0, 10.0, guest=6.0)
+    assert r.cores_busy([g0], [g1], [0]) == 1.0
+    io0 = T(1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    io1 = T(1.0, 0.0, 0.0, 1.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    assert r.cores_busy([io0], [io1], [0]) == 0.0 and r.cores_busy([io0], [io0], [0]) == 0.0
+
+
 def test_without_a_quota_the_meter_reads_the_hosts_share():
     meter = r.CpuUse()
     if meter.quota is None:
