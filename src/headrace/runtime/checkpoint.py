@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -159,6 +160,8 @@ class ResumePoint:
     # recorded, or counted in another batch_size or drop_last than this loader's)
     positions_read: int | None = None  # positions the saved epoch had read from its sampler
     # (None: not recorded); more than its __len__ says: that length does not end it (span.covers)
+    last_batch: tuple[int, ...] | None = None  # delivered-bitmap keys of the last batch the
+    # saved epoch delivered: what a DDP rank owing padding repeats (runtime/padding.py)
 
 
 def build(
@@ -173,6 +176,7 @@ def build(
     batches: int = 0,
     order_phase: str | None = None,
     positions_read: int | None = None,
+    last_batch: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     in_epoch = origin is not None
     return {
@@ -220,6 +224,10 @@ def build(
         # positions the saved epoch had read from its sampler: past what the sampler's __len__
         # says, the epoch goes on past it, whatever was delivered (``span.covers``)
         "positions_read": positions_read if in_epoch else None,
+        # the keys of its last batch delivered, where a DDP rank pads its epochs: the batch it
+        # repeats if it still owes padding and delivers nothing more (runtime/padding.py)
+        "last_batch": ([int(k) for k in last_batch]
+                       if in_epoch and last_batch is not None else None),
     }
 
 
@@ -288,6 +296,8 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
                  == (ident.batch_size, ident.drop_last) else 0),
         positions_read=(int(sd["positions_read"]) if sd.get("in_epoch")
                         and sd.get("positions_read") is not None else None),
+        last_batch=(tuple(int(k) for k in sd["last_batch"]) if sd.get("in_epoch")
+                    and sd.get("last_batch") is not None else None),
     )
 
 
@@ -301,7 +311,7 @@ def epoch_over(point: ResumePoint) -> ResumePoint:
     to the declared order and decided again, where the uninterrupted one kept its order)."""
     return dataclasses.replace(point, epoch=point.epoch + 1, in_epoch=False, origin=None,
                                delivered=Bitmap(), empty_batches=0, batches=0,
-                               positions_read=None)
+                               positions_read=None, last_batch=None)
 
 
 def _order_to(origin: EpochOrigin | None, delivered: Bitmap | None,

@@ -14,7 +14,9 @@ dropping the tail), so ranks agree on ``len(loader)``; sample-aware batching kee
 (``ceil(samples / batch_size)``, or ``floor`` with ``drop_last``). ``on_error="skip"`` can make
 one rank's epoch a batch short: :class:`EvenBatches` then repeats that rank's last batch until it
 has yielded ``len(loader)`` batches (torch's ``DistributedSampler`` pads with repeated samples
-for the same reason), and warns with the count.
+for the same reason), and warns with the count. The padding owed is part of the epoch, so a
+state dict keeps it and a resume pays it (``runtime/padding.py``); a rank that delivered no
+batch in the epoch raises ``UnevenRanksError`` rather than end short.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 import torch.utils.data as tud
 
 from headrace.pipeline.source import user_attr
-from headrace.runtime import span
+from headrace.runtime import padding, span
 
 _DEFAULT_SAMPLERS = (tud.SequentialSampler, tud.RandomSampler)
 
@@ -109,24 +111,27 @@ def start_epoch(loader: Any, it: Any) -> Any:
         if message is not None:
             loader._warned_unsharded = True
             warnings.warn(message, stacklevel=3)
-    if needs_even_batches(sampler, loader.options.on_error):
-        try:  # a resumed epoch: as many as every rank takes, less those delivered before it
-            return EvenBatches(it, span.batches_left(loader, it))
-        except TypeError:  # a sampler without a length: nothing to agree on
-            return it
+    pad = getattr(loader._epoch_ref(), "padding", None)  # (epochs.start_epoch's)
+    if pad is not None:  # a resumed epoch: as many as every rank takes, less those before it
+        return EvenBatches(it, span.batches_left(loader, it), loader, loader._epoch_ref())
     return it
 
 
 class EvenBatches:
     """An epoch iterator that yields exactly ``expected`` batches: the wrapped one's, then its
-    last batch again as often as it fell short (``repeated`` counts them). Everything else
-    (state dict, stats, close) is the wrapped iterator's."""
+    last batch again as often as it fell short (``repeated`` counts them; the epoch's
+    ``padding`` counts them too, for its state dict). Where this process yielded no batch of
+    the epoch (a resumed one whose rest was skipped), the last batch the epoch delivered before
+    is run again (``padding.rerun``); where it delivered none, ``UnevenRanksError``. Everything
+    else (state dict, stats, close) is the wrapped iterator's."""
 
-    def __init__(self, inner: Any, expected: int) -> None:
+    def __init__(self, inner: Any, expected: int, loader: Any = None, epoch: Any = None) -> None:
         self._inner = inner
         self._expected = expected
         self._yielded = 0
         self._last: Any = None
+        self._loader = loader
+        self._epoch = epoch  # the epoch iterator (under a device prefetcher: the one it wraps)
         self.repeated = 0
 
     def __iter__(self) -> EvenBatches:
@@ -135,18 +140,34 @@ class EvenBatches:
     def __len__(self) -> int:
         return self._expected
 
+    @property
+    def batches_owed(self) -> int:
+        """Batches the epoch still owes, padding included (``span.at_end``: it is not over
+        before they are paid)."""
+        return int(self._epoch.batches_owed) if self._epoch is not None else 0
+
     def __next__(self) -> Any:
+        ended = False
         try:
             batch = next(self._inner)
         except StopIteration:
-            if self._yielded >= self._expected or self._last is None:
+            if self._yielded >= self._expected:
                 raise
+            ended = True
+        if ended:  # (out of the except: an error here is not one "during" the epoch's end)
+            pad = getattr(self._epoch, "padding", None)
+            if self._last is None:
+                if pad is None:
+                    raise StopIteration
+                self._last = padding.rerun(self._loader, self._epoch, pad)
             if self.repeated == 0:
                 warnings.warn(
                     f"headrace: on_error='skip' left this rank {self._expected - self._yielded} "
                     f"batch(es) short of the {self._expected} every rank takes; its last batch "
                     "is repeated so that no rank waits at the end of the epoch", stacklevel=2)
             self.repeated += 1
+            if pad is not None:
+                pad.paid += 1
             batch = self._last
         self._yielded += 1
         self._last = batch

@@ -77,6 +77,7 @@ class EpochBase:
         self.loader: Any = None
         self.empty_batches = 0  # a batch sampler's empty batches delivered (before a resume too)
         self.batches_before = 0  # batches the epoch delivered before its resume (a state dict's)
+        self.padding: Any = None  # runtime/padding.py's Padding: a DDP rank's epoch, padded
         self._closed = False
         self._replaced = False
         self._ending: BaseException | None = None  # see _end_with
@@ -201,9 +202,12 @@ class EpochBase:
         without a word (and a ``state_dict()`` skipped it if its positions were marked)."""
         before = self.meter.batches
         keys = self.sample_keys(positions)
+        last = self.padding.last if self.padding is not None else None
         try:
             self.mark(positions, keys)
         except BaseException:
+            if self.padding is not None:
+                self.padding.last = last
             for k in keys:  # none was delivered before: a position comes in one batch
                 self.delivered.clear(k)
             if self.ods is not None:  # the batch comes back: its positions are asked again
@@ -228,6 +232,8 @@ class EpochBase:
         n = len(positions)
         for k in keys:
             self.delivered.set(k)
+        if self.padding is not None:  # the batch a DDP rank repeats (runtime/padding.py)
+            self.padding.last = keys
         if not n:  # a batch sampler's empty batch: counted, a resume skips as many
             self.empty_batches += 1
         self.meter.batches += 1
@@ -242,11 +248,20 @@ class EpochBase:
 
     @property
     def batches_delivered(self) -> int | None:
-        """Batches this epoch delivered, those before its resume included; ``None`` where those
-        are unknown (a state dict that did not count them in this loader's batch settings)."""
+        """Batches this epoch delivered, those before its resume included, and a DDP rank's
+        padding (``runtime/padding.py``); ``None`` where those are unknown (a state dict that
+        did not count them in this loader's batch settings)."""
         if self.delivered_before and not self.batches_before:
             return None
-        return self.batches_before + self.meter.batches
+        paid = self.padding.paid if self.padding is not None else 0
+        return self.batches_before + self.meter.batches + paid
+
+    @property
+    def batches_owed(self) -> int:
+        """Batches this DDP rank's padded epoch still owes to reach the count every rank takes,
+        padding included (0: none, or not padded): until they are paid the epoch is not over
+        (``span.at_end``)."""
+        return self.padding.owed(self.batches_delivered) if self.padding is not None else 0
 
     def stats(self) -> EpochStats:
         raise NotImplementedError

@@ -21,7 +21,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from headrace.planner.workers import epoch_workers
 from headrace.profiler import sizes
-from headrace.runtime import ordering, pinning, sampler_seeds
+from headrace.runtime import distributed, ordering, padding, pinning, sampler_seeds
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.bufferpool import BufferPool
@@ -33,7 +33,7 @@ from headrace.runtime.feed import Feed
 from headrace.runtime.inprocess import InProcessIterator
 from headrace.runtime.order_digest import OrderDigest
 from headrace.runtime.pool import WorkerPool
-from headrace.runtime.span import covers, total_positions
+from headrace.runtime.span import covers, length_or_none, total_positions
 from headrace.runtime.work import EpochSpec, default_max_in_flight
 
 if TYPE_CHECKING:
@@ -107,7 +107,11 @@ def start_epoch(loader: DataLoader) -> Any:
         loader._epoch = replay.epoch
     origin, groups = draw_epoch(loader, replay)
     lazy = groups if isinstance(groups, FirstAtNext) else None
-    if resume is not None and covers(loader, resume.delivered.count, resume.positions_read):
+    pads = distributed.needs_even_batches(loader._index_sampler, loader.options.on_error)
+    length = length_or_none(loader) if pads else None
+    owed = (padding.owed_at_resume(length, pads, resume.delivered.count, resume.batches)
+            if resume is not None else 0)
+    if resume is not None and covers(loader, resume.delivered.count, resume.positions_read, owed):
         # a state taken after the epoch's last batch, before its end was seen (Lightning knows
         # len(loader) and asks no further): that epoch is done, and this iter() is the next
         # one. It gave an empty epoch: a run resumed from a checkpoint written at an epoch's
@@ -129,6 +133,13 @@ def start_epoch(loader: DataLoader) -> Any:
                         sampler_seeds.unrecorded(loader._index_sampler, resume.origin.sampler_seeds)
                         if resume is not None and resume.origin is not None else None)
     groups = order.wrap(groups, loader._auto_collation)
+    pad = padding.Padding(length) if length is not None else None
+    if pad is not None and resume is not None and resume.last_batch:  # its repeat, if it owes
+        pad.last = resume.last_batch  # one and delivers nothing more (runtime/padding.py)
+        if not delivered_by_index(loader):
+            groups = pad.watch = padding.LastBatchIndices(
+                groups, resume.last_batch, loader._auto_collation,
+                may_repeat(loader.sampler, loader._user_batch_sampler))
     origin = dataclasses.replace(origin, order=order)
     epoch, base_seed = origin.epoch, origin.base_seed
     loader._epoch = epoch + 1
@@ -137,6 +148,7 @@ def start_epoch(loader: DataLoader) -> Any:
     it = make_iterator(loader, epoch, base_seed, skip_empty(groups, empty, loader), delivered)
     it.empty_batches = empty
     it.batches_before = resume.batches if resume is not None else 0
+    it.padding = pad
     it.origin = origin
     it.steps = loader.planning.executed_names
     if lazy is not None:  # the sampler's first read, at the first next(): the origin it read

@@ -38,6 +38,7 @@ from headrace.runtime import (
     explaining,
     iterable_dataset,
     loader_state,
+    padding,
     prefetch,
 )
 from headrace.runtime import span as epoch_span
@@ -317,7 +318,7 @@ class DataLoader(tud.DataLoader[_T_co]):
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
                 generator_state=None, persistent_base_seed=None, steps=it.steps,
                 empty_batches=it.empty_batches, batches=it.batches_delivered or 0,
-                positions_read=epoch_span.positions_read(it))
+                positions_read=epoch_span.positions_read(it), last_batch=padding.last_keys(it))
 
     def explain(self) -> str:
         """Every decision headrace made for this loader and the measured numbers behind it."""

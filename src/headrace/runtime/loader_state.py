@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from headrace.pipeline.fingerprint import source_fingerprint, step_digests
-from headrace.runtime import checkpoint, epochs, iterable_dataset, ordering, ranks
+from headrace.runtime import checkpoint, epochs, iterable_dataset, ordering, padding, ranks
 from headrace.runtime import span as epoch_span
 from headrace.runtime.lightning_loops import restored_at_epoch_end
 
@@ -24,16 +24,20 @@ def save(loader: DataLoader) -> dict[str, Any]:
     phase: str | None = loader.planning.phase
     empty = batches = 0
     read: int | None = None
-    if it is not None and not it.closed and not epoch_span.at_end(loader, it):
+    last: Any = None
+    # (a DDP rank's epoch whose own batches are all out still owes its padding: not over yet)
+    if it is not None and (not it.closed or epoch_span.batches_owed(it)) \
+            and not epoch_span.at_end(loader, it):
         origin, delivered, epoch, steps = it.origin, it.delivered, it.origin.epoch, it.steps
         empty, batches = it.empty_batches, it.batches_delivered or 0
         read = epoch_span.positions_read(it)  # (after at_end: its read of the end counts)
+        last = padding.last_keys(loader._epoch_ref())
     elif loader._resume is not None or loader._unfinished is not None:
         point = loader._resume if loader._resume is not None else loader._unfinished
         assert point is not None
         origin, delivered, epoch = point.origin, point.delivered, point.epoch
         steps, empty, batches = point.steps or steps, point.empty_batches, point.batches
-        phase, read = point.order_phase or phase, point.positions_read
+        phase, read, last = point.order_phase or phase, point.positions_read, point.last_batch
     else:  # between epochs: the order the next one runs, as the uninterrupted run would
         origin, delivered, epoch = None, None, loader._epoch
         steps, phase = loader.planning.upcoming()
@@ -41,7 +45,7 @@ def save(loader: DataLoader) -> dict[str, Any]:
     state = checkpoint.build(identity(loader, steps), epoch, origin, delivered, loader.generator,
                              persistent, checkpoint.sampler_generators(loader._index_sampler,
                                                                        loader.generator), empty,
-                             batches, phase, read)
+                             batches, phase, read, last)
     return ranks.gathered(state, ranks.shard(loader._index_sampler))  # DDP: whose it is
 
 

@@ -91,10 +91,19 @@ def at_end(loader: DataLoader, it: Any) -> bool:
     gave more than its ``__len__`` said is read here too once every position it gave is
     settled: its end may be next, and a state at its last batch is then the one between
     epochs, as with a length that is right (not read, it resumed an empty epoch there)."""
+    if batches_owed(it):  # a DDP rank's padding is part of its epoch (runtime/padding.py)
+        return False
     read_end = getattr(it, "read_end", None)
     if not all_settled(loader, it) and not (read_end is not None and _past_length(loader, it)):
         return False
     return read_end is None or bool(read_end())
+
+
+def batches_owed(it: Any) -> int:
+    """Batches the running epoch ``it`` of a DDP rank whose epochs are padded still owes to
+    reach the count every rank takes (``runtime/padding.py``), padding included: its own
+    batches all settled, it is not over before they are paid. 0: none, or not padded."""
+    return int(getattr(it, "batches_owed", 0) or 0)
 
 
 def _past_length(loader: DataLoader, it: Any) -> bool:
@@ -105,11 +114,12 @@ def _past_length(loader: DataLoader, it: Any) -> bool:
             <= it.delivered.count + it.settled_undelivered())
 
 
-def covers(loader: DataLoader, settled: int, read: int | None) -> bool:
-    """Whether a saved epoch's ``settled`` positions are the whole epoch: its length known and
-    its sampler, when saved, had read no more positions than that (``read``: None in state
-    dicts saved before they recorded it)."""
-    return _whole(hinted(total_positions(loader), read), settled)
+def covers(loader: DataLoader, settled: int, read: int | None, owed: int = 0) -> bool:
+    """Whether a saved epoch's ``settled`` positions are the whole epoch: its length known, its
+    sampler, when saved, had read no more positions than that (``read``: None in state dicts
+    saved before they recorded it), and no padding batch owed (``owed``: a DDP rank's,
+    ``padding.owed_at_resume``)."""
+    return not owed and _whole(hinted(total_positions(loader), read), settled)
 
 
 def _whole(total: int | None, settled: int) -> bool:
