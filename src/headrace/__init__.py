@@ -11,6 +11,7 @@ from headrace.errors import (
     ReplayOrderWarning,
     StateDictError,
     StepError,
+    UnevenRanksError,
     WorkerDiedError,
 )
 from headrace.pipeline import Pipeline, Step, step
@@ -51,6 +52,7 @@ __all__ = [
     "Step",
     "StepError",
     "TimeoutConfig",
+    "UnevenRanksError",
     "WorkerDiedError",
     "get_worker_info",
     "sources",

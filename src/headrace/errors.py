@@ -55,6 +55,13 @@ class RemoteUnavailableError(HeadraceError, ConnectionError):
     ``Remote(required=False)`` runs on local workers instead)."""
 
 
+class UnevenRanksError(HeadraceError, RuntimeError):
+    """A DDP rank cannot yield the ``len(loader)`` batches every rank takes: under
+    ``on_error="skip"`` it delivered no batch in the epoch, so it has none to repeat, and ending
+    short would leave the other ranks waiting in their next collective forever
+    (``runtime/padding.py``)."""
+
+
 class WorkerDiedError(HeadraceError, RuntimeError):
     """A worker process died and the loader could not recover the samples it held, or failed
     to start (:func:`worker_start_error`: then also an instance of what ``worker_init_fn``

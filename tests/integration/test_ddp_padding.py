@@ -141,7 +141,7 @@ def test_a_rank_whose_every_sample_is_skipped_raises_naming_the_rank(workers, no
     loader = rank_loader(0, {0, 2, 4, 6}, workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with pytest.raises(hr.HeadraceError, match=r"rank 0 of 2 .* 2 batches .* epoch 0: "
+        with pytest.raises(hr.UnevenRanksError, match=r"rank 0 of 2 .* 2 batches .* epoch 0: "
                                                        r"on_error='skip' skipped every sample"):
             list(loader)
     assert len(epochs(rank_loader(1, {0, 2, 4, 6}, workers), 1)[0]) == 2  # its peer's

@@ -20,17 +20,11 @@ from typing import Any
 
 import torch
 
-from headrace.errors import HeadraceError, message_of, step_error_for
+from headrace.errors import UnevenRanksError, message_of, step_error_for
 from headrace.pipeline.runner import SampleRunner
 from headrace.pipeline.seeding import global_states, restore_globals
 from headrace.runtime import python_draws
 from headrace.runtime.draws import Draws
-
-
-class UnevenRanksError(HeadraceError, RuntimeError):
-    """A DDP rank cannot yield the ``len(loader)`` batches every rank takes: under
-    ``on_error="skip"`` it delivered no batch in the epoch, so it has none to repeat, and ending
-    short would leave the other ranks waiting in their next collective forever."""
 
 
 class Padding:
