@@ -255,3 +255,46 @@ def test_the_rest_of_an_epoch_is_what_its_sampler_has_yet_to_give_and_what_runs(
     for _ in range(6):
         assert over.next_fresh(0) is not None
     assert epoch_cap(over) == 4
+
+
+def test_a_decision_names_what_held_its_count():
+    """explain() shows the last decision: its line names what kept the count from Formula 2's
+    step, and only what did (a hunt found "kept 8 ... Δ=+2.50" with no reason while the epoch
+    drained, "kept 16" without the bound, and saturated cores named where Formula 2 itself
+    rounded to 0)."""
+    d = next_worker_count(8, 0.0, 0.95, CFG, draining=True)
+    assert d.new == 8 and d.held == "draining" and "the epoch is draining" in d.describe()
+    d = next_worker_count(16, 0.0, 0.95, CFG)
+    assert d.new == 16 and d.held == "max_workers" and "at max_workers (16)" in d.describe()
+    d = next_worker_count(15, 0.0, 0.95, CFG)  # +2 asked, +1 allowed
+    assert d.new == 16 and "at max_workers (16)" in d.describe()
+    d = next_worker_count(1, 1.0, 0.0, CFG)
+    assert d.new == 1 and d.held == "min_workers" and "at min_workers (1)" in d.describe()
+    # the memory cap: named when it held the count, whether it stopped additions or removed
+    d = next_worker_count(8, 0.0, 0.8, CFG, memory_cap=4)
+    assert d.new == 4 and d.held == "memory" and "memory allows 4" in d.describe()
+    d = next_worker_count(4, 0.0, 0.8, CFG, memory_cap=12)
+    assert d.new == 6 and d.held is None and "memory" not in d.describe()
+    # saturated cores: named only when they changed the count
+    d = next_worker_count(4, 1.0, 0.92, CFG, cores=16)  # Δ=+0.44 rounds to 0 anyway
+    assert d.new == 4 and not d.saturated and d.held is None
+    assert d.describe().endswith("Δ=+0.44")
+    d = next_worker_count(4, 0.0, 0.95, CFG, cores=4)  # +2 asked, the 4 cores hold it
+    assert d.new == 4 and d.saturated and "none added beyond the 4 cores" in d.describe()
+    d = next_worker_count(16, 0.0, 0.95, CFG, cores=2)  # max_workers would have held it too
+    assert d.new == 16 and not d.saturated and "at max_workers (16)" in d.describe()
+    d = next_worker_count(4, 0.0, 0.95, CFG, cores=2, epoch_cap=2)  # so would the epoch
+    assert d.new == 4 and not d.saturated and d.held == "epoch"
+    d = next_worker_count(4, 0.0, 0.95, CFG, cores=2, epoch_cap=8)
+    assert d.new == 4 and d.saturated and "beyond the 2 cores" in d.describe()
+    # the epoch's cap, and the automatic upper bound (max_workers=None) named as such
+    d = next_worker_count(4, 0.0, 1.0, CFG, epoch_cap=5)
+    assert d.new == 5 and d.held == "epoch" and "keeps 5 busy" in d.describe()
+    auto = AutoscaleConfig()
+    hi = auto.bounds()[1]
+    d = next_worker_count(hi, 0.0, 0.95, auto)
+    assert d.new == hi and f"at the upper bound ({hi}: max_workers=None" in d.describe()
+    # nothing held: no clause
+    d = next_worker_count(4, 0.0, 1.0, CFG)
+    assert d.new == 6 and d.held is None and d.describe().endswith("Δ=+2.60")
+

@@ -162,6 +162,14 @@ def busy_workers(cores: int, cpu_share: float) -> int:
     return max(1, math.floor(cores / cpu_share + 0.5))
 
 
+HELD_BY = ("draining", "max_workers", "auto_max", "min_workers", "memory",
+           "saturated", "epoch")
+"""What can hold a decision's count away from what Formulas 1-2 (and Little's law) asked
+(``ScaleDecision.held``): the epoch drains; the upper bound, the
+user's ``max_workers`` or the automatic one; ``min_workers``; the memory cap; saturated cores;
+the rest of the epoch."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ScaleDecision:
     """One decision with the numbers behind it (for ``explain()`` and the stats timeline)."""
@@ -172,26 +180,46 @@ class ScaleDecision:
     queue_fill: float
     cpu_usage: float
     memory_cap: int | None
+    """Workers the memory budget allows (None: not measured); named in :meth:`describe` only
+    when it held the count."""
     demand_workers: int | None = None
     saturated: bool = False
+    """Saturated cores held back workers the decision would otherwise have added."""
     epoch_cap: int | None = None
     """Workers the rest of the epoch could keep busy (:func:`epoch_workers`), when that held
     back what the decision added; None otherwise."""
+    held: str | None = None
+    """What held the count away from Formula 2's step (one of :data:`HELD_BY`; None: nothing,
+    the count is the formula's, or Little's law's jump)."""
+    bound: int | None = None
+    """The number behind ``held``: the bound's workers (``max_workers``, ``auto_max``,
+    ``min_workers``) or the cores (``saturated``); None otherwise."""
 
     def describe(self) -> str:
         verb = "kept" if self.new == self.current else ("added" if self.new > self.current else "removed")
         n = abs(self.new - self.current)
         what = f"{verb} {n} worker(s)" if n else f"kept {self.current} workers"
-        cap = f", memory allows {self.memory_cap}" if self.memory_cap is not None else ""
         demand = (f", the consumer needs ~{self.demand_workers} (λ·W)"
                   if self.demand_workers is not None else "")
-        sat = ", cores saturated: none added beyond them" if self.saturated else ""
-        left = (f", the rest of the epoch keeps {self.epoch_cap} busy"
-                if self.epoch_cap is not None else "")
         return (
             f"{what}: ready-queue fill {self.queue_fill:.2f}, CPU {self.cpu_usage:.2f}, "
-            f"Δ={self.delta:+.2f}{cap}{demand}{sat}{left}"
+            f"Δ={self.delta:+.2f}{demand}{self._held_text()}"
         )
+
+    def _held_text(self) -> str:
+        """The clause naming what held the count (empty when nothing did)."""
+        return {
+            None: "",
+            "draining": ", not applied: the epoch is draining (nothing left to hand out; the "
+                        "next epoch starts from this count)",
+            "max_workers": f", at max_workers ({self.bound})",
+            "auto_max": f", at the upper bound ({self.bound}: max_workers=None, from the cores "
+                        "and the samples' CPU share)",
+            "min_workers": f", at min_workers ({self.bound})",
+            "memory": f", memory allows {self.memory_cap}",
+            "saturated": f", cores saturated: none added beyond the {self.bound} cores",
+            "epoch": f", the rest of the epoch keeps {self.epoch_cap} busy",
+        }[self.held]
 
 
 def formula_delta(queue_fill: float, cpu_usage: float, cfg: AutoscaleConfig) -> float:
@@ -264,25 +292,36 @@ def next_worker_count(
     step = int(math.floor(raw + 0.5)) if raw >= 0 else -int(math.floor(-raw + 0.5))
     step = max(-cfg.max_step, min(cfg.max_step, step))
     if draining:
-        return ScaleDecision(current, current, raw, queue_fill, cpu_usage, memory_cap, demand)
-    lo, hi = cfg.bounds(cpu_share)
-    if memory_cap is not None:
-        hi = max(lo, min(hi, memory_cap))
-    saturated = cores is not None and cpu_usage >= cfg.saturated_cpu
-    if saturated and step > 0:
-        assert cores is not None
+        return ScaleDecision(current, current, raw, queue_fill, cpu_usage, memory_cap, demand,
+                             held="draining")
+    lo, top = cfg.bounds(cpu_share)
+    hi = top if memory_cap is None else max(lo, min(top, memory_cap))
+    over: tuple[str, int] = (("memory", hi) if hi < top
+                             else ("max_workers" if cfg.max_workers is not None else "auto_max", hi))
+
+    def limit(want: int) -> tuple[int, str | None, int | None]:
+        """``want`` within the bounds and the epoch cap: (count, what held it, its number)."""
+        new = min(hi, max(lo, want))
+        held, bound = over if want > hi else ("min_workers", lo) if want < lo else (None, None)
+        if epoch_cap is not None and new > max(current, lo, epoch_cap):
+            return max(current, lo, epoch_cap), "epoch", None
+        return new, held, bound
+
+    asked = step  # Formula 2's step, before saturated cores lower it
+    if cores is not None and cpu_usage >= cfg.saturated_cpu and step > 0:
         step = max(0, min(step, cores - current))
     elif demand is not None and queue_fill < 0.5:
         runnable = demand  # λ·W, at most what the cores can run when the share is known
         if cpu_share is not None and cpu_share > 0 and cores is not None:
             runnable = min(demand, busy_workers(cores, cpu_share))
         step = max(step, runnable - current)
-    new = min(hi, max(lo, current + step))
-    capped = None
-    if epoch_cap is not None and new > max(current, lo, epoch_cap):
-        new, capped = max(current, lo, epoch_cap), epoch_cap
+    new, held, bound = limit(current + step)
+    if step < asked:  # saturated cores lowered it: name them only if that changed the count
+        free, free_held, free_bound = limit(current + asked)
+        held, bound = ("saturated", cores) if new < free else (free_held, free_bound)
     return ScaleDecision(current, new, raw, queue_fill, cpu_usage, memory_cap, demand,
-                         saturated and new <= current, capped)
+                         held == "saturated", epoch_cap if held == "epoch" else None,
+                         held, bound)
 
 
 class WorkerScaler:
