@@ -298,3 +298,18 @@ def test_a_decision_names_what_held_its_count():
     d = next_worker_count(4, 0.0, 1.0, CFG)
     assert d.new == 6 and d.held is None and d.describe().endswith("Δ=+2.60")
 
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_reading_that_is_not_a_number_is_ignored(bad):
+    """One NaN queue reading made the moving average NaN for good, read as an empty queue:
+    a worker added at every decision. Ignored; a CPU reading that is not a number takes no
+    decision (NaN read as an idle CPU and removed workers)."""
+    s = WorkerScaler(AutoscaleConfig(max_workers=16, ema=0.5))
+    s.observe_queue(1.0)
+    s.observe_queue(bad)
+    s.observe_queue(1.0)
+    assert s.queue_avg == 1.0
+    assert s.decide(8, cpu_usage=0.0).new == 7  # a full queue, idle CPU: Formula 2 removes one
+    d = next_worker_count(8, 1.0, bad, CFG)
+    assert d.new == 8 and d.held == "unmeasured" and "not a number" in d.describe()
+    assert next_worker_count(8, bad, 0.7, CFG).new == 8

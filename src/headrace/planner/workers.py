@@ -162,10 +162,10 @@ def busy_workers(cores: int, cpu_share: float) -> int:
     return max(1, math.floor(cores / cpu_share + 0.5))
 
 
-HELD_BY = ("draining", "max_workers", "auto_max", "min_workers", "memory",
+HELD_BY = ("draining", "unmeasured", "max_workers", "auto_max", "min_workers", "memory",
            "saturated", "epoch")
 """What can hold a decision's count away from what Formulas 1-2 (and Little's law) asked
-(``ScaleDecision.held``): the epoch drains; the upper bound, the
+(``ScaleDecision.held``): the epoch drains; a reading is not a number; the upper bound, the
 user's ``max_workers`` or the automatic one; ``min_workers``; the memory cap; saturated cores;
 the rest of the epoch."""
 
@@ -212,6 +212,7 @@ class ScaleDecision:
             None: "",
             "draining": ", not applied: the epoch is draining (nothing left to hand out; the "
                         "next epoch starts from this count)",
+            "unmeasured": ", not applied: a reading is not a number",
             "max_workers": f", at max_workers ({self.bound})",
             "auto_max": f", at the upper bound ({self.bound}: max_workers=None, from the cores "
                         "and the samples' CPU share)",
@@ -286,6 +287,10 @@ def next_worker_count(
     no worker is added beyond it (a short epoch's last samples keep no new worker busy: its
     fork costs more than it runs). It removes none: the next epoch starts from the count this
     one ends with, and its own start is capped by its length."""
+    if not (math.isfinite(queue_fill) and math.isfinite(cpu_usage)):
+        # NaN would read as an empty queue or an idle CPU (max(0.0, nan) is 0.0): no decision
+        return ScaleDecision(current, current, math.nan, queue_fill, cpu_usage, memory_cap,
+                             demand, held="unmeasured")
     queue_fill = min(1.0, max(0.0, queue_fill))
     cpu_usage = min(1.0, max(0.0, cpu_usage))
     raw = formula_delta(queue_fill, cpu_usage, cfg)
@@ -333,7 +338,11 @@ class WorkerScaler:
         self.decisions: deque[ScaleDecision] = deque(maxlen=DECISIONS_KEPT)  # the latest
 
     def observe_queue(self, fill: float) -> None:
-        """Feed one sample of the ready-queue fill (Q_size / Q_max, 0..1)."""
+        """Feed one sample of the ready-queue fill (Q_size / Q_max, 0..1). A reading that is
+        not a finite number is ignored: one NaN made the moving average NaN for good, read
+        as an empty queue, and a worker was added at every decision."""
+        if not math.isfinite(fill):
+            return
         a = self.cfg.ema
         self.queue_avg = fill if self.queue_avg is None else a * fill + (1 - a) * self.queue_avg
 
