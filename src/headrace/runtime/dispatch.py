@@ -8,9 +8,11 @@ MinatoLoader Algorithm 1's lanes, done with worker processes (``runtime/schedule
   message); one while the worker runs a sample over the timeout, or near the end of the epoch,
   so no sample waits behind a slow one. A worker with nothing to do takes over a sample queued behind
   a slow one elsewhere (``_steal``).
-* slow lane: at most ``slow_lane_share`` of the workers run slow-lane samples while fresh samples
-  are waiting, so fast samples always have most of the pool; when no fresh sample may start, any
-  worker takes slow-lane work, so the pool stays work-conserving within the user's worker budget.
+* slow lane: at most ``slow_lane_share`` of the workers (at least one for a share above 0, none
+  for 0) run slow-lane samples while fresh samples are waiting, so fast samples always have most
+  of the pool; when no fresh sample may start, any worker takes slow-lane work, so the pool stays
+  work-conserving within the user's worker budget and a handed-off sample always finishes. A
+  backlog longer than the pool lifts the share.
 """
 
 from __future__ import annotations
@@ -54,10 +56,13 @@ class Dispatcher:
                    and (w.gate is None or w.gate())]
         if not workers:
             return
-        # The slow lane gets its share of the workers; a backlog longer than the pool means that
-        # share is too small for this workload (slow samples carry most of the work), and
-        # starving it would only fill the in-flight budget with waiting samples: lift the cap.
-        slow_cap = max(1, int(self.spec.slow_lane_share * len(workers)))
+        # The slow lane gets its share of the workers, at least one for a share above 0 (none
+        # for 0: it then runs when nothing fresh may start, ``Lanes.choose``); a backlog longer
+        # than the pool means that share is too small for this workload (slow samples carry
+        # most of the work), and starving it would only fill the in-flight budget with waiting
+        # samples: lift the cap.
+        share = self.spec.slow_lane_share
+        slow_cap = max(1, int(share * len(workers))) if share > 0 else 0
         if len(self.lanes.backlog) > len(workers):
             slow_cap = len(workers) * DEPTH
         slow_now = self._over_timeout(workers)

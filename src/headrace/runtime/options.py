@@ -57,8 +57,13 @@ class Options:
         handoff: hand samples over the learned timeout to the slow lane (MinatoLoader), when the
             steps they have left are expected (from the profile) to take at least half the
             timeout; a move that saves nothing is not made.
-        slow_lane_share: share of workers that may run slow-lane samples at the same time while
-            fresh samples wait (0..1); the rest always serve the fast lane.
+        slow_lane_share: share of workers (0..1) that may run slow-lane samples (those handed
+            off over the timeout) at the same time while fresh samples may start, rounded down,
+            at least one worker for a share above 0; the rest serve the fast lane. When no
+            fresh sample may start (the in-flight bound reached, the epoch's last samples),
+            any worker takes slow-lane work, so a handed-off sample always finishes; with 0 it
+            waits until then. A slow lane holding more samples than there are workers lifts
+            the share (its samples would otherwise fill the in-flight bound while waiting).
         timeout: the learned hand-off timeout (see ``headrace.planner.timeout``).
         autoscale: the worker scaler used with ``num_workers="auto"``.
         max_worker_restarts: a sample whose worker died this many times is treated as failed
