@@ -2,9 +2,10 @@
 
 During warm-up no sample is handed off and every per-sample preprocessing time is recorded.
 Then the timeout is the 75th percentile of those times: only the slowest quarter leaves the fast
-lane. When more samples than ``max_slow_fraction`` are classified slow (a skewed distribution or
-drift) the policy falls back to the 90th percentile for one window. It keeps adapting: the
-percentile is recomputed over a sliding window of recent samples every ``update_every`` samples.
+lane. When clearly more samples go slow than that percentile implies (a skewed distribution or
+drift: :func:`slow_share_limit`, a binomial test over the last ``window`` samples) the policy
+falls back to the 90th percentile for one window. It keeps adapting: the percentile is
+recomputed over a sliding window of recent samples every ``update_every`` samples.
 
 Pure: it is fed numbers and returns numbers; no clock, no processes.
 """
@@ -21,6 +22,14 @@ import numpy as np
 HISTORY_KEPT = 10_000
 """Timeout changes kept in ``TimeoutPolicy.history``."""
 
+FALLBACK_SD = 4.0
+"""Standard deviations of chance by which the share of samples gone slow must exceed the share
+the percentile in force implies before the fallback engages (:func:`slow_share_limit`). The
+share is judged every ``update_every`` samples over overlapping records, a few hundred times in
+20,000 samples: at 4 sd a steady trace spent under 1% of its samples under the fallback (the
+old fixed 0.35 over 128 samples, 2.6 sd: 14-19%), and a 3x drift still engages it about 100
+samples after it starts (``tests/unit/test_timeout_fallback.py``)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class TimeoutConfig:
@@ -30,8 +39,11 @@ class TimeoutConfig:
         warmup_samples: samples profiled before the first timeout is set (no hand-off before).
         percentile: percentile of per-sample time used as the timeout (paper: 75).
         fallback_percentile: percentile used when too many samples go slow (paper: 90).
-        max_slow_fraction: share of recent samples classified slow above which the fallback
-            engages (0.35 = clearly more than the 25% the 75th percentile implies).
+        max_slow_fraction: share (0..1) of the last ``window`` classified samples gone slow
+            above which the fallback engages. ``None`` (default): derived from the percentile
+            in force, the share it implies (25% for p75, 10% for p90) plus ``FALLBACK_SD``
+            binomial standard deviations of that many samples (:func:`slow_share_limit`); a
+            number must exceed ``1 - percentile / 100``, which a steady trace reaches anyway.
         window: number of recent per-sample times the percentile is computed over.
         update_every: samples between two recomputations.
         fixed_s: a fixed timeout in seconds that disables learning (``None``: learn it).
@@ -40,7 +52,7 @@ class TimeoutConfig:
     warmup_samples: int = 64
     percentile: float = 75.0
     fallback_percentile: float = 90.0
-    max_slow_fraction: float = 0.35
+    max_slow_fraction: float | None = None
     window: int = 1024
     update_every: int = 32
     fixed_s: float | None = None
@@ -52,8 +64,14 @@ class TimeoutConfig:
             raise ValueError("fallback_percentile must be >= percentile")
         if self.warmup_samples < 1 or self.window < 8 or self.update_every < 1:
             raise ValueError("warmup_samples >= 1, window >= 8, update_every >= 1 required")
-        if not 0 < self.max_slow_fraction <= 1:
-            raise ValueError("max_slow_fraction must be in (0, 1]")
+        msf = self.max_slow_fraction
+        if msf is not None and not 1 - self.percentile / 100 < msf <= 1:
+            raise ValueError(
+                f"max_slow_fraction={msf:g} is not above the {100 - self.percentile:g}% of "
+                f"samples that percentile={self.percentile:g} sends slow by design (and at most "
+                "1): the p90 fallback would engage on a steady trace. Leave max_slow_fraction="
+                "None to derive it from the percentile, or raise it"
+            )
 
 
 class TimeoutPolicy:
@@ -63,7 +81,9 @@ class TimeoutPolicy:
         self.config = config or TimeoutConfig()
         c = self.config
         self._times: deque[float] = deque(maxlen=c.window)
-        self._slow: deque[bool] = deque(maxlen=max(c.update_every * 4, 64))
+        self._slow: deque[bool] = deque(maxlen=c.window)  # went slow, under _slow_pct
+        self._slow_count = 0  # True entries of _slow
+        self._slow_pct = c.percentile  # the percentile the flags in _slow were classified at
         self._seen = 0
         self._seeded = 0  # entries of _times that are a stored profile's quantiles, not samples
         self._since_update = 0
@@ -95,9 +115,18 @@ class TimeoutPolicy:
         return self._seen < self._fallback_until
 
     @property
+    def percentile_in_force(self) -> float:
+        """The percentile the timeout is taken at now: ``fallback_percentile`` while the
+        fallback holds, else ``percentile`` (``nan`` for a fixed timeout: none is)."""
+        if self.config.fixed_s is not None:
+            return math.nan
+        return self.config.fallback_percentile if self.using_fallback else self.config.percentile
+
+    @property
     def slow_fraction(self) -> float:
-        """Share of recently classified samples that were handed off (0..1)."""
-        return sum(self._slow) / len(self._slow) if self._slow else 0.0
+        """Share (0..1) of the last ``window`` classified samples that were handed off, since
+        the percentile in force last changed."""
+        return self._slow_count / len(self._slow) if self._slow else 0.0
 
     @property
     def window_samples(self) -> int:
@@ -131,7 +160,10 @@ class TimeoutPolicy:
             self._seeded -= 1  # the oldest value leaves: a stored quantile
         self._times.append(sample_s)
         if not math.isinf(self._timeout):
+            if len(self._slow) == self._slow.maxlen:
+                self._slow_count -= self._slow[0]
             self._slow.append(handed_off)
+            self._slow_count += handed_off
         self._since_update += 1
         if self._seen == c.warmup_samples or (
             self._seen > c.warmup_samples and self._since_update >= c.update_every
@@ -146,15 +178,39 @@ class TimeoutPolicy:
         self._typical = percentile(times, 50.0)
         if c.fixed_s is not None:
             return  # a fixed timeout: only the typical time is learned
-        if len(self._slow) >= c.update_every and self.slow_fraction > c.max_slow_fraction:
+        if self.percentile_in_force != self._slow_pct:  # the fallback ran out
+            self._restart_flags()
+        n = len(self._slow)
+        if n >= c.update_every and self.slow_fraction > (
+            c.max_slow_fraction if c.max_slow_fraction is not None
+            else slow_share_limit(self._slow_pct, n, len(times))
+        ):
             self._fallback_until = self._seen + c.window
-            self._slow.clear()
-        pct = c.fallback_percentile if self.using_fallback else c.percentile
+            self._restart_flags()
+        pct = self.percentile_in_force
         value = percentile(times, pct)
         if value != self._timeout:
             self._timeout = value
             self.history.append((self._seen, value, pct))
 
+    def _restart_flags(self) -> None:
+        """Forget the slow flags: the ones to come are classified at another percentile."""
+        self._slow.clear()
+        self._slow_count = 0
+        self._slow_pct = self.percentile_in_force
+
+
+def slow_share_limit(pct: float, flags: int, basis: int) -> float:
+    """Share (0..1) of ``flags`` classified samples gone slow above which more went slow than
+    a timeout at percentile ``pct`` of ``basis`` samples implies, beyond chance.
+
+    On a steady trace a share ``p = 1 - pct / 100`` goes slow, give or take the binomial noise
+    of ``flags`` samples, ``p(1-p)/flags`` in variance, and the percentile's own, estimated over
+    ``basis`` samples: the share of samples above it varies by ``p(1-p)/basis``. The limit is
+    ``p`` plus ``FALLBACK_SD`` standard deviations of both (e.g. p75, 1024 and 1024: 0.327;
+    32 and 1024: 0.56)."""
+    p = 1 - pct / 100
+    return p + FALLBACK_SD * math.sqrt(p * (1 - p) * (1 / flags + 1 / max(basis, 1)))
 
 def percentile(ordered: np.ndarray, q: float) -> float:
     """``np.percentile(ordered, q)`` (its default, linear method), bit for bit, of an array
