@@ -1,6 +1,7 @@
 """When the learned timeout falls back to p90 (planner/timeout.py, MinatoLoader §4.2): only when
 more samples go slow than the percentile implies beyond chance (skew, drift), never by chance on
-a steady trace. Seeded synthetic traces fed to the pure policy, no processes."""
+a steady trace; and what it does with times that are not numbers of seconds. Seeded synthetic
+traces fed to the pure policy, no processes."""
 
 from __future__ import annotations
 
@@ -79,3 +80,26 @@ def test_the_limit_is_the_implied_share_plus_four_sd_of_flags_and_basis() -> Non
     assert slow_share_limit(75.0, 1024, 1024) == pytest.approx(0.327, abs=1e-3)
     assert slow_share_limit(90.0, 32, 1024) == pytest.approx(
         0.10 + 4 * math.sqrt(0.09 * (1 / 32 + 1 / 1024)))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_times_that_are_not_finite_are_ignored(bad: float) -> None:
+    p = TimeoutPolicy(TimeoutConfig(warmup_samples=8, window=8, update_every=1))
+    for t in (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08):
+        p.observe(t, False)
+    before, changes = p.timeout_s, len(p.history)
+    for _ in range(20):
+        p.observe(bad, False)
+    assert p.timeout_s == before and math.isfinite(p.typical_s)
+    assert len(p.history) == changes  # nan != nan made every recompute a "change"
+    p.seed([bad, 0.5, bad])
+    assert math.isfinite(p.timeout_s)
+
+
+def test_a_negative_time_counts_as_zero() -> None:
+    p = TimeoutPolicy(TimeoutConfig(warmup_samples=8, window=8, update_every=1))
+    for _ in range(8):
+        p.observe(-1.0, False)
+    assert p.timeout_s == 0.0 and p.typical_s == 0.0
+    p.seed([-2.0])
+    assert p.timeout_s == 0.0

@@ -140,7 +140,9 @@ class TimeoutPolicy:
         return self._seeded
 
     def seed(self, times: list[float] | tuple[float, ...]) -> None:
-        """Start from stored per-sample times (a reused profile): no warm-up is needed."""
+        """Start from stored per-sample times (a reused profile): no warm-up is needed.
+        Values that are not finite are left out, negative ones read as 0 (as in ``observe``)."""
+        times = [max(0.0, t) for t in times if math.isfinite(t)]
         if self.config.fixed_s is not None or not times:
             return
         # Oldest first, so that samples measured in this run push them out first (and win
@@ -153,12 +155,18 @@ class TimeoutPolicy:
         self._recompute()
 
     def observe(self, sample_s: float, handed_off: bool) -> None:
-        """Record one finished sample: its total step time (s) and whether it went slow."""
+        """Record one finished sample: its total step time (s) and whether it went slow.
+
+        A time that is not finite (``nan``, ``inf``) is ignored, sample and all: one in the
+        window would make the percentile ``nan`` or ``inf`` (no hand-off again). A negative one
+        (a clock stepping back) counts as 0 s, never as a negative timeout."""
+        if not math.isfinite(sample_s):
+            return
         c = self.config
         self._seen += 1
         if self._seeded and len(self._times) == self._times.maxlen:
             self._seeded -= 1  # the oldest value leaves: a stored quantile
-        self._times.append(sample_s)
+        self._times.append(max(0.0, sample_s))
         if not math.isinf(self._timeout):
             if len(self._slow) == self._slow.maxlen:
                 self._slow_count -= self._slow[0]
