@@ -92,10 +92,37 @@ def test_adapted_counts_only_decisions_that_changed_the_count() -> None:
 def test_the_slow_lane_line_says_what_its_timeout_was_taken_over(samples, stored, words):
     stats = LoaderStats(epochs=(EPOCH,), timeout_s=0.02, timeout_percentile=90,
                         workers=2, workers_timeline=(), timeout_timeline=(), queues=(),
-                        worker_restarts=0)
+                        worker_restarts=0, timeout_fallback_from=75)
     f = Facts(fingerprint="f", samples=100, batch_size=10, workers=2, batching="b",
               declared=("a", "b"), executed=("a", "b"), order=None, next_order=None,
               handoff=True, stats=stats, timeout_samples=samples, timeout_stored=stored,
               scale_decisions=(), profile=None, profile_note="n")
     (line,) = [x for x in explain_text(f).splitlines() if x.startswith("slow lane:")]
     assert words in line
+
+
+def slow_lane_line(percentile: float, fallback_from: float | None = None) -> str:
+    stats = LoaderStats(epochs=(EPOCH,), timeout_s=0.005, timeout_percentile=percentile,
+                        workers=2, workers_timeline=(), timeout_timeline=(), queues=(),
+                        worker_restarts=0, timeout_fallback_from=fallback_from)
+    f = Facts(fingerprint="f", samples=100, batch_size=10, workers=2, batching="b",
+              declared=("a", "b"), executed=("a", "b"), order=None, next_order=None,
+              handoff=True, stats=stats, timeout_samples=96, scale_decisions=(), profile=None,
+              profile_note="n")
+    (line,) = [x for x in explain_text(f).splitlines() if x.startswith("slow lane:")]
+    return line
+
+
+def test_a_fixed_timeout_is_called_fixed_not_a_percentile() -> None:
+    line = slow_lane_line(float("nan"))  # what stats() reports for TimeoutConfig(fixed_s=)
+    assert line.startswith("slow lane: hand-off timeout 5.0 ms, fixed by "
+                           "TimeoutConfig(fixed_s=0.005), not learned;")
+    assert "per-sample time" not in line and "samples went slow at" not in line
+
+
+def test_the_fallback_is_said_only_when_it_holds_and_names_the_percentile_it_replaced() -> None:
+    line = slow_lane_line(80.0)  # a configured p80, no fallback
+    assert "= p80 of per-sample time over the last 96 samples;" in line
+    assert "fallback" not in line
+    line = slow_lane_line(90.0, fallback_from=80.0)
+    assert "= p90 of per-sample time over the last 96 samples (fallback from p80: " in line

@@ -103,3 +103,18 @@ def test_a_negative_time_counts_as_zero() -> None:
     assert p.timeout_s == 0.0 and p.typical_s == 0.0
     p.seed([-2.0])
     assert p.timeout_s == 0.0
+
+
+def test_loader_stats_say_a_fixed_timeout_has_no_percentile_and_which_one_fell_back() -> None:
+    import headrace as hr  # a loader never iterated: no process starts
+
+    fixed = hr.DataLoader(list(range(8)), batch_size=2,
+                          options=hr.Options(timeout=TimeoutConfig(fixed_s=0.005)))
+    st = fixed.stats()
+    assert math.isnan(st.timeout_percentile) and st.timeout_fallback_from is None
+    cfg = TimeoutConfig(percentile=80, warmup_samples=64, update_every=16, window=256)
+    learned = hr.DataLoader(list(range(8)), batch_size=2, options=hr.Options(timeout=cfg))
+    assert learned.stats().timeout_percentile == 80.0
+    drive(learned.monitor.timeout, [0.01] * 48 + [0.02] * 16 + [0.03] * 32)  # drift: all slow
+    st = learned.stats()
+    assert (st.timeout_percentile, st.timeout_fallback_from) == (90.0, 80.0)

@@ -195,16 +195,18 @@ def explain_text(f: Facts) -> str:
         if last is not None and last.fast_samples + last.slow_samples:
             n = last.fast_samples + last.slow_samples
             share = f"; last epoch {last.slow_samples} of {n} samples went slow"
-        fb = " (fallback: too many samples went slow at p75)" if st.timeout_percentile != 75 else ""
+        base = st.timeout_fallback_from
+        fb = (f" (fallback from p{base:g}: more samples went slow over it than it implies)"
+              if base is not None else "")
         cost = (f"; a move costs this process {units.duration(f.move_cost_s)} (measured), so a "
                 "late sample moves only if its steps left typically take that plus half the "
                 f"timeout, and at least {units.duration(HANDOFF_MIN_S)}" if f.move_cost_s > 0 else
                 "; a late sample moves only if its steps left typically take half the timeout "
                 f"and at least {units.duration(HANDOFF_MIN_S)}")
-        out.append(
-            f"slow lane: hand-off timeout {units.duration(st.timeout_s)} = p{st.timeout_percentile:g} of "
-            f"per-sample time over {_timeout_basis(f)}{fb}{share}{cost}"
-        )
+        basis = (f", fixed by TimeoutConfig(fixed_s={st.timeout_s:g}), not learned"
+                 if math.isnan(st.timeout_percentile) else
+                 f" = p{st.timeout_percentile:g} of per-sample time over {_timeout_basis(f)}{fb}")
+        out.append(f"slow lane: hand-off timeout {units.duration(st.timeout_s)}{basis}{share}{cost}")
     if f.messages:
         out.append(f.messages)
     if f.collate:

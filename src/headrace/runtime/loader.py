@@ -256,7 +256,6 @@ class DataLoader(tud.DataLoader[_T_co]):
             epochs += (dataclasses.replace(running, cache=self.cache.current())
                        if self.cache is not None else running,)
         pol = self.monitor.timeout
-        pct = pol.config.fallback_percentile if pol.using_fallback else pol.config.percentile
         pool = self._pool if self._pool is not None else getattr(it, "pool", None)
         workers = pool.size if pool is not None else 0
         if pool is not None and self.remote is not None:  # a remote one counts once placed
@@ -267,7 +266,8 @@ class DataLoader(tud.DataLoader[_T_co]):
         return LoaderStats(
             epochs=epochs,
             timeout_s=pol.timeout_s,
-            timeout_percentile=pct,
+            timeout_percentile=pol.percentile_in_force,
+            timeout_fallback_from=pol.config.percentile if pol.using_fallback else None,
             workers=workers,
             workers_timeline=tuple(self.monitor.workers_timeline),
             timeout_timeline=tuple(self.monitor.timeout_timeline),

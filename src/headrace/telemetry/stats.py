@@ -162,13 +162,16 @@ class LoaderStats:
             own iterator runs the epoch and none is recorded (empty; ``workers`` is kept).
         timeout_s: current hand-off timeout in seconds (``inf`` while warming up, and
             always over an IterableDataset: no sample of it is handed off).
-        timeout_percentile: percentile behind it (75, or 90 after a fallback).
+        timeout_percentile: percentile behind it (75, or 90 after a fallback); ``nan`` for a
+            fixed timeout (``TimeoutConfig(fixed_s=...)``): no percentile is behind it.
         workers: current number of worker processes (over an IterableDataset, those of
             torch's running or persistent iterator); remote ones once Ray placed them.
         workers_timeline: (seconds since creation, workers) at every change.
         timeout_timeline: (seconds since creation, timeout s) at every change.
         queues: sampled queue depths (bounded history).
         worker_restarts: worker processes replaced after dying.
+        timeout_fallback_from: while the fallback holds, the configured percentile it replaced
+            (more samples went slow over it than it implies, beyond chance); ``None``: none.
     """
 
     epochs: tuple[EpochStats, ...]
@@ -179,6 +182,7 @@ class LoaderStats:
     timeout_timeline: tuple[tuple[float, float], ...]
     queues: tuple[QueueSample, ...]
     worker_restarts: int
+    timeout_fallback_from: float | None = None
 
     @property
     def last(self) -> EpochStats | None:
