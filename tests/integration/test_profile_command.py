@@ -199,3 +199,17 @@ def test_profile_says_what_explain_says_of_a_datasets_own_transforms(tmp_path, c
     text = capsys.readouterr().out
     assert "slow lane: off (the steps run inside the dataset's __getitem__" in text
     assert "order: as the dataset calls its transforms" in text
+
+
+def test_a_fixed_timeout_is_named_fixed_not_a_learned_percentile():
+    """stats().timeout_percentile is NaN for TimeoutConfig(fixed_s=...): the profile said
+    "the learned hand-off timeout at the end, pnan of per-sample time" (before: a false p75)."""
+    import headrace as hr
+    from headrace.cli.profile import _threshold
+    from tests.helpers import IndexDataset
+
+    loader = hr.DataLoader(IndexDataset(8), batch_size=2,
+                           options=hr.Options(timeout=hr.TimeoutConfig(fixed_s=0.005)))
+    seconds, what = _threshold(loader, [0.001, 0.002])
+    assert seconds == 0.005 and what == "the hand-off timeout fixed by TimeoutConfig(fixed_s=...)"
+    loader.close()

@@ -178,6 +178,8 @@ def _threshold(loader: Any, times: Sequence[float]) -> tuple[float, str]:
     """The slow threshold in seconds (the loader's learned timeout) and what it is."""
     stats, cfg = loader.stats(), loader.options.timeout
     if math.isfinite(stats.timeout_s):
+        if math.isnan(stats.timeout_percentile):  # TimeoutConfig(fixed_s=...): not learned
+            return stats.timeout_s, "the hand-off timeout fixed by TimeoutConfig(fixed_s=...)"
         return stats.timeout_s, (f"the learned hand-off timeout at the end, "
                                  f"p{stats.timeout_percentile:g} of per-sample time")
     return float(np.percentile(times, cfg.percentile)), (

@@ -220,6 +220,7 @@ def slow_share_limit(pct: float, flags: int, basis: int) -> float:
     p = 1 - pct / 100
     return p + FALLBACK_SD * math.sqrt(p * (1 - p) * (1 / flags + 1 / max(basis, 1)))
 
+
 def percentile(ordered: np.ndarray, q: float) -> float:
     """``np.percentile(ordered, q)`` (its default, linear method), bit for bit, of an array
     already sorted ascending: a few µs where ``np.percentile`` takes tens (it runs once every
