@@ -265,11 +265,11 @@ def fail_on_7(x: Any) -> Any:
     return x
 
 
-def cpu_work() -> None:
-    """Simulated work (about 0.3 ms of CPU): makes a step's output worth storing in the sample
-    cache and looking up, even in Redis."""
+def cpu_work(rounds: int = 4) -> None:
+    """Simulated work (about 0.3 ms of CPU for 4 ``rounds``): makes a step's output worth
+    storing in the sample cache and looking up, even in Redis."""
     m = np.ones((32, 32))
-    for _ in range(4):
+    for _ in range(rounds):
         np.linalg.svd(m)
 
 
