@@ -287,7 +287,7 @@ class EpochBase:
         self._release()
         if self.loader is not None and not self.finished:
             self.loader._abandoned(self)  # state_dict() still describes this epoch
-        self.hooks.on_epoch_closed(self.stats())
+        self.hooks.on_epoch_closed(self.stats(), self.delivered_before)
 
     def __del__(self) -> None:
         try:

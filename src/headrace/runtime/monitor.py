@@ -143,10 +143,13 @@ class Monitor(WorkerScaling):
         self.profiler = Profiler(step_names, executor=self.executor)
         self._remaining_pool = _no_pool
 
-    def on_epoch_closed(self, stats: EpochStats) -> None:
+    def on_epoch_closed(self, stats: EpochStats, delivered_before: int = 0) -> None:
+        """The epoch of ``stats`` ended or was abandoned. ``delivered_before``: samples it
+        delivered before its resume (0 for an epoch run from its start), which ``stats`` does
+        not count."""
         first, self.first_skip = self.first_skip, None
         if stats.finished and stats.samples == 0 and stats.skipped_samples:
-            warn_all_skipped(stats, first)
+            warn_all_skipped(stats, first, delivered_before)
         self.samples_closed += stats.samples
         self.epochs.append(stats)
         if self.probe_gil:  # executor="auto": threads' first epoch is a trial
@@ -324,11 +327,28 @@ def _no_pool() -> None:
     return None
 
 
-def warn_all_skipped(stats: EpochStats, first: str | None) -> None:
+def warn_all_skipped(stats: EpochStats, first: str | None, delivered_before: int = 0) -> None:
     """An epoch ran to its end and delivered no sample, every one it ran skipped under
     ``on_error="skip"``: a training loop ran on an empty epoch without a word (only a log line
     said one sample was skipped). A warning, not an error: skipping is what was asked for, and
-    an epoch of a few samples may hold only bad ones (docs/design.md)."""
+    an epoch of a few samples may hold only bad ones (docs/design.md).
+
+    ``delivered_before``: samples the epoch delivered before its resume. The rest of a resumed
+    epoch may hold only bad samples although the epoch is not empty (a state dict does not
+    record skipped samples, so a resume runs them again): its warning says so, where the one of
+    an empty epoch blamed the dataset or a step."""
+    if delivered_before:
+        warnings.warn(
+            f"headrace: epoch {stats.epoch} delivered no batch after its resume: "
+            f"{stats.skipped_samples} sample(s) were skipped under Options(on_error='skip') "
+            "and none reached the training loop; the epoch had delivered "
+            f"{delivered_before} sample(s) before the resume. The first: "
+            f"{first or '(not known)'}. A state dict does not record skipped samples, so a "
+            "resume runs them again: bad samples are skipped again. If samples that worked "
+            "before the resume fail in this process, the cause is what changed with it (a "
+            "path, the environment, an edited step): run with on_error='raise' (the default) "
+            "to see the full error", UserWarning, stacklevel=2)
+        return
     warnings.warn(
         f"headrace: epoch {stats.epoch} delivered no batch: {stats.skipped_samples} sample(s) "
         "were skipped under Options(on_error='skip') and none reached the training loop. "
