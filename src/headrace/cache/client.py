@@ -21,6 +21,7 @@ from collections import deque
 from typing import Any
 
 from headrace.cache import codec
+from headrace.cache.lmdb_envs import StoreClosed
 from headrace.cache.tiers import TIERS, TierLayout, sample_key
 from headrace.cache.verify import (
     CHECKS_UNVERIFIED,
@@ -363,7 +364,11 @@ class CacheClient:
         return Insert(self, index, self.namespaces(base_seed, epoch), row, seeded_ok=not draw)
 
     def failed(self, row: int, e: BaseException) -> None:
-        """A backend error: counted, warned about once per process; the sample runs uncached."""
+        """A backend error: counted, warned about once per process; the sample runs uncached.
+        A cache closed for good under a worker thread that outlived its loader
+        (``lmdb_envs.StoreClosed``) is the shutdown, not a failure: neither."""
+        if isinstance(e, StoreClosed):
+            return
         self.counters.add(row, "errors")
         url = getattr(self.backend, "url", getattr(self.backend, "path", ""))
         if url not in _warned:

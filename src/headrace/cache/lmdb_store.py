@@ -32,14 +32,15 @@ be asked for next, so swapping one cached sample for another gains nothing and c
 
 Fork safety: an LMDB environment must not be used across ``fork()``, and py-lmdb refuses to
 open in a child a file its parent had open at the fork. So each process opens its own
-(``lmdb_envs.open_env``: one per process and path), and the training process closes its own
+(``lmdb_envs``: one per process and path), and the training process closes its own
 (``close_here``)
 before worker processes fork, unless it runs samples itself (``num_workers=0``: no fork).
+Every operation runs inside ``lmdb_envs.Use``: a close waits for the threads inside the
+environment, and one after the cache closed for good raises ``lmdb_envs.StoreClosed``.
 """
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -95,8 +96,8 @@ class LmdbStore:
         self.file_room = file_limit(budget_bytes) - int(
             (file_limit(budget_bytes) - budget_bytes) * RESERVE_FRACTION)
         """Bytes of pages the entries, LMDB's B-tree and an insert may hold together."""
-        self._dbs_here: tuple[Any, Any, Any] | None = None
-        self._pid = -1
+        self.map_size = file_limit(budget_bytes)
+        """LMDB's ``map_size`` (bytes): ``file_limit`` of the budget."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "budget": self.total_budget, "readers": self.readers,
@@ -107,33 +108,29 @@ class LmdbStore:
         self.budgets = state["budgets"]
 
     def close_here(self) -> None:
-        """Close this process's environment (no transaction may be open); reopened on use."""
+        """Close this process's environment (once no thread is inside it); reopened on use."""
         lmdb_envs.close_env(self.path)
-        self._dbs_here = None
+
+    def _use(self) -> lmdb_envs.Use:
+        """``with self._use() as (env, data, meta):`` one operation (``lmdb_envs.Use``)."""
+        return lmdb_envs.Use(self.path, self.map_size, self.readers)
 
     def _dbs(self) -> tuple[Any, Any, Any]:
-        dbs = self._dbs_here
-        if dbs is None or self._pid != os.getpid():
-            try:  # not makedirs: a cache directory its owner removed stays removed
-                os.mkdir(self.path)
-            except FileExistsError:
-                pass
-            dbs = lmdb_envs.open_env(self.path, file_limit(self.total_budget), self.readers)
-            self._dbs_here, self._pid = dbs, os.getpid()
-        return dbs
+        """This process's (environment, data db, meta db), no operation counted in them: for
+        tests and checks that look inside."""
+        return lmdb_envs.open_env(self.path, self.map_size, self.readers)
 
     # -- reads ---------------------------------------------------------------------------------
     def get(self, key: bytes, decode: Callable[[Any], Any]) -> Any | None:
         """``decode(buffer)`` of the entry at ``key`` read in place, or None on a miss."""
-        env, data, _ = self._dbs()
-        with env.begin(db=data, buffers=True) as txn:
+        with self._use() as (env, data, _), env.begin(db=data, buffers=True) as txn:
             buf = txn.get(key)
             return None if buf is None else decode(buf)
 
     def take(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
         """As ``get``, and the entry is removed (an augmented form served once)."""
-        env, data, meta = self._dbs()
-        with write_lock(self.path), env.begin(write=True, buffers=True) as txn:
+        with (self._use() as (env, data, meta), write_lock(self.path),
+              env.begin(write=True, buffers=True) as txn):
             buf = txn.get(key, db=data)
             if buf is None:
                 return None
@@ -154,8 +151,7 @@ class LmdbStore:
 
         cost = entry_cost(len(key), len(blob))
         live_set = set(live)
-        env, data, meta = self._dbs()
-        with write_lock(self.path):
+        with self._use() as (env, data, meta), write_lock(self.path):
             try:
                 return self._put(env, data, meta, key, tier, blob, live_set, cost)
             except lmdb.MapFullError:  # no run of free pages long enough (see the docstring)
@@ -210,8 +206,7 @@ class LmdbStore:
             raise ValueError(f"tier budgets {budgets} exceed the cache's {self.total_budget} bytes")
         import lmdb
 
-        env, data, meta = self._dbs()
-        with write_lock(self.path):
+        with self._use() as (env, data, meta), write_lock(self.path):
             try:
                 self._write_budgets(env, data, meta, budgets)
             except lmdb.MapFullError:  # a reader killed inside get() pins pages (see put)
@@ -231,29 +226,26 @@ class LmdbStore:
 
     def budget(self, tier: str) -> int:
         """The tier's current share of the budget (bytes)."""
-        env, _, meta = self._dbs()
-        with env.begin(db=meta) as txn:
+        with self._use() as (env, _, meta), env.begin(db=meta) as txn:
             return self._budget(txn, meta, tier)
 
     def usage(self) -> dict[str, int]:
         """Bytes held per tier (headrace's accounting: ``entry_cost`` summed)."""
-        env, _, meta = self._dbs()
-        with env.begin(db=meta) as txn:
+        with self._use() as (env, _, meta), env.begin(db=meta) as txn:
             return {t: self._used(txn, meta, t) for t in self.budgets}
 
     def scan_bytes(self) -> int:
         """Bytes of every entry recomputed by reading them all (for tests and checks)."""
-        env, data, _ = self._dbs()
         total = 0
-        with env.begin(db=data, buffers=True) as txn:
+        with self._use() as (env, data, _), env.begin(db=data, buffers=True) as txn:
             for k, v in txn.cursor():
                 total += entry_cost(len(k), len(v))
         return total
 
     def mapped_bytes(self) -> int:
         """Bytes of the LMDB file in use (pages up to the highest written one)."""
-        env, _, _ = self._dbs()
-        return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        with self._use() as (env, _, _):
+            return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
 
     # -- accounting ----------------------------------------------------------------------------
     @staticmethod
