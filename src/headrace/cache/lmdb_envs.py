@@ -95,33 +95,31 @@ def close_envs(path: str) -> None:
             del _gone[next(iter(_gone))]
         keys = [k for k in _envs if k[0] == os.getpid()
                 and (k[1] == path or k[1].startswith(root + os.sep))]
-        envs = [_close_or_mark(k, gone=True) for k in keys]
-    for env in envs:
-        if env is not None:
-            env.close()
+        for k in keys:
+            _close_or_mark(k, gone=True)
 
 
 def close_env(path: str) -> None:
     """Close this process's environment at ``path`` (reopened on use): now if no thread is
     inside it, else when the last one leaves."""
     with _envs_lock:
-        env = _close_or_mark((os.getpid(), path), gone=False)
-    if env is not None:
-        env.close()
+        _close_or_mark((os.getpid(), path), gone=False)
 
 
-def _close_or_mark(key: tuple[int, str], gone: bool) -> Any:
-    """Under ``_envs_lock``: the environment at ``key`` to close now (removed from ``_envs``),
-    or None where there is none or threads are inside it (marked: the last one closes it)."""
+def _close_or_mark(key: tuple[int, str], gone: bool) -> None:
+    """Under ``_envs_lock``: close the environment at ``key`` now, or mark it where threads are
+    inside it (the last one closes it). Closed under the lock: py-lmdb refuses to open an
+    environment another thread is still closing ("already open in this process"), which a
+    close after the lock let a thread do."""
     e = _envs.get(key)
     if e is None:
-        return None
+        return
     e.gone = e.gone or gone
     if e.users:
         e.closing = True
-        return None
+        return
     del _envs[key]
-    return e.dbs[0]
+    e.dbs[0].close()
 
 
 def _is_gone(path: str) -> bool:
@@ -163,9 +161,8 @@ class Use:
         e = self._open
         with _envs_lock:
             e.users -= 1
-            env = _close_or_mark((_pid, self.path), e.gone) if e.closing else None
-        if env is not None:
-            env.close()
+            if e.closing:
+                _close_or_mark((_pid, self.path), e.gone)
 
 
 def open_env(path: str, map_size: int, readers: int) -> tuple[Any, Any, Any]:
