@@ -5,6 +5,7 @@ resumes exactly, a mid-epoch state dict resumes exactly in a new process, budget
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -108,7 +109,8 @@ def test_a_killed_job_expires_and_its_restart_resumes_exactly(server, no_leaks,
     assert stopped.wait(JOIN_S)
     keys = _group_keys(server.url)
     r = redis.Redis.from_url(server.url)
-    assert r.zscore(keys.jobs, "victim") is not None  # registered while alive
+    member, = [m.decode() for m in r.zrange(keys.jobs, 0, -1) if m.startswith(b"victim#")]
+    assert r.exists(keys.seen(member, 0))  # registered while alive
     os.kill(victim.pid, signal.SIGKILL)
     _join(victim, *others)
     for out in outs[:2]:  # the others complete, exactly once per epoch
@@ -116,7 +118,7 @@ def test_a_killed_job_expires_and_its_restart_resumes_exactly(server, no_leaks,
             assert sorted(e["indices"]) == list(range(N))
     # the victim's registration and seen bits expire after its TTL (the server's clock)
     deadline = time.monotonic() + 10 * ttl
-    while r.zscore(keys.jobs, "victim") is not None or r.exists(keys.seen("victim", 0)):
+    while r.zscore(keys.jobs, member) is not None or r.exists(keys.seen(member, 0)):
         r.zremrangebyscore(keys.jobs, "-inf", int(time.time() * 1000))  # as every script does
         assert time.monotonic() < deadline, "the killed job's state did not expire"
         time.sleep(0.05)  # waiting for the server's clock to pass a TTL; not a synchronisation
@@ -161,6 +163,24 @@ def test_a_mid_epoch_state_dict_resumes_exactly_in_a_new_process(server, no_leak
         for i, row in part["rows"].items():
             assert torch.equal(torch.tensor(row), want[int(i)].flatten()), i
     ref.close()
+
+
+def test_two_live_jobs_given_one_name_count_as_two_and_are_warned(server, no_leaks,
+                                                                  caplog) -> None:
+    # they shared one registration and one seen key: jobs read 1, and each one's marks hid
+    # the samples it stored from the other's candidates
+    a, b = (ods_jobs.loader(server.url, "train", seed=s, workers=0) for s in (1, 2))
+    with caplog.at_level(logging.WARNING, logger="headrace"):
+        iter(b)  # b registers first
+        got = samples(a)
+    assert sorted(got) == list(range(N))
+    assert a.stats().last.cache.jobs == 2
+    said = [r.getMessage() for r in caplog.records if r.name == "headrace"]
+    assert sum("ODS job name 'train' is registered by another loader" in m for m in said) == 1
+    samples(b)
+    assert b.stats().last.cache.jobs == 2
+    a.close()
+    b.close()
 
 
 def test_an_ods_state_dict_is_refused_without_ods(server, no_leaks) -> None:

@@ -3,6 +3,7 @@ counts, eviction at the number of live jobs, expiry of a job's registration."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -96,11 +97,42 @@ def test_a_silent_job_stops_counting_after_its_ttl(backend, redis_server) -> Non
     dead = OdsBoard(backend, backend.ods, "dead", 0.3)
     dead.start_epoch(0, b"\x01")
     r = redis.Redis.from_url(redis_server.url)
-    assert r.zscore(backend.ods.jobs, "dead") is not None
-    assert r.exists(backend.ods.seen("dead", 0))
+    assert r.zscore(backend.ods.jobs, dead.member) is not None
+    assert r.exists(backend.ods.seen(dead.member, 0))
     deadline = time.monotonic() + 10.0
     live = OdsBoard(backend, backend.ods, "live", 60.0)
-    while live.ask(0, [], 0, []).jobs != 2 or r.exists(backend.ods.seen("dead", 0)):
+    while live.ask(0, [], 0, []).jobs != 2 or r.exists(backend.ods.seen(dead.member, 0)):
         assert time.monotonic() < deadline, "the silent job did not expire"
         time.sleep(0.05)  # waiting for the server's clock to pass its TTL
-    assert r.zscore(backend.ods.jobs, "dead") is None  # dropped by the live job's request
+    assert r.zscore(backend.ods.jobs, dead.member) is None  # dropped by the live job's request
+
+
+def _named_twice(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "headrace" and "registered by another loader" in r.getMessage()]
+
+
+def test_two_live_loaders_given_one_name_keep_their_own_seen_bits(backend, caplog) -> None:
+    # with one seen key per name, each one's marks hid the other's candidates, the second's
+    # start deleted the first's bits, and both counted as a single live job
+    for i in (1, 2, 3):
+        _put(backend, i)
+    a = OdsBoard(backend, backend.ods, "train", 60.0)
+    a.start_epoch(0, b"")
+    a.ask(0, [9], 0, [2])  # a chose 2 since its last request: marked seen for a
+    with caplog.at_level(logging.WARNING, logger="headrace"):
+        b = OdsBoard(backend, backend.ods, "train", 60.0)
+        b.start_epoch(0, b"")
+    ans = b.ask(0, [9], 8, [])
+    assert sorted(ans.candidates) == [1, 2, 3] and ans.jobs == 2  # a's marks are a's alone
+    assert sorted(a.ask(0, [9], 8, []).candidates) == [1, 3]  # b's start left a's bits
+    assert len(_named_twice(caplog)) == 1 and "'train'" in _named_twice(caplog)[0]
+    a.leave()
+    b.leave()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="headrace"):
+        again = OdsBoard(backend, backend.ods, "train", 60.0)  # the name reused after a close
+        again.start_epoch(0, b"\x02")  # a resumed epoch: index 1 delivered before
+    assert _named_twice(caplog) == []
+    ans = again.ask(0, [9], 8, [])
+    assert ans.jobs == 1 and sorted(ans.candidates) == [2, 3]

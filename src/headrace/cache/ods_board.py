@@ -6,11 +6,15 @@ tiers' fingerprints) share, under ``hr:ods:<group>:``:
 * ``st``: a hash, sample index -> ``refs * 8 + tiers`` (Seneca's status byte and reference
   count): ``tiers`` is a bit mask of the forms held (1 encoded, 2 decoded, 4 augmented),
   ``refs`` the jobs that used the entry (the job that stored it counts as one);
-* ``jobs``: a sorted set, job name -> the time (ms, the server's clock) its registration
+* ``jobs``: a sorted set, member -> the time (ms, the server's clock) its registration
   expires; every request of a live job pushes its own forward by ``ttl``, and each script
-  drops the expired ones, so a job killed with SIGKILL stops counting after ``ttl``;
-* ``seen:<job>:<epoch>``: the job's seen bits for that epoch (``SETBIT``), expiring ``ttl``
-  after its last request. The job's own process keeps the authoritative copy
+  drops the expired ones, so a job killed with SIGKILL stops counting after ``ttl``. A member
+  is ``<job>#<token>``: the job's name (``Cache.job``) and a token drawn by each loader, so two
+  live loaders given one name (a script launched twice) count as two jobs and keep their own
+  seen bits (the second is warned); a restart under its old name registers anew, and the dead
+  process's member expires after ``ttl`` like any killed job's;
+* ``seen:<member>:<epoch>``: the member's seen bits for that epoch (``SETBIT``), expiring
+  ``ttl`` after its last request. The job's own process keeps the authoritative copy
   (``ods.Substitution``, saved in its state dict); this one lets the server filter the
   candidates it returns.
 
@@ -27,10 +31,14 @@ No module here imports ``redis``: scripts run on the backend's client.
 from __future__ import annotations
 
 import hashlib
+import logging
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from headrace.cache.ods import NO_ANSWER, Answer
+
+log = logging.getLogger("headrace")
 
 TIER_BIT = {"encoded": 1, "decoded": 2, "augmented": 4}
 META = 32
@@ -83,8 +91,9 @@ class OdsKeys:
         self.status = self.base + b"st"
         self.jobs = self.base + b"jobs"
 
-    def seen(self, job: str, epoch: int) -> bytes:
-        return self.base + f"seen:{job}:{epoch}".encode()
+    def seen(self, member: str, epoch: int) -> bytes:
+        """The seen bits of ``member`` (``OdsBoard.member``: job name and token) in ``epoch``."""
+        return self.base + f"seen:{member}:{epoch}".encode()
 
 
 def _redis_bits(lsb_first: bytes) -> bytes:
@@ -99,14 +108,20 @@ _REVERSE = bytes(int(f"{b:08b}"[::-1], 2) for b in range(256))
 class OdsBoard:
     """One job's view of its group's shared state (training process; scheduler thread).
 
-    ``backend``: a ``RedisBackend`` (its client runs the scripts); ``ttl_s``: how long the
-    job's registration and seen bits outlive its last request (seconds).
+    ``backend``: a ``RedisBackend`` (its client runs the scripts); ``job``: the job's name
+    (``Cache.job``); ``ttl_s``: how long the job's registration and seen bits outlive its last
+    request (seconds).
     """
 
     def __init__(self, backend: Any, keys: OdsKeys, job: str, ttl_s: float) -> None:
         self.backend = backend
         self.keys = keys
         self.job = job
+        self.member = f"{job}#{uuid.uuid4().hex[:8]}"
+        """This loader's registration among the group's live jobs and the name of its seen
+        bits: the job's name and a token of this board, so that another live loader given the
+        same name neither hides this one's candidates nor counts as the same job."""
+        self._checked = False  # whether the name was checked against the live members
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.errors = 0
         """Requests that failed (the server down): their positions were filled without ODS."""
@@ -122,7 +137,7 @@ class OdsBoard:
         empty) and register the job."""
         try:
             r = self.backend._r()
-            key = self.keys.seen(self.job, epoch)
+            key = self.keys.seen(self.member, epoch)
             bits = _redis_bits(seen_bits)
             if bits.strip(b"\x00"):
                 r.set(key, bits, px=self.ttl_ms)
@@ -130,7 +145,26 @@ class OdsBoard:
                 r.delete(key)
         except Exception:  # noqa: BLE001 - the server down: ODS answers misses meanwhile
             self.errors += 1
-        self.ask(epoch, (), 0, ())
+        if self.ask(epoch, (), 0, ()) is not NO_ANSWER and not self._checked:
+            self._checked = True
+            self._warn_if_named_twice()
+
+    def _warn_if_named_twice(self) -> None:
+        """Warn when another live member of the group has this job's name (registered, once,
+        right after this board's first registration dropped the expired ones)."""
+        try:
+            members = self.backend._r().zrange(self.keys.jobs, 0, -1)
+        except Exception:  # noqa: BLE001 - only a warning is lost
+            return
+        others = [m for m in (x.decode() for x in members)
+                  if m != self.member and m.rpartition("#")[0] == self.job]
+        if others:
+            log.warning(
+                "headrace: ODS job name %r is registered by another loader on this Redis cache "
+                "(a second live job given the same Cache(job=...), or this job's previous run "
+                "if it stopped less than ods_ttl_s=%g s ago): each keeps its own ODS state and "
+                "counts as a live job; give concurrent jobs distinct names",
+                self.job, self.ttl_ms / 1000)
 
     def ask(self, epoch: int, requested: Sequence[int], want: int, marks: Sequence[int]) -> Answer:
         """Which of ``requested`` are cached, and up to ``want`` unseen cached samples; marks
@@ -139,8 +173,8 @@ class OdsBoard:
         try:
             script = self._script("ods_ask")
             hits, cands, jobs = self.backend._call(lambda: script(
-                keys=[k.status, k.jobs, k.seen(self.job, epoch)],
-                args=[self.job, self.ttl_ms, want, len(marks), *marks, *requested]))
+                keys=[k.status, k.jobs, k.seen(self.member, epoch)],
+                args=[self.member, self.ttl_ms, want, len(marks), *marks, *requested]))
         except Exception:  # noqa: BLE001 - counted; the positions are filled as misses
             self.errors += 1
             return NO_ANSWER
@@ -150,6 +184,6 @@ class OdsBoard:
     def leave(self) -> None:
         """Unregister (a job that closes; a killed one expires after ``ttl``)."""
         try:
-            self.backend._r().zrem(self.keys.jobs, self.job)
+            self.backend._r().zrem(self.keys.jobs, self.member)
         except Exception:  # noqa: BLE001 - it expires anyway
             pass
