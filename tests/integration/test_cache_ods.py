@@ -183,6 +183,26 @@ def test_two_live_jobs_given_one_name_count_as_two_and_are_warned(server, no_lea
     b.close()
 
 
+def test_a_job_is_offered_only_samples_cached_in_a_tier_it_looks_up(server, no_leaks) -> None:
+    # one ODS group (same pipeline), other forms: a's ASK counted b's encoded entries as
+    # cached, so a substituted samples it then missed (it looks up decoded only)
+    def loader(seed: int, form: str):
+        cache = hr.Cache(url=server.url, budget_bytes=1 << 20, ods=True, split={form: 1.0})
+        return hr.DataLoader(ods_jobs.pipeline(), batch_size=4, shuffle=True,
+                             options=hr.Options(seed=seed, cache=cache))
+
+    a, b = loader(1, "decoded"), loader(2, "encoded")
+    it = iter(b)
+    for _ in range(3):
+        next(it)  # b caches 12 samples' encoded form (and stays live)
+    assert sorted(samples(a)) == list(range(N))
+    c = a.stats().last.cache
+    assert c.substituted == 0 and c.hits == 0 and c.inserts == N
+    samples(b)
+    a.close()
+    b.close()
+
+
 def test_an_ods_state_dict_is_refused_without_ods(server, no_leaks) -> None:
     ld = ods_jobs.loader(server.url, "solo", seed=1, workers=0)
     it = iter(ld)

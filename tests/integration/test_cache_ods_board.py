@@ -136,3 +136,25 @@ def test_two_live_loaders_given_one_name_keep_their_own_seen_bits(backend, caplo
     assert _named_twice(caplog) == []
     ans = again.ask(0, [9], 8, [])
     assert ans.jobs == 1 and sorted(ans.candidates) == [2, 3]
+
+
+def test_answers_count_only_the_tiers_the_job_looks_up(backend) -> None:
+    # any tier bit counted as cached: a job caching decoded was offered another job's encoded
+    # entries, which it never looks up, and every such substitute missed
+    a, = _boards(backend, 1)
+    backend.set_budgets({"encoded": 1 << 19, "decoded": 1 << 19})
+    backend.ods_tiers, backend.ods_always = frozenset({"encoded", "decoded"}), frozenset()
+    blob = codec.encode(b"e" * 100)
+    for i in (1, 2):
+        assert backend.put(sample_key(NS, i), "encoded", blob, []) == "stored"
+    for i in (3, 4):
+        assert backend.put(sample_key(NS, i), "decoded", blob, []) == "stored"
+    backend.ods_tiers = frozenset({"decoded"})  # the job's active tiers this epoch
+    ans = a.ask(0, [1, 3, 9], 8, [])
+    assert ans.hits == [False, True, False] and ans.candidates == [4]
+    backend.ods_tiers = frozenset({"encoded"})
+    ans = a.ask(0, [1, 3, 9], 8, [])
+    assert ans.hits == [True, False, False] and ans.candidates == [2]
+    backend.ods_tiers = frozenset()  # no tier with a budget: nothing is cached for it
+    ans = a.ask(0, [1, 3, 9], 8, [])
+    assert ans.hits == [False, False, False] and ans.candidates == []

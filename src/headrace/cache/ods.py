@@ -33,9 +33,11 @@ class Answer:
     """What the shared cache said about one request.
 
     Attributes:
-        hits: per requested index, whether some tier of the shared cache holds it.
-        candidates: cached indices this job had not seen when it asked (random order); may
-            include indices it has seen since (the policy checks its own seen bits).
+        hits: per requested index, whether the shared cache holds it in a tier this job
+            looks up.
+        candidates: indices cached in such a tier that this job had not seen when it asked
+            (random order); may include indices it has seen since (the policy checks its own
+            seen bits).
         jobs: live jobs sharing the cache (registered and not expired), this one included.
     """
 

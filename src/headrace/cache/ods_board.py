@@ -21,9 +21,11 @@ tiers' fingerprints) share, under ``hr:ods:<group>:``:
 Everything is changed by Lua scripts, so a read-modify-write is atomic across workers and jobs:
 ``ASK`` (the scheduler, once per sampler batch): register, mark what was chosen since the last
 request seen, answer which requested samples are cached and draw unseen cached ones at random
-(``HRANDFIELD``). In ``redis_scripts``: ``ODS_USE`` (after a worker's ``GET``, in its
-``MULTI``) counts a use; the entry is evicted when its uses reach the live jobs (Seneca's
-threshold), its bytes returned to the budget; ``RESERVE`` (a worker's insert, before its
+(``HRANDFIELD``), both only in a tier the job looks up this epoch (its mask of ``TIER_BIT``:
+jobs of one group may cache other forms, a user's ``split`` or MDP's, and an entry of a form
+the job does not read would be a miss). In ``redis_scripts``: ``ODS_USE`` (after a worker's
+``GET``, in its ``MULTI``) counts a use; the entry is evicted when its uses reach the live jobs
+(Seneca's threshold), its bytes returned to the budget; ``RESERVE`` (a worker's insert, before its
 ``SET``) sets the status.
 No module here imports ``redis``: scripts run on the backend's client.
 """
@@ -33,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from headrace.cache.ods import NO_ANSWER, Answer
@@ -56,26 +58,39 @@ local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
-local nm = tonumber(ARGV[4])
-for k = 5, 4 + nm do redis.call('SETBIT', KEYS[3], tonumber(ARGV[k]), 1) end
+local mask = tonumber(ARGV[4])
+local function usable(s)  -- a status (false: none) holding a form in the job's mask
+  return s ~= false and bit.band(tonumber(s) % 8, mask) ~= 0
+end
+local nm = tonumber(ARGV[5])
+for k = 6, 5 + nm do redis.call('SETBIT', KEYS[3], tonumber(ARGV[k]), 1) end
 if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('PEXPIRE', KEYS[3], ttl) end
 local hits, req = {}, {}
-for k = 5 + nm, #ARGV do
+for k = 6 + nm, #ARGV do
   req[ARGV[k]] = true
-  hits[#hits + 1] = redis.call('HEXISTS', KEYS[1], ARGV[k])
+  hits[#hits + 1] = usable(redis.call('HGET', KEYS[1], ARGV[k])) and 1 or 0
 end
 local want = tonumber(ARGV[3])
 local cands = {}
-if want > 0 then
-  for _, f in ipairs(redis.call('HRANDFIELD', KEYS[1], math.min(want * DRAWS, MOST))) do
+if want > 0 and mask > 0 then
+  local drawn = redis.call('HRANDFIELD', KEYS[1], math.min(want * DRAWS, MOST), 'WITHVALUES')
+  for j = 1, #drawn, 2 do
     if #cands >= want then break end
-    if not req[f] and redis.call('GETBIT', KEYS[3], tonumber(f)) == 0 then
+    local f = drawn[j]
+    if usable(drawn[j + 1]) and not req[f]
+        and redis.call('GETBIT', KEYS[3], tonumber(f)) == 0 then
       cands[#cands + 1] = tonumber(f)
     end
   end
 end
 return {hits, cands, redis.call('ZCARD', KEYS[2])}
 """.replace("DRAWS", str(CANDIDATE_DRAWS)).replace("MOST", str(MAX_DRAW))
+
+
+def tier_mask(tiers: Iterable[str]) -> int:
+    """The ``TIER_BIT`` mask of ``tiers`` (names), as ``ASK`` filters the status with it."""
+    return sum(TIER_BIT[t] for t in set(tiers))
+
 
 def group_of(prefixes: Sequence[str]) -> str:
     """The ODS group of a pipeline: jobs whose tracked forms have these prefix fingerprints."""
@@ -168,13 +183,16 @@ class OdsBoard:
 
     def ask(self, epoch: int, requested: Sequence[int], want: int, marks: Sequence[int]) -> Answer:
         """Which of ``requested`` are cached, and up to ``want`` unseen cached samples; marks
-        ``marks`` seen first. ``NO_ANSWER`` when the server fails."""
+        ``marks`` seen first. Cached means in a tier this job looks up: the backend's
+        ``ods_tiers``, which the session's plan sets each epoch (its tracked forms with a
+        budget). ``NO_ANSWER`` when the server fails."""
         k = self.keys
+        mask = tier_mask(self.backend.ods_tiers)
         try:
             script = self._script("ods_ask")
             hits, cands, jobs = self.backend._call(lambda: script(
                 keys=[k.status, k.jobs, k.seen(self.member, epoch)],
-                args=[self.member, self.ttl_ms, want, len(marks), *marks, *requested]))
+                args=[self.member, self.ttl_ms, want, mask, len(marks), *marks, *requested]))
         except Exception:  # noqa: BLE001 - counted; the positions are filled as misses
             self.errors += 1
             return NO_ANSWER

@@ -217,6 +217,9 @@ class CacheSession:
             from headrace.cache.ods_board import OdsKeys, group_of
             from headrace.cache.redis_backend import PREFIX
 
+            # the group is the pipeline's tracked forms, active or not: jobs that cache other
+            # forms of it share entries and one status hash; each job's ASK counts only the
+            # tiers it looks up (``ods_tiers``, sent as a mask)
             tracked = [t for t in layout.tiers if not (t.seeded and not t.shared)]
             backend.ods = OdsKeys(PREFIX, group_of([f"{t.name}|{t.prefix}" for t in tracked]))
             backend.ods_tiers = ods_tiers(layout, self.active)
