@@ -58,9 +58,12 @@ class Cache:
             epoch (or another job): the sample's content then depends on what another epoch or
             job drew (Seneca's trade; ``explain()`` says so).
         job: this job's name in a Redis cache shared by several jobs (ODS's registration
-            and seen bits). ``None``: a fresh name per loader (host, pid, random suffix). A
-            restarted job may reuse its name or take a new one: a resumed epoch rewrites its
-            seen bits from its state dict.
+            and seen bits, each under the name and a token drawn per loader, so two live
+            loaders given one name count as two jobs, and a warning says so). ``None``: a
+            fresh name per loader (host, pid, random suffix). A restarted job may reuse its
+            name or take a new one: a resumed epoch rewrites its seen bits from its state
+            dict; the dead process still counts among the live jobs until ``ods_ttl_s`` has
+            passed (and a restart within it is warned as a second live loader).
         split: bytes share per tier, e.g. ``{"decoded": 0.8, "encoded": 0.2}``; ``None``:
             the whole budget to the most processed exact form (decoded, else encoded) until
             the MDP model (``planner/cache_partition.py``) has measurements to split it.
