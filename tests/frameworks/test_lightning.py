@@ -244,3 +244,68 @@ def test_a_checkpoint_at_a_limited_epochs_last_step_resumes_with_the_next_epoch(
     assert fit(2, resumed, str(tmp_path / "step=5.ckpt")).global_step == 10
     assert len(resumed.seen[1]) == 20 and 0 not in resumed.seen
     assert resumed.seen[1] == reference.seen[1]  # the next permutation's
+
+
+def _fit_seeded(tmp_path, epochs, model, ckpt_path=None, callbacks=()):
+    """``trainer.fit`` over 10 batches of 4, in the same order in every run (seeded, in order)."""
+    import lightning as L
+
+    loader = hr.DataLoader(IndexDataset(40), batch_size=4, shuffle=True, num_workers=2,
+                           generator=torch.Generator().manual_seed(3), in_order=True)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=list(callbacks), default_root_dir=tmp_path)
+    try:
+        trainer.fit(model, loader, ckpt_path=ckpt_path)
+    finally:
+        loader.close()
+    return trainer
+
+
+def test_mid_epoch_resume_is_exact_when_configure_optimizers_reads_stepping_batches(
+        tmp_path, no_leaks):
+    """trainer.estimated_stepping_batches in configure_optimizers (the OneCycleLR recipe) makes
+    Lightning iterate the loader before it restores the checkpoint, and never load the
+    loader's state after (Lightning #20550): the resumed epoch started over, training its
+    first 2 batches again (40 samples trained in epoch 0, 32 distinct). headrace loads the
+    checkpoint's state at that first iter()."""
+    import lightning as L
+
+    def stepping():
+        model = _seen()
+
+        def configure_optimizers():
+            opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+            total = model.trainer.estimated_stepping_batches  # (the 1-epoch run's: 10)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1 / (1 + step / total))
+            return [opt], [{"scheduler": sched, "interval": "step"}]
+
+        model.configure_optimizers = configure_optimizers
+        return model
+
+    reference = stepping()
+    _fit_seeded(tmp_path, 2, reference)
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4,
+                                               save_top_k=-1, filename="{step}")
+    _fit_seeded(tmp_path, 1, stepping(), callbacks=[ckpt])
+    resumed = stepping()
+    assert _fit_seeded(tmp_path, 2, resumed, str(tmp_path / "step=8.ckpt")).global_step == 20
+    assert resumed.seen[0] == reference.seen[0][32:]  # the epoch's last 2 batches, once
+    assert resumed.seen[1] == reference.seen[1]
+
+
+def test_a_checkpoint_written_at_epoch_end_resumes_with_the_next_epochs_order(tmp_path, no_leaks):
+    """ModelCheckpoint's default writes at the epoch's end; Lightning does not restart a
+    finished epoch and left the loader's state unloaded, so the resumed epoch 1 replayed epoch
+    0's order (torch's loader does the same) where the uninterrupted run drew the next one."""
+    import lightning as L
+
+    reference = _seen()
+    _fit_seeded(tmp_path, 2, reference)
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_top_k=-1,
+                                               filename="{epoch}")
+    _fit_seeded(tmp_path, 1, _seen(), callbacks=[ckpt])
+    resumed = _seen()
+    assert _fit_seeded(tmp_path, 2, resumed, str(tmp_path / "epoch=0.ckpt")).global_step == 20
+    assert 0 not in resumed.seen and resumed.seen[1] == reference.seen[1]
+    assert reference.seen[1] != reference.seen[0]

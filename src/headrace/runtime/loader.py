@@ -230,6 +230,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             self._epoch += 1  # (iter() calls: the state_dict's epochs_started)
             self._torch_iter_ref = weakref.ref(torch_it)
             return torch_it
+        loader_state.load_unloaded(self)  # a Lightning checkpoint's state Lightning skips
         epochs.warn_inert_timeouts(self)
         old = self._iterator_ref()
         if old is not None and self.persistent_workers:

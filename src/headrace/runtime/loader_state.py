@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from headrace.pipeline.fingerprint import source_fingerprint, step_digests
 from headrace.runtime import checkpoint, epochs, iterable_dataset, ordering, padding, ranks
 from headrace.runtime import span as epoch_span
-from headrace.runtime.lightning_loops import restored_at_epoch_end
+from headrace.runtime.lightning_loops import restored_at_epoch_end, unloaded_state
 
 if TYPE_CHECKING:
     from headrace.runtime.loader import DataLoader
@@ -49,15 +49,24 @@ def save(loader: DataLoader) -> dict[str, Any]:
     return ranks.gathered(state, ranks.shard(loader._index_sampler))  # DDP: whose it is
 
 
-def load(loader: DataLoader, state: dict[str, Any]) -> None:
-    """``loader.load_state_dict(state)``."""
+def load_unloaded(loader: DataLoader) -> None:
+    """At ``iter(loader)``: load the state a Lightning checkpoint holds for it that Lightning
+    itself will not load (``lightning_loops.unloaded_state``)."""
+    found = unloaded_state(loader)
+    if found is not None:
+        load(loader, found[0], ended=found[1])
+
+
+def load(loader: DataLoader, state: dict[str, Any], ended: bool = False) -> None:
+    """``loader.load_state_dict(state)``; ``ended``: the training loop ended the state's epoch
+    where it was taken (as ``restored_at_epoch_end`` tells of Lightning's own load)."""
     if loader.pipeline is None or loader.planning is None:
         iterable_dataset.load(loader, state)
         return
     iterable_dataset.refuse_iterable_state(state)
     state = ranks.own(state, ranks.shard(loader._index_sampler))  # DDP: this rank's
     point = checkpoint.parse(state, identity(loader, loader.planning.executed_names))
-    if point.in_epoch and restored_at_epoch_end():  # Lightning ended that epoch there
+    if point.in_epoch and (ended or restored_at_epoch_end()):  # Lightning ended that epoch there
         point = checkpoint.epoch_over(point)
     it = loader._iterator_ref()
     epoch_span.halt_unfinished(loader, loader._epoch_ref(),
