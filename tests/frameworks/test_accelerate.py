@@ -116,6 +116,44 @@ def test_the_load_state_then_skip_first_batches_pattern_skips_once(tmp_path, no_
     loader.close()
 
 
+def _epoch_end_loader(sampler_kind):
+    dataset = IndexDataset(40)
+    if sampler_kind == "distributed":  # the user's, sharded already: set_epoch(iteration) decides
+        sampler = tud.DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=5)
+        return hr.DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2, in_order=True)
+    return hr.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2, in_order=True,
+                         options=hr.Options(seed=9))
+
+
+@pytest.mark.parametrize("sampler_kind", ["random", "distributed"])
+def test_a_state_saved_at_an_epochs_last_batch_skips_nothing_of_the_next(
+        sampler_kind, tmp_path, no_leaks):
+    """save_state in the loop's body after an epoch's last batch, then load_state and
+    skip_first_batches(loader, 10) for that epoch (the batches it had done), as a script that
+    counts its steps per epoch resumes: the state is between epochs, and the helper skipped the
+    next epoch's 10 batches (every later epoch one permutation late), where torch's loader
+    skips nothing of it. With a DistributedSampler the next epoch was also given the finished
+    epoch's set_epoch (Accelerate counts an epoch once the loop asks past its last batch)."""
+    loader = _epoch_end_loader(sampler_kind)
+    prepared = hr_accel.prepare_data_loader(Accelerator(cpu=True), loader)
+    reference = [[i for b in prepared for i in b.tolist()] for _ in range(2)]
+    loader.close()
+    acc = Accelerator(cpu=True)  # (save_state saves every loader registered with it)
+    loader = _epoch_end_loader(sampler_kind)
+    prepared = hr_accel.prepare_data_loader(acc, loader)
+    for step, _ in enumerate(prepared):
+        if step == 9:  # the epoch's last batch
+            acc.save_state(tmp_path / "ckpt")
+    loader.close()
+    acc2 = Accelerator(cpu=True)
+    loader2 = _epoch_end_loader(sampler_kind)
+    prepared2 = hr_accel.prepare_data_loader(acc2, loader2)
+    acc2.load_state(tmp_path / "ckpt")
+    assert [b for b in hr_accel.skip_first_batches(prepared2, 10)] == []
+    assert [i for b in prepared2 for i in b.tolist()] == reference[1] != reference[0]
+    loader2.close()
+
+
 class Failing(IndexDataset):
     """Samples 1, 2, 3 and 5 raise (skipped with ``on_error="skip"``)."""
 

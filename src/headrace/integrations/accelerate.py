@@ -119,6 +119,7 @@ class HeadraceShard(DataLoaderShard):
         self.use_stateful_dataloader = True  # makes save_state / load_state keep state_dict()
         self._is_accelerate_prepared = True  # Accelerate's hook: registered, never rebuilt
         self.dl_state_dict = loader.state_dict()
+        self._ended_before: int | None = None  # see load_state_dict
 
     @property
     def batch_sampler(self) -> Any:
@@ -141,11 +142,20 @@ class HeadraceShard(DataLoaderShard):
         processes, every rank's (a collective: call it on all ranks, as ``save_state`` is):
         Accelerate writes one ``dl_state_dict.bin`` for all ranks, and each rank's share of the
         epoch is its own, so each rank restores its entry."""
-        state = {**super().state_dict(), _ITERATION: self.iteration}
+        state = {_ITERATION: self.iteration, **super().state_dict()}  # (a snapshot's own first)
         sampler = self.base_dataloader.sampler
         if isinstance(sampler, tud.DistributedSampler):
             state[_SEED] = sampler.seed
         return state if self.num_processes == 1 else ranks.gather_all(state, self.num_processes)
+
+    def _update_state_dict(self) -> None:
+        """Accelerate's snapshot before each batch, with the epoch the sampler is given at the
+        next ``iter()``: this one's, or once its last batch is out (``end_of_dataloader``,
+        saved as ``_iterator_finished``) the next one's, which ``iteration`` counts only when
+        the loop asks past that batch: a state saved in the loop's body at the epoch's last
+        batch resumed with the finished epoch's ``set_epoch``."""
+        super()._update_state_dict()
+        self.dl_state_dict[_ITERATION] = self.iteration + int(self.end_of_dataloader)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the headrace loader's state, the ``DistributedSampler``'s seed, and the
@@ -164,6 +174,11 @@ class HeadraceShard(DataLoaderShard):
         # at every iter()), else (a state saved before it was kept) headrace's
         self.iteration = int(state_dict.get(_ITERATION, state.get("epoch")) or 0)
         self.dl_state_dict = self.base_dataloader.state_dict()
+        # saved once its epoch's last batch was out (Accelerate's _iterator_finished; headrace's
+        # state is then between epochs): until the next epoch starts, skip_first_batches counts
+        # that epoch as delivered (it skipped the next epoch's batches instead)
+        ended = state_dict.get("_iterator_finished") is True and self.base_dataloader._resume is None
+        self._ended_before = self.base_dataloader._epoch if ended else None
 
     def __reduce__(self) -> Any:
         """Pickles as its headrace loader and settings (``DataLoaderShard``'s own reduce
@@ -223,15 +238,35 @@ def skip_first_batches(loader: HeadraceShard, num_batches: int = 0) -> HeadraceS
 
     After ``accelerator.load_state()`` headrace resumes exactly where the saved epoch was, so
     the batches it had delivered count among the ``num_batches``: Accelerate's resume pattern
-    (``load_state`` then ``skip_first_batches(loader, resume_step)``) skipped them twice."""
+    (``load_state`` then ``skip_first_batches(loader, resume_step)``) skipped them twice.
+    A state saved at its epoch's last batch leaves that epoch nothing: ``num_batches`` of
+    ``len(loader)`` or more then yields no batch and starts no epoch (it skipped the next
+    epoch's batches, and every later epoch came one permutation late)."""
     if not isinstance(loader, HeadraceShard):
         raise TypeError("expected a loader returned by headrace's prepare_data_loader")
-    num_batches = max(0, num_batches - _resumed_batches(loader.base_dataloader))
-    return HeadraceShard(loader.base_dataloader, loader.device, loader.num_processes,
-                         loader.process_index, non_blocking=loader._non_blocking, skip_batches=num_batches,
-                         iteration=loader.iteration, drop_last=loader._drop_last,
-                         rng_types=loader.rng_types,
-                         synchronized_generator=loader.synchronized_generator)
+    base = loader.base_dataloader
+    if loader._ended_before is not None and loader._ended_before == base._epoch \
+            and base._resume is None and num_batches >= len(loader):
+        # the loaded state was saved at its epoch's end: that epoch has nothing left, and
+        # iterating would start the next one only to drop it (torch's skip yields nothing too)
+        kind: type[HeadraceShard] = _Delivered
+    else:
+        kind, num_batches = HeadraceShard, max(0, num_batches - _resumed_batches(base))
+    return kind(base, loader.device, loader.num_processes, loader.process_index,
+                non_blocking=loader._non_blocking, skip_batches=num_batches,
+                iteration=loader.iteration, drop_last=loader._drop_last,
+                rng_types=loader.rng_types, synchronized_generator=loader.synchronized_generator)
+
+
+class _Delivered(HeadraceShard):
+    """What :func:`skip_first_batches` gives for an epoch a loaded state had read to its end:
+    an iteration of no batch that starts no epoch of the headrace loader (Accelerate's gradient
+    state sees it begin and end, as it does torch's skip of a whole epoch)."""
+
+    def __iter__(self) -> Any:
+        self.begin()
+        self.end()
+        return iter(())
 
 
 def _resumed_batches(loader: DataLoader) -> int:
