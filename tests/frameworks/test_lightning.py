@@ -246,15 +246,17 @@ def test_a_checkpoint_at_a_limited_epochs_last_step_resumes_with_the_next_epoch(
     assert resumed.seen[1] == reference.seen[1]  # the next permutation's
 
 
-def _fit_seeded(tmp_path, epochs, model, ckpt_path=None, callbacks=()):
-    """``trainer.fit`` over 10 batches of 4, in the same order in every run (seeded, in order)."""
+def _fit_seeded(tmp_path, epochs, model, ckpt_path=None, callbacks=(), reload=0):
+    """``trainer.fit`` over 10 batches of 4, in the same order in every run (seeded, in order);
+    ``reload``: ``reload_dataloaders_every_n_epochs``."""
     import lightning as L
 
     loader = hr.DataLoader(IndexDataset(40), batch_size=4, shuffle=True, num_workers=2,
                            generator=torch.Generator().manual_seed(3), in_order=True)
     trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=list(callbacks), default_root_dir=tmp_path)
+                        callbacks=list(callbacks), default_root_dir=tmp_path,
+                        reload_dataloaders_every_n_epochs=reload)
     try:
         trainer.fit(model, loader, ckpt_path=ckpt_path)
     finally:
@@ -294,18 +296,23 @@ def test_mid_epoch_resume_is_exact_when_configure_optimizers_reads_stepping_batc
     assert resumed.seen[1] == reference.seen[1]
 
 
-def test_a_checkpoint_written_at_epoch_end_resumes_with_the_next_epochs_order(tmp_path, no_leaks):
+@pytest.mark.parametrize("reload", [0, 1])
+def test_a_checkpoint_written_at_epoch_end_resumes_with_the_next_epochs_order(
+        reload, tmp_path, no_leaks):
     """ModelCheckpoint's default writes at the epoch's end; Lightning does not restart a
     finished epoch and left the loader's state unloaded, so the resumed epoch 1 replayed epoch
-    0's order (torch's loader does the same) where the uninterrupted run drew the next one."""
+    0's order (torch's loader does the same) where the uninterrupted run drew the next one.
+    Lightning keeps that state unloaded for the whole fit: with the loader set up again each
+    epoch (reload_dataloaders_every_n_epochs=1) it is loaded at the first epoch only."""
     import lightning as L
 
     reference = _seen()
-    _fit_seeded(tmp_path, 2, reference)
+    _fit_seeded(tmp_path, 3, reference, reload=reload)
     ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_top_k=-1,
                                                filename="{epoch}")
-    _fit_seeded(tmp_path, 1, _seen(), callbacks=[ckpt])
+    _fit_seeded(tmp_path, 1, _seen(), callbacks=[ckpt], reload=reload)
     resumed = _seen()
-    assert _fit_seeded(tmp_path, 2, resumed, str(tmp_path / "epoch=0.ckpt")).global_step == 20
-    assert 0 not in resumed.seen and resumed.seen[1] == reference.seen[1]
+    trainer = _fit_seeded(tmp_path, 3, resumed, str(tmp_path / "epoch=0.ckpt"), reload=reload)
+    assert trainer.global_step == 30 and 0 not in resumed.seen
+    assert [resumed.seen[1], resumed.seen[2]] == [reference.seen[1], reference.seen[2]]
     assert reference.seen[1] != reference.seen[0]
