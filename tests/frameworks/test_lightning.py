@@ -264,6 +264,21 @@ def _fit_seeded(tmp_path, epochs, model, ckpt_path=None, callbacks=(), reload=0)
     return trainer
 
 
+def _stepping():
+    """A ``_seen`` module whose ``configure_optimizers`` reads
+    ``trainer.estimated_stepping_batches`` (Lightning then sets the train loader up first)."""
+    model = _seen()
+
+    def configure_optimizers():
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        total = model.trainer.estimated_stepping_batches  # (the 1-epoch run's: 10)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1 / (1 + step / total))
+        return [opt], [{"scheduler": sched, "interval": "step"}]
+
+    model.configure_optimizers = configure_optimizers
+    return model
+
+
 def test_mid_epoch_resume_is_exact_when_configure_optimizers_reads_stepping_batches(
         tmp_path, no_leaks):
     """trainer.estimated_stepping_batches in configure_optimizers (the OneCycleLR recipe) makes
@@ -273,18 +288,7 @@ def test_mid_epoch_resume_is_exact_when_configure_optimizers_reads_stepping_batc
     checkpoint's state at that first iter()."""
     import lightning as L
 
-    def stepping():
-        model = _seen()
-
-        def configure_optimizers():
-            opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-            total = model.trainer.estimated_stepping_batches  # (the 1-epoch run's: 10)
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1 / (1 + step / total))
-            return [opt], [{"scheduler": sched, "interval": "step"}]
-
-        model.configure_optimizers = configure_optimizers
-        return model
-
+    stepping = _stepping
     reference = stepping()
     _fit_seeded(tmp_path, 2, reference)
     ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4,
@@ -316,3 +320,30 @@ def test_a_checkpoint_written_at_epoch_end_resumes_with_the_next_epochs_order(
     assert trainer.global_step == 30 and 0 not in resumed.seen
     assert [resumed.seen[1], resumed.seen[2]] == [reference.seen[1], reference.seen[2]]
     assert reference.seen[1] != reference.seen[0]
+
+
+def test_a_strategy_restoring_after_setup_warns_that_the_epoch_starts_over(tmp_path, no_leaks):
+    """FSDP and DeepSpeed read the checkpoint after setup: where configure_optimizers sets the
+    train loader up first (estimated_stepping_batches), its state is read too late to load,
+    and the resumed epoch starts over; that went unsaid (torch's loader gets Lightning's "not
+    resumable" warning, a loader with a state_dict none)."""
+    import lightning as L
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    class RestoresAfterSetup(SingleDeviceStrategy):  # as FSDP and DeepSpeed do
+        @property
+        def restore_checkpoint_after_setup(self):
+            return True
+
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4,
+                                               save_top_k=-1, filename="{step}")
+    _fit_seeded(tmp_path, 1, _stepping(), callbacks=[ckpt])
+    loader = hr.DataLoader(IndexDataset(40), batch_size=4, shuffle=True)
+    trainer = L.Trainer(strategy=RestoresAfterSetup(device=torch.device("cpu")), max_epochs=1,
+                        logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path)
+    try:
+        with pytest.warns(UserWarning, match="restores after setup .RestoresAfterSetup"):
+            trainer.fit(_stepping(), loader, ckpt_path=str(tmp_path / "step=8.ckpt"))
+    finally:
+        loader.close()

@@ -19,11 +19,13 @@ fit's first ``iter(loader)`` loads it.
 from __future__ import annotations
 
 import sys
+import warnings
 import weakref
 from types import FrameType
 from typing import Any
 
 _FIT_LOOP = ("lightning.pytorch.loops.fit_loop", "pytorch_lightning.loops.fit_loop")
+_TRAINER = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
 
 
 def restored_at_epoch_end() -> bool:
@@ -61,7 +63,8 @@ def unloaded_state(loader: Any) -> tuple[dict[str, Any], bool] | None:
       returns early (Lightning #20550): the state was never loaded, the resumed epoch started
       over, repeating the batches trained before the checkpoint and skipping as many. The
       checkpoint is already read then (``_loaded_checkpoint``; strategies that restore after
-      setup read it later: not covered), so its state is handed out here.
+      setup, ``restore_checkpoint_after_setup``: FSDP, DeepSpeed, read it later, and a
+      ``UserWarning`` says the resumed epoch starts over), so its state is handed out here.
     - a checkpoint written once the epoch was over (``ModelCheckpoint``'s default, at the
       epoch's end): Lightning does not restart a finished epoch and keeps the states unloaded
       (``_combined_loader_states_to_load``), so the next epoch replayed epoch 0's order. The
@@ -83,6 +86,7 @@ def unloaded_state(loader: Any) -> tuple[dict[str, Any], bool] | None:
         fit = ckpt.get("loops", {}).get("fit_loop", {})
         states = fit.get("state_dict", {}).get("combined_loader")
         if not states:
+            _warn_if_restored_later(loop)
             return None
         # what Lightning's restore will decide: a finished epoch is not restarted (unless
         # max_steps is set), else the state is its epoch's, over if at its last batch
@@ -104,6 +108,37 @@ def unloaded_state(loader: Any) -> tuple[dict[str, Any], bool] | None:
         return None
     applied[1].add(where[0])
     return states[where[0]], ended
+
+
+_RESTORED_LATER = (
+    "Lightning iterates this headrace loader before it restores the checkpoint {path!r} "
+    "(configure_optimizers read trainer.estimated_stepping_batches, or the like) and will not "
+    "load the loader's state after (Lightning #20550); with a strategy that restores after "
+    "setup ({strategy}) the state cannot be read in time: a mid-epoch checkpoint's epoch starts "
+    "over (its trained batches come again and as many are never trained). Count the steps "
+    "without setting up the train loader (e.g. len(dataset) // batch_size * max_epochs), or "
+    "checkpoint at epoch ends.")
+
+
+def _warn_if_restored_later(loop: Any) -> None:
+    """Warn where the fit loop sets the loader up before the restore of a checkpoint that its
+    strategy reads only after setup (``unloaded_state`` cannot hand its state out)."""
+    strategy = getattr(getattr(loop, "trainer", None), "strategy", None)
+    if not getattr(strategy, "restore_checkpoint_after_setup", False):
+        return
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(96):
+        if frame is None:
+            return
+        if frame.f_globals.get("__name__", "") in _TRAINER:
+            if frame.f_code.co_name == "_run_stage":
+                return  # restored already
+            if frame.f_code.co_name == "_run" and frame.f_locals.get("ckpt_path"):
+                warnings.warn(_RESTORED_LATER.format(
+                    path=str(frame.f_locals["ckpt_path"]),
+                    strategy=type(strategy).__name__), UserWarning, stacklevel=2)
+                return
+        frame = frame.f_back
 
 
 def _fit_loop_setting_up(frame: FrameType | None) -> Any:
