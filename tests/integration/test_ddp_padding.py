@@ -6,6 +6,7 @@ each: rank 0 holds the even indices of 8, rank 1 the odd ones; batches of 2, so 
 content carries a per-sample random draw, so a repeated batch is compared with its seeds.
 """
 
+import gc
 import json
 import subprocess
 import sys
@@ -146,3 +147,57 @@ def test_a_rank_whose_every_sample_is_skipped_raises_naming_the_rank(workers, no
             list(loader)
     assert len(epochs(rank_loader(1, {0, 2, 4, 6}, workers), 1)[0]) == 2  # its peer's
     loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loop_left_while_padding_is_owed_resumes_the_rest_whatever_the_collector_did(
+        workers, no_leaks):
+    """Rank 0's own samples fill 1 of its 4 batches (16 samples, 6 of its 8 bad): 3 repeats.
+    The loop is left after k batches and the padding wrapper collected before state_dict():
+    the state said "between epochs" (the epoch's own batches had ended, and the debt lived only
+    in the wrapper), and the resume gave 4 batches of epoch 1 where the others resume the rest
+    of epoch 0 (a review; whether it happened depended on the garbage collector)."""
+    bad = [4, 6, 8, 10, 12, 14]
+    for k in (1, 2, 3):
+        loader = rank_loader(0, bad, workers, n=16)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for taken, _ in enumerate(loader, start=1):
+                if taken == k:
+                    break
+        gc.collect()
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+        assert (state["epoch"], state["in_epoch"], state["batches_delivered"]) == (0, True, k)
+        again = rank_loader(0, bad, workers, n=16)
+        again.load_state_dict(state)
+        try:
+            assert len(epochs(again, 1)[0]) == 4 - k
+        finally:
+            again.close()
+
+
+def test_a_resumed_epoch_whose_rest_is_padding_warns_of_the_padding_only():
+    """The rest of the epoch after the resume is its 3 repeats: the warning named "the 3 every
+    rank takes" (what was left, where len(loader) is 4), and the all-skipped check said the
+    epoch "delivered no batch after its resume ... none reached the training loop" although
+    the 3 repeats did (a review)."""
+    bad = [4, 6, 8, 10, 12, 14]
+    loader = rank_loader(0, bad, 0, n=16)
+    it = iter(loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    again = rank_loader(0, bad, 0, n=16)
+    again.load_state_dict(state)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert len([b for b in again]) == 3
+    finally:
+        again.close()
+    texts = [str(w.message) for w in seen]
+    assert any("3 batch(es) short of the 4 every rank takes" in t for t in texts), texts
+    assert not any("delivered no batch" in t for t in texts), texts

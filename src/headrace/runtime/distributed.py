@@ -161,13 +161,16 @@ class EvenBatches:
                     raise StopIteration
                 self._last = padding.rerun(self._loader, self._epoch, pad)
             if self.repeated == 0:
+                every = pad.to if pad is not None else self._expected  # (a resumed epoch's
+                # expected is what is left of it)
                 warnings.warn(
                     f"headrace: on_error='skip' left this rank {self._expected - self._yielded} "
-                    f"batch(es) short of the {self._expected} every rank takes; its last batch "
+                    f"batch(es) short of the {every} every rank takes; its last batch "
                     "is repeated so that no rank waits at the end of the epoch", stacklevel=2)
             self.repeated += 1
             if pad is not None:
                 pad.paid += 1
+                padding.paid(self._loader, self._epoch)
             batch = self._last
         self._yielded += 1
         self._last = batch

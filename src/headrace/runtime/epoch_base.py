@@ -285,9 +285,10 @@ class EpochBase:
         self._closed = True
         self._replaced = replaced
         self._release()
-        if self.loader is not None and not self.finished:
+        owed = self.batches_owed  # a DDP rank's padding to come (runtime/padding.py)
+        if self.loader is not None and (not self.finished or owed):
             self.loader._abandoned(self)  # state_dict() still describes this epoch
-        self.hooks.on_epoch_closed(self.stats(), self.delivered_before)
+        self.hooks.on_epoch_closed(self.stats(), self.delivered_before, padded=bool(owed))
 
     def __del__(self) -> None:
         try:

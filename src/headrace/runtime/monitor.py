@@ -143,12 +143,14 @@ class Monitor(WorkerScaling):
         self.profiler = Profiler(step_names, executor=self.executor)
         self._remaining_pool = _no_pool
 
-    def on_epoch_closed(self, stats: EpochStats, delivered_before: int = 0) -> None:
+    def on_epoch_closed(self, stats: EpochStats, delivered_before: int = 0,
+                        padded: bool = False) -> None:
         """The epoch of ``stats`` ended or was abandoned. ``delivered_before``: samples it
         delivered before its resume (0 for an epoch run from its start), which ``stats`` does
-        not count."""
+        not count. ``padded``: a DDP rank's padding batches come after it (their own warning
+        says that skips left the rank short), so no batch reaching the loop is not said."""
         first, self.first_skip = self.first_skip, None
-        if stats.finished and stats.samples == 0 and stats.skipped_samples:
+        if stats.finished and stats.samples == 0 and stats.skipped_samples and not padded:
             warn_all_skipped(stats, first, delivered_before)
         self.samples_closed += stats.samples
         self.epochs.append(stats)

@@ -15,6 +15,7 @@ pads with repeated samples outside it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -45,6 +46,21 @@ class Padding:
         paid included; ``None``: unknown, as in a state dict counted in other batch settings:
         0, nothing is padded on a guess)."""
         return 0 if batches is None else max(0, self.to - batches)
+
+
+def paid(loader: Any, epoch: Any) -> None:
+    """A padding batch of ``epoch`` was yielded: the loader's record of the epoch, made when its
+    own batches ended (``EpochBase.close``: the padding still owed), counts it, and is dropped
+    once nothing is owed (the epoch is over then). A state dict taken after the loop was left
+    reads that record once the padding wrapper is gone: it said "between epochs", the padding
+    owed lost, when the garbage collector had taken the wrapper (a review)."""
+    point = getattr(loader, "_unfinished", None)
+    if point is None or epoch.origin is None or point.origin is not epoch.origin:
+        return
+    if not epoch.batches_owed:
+        loader._unfinished = None
+    else:
+        loader._unfinished = dataclasses.replace(point, batches=epoch.batches_delivered or 0)
 
 
 def last_keys(epoch: Any) -> tuple[int, ...] | None:
