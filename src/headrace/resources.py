@@ -190,10 +190,10 @@ class CpuUse:
     Under a cgroup CPU quota (a container's ``--cpus``), the group's own CPU time over the
     quota: on a 64-core node a pod allowed 4 cores reads 6% busy host-wide while its quota is
     spent, and the worker scaler (MinatoLoader's Formula 2) would keep adding workers the quota
-    then throttles. Elsewhere, the share of the cores in this process's affinity (a ``taskset``,
-    a Slurm or Kubernetes cpuset without a quota: 4 of 16 cores saturated read 25% host-wide,
-    while the scaler's bounds count those 4), from per-core times (:func:`cores_busy`); the
-    host's share (``psutil.cpu_percent``) where the affinity is every core or unknown.
+    then throttles. Elsewhere, the share of the cores in this process's affinity, read at each
+    call (a ``taskset``, a Slurm or Kubernetes cpuset without a quota: 4 of 16 cores saturated
+    read 25% host-wide, while the scaler's bounds count those 4), from per-core times since the
+    last call (:func:`cores_busy`, :func:`affinity_rows`); every core where it is unknown.
     """
 
     def __init__(self) -> None:
@@ -203,8 +203,7 @@ class CpuUse:
         self.quota = cpu_limit()
         self._dirs = _dirs("cpuacct") if self.quota is not None else ([], [])
         self._last = self._sample()
-        self._cores = _pinned_cores() if self.quota is None else None
-        self._core_times = _core_times() if self._cores is not None else None
+        self._core_times = _core_times() if self.quota is None else None
 
     def _sample(self) -> tuple[float, int] | None:
         if self.quota is None:
@@ -216,9 +215,15 @@ class CpuUse:
         """The share since the last call (or since this meter was made)."""
         now = self._sample()
         last, self._last = self._last, now
-        if self._cores is not None and self._core_times is not None:
+        if self._core_times is not None:  # no quota: the cores it may run on
             before, self._core_times = self._core_times, _core_times()
-            return cores_busy(before, self._core_times, self._cores)
+            try:
+                mine: set[int] | None = os.sched_getaffinity(0)
+            except AttributeError:  # not Linux
+                mine = None
+            online = parse_cpu_list(_read("/sys/devices/system/cpu/online"))
+            return cores_busy(before, self._core_times,
+                              affinity_rows(online, mine, len(self._core_times)))
         if now is None or last is None or self.quota is None:
             import psutil
 
@@ -226,14 +231,30 @@ class CpuUse:
         return busy_share(now[1] - last[1], now[0] - last[0], self.quota)
 
 
-def _pinned_cores() -> list[int] | None:
-    """The cores of this process's affinity, where it is not every core (None: every core, or
-    unknown)."""
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
+def parse_cpu_list(text: str | None) -> list[int] | None:
+    """CPU numbers of a kernel CPU list (``/sys/devices/system/cpu/online``: ``0-3,6,8-9``),
+    ascending; None where it cannot be read."""
+    if not text or not text.strip():
         return None
-    return cores if cores and len(cores) < (os.cpu_count() or 0) else None
+    cpus: set[int] = set()
+    try:
+        for part in text.strip().split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        return None
+    return sorted(cpus)
+
+
+def affinity_rows(online: list[int] | None, mine: set[int] | None, n: int) -> Sequence[int]:
+    """Rows of psutil's per-CPU times (``n`` rows: the online CPUs, ascending, as ``/proc/stat``
+    lists them) of the CPUs in this process's affinity ``mine``; every row where either is
+    unknown or they disagree. CPU number and row differ where CPUs are offline: row 2 is CPU 3
+    when CPU 2 is."""
+    if online is None or mine is None or len(online) != n:
+        return range(n)
+    rows = [i for i, cpu in enumerate(online) if cpu in mine]
+    return rows or range(n)
 
 
 def _core_times() -> list[Any]:

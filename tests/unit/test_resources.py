@@ -140,6 +140,12 @@ def test_a_pinned_process_reads_the_share_of_its_own_cores():
     # guest time is counted in user already; iowait is idle; no time passed: 0
     g0, g1 = core(10.0, 10.0, guest=5.0), core(11.0, 10.0, guest=6.0)
     assert r.cores_busy([g0], [g1], [0]) == 1.0
+    # CPU 2 offline: /proc/stat lists 0, 1, 3 (rows 0-2); a process pinned to CPU 3 reads row 2
+    assert r.parse_cpu_list("0-1,3\n") == [0, 1, 3] and r.parse_cpu_list("0-15") == list(range(16))
+    assert r.parse_cpu_list("") is None and r.parse_cpu_list("x") is None
+    assert r.affinity_rows([0, 1, 3], {3}, 3) == [2]
+    assert list(r.affinity_rows(None, {3}, 3)) == [0, 1, 2]  # unknown: every row
+    assert list(r.affinity_rows([0, 1, 3], {0, 1, 2, 3}, 4)) == [0, 1, 2, 3]  # disagree
     io0 = T(1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     io1 = T(1.0, 0.0, 0.0, 1.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     assert r.cores_busy([io0], [io1], [0]) == 0.0 and r.cores_busy([io0], [io0], [0]) == 0.0
