@@ -270,9 +270,11 @@ class EpochIterator(EpochBase):
             deadline = time.monotonic() + self.timeout_s
         try:
             return future.result(timeout=max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            if future.done():
-                raise  # the collate_fn's own TimeoutError
+        except TimeoutError as e:
+            if future.done():  # the collate_fn's own TimeoutError, or it finished as the wait
+                if future.exception() is e:  # ran out (raised as a bare TimeoutError then)
+                    raise
+                return future.result()
         raise RuntimeError(f"DataLoader timed out after {self.timeout_s} seconds waiting for a "
                            "batch (its collate_fn had not returned)")
 
