@@ -159,18 +159,23 @@ class TimeoutPolicy:
 
         A time that is not finite (``nan``, ``inf``) is ignored, sample and all: one in the
         window would make the percentile ``nan`` or ``inf`` (no hand-off again). A negative one
-        (a clock stepping back) counts as 0 s, never as a negative timeout."""
-        if not math.isfinite(sample_s):
-            return
+        (a clock stepping back) counts as 0 s, never as a negative timeout. Called per sample
+        (the scheduler thread): the common case is one comparison."""
+        if not 0.0 <= sample_s < math.inf:  # (False for nan too)
+            if not math.isfinite(sample_s):
+                return
+            sample_s = 0.0
         c = self.config
         self._seen += 1
-        if self._seeded and len(self._times) == self._times.maxlen:
+        times = self._times
+        if self._seeded and len(times) == times.maxlen:
             self._seeded -= 1  # the oldest value leaves: a stored quantile
-        self._times.append(max(0.0, sample_s))
-        if not math.isinf(self._timeout):
-            if len(self._slow) == self._slow.maxlen:
-                self._slow_count -= self._slow[0]
-            self._slow.append(handed_off)
+        times.append(sample_s)
+        if self._timeout != math.inf:
+            slow = self._slow
+            if len(slow) == slow.maxlen:
+                self._slow_count -= slow[0]
+            slow.append(handed_off)
             self._slow_count += handed_off
         self._since_update += 1
         if self._seen == c.warmup_samples or (
