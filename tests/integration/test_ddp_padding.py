@@ -201,3 +201,25 @@ def test_a_resumed_epoch_whose_rest_is_padding_warns_of_the_padding_only():
     texts = [str(w.message) for w in seen]
     assert any("3 batch(es) short of the 4 every rank takes" in t for t in texts), texts
     assert not any("delivered no batch" in t for t in texts), texts
+
+
+@pytest.mark.parametrize("how", ["close", "load_state_dict"])
+def test_an_iterator_in_its_padding_stops_once_the_loader_is_closed_or_reloaded(how):
+    """Every later next() raises LoaderClosedError once loader.close() or load_state_dict()
+    stopped the epoch part-way (docs/reliability.md); an iterator in its padding went on
+    repeating batches (2 more, a review): the epoch had closed, so nothing halted it."""
+    loader = rank_loader(0, [4, 6, 8, 10, 12, 14], 0, n=16)
+    it = iter(loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        next(it)
+        next(it)  # its own batch, then the first of 3 repeats
+    try:
+        if how == "close":
+            loader.close()
+        else:
+            loader.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+        with pytest.raises(hr.LoaderClosedError):
+            next(it)
+    finally:
+        loader.close()

@@ -150,8 +150,11 @@ def halt_unfinished(loader: DataLoader, epoch: Any, *why: str) -> None:
     and what to do, ``EpochBase.halting``'s defaults otherwise). It went by
     :func:`all_settled` alone: an oversampler closed at its last batch, its end not read yet,
     raised ``LoaderClosedError``; one closed where its deliveries reached its ``__len__``,
-    half of it still to come, ended with a ``StopIteration`` (``num_workers=0``)."""
-    if epoch is not None and not epoch.closed and not at_end(loader, epoch):
+    half of it still to come, ended with a ``StopIteration`` (``num_workers=0``). A DDP rank's
+    epoch closed with padding still owed (:func:`batches_owed`) is halted too: its padding
+    wrapper went on repeating batches after ``close()`` or ``load_state_dict()`` (a review)."""
+    if epoch is not None and (not epoch.closed or batches_owed(epoch)) \
+            and not at_end(loader, epoch):
         epoch.halting(epoch_positions(loader, epoch), length_or_none(loader), *why)
 
 
