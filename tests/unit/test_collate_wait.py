@@ -38,3 +38,18 @@ def test_a_collate_fns_own_timeout_error_is_its_own():
 def test_a_collate_still_running_at_the_deadline_is_torchs_timeout():
     with pytest.raises(RuntimeError, match="timed out after 1.0 seconds"):
         EpochIterator._result(LOADER, Future(), 0.0)  # the deadline has passed
+
+
+def test_a_call_cancelled_as_the_wait_ran_out_is_the_timeout():
+    """loader.close() from another thread cancels queued collate calls: one cancelled as the
+    wait ran out raised CancelledError out of future.exception() (a review)."""
+
+    class CancelledAsTheWaitRunsOut(Future):
+        def result(self, timeout=None):
+            if timeout is not None and not self.done():
+                self.cancel()
+                raise TimeoutError()
+            return super().result(timeout)
+
+    with pytest.raises(RuntimeError, match="timed out"):
+        EpochIterator._result(LOADER, CancelledAsTheWaitRunsOut(), None)

@@ -271,10 +271,10 @@ class EpochIterator(EpochBase):
         try:
             return future.result(timeout=max(0.0, deadline - time.monotonic()))
         except TimeoutError as e:
-            if future.done():  # the collate_fn's own TimeoutError, or it finished as the wait
-                if future.exception() is e:  # ran out (raised as a bare TimeoutError then)
-                    raise
-                return future.result()
+            if future.done() and not future.cancelled():  # the collate_fn's own TimeoutError,
+                if future.exception() is e:  # or it finished as the wait ran out (raised as a
+                    raise  # bare TimeoutError then); a call the loader's close cancelled: the
+                return future.result()  # timeout (exception() raised CancelledError there)
         raise RuntimeError(f"DataLoader timed out after {self.timeout_s} seconds waiting for a "
                            "batch (its collate_fn had not returned)")
 
