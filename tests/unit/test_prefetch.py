@@ -199,3 +199,25 @@ def test_a_batch_error_taken_ahead_comes_in_its_turn():
             seen.append(str(e))
     assert seen == [0, 1, "cannot collate batch 2", 3, 4, 5]
     assert epoch.delivered == [0, 1, 2, 3, 6, 7, 8, 9, 10, 11]
+
+
+class ClosingEpoch(FailingEpoch):
+    """Once closed, every take ends it (as a closed epoch's next() does)."""
+
+    def take(self, block: bool = True):
+        if self.closed:
+            raise StopIteration
+        return super().take(block)
+
+
+def test_a_batch_error_held_back_is_dropped_when_the_epoch_closes():
+    """loader.close() (or a newer iter()) closes the prefetcher: a batch's error held back for
+    its turn behind the batches copied ahead outlived it, and the next next() raised that old
+    error, not what a closed epoch raises (a hunt)."""
+    epoch = ClosingEpoch(6, bad=2)
+    pf = DevicePrefetcher(epoch, FakeCopier(), depth=2)
+    epoch.release(6)
+    assert next(pf)["id"] == 0 and pf._error is not None  # batch 2's, taken ahead of its turn
+    pf.close()
+    with pytest.raises(StopIteration):
+        next(pf)

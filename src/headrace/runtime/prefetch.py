@@ -163,7 +163,11 @@ class DevicePrefetcher:
         if got is None:
             return False
         batch, positions = got
-        device_batch, fence = self.copier.copy(batch)
+        try:
+            device_batch, fence = self.copier.copy(batch)
+        except BaseException:  # not copied (a device out of memory, a Ctrl-C): the next take
+            self.epoch.give_back(batch, positions)  # returns it again; it was lost for the
+            raise  # rest of the epoch, which then ended as if whole
         if self.fence_host is not None:
             self.fence_host([t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)], fence)
         self._ahead.append((device_batch, positions, fence))
@@ -222,6 +226,9 @@ class DevicePrefetcher:
         return self.epoch.stats()
 
     def close(self, replaced: bool = False) -> None:
-        """Drop the batches copied ahead (never delivered) and close the epoch (idempotent)."""
+        """Drop the batches copied ahead (never delivered), and a batch's error held back for
+        its turn (the next ``next()`` raised it, not what a closed epoch raises), and close
+        the epoch (idempotent)."""
         self._ahead.clear()
+        self._error = None
         self.epoch.close(replaced=replaced)
