@@ -221,3 +221,42 @@ def test_a_batch_error_held_back_is_dropped_when_the_epoch_closes():
     pf.close()
     with pytest.raises(StopIteration):
         next(pf)
+
+
+def test_a_batch_holding_tensors_in_an_object_the_copy_does_not_look_into_is_warned_once():
+    """Options(device=) copies the tensors of dicts, lists, tuples and namedtuples: a dataclass,
+    a UserDict or a batch class with its own .to() came back with its tensors in host memory,
+    without a word (a hunt, the copier's walk on a stand-in device)."""
+    import dataclasses
+    import warnings
+    from collections import UserDict
+
+    from headrace.runtime.prefetch import unmoved
+
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+
+    class Own:
+        def to(self, device, non_blocking=False):
+            return self
+
+    assert unmoved({"x": torch.ones(2), "names": ["a"], "n": 3, "none": None}) is None
+    assert unmoved({"b": Batch(torch.ones(2))}) == "Batch"
+    assert unmoved([UserDict(x=torch.ones(2))]) == "UserDict"
+    assert unmoved((Own(),)) == "Own"
+
+    class Wrapped(FakeEpoch):
+        def take(self, block: bool = True):
+            got = super().take(block)
+            return None if got is None else ({"x": got[0]["x"], "id": got[0]["id"],
+                                              "extra": Batch(got[0]["x"])}, got[1])
+
+    epoch = Wrapped(3)
+    pf = DevicePrefetcher(epoch, FakeCopier(), depth=1)
+    epoch.release(3)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert [b["id"] for b in pf] == [0, 1, 2]
+    texts = [str(w.message) for w in seen if "Options(device=...)" in str(w.message)]
+    assert len(texts) == 1 and "holds a Batch" in texts[0], texts

@@ -20,12 +20,19 @@ recorded after the copy, so pinned batch memory is reused only once its copy has
 
 The stream work sits behind :class:`DeviceCopier`, so the bookkeeping is tested on the CPU
 with a fake copier.
+
+What is copied: the tensors of dicts, lists, tuples and namedtuples (torch's pytree), at any
+depth. A batch holding tensors inside another kind of object (a dataclass, a ``UserDict``, a
+custom batch class with its own ``.to()``/``.pin_memory()``) is handed over with those tensors
+in host memory; the first such batch of a prefetcher is warned about (:func:`unmoved`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -98,6 +105,20 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
     return torch.device("cuda", index)
 
 
+def unmoved(batch: Any) -> str | None:
+    """The type of the first object in ``batch`` that device prefetch does not look into
+    though it may hold tensors (a dataclass, a mapping or sequence pytree does not know, an
+    object with its own ``.to()`` or ``.pin_memory()``); None where every such leaf is plain."""
+    for leaf in tree_leaves(batch):
+        if isinstance(leaf, (torch.Tensor, str, bytes, int, float, bool, complex)) or leaf is None:
+            continue
+        if (dataclasses.is_dataclass(leaf) or isinstance(leaf, Mapping)
+                or callable(getattr(leaf, "to", None))
+                or callable(getattr(leaf, "pin_memory", None))):
+            return type(leaf).__name__
+    return None
+
+
 def copier_for(device: torch.device | None) -> DeviceCopier | None:
     """The copier device prefetch uses for ``device`` (``None``: prefetch off)."""
     return CudaCopier(device) if device is not None else None
@@ -128,6 +149,7 @@ class DevicePrefetcher:
         self._ahead: deque[tuple[Any, Any, Fence]] = deque()  # (device batch, positions, fence)
         self._error: Exception | None = None  # a batch's error met taking ahead, for its turn
         self.copied = 0  # batches whose copy was queued
+        self._looked = False  # the first batch was looked into (``unmoved``)
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -168,6 +190,15 @@ class DevicePrefetcher:
         except BaseException:  # not copied (a device out of memory, a Ctrl-C): the next take
             self.epoch.give_back(batch, positions)  # returns it again; it was lost for the
             raise  # rest of the epoch, which then ended as if whole
+        if not self._looked:
+            self._looked = True
+            kind = unmoved(batch)
+            if kind is not None:
+                warnings.warn(
+                    f"headrace: Options(device=...) copies the tensors of dicts, lists, tuples "
+                    f"and namedtuples; this batch holds a {kind}, handed over as it is (its "
+                    "tensors, if any, stay in host memory). Return a dict, or move it yourself "
+                    "with its own .to(device)", stacklevel=3)
         if self.fence_host is not None:
             self.fence_host([t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)], fence)
         self._ahead.append((device_batch, positions, fence))
