@@ -55,10 +55,7 @@ def explain_lines(self: CacheSession, opaque: bool,
     out.append(f"  split: {split}{why}")
     if self.plan is not None:
         out.append("  single-form splits: " + "; ".join(s.describe() for s in self.plan[1]))
-    for e, pred in zip(epochs, self.predicted, strict=False):
-        if pred is not None and e.finished:
-            out.append(f"  epoch {e.epoch}: measured {e.samples_per_s:.0f} samples/s, "
-                       f"MDP predicted {pred:.0f}")
+    out.extend(_prediction_lines(epochs, self.predicted))
     if opaque:
         out.append("  a Dataset (not a Pipeline): only __getitem__'s output can be cached, "
                    "as its steps run inside it, and it is exact only "
@@ -159,3 +156,27 @@ def _ods_lines(self: CacheSession) -> list[str]:
         lines.append("  ODS with shared_augmented: augmented samples made by other jobs "
                      "are served, so a sample's content depends on the other jobs' seeds")
     return lines
+
+
+PREDICTIONS_SHOWN = 3
+"""Epochs whose measured rate and MDP's prediction ``explain()`` lists, the latest; a line
+before them sums up the others (a 300-epoch job printed 300 such lines: a hunt)."""
+
+
+def _prediction_lines(epochs: Sequence[EpochStats], predicted: Sequence[float | None]) -> list[str]:
+    """``epoch k: measured X samples/s, MDP predicted Y`` for the latest planned epochs, and
+    the median and range of measured ÷ predicted over the earlier ones."""
+    pairs = [(e, p) for e, p in zip(epochs, predicted, strict=False)
+             if p is not None and e.finished]
+    out = []
+    earlier = pairs[:-PREDICTIONS_SHOWN]
+    if earlier:
+        ratios = sorted(e.samples_per_s / p for e, p in earlier if p > 0)
+        if ratios:
+            out.append(f"  epochs {earlier[0][0].epoch}-{earlier[-1][0].epoch}: measured ÷ MDP "
+                       f"predicted {ratios[len(ratios) // 2]:.2f} median "
+                       f"({ratios[0]:.2f}-{ratios[-1]:.2f})")
+    for e, p in pairs[-PREDICTIONS_SHOWN:]:
+        out.append(f"  epoch {e.epoch}: measured {e.samples_per_s:.0f} samples/s, "
+                   f"MDP predicted {p:.0f}")
+    return out
