@@ -182,13 +182,15 @@ class CopyFailsOnce(FakeCopier):
         return super().copy(batch)
 
 
-@pytest.mark.parametrize("error", [RuntimeError("CUDA out of memory"), KeyboardInterrupt()])
+@pytest.mark.parametrize("error", [lambda: RuntimeError("CUDA out of memory"), KeyboardInterrupt])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_copy_that_fails_loses_no_batch(workers, error, no_leaks):
     """The loop catches the copy's error and goes on (torch.cuda.empty_cache(); continue): the
     batch taken for that copy was neither delivered nor given back, and the epoch ended as if
     whole without it (36 of 40 samples; state_dict() said the epoch was done: a hunt)."""
-    loader = make(CopyFailsOnce(error), num_workers=workers, batch_size=4)
+    # (made here: an exception object in the parameter list kept the traceback it was raised
+    # with, and through it this epoch, for the rest of the session)
+    loader = make(CopyFailsOnce(error()), num_workers=workers, batch_size=4)
     seen: Counter = Counter()
     raised = 0
     it = iter(loader)
