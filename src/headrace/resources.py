@@ -193,7 +193,7 @@ class CpuUse:
     then throttles. Elsewhere, the share of the cores in this process's affinity, read at each
     call (a ``taskset``, a Slurm or Kubernetes cpuset without a quota: 4 of 16 cores saturated
     read 25% host-wide, while the scaler's bounds count those 4), from per-core times since the
-    last call (:func:`cores_busy`, :func:`affinity_rows`); every core where it is unknown.
+    last call (:class:`PinnedCores`); every core where it is unknown.
     """
 
     def __init__(self) -> None:
@@ -203,7 +203,7 @@ class CpuUse:
         self.quota = cpu_limit()
         self._dirs = _dirs("cpuacct") if self.quota is not None else ([], [])
         self._last = self._sample()
-        self._core_times = _core_times() if self.quota is None else None
+        self._cores = PinnedCores() if self.quota is None else None
 
     def _sample(self) -> tuple[float, int] | None:
         if self.quota is None:
@@ -215,20 +215,31 @@ class CpuUse:
         """The share since the last call (or since this meter was made)."""
         now = self._sample()
         last, self._last = self._last, now
-        if self._core_times is not None:  # no quota: the cores it may run on
-            before, self._core_times = self._core_times, _core_times()
-            try:
-                mine: set[int] | None = os.sched_getaffinity(0)
-            except AttributeError:  # not Linux
-                mine = None
-            online = parse_cpu_list(_read("/sys/devices/system/cpu/online"))
-            return cores_busy(before, self._core_times,
-                              affinity_rows(online, mine, len(self._core_times)))
+        if self._cores is not None:  # no quota: the cores it may run on
+            return self._cores.read()
         if now is None or last is None or self.quota is None:
             import psutil
 
             return float(psutil.cpu_percent(None)) / 100.0
         return busy_share(now[1] - last[1], now[0] - last[0], self.quota)
+
+
+class PinnedCores:
+    """Share (0..1) of the cores in this process's affinity, read at each call, that was busy
+    since the last reading (or since it was made): per-core times (:func:`cores_busy`), the
+    affinity's CPUs mapped to their rows (:func:`affinity_rows`); every core where unknown."""
+
+    def __init__(self) -> None:
+        self._times = _core_times()
+
+    def read(self) -> float:
+        before, self._times = self._times, _core_times()
+        try:
+            mine: set[int] | None = os.sched_getaffinity(0)
+        except AttributeError:  # not Linux
+            mine = None
+        online = parse_cpu_list(_read("/sys/devices/system/cpu/online"))
+        return cores_busy(before, self._times, affinity_rows(online, mine, len(self._times)))
 
 
 def parse_cpu_list(text: str | None) -> list[int] | None:
