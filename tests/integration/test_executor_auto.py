@@ -39,6 +39,15 @@ def run_epochs(loader, epochs):
     return out
 
 
+def after_sleepy(step: object, samples: int) -> hr.DataLoader:
+    """An ``executor="auto"`` loader (batches of 8, 2 workers) over ``samples`` samples whose
+    steps are ``sleepy`` (it releases the GIL: on its own, auto would choose threads), then
+    ``step``, named as its function."""
+    pipe = hr.Pipeline(ArraySource(samples), [hr.step(sleepy, name="sleepy"),
+                                              hr.step(step, name=step.__name__)])
+    return hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+
+
 @pytest.mark.timeout(120)
 def test_gil_releasing_steps_move_to_threads_and_compute_the_same(no_leaks):
     steps = [hr.step(sleepy, name="sleepy"), hr.step(noise, name="noise", random=True)]
@@ -71,12 +80,8 @@ def jitter(x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.timeout(120)
 def test_a_step_drawing_from_the_global_generators_keeps_processes(no_leaks):
-    # "sleepy" releases the GIL: on their own, these steps would get threads
-    pipe = hr.Pipeline(ArraySource(120), [hr.step(sleepy, name="sleepy"),
-                                          hr.step(jitter, name="jitter")])
-
     def contents() -> list[list[float]]:
-        loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+        loader = after_sleepy(jitter, 120)
         try:
             out = [sorted(np.concatenate([b.numpy().reshape(-1) for b in loader]).tolist())
                    for _ in range(2)]
@@ -102,9 +107,7 @@ def late_jitter(x: np.ndarray) -> np.ndarray:
 def test_a_step_drawing_only_for_later_samples_keeps_processes(no_leaks):
     # the watch covered each worker's first 64 samples: auto chose threads, and from then on
     # samples 200-239 drew from the training process's own NumPy generator
-    pipe = hr.Pipeline(ArraySource(240), [hr.step(sleepy, name="sleepy"),
-                                          hr.step(late_jitter, name="late_jitter")])
-    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    loader = after_sleepy(late_jitter, 240)
     try:
         run_epochs(loader, 2)
         d = loader.monitor.executor_decision
@@ -212,9 +215,7 @@ def ids_seen(loader, epochs):
 def test_a_step_calling_get_worker_info_keeps_processes(no_leaks):
     # "sleepy" releases the GIL: on their own, these steps would get threads, where
     # get_worker_info() returns None (the finding: ids [0, 1] in epoch 0, None from epoch 1)
-    pipe = hr.Pipeline(ArraySource(120), [hr.step(sleepy, name="sleepy"),
-                                          hr.step(worker_id, name="worker_id")])
-    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    loader = after_sleepy(worker_id, 120)
     try:
         seen = ids_seen(loader, 3)
         d = loader.monitor.executor_decision
@@ -233,9 +234,7 @@ def stack_crops(x: np.ndarray) -> torch.Tensor:
 
 
 def test_torchs_own_call_of_get_worker_info_inside_a_step_does_not_keep_processes(no_leaks):
-    pipe = hr.Pipeline(ArraySource(120), [hr.step(sleepy, name="sleepy"),
-                                          hr.step(stack_crops, name="stack_crops")])
-    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    loader = after_sleepy(stack_crops, 120)
     try:
         run_epochs(loader, 2)
         d = loader.monitor.executor_decision
@@ -256,9 +255,7 @@ def last_worker_id(x: np.ndarray) -> np.ndarray:
 def test_get_worker_info_called_only_by_the_last_sample_keeps_processes(no_leaks):
     # auto chooses threads half-way through epoch 0 (1 s of 10 ms steps probed); the one call
     # comes in the epoch's last sample, after the scheduler's last look at the probes
-    pipe = hr.Pipeline(ArraySource(240), [hr.step(sleepy, name="sleepy"),
-                                          hr.step(last_worker_id, name="last_worker_id")])
-    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    loader = after_sleepy(last_worker_id, 240)
     try:
         counts = run_epochs(loader, 2)
         d = loader.monitor.executor_decision
