@@ -155,8 +155,8 @@ class EvenBatches:
                 raise
             ended = True
         if ended:  # (out of the except: an error here is not one "during" the epoch's end)
-            if getattr(self._epoch, "_after_end", None) is not None:  # loader.close() or
-                self._epoch._check_open()  # load_state_dict() halted it: LoaderClosedError
+            if self._epoch is not None:  # loader.close() or load_state_dict() halted it
+                self._epoch.raise_if_halted()
             pad = getattr(self._epoch, "padding", None)
             if self._last is None:
                 if pad is None:

@@ -106,10 +106,17 @@ class EpochBase:
                 raise error
             finally:
                 error = None
-        if self._after_end is not None:  # closed part-way: never a StopIteration
+        self.raise_if_halted()  # closed part-way: never a StopIteration
+        raise StopIteration
+
+    def raise_if_halted(self) -> None:
+        """Raise what ``next()`` raises once :meth:`halting` or :meth:`broken` stopped the
+        epoch part-way (``LoaderClosedError``, the error it broke on); nothing otherwise. A
+        DDP rank's padding asks before each repeat: its epoch had closed when its own batches
+        ended (``runtime/distributed.py``)."""
+        if self._after_end is not None:
             cls, message = self._after_end
             raise cls(message)
-        raise StopIteration
 
     def broken(self, message: str) -> None:
         """The epoch is about to close on an error it cannot go on from (``message``): every
