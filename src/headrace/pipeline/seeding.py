@@ -347,7 +347,13 @@ def _numpy_gauss_at(rs: Any) -> int | None:
 
 _RAND: Any = getattr(getattr(np.random, "mtrand", None), "_rand", None)
 """The ``RandomState`` that ``np.random.random()`` and the other module functions draw from."""
-_GAUSS_AT = _numpy_gauss_at(_RAND) if _RAND is not None else None
+
+
+@functools.cache
+def _gauss_at() -> int | None:
+    """:func:`_numpy_gauss_at` of ``_RAND``, found at the first :func:`load_mark` (only remote
+    workers' proxies take one), not at every ``import headrace``."""
+    return _numpy_gauss_at(_RAND) if _RAND is not None else None
 
 
 def load_mark() -> tuple[Any, ...]:
@@ -359,8 +365,9 @@ def load_mark() -> tuple[Any, ...]:
     generators were just seeded (which clears those caches), need not see it (a second
     ``torch.randn(1)`` changes only the last 32 bytes of torch's 5,056). About 5 µs
     (docs/design.md)."""
-    if _GAUSS_AT is not None:
-        gauss: Any = ctypes.string_at(id(_RAND) + _GAUSS_AT, 16)
+    at = _gauss_at()
+    if at is not None:
+        gauss: Any = ctypes.string_at(id(_RAND) + at, 16)
     else:
         legacy = np.random.get_state(legacy=False)
         gauss = (legacy["has_gauss"], legacy["gauss"])
