@@ -9,6 +9,7 @@ from headrace.planner.offload import (
     StepCost,
     candidates,
     decide,
+    local_bound,
     probe_link_bound,
     worker_rate,
 )
@@ -210,6 +211,60 @@ def test_steps_that_take_no_time_are_not_offloaded():
         d = decide(OffloadInputs(gthp=1000.0, lthp=200.0, steps=steps, remote_workers=8,
                                  bandwidth=1250 * MB))
         assert not d.offload and "Pcycle = 0" in d.reason and d.predicted == 200.0
+
+
+# -- the local side's capacity: the workers the loader may run, not only those Lthp ran --
+
+def grown(**kw):
+    """40 ms of steps a sample; 4 local workers ran them at Lthp 90/s (3.6 of 4 busy)."""
+    steps = (StepCost("load", 0.001, 0.1 * MB), StepCost("decode", 0.019, 0.6 * MB),
+             StepCost("augment", 0.020, 0.6 * MB))
+    base = dict(gthp=150.0, lthp=90.0, steps=steps, remote_workers=8, bandwidth=1000 * MB,
+                overhead_s=0.0005, local_workers=4)
+    base.update(kw)
+    return OffloadInputs(**base)
+
+
+def test_no_offload_where_the_local_workers_the_loader_may_start_remove_the_stall():
+    # the loader may run 8: 180/s > Gthp 150/s. Taking the 4 as all there was offloaded
+    # every sample (ratio 1.00) where starting 4 more local workers did it
+    d = decide(grown(local_max=8))
+    assert not d.offload and "more local workers would remove the stall" in d.reason
+    assert d.local == pytest.approx(180.0) and d.predicted == pytest.approx(150.0)
+    for most in (None, 4, 2):  # none more may start (fewer: the 4 ran all the same)
+        d = decide(grown(local_max=most))
+        assert d.offload and d.local == pytest.approx(90.0) and d.ratio == 1.0
+
+
+def test_the_estimate_counts_the_local_workers_the_loader_may_start():
+    # Gthp 1000/s: offloading pays either way. Rthp 200/s (8 workers ÷ 40 ms); the 8 local
+    # workers give 8 worker-seconds a second, less 200 × 0.5 ms for the offloaded samples,
+    # over 40 ms: 177.5/s. Taking the 4 as all there was predicted 87.5/s there
+    d = decide(grown(gthp=1000.0, local_max=8))
+    assert d.offload and d.best.rthp == pytest.approx(200.0)
+    assert d.predicted == pytest.approx(200.0 + 177.5)
+    assert d.ratio == pytest.approx(200.0 / (180.0 + 200.0))  # line 13 against 180/s local
+    assert d.lower == pytest.approx((1000.0 - 180.0) / (1 - 0.0005 / 0.040))
+    assert "180.0/s with the local workers it may run" in d.describe()
+    assert decide(grown(gthp=1000.0, local_max=4)).predicted == pytest.approx(200.0 + 87.5)
+
+
+def test_offloading_must_beat_what_the_local_workers_may_reach():
+    # a 10 MB/s link: 16.7 samples/s of 0.6 MB come back; with 8 local workers offloading
+    # reaches 196.5/s against the 180/s they reach alone: under 1.1x (it is 2.2x Lthp)
+    d = decide(grown(gthp=1000.0, bandwidth=10 * MB, local_max=8))
+    assert not d.offload and "against 180.0/s local" in d.reason
+    assert d.predicted == pytest.approx(180.0)
+    assert decide(grown(gthp=1000.0, bandwidth=10 * MB, local_max=4)).offload
+
+
+def test_the_local_bound_is_the_loaders_within_what_the_cores_keep_busy():
+    assert local_bound(32, 8, 1.0) == 8  # CPU-bound samples: one worker a core
+    assert local_bound(32, 8, None) == 8  # the share unknown: taken as CPU-bound
+    assert local_bound(32, 8, 0.25) == 32  # samples waiting 3/4 of their time: 4 a core
+    assert local_bound(32, 8, 0.1) == 32 and local_bound(6, 8, 0.5) == 6  # the loader's
+    with pytest.raises(ValueError, match="local_max = 0"):
+        grown(local_max=0)
 
 
 # -- inputs FastFlow's rule cannot be decided from --

@@ -18,6 +18,12 @@ scaled by how fast the remote workers really ran in the probe) and the network (
 the bytes the range moves: the shipped input when ``a = 1`` plus the value handed back at
 ``b``). A remote worker's seconds are a step's wall time less what it waited here for a core
 (``StepCost.queued_s``): that wait is this host's, not the step's.
+
+FastFlow's Lthp is what all the local CPUs deliver; headrace's is measured with the local
+workers running then, which may be fewer than the loader may run (``num_workers="auto"``
+grows them). The local side's capacity is Lthp extrapolated to the workers it may run
+(``local_thp``): the decision says "no" where those would remove the stall, and the
+estimate of a range counts them.
 """
 
 from __future__ import annotations
@@ -75,6 +81,8 @@ class OffloadInputs:
     the probe behind ``remote_thp`` ran steps 1.. remotely with the loaded value shipped.
     ``local_workers``: local workers that ran the steps while Lthp was measured (``None``:
     unknown, taken as 1, the fewest a loader with remote workers has: ``LOCAL_BUSY_SHARE``).
+    ``local_max``: local workers the loader may run at most that add throughput, its bounds
+    and the cores both counted (``local_bound``; ``None``: ``local_workers``, none more).
     ``local_only``: Lthp was measured with no sample offloaded (the probe, or an epoch that
     offloaded none), so local workers it left idle mean a stall elsewhere; ``False``: it is
     the local CPU an offloading epoch used (``planner/replan.local_capacity``), idle while
@@ -91,6 +99,7 @@ class OffloadInputs:
     read_source: bool = True
     local_workers: int | None = None
     local_only: bool = True
+    local_max: int | None = None
 
     def __post_init__(self) -> None:
         # FastFlow's line 3 divides by Lthp, and a NaN compares False everywhere: a NaN step
@@ -114,6 +123,9 @@ class OffloadInputs:
         if self.local_workers is not None and self.local_workers < 1:
             raise ValueError(f"offload: local_workers = {self.local_workers} must be >= 1 "
                              "(None: unknown)")
+        if self.local_max is not None and self.local_max < 1:
+            raise ValueError(f"offload: local_max = {self.local_max} must be >= 1 "
+                             "(None: no more than local_workers)")
 
     @property
     def first_remote(self) -> int:
@@ -158,6 +170,7 @@ class OffloadDecision:
     ratio: float = 0.0  # share of samples to offload (0..1)
     predicted: float = 0.0  # training samples/s predicted with this decision
     candidates: tuple[Candidate, ...] = ()
+    local: float = 0.0  # samples/s the local workers may reach alone (``local_thp``; 0: not asked)
 
     def workers_needed(self, per_worker_thp: float, available: int) -> int:
         """Remote workers for the offloaded share: ⌈ratio·predicted ÷ one worker's rate⌉
@@ -174,9 +187,34 @@ class OffloadDecision:
         where = "remote workers read the source" if b.start == 0 else "this host reads the source"
         return (f"offload: yes ({self.reason}); steps [{b.start}, {b.stop}) remote ({where}); "
                 f"ratio {self.ratio:.2f} (Lower {self.lower:.1f}/s, Upper {self.upper:.1f}/s); "
-                f"Gthp {self.gthp:.1f}/s, Lthp {self.lthp:.1f}/s, Rthp {b.rthp:.1f}/s, Ocycle "
+                f"Gthp {self.gthp:.1f}/s, Lthp {self.lthp:.1f}/s{self._more_local()}, "
+                f"Rthp {b.rthp:.1f}/s, Ocycle "
                 f"{1e3 * b.ocycle:.2f} ms, Pcycle {1e3 * self.pcycle:.2f} ms; predicted "
                 f"{self.predicted:.1f} samples/s")
+
+    def _more_local(self) -> str:
+        return (f" ({self.local:.1f}/s with the local workers it may run)"
+                if self.local > self.lthp else "")
+
+
+def local_bound(bound: int, cores: float, cpu_share: float | None) -> int:
+    """Local workers that may add throughput: at most ``bound`` (``num_workers``, or the worker
+    scaler's upper bound with ``"auto"``), and no more than the ``cores`` keep busy,
+    ⌈cores ÷ cpu_share⌉ (``cpu_share``: a sample's CPU seconds ÷ its wall seconds in a worker,
+    ``profiler.report.cpu_share``; ``None``: unknown, taken as 1, CPU-bound: the cores)."""
+    share = cpu_share if cpu_share is not None and cpu_share > 0 else 1.0
+    return max(1, min(bound, math.ceil(cores / share)))
+
+
+def local_thp(x: OffloadInputs) -> float:
+    """Samples/s the local workers may reach alone: Lthp × ``local_max`` ÷ ``local_workers``,
+    each worker the loader may still start adding what one of those measured delivered
+    (FastFlow's Lthp is what all the local CPUs deliver: here the workers that ran it may be
+    fewer than the loader may run). Lthp itself when no more may start, or either count is
+    unknown."""
+    if x.local_max is None or x.local_workers is None:
+        return x.lthp
+    return x.lthp * max(1.0, x.local_max / x.local_workers)
 
 
 def probe_link_bound(x: OffloadInputs) -> bool:
@@ -232,6 +270,7 @@ def candidates(x: OffloadInputs) -> list[Candidate]:
     remote = [s.remote_s for s in x.steps]
     pcycle = sum(cpu)
     speed = remote_speed(x)
+    local = local_thp(x)
     out = []
     for start in range(x.first_remote, 2):
         for stop in range(start + 1, n + 1):
@@ -244,19 +283,19 @@ def candidates(x: OffloadInputs) -> list[Candidate]:
             if not math.isfinite(rthp):
                 continue  # a range of no work moving no bytes: nothing to offload
             ocycle = x.overhead_s + pcycle - sum(cpu[start:stop])
-            out.append(Candidate(start, stop, rthp, ocycle, _estimate(x.lthp, pcycle, rthp, ocycle)))
+            out.append(Candidate(start, stop, rthp, ocycle, _estimate(local, pcycle, rthp, ocycle)))
     return out
 
 
-def _estimate(lthp: float, pcycle: float, rthp: float, ocycle: float) -> float:
-    """Training samples/s with remote workers at ``rthp`` on a range: the local CPUs (worth
-    ``lthp × pcycle`` CPU-seconds per second) spend ``ocycle`` on each offloaded sample and
-    ``pcycle`` on each local one. FastFlow writes ``Lthp·(1 − Ocycle/Pcycle) + Rthp`` with
-    whole-run cycle counts and whole-pipeline offloading; per sample, with ranges that leave
-    steps to the local workers, the local work of offloaded samples must be counted. The
-    capacity in use at Lthp is taken as all there is: ``decide`` offloads only when the local
-    workers are (nearly) saturated, else this over-predicts (``LOCAL_BUSY_SHARE``)."""
-    capacity = lthp * pcycle
+def _estimate(local: float, pcycle: float, rthp: float, ocycle: float) -> float:
+    """Training samples/s with remote workers at ``rthp`` on a range: the local workers (worth
+    ``local × pcycle`` worker-seconds per second, ``local`` the samples/s they may reach
+    alone: ``local_thp``, the capacity available, not only the capacity in use at Lthp) spend
+    ``ocycle`` on each offloaded sample and ``pcycle`` on each local one. FastFlow writes
+    ``Lthp·(1 − Ocycle/Pcycle) + Rthp`` with whole-run cycle counts and whole-pipeline
+    offloading; per sample, with ranges that leave steps to the local workers, the local work
+    of offloaded samples must be counted."""
+    capacity = local * pcycle
     remote = min(rthp, capacity / ocycle) if ocycle > 0 else rthp
     local = max(0.0, capacity - remote * ocycle) / pcycle if pcycle > 0 else 0.0
     return remote + local
@@ -264,7 +303,10 @@ def _estimate(lthp: float, pcycle: float, rthp: float, ocycle: float) -> float:
 
 def decide(x: OffloadInputs) -> OffloadDecision:
     """FastFlow's Algorithm 1 over every step boundary, after line 3 refusing when the local
-    workers do not limit Lthp (``_local_not_bottleneck``): the rule assumes they do."""
+    workers do not limit Lthp (``_local_not_bottleneck``): the rule assumes they do, and when
+    the local workers the loader may still start would remove the stall (``local_thp``).
+    Lines 7-13 take the local side at that capacity, and offloading must beat it by
+    ``SPEEDUP_THRESHOLD``."""
     pcycle = sum(max(0.0, s.work_s) for s in x.steps)
     g, lt = x.gthp, x.lthp
     if x.remote_workers <= 0:
@@ -277,6 +319,13 @@ def decide(x: OffloadInputs) -> OffloadDecision:
     refused = _local_not_bottleneck(x, pcycle)
     if refused is not None:
         return OffloadDecision(False, refused, g, lt, pcycle, predicted=min(g, lt))
+    local = local_thp(x)
+    if g / local < SPEEDUP_THRESHOLD:
+        return OffloadDecision(
+            False, f"more local workers would remove the stall: {x.local_workers} ran at Lthp "
+            f"{lt:.1f}/s, the loader may run {x.local_max}: {local:.1f}/s, Gthp/that = "
+            f"{g / local:.2f} < {SPEEDUP_THRESHOLD}", g, lt, pcycle,
+            predicted=min(g, local), local=local)
     cands = candidates(x)
     if not cands:
         return OffloadDecision(False, "no step has work to offload", g, lt, pcycle, predicted=lt)
@@ -285,21 +334,22 @@ def decide(x: OffloadInputs) -> OffloadDecision:
     share = best.ocycle / pcycle if pcycle > 0 else 1.0
     # line 9: FastFlow's (Gthp − Lthp)·(1 + O/P) is the first-order form of the exact
     # (Gthp − Lthp) ÷ (1 − O/P): what must go remote for the local CPUs to keep up
-    lower = (x.gthp - x.lthp) / (1 - share) if share < 1 else math.inf
+    lower = (x.gthp - local) / (1 - share) if share < 1 else math.inf
     # lines 10-13: enough remote capacity: offload what it takes; else a bottleneck either
     # way, balanced by capacity
-    ratio = min(1.0, upper / x.gthp if lower < upper else best.rthp / (x.lthp + best.rthp))
+    ratio = min(1.0, upper / x.gthp if lower < upper else best.rthp / (local + best.rthp))
     predicted = min(x.gthp, best.estimate)
-    if predicted < SPEEDUP_THRESHOLD * x.lthp:
+    if predicted < SPEEDUP_THRESHOLD * local:
         return OffloadDecision(
             False, f"the best range [{best.start}, {best.stop}) would reach "
-            f"{predicted:.1f}/s against {x.lthp:.1f}/s local: under {SPEEDUP_THRESHOLD}x",
-            g, lt, pcycle, best=best, lower=lower, upper=upper, predicted=lt,
-            candidates=tuple(cands))
+            f"{predicted:.1f}/s against {local:.1f}/s local: under {SPEEDUP_THRESHOLD}x",
+            g, lt, pcycle, best=best, lower=lower, upper=upper, predicted=local,
+            candidates=tuple(cands), local=local)
     why = (f"Gthp/Lthp = {x.gthp / x.lthp:.2f}" if math.isfinite(x.gthp)
            else "no accelerator bound known")
     return OffloadDecision(True, why, g, lt, pcycle, best=best, lower=lower, upper=upper,
-                           ratio=ratio, predicted=predicted, candidates=tuple(cands))
+                           ratio=ratio, predicted=predicted, candidates=tuple(cands),
+                           local=local)
 
 
 def _local_not_bottleneck(x: OffloadInputs, pcycle: float) -> str | None:
@@ -329,8 +379,8 @@ def _local_not_bottleneck(x: OffloadInputs, pcycle: float) -> str | None:
 def inputs_from_profile(profile: PipelineProfile, gthp: float, lthp: float,
                         remote_workers: int, bandwidth: float = math.inf,
                         overhead_s: float = 0.0, remote_thp: float | None = None,
-                        read_source: bool = True, local_workers: int | None = None
-                        ) -> OffloadInputs:
+                        read_source: bool = True, local_workers: int | None = None,
+                        local_max: int | None = None) -> OffloadInputs:
     """The decision's inputs from a measured profile (per-step mean wall seconds, of them the
     mean wait for a core, and output bytes) and throughputs in samples/s (``ProbeResult``'s
     batches/s × batch size)."""
@@ -338,4 +388,5 @@ def inputs_from_profile(profile: PipelineProfile, gthp: float, lthp: float,
                   for s in profile.steps)
     return OffloadInputs(gthp=gthp, lthp=lthp, steps=steps, remote_workers=remote_workers,
                          bandwidth=bandwidth, overhead_s=overhead_s, remote_thp=remote_thp,
-                         read_source=read_source, local_workers=local_workers)
+                         read_source=read_source, local_workers=local_workers,
+                         local_max=local_max)
