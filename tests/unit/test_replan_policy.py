@@ -195,3 +195,17 @@ def test_an_offloading_epochs_idle_local_workers_do_not_turn_offloading_off():
             w = Watch(nx, decide(nx))
         offloading.append(w.decision.offload)
     assert all(offloading), offloading
+
+
+def test_an_lthp_measured_after_the_scaler_grew_the_workers_is_not_extrapolated_again():
+    # the probe ran 4 local workers of the 8 the loader may run: 180/s locally. An epoch
+    # then measured Lthp 180/s with 8: extrapolated from the probe's 4 it read 360/s
+    from headrace.planner.offload import local_thp
+    from headrace.remote.replan import remeasured
+
+    x = inputs(lthp=90.0, local_workers=4, local_max=8)
+    assert local_thp(x) == pytest.approx(180.0)
+    after = remeasured(x, None, 180.0, False, 8)
+    assert after.local_workers == 8 and local_thp(after) == pytest.approx(180.0)
+    assert remeasured(x, None, None, False, 8).local_workers == 4  # Lthp not measured again
+    assert remeasured(x, None, 180.0, False, None).local_workers == 4  # a fixed count

@@ -3,9 +3,10 @@
 The policy is ``planner/offload.py``; this module measures its inputs on the user's own job:
 
 1. Lthp and Gthp with ``profiler.probe`` on local workers only (remote target 0), the user's
-   ``train_step`` included (FastFlow §5.1), converted to samples/s, and the local workers
-   that ran it (the count its pool started with: with ``num_workers="auto"`` the scaler may
-   have changed it during the probe);
+   ``train_step`` included (FastFlow §5.1), converted to samples/s, the local workers
+   that ran it (with ``num_workers="auto"``, the count the scaler had reached when the probe
+   ended, not the one its pool started with) and the most the loader may run
+   (``local_counts``);
 2. the per-step CPU seconds and output bytes from the loader's profile (measured meanwhile);
 3. the link: bandwidth to a remote worker's node and the local CPU of receiving a sample
    (``remote/link.py``, a few hundred milliseconds; parameters override it);
@@ -28,10 +29,13 @@ from headrace.planner.offload import (
     OffloadDecision,
     decide,
     inputs_from_profile,
+    local_bound,
     worker_rate,
 )
 from headrace.planner.replan import ReplanConfig
+from headrace.planner.workers import rank_cpus
 from headrace.profiler.probe import ProbeResult, probe
+from headrace.profiler.report import PipelineProfile, cpu_share
 from headrace.remote.replan import OffloadWatcher
 
 READY_TIMEOUT_S = 120.0
@@ -84,20 +88,47 @@ def plan_offload(loader: Any, train_step: Any, batches: int = 20, warmup: int = 
     n = batches if remote_batches is None else remote_batches
     if available > 0 and n > 0 and local.input_bound:
         remote_thp = _remote_throughput(loader, train_step, n, available)
+    ran, most = loader_local_workers(loader, profile)
     x = inputs_from_profile(profile, gthp=local.gthp * bs, lthp=local.lthp * bs,
                             remote_workers=available, bandwidth=bandwidth,
                             overhead_s=overhead_s, remote_thp=remote_thp,
                             read_source=session.cfg.read_source,
-                            local_workers=session.local_started or int(loader.num_workers))
+                            local_workers=ran, local_max=most)
     decision = decide(x)
     per_worker = worker_rate(x, decision)
     session.apply_offload(decision, per_worker, available=available)
     if replan is not False and not session.cfg.autoplace:
         cfg = replan if isinstance(replan, ReplanConfig) else None
         planning, monitor = loader.planning, loader.monitor
+        workers = ((lambda: monitor.last_workers(ran)) if loader.autoscale else None)
         session.watcher = OffloadWatcher(session, x, decision, planning.profile,
-                                         lambda: monitor.epochs, cfg)
+                                         lambda: monitor.epochs, cfg, workers)
     return decision, local
+
+
+def local_counts(started: int, reached: int | None, bound: int | None, cores: float,
+                 share: float | None) -> tuple[int, int]:
+    """(ran, most): the local workers that ran the probe and the most the loader may run that
+    add throughput (``planner.offload.local_bound``). ``started``: the count its pool started
+    with (or ``num_workers``); ``reached``: with ``num_workers="auto"``, the count the worker
+    scaler had reached when the probe ended (``None``: a fixed count, or no decision yet);
+    ``bound``: the scaler's upper bound (``None``: a fixed count, none more may start);
+    ``cores``: the cores the workers may use; ``share``: a sample's CPU ÷ wall seconds."""
+    ran = max(1, reached if reached is not None else started)
+    if bound is None:
+        return ran, ran
+    return ran, max(ran, local_bound(bound, cores, share))
+
+
+def loader_local_workers(loader: Any, profile: PipelineProfile) -> tuple[int, int]:
+    """``local_counts`` of ``loader`` after its probe: with ``num_workers="auto"`` the scaler's
+    last count (``Monitor.last_workers``) and its upper bound for the profile's CPU share."""
+    started = loader.remote.local_started or int(loader.num_workers)
+    if not loader.autoscale:
+        return local_counts(started, None, None, rank_cpus(), None)
+    share = cpu_share(profile.steps)
+    return local_counts(started, loader.monitor.last_workers(started),
+                        loader.options.autoscale.bounds(share)[1], rank_cpus(), share)
 
 
 def _remote_throughput(loader: Any, train_step: Any, batches: int, workers: int

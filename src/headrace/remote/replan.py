@@ -60,17 +60,33 @@ class Replan:
     remote_workers: int
 
 
+def remeasured(x: OffloadInputs, steps: Sequence[StepCost] | None, lthp: float | None,
+               offloaded: bool, workers: int | None) -> OffloadInputs:
+    """The inputs after an epoch (``planner.replan.revise``), with ``workers`` local workers
+    (the count running at its end, ``None``: unchanged) as those Lthp was measured with when
+    ``lthp`` was measured: with ``num_workers="auto"`` the scaler may have grown them since
+    the probe, and ``local_thp`` extrapolating the new Lthp from the probe's count counted the
+    added workers twice."""
+    revised = revise(x, steps=steps, lthp=lthp, offloaded=offloaded)
+    if lthp is None or workers is None or workers < 1:
+        return revised
+    return dataclasses.replace(revised, local_workers=workers)
+
+
 class OffloadWatcher:
     """Watches one loader's offloading decision and makes it again when it goes stale.
 
     ``profile_fn()``: the loader's profile now (or None); ``epochs_fn()``: its finished
-    epochs' stats (``Monitor.epochs``).
+    epochs' stats (``Monitor.epochs``); ``workers_fn()``: the local workers running now
+    (``None``: a fixed count, ``OffloadInputs.local_workers`` stays).
     """
 
     def __init__(self, session: Any, inputs: OffloadInputs, decision: OffloadDecision,
                  profile_fn: Callable[[], Any], epochs_fn: Callable[[], Sequence[Any]],
-                 cfg: ReplanConfig | None = None) -> None:
+                 cfg: ReplanConfig | None = None,
+                 workers_fn: Callable[[], int | None] | None = None) -> None:
         self.session = session
+        self.workers_fn = workers_fn
         self.cfg = cfg or ReplanConfig()
         self.watch = Watch(inputs, decision)
         self.history: list[Replan] = []
@@ -118,8 +134,9 @@ class OffloadWatcher:
         self.watch, why = check_epoch(self.cfg, self.watch, obs)
         if why is not None:
             lthp = local_capacity(self.watch, obs) if "throughput" in why else None
-            self._replan(pool, why, revise(x, steps=steps or None, lthp=lthp,
-                                           offloaded=obs.remote_samples > 0))
+            workers = self.workers_fn() if self.workers_fn is not None else None
+            self._replan(pool, why, remeasured(x, steps or None, lthp,
+                                               obs.remote_samples > 0, workers))
 
     def _replan(self, pool: Any, why: str, x: OffloadInputs) -> None:
         decision = decide(x)
