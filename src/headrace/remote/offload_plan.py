@@ -100,9 +100,8 @@ def plan_offload(loader: Any, train_step: Any, batches: int = 20, warmup: int = 
     if replan is not False and not session.cfg.autoplace:
         cfg = replan if isinstance(replan, ReplanConfig) else None
         planning, monitor = loader.planning, loader.monitor
-        workers = ((lambda: monitor.last_workers(ran)) if loader.autoscale else None)
         session.watcher = OffloadWatcher(session, x, decision, planning.profile,
-                                         lambda: monitor.epochs, cfg, workers)
+                                         lambda: monitor.epochs, cfg, loader.autoscale)
     return decision, local
 
 

@@ -73,20 +73,27 @@ def remeasured(x: OffloadInputs, steps: Sequence[StepCost] | None, lthp: float |
     return dataclasses.replace(revised, local_workers=workers)
 
 
+def local_count(pool: Any) -> int:
+    """``pool``'s local workers, those asked for and not forked yet included (as the worker
+    scaler counts them); not its remote ones (``Monitor.last_workers`` counts those too)."""
+    live = sum(not w.external and not w.retiring for w in list(pool.workers.values()))
+    return live + len(pool.requests)
+
+
 class OffloadWatcher:
     """Watches one loader's offloading decision and makes it again when it goes stale.
 
     ``profile_fn()``: the loader's profile now (or None); ``epochs_fn()``: its finished
-    epochs' stats (``Monitor.epochs``); ``workers_fn()``: the local workers running now
-    (``None``: a fixed count, ``OffloadInputs.local_workers`` stays).
+    epochs' stats (``Monitor.epochs``). ``autoscaled``: ``num_workers="auto"``, the local
+    worker count changes, so an Lthp measured again is taken with the pool's local workers
+    then (``local_count``); else ``OffloadInputs.local_workers`` stays.
     """
 
     def __init__(self, session: Any, inputs: OffloadInputs, decision: OffloadDecision,
                  profile_fn: Callable[[], Any], epochs_fn: Callable[[], Sequence[Any]],
-                 cfg: ReplanConfig | None = None,
-                 workers_fn: Callable[[], int | None] | None = None) -> None:
+                 cfg: ReplanConfig | None = None, autoscaled: bool = False) -> None:
         self.session = session
-        self.workers_fn = workers_fn
+        self.autoscaled = autoscaled
         self.cfg = cfg or ReplanConfig()
         self.watch = Watch(inputs, decision)
         self.history: list[Replan] = []
@@ -134,7 +141,7 @@ class OffloadWatcher:
         self.watch, why = check_epoch(self.cfg, self.watch, obs)
         if why is not None:
             lthp = local_capacity(self.watch, obs) if "throughput" in why else None
-            workers = self.workers_fn() if self.workers_fn is not None else None
+            workers = local_count(pool) if self.autoscaled and pool is not None else None
             self._replan(pool, why, remeasured(x, steps or None, lthp,
                                                obs.remote_samples > 0, workers))
 
