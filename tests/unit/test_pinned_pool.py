@@ -108,7 +108,7 @@ def test_pageable_memory_has_no_fences():
 
 
 def test_pin_device_follows_the_prefetch_device_else_the_accelerator():
-    from headrace.runtime.pinning import pin_device
+    from headrace.runtime.pin_arguments import pin_device
 
     dev = torch.device("cuda", 1)
     assert pin_device("", dev) == dev  # Options(device=) wins: batches are copied there

@@ -17,14 +17,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from headrace.planner.workers import epoch_workers
 from headrace.profiler import sizes
-from headrace.runtime import distributed, ordering, padding, pinning, sampler_seeds
+from headrace.runtime import distributed, ordering, padding, sampler_seeds
 from headrace.runtime.batcher import Batcher, Mode
 from headrace.runtime.bitmap import Bitmap
-from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import place_for
 from headrace.runtime.drawing import FirstAtNext, draw_epoch, origin_setter, skip_empty
 from headrace.runtime.draws import may_repeat
@@ -32,6 +30,7 @@ from headrace.runtime.epoch import EpochIterator
 from headrace.runtime.feed import Feed
 from headrace.runtime.inprocess import InProcessIterator
 from headrace.runtime.order_digest import OrderDigest
+from headrace.runtime.pin_arguments import pin_fn
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.span import covers, length_or_none, total_positions
 from headrace.runtime.work import EpochSpec, default_max_in_flight
@@ -46,26 +45,6 @@ def batch_mode(loader: DataLoader) -> Mode:
     """The batcher's mode for this loader's arguments (``runtime/ordering.py``)."""
     return ordering.batch_mode(loader.in_order, loader._index_sampler, loader._auto_collation,
                                loader._user_batch_sampler)
-
-
-def pin_fn(loader: DataLoader) -> Callable[[Any], Any] | None:
-    """What pins a finished batch (``None``: no pinning); switches the loader's batch memory
-    to pinned buffers when an accelerator is there (``runtime/pinning.py``)."""
-    if not loader.pin_memory and loader._device is None:
-        return None
-    if not torch.accelerator.is_available():
-        warnings.warn(  # torch's own words, at the same moment (iterator creation)
-            "'pin_memory' argument is set as true but no accelerator is found, "
-            "then device pinned memory won't be used.",
-            stacklevel=3,
-        )
-        return None
-    device = pinning.pin_device(loader.pin_memory_device, loader._device)
-    memory = pinning.host_memory_for(device) if device is not None else None
-    if memory is not None and not loader._buffers.pinned:
-        loader._buffers = BufferPool(memory=memory)  # batches assembled in pinned memory
-    kind = device.type if device is not None else None
-    return lambda b: _pin_memory(b, kind)  # the rest: small or user-collated leaves
 
 
 def warn_inert_timeouts(loader: DataLoader) -> None:

@@ -25,7 +25,6 @@ Allocation and fences are behind :class:`HostMemory`, so CPU tests drive the poo
 from __future__ import annotations
 
 import mmap
-import warnings
 import weakref
 from typing import Protocol
 
@@ -148,31 +147,6 @@ class CudaPinnedMemory:
 
     def set_idle(self, raw: np.ndarray, idle: bool) -> None:
         """Inherited by forked processes always, as any NumPy memory."""
-
-
-def pin_device(pin_memory_device: str, device: torch.device | None) -> torch.device | None:
-    """The accelerator batches are pinned for, or ``None`` when none is present.
-
-    ``device``: ``Options(device=)`` when set (batches are copied there). Else
-    ``pin_memory_device`` when given (torch 2.13 deprecates and ignores it; headrace fences
-    released buffers on that device's stream), else the current accelerator, as torch does.
-    """
-    if device is not None:
-        return device
-    if not torch.accelerator.is_available():
-        return None
-    acc = torch.accelerator.current_accelerator()
-    if pin_memory_device:
-        wanted = torch.device(pin_memory_device)
-        if acc is not None and wanted.type != acc.type:
-            warnings.warn(
-                f"pin_memory_device={pin_memory_device!r} is not the current accelerator "
-                f"({acc.type}); memory is pinned for {acc.type}, as torch does",
-                stacklevel=4,
-            )
-            return torch.device(acc.type)
-        return wanted
-    return torch.device(acc.type) if acc is not None else None
 
 
 def host_memory_for(device: torch.device) -> HostMemory | None:
