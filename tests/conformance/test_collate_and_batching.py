@@ -1,5 +1,5 @@
 """collate_fn (what it receives, where it runs), batch_size=None, drop_last, samplers,
-batch samplers, pin_memory on a machine without an accelerator."""
+batch samplers (pin_memory: test_pin_memory.py)."""
 
 import os
 import re
@@ -222,15 +222,6 @@ def test_distributed_sampler_shares_are_disjoint(Loader, shuffle, no_leaks):
             assert got == [SQ[i] for i in s]
         seen += got
     assert sorted(set(seen)) == sorted(SQ)
-
-
-def test_pin_memory_without_an_accelerator(Loader, no_leaks):
-    if torch.accelerator.is_available():
-        pytest.skip("this machine has an accelerator")
-    with pytest.warns(UserWarning, match="no accelerator is found"):
-        got = list(Loader(Squares(4), batch_size=2, num_workers=1, pin_memory=True))
-    assert [b.tolist() for b in got] == [SQ[0:2], SQ[2:4]]
-    assert not any(b.is_pinned() for b in got)
 
 
 class _Reentry:

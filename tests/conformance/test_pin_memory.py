@@ -1,0 +1,63 @@
+"""pin_memory and pin_memory_device: what torch's iterator warns, and how often, on a machine
+without an accelerator (the CUDA paths are in tests/gpu)."""
+
+import warnings
+
+import pytest
+import torch
+
+from tests.conformance.conftest import flat, is_headrace
+from tests.conformance.datasets import Squares
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(torch.accelerator.is_available(), reason="this machine has an accelerator"),
+]
+
+SQ = [i * i for i in range(20)]
+NO_ACCELERATOR = "'pin_memory' argument is set as true but no accelerator is found"
+
+
+def _shut(loader):
+    """Stop persistent workers now (torch's through its iterator, headrace's with close())."""
+    if is_headrace(type(loader)):
+        loader.close()
+    elif loader._iterator is not None:
+        loader._iterator._shutdown_workers()
+
+
+def test_pin_memory_without_an_accelerator(Loader, no_leaks):
+    with pytest.warns(UserWarning, match="no accelerator is found"):
+        got = list(Loader(Squares(4), batch_size=2, num_workers=1, pin_memory=True))
+    assert [b.tolist() for b in got] == [SQ[0:2], SQ[2:4]]
+    assert not any(b.is_pinned() for b in got)
+
+
+@pytest.mark.parametrize("kw", [{"num_workers": 0}, {"num_workers": 1},
+                                {"num_workers": 1, "persistent_workers": True}])
+def test_the_no_accelerator_warning_comes_once_per_iterator_torch_makes(Loader, kw, no_leaks):
+    """torch warns when it creates an iterator: at every iter(), but with persistent workers
+    once, as one iterator serves every epoch (headrace warned every epoch: a hunt)."""
+    loader = Loader(Squares(4), batch_size=2, pin_memory=True, **kw)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                assert flat(loader) == SQ[:4]
+    finally:
+        _shut(loader)
+    texts = [str(w.message) for w in seen]
+    assert sum(NO_ACCELERATOR in t for t in texts) == (1 if kw.get("persistent_workers") else 3)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_headrace_points_its_pin_warnings_at_the_users_loop(workers, no_leaks):
+    """torch's point into torch's dataloader.py; headrace's at the line that called iter()
+    (they pointed into headrace's epochs.py, where no filter by module could reach them)."""
+    import headrace as hr
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loader = hr.DataLoader(Squares(4), batch_size=2, num_workers=workers, pin_memory=True)
+        assert [b.tolist() for b in loader] == [SQ[0:2], SQ[2:4]]  # iter() on this line
+    assert [(w.filename, NO_ACCELERATOR in str(w.message)) for w in seen] == [(__file__, True)]
