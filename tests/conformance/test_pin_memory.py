@@ -61,3 +61,31 @@ def test_headrace_points_its_pin_warnings_at_the_users_loop(workers, no_leaks):
         loader = hr.DataLoader(Squares(4), batch_size=2, num_workers=workers, pin_memory=True)
         assert [b.tolist() for b in loader] == [SQ[0:2], SQ[2:4]]  # iter() on this line
     assert [(w.filename, NO_ACCELERATOR in str(w.message)) for w in seen] == [(__file__, True)]
+
+
+def _deprecated(value) -> str:
+    return ("pin_memory_device is deprecated, the current accelerator will be used as the "
+            f"device,ignore pin_memory_device='{value}'.")  # torch 2.13's words
+
+
+@pytest.mark.parametrize("value", ["cuda", "cuda:3", "bogus"])
+@pytest.mark.parametrize("kw", [{"num_workers": 0}, {"num_workers": 1, "persistent_workers": True}])
+def test_pin_memory_device_is_deprecated_and_ignored(Loader, value, kw, no_leaks):
+    """torch 2.13 warns, once per iterator it makes, and ignores the value (any: a malformed
+    one too); headrace gave no warning. Without pin_memory=True neither reads it."""
+    loader = Loader(Squares(4), batch_size=2, pin_memory=True, pin_memory_device=value, **kw)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                assert flat(loader) == SQ[:4]
+    finally:
+        _shut(loader)
+    once = [_deprecated(value), NO_ACCELERATOR]
+    texts = [str(w.message)[:len(NO_ACCELERATOR)] if NO_ACCELERATOR in str(w.message)
+             else str(w.message) for w in seen]
+    assert texts == (once if kw.get("persistent_workers") else once * 2)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert flat(Loader(Squares(4), batch_size=2, pin_memory_device=value)) == SQ[:4]
+    assert [str(w.message) for w in seen] == []

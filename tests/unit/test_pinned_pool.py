@@ -105,12 +105,3 @@ def test_pageable_memory_has_no_fences():
     b = pool.empty((100,), np.uint8)
     assert pool.reused == 1 and pool.skipped_busy == 0
     del b
-
-
-def test_pin_device_follows_the_prefetch_device_else_the_accelerator():
-    from headrace.runtime.pin_arguments import pin_device
-
-    dev = torch.device("cuda", 1)
-    assert pin_device("", dev) == dev  # Options(device=) wins: batches are copied there
-    if not torch.accelerator.is_available():
-        assert pin_device("cuda:0", None) is None  # nothing to pin for: torch's warning path
