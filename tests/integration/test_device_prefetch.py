@@ -204,3 +204,31 @@ def test_a_copy_that_fails_loses_no_batch(workers, error, no_leaks):
     loader.close()
     assert raised == 1 and sorted(seen) == list(range(N)) and set(seen.values()) == {1}
 
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu")])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_device_cpu_keeps_batches_in_host_memory(device, workers, no_leaks):
+    """The idiom ``device = "cuda" if torch.cuda.is_available() else "cpu"`` on a CPU machine:
+    Options(device="cpu") raised ValueError ("copies batches to a CUDA device"). It is the
+    loader without the option: no copier, no pinning, the same batches."""
+    kw = {"num_workers": workers, "batch_size": 4, "shuffle": True, "in_order": True}
+    plain = list(make(**kw))
+    pipe = hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)])
+    loader = hr.DataLoader(pipe, options=hr.Options(seed=3, device=device), **kw)
+    assert loader._copier is None
+    it = iter(loader)
+    assert not isinstance(it, DevicePrefetcher)
+    got = list(it)
+    assert all(torch.equal(a, b) for a, b in zip(plain, got, strict=True))
+    assert all(b.device.type == "cpu" and not b.is_pinned() for b in got)
+    loader.close()
+
+
+def test_device_cpu_is_accepted_over_an_iterable_dataset(no_leaks):
+    """Options(device=) is refused over an IterableDataset (torch's own loader runs it);
+    the CPU asks for nothing, so the idiom above works there too."""
+    from tests.helpers import RangeIterable
+
+    loader = hr.DataLoader(RangeIterable(6), batch_size=2, options=hr.Options(device="cpu"))
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]

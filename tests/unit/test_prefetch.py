@@ -138,10 +138,12 @@ def test_depth_validated():
         DevicePrefetcher(FakeEpoch(1), FakeCopier(), depth=0)
 
 
-def test_device_must_be_cuda():
+def test_device_must_be_cuda_or_the_cpu():
     assert resolve_device(None) is None
+    for cpu in ("cpu", "cpu:0", torch.device("cpu")):  # no copy: batches are in host memory
+        assert resolve_device(cpu) is None
     with pytest.raises(ValueError, match="CUDA device"):
-        resolve_device("cpu")
+        resolve_device("meta")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

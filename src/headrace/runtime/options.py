@@ -120,7 +120,10 @@ class Options:
             ``torch.device`` (e.g. ``torch.accelerator.current_accelerator()``). The next
             batches are copied there on a side CUDA stream while the current one trains, from
             pinned batch memory (implied), and ``next()`` returns device tensors ready on the
-            training loop's current stream. ``None`` (default): batches stay in host memory.
+            training loop's current stream. ``None`` (default) or ``"cpu"`` (a
+            ``torch.device("cpu")``): batches stay in host memory, as without the option (no
+            copy, no pinning implied), so ``"cuda" if torch.cuda.is_available() else "cpu"``
+            works on either machine.
         collate_threads: threads of the training process that run a user ``collate_fn``
             (headrace collates there: batch composition is known only there). 1 (default): one
             call at a time, batch after batch, off the scheduler thread, as each of torch's

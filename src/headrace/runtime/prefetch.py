@@ -7,6 +7,7 @@ the training loop's current stream behind that batch's copy (``wait_event``) and
 caching allocator the batch is used on that stream (``record_stream``), so the loop can use it
 at once and its memory is not recycled under it. No thread is involved: copies are queued from
 the training thread, asynchronously, from pinned memory (a device implies pinning).
+``Options(device="cpu")`` wraps nothing: batches are in host memory already.
 
 Exactness: a batch taken from the scheduler and copied ahead is not delivered. The epoch's
 bitmap is marked only when ``next()`` returns the batch (``EpochBase.take`` / ``mark`` in
@@ -82,22 +83,27 @@ class CudaCopier:
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device | None:
-    """The CUDA device of ``Options(device=)``, with its index; ``None``: no device prefetch.
+    """The CUDA device of ``Options(device=)``, with its index; ``None``: no device prefetch,
+    for ``None`` and for the CPU (batches are in host memory already: nothing to copy, so
+    ``device = "cuda" if torch.cuda.is_available() else "cpu"`` runs on a CPU machine).
 
-    Raises ``ValueError`` for a device that is not a CUDA device present on this machine.
+    Raises ``ValueError`` for a device that is neither the CPU nor a CUDA device present on
+    this machine.
     """
     if device is None:
         return None
     dev = torch.device(device)
+    if dev.type == "cpu":
+        return None
     if dev.type != "cuda":
         raise ValueError(
             f"Options(device={device!r}): device prefetch copies batches to a CUDA device "
-            "('cuda', 'cuda:N' or torch.accelerator.current_accelerator()); leave device=None "
-            "to receive batches in host memory"
+            "('cuda', 'cuda:N' or torch.accelerator.current_accelerator()); device='cpu' or "
+            "None receives batches in host memory"
         )
     if not torch.cuda.is_available():
         raise ValueError(f"Options(device={device!r}): CUDA is not available on this machine; "
-                         "leave device=None")
+                         "use device='cpu' (or None): batches stay in host memory")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     if index >= torch.cuda.device_count():
         raise ValueError(f"Options(device={device!r}): this machine has "
