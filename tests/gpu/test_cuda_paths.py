@@ -65,6 +65,26 @@ def test_pin_memory_assembles_batches_in_pinned_pool_memory():
     assert Counter(int(i) for b in batches for i in b["i"]) == Counter(range(N))
 
 
+def test_a_pin_memory_device_this_machine_lacks_is_named_and_buffers_still_come_back():
+    """``"cuda:N"`` past the device count was taken as it was: every released buffer's fence
+    asked for a stream on a missing device, failed, and the pool reused no buffer."""
+    missing = f"cuda:{torch.cuda.device_count()}"
+    loader = make(num_workers=2, batch_size=8, pin_memory=True, pin_memory_device=missing)
+    with pytest.warns(UserWarning, match=f"pin_memory_device='{missing}': this machine has"):
+        for _ in range(2):
+            for b in loader:
+                b["x"].to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    assert loader._buffers.pinned and loader._buffers.reused > 0
+
+
+def test_device_cpu_leaves_batches_in_pageable_host_memory():
+    loader = make(num_workers=2, batch_size=8, options=hr.Options(device="cpu"))
+    got = list(loader)
+    assert all(b["x"].device.type == "cpu" and not b["x"].is_pinned() for b in got)
+    assert not loader._buffers.pinned
+
+
 def test_device_prefetch_gives_device_batches_equal_to_host_ones():
     host = [b["x"] for b in make(num_workers=2, batch_size=8, in_order=True,
                                 options=hr.Options(seed=1))]
