@@ -136,7 +136,11 @@ class EpochBase:
         without a length whose end was not read, which ``runtime/span.py`` never guesses):
         every later ``next()`` raises ``LoaderClosedError`` saying what was delivered and what
         was not. It ended with a ``StopIteration``, which a training loop takes for the epoch's
-        end: the rest was lost without a word."""
+        end: the rest was lost without a word. An epoch whose sampler ends next, though it gave
+        fewer positions than its ``__len__`` said (:meth:`ends_here`), is at its end: nothing
+        was lost, and it stops as a finished one does."""
+        if total is not None and not self.batches_owed and self.ends_here():
+            return
         m = self.meter
         before = self.delivered_before
         if total is None:
@@ -187,6 +191,12 @@ class EpochBase:
         (skipped, failed, dropped with a batch): with the delivered ones, the epoch's length
         once its last batch is out."""
         return 0
+
+    def ends_here(self) -> bool:
+        """Whether every position the sampler gave is settled and its end is next, which
+        :meth:`known_length` does not tell yet (``num_workers=0`` reads the sampler a batch at a
+        time; the workers' feed reads it ahead, so its end is known already). False here."""
+        return False
 
     def known_length(self) -> int | None:
         """The epoch's positions once its sampler was read to its end in this run (it stopped,

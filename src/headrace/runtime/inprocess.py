@@ -80,6 +80,7 @@ class InProcessIterator(EpochBase):
         self._again: tuple[Any, Any] | None = None  # a batch whose next() was interrupted
         self._peeked: list[Any] = []  # a group read by read_end(), planned by the next next()
         self._stopped: BaseException | None = None  # why the sampler cannot be read on
+        self._ended = False  # the sampler's end was read (its positions: ``_position``)
         self.discarded = 0  # loaded samples a failed batch took with it (as in torch)
         self._cuts = CutShort()  # a sample's run or a batch's collation cut short
 
@@ -118,6 +119,7 @@ class InProcessIterator(EpochBase):
                     # and counted, as the workers' batcher does (it went out short here)
                     self.dropped += len(self._carry)
                     self._carry.clear()
+                self._ended = True
                 if self._carry:  # the last, short batch
                     break
                 self.meter.t_end = time.perf_counter()
@@ -143,15 +145,35 @@ class InProcessIterator(EpochBase):
         it gave more (kept for the next ``next()``). For ``state_dict()`` once every position
         is settled: only then is the state between epochs; and for ``loader.close()``, to
         tell an epoch at its end from one closed part-way (``span.halt_unfinished``)."""
+        if self._ended:
+            return True
         if self._peeked:
             return False
         try:
             self._peeked.append(next(self.groups))
         except StopIteration:
+            self._ended = True
             return True
         except Exception as e:  # noqa: BLE001 - the sampler's error: raised by the next next()
             self._peeked.append(_SamplerError(e))
         return False
+
+    def known_length(self) -> int | None:
+        return self._position if self._ended else None
+
+    def ends_here(self) -> bool:
+        """Whether the epoch is at its end, which only reading the sampler tells (done here,
+        as the ``next()`` that ends the epoch would; more is kept for the next ``next()``):
+        every position read is settled, none of its batches is waiting, and the sampler ends
+        next. What ``loader.close()`` asks of a sampler that gave fewer positions than its
+        ``__len__`` (the workers' feed has read its end by then): such an epoch closed after
+        its last batch raised ``LoaderClosedError``, its missing positions counted as not
+        delivered. Never before the first ``next()``: torch reads the sampler's first
+        element there, after whatever the training loop draws from the global generators."""
+        if not self._position or self._pending or self._carry or self._again is not None \
+                or self._stopped is not None:
+            return False
+        return self.read_end()
 
     def _plan(self, indices: list[Any]) -> None:
         """Queue a group's samples to run (``_pending``); interrupted here, the group was read
