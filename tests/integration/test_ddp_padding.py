@@ -223,3 +223,26 @@ def test_an_iterator_in_its_padding_stops_once_the_loader_is_closed_or_reloaded(
             next(it)
     finally:
         loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("taken", [2, 3])
+def test_loader_closed_error_in_the_padding_counts_the_repeats(workers, taken, no_leaks):
+    """Rank 0 of 16 samples, 6 of its 8 skipped: 1 batch of its own, then 3 repeats of it. The
+    message said "1 batch(es) were delivered, and 3 of its 4 batches (0 samples) were not"
+    after a repeat too: it counted the rank's own batches, not the repeats it yielded."""
+    loader = rank_loader(0, [4, 6, 8, 10, 12, 14], workers, n=16)
+    it = iter(loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(taken):  # its own batch, then 1 or 2 repeats
+            next(it)
+    loader.close()
+    repeats = taken - 1
+    with pytest.raises(hr.LoaderClosedError) as ei:
+        next(it)
+    text = str(ei.value)
+    assert f"part-way through epoch 0: {taken} batch(es) were delivered" in text, text
+    assert f"({repeats} of them its last batch repeated" in text, text
+    assert (f"and {4 - taken} of its 4 batches (repeats of its last batch, no sample) were not"
+            in text), text

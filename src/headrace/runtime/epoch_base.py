@@ -143,18 +143,24 @@ class EpochBase:
             return
         m = self.meter
         before = self.delivered_before
+        repeats = self.padding.paid if self.padding is not None else 0  # a DDP rank's padding
+        done = m.batches + repeats  # batches this iterator yielded
         if total is None:
             left = ("how much was not is unknown (the sampler has no length, or gave more "
                     "than its __len__, and its end was not read yet)")
         else:
             samples = total - self.delivered.count - self.settled_undelivered()
-            left = (f"{batches - m.batches} of its {batches} batches ({samples} samples) were not"
+            what = (f"{samples} samples" if not (repeats or self.batches_owed) or samples
+                    else "repeats of its last batch, no sample")
+            left = (f"{batches - done} of its {batches} batches ({what}) were not"
                     if not before and batches is not None
                     else f"{samples} of its {total} samples were not")
         self._after_end = (LoaderClosedError, (
             f"{why} part-way through epoch {m.epoch}: "
-            f"{m.batches} batch(es) were delivered{' since the resume' if before else ''}, and "
-            f"{left}. This iterator cannot deliver the rest: {then}"))
+            f"{done} batch(es) were delivered{' since the resume' if before else ''}"
+            + (f" ({repeats} of them its last batch repeated: the padding every DDP rank's "
+               "epoch takes to give len(loader) batches)" if repeats else "")
+            + f", and {left}. This iterator cannot deliver the rest: {then}"))
 
     def _end_with(self, error: BaseException) -> None:
         """Close the epoch, then raise ``error`` (what ends it unfinished); the next
