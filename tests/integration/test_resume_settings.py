@@ -4,6 +4,7 @@ is the same samples, and is refused where it would be other samples."""
 
 import json
 import re
+import warnings
 from collections import Counter
 
 import pytest
@@ -115,6 +116,30 @@ def test_another_shuffle_before_an_epochs_first_batch_or_after_its_last_warns(ta
         assert Counter(got) == rest  # the whole epoch, with the saved run's content
     assert [i for i, _ in got] == list(range(40))  # (after the last batch: the next epoch)
     second.close()
+
+
+@pytest.mark.parametrize("then", [True, False])
+@pytest.mark.parametrize("taken", [2, 5])  # part-way; after the last of 5 batches
+def test_another_persistent_workers_warns_and_resumes_the_rest(then, taken, no_leaks):
+    # torch draws the workers' base seed once when they persist, at every epoch otherwise: a
+    # resume with the other setting gave later epochs other seeds (and the loader's generator
+    # other draws, so a shuffle another order) without a word, where batch_size warned
+    kw = {"batch_size": 4, "shuffle": True, "num_workers": 1}
+    state, rest = saved_after(20, taken, persistent_workers=then, **kw)
+    assert state["in_epoch"] == (taken < 5)
+    second = loader(20, seed=99, persistent_workers=not then, **kw)
+    with pytest.warns(UserWarning, match=re.escape(
+            f"persistent_workers={then} then, {not then} now")):
+        second.load_state_dict(state)
+    if taken < 5:
+        assert Counter(r for b in second for r in rows(b)) == rest  # the rest, exactly
+    second.close()
+    same = loader(20, seed=99, persistent_workers=then, **kw)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        same.load_state_dict(state)
+    assert not [w for w in seen if "persistent_workers" in str(w.message)]
+    same.close()
 
 
 def test_a_state_dict_whose_identities_were_computed_otherwise_is_not_told_as_changed(no_leaks):

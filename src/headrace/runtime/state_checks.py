@@ -69,13 +69,30 @@ def setting_changes(sd: dict[str, Any], ident: Identity, positions: bool = True)
                                     ("drop_last", ident.drop_last)]
     if None not in (sd.get("shuffle"), ident.shuffle):  # None: a sampler of another kind
         pairs.append(("shuffle", ident.shuffle))
-    out = [f"{name}={sd[name]!r} then, {now!r} now" for name, now in pairs
+    out = [_then_now(name, sd[name], now) for name, now in pairs
            if name in sd and sd[name] != now]
     saved = sd.get("epoch_samples")
     if positions and saved is not None and ident.positions is not None \
             and saved != ident.positions:
         out.append(f"{saved} samples per epoch then, {ident.positions} now")
     return out
+
+
+def seeding_changes(sd: dict[str, Any], persistent_workers: bool) -> list[str]:
+    """The settings that decide later epochs' seeds and differ between the saved run and this
+    loader, in words as :func:`setting_changes` puts them: ``persistent_workers`` (torch draws
+    the workers' base seed from the loader's generator once when they persist, at every epoch
+    otherwise, so the epochs after the resumed one get other seeds, and a sampler drawing from
+    that generator another order). Empty for a state dict that did not record it."""
+    then = sd.get("persistent_workers")
+    if then is None or bool(then) == persistent_workers:
+        return []
+    return [_then_now("persistent_workers", bool(then), persistent_workers)]
+
+
+def _then_now(name: str, then: Any, now: Any) -> str:
+    """A changed setting in words: ``batch_size=10 then, 11 now``."""
+    return f"{name}={then!r} then, {now!r} now"
 
 
 IDENTITY_VERSION = 6
