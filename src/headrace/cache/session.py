@@ -14,9 +14,10 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from headrace.cache import session_ods
 from headrace.cache.client import Counters
 from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget, redact
-from headrace.cache.epoch_client import EpochCache, EpochClient, ods_tiers
+from headrace.cache.epoch_client import EpochCache, EpochClient
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.pipeline import Pipeline
 from headrace.planner.cache_partition import (
@@ -214,16 +215,7 @@ class CacheSession:
         self.active = tuple(n for n, b in budgets.items() if b > 0)
         backend = self._open_backend()
         if self.ods_off is None:
-            from headrace.cache.ods_board import OdsKeys, group_of
-            from headrace.cache.redis_backend import PREFIX
-
-            # the group is the pipeline's tracked forms, active or not: jobs that cache other
-            # forms of it share entries and one status hash; each job's ASK counts only the
-            # tiers it looks up (``ods_tiers``, sent as a mask)
-            tracked = [t for t in layout.tiers if not (t.seeded and not t.shared)]
-            backend.ods = OdsKeys(PREFIX, group_of([f"{t.name}|{t.prefix}" for t in tracked]))
-            backend.ods_tiers = ods_tiers(layout, self.active)
-            backend.ods_always = frozenset(t.name for t in tracked if t.shared)
+            session_ods.plan(backend, layout, self.active)
         if self.active:
             backend.set_budgets(budgets)
         self._client = None  # the epoch's, also for the workers of a persistent pool
@@ -237,12 +229,9 @@ class CacheSession:
         self.ods_epoch = None
         if self.ods_off is not None:
             return None
-        from headrace.cache.ods_board import OdsBoard
-        from headrace.cache.ods_epoch import OdsEpoch
-
         if self._board is None:
-            self._board = OdsBoard(self.backend, self.backend.ods, self.job, self.config.ods_ttl_s)
-        self.ods_epoch = OdsEpoch(self._board, epoch, delivered)
+            self._board = session_ods.board(self.backend, self.job, self.config.ods_ttl_s)
+        self.ods_epoch = session_ods.epoch(self._board, epoch, delivered)
         self._release()
         return self.ods_epoch
 
