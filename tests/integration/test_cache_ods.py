@@ -58,13 +58,14 @@ def _budget_held(url: str) -> None:
     be.close_here()
 
 
-def _group_keys(url: str) -> OdsKeys:
+def _form_keys(url: str) -> OdsKeys:
+    """The ODS keys of the jobs' one cached form (``split={"decoded": 1.0}``), as "decoded"."""
     import redis
 
     r = redis.Redis.from_url(url)
-    st = [k for k in r.scan_iter(match=PREFIX + b"ods:*:st")]
-    assert len(st) == 1, st  # the jobs share one group (same pipeline prefix)
-    return OdsKeys(PREFIX, st[0][len(PREFIX) + 4:-3].decode())
+    st = [k for k in r.scan_iter(match=PREFIX + b"ods:st:*")]
+    assert len(st) == 1, st  # the jobs share one form (same pipeline prefix)
+    return OdsKeys(PREFIX, {"decoded": st[0][len(PREFIX + b"ods:st:"):]})
 
 
 def test_three_concurrent_jobs_each_see_every_sample_once_per_epoch(server, no_leaks,
@@ -87,9 +88,9 @@ def test_three_concurrent_jobs_each_see_every_sample_once_per_epoch(server, no_l
     import redis
 
     r = redis.Redis.from_url(server.url)
-    keys = _group_keys(server.url)
-    assert r.zcard(keys.jobs) == 0  # jobs that closed left the group
-    assert r.hlen(keys.status) > 0
+    keys = _form_keys(server.url)
+    assert r.zcard(keys.jobs_of("decoded")) == 0  # jobs that closed left the form's jobs
+    assert r.hlen(keys.status_of("decoded")) > 0
 
 
 def test_a_killed_job_expires_and_its_restart_resumes_exactly(server, no_leaks,
@@ -107,9 +108,10 @@ def test_a_killed_job_expires_and_its_restart_resumes_exactly(server, no_leaks,
                     start=start, ttl_s=ttl, stop_after=5, state_path=state, stopped=stopped,
                     workers=1)
     assert stopped.wait(JOIN_S)
-    keys = _group_keys(server.url)
+    keys = _form_keys(server.url)
+    jobs = keys.jobs_of("decoded")
     r = redis.Redis.from_url(server.url)
-    member, = [m.decode() for m in r.zrange(keys.jobs, 0, -1) if m.startswith(b"victim#")]
+    member, = [m.decode() for m in r.zrange(jobs, 0, -1) if m.startswith(b"victim#")]
     assert r.exists(keys.seen(member, 0))  # registered while alive
     os.kill(victim.pid, signal.SIGKILL)
     _join(victim, *others)
@@ -118,8 +120,8 @@ def test_a_killed_job_expires_and_its_restart_resumes_exactly(server, no_leaks,
             assert sorted(e["indices"]) == list(range(N))
     # the victim's registration and seen bits expire after its TTL (the server's clock)
     deadline = time.monotonic() + 10 * ttl
-    while r.zscore(keys.jobs, member) is not None or r.exists(keys.seen(member, 0)):
-        r.zremrangebyscore(keys.jobs, "-inf", int(time.time() * 1000))  # as every script does
+    while r.zscore(jobs, member) is not None or r.exists(keys.seen(member, 0)):
+        r.zremrangebyscore(jobs, "-inf", int(time.time() * 1000))  # as every script does
         assert time.monotonic() < deadline, "the killed job's state did not expire"
         time.sleep(0.05)  # waiting for the server's clock to pass a TTL; not a synchronisation
     # restarted from its state dict in a new process: exactly the rest of the epoch

@@ -1,7 +1,8 @@
 """The Lua scripts every Redis entry operation runs (budget, expiry, ODS status), as text.
 
 One calling convention: ``KEYS = [entry, used, namespaces, ns_used, status, jobs]`` (the last
-two for ODS only) and ``ARGV = [tier, ttl_ms, namespace, ns_used_prefix, ledger, ...]``:
+two for ODS only: prefixes, ``ods_board.OdsKeys``, to which the scripts append the entry's
+namespace, so that uses are counted per form and the threshold is that form's live jobs) and ``ARGV = [tier, ttl_ms, namespace, ns_used_prefix, ledger, ...]``:
 
 * ``used`` (``hr:used``): bytes per tier, all live namespaces together: the budget check;
 * ``namespaces`` (``hr:ns``): a sorted set, namespace -> the time (server ms) it expires: every
@@ -60,7 +61,7 @@ free entries), so a lookup outside a ``MULTI`` still reads, counts and evicts, a
 Before Redis 7 (no flags) they are refused there like any write, and a refused ``SET``'s bytes
 stay counted until their namespace expires.
 
-ODS evicts an entry once every live job used it. A shared augmented form always (Seneca: never
+ODS evicts an entry once every live job that looks up its form used it. A shared augmented form always (Seneca: never
 served in another epoch); an exact form (encoded, decoded) only while its tier is under
 pressure, i.e. an insert was refused in the last ``PRESSURE_S``: when everything fits, an entry
 every job used this epoch is what every job needs next epoch, and evicting it would only make
@@ -87,6 +88,8 @@ _PRELUDE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local tier, ttl, ns, nsp = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+-- ODS: the entry's form's status hash and live jobs (ods_board: prefixes + its namespace)
+local ods_st, ods_jobs = KEYS[5] and KEYS[5] .. ns, KEYS[6] and KEYS[6] .. ns
 local ledger, field = ARGV[5] == '1', string.sub(KEYS[1], -8)
 local function add(key, t, n)  -- never below 0 (under allkeys-* Redis may evict the counts)
   if n == 0 then return end  -- a Lua -0 reaches Redis as "-0", which HINCRBY refuses
@@ -164,15 +167,15 @@ local function reap()
   end
 end
 local function status(index, bit, refs_delta, evicted)
-  local s = tonumber(redis.call('HGET', KEYS[5], index) or '0')
+  local s = tonumber(redis.call('HGET', ods_st, index) or '0')
   local refs, mask = math.floor(s / 8) + refs_delta, s % 8
   local has = math.floor(mask / bit) % 2 == 1
   if evicted and has then mask = mask - bit; refs = 0 end
   if not evicted and not has then mask = mask + bit end
-  if mask == 0 then redis.call('HDEL', KEYS[5], index)
+  if mask == 0 then redis.call('HDEL', ods_st, index)
   else
-    redis.call('HSET', KEYS[5], index, math.max(refs, 0) * 8 + mask)
-    redis.call('PEXPIRE', KEYS[5], ttl)  -- outlives no entry by more than their TTL
+    redis.call('HSET', ods_st, index, math.max(refs, 0) * 8 + mask)
+    redis.call('PEXPIRE', ods_st, ttl)  -- outlives no entry by more than their TTL
   end
 end
 """
@@ -199,7 +202,7 @@ end
 charge(tonumber(ARGV[6]))  -- recorded in the ledger by CONFIRM, with the SET
 touch()
 if ARGV[8] then
-  local s = tonumber(redis.call('HGET', KEYS[5], ARGV[8]) or '0')
+  local s = tonumber(redis.call('HGET', ods_st, ARGV[8]) or '0')
   if s < 8 then status(ARGV[8], tonumber(ARGV[9]), 1, false)  -- the storing job: one use
   else status(ARGV[8], tonumber(ARGV[9]), 0, false) end
 end
@@ -215,7 +218,7 @@ local n = tonumber(ARGV[6])
 if n > 0 then charge(-n) end
 if ARGV[7] == '1' then
   redis.call('SET', KEYS[2] .. ':full:' .. tier, 1, 'PX', PRESSURE_MS)
-  if ARGV[8] and redis.call('HEXISTS', KEYS[5], ARGV[8]) == 1 then
+  if ARGV[8] and redis.call('HEXISTS', ods_st, ARGV[8]) == 1 then
     status(ARGV[8], tonumber(ARGV[9]), 0, true)
   end
 end
@@ -261,17 +264,17 @@ return n
 ODS_USE = _PRELUDE + """
 -- after a GET in the same MULTI. ARGV[6] bytes beside the value, ARGV[7] index, ARGV[8] tier
 -- bit, ARGV[9] '1': evict at the threshold always (a shared augmented form), else only while
--- the tier refuses inserts. A read counts one use; once every live job used the entry, it is
--- evicted and its bytes return to the budget.
+-- the tier refuses inserts. A read counts one use of this form's entry; once every live job
+-- looking up the form used it, it is evicted and its bytes return to the budget.
 local index, bit = ARGV[7], tonumber(ARGV[8])
 local n = redis.call('STRLEN', KEYS[1])
 if n == 0 then
-  if redis.call('HEXISTS', KEYS[5], index) == 1 then status(index, bit, 0, true) end
+  if redis.call('HEXISTS', ods_st, index) == 1 then status(index, bit, 0, true) end
   gone()
   return 0
 end
-local jobs = math.max(1, redis.call('ZCOUNT', KEYS[6], '(' .. now, '+inf'))
-local refs = math.floor(tonumber(redis.call('HGET', KEYS[5], index) or '0') / 8) + 1
+local jobs = math.max(1, redis.call('ZCOUNT', ods_jobs, '(' .. now, '+inf'))
+local refs = math.floor(tonumber(redis.call('HGET', ods_st, index) or '0') / 8) + 1
 local pressed = ARGV[9] == '1' or redis.call('EXISTS', KEYS[2] .. ':full:' .. tier) == 1
 if refs >= jobs and pressed then
   redis.call('DEL', KEYS[1])

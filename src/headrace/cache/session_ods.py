@@ -17,14 +17,15 @@ from headrace.cache.tiers import TierLayout
 def plan(backend: Any, layout: TierLayout, active: tuple[str, ...]) -> None:
     """Set ``backend``'s ODS keys and tracked tiers for an epoch of ``layout`` whose tiers
     with a budget are ``active``."""
-    from headrace.cache.ods_board import OdsKeys, group_of
+    from headrace.cache.ods_board import OdsKeys
     from headrace.cache.redis_backend import PREFIX
 
-    # the group is the pipeline's tracked forms, active or not: jobs that cache other
-    # forms of it share entries and one status hash; each job's ASK counts only the
-    # tiers it looks up (``ods_tiers``, sent as a mask)
+    # keyed by each tracked form's namespace (active or not: the job leaves the live jobs of
+    # those it does not look up this epoch): jobs of any pipeline that cache one form share
+    # its entries, its uses and its threshold (``ods_board``); an exact or shared form's
+    # namespace is the same in every epoch and for every seed
     tracked = [t for t in layout.tiers if not (t.seeded and not t.shared)]
-    backend.ods = OdsKeys(PREFIX, group_of([f"{t.name}|{t.prefix}" for t in tracked]))
+    backend.ods = OdsKeys(PREFIX, {t.name: t.namespace(0, 0) for t in tracked})
     backend.ods_tiers = ods_tiers(layout, active)
     backend.ods_always = frozenset(t.name for t in tracked if t.shared)
 
