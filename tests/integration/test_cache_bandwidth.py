@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import pytest
 
 import headrace as hr
@@ -86,3 +89,40 @@ def test_b_cache_given_is_the_plans(no_leaks) -> None:
         loader.close()
     with pytest.raises(ValueError, match="b_cache"):
         hr.Cache(b_cache=0)
+
+
+class _Wide:
+    """A source whose decoded form is 64 KiB a sample (above the probe's 4 KiB floor)."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def load(self, i: int) -> bytes:
+        return bytes([i]) * 64
+
+
+def _widen(b: bytes) -> np.ndarray:
+    time.sleep(0.004)  # simulated decode: the form is worth caching
+    return np.full(16384, b[0], np.float32)
+
+
+def test_the_cache_bench_measures_b_cache_at_the_samples_size(server, no_leaks) -> None:
+    # the bench's prediction took session.cache_bandwidth() without a size: a Redis probe of
+    # 4 KiB values (round trips), not of the 64 KiB samples the run caches
+    from headrace import units
+    from headrace.bench.cache import mdp_params
+    from headrace.cache.bandwidth import PROBE_MIN_BYTES, probe_size
+
+    cache = hr.Cache(url=server.url, budget_bytes=4 << 20, split={"decoded": 1.0})
+    loader = hr.DataLoader(hr.Pipeline(_Wide(), [hr.step(_widen, kind="decode")]),
+                           batch_size=4, num_workers=0, options=hr.Options(seed=2, cache=cache))
+    try:
+        assert sum(len(b) for b in loader) == 16
+        params = mdp_params(loader.cache, loader.planning.profile(), 16, 1)
+        n = probe_size(params.size_decoded)
+        assert n > PROBE_MIN_BYTES
+        assert f"pipelined GETs of a {units.size(n)} value" in loader.cache.b_cache_how
+        assert params.b_cache == loader.cache.cache_bandwidth()
+    finally:
+        loader.close()
+

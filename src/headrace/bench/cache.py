@@ -23,6 +23,7 @@ Writes ``cache_results.json`` and ``cache_results.md``. Never run as a test (tim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -89,9 +90,28 @@ def decoded_bytes(w: Any, probe: int = 16) -> float:
     return float(np.mean(sizes))
 
 
+def mdp_params(session: Any, profile: Any, samples: int, workers: int) -> Any:
+    """MDP's inputs for a row's prediction (``planner.cache_partition.DsiParams``; None
+    until every step was measured): the session's budget, and B_cache as the plan measures
+    it, at the bytes of the largest form the row's split caches (``session.cache_bandwidth``:
+    a sample's size; measured without one, a Redis probe read 4 KiB values, whose round trips
+    made B_cache a fraction of what the run's samples get)."""
+    from headrace.planner.cache_partition import INF, params_from_profile
+
+    params = params_from_profile(profile, samples,
+                                 {t.name: t.position for t in session.layout.tiers},
+                                 workers, session.budget, INF)
+    if params is None:
+        return None
+    sizes = {"encoded": params.size_encoded, "decoded": params.size_decoded,
+             "augmented": params.size_augmented}
+    forms = [f for f, share in session.split.items() if share > 0] or list(sizes)
+    return dataclasses.replace(params, b_cache=session.cache_bandwidth(max(sizes[f] for f in forms)))
+
+
 def headrace_row(w: Any, epochs: int, label: str, cache: Any) -> dict[str, Any]:
     import headrace as hr
-    from headrace.planner.cache_partition import dsi_overall, params_from_profile
+    from headrace.planner.cache_partition import dsi_overall
 
     loader: hr.DataLoader[Any] = hr.DataLoader(
         w.pipeline, batch_size=w.batch_size, shuffle=True, num_workers=w.num_workers,
@@ -111,9 +131,7 @@ def headrace_row(w: Any, epochs: int, label: str, cache: Any) -> dict[str, Any]:
         assert session is not None and session.layout is not None
         prof = loader.planning.profile() if loader.planning else None
         if prof is not None:
-            params = params_from_profile(
-                prof, len(w), {t.name: t.position for t in session.layout.tiers},
-                w.num_workers, session.budget, session.cache_bandwidth())
+            params = mdp_params(session, prof, len(w), w.num_workers)
             if params is not None:
                 x = session.split
                 row["split"] = x
