@@ -8,9 +8,17 @@ import numpy as np
 import pytest
 
 import headrace as hr
-from headrace.cache.bandwidth import PROBE_PREFIX, PROBE_ROUNDS, reads_per_round, redis_bandwidth
-from headrace.cache.redis_backend import RedisBackend
+from headrace.cache.bandwidth import (
+    PROBE_PREFIX,
+    PROBE_ROUNDS,
+    reads_per_round,
+    redis_bandwidth,
+    redis_probe,
+)
+from headrace.cache.redis_backend import PREFIX, RedisBackend
+from headrace.cache.tiers import sample_key
 from tests.integration.test_cache import pipeline, samples
+from tests.integration.test_cache_redis_limits import _cap
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis]
 
@@ -126,3 +134,35 @@ def test_the_cache_bench_measures_b_cache_at_the_samples_size(server, no_leaks) 
     finally:
         loader.close()
 
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru"])
+def test_the_probe_never_makes_the_server_evict_cached_entries(server, policy) -> None:
+    # the probe wrote a value the size of a sample: on a server near its maxmemory under an
+    # evicting policy, Redis made room for it by evicting cached entries (any key under
+    # allkeys-*, those with a TTL, as every entry has, under volatile-*)
+    import redis
+
+    r = redis.Redis.from_url(server.url)
+    backend = RedisBackend(server.url, 1 << 20)
+    ns = b"p" * 16
+    _cap(r, 3 << 20, policy)
+    try:
+        for i in range(20):  # 2 MB of entries under a 3 MB room: no room for a 2 MiB probe
+            r.set(PREFIX + sample_key(ns, i), bytes([i]) * 100_000, px=600_000)
+        before = r.info("stats")["evicted_keys"]
+        probe = redis_probe(backend, 2 << 20)  # measured reading entries the server holds
+        assert probe.bytes_per_s > 0
+        assert "GETs of a cached 100.0 KB entry" in probe.how
+        assert r.info("stats")["evicted_keys"] == before
+        assert all(r.exists(PREFIX + sample_key(ns, i)) for i in range(20))
+        assert list(r.scan_iter(match=PROBE_PREFIX + b"*")) == []
+        r.flushdb()  # no entry to read: the probe fails and writes nothing
+        r.set(b"other", b"x" * 100_000)  # another application's key
+        with pytest.raises(RuntimeError, match="no room to write"):
+            redis_probe(backend, 2 << 20)
+        assert r.exists(b"other") and r.info("stats")["evicted_keys"] == before
+    finally:
+        backend.close_here()
+        r.config_set("maxmemory", 0)
+        r.config_set("maxmemory-policy", "noeviction")
+        server.flush()

@@ -7,7 +7,10 @@ import pytest
 from headrace.cache.bandwidth import (
     PROBE_MAX_BYTES,
     PROBE_MIN_BYTES,
+    PROBE_ROOM_SHARE,
     from_round_trips,
+    probe_footprint,
+    probe_room,
     probe_size,
 )
 from headrace.planner.cache_partition import DsiParams, best_split, dsi_overall
@@ -46,3 +49,17 @@ def test_the_split_follows_the_measured_bandwidth() -> None:
     assert fast.shares() == {"decoded": 1.0}
     assert right.shares() == {"encoded": 1.0} and right.predicted == pytest.approx(400)
     assert dsi_overall(params(slow), fast.encoded, fast.decoded, 0.0) == pytest.approx(332, abs=1)
+
+
+def test_the_probe_value_is_written_only_where_redis_cannot_evict_for_it() -> None:
+    info = {"maxmemory": 10 << 20, "used_memory": 6 << 20}
+    assert probe_room({**info, "maxmemory_policy": "noeviction"}) is None  # refuses instead
+    assert probe_room({**info, "maxmemory": 0, "maxmemory_policy": "allkeys-lru"}) is None
+    for policy in ("allkeys-lru", "volatile-lru", "allkeys-random"):
+        assert probe_room({**info, "maxmemory_policy": policy}) == int((4 << 20) * PROBE_ROOM_SHARE)
+    assert probe_room({}) == -1  # INFO refused: unknown, so nothing is written
+    assert probe_room({"maxmemory": 1 << 20, "used_memory": 2 << 20,
+                       "maxmemory_policy": "allkeys-lru"}) == 0
+    # the value twice (query buffer, key) and one round's replies
+    assert probe_footprint(1 << 20) == 3 << 20
+    assert probe_footprint(4 << 10) == (2 + 64) * (4 << 10)

@@ -14,11 +14,24 @@ its cache, measured on the backend the cache really uses.
   :func:`reads_per_round` ``GET``s (about ``PROBE_ROUND_BYTES`` in all), whose round trip is
   paid once, as concurrent readers overlap theirs.
 
+  *The probe never makes Redis evict what it holds.* Under an evicting ``maxmemory-policy``
+  (``allkeys-*``, and ``volatile-*``, as every entry has a TTL) the value written, and the
+  replies a round leaves in the server's output buffer, made Redis evict cached entries when
+  the server was near its ``maxmemory`` (a 256 KiB probe evicted 12 of 25 100 KB entries, a
+  1 MiB one 21). So the server's ``INFO memory`` is read first: the value is written only when
+  its peak footprint (:func:`probe_footprint`) fits in ``PROBE_ROOM_SHARE`` of the room left
+  under ``maxmemory``; otherwise entries the server already holds are read instead (the
+  largest of ``ENTRY_TRIES`` random headrace entries whose replies fit that room, one
+  ``GET`` a round where the room is unknown), so nothing is written; with no such entry the
+  probe fails, and MDP plans at a later epoch. Under ``noeviction`` or without a
+  ``maxmemory`` the value is written as before (a refused ``SET`` evicts nothing).
+
 ``Cache(b_cache=...)`` replaces the measurement (``cache/session.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 import uuid
@@ -42,6 +55,11 @@ PROBE_PREFIX = b"hr:bandwidth-probe:"
 """Key prefix of the probe value (a random suffix per probe; never an entry's key length)."""
 PROBE_TTL_MS = 60_000
 """The probe value expires after this even if its process dies before deleting it."""
+PROBE_ROOM_SHARE = 0.5
+"""Under an evicting policy, the probe occupies at most this share of the bytes the server has
+left under ``maxmemory`` (other writers, the jobs' workers, share the rest meanwhile)."""
+ENTRY_TRIES = 32
+"""``RANDOMKEY`` calls that look for a cached entry to read when no probe value fits."""
 
 
 def probe_size(nbytes: float) -> int:
@@ -77,28 +95,116 @@ def memory_bandwidth() -> float:
     return src.nbytes / max(1e-6, time.perf_counter() - t0)
 
 
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A B_cache measured on a Redis server: ``bytes_per_s`` and ``how``, in words."""
+
+    bytes_per_s: float
+    how: str
+
+
+def probe_footprint(nbytes: int) -> int:
+    """Bytes a written probe of an ``nbytes`` value occupies in the server at its peak: the
+    value twice (its query buffer while it arrives, then the key) and a round's replies."""
+    return 2 * nbytes + nbytes * reads_per_round(nbytes)
+
+
+def probe_room(info: dict[str, Any]) -> int | None:
+    """Bytes the probe may occupy without Redis evicting keys for it, from ``INFO memory``
+    (``info``; empty where the server refuses it): None where Redis evicts nothing (no
+    ``maxmemory``, or ``noeviction``); else ``PROBE_ROOM_SHARE`` of ``maxmemory`` less
+    ``used_memory``; -1 where the limit or the policy could not be read."""
+    maxmemory, policy = info.get("maxmemory"), info.get("maxmemory_policy")
+    if maxmemory == 0 or policy == "noeviction":
+        return None
+    if maxmemory is None or policy is None or "used_memory" not in info:
+        return -1
+    return max(0, int((int(maxmemory) - int(info["used_memory"])) * PROBE_ROOM_SHARE))
+
+
+def redis_probe(backend: Any, nbytes: int) -> Probe:
+    """B_cache on ``backend``'s server (a ``redis_backend.RedisBackend``) for values of
+    ``nbytes``, never making the server evict a key (see the module's docstring): a probe value
+    written (:func:`redis_bandwidth`) where it fits, else rounds of ``GET``s of an entry the
+    server holds. Raises what the server raised, or ``RuntimeError`` when there is neither room
+    nor an entry to read."""
+    from headrace import units
+
+    r = backend._r()
+    try:
+        info = dict(r.info("memory"))
+    except Exception:  # noqa: BLE001 - refused (managed Redis): room unknown, nothing written
+        info = {}
+    room = probe_room(info)
+    if room is None or probe_footprint(nbytes) <= room:
+        return Probe(redis_bandwidth(backend, nbytes),
+                     f"{PROBE_ROUNDS} rounds of {reads_per_round(nbytes)} pipelined GETs of a "
+                     f"{units.size(nbytes)} value from the server")
+    key, size = _held_entry(backend, room)
+    if key is None:
+        raise RuntimeError(
+            f"no room to write a {units.size(nbytes)} probe value without the server evicting "
+            f"cached entries ({'unknown' if room < 0 else units.size(room)} of room under "
+            f"maxmemory-policy {info.get('maxmemory_policy', 'not readable')}) and no cached "
+            "entry to read yet; Cache(b_cache=...) sets B_cache")
+    reads = 1 if room < 0 else max(1, min(reads_per_round(size), room // size))
+    return Probe(from_round_trips(size * reads, _timed_rounds(backend, key, size, reads)),
+                 f"{PROBE_ROUNDS} rounds of {reads} pipelined GETs of a cached "
+                 f"{units.size(size)} entry (no room to write a probe value without the server "
+                 "evicting entries)")
+
+
+def _held_entry(backend: Any, room: int) -> tuple[bytes | None, int]:
+    """The largest of ``ENTRY_TRIES`` random headrace entries whose value fits ``room``
+    (any size where ``room`` is -1, unknown), and its bytes; ``(None, 0)`` if none."""
+    from headrace.cache.redis_backend import ENTRY_KEY_LENS, PREFIX
+
+    r = backend._r()
+    best: tuple[bytes | None, int] = (None, 0)
+    for _ in range(ENTRY_TRIES):
+        key = backend._call(r.randomkey)
+        if key is None:
+            break
+        if not key.startswith(PREFIX) or len(key) not in ENTRY_KEY_LENS:
+            continue
+        size = int(backend._call(lambda k=key: r.strlen(k)))
+        if size > best[1] and (room < 0 or size <= room):
+            best = (key, size)
+    return best
+
+
+def _timed_rounds(backend: Any, key: bytes, size: int, reads: int) -> list[float]:
+    """Seconds of each of ``PROBE_ROUNDS`` rounds of ``reads`` pipelined ``GET``s of ``key``
+    (a ``size``-byte value), after one untimed ``GET`` (which may connect)."""
+    r = backend._r()
+    got = backend._call(lambda: r.get(key))
+    if got is None or len(got) != size:
+        raise RuntimeError("the bandwidth probe's value was not read back (evicted?)")
+    seconds = []
+    for _ in range(PROBE_ROUNDS):
+        pipe = r.pipeline(transaction=False)
+        for _ in range(reads):
+            pipe.get(key)
+        t0 = time.perf_counter()
+        backend._call(pipe.execute)
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
 def redis_bandwidth(backend: Any, nbytes: int) -> float:
     """Bytes/s of ``GET``s of an ``nbytes`` value on ``backend``'s server (a
     ``redis_backend.RedisBackend``): one ``SET`` with ``PROBE_TTL_MS``, one untimed ``GET``,
-    ``PROBE_ROUNDS`` timed rounds of :func:`reads_per_round` pipelined ones, then ``DEL``. Raises what the server raised (unreachable,
-    refused for memory); the value is deleted whatever happens after it was set."""
+    ``PROBE_ROUNDS`` timed rounds of :func:`reads_per_round` pipelined ones, then ``DEL``.
+    Raises what the server raised (unreachable, refused for memory); the value is deleted
+    whatever happens after it was set. Writes whether or not the server has room for it:
+    :func:`redis_probe` decides that."""
     r = backend._r()
     key = PROBE_PREFIX + uuid.uuid4().hex[:16].encode()
     value = b"\x5a" * nbytes
     backend._call(lambda: r.set(key, value, px=PROBE_TTL_MS))
+    reads = reads_per_round(nbytes)
     try:
-        got = backend._call(lambda: r.get(key))
-        if got is None or len(got) != nbytes:
-            raise RuntimeError("the bandwidth probe's value was not read back (evicted?)")
-        reads = reads_per_round(nbytes)
-        seconds = []
-        for _ in range(PROBE_ROUNDS):
-            pipe = r.pipeline(transaction=False)
-            for _ in range(reads):
-                pipe.get(key)
-            t0 = time.perf_counter()
-            backend._call(pipe.execute)
-            seconds.append(time.perf_counter() - t0)
+        seconds = _timed_rounds(backend, key, nbytes, reads)
     finally:
         try:
             r.delete(key)

@@ -267,11 +267,9 @@ class CacheSession:
                 self.b_cache_how = (f"a timed {units.size(bandwidth.MEMORY_PROBE_BYTES)} copy "
                                     "in memory")
             else:
-                n = bandwidth.probe_size(nbytes)
-                self._b_cache = bandwidth.redis_bandwidth(self._open_backend(), n)
-                self.b_cache_how = (f"{bandwidth.PROBE_ROUNDS} rounds of "
-                                    f"{bandwidth.reads_per_round(n)} pipelined GETs of a "
-                                    f"{units.size(n)} value from the server")
+                probe = bandwidth.redis_probe(self._open_backend(),
+                                              bandwidth.probe_size(nbytes))
+                self._b_cache, self.b_cache_how = probe.bytes_per_s, probe.how
         return self._b_cache
 
     def _with_bandwidth(self, params: DsiParams, forms: tuple[str, ...]) -> DsiParams | None:
