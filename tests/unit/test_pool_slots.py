@@ -59,3 +59,23 @@ def test_the_cache_counters_need_a_row_per_local_slot_and_the_training_process()
     pool = WorkerPool(hr.Pipeline(ArraySource(4), []), None, CTX, None, 0, 3, profile=False,
                       executor="threads", cache=Client(), backend_slots=2)
     pool.shutdown()
+
+
+@pytest.mark.timeout(30)
+def test_own_workers_counts_the_local_ones_and_those_asked_for():
+    # what num_workers="auto" records and starts the next epoch from: size counts a backend's
+    # workers too (1 local and 2 remote read as 3 local workers at the next epoch's start)
+    pool = WorkerPool(hr.Pipeline(ArraySource(4), []), None, CTX, None, 0, 5, profile=False,
+                      executor="threads", backend_slots=2)
+    try:
+        pool.start(1)
+        for _ in range(2):
+            assert pool.add_worker(start=backend_start(pool)) is not None
+        assert pool.size == 3 and pool.own_workers == 1
+        pool.requests.ask(None, 2)  # asked for by the scaler, to fork on the training thread
+        assert pool.own_workers == 2
+        pool.requests.drop()
+        pool.retire(pool.workers[0])
+        assert pool.own_workers == 0
+    finally:
+        pool.shutdown()

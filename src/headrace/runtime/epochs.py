@@ -216,7 +216,8 @@ def make_iterator(
         pool.start(n, on_added=it.scheduler.wake)
         if loader.remote is not None:
             loader.remote.attach(pool, on_added=it.scheduler.wake)
-        loader.monitor.record_workers(pool.size)
+        loader.monitor.record_workers(pool.own_workers)  # the local ones: where the next
+        # epoch starts (Monitor.start_workers), not the remote ones attach started
     return it
 
 

@@ -112,6 +112,18 @@ class WorkerPool:
         return sum(not w.retiring for w in self.workers.values())
 
     @property
+    def own_workers(self) -> int:
+        """The pool's own workers (processes or threads, not a backend's: ``remote/``) not
+        being retired, and those asked for and not forked yet (``requests``): the count the
+        worker scaler adapts and the next epoch's pool starts from (``num_workers="auto"``).
+        ``size`` counts a backend's workers too: recorded as the local count, 1 local worker
+        and 2 remote ones started the next epoch at 3 local workers, then 4, with no
+        decision of the scaler (a review's find, reproduced on a Ray cluster)."""
+        with self._lock:
+            own = sum(not w.external and not w.retiring for w in self.workers.values())
+            return own + len(self.requests)
+
+    @property
     def full(self) -> bool:
         """Every slot of the pool's own workers is taken, or asked for (``requests``)."""
         return self._own() + len(self.requests) >= self.local_slots

@@ -47,11 +47,13 @@ class WorkerScaling:
         return time.perf_counter() - self.t0
 
     def record_workers(self, n: int) -> None:
+        """Record ``n``, the loader's local workers now (``WorkerPool.own_workers``: remote
+        ones are not counted), in ``workers_timeline`` where it changed."""
         if not self.workers_timeline or self.workers_timeline[-1][1] != n:
             self.workers_timeline.append((self.now(), n))
 
     def last_workers(self, default: int) -> int:
-        """The worker count last recorded (``default`` before any)."""
+        """The local worker count last recorded (``default`` before any)."""
         return self.workers_timeline[-1][1] if self.workers_timeline else default
 
     def start_workers(self, default: int, most: int | None = None) -> int:
@@ -167,7 +169,7 @@ class WorkerScaling:
         elif d.new < d.current:
             for w in sorted(live, key=lambda w: len(w.assigned))[: d.current - d.new]:
                 pool.retire(w)
-        self.record_workers(pool.size + len(pool.requests))
+        self.record_workers(pool.own_workers)  # the local count it decided on (``live``)
 
 
 def epoch_cap(lanes: Lanes) -> int:

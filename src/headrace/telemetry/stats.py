@@ -166,7 +166,10 @@ class LoaderStats:
             fixed timeout (``TimeoutConfig(fixed_s=...)``): no percentile is behind it.
         workers: current number of worker processes (over an IterableDataset, those of
             torch's running or persistent iterator); remote ones once Ray placed them.
-        workers_timeline: (seconds since creation, workers) at every change.
+        workers_timeline: (seconds since creation, local workers) at every change: the
+            loader's own worker processes or threads, those asked for and not started yet
+            included; the count ``num_workers="auto"`` adapts and the next epoch starts from.
+            Remote workers are not in it (``workers`` counts them once placed).
         timeout_timeline: (seconds since creation, timeout s) at every change.
         queues: sampled queue depths (bounded history).
         worker_restarts: worker processes replaced after dying.
