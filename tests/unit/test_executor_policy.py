@@ -74,7 +74,7 @@ def test_a_draw_seen_after_threads_were_chosen_still_keeps_processes():
     class Pool:  # what decide() reads of a WorkerPool (weakly referenced, as pools are)
         progress = SimpleNamespace(gil_held=[0.05, 0.05], gil_probed=[0.6, 0.6],
                                    global_draw=[0, 0], worker_info_read=[0, 0])
-        size = 2
+        own_workers = 2
         pipeline = SimpleNamespace(step_names=["load", "flip"])
 
     pool = Pool()
@@ -98,7 +98,7 @@ def test_what_threads_would_change_keeps_processes_also_when_seen_at_the_epoch_e
     class Pool:  # what decide() reads of a WorkerPool (weakly referenced, as pools are)
         progress = SimpleNamespace(gil_held=[0.05, 0.05], gil_probed=[0.6, 0.6],
                                    global_draw=[0, 0], worker_info_read=[0, 0])
-        size = 2
+        own_workers = 2
         pipeline = SimpleNamespace(step_names=["load", "decode", "shard"])
 
     pool = Pool()
@@ -112,3 +112,24 @@ def test_what_threads_would_change_keeps_processes_also_when_seen_at_the_epoch_e
     assert after is not None and after.executor == "processes"
     assert f"step 'shard' {said}" in after.reason
     assert probes.decide(pool, after) is after  # kept
+
+
+def test_the_decision_counts_the_pools_own_workers_not_its_remote_ones(monkeypatch):
+    # threads share this process's GIL: only the pool's own workers would run as threads
+    # (pool.size counts a backend's remote proxies too: 2 local + 2 remote on 8 cores read as
+    # 4 in parallel, and steps holding the GIL 30% of their time went to processes)
+    from types import SimpleNamespace
+
+    from headrace.runtime import executor_auto
+    from headrace.runtime.executor_auto import ExecutorProbes
+
+    class Pool:  # what decide() reads of a WorkerPool (weakly referenced, as pools are)
+        progress = SimpleNamespace(gil_held=[3.0, 3.0], gil_probed=[10.0, 10.0],
+                                   global_draw=[0, 0], worker_info_read=[0, 0])
+        size = 4
+        own_workers = 2
+        pipeline = SimpleNamespace(step_names=["load", "decode"])
+
+    monkeypatch.setattr(executor_auto, "rank_cpus", lambda: 8)
+    d = ExecutorProbes().decide(Pool(), None)
+    assert d is not None and d.executor == "threads" and d.parallel == 2

@@ -209,19 +209,3 @@ def test_an_lthp_measured_after_the_scaler_grew_the_workers_is_not_extrapolated_
     assert after.local_workers == 8 and local_thp(after) == pytest.approx(180.0)
     assert remeasured(x, None, None, False, 8).local_workers == 4  # Lthp not measured again
     assert remeasured(x, None, 180.0, False, None).local_workers == 4  # a fixed count
-
-
-def test_the_local_count_leaves_remote_workers_out():
-    # Monitor.last_workers counts a pool's remote workers too: 4 local + 4 remote read as 8
-    # local workers, and the local capacity extrapolated from them halved
-    from types import SimpleNamespace
-
-    from headrace.remote.replan import local_count
-
-    def w(external=False, retiring=False):
-        return SimpleNamespace(external=external, retiring=retiring)
-
-    pool = SimpleNamespace(workers=dict(enumerate([w(), w(), w(), w(retiring=True),
-                                                   w(True), w(True), w(True), w(True)])),
-                           requests=[None])  # one asked for, not forked yet
-    assert local_count(pool) == 4

@@ -73,20 +73,13 @@ def remeasured(x: OffloadInputs, steps: Sequence[StepCost] | None, lthp: float |
     return dataclasses.replace(revised, local_workers=workers)
 
 
-def local_count(pool: Any) -> int:
-    """``pool``'s local workers, those asked for and not forked yet included (as the worker
-    scaler counts them); not its remote ones (``Monitor.last_workers`` counts those too)."""
-    live = sum(not w.external and not w.retiring for w in list(pool.workers.values()))
-    return live + len(pool.requests)
-
-
 class OffloadWatcher:
     """Watches one loader's offloading decision and makes it again when it goes stale.
 
     ``profile_fn()``: the loader's profile now (or None); ``epochs_fn()``: its finished
     epochs' stats (``Monitor.epochs``). ``autoscaled``: ``num_workers="auto"``, the local
     worker count changes, so an Lthp measured again is taken with the pool's local workers
-    then (``local_count``); else ``OffloadInputs.local_workers`` stays.
+    then (``WorkerPool.own_workers``); else ``OffloadInputs.local_workers`` stays.
     """
 
     def __init__(self, session: Any, inputs: OffloadInputs, decision: OffloadDecision,
@@ -141,7 +134,7 @@ class OffloadWatcher:
         self.watch, why = check_epoch(self.cfg, self.watch, obs)
         if why is not None:
             lthp = local_capacity(self.watch, obs) if "throughput" in why else None
-            workers = local_count(pool) if self.autoscaled and pool is not None else None
+            workers = pool.own_workers if self.autoscaled and pool is not None else None
             self._replan(pool, why, remeasured(x, steps or None, lthp,
                                                obs.remote_samples > 0, workers))
 

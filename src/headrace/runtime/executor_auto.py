@@ -84,7 +84,7 @@ class ExecutorProbes:
             return decision
         self._last = (sum(prog.gil_held), sum(prog.gil_probed))
         return choose_executor(self._banked[0] + self._last[0], self._banked[1] + self._last[1],
-                               max(1, pool.size), rank_cpus())
+                               max(1, pool.own_workers), rank_cpus())
 
     @staticmethod
     def _forced(pool: Any) -> ExecutorDecision | None:
