@@ -5,7 +5,9 @@ Then the timeout is the 75th percentile of those times: only the slowest quarter
 lane. When clearly more samples go slow than that percentile implies (a skewed distribution or
 drift: :func:`slow_share_limit`, a binomial test over the last ``window`` samples) the policy
 falls back to the 90th percentile for one window. It keeps adapting: the percentile is
-recomputed over a sliding window of recent samples every ``update_every`` samples.
+recomputed over a sliding window of recent samples every ``update_every`` samples. When clearly
+fewer of the latest ``DRIFT_DOWN_RECORD`` samples reach the timeout than its percentile implies
+(samples got faster: :func:`over_share_floor`), the window forgets the samples before them.
 
 Pure: it is fed numbers and returns numbers; no clock, no processes.
 """
@@ -29,6 +31,15 @@ share is judged every ``update_every`` samples over overlapping records, a few h
 20,000 samples: at 4 sd a steady trace spent under 1% of its samples under the fallback (the
 old fixed 0.35 over 128 samples, 2.6 sd: 14-19%), and a 3x drift still engages it about 100
 samples after it starts (``tests/unit/test_timeout_fallback.py``)."""
+
+DRIFT_DOWN_RECORD = 128
+"""Latest samples judged, every ``update_every`` samples, for a drift down: if clearly fewer of
+them reach the timeout than its percentile implies (:func:`over_share_floor`: at p75 over a
+1,024-sample window, 11 of 128 where 32 are expected), the window keeps only them, so the
+timeout follows faster samples as promptly as the fallback follows slower ones (a 3x drift
+down: 88-152 samples, where the window took 728-792 to turn over;
+``tests/unit/test_timeout_drift_down.py``). Too few to judge a p90 timeout at ``FALLBACK_SD``
+(its floor is below 0): during a fallback a drift down waits for the fallback to run out."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +100,11 @@ class TimeoutPolicy:
         self._since_update = 0
         self._fallback_until = -1
         self._timeout = c.fixed_s if c.fixed_s is not None else math.inf
+        self._timeout_pct = math.nan  # the percentile _timeout was taken at
         self._typical = math.nan
+        self.drifts_down = 0
+        """Times the window was cut to its latest ``DRIFT_DOWN_RECORD`` samples because too few
+        of them reached the timeout (samples got faster)."""
         self.history: deque[tuple[int, float, float]] = deque(maxlen=HISTORY_KEPT)
         """(samples seen, timeout in seconds, percentile used) at every change, the latest
         ``HISTORY_KEPT`` (a change every few dozen samples, for the loader's life)."""
@@ -187,6 +202,12 @@ class TimeoutPolicy:
         c = self.config
         self._since_update = 0
         times = np.fromiter(self._times, float, count=len(self._times))
+        if c.fixed_s is None and self._drifted_down(times):
+            times = times[-DRIFT_DOWN_RECORD:]
+            self._seeded = 0  # those kept are all measured (_drifted_down): stored ones go
+            self._times = deque(times.tolist(), maxlen=c.window)
+            self._restart_flags()  # classified against the timeout that is now replaced
+            self.drifts_down += 1
         times.sort()
         self._typical = percentile(times, 50.0)
         if c.fixed_s is not None:
@@ -202,9 +223,21 @@ class TimeoutPolicy:
             self._restart_flags()
         pct = self.percentile_in_force
         value = percentile(times, pct)
+        self._timeout_pct = pct
         if value != self._timeout:
             self._timeout = value
             self.history.append((self._seen, value, pct))
+
+    def _drifted_down(self, times: np.ndarray) -> bool:
+        """Whether clearly fewer of the latest ``DRIFT_DOWN_RECORD`` measured samples in
+        ``times`` (the window, oldest first, seconds) reached the timeout in force than its
+        percentile implies. At or over, not over: samples all of one time are at p75, not
+        faster than it."""
+        n = DRIFT_DOWN_RECORD
+        if self._timeout == math.inf or len(times) - self._seeded < n:
+            return False
+        over = int(np.count_nonzero(times[-n:] >= self._timeout))
+        return over < n * over_share_floor(self._timeout_pct, n, len(times))
 
     def _restart_flags(self) -> None:
         """Forget the slow flags: the ones to come are classified at another percentile."""
@@ -224,6 +257,16 @@ def slow_share_limit(pct: float, flags: int, basis: int) -> float:
     32 and 1024: 0.56)."""
     p = 1 - pct / 100
     return p + FALLBACK_SD * math.sqrt(p * (1 - p) * (1 / flags + 1 / max(basis, 1)))
+
+
+def over_share_floor(pct: float, samples: int, basis: int) -> float:
+    """Share (0..1) of ``samples`` recent samples at or over a timeout at percentile ``pct`` of
+    ``basis`` samples under which fewer reach it than the percentile implies, beyond chance:
+    ``p = 1 - pct / 100`` less ``FALLBACK_SD`` standard deviations of the same two noises as
+    :func:`slow_share_limit` (e.g. p75, 128 and 1024: 0.087; p90, 128 and 1024: below 0, never).
+    """
+    p = 1 - pct / 100
+    return p - FALLBACK_SD * math.sqrt(p * (1 - p) * (1 / samples + 1 / max(basis, 1)))
 
 
 def percentile(ordered: np.ndarray, q: float) -> float:
