@@ -137,3 +137,26 @@ def test_a_second_stored_profile_replaces_the_first_and_measured_samples_win_the
     p.seed([3.0] * 4)
     assert (p.window_samples, p.window_stored) == (10, 4)
     assert sorted(p._times) == [0.5] * 10 + [3.0] * 4
+
+
+def test_the_timeout_is_the_percentile_of_the_window_it_holds_after_every_update():
+    # recomputes convert only the samples appended since the last one (_window_array): the
+    # result must be np.percentile of exactly what the window holds, through seeds, ignored
+    # times, drift cuts, fallbacks and a window filling up
+    rng = np.random.default_rng(4)
+    cfg = TimeoutConfig(warmup_samples=40, update_every=7, window=300)
+    p = TimeoutPolicy(cfg)
+    levels = np.repeat(rng.choice([0.003, 0.01, 0.03], 30), 200)
+    checked, cuts = 0, 0
+    for i, level in enumerate(levels):
+        if i == 10 or p.drifts_down > cuts == 0:  # after the first cut only (a full window
+            p.seed(list(rng.uniform(0.0, 0.05, 50)))  # keeps its samples, no seed)
+        cuts = p.drifts_down
+        t = float(rng.lognormal(np.log(level), 0.4)) if i % 97 else math.nan
+        p.observe(t, t > p.timeout_s)
+        if len(p.history) and p.history[-1][0] == p._seen and p._since_update == 0:
+            window = np.fromiter(p._times, float)
+            assert p.timeout_s == np.percentile(window, p.history[-1][2]), i
+            assert p.typical_s == np.percentile(window, 50.0), i
+            checked += 1
+    assert checked > 500 and cuts > 1 and p.window_stored == 0

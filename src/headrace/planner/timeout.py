@@ -18,6 +18,7 @@ import dataclasses
 import math
 from collections import deque
 from collections.abc import Sequence
+from itertools import islice
 
 import numpy as np
 
@@ -92,6 +93,10 @@ class TimeoutPolicy:
         self.config = config or TimeoutConfig()
         c = self.config
         self._times: deque[float] = deque(maxlen=c.window)
+        # _times as an array (oldest first) as of the last _recompute, which then adds the
+        # _since_update samples appended since: converting a whole 1,024-sample deque took
+        # more than half of observe's cost (``_window_array``). None: convert it whole.
+        self._array: np.ndarray | None = None
         self._slow: deque[bool] = deque(maxlen=c.window)  # went slow, under _slow_pct
         self._slow_count = 0  # True entries of _slow
         self._slow_pct = c.percentile  # the percentile the flags in _slow were classified at
@@ -166,6 +171,7 @@ class TimeoutPolicy:
         window = self.config.window
         self._seeded = max(0, len(times) - max(0, len(times) + len(measured) - window))
         self._times = deque([*times, *measured], maxlen=window)
+        self._array = None
         self._seen = max(self._seen, self.config.warmup_samples)
         self._recompute()
 
@@ -200,15 +206,16 @@ class TimeoutPolicy:
 
     def _recompute(self) -> None:
         c = self.config
+        window = self._window_array(self._since_update)
         self._since_update = 0
-        times = np.fromiter(self._times, float, count=len(self._times))
-        if c.fixed_s is None and self._drifted_down(times):
-            times = times[-DRIFT_DOWN_RECORD:]
+        if c.fixed_s is None and self._drifted_down(window):
+            window = window[-DRIFT_DOWN_RECORD:]
             self._seeded = 0  # those kept are all measured (_drifted_down): stored ones go
-            self._times = deque(times.tolist(), maxlen=c.window)
+            self._times = deque(window.tolist(), maxlen=c.window)
             self._restart_flags()  # classified against the timeout that is now replaced
             self.drifts_down += 1
-        times.sort()
+        self._array = window
+        times = np.sort(window)
         self._typical = percentile(times, 50.0)
         if c.fixed_s is not None:
             return  # a fixed timeout: only the typical time is learned
@@ -227,6 +234,16 @@ class TimeoutPolicy:
         if value != self._timeout:
             self._timeout = value
             self.history.append((self._seen, value, pct))
+
+    def _window_array(self, new: int) -> np.ndarray:
+        """``_times`` as an array, oldest first: the one of the last recompute with the ``new``
+        samples appended since (a few dozen) converted, the oldest ones dropped."""
+        d = self._times
+        n = len(d)
+        if self._array is None or new >= n:
+            return np.fromiter(d, float, count=n)
+        tail = np.fromiter(islice(reversed(d), new), float, count=new)[::-1]
+        return np.concatenate((self._array, tail))[-n:]
 
     def _drifted_down(self, times: np.ndarray) -> bool:
         """Whether clearly fewer of the latest ``DRIFT_DOWN_RECORD`` measured samples in
