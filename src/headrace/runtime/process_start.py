@@ -8,6 +8,7 @@ from typing import Any
 from headrace.runtime.forks import start_process, stop_started
 from headrace.runtime.handles import HandOff, Progress, WorkerHandle
 from headrace.runtime.ring import Ring
+from headrace.runtime.sent_setup import SentSetup
 from headrace.runtime.taskpipe import TaskPipe
 from headrace.runtime.worker import WorkerSetup
 
@@ -25,7 +26,9 @@ def start_worker_process(ctx: Any, setup: WorkerSetup, handoff: HandOff, progres
     task_reader, task_writer = ctx.Pipe(duplex=False)
     ring = Ring(ctx)
     slot = setup.slot
-    args = (setup, task_reader, writer, handoff, progress, ring, python_draws)
+    method = ctx.get_start_method()
+    sent = setup if method == "fork" else SentSetup(setup, method)  # unpickled by the worker
+    args = (sent, task_reader, writer, handoff, progress, ring, python_draws)
     proc = None
     try:
         tasks = TaskPipe(task_writer)

@@ -52,6 +52,7 @@ from headrace.runtime.parent import exit_when_parent_gone, parent_gone
 from headrace.runtime.python_draws import WorkerFlags
 from headrace.runtime.ring import Ring, RingWriter
 from headrace.runtime.ring import encode as ring_encode
+from headrace.runtime.sent_setup import ReceivedSetup, SetupNotRebuilt
 from headrace.runtime.torch_worker import init_as_torch_worker
 from headrace.runtime.transport import decode, encode
 
@@ -120,10 +121,12 @@ def forked_main(collecting: bool, parent_ends: tuple[Any, ...], *args: Any) -> N
 
 
 def worker_main(
-    setup: WorkerSetup, tasks: Any, results: Any, handoff: Any, progress: Any, ring: Ring,
-    python_draws: Any = None,
+    sent: WorkerSetup | ReceivedSetup, tasks: Any, results: Any, handoff: Any, progress: Any,
+    ring: Ring, python_draws: Any = None,
 ) -> None:
-    """Entry point of a worker process.
+    """Entry point of a worker process. ``sent``: its ``WorkerSetup``; a spawned worker's
+    arrives pickled and is unpickled here, so that what cannot be is reported
+    (``runtime/sent_setup.py``).
 
     ``handoff``: shared values (``handles.HandOff``): the timeout in seconds and, per step
     position, the expected seconds of the steps from there to the end (read between steps).
@@ -132,8 +135,19 @@ def worker_main(
     process knows what a dead or hung worker held. ``python_draws``: the pool's shared flags of
     the steps drawing from Python's generator (``runtime/python_draws.py``), or None.
     """
-    slot = setup.slot
+    slot = sent.slot
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
+    setup: WorkerSetup
+    if isinstance(sent, ReceivedSetup):
+        try:
+            setup = sent.load()
+        except SetupNotRebuilt as e:
+            send(results, ("init_error", slot, qualname(type(e.cause)), str(e),
+                           "".join(traceback.format_exception(e.cause)),
+                           picklable_class(type(e.cause))))
+            return
+    else:
+        setup = sent
     backend = getattr(setup.cache, "backend", None)
     owner_gone = getattr(backend, "owner_gone", None)
     # also while in worker_init_fn or a step; from its own thread, the files only
