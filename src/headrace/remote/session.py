@@ -13,12 +13,12 @@ import weakref
 from typing import Any
 
 from headrace.errors import PipelineError, RemoteUnavailableError
-from headrace.remote.config import Remote, check_read_source, unplaceable
+from headrace.remote.config import Remote, check_read_source
 from headrace.remote.counts import Outcomes, RemoteCounts
 from headrace.remote.proxy_options import LoadDraws, ProxyOptions
 from headrace.remote.replacing import Replacements
 from headrace.remote.starts import StartFailures
-from headrace.remote.storage import RESOURCE, NearStorage, StorageSide
+from headrace.remote.storage import NearStorage, StorageSide
 from headrace.runtime.handles import WorkerHandle
 from headrace.runtime.pool import WorkerPool
 from headrace.runtime.threadworker import ThreadResults, ThreadRun
@@ -48,6 +48,7 @@ class RemoteSession(RemoteCounts):
         self.stop: int | None = None
         """Remote part ends before this step (the offload split; None: the whole sample)."""
         self._opened = False
+        """The cluster was joined, or found unreachable (``remote/joining.py``)."""
         self.offload: Any = None
         self.ratio = 1.0
         """Share of samples remote workers may finish (the offload ratio; 1: no limit)."""
@@ -86,47 +87,11 @@ class RemoteSession(RemoteCounts):
     # -- cluster -------------------------------------------------------------------------------
     def open(self, may_join: bool = False) -> int:
         """Join the cluster once; the number of remote worker slots to reserve (0: none).
+        ``remote/joining.py`` says how (a worker no live node can hold now, an unreachable
+        cluster)."""
+        from headrace.remote.joining import join
 
-        A worker that no live node can hold now (``config.unplaceable``: a misspelt resource,
-        or one that a cluster starting nodes on demand has not started yet) is named in a
-        warning and in ``explain()``; the workers are still asked for, so that Ray's
-        autoscaler (KubeRay) sees the demand and starts nodes, and the local workers run the
-        samples meanwhile. Refusing it at join (an error with ``required=True``) kept such a
-        cluster from ever scaling up (a review). ``may_join`` (``plan_offload``): the worker
-        count follows the capacity there is, watched for nodes that join."""
-        if self._opened:
-            return self.max_workers if self.available else 0
-        from headrace.remote import ray_backend  # the one place Ray gets imported
-
-        cfg = self.cfg
-        try:
-            ray_backend.connect(cfg)
-            problem = unplaceable(cfg, ray_backend.cluster_totals())
-            if problem is not None:
-                self.unplaced = problem
-                log.warning("headrace: no remote worker can be placed on the Ray cluster %r "
-                            "now: %s. A cluster that starts nodes on demand starts them for "
-                            "the workers asked for; otherwise fix Remote(resources=..., "
-                            "num_cpus=...). Local workers run the samples meanwhile",
-                            cfg.address, problem)
-        except RemoteUnavailableError as e:
-            if cfg.required:
-                raise  # and again at the next epoch: never silently local afterwards
-            self._opened = True
-            self.error = str(e).split(". Start one")[0].split(". Fix Remote(")[0]
-            log.warning("%s; running on local workers only (Remote(required=False))", self.error)
-            return 0
-        self._opened = True
-        self.available = True
-        if cfg.max_workers is not None:
-            self.max_workers = cfg.max_workers
-        elif self.near_storage:  # one storage worker per num_cpus storage units
-            self.max_workers = max(1, int(ray_backend.resource_total(RESOURCE) // cfg.num_cpus))
-        else:
-            self.max_workers = max(1, int(ray_backend.cluster_cpus() // cfg.num_cpus))
-        default = 0 if cfg.autoplace else self.max_workers
-        self.target = default if cfg.workers is None else min(cfg.workers, self.max_workers)
-        return self.max_workers
+        return join(self, may_join)
 
     # -- workers -------------------------------------------------------------------------------
     def remote_workers(self, pool: WorkerPool) -> list[WorkerHandle]:
