@@ -55,8 +55,27 @@ def test_cause_is_the_first_of_the_failures_in_a_row_until_one_starts():
     assert s.failed("E: y") == (False, False)  # the latest cause: reported already
     s.failed("E: x")
     assert s.failed("E: z") == (True, True) and s.cause == "E: y"
-    assert f"{MAX_START_FAILURES} in a row died before running a sample, with E: y." \
-        in s.message("auto")
+    assert f"{MAX_START_FAILURES} in a row ended before returning a sample, the first with " \
+        "E: y." in s.message("auto")
+
+
+@pytest.mark.timeout(10)
+def test_a_worker_starts_at_its_first_result_not_when_placed():
+    # a placed worker lost before any result failed to start: it was counted started once
+    # placed, which reset the count, and a failure hitting every worker after placement was
+    # replaced once a second for ever
+    s = StartFailures()
+    for slot in range(MAX_START_FAILURES):
+        s.placed(slot)
+        assert s.lost(slot)  # nothing returned: the caller reports it
+        s.failed("E: crash", placed=True)
+    assert s.gave_up and s.ended_first == MAX_START_FAILURES and s.total == 0
+    s = StartFailures()
+    s.placed(1)
+    s.failed("E: x")
+    s.returned(1)  # a result: the failures before it are not in a row any more
+    assert s.in_a_row == 0 and s.cause is None
+    assert not s.lost(1)  # lost after a result: a lost worker, not a failed start
 
 
 class _Handle:

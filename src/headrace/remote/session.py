@@ -14,10 +14,10 @@ from typing import Any
 
 from headrace.errors import PipelineError, RemoteUnavailableError
 from headrace.remote.config import Remote, check_read_source
-from headrace.remote.counts import Outcomes, RemoteCounts
+from headrace.remote.counts import RemoteCounts
 from headrace.remote.proxy_options import LoadDraws, ProxyOptions
 from headrace.remote.replacing import Replacements
-from headrace.remote.starts import StartFailures
+from headrace.remote.starts import ENDED_FIRST, FirstResult, StartFailures
 from headrace.remote.storage import NearStorage, StorageSide
 from headrace.runtime.handles import WorkerHandle
 from headrace.runtime.pool import WorkerPool
@@ -217,14 +217,20 @@ class RemoteSession(RemoteCounts):
         return dict(opts.placed) if opts is not None else {}
 
     def _started(self, slot: int) -> None:
-        """A remote worker's actor was placed and runs (a proxy thread says)."""
-        self.starts.started()
+        """A remote worker's actor was placed and runs (a proxy thread says); it has started
+        once it returns a result (``starts.FirstResult``)."""
+        self.starts.placed(slot)
         self.placed_total += 1
 
     def _lost_in(self, slot: int) -> None:
-        """The remote worker in ``slot`` was lost after it ran (a proxy thread says)."""
+        """The remote worker in ``slot`` was lost after Ray placed it (a proxy thread says);
+        lost before its first result, it also counts as a start that failed
+        (``remote/starts.py``)."""
         self.replacements.ended(slot)
         self._lost()
+        if self.starts.lost(slot) and self.starts.report(
+                slot, ENDED_FIRST, self.cfg.address, self.cfg.required, placed=True):
+            self.target = 0  # gave up: no more are started
 
     def _start_failed(self, slot: int, cause: str) -> None:
         """A remote worker died before it ran (a proxy thread says)."""
@@ -237,7 +243,8 @@ class RemoteSession(RemoteCounts):
 
         self.replacements.started(setup.slot)
         tasks, results = ray_backend.RemoteTasks(), ThreadResults()
-        opts, outcomes = self._options(pool), Outcomes(self._took)
+        opts = self._options(pool)
+        outcomes = FirstResult(self._took, setup.slot, self.starts)
         # get_worker_info().num_workers: every slot, local and remote, so that each worker's
         # id (its slot, after the local ones) is below it, as torch's (docs/design.md)
         setup = setup._replace(num_workers=pool.max_slots)
