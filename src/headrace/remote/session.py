@@ -70,6 +70,7 @@ class RemoteSession(RemoteCounts):
         """Remote workers that ended, and when to start one in place of each."""
         self._lock = threading.Lock()
         self._add_lock = threading.Lock()
+        self._changes = threading.Condition()  # wait_ready's wake-up
         self._pool_opts: tuple[Any, Any] = (lambda: None, None)  # (weakref to pool, options)
         self.near: Any = None
         """Near storage (``remote/storage.py``'s ``StorageSide``), once a pool exists."""
@@ -119,7 +120,9 @@ class RemoteSession(RemoteCounts):
         if self.starts.gave_up:
             return None  # starts.limit in a row failed: no more (on_tick says what follows)
         with self._add_lock:  # None when every remote slot is taken (retiring ones too)
-            return pool.add_worker(start=lambda setup: self._start(pool, setup))
+            added = pool.add_worker(start=lambda setup: self._start(pool, setup))
+        self._changed()  # in the pool now: it may be placed already
+        return added
 
     def retire(self, pool: WorkerPool) -> bool:
         """Retire the remote worker holding the fewest samples (False: none left)."""
@@ -201,15 +204,17 @@ class RemoteSession(RemoteCounts):
         return sum(w.slot in placed for w in self.remote_workers(pool))
 
     def wait_ready(self, n: int, timeout_s: float = 120.0) -> bool:
-        """Wait (bounded) until ``n`` remote workers of the latest pool are ready (benchmarks:
-        start-up kept out of the timed epoch). False on timeout."""
-        tick = threading.Event()
-        deadline = time.monotonic() + timeout_s
-        while self.ready_workers() < n:
-            if time.monotonic() > deadline:
-                return False
-            tick.wait(0.05)
-        return True
+        """Wait (bounded, ``timeout_s`` seconds) until ``n`` remote workers of the latest pool
+        are ready (benchmarks: start-up kept out of the timed epoch). False on timeout.
+        Woken when an actor is placed or a worker joins the pool (``_changed``), the two
+        events that can make ``ready_workers`` grow; it polled every 50 ms."""
+        with self._changes:
+            return self._changes.wait_for(lambda: self.ready_workers() >= n, timeout_s)
+
+    def _changed(self) -> None:
+        """Wake ``wait_ready``: a remote worker was placed, added, or ended."""
+        with self._changes:
+            self._changes.notify_all()
 
     def nodes(self) -> dict[int, str]:
         """Slot -> Ray node id of each remote worker placed so far (the latest pool's)."""
@@ -221,6 +226,7 @@ class RemoteSession(RemoteCounts):
         once it returns a result (``starts.FirstResult``)."""
         self.starts.placed(slot)
         self.placed_total += 1
+        self._changed()
 
     def _lost_in(self, slot: int) -> None:
         """The remote worker in ``slot`` was lost after Ray placed it (a proxy thread says);
