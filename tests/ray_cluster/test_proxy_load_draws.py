@@ -70,7 +70,11 @@ def _pipe(drawing: str) -> hr.Pipeline:
 
 
 def _epochs(drawing: str, cache: bool, remote: hr.Remote | None = None,
-            stop: int | None = None) -> tuple[list[dict[int, dict]], hr.DataLoader]:
+            stop: int | None = None, started: list[int] | None = None
+            ) -> tuple[list[dict[int, dict]], hr.DataLoader]:
+    """Two epochs' samples by index, and the loader; ``started`` gets the remote workers each
+    epoch's pool started with."""
+    started = [] if started is None else started
     loader = hr.DataLoader(_pipe(drawing), batch_size=4, num_workers=1,
                            collate_fn=ident_collate,
                            options=hr.Options(seed=3, handoff=False, remote=remote,
@@ -83,7 +87,9 @@ def _epochs(drawing: str, cache: bool, remote: hr.Remote | None = None,
         for _ in range(2):
             it = iter(loader)
             if remote is not None:
-                wait_ready(it, 2)
+                started.append(len(loader.remote.remote_workers(it.pool)))
+                if not loader.remote.load_draws.stopped:
+                    wait_ready(it, 2)  # (stopped: none are started, see the last test)
             got.append({s["i"]: s for b in it for s in b})
             del it
     finally:
@@ -96,10 +102,11 @@ def _epochs(drawing: str, cache: bool, remote: hr.Remote | None = None,
                          [("some", True, 1), ("some", False, None), ("all", True, None)],
                          ids=["split_at_load_cached", "whole", "every_load_draws"])
 def test_a_load_that_draws_runs_as_in_a_local_worker(ray_cluster, no_actor_leaks, drawing,
-                                                     cache, stop):
+                                                     cache, stop, caplog):
     ref, _ = _epochs(drawing, cache=False)
+    started: list[int] = []
     got, loader = _epochs(drawing, cache, hr.Remote(max_workers=2, read_source=False,
-                                                    resources=ON_CPU_NODES), stop)
+                                                    resources=ON_CPU_NODES), stop, started)
     for e in range(2):
         assert sorted(got[e]) == list(range(N))
         bad = [i for i in range(N) if not np.array_equal(got[e][i]["x"], ref[e][i]["x"])]
@@ -122,3 +129,8 @@ def test_a_load_that_draws_runs_as_in_a_local_worker(ray_cluster, no_actor_leaks
         # then comes back unloaded (before, each sample they took came back: 28 in one run)
         assert r.not_loaded <= 2 * DEPTH
         assert "the proxies load no more samples" in loader.explain()
+        # and they are given back, not kept idle for the loader's life: the first epoch's
+        # two are retired once the loads stop, the second epoch starts none (they idled to
+        # the end of the epoch, and every later one started two more, idle)
+        assert "retiring the 2 remote workers" in caplog.text
+        assert started == [2, 0]

@@ -117,7 +117,7 @@ class RemoteSession(RemoteCounts):
         """Start one remote worker in ``pool`` (None once the pool is closed or full). Called
         by the training thread (``attach``) and the scheduler thread (``on_tick``): one at a
         time."""
-        if self.starts.gave_up:
+        if self.starts.gave_up or self._idle_for_good():
             return None  # starts.limit in a row failed: no more (on_tick says what follows)
         with self._add_lock:  # None when every remote slot is taken (retiring ones too)
             added = pool.add_worker(start=lambda setup: self._start(pool, setup))
@@ -266,13 +266,21 @@ class RemoteSession(RemoteCounts):
         """May remote workers take more samples now (the scheduler asks before dispatching)?
         Not once their proxies load no more (``LoadDraws.stopped``) while the remote part
         starts at the load (``read_local``): every sample they took would go back to the
-        local workers unloaded, a round trip for nothing. The dispatcher offers a worker
-        fresh samples whenever it takes any (``WorkerHandle.runs`` is asked of retries and
-        slow-lane samples only), so they then take no slow-lane sample either
-        (docs/design.md). Else the offload ratio (``_within_ratio``)."""
-        if self.read_local and self.load_draws.stopped:
+        local workers unloaded, a round trip for nothing (and ``on_tick`` retires them). Else
+        the offload ratio (``_within_ratio``)."""
+        if self._idle_for_good():
             return False
         return self._within_ratio()
+
+    def _idle_for_good(self) -> bool:
+        """Remote workers would take no sample for the rest of the loader's life: their
+        proxies load no more (``LoadDraws.stopped``, for the loader's life) and the remote
+        part starts at the load (``read_local``; a replan moving it past the load, the actor
+        reading the source, ends this). The dispatcher offers a worker fresh samples whenever
+        it takes any (``WorkerHandle.runs`` is asked of retries and slow-lane samples only),
+        so they would take no slow-lane sample either (docs/design.md): none is started, and
+        ``on_tick`` retires those running, which gives their CPUs back to the cluster."""
+        return self.read_local and self.load_draws.stopped
 
     def _within_ratio(self) -> bool:
         """May remote workers take more samples now? FastFlow's ApplyOffRatio by counters:
@@ -336,7 +344,8 @@ class RemoteSession(RemoteCounts):
         """Replace remote workers that died, up to ``target`` (Ray places them on live nodes),
         at most one every ``REPLACE_EVERY_S``, once the scheduler has handled the end
         (``remote/replacing.py``), none once ``starts.limit`` in a row failed to start: then
-        ``Remote(required=True)`` ends the epoch with the cause."""
+        ``Remote(required=True)`` ends the epoch with the cause. Retire them all once they
+        would idle for good (``_idle_for_good``)."""
         if not self.available or pool.closed:
             return
         if self.starts.gave_up:  # required=True: an error once no remote worker runs at all
@@ -344,6 +353,16 @@ class RemoteSession(RemoteCounts):
                 raise Fatal(RemoteUnavailableError(self.starts.message(self.cfg.address)))
             return
         live = self.remote_workers(pool)
+        if live and self._idle_for_good():
+            log.warning("headrace: retiring the %d remote workers: their proxies load no "
+                        "more samples and every sample's remote part starts at the load, so "
+                        "they would idle for the loader's life, holding %g CPUs each on the "
+                        "Ray cluster; none is started again unless the offload is decided "
+                        "again with the remote part past the load", len(live),
+                        self.cfg.num_cpus)
+            for w in live:
+                pool.retire(w)
+            return
         if not self.replacements.due(self.lost + self.starts.total, [w.slot for w in live],
                                      time.monotonic()):
             return
