@@ -73,6 +73,9 @@ def test_workers_that_never_return_a_sample_are_given_up(ray_cluster, no_actor_l
     (last,) = given_up(caplog)
     assert "ended before returning its first sample" in last
     assert "local workers only" in last
+    text = loader.explain()
+    assert "could not start: it ended before returning its first sample" in text
+    assert "no more are started" in text
 
 
 @pytest.mark.timeout(120)
