@@ -25,6 +25,19 @@ is tried once more (after clearing the read slots of processes gone: a worker ki
 evictions instead of answering "full"). Readers are safe throughout: LMDB reuses no page a
 reader's snapshot can see, and ``get`` decodes (copies) inside its read transaction.
 
+Readers that lag: a page freed while a reader's snapshot is older is not reused until that
+reader leaves, so LMDB takes new pages at the end of the file instead, which the pages the
+entries hold (``_pages_held``) do not show. Worker threads (``executor="threads"``) read and
+write one environment in one process: a reader that lost the GIL inside ``get`` keeps its
+snapshot while a writer holding the GIL commits hundreds of transactions (a bug hunt: 4
+threads putting, getting and taking entries of 200-1,500 bytes on an 8 MiB store filled the
+file with 0.5 MB of entries, and ``take`` raised ``MDB_MAP_FULL``, 768 times in 5 s). So a
+write that LMDB finds no pages for waits until no reader's snapshot predates the last commit
+(``_wait_for_readers``: it sleeps, which lets a reader thread waiting for the GIL run and
+leave; at most ``READERS_WAIT_S``) and is tried once more; a ``put`` still without pages is
+"full", and a ``take`` whose delete finds none is a miss: the entry stays (a stale namespace's
+entry is evicted later), and is not served, so that it is not served twice.
+
 When an entry does not fit, entries of namespaces no longer live (a changed prefix after
 AutoOrder, an earlier epoch of a seeded form) are evicted first; live entries are never
 evicted for other live ones: under uniform random sampling every sample is equally likely to
@@ -42,6 +55,7 @@ environment, and one after the cache closed for good raises ``lmdb_envs.StoreClo
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -62,7 +76,17 @@ RESERVE_FRACTION = 1 / 4
 copies on write (and LMDB's free list records) are found there when the file is at its
 limit, so that evictions and ``take`` never fail for want of pages."""
 
+READERS_WAIT_S = 0.25
+"""The longest a write that found no pages waits for readers to leave older snapshots
+(seconds): a thread waiting for the GIL leaves within a few switch intervals (5 ms each), a
+process's reader as soon as it runs; one still inside then (a stopped process) is not waited
+for longer, and the write answers as when full."""
+READERS_POLL_S = 0.0005
+"""How often that wait looks at LMDB's reader table (seconds)."""
+
 _U64 = struct.Struct("<Q")
+
+
 def entry_cost(key_len: int, value_len: int) -> int:
     """Bytes an entry occupies in LMDB: small ones in a leaf page, large ones on whole pages."""
     size = key_len + value_len + NODE_HEADER
@@ -128,9 +152,24 @@ class LmdbStore:
             return None if buf is None else decode(buf)
 
     def take(self, key: bytes, tier: str, decode: Callable[[Any], Any]) -> Any | None:
-        """As ``get``, and the entry is removed (an augmented form served once)."""
-        with (self._use() as (env, data, meta), write_lock(self.path),
-              env.begin(write=True, buffers=True) as txn):
+        """As ``get``, and the entry is removed (an augmented form served once); a miss when
+        LMDB finds no pages for the delete even after readers left (module docstring)."""
+        import lmdb
+
+        with self._use() as (env, data, meta), write_lock(self.path):
+            try:
+                return self._take(env, data, meta, key, tier, decode)
+            except lmdb.MapFullError:  # readers' snapshots hold the pages freed lately
+                pass
+            try:
+                self._wait_for_readers(env)
+                return self._take(env, data, meta, key, tier, decode)
+            except lmdb.MapFullError:  # the entry stays, unserved: served once at most
+                return None
+
+    def _take(self, env: Any, data: Any, meta: Any, key: bytes, tier: str,
+              decode: Callable[[Any], Any]) -> Any | None:
+        with env.begin(write=True, buffers=True) as txn:
             buf = txn.get(key, db=data)
             if buf is None:
                 return None
@@ -157,10 +196,10 @@ class LmdbStore:
             except lmdb.MapFullError:  # no run of free pages long enough (see the docstring)
                 pass
             try:
-                # a reader killed inside get() (a hung worker's) pins every page its snapshot
-                # saw: clear the read slots of processes gone, then make room
-                cleared = env.reader_check()
-                if not (self._evict_all_stale(env, data, meta, live_set) or cleared):
+                # readers' snapshots hold the pages freed lately (a reader killed inside get(),
+                # a hung worker's, every page it saw): wait for them, then make room
+                waited = self._wait_for_readers(env)
+                if not (self._evict_all_stale(env, data, meta, live_set) or waited):
                     return "full"
                 return self._put(env, data, meta, key, tier, blob, live_set, cost)
             except lmdb.MapFullError:  # the evictions too found no pages: full, not an error
@@ -188,6 +227,24 @@ class LmdbStore:
             self._add(txn, meta, tier, key[:16], cost)
             return "stored"
 
+    def _wait_for_readers(self, env: Any) -> bool:
+        """Clear the read slots of processes gone, then wait (at most ``READERS_WAIT_S``)
+        until every reader whose snapshot predates the last commit left (later ones see it), so
+        that LMDB may reuse the pages freed before it; True when a reader held such a snapshot
+        (or a slot was cleared)."""
+        cleared = bool(env.reader_check())
+        last = env.info()["last_txnid"]
+        deadline = None
+        while True:
+            oldest = _oldest_snapshot(env)
+            if oldest is None or oldest >= last:
+                return cleared or deadline is not None
+            if deadline is None:
+                deadline = time.monotonic() + READERS_WAIT_S
+            elif time.monotonic() > deadline:
+                return True
+            time.sleep(READERS_POLL_S)  # the GIL too: a reader thread waiting for it leaves
+
     def _evict_all_stale(self, env: Any, data: Any, meta: Any, live: set[bytes]) -> bool:
         """Evict every entry of a namespace not in ``live``, in a transaction of its own, then
         commit one more, so that LMDB may reuse the freed pages in the next (see the module
@@ -209,8 +266,8 @@ class LmdbStore:
         with self._use() as (env, data, meta), write_lock(self.path):
             try:
                 self._write_budgets(env, data, meta, budgets)
-            except lmdb.MapFullError:  # a reader killed inside get() pins pages (see put)
-                env.reader_check()
+            except lmdb.MapFullError:  # readers' snapshots hold pages (see put)
+                self._wait_for_readers(env)
                 self._write_budgets(env, data, meta, budgets)  # still full: the session drops
                 # the cache with a warning (runtime/epochs.py)
         self.budgets = dict(budgets)
@@ -317,3 +374,12 @@ def _pages_held(txn: Any, data: Any, meta: Any) -> int:
         st = txn.stat(db)
         held += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
     return held
+
+
+def _oldest_snapshot(env: Any) -> int | None:
+    """The oldest snapshot (LMDB transaction id) a reader of ``env``, of any process, holds;
+    None when no reader is inside a transaction. From LMDB's reader table, whose lines read
+    ``pid thread txnid`` (``-`` for a slot not in a transaction)."""
+    ids = [int(f[2]) for f in (line.split() for line in env.readers().splitlines()[1:])
+           if len(f) == 3 and f[2] != "-"]
+    return min(ids) if ids else None
