@@ -79,7 +79,7 @@ def _restore_imports(monkeypatch):
     """Scripts are imported as modules with their directory on sys.path: undo both."""
     monkeypatch.setattr(sys, "path", list(sys.path))
     yield
-    for name in ("train_vectors", "squares", "empty", "stream", "framed"):
+    for name in ("train_vectors", "squares", "empty", "stream", "framed", "broken"):
         sys.modules.pop(name, None)
 
 
@@ -143,6 +143,21 @@ def test_bad_targets_exit_2_and_say_why(tmp_path, capsys):
     empty.write_text("x = 1\n")
     assert run(["plan", str(empty)]) == 2
     assert "define `pipeline`" in capsys.readouterr().err
+
+
+def test_a_scripts_own_error_on_import_shows_its_traceback_not_a_usage_line(tmp_path, capsys):
+    # the script's ValueError was taken for a protocol message: one line, status 2, no file
+    # or line; it must read as `python script.py` shows it, and fail with status 1
+    script = tmp_path / "broken.py"
+    script.write_text("import numpy as np\n\nweights = np.zeros(10).reshape(3, 4)\n")
+    assert run(["profile", str(script), "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):\n"), err
+    assert f'File "{script}", line 3, in <module>' in err
+    assert "ValueError: cannot reshape array of size 10 into shape (3,4)" in err
+    assert "importlib" not in err and "headrace/cli" not in err  # only the user's frames
+    assert err.rstrip().endswith(f"headrace profile: {script} raised while being imported")
+    assert "broken" not in sys.modules
 
 
 def test_scripts_the_cli_cannot_run_as_written_say_why(tmp_path, capsys):

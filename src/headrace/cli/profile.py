@@ -20,6 +20,10 @@ per-sample time distribution with the slow threshold (the learned hand-off timeo
 verdict and the step order AutoOrder picks for the next epoch, and writes ``profile-<name>.png``
 and ``.json`` into ``--out``. ``plan`` runs ``--epochs`` epochs (2: AutoOrder acts from the
 second) and prints ``loader.explain()``. Neither touches a profile store without ``--store``.
+
+Exit status: 0 done; 2 a usage error, or a target that is neither a workload nor a script
+that follows the protocol (one line saying what to change); 1 an error of the user's own code
+(its traceback: on import as ``python script.py`` prints it, then a line naming the command).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import json
 import math
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -49,6 +54,19 @@ DEFAULT_BATCH_SIZE = 32
 """Batch size of a script that does not define ``batch_size``."""
 DEFAULT_WORKERS = 2
 """Worker processes for a script that does not define ``num_workers``."""
+
+
+class TargetError(ValueError):
+    """``SCRIPT_OR_WORKLOAD`` cannot be run: neither a script nor a workload, or a script that
+    breaks the protocol (module docstring). The message says what to change; the command
+    prints it on one line and exits with status 2. An exception the user's script raises
+    itself is never one: it keeps its type and traceback (:class:`ScriptFailed`)."""
+
+
+class ScriptFailed(Exception):
+    """The user's script raised ``__cause__`` while being imported. Its traceback starts at
+    the script's own frame (headrace's and importlib's frames removed), so printing
+    ``__cause__`` shows what ``python script.py`` shows."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +137,9 @@ def run_profile(args: argparse.Namespace) -> int:
     """``headrace profile``: see the module docstring. Returns the exit status."""
     from headrace.profiler.probe import probe
 
-    target = _target_or_none(args)
-    if target is None:
-        return 2
+    target = _target_or_status(args)
+    if isinstance(target, int):
+        return target
     loader = _loader(target, args)
     seen: list[tuple[float, bool]] = []  # (seconds, went slow) per finished sample
     loader.add_sample_listener(lambda _i, seconds, went_slow: seen.append((seconds, went_slow)))
@@ -189,10 +207,11 @@ def _threshold(loader: Any, times: Sequence[float]) -> tuple[float, str]:
 
 def run_plan(args: argparse.Namespace) -> int:
     """``headrace plan``: run ``--epochs`` epochs, print ``loader.explain()``. Exit status."""
-    target = _target_or_none(args)
-    if target is None or args.epochs < 1:
-        if target is not None:
-            print("headrace plan: --epochs must be >= 1", file=sys.stderr)
+    target = _target_or_status(args)
+    if isinstance(target, int):
+        return target
+    if args.epochs < 1:
+        print("headrace plan: --epochs must be >= 1", file=sys.stderr)
         return 2
     loader = _loader(target, args)
     try:
@@ -214,21 +233,24 @@ def load_target(spec: str, *, samples: int, time_scale: float = 0.1,
                 cache_dir: str | None = None, seed: int = 0) -> Target:
     """A workload by name (built with ``samples`` samples) or a script by path.
 
-    Raises ``ValueError`` with what to do when ``spec`` is neither, or the script breaks the
-    protocol (module docstring).
+    Raises :class:`TargetError` with what to do when ``spec`` is neither, or the script breaks
+    the protocol (module docstring); :class:`ScriptFailed` when the script raises on import.
     """
     from headrace.workloads import WORKLOADS, get_workload
 
     path = Path(spec)
     if spec.endswith(".py") or path.is_file():
         if not path.is_file():
-            raise ValueError(f"no script at {spec}")
+            raise TargetError(f"no script at {spec}")
         return _script_target(load_script(path))
     if spec not in WORKLOADS:
-        raise ValueError(f"{spec!r} is neither a Python script nor a workload "
+        raise TargetError(f"{spec!r} is neither a Python script nor a workload "
                          f"({', '.join(WORKLOADS)})")
-    w = get_workload(spec, num_samples=samples, time_scale=time_scale, seed=seed,
-                     cache_dir=cache_dir)
+    try:
+        w = get_workload(spec, num_samples=samples, time_scale=time_scale, seed=seed,
+                         cache_dir=cache_dir)
+    except ValueError as e:  # a workload's own check of these arguments
+        raise TargetError(f"{spec}: {e}") from None
     step_s = w.accelerator_step_s
     return Target(w.name, w.pipeline, w.batch_size, w.num_workers, None,
                   lambda _batch: time.sleep(step_s),
@@ -240,6 +262,9 @@ def load_script(path: str | Path) -> ModuleType:
 
     Its directory is put first on ``sys.path`` so that spawned worker processes can import it
     (its functions are pickled by reference); a name taken by another module gets a prefix.
+    An exception the script raises is re-raised as :class:`ScriptFailed` from it (its
+    ``__cause__``, traceback from the script's frame on); ``SystemExit`` and
+    ``KeyboardInterrupt`` pass as they are, as they would end ``python script.py``.
     """
     p = Path(path).resolve()
     name = p.stem
@@ -250,10 +275,18 @@ def load_script(path: str | Path) -> ModuleType:
         sys.path.insert(0, str(p.parent))
     spec = importlib.util.spec_from_file_location(name, p)
     if spec is None or spec.loader is None:
-        raise ValueError(f"cannot import {p} as a Python module")
+        raise TargetError(f"cannot import {p} as a Python module")
     module = sys.modules[name] = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
+    except Exception as e:  # the user's own error, of any type (a ValueError included)
+        del sys.modules[name]
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != str(p):
+            tb = tb.tb_next  # drop this function's frame and importlib's
+        if tb is not None:
+            e.__traceback__ = tb
+        raise ScriptFailed(f"{p} raised while being imported") from e
     except BaseException:
         del sys.modules[name]
         raise
@@ -266,22 +299,22 @@ def _script_target(m: ModuleType) -> Target:
     where = getattr(m, "__file__", m.__name__)
     data = getattr(m, "pipeline", None)
     if data is not None and not isinstance(data, hr.Pipeline):
-        raise ValueError(f"{where}: `pipeline` must be a headrace.Pipeline, "
+        raise TargetError(f"{where}: `pipeline` must be a headrace.Pipeline, "
                          f"got {type(data).__name__}")
     if data is None:
         import torch.utils.data as tud
 
         data = getattr(m, "dataset", None)
         if isinstance(data, tud.IterableDataset):
-            raise ValueError(f"{where}: `dataset` is an IterableDataset; profile and plan "
+            raise TargetError(f"{where}: `dataset` is an IterableDataset; profile and plan "
                              "run a subset of samples by index, which needs a map-style "
                              "dataset (__len__ and __getitem__)")
         if data is None or not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
-            raise ValueError(f"{where}: define `pipeline` (a headrace.Pipeline) or `dataset` "
+            raise TargetError(f"{where}: define `pipeline` (a headrace.Pipeline) or `dataset` "
                              "(a map-style dataset with __len__ and __getitem__)")
     step = getattr(m, "train_step", None)
     if step is not None and not callable(step):
-        raise ValueError(f"{where}: `train_step` must be callable as train_step(batch)")
+        raise TargetError(f"{where}: `train_step` must be callable as train_step(batch)")
     return Target(
         name=m.__name__.removeprefix("_headrace_script_"),
         dataset=data,
@@ -300,17 +333,26 @@ def _workers(value: Any, where: str) -> int | str:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{where}: `num_workers` must be an integer or 'auto', got "
+        raise TargetError(f"{where}: `num_workers` must be an integer or 'auto', got "
                          f"{value!r}") from None
 
 
-def _target_or_none(args: argparse.Namespace) -> Target | None:
+def _target_or_status(args: argparse.Namespace) -> Target | int:
+    """The target, or the exit status after saying why there is none: 2 for a
+    :class:`TargetError` (one line), 1 for a script that raised on import (its traceback, as
+    ``python script.py`` prints it, then one line naming the command)."""
+    command = f"headrace {getattr(args, 'command', 'profile')}"
     try:
         return load_target(args.target, samples=args.samples, time_scale=args.time_scale,
                            cache_dir=args.cache_dir, seed=args.seed)
-    except ValueError as e:
-        print(f"headrace {getattr(args, 'command', 'profile')}: {e}", file=sys.stderr)
-        return None
+    except TargetError as e:
+        print(f"{command}: {e}", file=sys.stderr)
+        return 2
+    except ScriptFailed as e:
+        cause = e.__cause__ or e
+        traceback.print_exception(type(cause), cause, cause.__traceback__, file=sys.stderr)
+        print(f"{command}: {e}", file=sys.stderr)
+        return 1
 
 
 def _loader(target: Target, args: argparse.Namespace) -> Any:
