@@ -178,6 +178,31 @@ def test_scripts_the_cli_cannot_run_as_written_say_why(tmp_path, capsys):
     assert "must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--samples", "0"], ["--samples", "-3"], ["--workers", "-1"],
+                                  ["--warmup", "-1"], ["--time-scale", "-1"]])
+def test_counts_out_of_range_are_usage_errors(tmp_path, capsys, argv):
+    # --samples 0 and -3 profiled 1 sample with status 0; --workers -1 ended in torch's
+    # traceback from inside the DataLoader
+    script = tmp_path / "squares.py"
+    script.write_text(DATASET_SCRIPT)
+    with pytest.raises(SystemExit) as exit_:
+        run(["profile", str(script), "--out", str(tmp_path), *argv])
+    assert exit_.value.code == 2
+    assert f"argument {argv[0]}: must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("line, says", [
+    ("num_workers = -1", "`num_workers` must be an integer of at least 0 or 'auto', got -1"),
+    ("batch_size = 0", "`batch_size` must be an integer of at least 1, got 0"),
+    ("batch_size = 'many'", "`batch_size` must be an integer of at least 1, got 'many'"),
+])
+def test_a_scripts_settings_out_of_range_say_which(tmp_path, capsys, line, says):
+    script = tmp_path / "squares.py"
+    script.write_text(DATASET_SCRIPT + line + "\n")
+    assert run(["plan", str(script), "--epochs", "1"]) == 2
+    assert capsys.readouterr().err == f"headrace plan: {script}: {says}\n"
+
+
 COMPOSE_SCRIPT = textwrap.dedent('''
     import torch
 

@@ -92,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "input-bound (FastFlow's Lthp vs Gthp); write a PNG of the distribution.")
     _common(p)
     p.add_argument("--out", default="profile-out", metavar="DIR", help="PNG and JSON go here")
-    p.add_argument("--warmup", type=int, default=3, metavar="N",
+    p.add_argument("--warmup", type=_non_negative, default=3, metavar="N",
                    help="batches consumed before the throughput clock starts (default 3)")
     p.set_defaults(func=run_profile)
     q = subparsers.add_parser(
@@ -100,7 +100,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Run --epochs epochs (AutoOrder acts from the second) and print "
         "loader.explain(): step order, slow lane, workers, profile.")
     _common(q)
-    q.add_argument("--epochs", type=int, default=2, help="epochs to run (default 2)")
+    q.add_argument("--epochs", type=_positive, default=2, metavar="N",
+                   help="epochs to run (default 2)")
     q.set_defaults(func=run_plan)
 
 
@@ -110,14 +111,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="SCRIPT_OR_WORKLOAD",
                    help=f"a Python script (see headrace.cli.profile) or one of "
                    f"{', '.join(WORKLOADS)}")
-    p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, metavar="N",
-                   help=f"samples per epoch (default {DEFAULT_SAMPLES})")
-    p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="worker processes (default: the script's or workload's)")
+    p.add_argument("--samples", type=_positive, default=DEFAULT_SAMPLES, metavar="N",
+                   help=f"samples per epoch (default {DEFAULT_SAMPLES}): a workload is built "
+                   "with N, a script's dataset gives a seeded random N of its own (all of "
+                   "them if it has fewer)")
+    p.add_argument("--workers", type=_non_negative, default=None, metavar="N",
+                   help="worker processes, 0: load in this process (default: the script's "
+                   "or workload's)")
     p.add_argument("--batch-size", type=_positive, default=None, metavar="N",
                    help="batch size (default: the script's or workload's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sample subset and steps")
-    p.add_argument("--time-scale", type=float, default=0.1,
+    p.add_argument("--time-scale", type=_non_negative_float, default=0.1, metavar="F",
                    help="workloads: factor on simulated step times (default 0.1)")
     p.add_argument("--cache-dir", default=None, help="workloads: where generated files go")
     p.add_argument("--store", default=None, metavar="PATH",
@@ -126,11 +130,28 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _positive(text: str) -> int:
     """An argparse type: an integer of at least 1 (``--batch-size 0`` was taken for the
-    default)."""
+    default, ``--samples 0`` profiled one sample)."""
     n = int(text)
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
     return n
+
+
+def _non_negative(text: str) -> int:
+    """An argparse type: an integer of at least 0 (``--workers -1`` ended in torch's
+    traceback)."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {n}")
+    return n
+
+
+def _non_negative_float(text: str) -> float:
+    """An argparse type: a finite number of at least 0 (a factor on step times)."""
+    x = float(text)
+    if not (math.isfinite(x) and x >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of at least 0, got {text}")
+    return x
 
 
 def run_profile(args: argparse.Namespace) -> int:
@@ -210,9 +231,6 @@ def run_plan(args: argparse.Namespace) -> int:
     target = _target_or_status(args)
     if isinstance(target, int):
         return target
-    if args.epochs < 1:
-        print("headrace plan: --epochs must be >= 1", file=sys.stderr)
-        return 2
     loader = _loader(target, args)
     try:
         for _ in range(args.epochs):
@@ -318,7 +336,7 @@ def _script_target(m: ModuleType) -> Target:
     return Target(
         name=m.__name__.removeprefix("_headrace_script_"),
         dataset=data,
-        batch_size=int(getattr(m, "batch_size", DEFAULT_BATCH_SIZE)),
+        batch_size=_count(getattr(m, "batch_size", DEFAULT_BATCH_SIZE), "batch_size", 1, where),
         num_workers=_workers(getattr(m, "num_workers", DEFAULT_WORKERS), where),
         collate_fn=getattr(m, "collate_fn", None),
         train_step=step,
@@ -327,14 +345,24 @@ def _script_target(m: ModuleType) -> Target:
 
 
 def _workers(value: Any, where: str) -> int | str:
-    """A script's ``num_workers``: an integer, or ``"auto"`` as the DataLoader takes it."""
+    """A script's ``num_workers``: an integer of at least 0, or ``"auto"`` as the DataLoader
+    takes it."""
     if value == "auto":
         return "auto"
+    return _count(value, "num_workers", 0, where, " or 'auto'")
+
+
+def _count(value: Any, name: str, least: int, where: str, other: str = "") -> int:
+    """A script's integer setting ``name`` of at least ``least``, else a :class:`TargetError`
+    naming it (not int()'s message, nor torch's traceback for a negative one)."""
     try:
-        return int(value)
+        n = int(value)
     except (TypeError, ValueError):
-        raise TargetError(f"{where}: `num_workers` must be an integer or 'auto', got "
-                         f"{value!r}") from None
+        n = least - 1
+    if n < least or isinstance(value, bool):
+        raise TargetError(f"{where}: `{name}` must be an integer of at least {least}{other}, "
+                          f"got {value!r}")
+    return n
 
 
 def _target_or_status(args: argparse.Namespace) -> Target | int:
@@ -362,7 +390,7 @@ def _loader(target: Target, args: argparse.Namespace) -> Any:
     import headrace as hr
 
     total = len(target.dataset)
-    n = max(1, min(args.samples, total))
+    n = min(args.samples, total)
     order = torch.randperm(total, generator=torch.Generator().manual_seed(args.seed))[:n]
     opts = hr.Options(seed=args.seed, profile=True,
                       profile_store=args.store if args.store else False)
