@@ -3,7 +3,7 @@
 Each subcommand is one ``_add_<name>(subparsers)`` function that declares its arguments and
 sets ``func`` to the function running it; adding a subcommand is writing that pair and listing
 the adder in :data:`SUBCOMMANDS`. Heavy imports happen inside the run functions, so ``--help``
-stays fast. ``profile`` and ``plan`` build a loader from a user's script, so they live here
+stays fast. ``python -m headrace.cli`` runs it too (``cli/__main__.py``). ``profile`` and ``plan`` build a loader from a user's script, so they live here
 (``cli/profile.py``), beside the command, not in ``profiler/``, which the runtime imports.
 """
 
@@ -248,6 +248,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv
     return int(args.func(args))
 
-
-if __name__ == "__main__":
-    sys.exit(main())
