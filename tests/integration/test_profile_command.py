@@ -203,6 +203,24 @@ def test_a_scripts_settings_out_of_range_say_which(tmp_path, capsys, line, says)
     assert capsys.readouterr().err == f"headrace plan: {script}: {says}\n"
 
 
+def test_a_failing_sample_says_the_commands_way_to_skip_it(tmp_path, capsys):
+    # the error advised options=headrace.Options(on_error='skip'), which no command line could
+    # pass: --on-error is that option, and the command says so under the error
+    script = tmp_path / "squares.py"
+    script.write_text(DATASET_SCRIPT.replace(
+        "return torch.full", "if i == 7:\n            raise KeyError(i)\n        return torch.full"))
+    for argv in (["profile", str(script), "--out", str(tmp_path)], ["plan", str(script)]):
+        assert run(argv) == 1
+        err = capsys.readouterr().err
+        assert "KeyError: 7" in err and "raise KeyError(i)" in err  # the user's traceback
+        assert err.rstrip().endswith(f"headrace {argv[0]}: the command's way to do so is "
+                                     "--on-error skip (it reports how many samples it skipped)")
+    assert run(["profile", str(script), "--out", str(tmp_path), "--on-error", "skip"]) == 0
+    assert "19 samples, batch 4, 0 workers" in capsys.readouterr().out
+    assert run(["plan", str(script), "--on-error", "skip", "--epochs", "1"]) == 0
+    assert "skipped 1" in capsys.readouterr().out
+
+
 COMPOSE_SCRIPT = textwrap.dedent('''
     import torch
 

@@ -17,7 +17,10 @@ second) and prints ``loader.explain()``. Neither touches a profile store without
 
 Exit status: 0 done; 2 a usage error, or a target that is neither a workload nor a script
 that follows the protocol (one line saying what to change); 1 an error of the user's own code
-(its traceback: on import as ``python script.py`` prints it, then a line naming the command).
+(its traceback: on import as ``python script.py`` prints it, then a line naming the command;
+in a sample's ``__getitem__`` or step as the loader raises it, then the command's way to skip
+such samples: ``--on-error skip``, which ``profile`` reports as "N skipped" and ``plan``'s
+``explain()`` per epoch).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import numpy as np
 from headrace import units
 from headrace.cli.profile_render import histogram_text, step_table, write_png
 from headrace.cli.targets import ScriptFailed, Target, TargetError, load_target
+from headrace.errors import HeadraceError
 from headrace.planner.order import MIN_PROFILE_SAMPLES
 from headrace.runtime.explaining import handoff_off
 
@@ -84,6 +88,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=_non_negative_float, default=0.1, metavar="F",
                    help="workloads: factor on simulated step times (default 0.1)")
     p.add_argument("--cache-dir", default=None, help="workloads: where generated files go")
+    p.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                   help="a sample whose __getitem__ or step raises: raise (default) stops "
+                   "with its traceback; skip drops it and counts it (Options(on_error=...))")
     p.add_argument("--store", default=None, metavar="PATH",
                    help="profile store (SQLite) to reuse and update (default: none)")
 
@@ -132,6 +139,10 @@ def run_profile(args: argparse.Namespace) -> int:
         else:
             for _ in loader:
                 pass
+    except HeadraceError as e:
+        if not _said_on_error(e, args):
+            raise
+        return 1
     finally:
         loader.close()
     wall = time.perf_counter() - t0
@@ -146,7 +157,8 @@ def run_profile(args: argparse.Namespace) -> int:
     out = [
         f"headrace profile: {target.name}: {target.description}",
         f"{n} samples, batch {loader.batch_size}, {loader.num_workers} workers, "
-        f"{wall:.2f} s ({n / wall:.1f} samples/s with the consumer)",
+        f"{wall:.2f} s ({n / wall:.1f} samples/s with the consumer)"
+        + _skipped(loader),
         "", "per step, per sample (load = Source.load):", *step_table(profile), "",
         f"per-sample time (load + steps), {n} samples: p50 {units.duration(profile.total_p50)}, "
         f"p90 {units.duration(profile.total_p90)}, p99 {units.duration(profile.total_p99)}, max {units.duration(profile.total_max)}",
@@ -196,14 +208,37 @@ def run_plan(args: argparse.Namespace) -> int:
         for _ in range(args.epochs):
             for _ in loader:
                 pass
+    except HeadraceError as e:
+        if not _said_on_error(e, args):
+            raise
+        return 1
     finally:
         loader.close()
-    print(loader.explain())
+    print(loader.explain())  # its epoch lines count skipped samples
     need = min(MIN_PROFILE_SAMPLES, len(target.dataset))
     if len(loader.sampler) < need:
         print(f"note: AutoOrder decides after {need} profiled samples; this ran "
               f"{len(loader.sampler)} per epoch (use --samples {need})")
     return 0
+
+
+def _said_on_error(e: HeadraceError, args: argparse.Namespace) -> bool:
+    """Print ``e`` with its traceback and the command's way to skip failing samples, where its
+    message advises ``Options(on_error='skip')``, which a user of the command cannot pass
+    (a failing step or ``__getitem__``, a sample that kills its worker). False: ``e`` is not
+    such an error, or the command already ran with ``--on-error skip``; let it propagate."""
+    if args.on_error != "raise" or "Options(on_error='skip')" not in str(e):
+        return False
+    traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+    print(f"headrace {getattr(args, 'command', 'profile')}: the command's way to do so is "
+          "--on-error skip (it reports how many samples it skipped)", file=sys.stderr)
+    return True
+
+
+def _skipped(loader: Any) -> str:
+    """``", N skipped (--on-error skip)"`` where samples were skipped, else ``""``."""
+    n = sum(e.skipped_samples for e in loader.stats().epochs)
+    return f", {n} skipped (--on-error skip)" if n else ""
 
 
 # -- targets ----------------------------------------------------------------------------------
@@ -234,7 +269,7 @@ def _loader(target: Target, args: argparse.Namespace) -> Any:
     total = len(target.dataset)
     n = min(args.samples, total)
     order = torch.randperm(total, generator=torch.Generator().manual_seed(args.seed))[:n]
-    opts = hr.Options(seed=args.seed, profile=True,
+    opts = hr.Options(seed=args.seed, profile=True, on_error=args.on_error,
                       profile_store=args.store if args.store else False)
     return hr.DataLoader(
         target.dataset,
