@@ -160,6 +160,17 @@ def test_a_scripts_own_error_on_import_shows_its_traceback_not_a_usage_line(tmp_
     assert "broken" not in sys.modules
 
 
+def test_a_script_that_does_not_compile_shows_the_syntax_error_as_python_does(tmp_path, capsys):
+    # the error was printed under headrace's and importlib's frames (load_script, exec_module)
+    script = tmp_path / "broken.py"
+    script.write_text("import torch\nreturn torch\n")
+    assert run(["plan", str(script)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f'  File "{script}", line 2\n'), err
+    assert "SyntaxError: 'return' outside function" in err
+    assert "Traceback" not in err and "importlib" not in err and "headrace/cli" not in err
+
+
 def test_scripts_the_cli_cannot_run_as_written_say_why(tmp_path, capsys):
     # an IterableDataset went to a sampler of indices (torch's ValueError dumped them all),
     # num_workers = "auto" failed int(), --batch-size 0 was taken for the script's own

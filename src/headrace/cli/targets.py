@@ -114,8 +114,9 @@ def load_script(path: str | Path) -> ModuleType:
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != str(p):
             tb = tb.tb_next  # drop this function's frame and importlib's
-        if tb is not None:
-            e.__traceback__ = tb
+        # no frame of the script: it did not compile (a SyntaxError names its file and line
+        # itself, and python script.py prints no traceback above it)
+        e.__traceback__ = tb
         raise ScriptFailed(f"{p} raised while being imported") from e
     except BaseException:
         del sys.modules[name]
