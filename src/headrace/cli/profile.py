@@ -53,11 +53,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "profile", help="per-step profile, per-sample time distribution, input-bound verdict",
         description="Run one epoch with profiling on; print per-step times and bytes, the "
         "per-sample time distribution with the slow threshold, and whether training is "
-        "input-bound (FastFlow's Lthp vs Gthp); write a PNG of the distribution.")
+        "input-bound (FastFlow's Lthp vs Gthp; a workload, or a script defining train_step); "
+        "write a PNG of the distribution and the numbers as JSON.")
     _common(p)
-    p.add_argument("--out", default="profile-out", metavar="DIR", help="PNG and JSON go here")
+    p.add_argument("--out", default="profile-out", metavar="DIR",
+                   help="PNG and JSON go here (default profile-out)")
     p.add_argument("--warmup", type=_non_negative, default=3, metavar="N",
-                   help="batches consumed before the throughput clock starts (default 3)")
+                   help="batches consumed before the verdict's throughput clock starts "
+                   "(default 3; at most the epoch's batches less one)")
     p.set_defaults(func=run_profile)
     q = subparsers.add_parser(
         "plan", help="run a few epochs and print what headrace decided and why",
