@@ -15,6 +15,7 @@ from headrace.profiler.stats import PipelineProfile, Profiler
 from headrace.profiler.store import (
     ENV_VAR,
     STORE_SCHEMA,
+    NotAProfileStore,
     ProfileKey,
     ProfileStore,
     default_store_path,
@@ -151,10 +152,11 @@ def test_default_path_honours_env_and_xdg(tmp_path, monkeypatch):
 
 def test_an_older_schema_is_discarded(tmp_path):
     path = tmp_path / "p.sqlite"
-    with sqlite3.connect(path) as conn:  # a pre-versioned layout (user_version 0)
-        conn.execute("CREATE TABLE profiles (key TEXT PRIMARY KEY, blob BLOB)")
-        conn.execute("CREATE TABLE extra (x INTEGER)")
-        conn.execute("INSERT INTO profiles VALUES ('k', x'00')")
+    with sqlite3.connect(path) as conn:  # store schema 1: no executor column
+        conn.execute("CREATE TABLE profiles (pipeline TEXT, dataset TEXT, machine TEXT, "
+                     "schema_version INTEGER, created REAL, samples INTEGER, profile TEXT)")
+        conn.execute("INSERT INTO profiles VALUES ('a', 'b', 'c', 1, 0, 5, '{}')")
+        conn.execute("PRAGMA user_version = 1")
     conn.close()
     store = ProfileStore(path)
     assert store.get(KEY) is None
@@ -165,6 +167,26 @@ def test_an_older_schema_is_discarded(tmp_path):
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     conn.close()
     assert tables == {"profiles"}
+
+
+@pytest.mark.parametrize("user_version", [0, STORE_SCHEMA])
+def test_a_users_own_database_is_left_alone(tmp_path, user_version):
+    """Given a user's SQLite database (an experiment tracker's), the store dropped every table
+    of a ``user_version`` 0 file as an "older layout" (a bug hunt); now it refuses the file,
+    whatever its ``user_version``, and a ``profiles`` table beside others is not the store's."""
+    path = tmp_path / "experiments.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE runs (id INTEGER, loss REAL)")
+        conn.execute("CREATE TABLE profiles (pipeline, dataset, machine, profile)")
+        conn.executemany("INSERT INTO runs VALUES (?, ?)", [(i, 1 / (i + 1)) for i in range(100)])
+        conn.execute(f"PRAGMA user_version = {user_version}")
+    conn.close()
+    before = path.read_bytes()
+    store = ProfileStore(path)
+    for call in (lambda: store.get(KEY), lambda: store.put(KEY, make_profile()), store.keys):
+        with pytest.raises(NotAProfileStore, match="experiments.db.*leaves it alone"):
+            call()
+    assert path.read_bytes() == before
 
 
 def test_a_newer_schema_is_left_alone_and_reads_empty(tmp_path):
@@ -213,14 +235,62 @@ def test_keep_larger_replaces_a_larger_profile_it_cannot_read(tmp_path):
     assert store.get(KEY) == make_profile(n=18)
 
 
-def test_a_file_that_is_not_a_database_is_replaced(tmp_path):
-    path = tmp_path / "p.sqlite"
-    path.write_bytes(b"this is not sqlite" * 100)
+@pytest.mark.parametrize("text", [b"lr: 0.1\nepochs: 90\n", b'{"samples": 3}', b"x"])
+def test_a_file_that_is_not_a_database_is_left_alone(tmp_path, text):
+    """A text, YAML or JSON file named as the store was unlinked and replaced by a store (a bug
+    hunt: ``--store`` pointing at the previous run's JSON); now it is refused, untouched."""
+    path = tmp_path / "train_config.yaml"
+    path.write_bytes(text)
     store = ProfileStore(path)
-    with pytest.warns(UserWarning, match="not a profile store"):
-        assert store.get(KEY) is None
-    store.put(KEY, make_profile())
-    assert store.get(KEY) == make_profile()
+    with pytest.raises(NotAProfileStore, match="train_config.yaml is not a profile store"):
+        store.get(KEY)
+    with pytest.raises(NotAProfileStore):
+        store.put(KEY, make_profile())
+    assert path.read_bytes() == text
+    path.write_bytes(b"")  # an empty file is a store yet to be made
+    assert store.put(KEY, make_profile()) and store.get(KEY) == make_profile()
+
+
+def _corrupt_store(path: Path) -> bytes:
+    """A store of 200 rows whose pages after the second are overwritten (header intact)."""
+    store = ProfileStore(path)
+    for i in range(200):
+        store.put(ProfileKey(f"p{i}" * 20, "d", "m"),
+                  dataclasses.replace(make_profile(n=3), rejected_orders=((f"x{i}" * 50,),)))
+    data = bytearray(path.read_bytes())
+    for off in range(8192, len(data), 4096 * 3):
+        data[off:off + 4096] = bytes(range(256)) * 16
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def test_a_corrupt_page_sets_the_store_aside_and_starts_anew(tmp_path):
+    """A malformed page behind an intact header failed every get and put for good ("database
+    disk image is malformed" from the SELECT, outside the old handler: a bug hunt); now the
+    file is renamed aside, kept byte for byte, and a new store takes its place."""
+    path = tmp_path / "profiles.sqlite"
+    corrupt = _corrupt_store(path)
+    store = ProfileStore(path)
+    with pytest.warns(UserWarning, match="is corrupt .*moved it to"):
+        assert store.get(ProfileKey("zz", "d", "m")) is None
+    aside = list(tmp_path.glob("profiles.sqlite.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == corrupt
+    assert store.put(KEY, make_profile()) and store.get(KEY) == make_profile()
+    assert store.keys() == [KEY]
+
+
+@pytest.mark.parametrize("text", ["null", "[]", "3"])
+def test_a_row_that_is_not_a_json_object_is_a_miss(tmp_path, text):
+    """Rows of valid JSON that is not an object raised AttributeError in get and put for ever
+    (never replaced: a bug hunt); they are misses, replaced by the next save."""
+    store = ProfileStore(tmp_path / "p.sqlite")
+    store.put(KEY, make_profile(n=30))
+    with sqlite3.connect(store.path) as conn:
+        conn.execute("UPDATE profiles SET profile = ?", (text,))
+    conn.close()
+    assert store.get(KEY) is None
+    assert store.put(KEY, make_profile(n=5), keep_larger=True)
+    assert store.get(KEY) == make_profile(n=5)
 
 
 def _writer(path: str, worker: int, n: int) -> None:

@@ -199,7 +199,10 @@ class PipelineProfile:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PipelineProfile:
-        """Rebuild a profile; ``ValueError`` when written by another schema version or malformed."""
+        """Rebuild a profile; ``ValueError`` when written by another schema version or malformed
+        (also where ``d`` is not a dict at all: a stored ``null`` or ``[]``)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"malformed profile: a {type(d).__name__}, not a dict")
         version = d.get("schema_version")
         if version != PROFILE_SCHEMA:
             raise ValueError(f"profile schema {version!r}, this headrace reads {PROFILE_SCHEMA}")

@@ -13,7 +13,12 @@ else ``~/.cache/headrace/profiles.sqlite``. Every call opens its own connection,
 picklable and fork-safe; writes run in ``BEGIN IMMEDIATE`` transactions (atomic, serialised
 between processes by SQLite's lock, waiting up to ``timeout`` seconds). A file written by an
 older store schema is discarded and recreated; one written by a newer headrace is left alone
-and reads as empty. A file that is not a database is replaced.
+and reads as empty. Only a file that is recognisably a store is ever written: an empty file,
+or an SQLite database whose only table is the store's ``profiles``. Any other file (a user's
+text, YAML or JSON, another SQLite database) is left untouched and :class:`NotAProfileStore`
+is raised (the loader then keeps its profile in memory and warns, naming the path). A store
+SQLite finds corrupt (a bad header, a malformed page) is renamed aside as
+``<name>.corrupt-<UTC time>``, never deleted, and a new one started in its place.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ import platform
 import sqlite3
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
+from headrace.errors import HeadraceError
 from headrace.profiler.report import PipelineProfile
 
 if TYPE_CHECKING:
@@ -39,11 +45,14 @@ if TYPE_CHECKING:
 __all__ = [
     "ENV_VAR",
     "STORE_SCHEMA",
+    "NotAProfileStore",
     "ProfileKey",
     "ProfileStore",
     "default_store_path",
     "machine_fingerprint",
 ]
+
+_T = TypeVar("_T")
 
 ENV_VAR = "HEADRACE_PROFILE_STORE"
 """Environment variable naming the store file or its directory (overridden by an explicit
@@ -54,6 +63,15 @@ STORE_FILE = "profiles.sqlite"
 STORE_SCHEMA = 2
 """Layout of the SQLite file (``PRAGMA user_version`` and a column of every row); 2 added the
 executor to the key (files of 1 are discarded and recreated, as any older layout)."""
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite database file."""
+_STORE_COLUMNS = frozenset({"pipeline", "dataset", "machine", "profile"})
+"""Columns every layout of the ``profiles`` table has had: what makes a table the store's."""
+
+
+class NotAProfileStore(HeadraceError, FileExistsError):
+    """The store's path names a file that is not a profile store; headrace leaves it alone."""
 
 _CREATE = """
 CREATE TABLE IF NOT EXISTS profiles (
@@ -157,8 +175,7 @@ class ProfileStore:
 
     def get(self, key: ProfileKey) -> PipelineProfile | None:
         """The stored profile of ``key``, or ``None`` (never stored, invalidated, or unreadable)."""
-        with self._connect() as conn:
-            return None if conn is None else self._read(conn, key)
+        return self._run(lambda conn: self._read(conn, key), None)
 
     def put(self, key: ProfileKey, profile: PipelineProfile, *, keep_larger: bool = False) -> bool:
         """Store the profile of ``key``, atomically; True when it was stored. It replaces the
@@ -168,9 +185,9 @@ class ProfileStore:
         stays found, whichever profile is kept). The loader saves with ``keep_larger``
         (docs/design.md: a stored profile is replaced only by one of at least as many
         samples)."""
-        with self._connect() as conn:
-            if conn is None:
-                return False
+
+        def put(conn: sqlite3.Connection) -> bool:
+            nonlocal profile
             with _transaction(conn):
                 old = self._read(conn, key)
                 if old is not None:
@@ -181,15 +198,16 @@ class ProfileStore:
                         self._write(conn, key, merged)
                     return False
                 self._write(conn, key, profile)
-        return True
+            return True
+
+        return self._run(put, False)
 
     def add_rejected(self, key: ProfileKey, order: tuple[str, ...]) -> bool:
         """Record ``order`` (step names) in the stored profile of ``key``'s
         ``rejected_orders``, atomically; False when no readable profile is stored (the run's
         own save carries it then)."""
-        with self._connect() as conn:
-            if conn is None:
-                return False
+
+        def add(conn: sqlite3.Connection) -> bool:
             with _transaction(conn):
                 old = self._read(conn, key)
                 if old is None:
@@ -197,7 +215,9 @@ class ProfileStore:
                 merged = _with_rejected(old, (order,))
                 if merged != old:
                     self._write(conn, key, merged)
-        return True
+            return True
+
+        return self._run(add, False)
 
     @staticmethod
     def _read(conn: sqlite3.Connection, key: ProfileKey) -> PipelineProfile | None:
@@ -239,46 +259,80 @@ class ProfileStore:
         sql = "DELETE FROM profiles"
         if where:
             sql += " WHERE " + " AND ".join(f"{c}=?" for c, _ in where)
-        with self._connect() as conn:
-            if conn is None:
-                return 0
+
+        def delete(conn: sqlite3.Connection) -> int:
             with _transaction(conn):
-                return conn.execute(sql, [v for _, v in where]).rowcount
+                return int(conn.execute(sql, [v for _, v in where]).rowcount)
+
+        return self._run(delete, 0)
 
     def keys(self) -> list[ProfileKey]:
         """Every stored key, most recent first."""
-        with self._connect() as conn:
-            if conn is None:
-                return []
-            rows = conn.execute(
-                "SELECT pipeline, dataset, machine, executor FROM profiles ORDER BY created DESC"
-            ).fetchall()
+        rows: list[tuple[str, str, str, str]] = self._run(lambda conn: conn.execute(
+            "SELECT pipeline, dataset, machine, executor FROM profiles ORDER BY created DESC"
+        ).fetchall(), [])
         return [ProfileKey(*r) for r in rows]
+
+    def _run(self, op: Callable[[sqlite3.Connection], _T], newer: _T) -> _T:
+        """``op`` on a connection to the store, ``newer`` where a newer headrace owns the file.
+        A store SQLite finds corrupt, when connecting or in ``op`` (a malformed page behind an
+        intact header shows only there), is set aside (:meth:`_set_aside`) and ``op`` run once
+        on a new store; a busy or unwritable one raises ``sqlite3.OperationalError``."""
+        for attempt in (0, 1):
+            try:
+                with self._connect() as conn:
+                    return newer if conn is None else op(conn)
+            except sqlite3.DatabaseError as e:
+                if isinstance(e, sqlite3.OperationalError) or attempt:
+                    raise
+                self._set_aside(e)
+        raise AssertionError("unreachable")
+
+    def _set_aside(self, e: sqlite3.DatabaseError) -> None:
+        """Rename the corrupt store to ``<name>.corrupt-<UTC time>`` (kept for whoever wants to
+        look at it, as a user's own file would be), unless another process has done so."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
+        try:
+            self.path.rename(aside)
+        except FileNotFoundError:
+            return  # another process set it aside first
+        warnings.warn(f"headrace: the profile store {self.path} is corrupt ({e}); moved it to "
+                      f"{aside} and started a new one", stacklevel=4)
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection | None]:
-        """A connection with the current schema, or ``None`` for a newer headrace's file."""
+        """A connection with the current schema, or ``None`` for a newer headrace's file;
+        :class:`NotAProfileStore` where the path names a file that is not a store."""
         home = _missing_home(self.path)
         if home is not None:
             raise FileNotFoundError(f"the home directory {home} does not exist")
+        _refuse_foreign_file(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
         try:
-            try:
-                usable = _ensure_schema(conn)
-            except sqlite3.DatabaseError as e:
-                if isinstance(e, sqlite3.OperationalError):
-                    raise  # locked or unwritable: the caller should see it
-                conn.close()
-                warnings.warn(
-                    f"{self.path} is not a profile store ({e}); replacing it", stacklevel=3
-                )
-                self.path.unlink(missing_ok=True)
-                conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
-                usable = _ensure_schema(conn)
+            usable = _ensure_schema(conn, self.path)
             yield conn if usable else None
         finally:
             conn.close()
+
+
+def _refuse_foreign_file(path: Path) -> None:
+    """Raise :class:`NotAProfileStore` where ``path`` is something other than a directory's
+    free name, an empty file or an SQLite database (its first 16 bytes): SQLite would call it
+    corrupt, and a user's text file was replaced by a store."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        raise NotAProfileStore(f"{path} is a directory, not a profile store") from None
+    if head and head != _SQLITE_HEADER:
+        raise NotAProfileStore(
+            f"{path} is not a profile store (not an SQLite file): headrace leaves it alone; "
+            "name another file or directory (Options(profile_store=...) or "
+            f"${ENV_VAR})")
 
 
 def _with_rejected(profile: PipelineProfile,
@@ -290,7 +344,8 @@ def _with_rejected(profile: PipelineProfile,
 
 
 def _parse(text: str) -> PipelineProfile | None:
-    """The profile a row holds, or ``None`` when another profile layout wrote it (a miss)."""
+    """The profile a row holds, or ``None`` when another profile layout wrote it or it is not
+    a profile at all (``null``, a list): a miss, which the next save replaces."""
     try:
         return PipelineProfile.from_dict(json.loads(text))
     except ValueError:
@@ -309,25 +364,46 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
-def _ensure_schema(conn: sqlite3.Connection) -> bool:
-    """Create or migrate the file to ``STORE_SCHEMA``; False when a newer schema owns it."""
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
+def _ensure_schema(conn: sqlite3.Connection, path: Path) -> bool:
+    """Create or migrate the file to ``STORE_SCHEMA``; False when a newer schema owns it.
+    :class:`NotAProfileStore` for a database that is not a store (its tables say)."""
+    version = _recognise(conn, path)
     if version == STORE_SCHEMA:
         return True
     if version > STORE_SCHEMA:
         return False
     with _transaction(conn):  # re-read under the write lock: another process may have done it
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        version = _recognise(conn, path)
         if version == STORE_SCHEMA:
             return True
         if version > STORE_SCHEMA:
             return False
-        # an empty file or an older layout: its profiles are not readable here, discard them
-        tables = conn.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
-        ).fetchall()
-        for (name,) in tables:
-            conn.execute(f'DROP TABLE IF EXISTS "{name}"')
+        # an empty database or an older store layout: its profiles are not readable here
+        conn.execute("DROP TABLE IF EXISTS profiles")
         conn.execute(_CREATE)
         conn.execute(f"PRAGMA user_version = {STORE_SCHEMA}")
     return True
+
+
+def _recognise(conn: sqlite3.Connection, path: Path) -> int:
+    """The store schema of the database ``conn`` opened (``PRAGMA user_version``; 0: an empty
+    database, to be made a store). :class:`NotAProfileStore` unless it is empty or its only
+    table, view, index or trigger of its own is a ``profiles`` table with the store's
+    columns. A ``user_version`` above ``STORE_SCHEMA`` is returned as it is (a newer
+    headrace's store: read as empty, never written). A user's database lost every table to
+    the test this replaced, ``user_version`` alone."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > STORE_SCHEMA:
+        return version  # read as empty, never written: whoever wrote it keeps it as it is
+    objects = conn.execute(
+        "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchall()
+    if not objects:
+        return 0
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(profiles)").fetchall()}
+    if objects == [("table", "profiles")] and columns >= _STORE_COLUMNS:
+        return version
+    names = ", ".join(sorted(n for _, n in objects)[:5])
+    raise NotAProfileStore(
+        f"{path} is an SQLite database but not a profile store (it holds {names}): headrace "
+        f"leaves it alone; name another file or directory (Options(profile_store=...) or "
+        f"${ENV_VAR})")
