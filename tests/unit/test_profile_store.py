@@ -150,6 +150,26 @@ def test_default_path_honours_env_and_xdg(tmp_path, monkeypatch):
     assert ProfileStore(tmp_path / "arg.sqlite").path == tmp_path / "arg.sqlite"  # arg wins
 
 
+def test_the_env_var_follows_the_directory_rule_of_the_option(tmp_path, monkeypatch):
+    """``$HEADRACE_PROFILE_STORE=<dir>/`` made a FILE named like the directory, where the same
+    string as ``Options(profile_store=...)`` made ``<dir>/profiles.sqlite`` (a bug hunt)."""
+    monkeypatch.setenv(ENV_VAR, f"{tmp_path}/env_store/")
+    store = ProfileStore()
+    assert store.put(KEY, make_profile())
+    assert store.path == tmp_path / "env_store" / "profiles.sqlite" and store.path.is_file()
+    assert default_store_path() == store.path
+
+
+def test_the_default_stores_directory_named_as_a_path_stays_a_directory(tmp_path, monkeypatch):
+    """A job given ``profile_store="<cache>/headrace"`` (no slash, not made yet) made a file
+    there, and every later job on the default store failed (``FileExistsError``: a bug hunt)."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    ProfileStore(tmp_path / "headrace").put(KEY, make_profile())
+    assert (tmp_path / "headrace").is_dir()
+    assert ProfileStore().get(KEY) == make_profile()
+
+
 def test_an_older_schema_is_discarded(tmp_path):
     path = tmp_path / "p.sqlite"
     with sqlite3.connect(path) as conn:  # store schema 1: no executor column

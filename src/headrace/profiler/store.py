@@ -138,12 +138,29 @@ def machine_fingerprint() -> str:
 
 
 def default_store_path() -> Path:
-    """``$HEADRACE_PROFILE_STORE``, else the user cache directory's ``headrace/profiles.sqlite``."""
+    """``$HEADRACE_PROFILE_STORE`` (read as an explicit path is: see :func:`store_file`), else
+    the user cache directory's ``headrace/profiles.sqlite``."""
     env = os.environ.get(ENV_VAR)
     if env:
-        return Path(env).expanduser()
+        return store_file(env)
+    return _default_dir() / STORE_FILE
+
+
+def _default_dir() -> Path:
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "headrace" / STORE_FILE
+    return Path(cache) / "headrace"
+
+
+def store_file(path: str | os.PathLike[str]) -> Path:
+    """The store file that ``path`` names: ``path`` itself, or ``path/profiles.sqlite`` where
+    ``path`` is a directory (one that exists, a path ending in ``/``, or the default store's
+    directory, ``<user cache>/headrace``: made a file, it kept every later job off the default
+    store)."""
+    raw = os.fspath(path)
+    p = Path(raw).expanduser()
+    if raw.endswith(("/", os.sep)) or p.is_dir() or p == _default_dir().expanduser():
+        return p / STORE_FILE  # SQLite cannot open a directory
+    return p
 
 
 def _missing_home(path: Path) -> str | None:
@@ -164,10 +181,7 @@ class ProfileStore:
         directory to hold ``profiles.sqlite`` (one that exists, or a path ending in ``/``); ``None``: the default (see
         :func:`default_store_path`). ``timeout``: seconds a call waits for another process's
         write lock before ``sqlite3.OperationalError``."""
-        self.path = Path(path).expanduser() if path is not None else default_store_path()
-        named_dir = path is not None and os.fspath(path).endswith(("/", os.sep))
-        if named_dir or self.path.is_dir():  # SQLite cannot open a directory
-            self.path = self.path / STORE_FILE
+        self.path = store_file(path) if path is not None else default_store_path()
         self.timeout = timeout
 
     def __repr__(self) -> str:
