@@ -287,6 +287,16 @@ class ProfileStore:
         ).fetchall(), [])
         return [ProfileKey(*r) for r in rows]
 
+    def newer_schema(self) -> int | None:
+        """The store schema of a file a newer headrace wrote (``PRAGMA user_version``, which
+        this headrace reads as empty and never writes), else ``None``."""
+        with contextlib.suppress(OSError, sqlite3.Error), \
+                contextlib.closing(sqlite3.connect(
+                    f"{self.path.resolve().as_uri()}?mode=ro", uri=True)) as c:
+            version = int(c.execute("PRAGMA user_version").fetchone()[0])
+            return version if version > STORE_SCHEMA else None
+        return None
+
     def _run(self, op: Callable[[sqlite3.Connection], _T], newer: _T) -> _T:
         """``op`` on a connection to the store, ``newer`` where a newer headrace owns the file.
         A store SQLite finds corrupt, when connecting or in ``op`` (a malformed page behind an

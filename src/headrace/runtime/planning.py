@@ -16,7 +16,7 @@ from headrace.pipeline import Pipeline, Step
 from headrace.planner.autoorder import stats_of
 from headrace.planner.order import MIN_PROFILE_SAMPLES, PHASES, OrderPlan, Phase, plan_order
 from headrace.profiler.report import PipelineProfile
-from headrace.profiler.store import ProfileKey, ProfileStore
+from headrace.profiler.store import STORE_SCHEMA, ProfileKey, ProfileStore
 from headrace.runtime.monitor import Monitor
 from headrace.runtime.options import Options
 
@@ -196,9 +196,14 @@ class Planning:
         report = dataclasses.replace(p.report(), consumer_rate=rate,
                                      rejected_orders=tuple(self.rejected))
         try:
-            self.store.put(self.key, report, keep_larger=True)
+            kept = self.store.put(self.key, report, keep_larger=True)
+            newer = None if kept else self.store.newer_schema()
         except Exception as e:  # noqa: BLE001 - a broken cache must not break training
             self._give_up("save the profile to", e)
+            return
+        if newer is not None:  # read as empty and never written: every save would be lost
+            self._stop(f"{self.store.path} was written by a newer headrace (store schema "
+                       f"{newer}; this one writes {STORE_SCHEMA})")
 
     def _lookup(self) -> None:
         if self._looked_up or self.store is None:
@@ -247,9 +252,14 @@ class Planning:
         """The store failed: warn once and use it no more in this loader (each later access
         would wait ``STORE_WAIT_S`` again, and fail the same way)."""
         assert self.store is not None
-        log.warning("headrace: could not %s %s (%s: %s); this loader keeps its profile in "
-                    "memory only", what, self.store.path, type(e).__name__, e)
-        self.store_failed = f"could not {what} {self.store.path} ({type(e).__name__}: {e})"
+        self._stop(f"could not {what} {self.store.path} ({type(e).__name__}: {e})")
+
+    def _stop(self, why: str) -> None:
+        """Use the store no more, saying ``why`` once (a warning, and ``explain()``'s "not
+        kept" line): it said "kept in" a store that a newer headrace had written, and that
+        this run's saves never reached."""
+        log.warning("headrace: %s; this loader keeps its profile in memory only", why)
+        self.store_failed = why
         self.store = None
 
     def profile(self) -> PipelineProfile | None:
