@@ -159,3 +159,29 @@ def test_a_wrapped_dataset_counts_by_the_code_it_wraps():
     loop = tud.Subset(small(), range(3))
     loop.dataset = loop  # a wrapper that wraps itself: followed a bounded depth
     assert key(loop) == key(loop)
+
+
+def test_a_files_source_keeps_its_profile_key_where_its_files_move(tmp_path):
+    """A ``Files`` pipeline's profile key took the cache's identity of its file set (root and
+    every file's modification time): a job staged to a scratch directory, even by ``cp -p``,
+    or one whose file was touched, measured its warm-up again (a bug hunt). The key now counts
+    a ``Files`` as a plain dataset (class, length, code); the cache's identity still moves."""
+    import os
+    import shutil
+
+    from headrace.pipeline import step
+    from headrace.pipeline.source import Files
+
+    a = tmp_path / "a"
+    a.mkdir()
+    for i in range(5):
+        (a / f"{i}.bin").write_bytes(bytes([i]) * (i + 1))
+    shutil.copytree(a, tmp_path / "scratch")  # copies times too, as cp -p
+    os.utime(a / "0.bin", ns=(1, 1))  # touched in place, after the copy
+    key = [ProfileKey.for_pipeline(Pipeline(Files(d, "*.bin"), [step(len)]), machine="m")
+           for d in (a, tmp_path / "scratch")]
+    assert key[0] == key[1]
+    cache = {source_fingerprint(Files(d, "*.bin"), content=True) for d in (a, tmp_path / "scratch")}
+    assert len(cache) == 2  # the sample cache keeps telling the file sets apart
+    fewer = Files(a, "[0-3].bin")
+    assert ProfileKey.for_pipeline(Pipeline(fewer, [step(len)]), machine="m") != key[0]

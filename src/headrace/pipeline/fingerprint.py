@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from headrace.pipeline.code_digest import code_identity
 from headrace.pipeline.digest_scope import CODE_ONLY, qualified_name, short_hash
 from headrace.pipeline.inplace import compose_parts
-from headrace.pipeline.source import DatasetSource, user_attr
+from headrace.pipeline.source import DatasetSource, Files, user_attr
 from headrace.pipeline.timed import unwrapped
 from headrace.pipeline.value_digest import state_digest
 
@@ -38,14 +38,27 @@ def step_digests(p: Pipeline) -> dict[str, str]:
     return out
 
 
-def pipeline_fingerprint(p: Pipeline) -> str:
-    """Hash of step names, traits, code identities (in order) and the source identity."""
+def pipeline_fingerprint(p: Pipeline, stateless: bool = False) -> str:
+    """Hash of step names, traits, code identities (in order) and the source identity
+    (:func:`source_fingerprint`; with ``stateless``, :func:`profile_identity`)."""
     h = hashlib.sha256()
     for name, digest in step_digests(p).items():
         h.update(f"{name}|{digest}".encode())
         h.update(b"\x00")
-    h.update(source_fingerprint(p.source).encode())
+    h.update((profile_identity(p.source) if stateless else source_fingerprint(p.source)).encode())
     return h.hexdigest()[:16]
+
+
+def profile_identity(source: Any) -> str:
+    """The source's identity in the profile store's key: :func:`source_fingerprint`, except
+    for headrace's own :class:`Files`, which counts as a plain dataset does (its class, length
+    and code), not by its ``fingerprint()``: that is the cache's identity of the file set (its
+    root and every file's modification time), and a job whose files were staged to a scratch
+    directory, or one of whose files was touched, measured its warm-up again (a bug hunt).
+    A ``Files`` subclass with a ``fingerprint()`` of its own keeps it."""
+    if isinstance(source, Files) and type(source).fingerprint is Files.fingerprint:
+        return _by_code(source)
+    return source_fingerprint(source)
 
 
 def source_fingerprint(source: Any, content: bool = False) -> str:
@@ -67,14 +80,22 @@ def source_fingerprint(source: Any, content: bool = False) -> str:
     fp = user_attr(source, "fingerprint")
     if callable(fp):
         return str(fp())
+    if content:  # its transform's code counts in its state, with the transform's parameters
+        return f"{_typed_length(source)}:{_classes_code(source)}:{state_digest(source, 1)}"
+    return _by_code(source)
+
+
+def _by_code(source: Any) -> str:
+    """Identity without state: type, length and code (:func:`source_code`)."""
+    return f"{_typed_length(source)}:{source_code(source)}"
+
+
+def _typed_length(source: Any) -> str:
     try:
         n: int | str = len(source)
     except Exception:  # noqa: BLE001 - no __len__, or one that raises (Pipeline.length)
         n = "?"
-    name = f"{qualified_name(type(source))}:{n}"
-    if content:  # its transform's code counts in its state, with the transform's parameters
-        return f"{name}:{_classes_code(source)}:{state_digest(source, 1)}"
-    return f"{name}:{source_code(source)}"
+    return f"{qualified_name(type(source))}:{n}"
 
 
 def source_code(source: Any, depth: int = 0) -> str:

@@ -107,11 +107,11 @@ class ProfileKey:
         Use the pipeline as the user declared it, before any reordering, so the next run of
         the same job finds the profile.
         """
-        from headrace.pipeline.fingerprint import source_fingerprint
+        from headrace.pipeline.fingerprint import pipeline_fingerprint, profile_identity
 
-        return cls(
-            pipeline=pipeline.fingerprint(),
-            dataset=source_fingerprint(pipeline.source),
+        return cls(  # without the source's state (profile_identity): where the files lie, when touched
+            pipeline=pipeline_fingerprint(pipeline, stateless=True),
+            dataset=profile_identity(pipeline.source),
             machine=machine if machine is not None else machine_fingerprint(),
             executor=executor,
         )
