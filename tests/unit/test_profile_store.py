@@ -342,3 +342,18 @@ def test_store_is_picklable_and_makes_its_directory(tmp_path):
     store = pickle.loads(pickle.dumps(ProfileStore(tmp_path / "a" / "b" / "p.sqlite")))
     store.put(KEY, make_profile())
     assert Path(store.path).is_file()
+
+
+def test_an_error_of_a_healthy_file_does_not_set_it_aside(tmp_path):
+    """Only corruption (a plain ``DatabaseError``) sets a store aside: an ``IntegrityError``, here
+    from a constraint the file's table holds, is raised and the file stays where it is."""
+    path = tmp_path / "p.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE profiles (pipeline TEXT, dataset TEXT, machine TEXT, "
+                     "executor TEXT, schema_version INTEGER, created REAL, "
+                     "samples INTEGER CHECK (samples < 10), profile TEXT)")
+        conn.execute(f"PRAGMA user_version = {STORE_SCHEMA}")
+    conn.close()
+    with pytest.raises(sqlite3.IntegrityError):
+        ProfileStore(path).put(KEY, make_profile(n=20))
+    assert path.is_file() and list(tmp_path.iterdir()) == [path]

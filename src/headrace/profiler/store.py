@@ -242,13 +242,16 @@ class ProfileStore:
         """``op`` on a connection to the store, ``newer`` where a newer headrace owns the file.
         A store SQLite finds corrupt, when connecting or in ``op`` (a malformed page behind an
         intact header shows only there), is set aside (:meth:`_set_aside`) and ``op`` run once
-        on a new store; a busy or unwritable one raises ``sqlite3.OperationalError``."""
+        on a new store. Corruption is a plain ``sqlite3.DatabaseError``; its subclasses are
+        raised as they are: ``OperationalError`` (busy, unwritable, disk full), and the
+        ``IntegrityError`` or ``ProgrammingError`` a healthy file may give, which must not set
+        it aside."""
         for attempt in (0, 1):
             try:
                 with self._connect() as conn:
                     return newer if conn is None else op(conn)
             except sqlite3.DatabaseError as e:
-                if isinstance(e, sqlite3.OperationalError) or attempt:
+                if type(e) is not sqlite3.DatabaseError or attempt:
                     raise
                 self._set_aside(e)
         raise AssertionError("unreachable")
