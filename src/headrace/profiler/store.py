@@ -18,7 +18,7 @@ or an SQLite database whose only table is the store's ``profiles``. Any other fi
 text, YAML or JSON, another SQLite database) is left untouched and :class:`NotAProfileStore`
 is raised (the loader then keeps its profile in memory and warns, naming the path). A store
 SQLite finds corrupt (a bad header, a malformed page) is renamed aside as
-``<name>.corrupt-<UTC time>``, never deleted, and a new one started in its place.
+``<name>.corrupt-<UTC time>-<pid>``, never deleted, and a new one started in its place.
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ class ProfileStore:
         raise AssertionError("unreachable")
 
     def _set_aside(self, e: sqlite3.DatabaseError) -> None:
-        """Rename the corrupt store to ``<name>.corrupt-<UTC time>`` (kept for whoever wants to
+        """Rename the corrupt store to ``<name>.corrupt-<UTC time>-<pid>`` (kept for whoever wants to
         look at it, as a user's own file would be), unless another process has done so."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
