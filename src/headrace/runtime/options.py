@@ -92,6 +92,8 @@ class Options:
             machine: ``True`` the user cache directory (or ``$HEADRACE_PROFILE_STORE``), a
             file path, a directory (one that exists, or a path ending in ``/``: its
             ``profiles.sqlite``), or ``False`` for none. A stored profile skips the warm-up.
+            A file that is not a profile store (a config file, a database of your own) is
+            never written: the loader warns, naming it, and keeps its profile in memory.
         executor: what runs the ``num_workers`` workers. ``"processes"`` (torch's way): worker
             processes, each sample copied to the training process through shared memory.
             ``"threads"``: threads of the training process, samples handed over without a copy
