@@ -4,10 +4,13 @@ that length only for ``len(loader)``, so it is a hint, and the epoch ends where 
 
 Closed after its last batch, its end not seen yet, ``num_workers=0`` raised
 ``LoaderClosedError`` saying 8 samples were not delivered (they never existed); with workers,
-whose feed had read the sampler's end, the next ``next()`` was a ``StopIteration``.
+whose feed had read the sampler's end, the next ``next()`` was a ``StopIteration``. A
+``state_dict()`` at its last batch (in the loop, or after ``break``) said ``in_epoch=True``
+without workers, and its resume was an empty epoch instead of the next one.
 """
 
 import pytest
+import torch
 import torch.utils.data as tud
 
 import headrace as hr
@@ -33,7 +36,8 @@ class Undersampler(tud.Sampler):
 
 def make(workers):
     pipe = hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)])
-    return hr.DataLoader(pipe, sampler=Undersampler(N), batch_size=BS, num_workers=workers)
+    return hr.DataLoader(pipe, sampler=Undersampler(N), batch_size=BS, num_workers=workers,
+                         generator=torch.Generator().manual_seed(5))  # (same content per run)
 
 
 def indices(batch):
@@ -66,3 +70,60 @@ def test_close_after_an_undersamplers_last_batch_ends_cleanly(workers, no_leaks)
     rest = [i for b in loader for i in indices(b)]
     assert sorted(first + rest) == list(range(0, N, 2))
     loader.close()
+
+
+def epochs_of(loader, n):
+    return [[b.clone() for b in loader] for _ in range(n)]
+
+
+def same(a, b):
+    return len(a) == len(b) and all(x.equal(y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("leave", ["in the loop", "after break"])
+def test_state_at_an_undersamplers_last_batch_resumes_the_next_whole_epoch(workers, leave,
+                                                                           no_leaks):
+    # as torch's DataLoader with a stateful sampler: after the last batch, the next epoch
+    # comes whole; without workers the state said in_epoch=True (the sampler's end was not
+    # read) and its resume was an empty epoch
+    reference = make(workers)
+    want = epochs_of(reference, 2)
+    reference.close()
+    loader = make(workers)
+    got = []
+    for batch in loader:
+        got.append(batch.clone())
+        if len(got) == len(want[0]):
+            if leave == "in the loop":
+                state = loader.state_dict()
+            break
+    if leave == "after break":
+        state = loader.state_dict()
+    assert same(got, want[0])
+    assert not state["in_epoch"] and state["epoch"] == 1
+    loader.close()
+    resumed = make(workers)
+    resumed.load_state_dict(state)
+    assert same([b.clone() for b in resumed], want[1])
+    resumed.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_inside_an_undersamplers_epoch_still_resumes_its_rest(workers, no_leaks):
+    # reading the sampler ahead to find its end (without workers) neither loses the group it
+    # read (the running epoch delivers it next) nor ends the saved epoch early
+    reference = make(workers)
+    want = epochs_of(reference, 1)[0]
+    reference.close()
+    loader = make(workers)
+    it = iter(loader)
+    first = next(it).clone()
+    state = loader.state_dict()
+    assert state["in_epoch"]
+    assert same([first] + [b.clone() for b in it], want)
+    loader.close()
+    resumed = make(workers)
+    resumed.load_state_dict(state)
+    assert same([b.clone() for b in resumed], want[1:])
+    resumed.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.utils.data as tud
 
 if TYPE_CHECKING:
     from headrace.runtime.loader import DataLoader
@@ -87,16 +88,21 @@ def all_settled(loader: DataLoader, it: Any) -> bool:
 def at_end(loader: DataLoader, it: Any) -> bool:
     """:func:`all_settled`, and the sampler read to its end (``num_workers=0`` reads it one
     group at a time: its end is read here, as the ``next()`` that ends the epoch would), so
-    the state between epochs gives the next epoch the order it would have had. A sampler that
-    gave more than its ``__len__`` said is read here too once every position it gave is
-    settled: its end may be next, and a state at its last batch is then the one between
-    epochs, as with a length that is right (not read, it resumed an empty epoch there)."""
+    the state between epochs gives the next epoch the order it would have had. Where the
+    sampler's ``__len__`` may not be what it yields (:func:`length_is_hint`), only reading it
+    tells its end: without workers it is read once more here whenever every position it gave
+    is settled (``EpochBase.ends_here``; what it gives beyond is kept for the next
+    ``next()``), so a state at the last batch of a sampler that gave more than its length (an
+    oversampler) or fewer (an undersampler) is the one between epochs, as with a length that
+    is right. An undersampler's, not read, was a state inside the epoch, and its resume an
+    empty epoch; torch's own samplers, whose length is exact, are never read ahead."""
     if batches_owed(it):  # a DDP rank's padding is part of its epoch (runtime/padding.py)
         return False
-    read_end = getattr(it, "read_end", None)
-    if not all_settled(loader, it) and not (read_end is not None and _past_length(loader, it)):
-        return False
-    return read_end is None or bool(read_end())
+    if all_settled(loader, it):
+        read_end = getattr(it, "read_end", None)
+        return read_end is None or bool(read_end())
+    ends_here = getattr(it, "ends_here", None)
+    return ends_here is not None and length_is_hint(loader) and bool(ends_here())
 
 
 def batches_owed(it: Any) -> int:
@@ -106,12 +112,24 @@ def batches_owed(it: Any) -> int:
     return int(getattr(it, "batches_owed", 0) or 0)
 
 
-def _past_length(loader: DataLoader, it: Any) -> bool:
-    """Whether the running epoch ``it`` read more positions than its sampler's ``__len__``
-    says, and every one is settled."""
-    total, read = total_positions(loader), positions_read(it)
-    return (total is not None and read is not None and total < read
-            <= it.delivered.count + it.settled_undelivered())
+_EXACT_LENGTH = (tud.SequentialSampler, tud.RandomSampler, tud.SubsetRandomSampler,
+                 tud.WeightedRandomSampler, tud.DistributedSampler)
+
+
+def length_is_hint(loader: DataLoader) -> bool:
+    """Whether the sampler's ``__len__`` (what :func:`total_positions` counts) may differ from
+    what it yields: True for a sampler of the user's (a filtering or class-balancing sampler
+    reporting ``len(dataset)``), False for torch's own, by exact type (a subclass may yield
+    otherwise), whose length is what they yield, and where no length is known (nothing to
+    read against: ``runtime/span.py`` never guesses an end)."""
+    if total_positions(loader) is None:
+        return False
+    if not loader._auto_collation:
+        sampler: Any = loader._index_sampler
+    else:
+        user: Any = loader.batch_sampler  # (total_positions: torch's own BatchSampler)
+        sampler = user.sampler if loader._user_batch_sampler else loader.sampler
+    return type(sampler) not in _EXACT_LENGTH
 
 
 def covers(loader: DataLoader, settled: int, read: int | None, owed: int = 0) -> bool:
