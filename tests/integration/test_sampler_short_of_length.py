@@ -127,3 +127,44 @@ def test_state_inside_an_undersamplers_epoch_still_resumes_its_rest(workers, no_
     resumed.load_state_dict(state)
     assert same([b.clone() for b in resumed], want[1:])
     resumed.close()
+
+
+class Interrupt(BaseException):
+    """What a Ctrl-C landing inside the sampler's read does to it (not an ``Exception``)."""
+
+
+class InterruptedOnce(Undersampler):
+    """The undersampler's order, interrupted once before its fifth element."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.interrupted = False
+
+    def __iter__(self):
+        for k, i in enumerate(super().__iter__()):
+            if k == BS and not self.interrupted:
+                self.interrupted = True
+                raise Interrupt
+            yield i
+
+
+def test_an_interrupt_while_state_dict_reads_ahead_does_not_end_the_epoch(no_leaks):
+    # without workers state_dict() reads a sampler of the user's one group ahead (its end may
+    # be next); interrupted there, the sampler (a generator) is finished, and the next next()
+    # ended the epoch with a StopIteration, its rest untold and its state between epochs
+    pipe = hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)])
+    loader = hr.DataLoader(pipe, sampler=InterruptedOnce(N), batch_size=BS, num_workers=0,
+                           generator=torch.Generator().manual_seed(5))
+    it = iter(loader)
+    first = indices(next(it))
+    with pytest.raises(Interrupt):
+        loader.state_dict()
+    with pytest.raises(RuntimeError, match="the sampler was interrupted while it was read"):
+        next(it)
+    state = loader.state_dict()
+    assert state["in_epoch"]
+    loader.close()
+    resumed = make(0)
+    resumed.load_state_dict(state)
+    assert sorted(first + [i for b in resumed for i in indices(b)]) == list(range(0, N, 2))
+    resumed.close()

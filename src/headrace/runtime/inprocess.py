@@ -144,7 +144,10 @@ class InProcessIterator(EpochBase):
         draws one more permutation there, which the next epoch's order follows), False when
         it gave more (kept for the next ``next()``). For ``state_dict()`` once every position
         is settled: only then is the state between epochs; and for ``loader.close()``, to
-        tell an epoch at its end from one closed part-way (``span.halt_unfinished``)."""
+        tell an epoch at its end from one closed part-way (``span.halt_unfinished``). With a
+        sampler of the user's, whose ``__len__`` is a hint, ``state_dict()`` reads here at
+        every batch (``span.at_end``): the group is read then instead of at the next
+        ``next()``, which takes it."""
         if self._ended:
             return True
         if self._peeked:
@@ -156,6 +159,9 @@ class InProcessIterator(EpochBase):
             return True
         except Exception as e:  # noqa: BLE001 - the sampler's error: raised by the next next()
             self._peeked.append(_SamplerError(e))
+        except BaseException as e:  # interrupted (a Ctrl-C), as in take(): the sampler cannot
+            self._stop_reading(e)  # be read on, and the next next() says so (it ended the
+            raise  # epoch with a StopIteration, its rest untold, its state between epochs)
         return False
 
     def known_length(self) -> int | None:
