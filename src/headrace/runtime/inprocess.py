@@ -248,22 +248,29 @@ class InProcessIterator(EpochBase):
         ``_pending`` and joins ``_carry`` with no call between the two, where no interrupt
         can land."""
         pending, carry = self._pending, self._carry
-        while pending and (limit is None or len(carry) < limit):
-            p, i, d = pending[0]
-            try:
-                ok, value = self._one(i, d)
-            except StepError:
-                self._drop_first()
-                raise
-            except BaseException as e:  # a Ctrl-C: the sample runs again, however often
-                if self._cuts.fails(("sample", p), e):  # its re-run raised too: its own doing
-                    self.failed += 1
+        # the training loop's global generators, which the samples' steps re-seed, are put
+        # back once the samples ran: no code of the loop's runs in between (restored per
+        # sample, the two took 80 of the 140 µs a trivial sample cost here)
+        state = global_states()
+        try:
+            while pending and (limit is None or len(carry) < limit):
+                p, i, d = pending[0]
+                try:
+                    ok, value = self._one(i, d)
+                except StepError:
                     self._drop_first()
-                raise
-            self._cuts.ran()
-            del pending[0]
-            if ok:
-                carry += [(value, p, i)]
+                    raise
+                except BaseException as e:  # a Ctrl-C: the sample runs again, however often
+                    if self._cuts.fails(("sample", p), e):  # its re-run raised too: its own
+                        self.failed += 1  # doing
+                        self._drop_first()
+                    raise
+                self._cuts.ran()
+                del pending[0]
+                if ok:
+                    carry += [(value, p, i)]
+        finally:
+            restore_globals(state)
 
     def _drop_first(self) -> None:
         """The first pending sample failed: it leaves, and with the sampler's batches its
@@ -276,12 +283,8 @@ class InProcessIterator(EpochBase):
             carry.clear()
 
     def _one(self, index: int, draw: int) -> tuple[bool, Any]:
-        state = global_states()
-        try:
-            out = run_cached(self.cache, self.runner.run, index, 0, None, self.base_seed,
-                             self.epoch, self.cache_row, draw=draw)
-        finally:
-            restore_globals(state)
+        out = run_cached(self.cache, self.runner.run, index, 0, None, self.base_seed,
+                         self.epoch, self.cache_row, draw=draw)  # globals: _run puts them back
         if out.error is None:
             self.hooks.on_sample(index, sum(t.wall for t in out.timings), False, out.timings,
                                  out.bytes_in)
