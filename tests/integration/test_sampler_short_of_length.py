@@ -168,3 +168,46 @@ def test_an_interrupt_while_state_dict_reads_ahead_does_not_end_the_epoch(no_lea
     resumed.load_state_dict(state)
     assert sorted(first + [i for b in resumed for i in indices(b)]) == list(range(0, N, 2))
     resumed.close()
+
+
+class CountingReads(tud.Sampler):
+    """The undersampler's indices, each read counted, each drawing from torch's global
+    generator as a sampler drawing its order as it goes does."""
+
+    def __init__(self, n):
+        self.n, self.reads = n, 0
+
+    def __iter__(self):
+        for i in range(0, self.n, 2):
+            self.reads += 1
+            torch.randint(0, 2, ())
+            yield i
+
+    def __len__(self):
+        return self.n
+
+
+@pytest.mark.parametrize("how", ["close", "break"])
+def test_leaving_an_epoch_part_way_reads_no_more_of_the_sampler(how, no_leaks):
+    # torch reads a sampler only in next(): a close (or the end of a loop left with break)
+    # that read one group ahead moved the training loop's later draws from the global
+    # generator, and a sampler waiting on the loop blocked the close (a review)
+    sampler = CountingReads(N)
+    pipe = hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)])
+    loader = hr.DataLoader(pipe, sampler=sampler, batch_size=BS, num_workers=0,
+                           generator=torch.Generator().manual_seed(5))
+    it = iter(loader)
+    next(it)
+    torch.manual_seed(3)
+    if how == "close":
+        loader.close()
+    else:
+        del it
+    assert sampler.reads == BS  # the first batch's, no more
+    assert float(torch.rand(())) == float(torch.manual_seed(3) and torch.rand(()))
+    state = loader.state_dict()  # asked for: it may read (the state between epochs or not)
+    assert state["in_epoch"]
+    if how == "close":
+        with pytest.raises(hr.LoaderClosedError):
+            next(it)
+    loader.close()

@@ -82,6 +82,7 @@ class EpochBase:
         self._replaced = False
         self._ending: BaseException | None = None  # see _end_with
         self._after_end: tuple[type[Exception], str] | None = None  # see halting and broken
+        self._end_unread = False  # halted where the sampler may end next (see halting)
 
     def __iter__(self) -> EpochBase:
         return self
@@ -106,6 +107,8 @@ class EpochBase:
                 raise error
             finally:
                 error = None
+        if self._end_unread and self._after_end is not None and self.ends_here():
+            self._after_end = None  # the sampler ended there: the epoch was at its end
         self.raise_if_halted()  # closed part-way: never a StopIteration
         raise StopIteration
 
@@ -130,7 +133,7 @@ class EpochBase:
                 why: str = "the DataLoader was closed (loader.close())",
                 then: str = ("close the loader after the loop, or resume the rest with "
                              "loader.load_state_dict(loader.state_dict()) and a new "
-                             "iter(loader)")) -> None:
+                             "iter(loader)"), sized: bool = False) -> None:
         """``loader.close()`` (or what ``why`` says) is about to close this epoch part-way
         (``total`` samples in it, ``batches`` batches; ``None``: unknown, as for a sampler
         without a length whose end was not read, which ``runtime/span.py`` never guesses):
@@ -138,9 +141,12 @@ class EpochBase:
         was not. It ended with a ``StopIteration``, which a training loop takes for the epoch's
         end: the rest was lost without a word. An epoch whose sampler ends next, though it gave
         fewer positions than its ``__len__`` said (:meth:`ends_here`), is at its end: nothing
-        was lost, and it stops as a finished one does."""
-        if total is not None and not self.batches_owed and self.ends_here():
-            return
+        was lost, and it stops as a finished one does (``sized``: the sampler has a length, which
+        may be wrong; one without is never read for its end). Whether it ends is read at the next
+        ``next()`` (``_check_open``), as torch would read it there, not here: a close reads no
+        sampler (one drawing from the global generators moved the loop's later draws, one
+        waiting on the loop blocked the close; a review)."""
+        self._end_unread = sized and not self.batches_owed
         m = self.meter
         before = self.delivered_before
         repeats = self.padding.paid if self.padding is not None else 0  # a DDP rank's padding

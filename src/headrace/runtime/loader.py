@@ -121,6 +121,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         self._base_seed: int | None = None
         self._resume: checkpoint.ResumePoint | None = None  # loaded, for the next iter()
         self._unfinished: checkpoint.ResumePoint | None = None  # the last epoch, if abandoned
+        self._unfinished_unread: tuple[Any, Any] | None = None  # span.settle_unread
         self._setup_runtime()
 
     def _setup_runtime(self) -> None:
@@ -314,12 +315,15 @@ class DataLoader(tud.DataLoader[_T_co]):
         while it was open, so a checkpoint written after leaving the loop resumes it."""
         latest = self._epoch_ref()
         if it.origin is not None and (latest is None or latest is it) \
-                and not epoch_span.at_end(self, it):  # left after its last batch: it is done
+                and not epoch_span.at_end(self, it, read_ahead=False):  # after its last: done
             self._unfinished = checkpoint.ResumePoint(
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
                 generator_state=None, persistent_base_seed=None, steps=it.steps,
                 empty_batches=it.empty_batches, batches=it.batches_delivered or 0,
                 positions_read=epoch_span.positions_read(it), last_batch=padding.last_keys(it))
+            # whether its sampler ends next is read only if state_dict() is asked (settle_unread)
+            self._unfinished_unread = ((it, self._unfinished)
+                                       if epoch_span.may_read_end(self, it) else None)
 
     def explain(self) -> str:
         """Every decision headrace made for this loader and the measured numbers behind it."""

@@ -85,7 +85,7 @@ def all_settled(loader: DataLoader, it: Any) -> bool:
     return _whole(epoch_positions(loader, it), it.delivered.count + it.settled_undelivered())
 
 
-def at_end(loader: DataLoader, it: Any) -> bool:
+def at_end(loader: DataLoader, it: Any, read_ahead: bool = True) -> bool:
     """:func:`all_settled`, and the sampler read to its end (``num_workers=0`` reads it one
     group at a time: its end is read here, as the ``next()`` that ends the epoch would), so
     the state between epochs gives the next epoch the order it would have had. Where the
@@ -95,14 +95,32 @@ def at_end(loader: DataLoader, it: Any) -> bool:
     ``next()``), so a state at the last batch of a sampler that gave more than its length (an
     oversampler) or fewer (an undersampler) is the one between epochs, as with a length that
     is right. An undersampler's, not read, was a state inside the epoch, and its resume an
-    empty epoch; torch's own samplers, whose length is exact, are never read ahead."""
+    empty epoch; torch's own samplers, whose length is exact, are never read ahead.
+    ``read_ahead=False`` (an epoch being closed: ``break``, ``loader.close()``): not read
+    ahead, as torch reads no sampler there (a sampler drawing from the global generators moved
+    the loop's draws, one waiting on the loop blocked the close; a review); ``state_dict()``
+    reads it later if asked (:func:`settle_unread`)."""
     if batches_owed(it):  # a DDP rank's padding is part of its epoch (runtime/padding.py)
         return False
     if all_settled(loader, it):
         read_end = getattr(it, "read_end", None)
         return read_end is None or bool(read_end())
-    ends_here = getattr(it, "ends_here", None)
-    return ends_here is not None and length_is_hint(loader) and bool(ends_here())
+    return read_ahead and may_read_end(loader, it) and bool(it.ends_here())
+
+
+def may_read_end(loader: DataLoader, it: Any) -> bool:
+    """Whether :func:`at_end` may read ``it``'s sampler ahead to tell its end (a sampler of
+    the user's, without workers: :func:`length_is_hint`, ``EpochBase.ends_here``)."""
+    return getattr(it, "ends_here", None) is not None and length_is_hint(loader)
+
+
+def settle_unread(loader: DataLoader) -> None:
+    """For ``state_dict()``: an epoch closed before its end was read (``loader._abandoned``
+    with ``read_ahead=False``) whose sampler may end next is read now, as ``state_dict()``
+    reads a running one's (:func:`at_end`): at its end, the state is the one between epochs."""
+    unread, loader._unfinished_unread = loader._unfinished_unread, None
+    if unread is not None and unread[1] is loader._unfinished and at_end(loader, unread[0]):
+        loader._unfinished = None
 
 
 def batches_owed(it: Any) -> int:
@@ -163,8 +181,8 @@ def batches_left(loader: DataLoader, epoch: Any) -> int:
 
 def halt_unfinished(loader: DataLoader, epoch: Any, *why: str) -> None:
     """Before ``close()`` or ``load_state_dict()`` closes the running ``epoch``: unless it is
-    :func:`at_end` (with ``num_workers=0`` the sampler's end is read here, as ``state_dict()``
-    reads it), its later ``next()`` calls raise ``LoaderClosedError`` (``why``: what closed it
+    :func:`at_end` (not read ahead: where the sampler may end next, the next ``next()`` reads
+    it, ``EpochBase.halting``), its later ``next()`` calls raise ``LoaderClosedError`` (``why``: what closed it
     and what to do, ``EpochBase.halting``'s defaults otherwise). It went by
     :func:`all_settled` alone: an oversampler closed at its last batch, its end not read yet,
     raised ``LoaderClosedError``; one closed where its deliveries reached its ``__len__``,
@@ -172,8 +190,9 @@ def halt_unfinished(loader: DataLoader, epoch: Any, *why: str) -> None:
     epoch closed with padding still owed (:func:`batches_owed`) is halted too: its padding
     wrapper went on repeating batches after ``close()`` or ``load_state_dict()`` (a review)."""
     if epoch is not None and (not epoch.closed or batches_owed(epoch)) \
-            and not at_end(loader, epoch):
-        epoch.halting(epoch_positions(loader, epoch), length_or_none(loader), *why)
+            and not at_end(loader, epoch, read_ahead=False):
+        epoch.halting(epoch_positions(loader, epoch), length_or_none(loader), *why,
+                      sized=total_positions(loader) is not None)
 
 
 def length_or_none(loader: DataLoader) -> int | None:
