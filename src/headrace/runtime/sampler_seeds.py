@@ -21,8 +21,6 @@ restored by ``checkpoint``; a seed is a setting: the script's, from the next epo
 
 from __future__ import annotations
 
-import sys
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,6 +28,7 @@ from typing import Any
 import torch.utils.data as tud
 
 from headrace.runtime import distributed
+from headrace.user_frame import warn
 
 Seeds = tuple[tuple[int, int], ...]
 """``(seed, epoch)`` of each ``DistributedSampler`` under a loader's sampler, outermost first."""
@@ -71,7 +70,7 @@ def replaying(index_sampler: Any, saved: Seeds | None, epoch: int) -> Iterator[N
     if now != saved:
         message = _changed(ss, saved, now, epoch)
         if message:
-            warnings.warn(message, UserWarning, stacklevel=_caller())
+            warn(message)
     theirs = [(s.seed, s.epoch) for s in ss]
     for s, (seed, ep) in zip(ss, saved, strict=True):
         s.seed, s.epoch = seed, ep
@@ -80,16 +79,6 @@ def replaying(index_sampler: Any, saved: Seeds | None, epoch: int) -> Iterator[N
     finally:
         for s, (seed, ep) in zip(ss, theirs, strict=True):
             s.seed, s.epoch = seed, ep
-
-
-def _caller() -> int:
-    """The ``stacklevel`` of the first caller outside headrace (the script's ``iter()``) seen
-    from the function calling this, through ``contextlib``'s frames."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
-            ("headrace.", "contextlib")):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _changed(ss: tuple[Any, ...], saved: Seeds, now: Seeds, epoch: int) -> str | None:
