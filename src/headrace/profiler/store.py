@@ -31,7 +31,6 @@ import os
 import platform
 import sqlite3
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
@@ -47,6 +46,7 @@ from headrace.profiler.store_file import (
     store_file,
     transaction,
 )
+from headrace.user_frame import warn
 
 if TYPE_CHECKING:
     from headrace.pipeline.pipeline import Pipeline
@@ -265,8 +265,8 @@ class ProfileStore:
             self.path.rename(aside)
         except FileNotFoundError:
             return  # another process set it aside first
-        warnings.warn(f"headrace: the profile store {self.path} is corrupt ({e}); moved it to "
-                      f"{aside} and started a new one", stacklevel=4)
+        warn(f"headrace: the profile store {self.path} is corrupt ({e}); moved it to {aside} "
+             "and started a new one")
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection | None]:

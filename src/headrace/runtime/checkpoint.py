@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ from headrace.runtime import host_rngs, sampler_seeds, state_checks
 from headrace.runtime.bitmap import Bitmap
 from headrace.runtime.order_digest import OrderDigest
 from headrace.runtime.sampler_seeds import Seeds
+from headrace.user_frame import warn
 
 SCHEMA_VERSION = 2
 """2 added the executed step order and what identifies the dataset and steps (for warnings);
@@ -260,13 +260,15 @@ def parse(sd: dict[str, Any], ident: Identity) -> ResumePoint:
     state_checks.check_order(sd, ident)
     code, settings = state_checks.code_changes(sd, ident), state_checks.setting_changes(sd, ident)
     if code or settings:
-        warnings.warn(
-            "headrace: resuming a state dict saved by other code (" + "; ".join(code + settings)
+        what = " and ".join((["by other code"] if code else [])
+                            + (["with other settings"] if settings else []))
+        warn(
+            f"headrace: resuming a state dict saved {what} (" + "; ".join(code + settings)
             + "). Positions and seeds are restored"
             + ("; samples whose steps changed will differ from the saved run's" if code else "")
             + (("; the samples the saved epoch had left come, grouped into batches as this "
                 "loader's settings say" if sd["in_epoch"] else "; the next epochs run with this "
-                "loader's settings") if settings else ""), UserWarning, stacklevel=3)
+                "loader's settings") if settings else ""))
     origin = None
     if sd["in_epoch"]:
         glob = sd.get("epoch_global_rng")

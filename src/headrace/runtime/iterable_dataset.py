@@ -38,6 +38,7 @@ from torch.utils.data.dataloader import (
 from headrace.errors import IterablePositionWarning, LoaderClosedError, StateDictError
 from headrace.runtime.checkpoint import capture_rng, rng_from_str, rng_to_str
 from headrace.runtime.options import AutoWorkers
+from headrace.user_frame import warn
 
 KIND = "iterable"
 """``state["dataset_kind"]`` of an IterableDataset loader's state (a map-style one has none)."""
@@ -229,12 +230,12 @@ def load(loader: Any, sd: Any) -> None:
         close(loader, None)
     batches = int(sd["batches_delivered"])
     if batches:
-        warnings.warn(
+        warn(
             f"load_state_dict(): the saved IterableDataset epoch had delivered {batches} "
             "batch(es); an IterableDataset's position cannot be restored (torch's iterator "
             "runs the dataset's own __iter__), so the next iter(loader) starts that epoch over "
             "and delivers them again, as with torch's DataLoader (its workers get the seeds "
-            "they had: get_worker_info().seed)", IterablePositionWarning, stacklevel=3)
+            "they had: get_worker_info().seed)", IterablePositionWarning)
 
 
 def refuse_iterable_state(sd: Any) -> None:

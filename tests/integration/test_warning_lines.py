@@ -1,0 +1,80 @@
+"""headrace's warnings name the user's line (not one inside headrace, whatever the depth it
+warns at), say what is the case, and are not repeated epoch after epoch; a timeout's error is
+not chained to the empty queue it waited on."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import headrace as hr
+
+pytestmark = pytest.mark.integration
+
+
+class Values(tud.Dataset):
+    def __init__(self, n: int = 16) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([float(np.random.rand())])
+
+
+class Stream(tud.IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(16.0).view(-1, 1))
+
+
+def _said(caught, text: str):
+    return [w for w in caught if text in str(w.message)]
+
+
+def test_a_resume_with_other_settings_is_said_at_load_state_dict_as_such(no_leaks):
+    # it named headrace/runtime/loader.py, and said "saved by other code" of a batch_size
+    first = hr.DataLoader(Values(), batch_size=4)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    del it
+    first.close()
+    second = hr.DataLoader(Values(), batch_size=8)
+    with pytest.warns(UserWarning, match="saved with other settings") as caught:
+        second.load_state_dict(state)
+    told = _said(caught, "resuming a state dict")
+    assert len(told) == 1 and told[0].filename == __file__
+    assert "other code" not in str(told[0].message)
+    second.close()
+
+
+def test_an_iterable_datasets_mid_epoch_state_is_said_at_load_state_dict(no_leaks):
+    first = hr.DataLoader(Stream(), batch_size=4)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    del it
+    second = hr.DataLoader(Stream(), batch_size=4)
+    with pytest.warns(hr.IterablePositionWarning) as caught:
+        second.load_state_dict(state)
+    assert [w.filename for w in caught] == [__file__]
+
+
+def test_a_corrupt_profile_store_is_said_at_the_loop(tmp_path, no_leaks):
+    # reached from iter() through the planning, it named headrace/profiler/store.py
+    from tests.unit.test_profile_store import _corrupt_store
+
+    path = tmp_path / "profiles.sqlite"
+    _corrupt_store(path)
+    loader = hr.DataLoader(Values(), batch_size=4, options=hr.Options(profile_store=str(path)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in loader:
+            pass
+    loader.close()
+    told = _said(caught, "is corrupt")
+    assert told and {w.filename for w in told} == {__file__}, [
+        (w.filename, w.lineno) for w in told]
