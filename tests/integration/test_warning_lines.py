@@ -10,6 +10,7 @@ import torch
 import torch.utils.data as tud
 
 import headrace as hr
+from tests.helpers import FailingDataset
 
 pytestmark = pytest.mark.integration
 
@@ -32,6 +33,24 @@ class Stream(tud.IterableDataset):
 
 def _said(caught, text: str):
     return [w for w in caught if text in str(w.message)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_empty_epoch_is_warned_of_once_per_loader_at_the_loop(workers, no_leaks):
+    # its text names the epoch, so Python's default filter said it every epoch; and it named
+    # headrace/runtime/monitor.py as the line
+    loader = hr.DataLoader(FailingDataset(4, set(range(4))), batch_size=2, num_workers=workers,
+                           options=hr.Options(on_error="skip"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert list(loader) == []
+    loader.close()
+    told = _said(caught, "delivered no batch")
+    assert len(told) == 1 and told[0].filename == __file__, [
+        (w.filename, w.lineno, str(w.message)[:40]) for w in told]
+    assert "epoch 0 delivered no batch" in str(told[0].message)
+    assert [(e.samples, e.skipped_samples) for e in loader.stats().epochs] == [(0, 4)] * 3
 
 
 def test_a_resume_with_other_settings_is_said_at_load_state_dict_as_such(no_leaks):

@@ -29,6 +29,7 @@ from headrace.runtime.order_watch import why_broken
 from headrace.runtime.output import batches_queued
 from headrace.runtime.worker_scaling import WorkerScaling
 from headrace.telemetry.stats import EpochStats, QueueSample, keep_latest
+from headrace.user_frame import warn
 
 if TYPE_CHECKING:
     from headrace.runtime.scheduler import Scheduler
@@ -109,6 +110,8 @@ class Monitor(WorkerScaling):
         self._last_scale = time.perf_counter()
         self._starting = False  # a worker of the pool was not ready at the last tick
         self._warned_reseed = False
+        self._warned_empty = False  # an epoch that skipped every sample was warned of: once
+        # per loader (its text names the epoch: Python's default filter repeated it each one)
         self.probe_gil = False
         """``executor="auto"`` measures the GIL share of worker processes' steps."""
         self.executor_decision: ExecutorDecision | None = None
@@ -150,7 +153,9 @@ class Monitor(WorkerScaling):
         not count. ``padded``: a DDP rank's padding batches come after it (their own warning
         says that skips left the rank short), so no batch reaching the loop is not said."""
         first, self.first_skip = self.first_skip, None
-        if stats.finished and stats.samples == 0 and stats.skipped_samples and not padded:
+        if stats.finished and stats.samples == 0 and stats.skipped_samples and not padded \
+                and not self._warned_empty:
+            self._warned_empty = True  # the next ones: stats().epochs and explain() count them
             warn_all_skipped(stats, first, delivered_before)
         self.samples_closed += stats.samples
         self.epochs.append(stats)
@@ -329,6 +334,11 @@ def _no_pool() -> None:
     return None
 
 
+_ONCE = ("Said once per loader: loader.stats().epochs and explain() count the samples and "
+         "the skipped ones of every epoch")
+"""The end of the empty-epoch warnings, which a loader gives for its first empty epoch only."""
+
+
 def warn_all_skipped(stats: EpochStats, first: str | None, delivered_before: int = 0) -> None:
     """An epoch ran to its end and delivered no sample, every one it ran skipped under
     ``on_error="skip"``: a training loop ran on an empty epoch without a word (only a log line
@@ -338,9 +348,12 @@ def warn_all_skipped(stats: EpochStats, first: str | None, delivered_before: int
     ``delivered_before``: samples the epoch delivered before its resume. The rest of a resumed
     epoch may hold only bad samples although the epoch is not empty (a state dict does not
     record skipped samples, so a resume runs them again): its warning says so, where the one of
-    an empty epoch blamed the dataset or a step."""
+    an empty epoch blamed the dataset or a step.
+
+    Issued at the user's line (``next()``, whatever depth the epoch ends at), by the monitor
+    for a loader's first such epoch only (``Monitor.on_epoch_closed``)."""
     if delivered_before:
-        warnings.warn(
+        warn(
             f"headrace: epoch {stats.epoch} delivered no batch after its resume: "
             f"{stats.skipped_samples} sample(s) were skipped under Options(on_error='skip') "
             "and none reached the training loop; the epoch had delivered "
@@ -349,11 +362,11 @@ def warn_all_skipped(stats: EpochStats, first: str | None, delivered_before: int
             "resume runs them again: bad samples are skipped again. If samples that worked "
             "before the resume fail in this process, the cause is what changed with it (a "
             "path, the environment, an edited step): run with on_error='raise' (the default) "
-            "to see the full error", UserWarning, stacklevel=2)
+            f"to see the full error. {_ONCE}")
         return
-    warnings.warn(
+    warn(
         f"headrace: epoch {stats.epoch} delivered no batch: {stats.skipped_samples} sample(s) "
         "were skipped under Options(on_error='skip') and none reached the training loop. "
         f"The first: {first or '(not known)'}. When every sample fails, the cause is usually "
         "the dataset or a step, not bad data: run with on_error='raise' (the default) to see "
-        "the full error", UserWarning, stacklevel=2)
+        f"the full error. {_ONCE}")
