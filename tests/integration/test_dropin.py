@@ -131,7 +131,8 @@ def draws_only(worker_id):
 
 
 def test_a_seed_set_in_worker_init_fn_is_overridden_and_said_once(no_leaks):
-    with pytest.warns(UserWarning, match="worker_init_fn seeded torch's global generator") as rec:
+    with pytest.warns(UserWarning,
+                      match="worker_init_fn seeded the global generator of torch,") as rec:
         got = [s for b in hr.DataLoader(SeedOfSample(), batch_size=2, num_workers=2,
                                         worker_init_fn=seeds_torch) for s in b.tolist()]
     assert 12345 not in got  # per-sample seeding reached __getitem__ instead
@@ -148,7 +149,7 @@ def seeds_numpy(worker_id):
 
 
 def test_a_seed_set_in_worker_init_fn_on_numpys_global_generator_is_said_too(no_leaks):
-    with pytest.warns(UserWarning, match="worker_init_fn seeded numpy's global generator"):
+    with pytest.warns(UserWarning, match="worker_init_fn seeded the global generator of numpy,"):
         list(hr.DataLoader(SeedOfSample(), batch_size=2, num_workers=2,
                            worker_init_fn=seeds_numpy))
 

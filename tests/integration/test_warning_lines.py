@@ -2,6 +2,7 @@
 warns at), say what is the case, and are not repeated epoch after epoch; a timeout's error is
 not chained to the empty queue it waited on."""
 
+import random
 import warnings
 
 import numpy as np
@@ -33,6 +34,38 @@ class Stream(tud.IterableDataset):
 
 def _said(caught, text: str):
     return [w for w in caught if text in str(w.message)]
+
+
+def seed_worker(worker_id: int) -> None:
+    """torch's documented recipe ("Randomness in multi-process data loading")."""
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+@pytest.mark.parametrize("generator", [True, False])
+def test_the_worker_init_fn_warning_is_at_the_loop_and_says_what_is_the_case(generator,
+                                                                            no_leaks):
+    # torch's recipe with generator=g was told to pass generator= (it had), from the
+    # scheduler thread's line in headrace/runtime/scheduler.py
+    g = torch.Generator().manual_seed(0) if generator else None
+    loader = hr.DataLoader(Values(), batch_size=4, num_workers=2, worker_init_fn=seed_worker,
+                           generator=g)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            for _ in loader:
+                pass
+    loader.close()
+    told = _said(caught, "worker_init_fn seeded")
+    assert len(told) == 1 and told[0].filename == __file__, [
+        (w.filename, w.lineno) for w in told]
+    text = str(told[0].message)
+    assert "the global generators of random and numpy" in text
+    if generator:
+        assert "reproducible already" in text and "DataLoader(generator=" not in text
+    else:
+        assert "torch.manual_seed()" in text and "DataLoader(generator=...)" in text
 
 
 @pytest.mark.parametrize("workers", [0, 2])

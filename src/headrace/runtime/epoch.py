@@ -153,6 +153,9 @@ class EpochIterator(EpochBase):
                 self.meter.stall_s += time.perf_counter() - t0
             else:
                 self._held = item
+        if self.hooks.reseeded is not None:  # a worker_init_fn's seeds, seen by the scheduler
+            # (its "ready" comes before the worker's samples): warned of at the user's next()
+            self.hooks.warn_reseeded(self.loader is not None and self.loader.generator is not None)
         kind, value, positions = item
         if kind in ("batch", "future", "deferred"):
             try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -112,6 +111,10 @@ class Monitor(WorkerScaling):
         self._warned_reseed = False
         self._warned_empty = False  # an epoch that skipped every sample was warned of: once
         # per loader (its text names the epoch: Python's default filter repeated it each one)
+        self.reseeded: tuple[str, ...] | None = None
+        """The global generators a ``worker_init_fn`` seeded (``"random"``, ``"numpy"``,
+        ``"torch"``), seen by the scheduler thread and not yet warned of (``warn_reseeded``);
+        None: none."""
         self.probe_gil = False
         """``executor="auto"`` measures the GIL share of worker processes' steps."""
         self.executor_decision: ExecutorDecision | None = None
@@ -196,18 +199,38 @@ class Monitor(WorkerScaling):
                   partial=partial)
 
     def on_worker_reseeded(self, generators: tuple[str, ...]) -> None:
-        """A ``worker_init_fn`` seeded global generators: say once that per-sample seeding
-        overrides them (torch's loader would have used those seeds)."""
-        if self._warned_reseed:
+        """A ``worker_init_fn`` seeded global generators (scheduler thread): kept in
+        ``reseeded`` for the training thread to warn of (:meth:`warn_reseeded`). Warned from
+        this thread, the warning named the scheduler's line, not the script's."""
+        if not self._warned_reseed and self.reseeded is None:
+            self.reseeded = generators
+
+    def warn_reseeded(self, seeded: bool) -> None:
+        """Say once, at the user's ``next()``, that per-sample seeding overrides what
+        ``worker_init_fn`` seeded (``reseeded``; torch's loader would have used those seeds).
+        ``seeded``: the loader has a generator (``generator=`` or ``Options(seed=)``), so the
+        run is reproducible already: torch's documented recipe (``seed_worker`` with
+        ``generator=g``) was told to pass ``generator=``, which it did."""
+        generators, self.reseeded = self.reseeded, None
+        if generators is None or self._warned_reseed:
             return
         self._warned_reseed = True
-        warnings.warn(
-            f"headrace: worker_init_fn seeded {', '.join(generators)}'s global generator, but "
-            "headrace re-seeds Python's, NumPy's and torch's global generators before each step "
-            "from (base seed, epoch, sample index, step), so a sample's content does not depend "
-            "on its worker: the seed set in worker_init_fn does not reach __getitem__. Use "
-            "DataLoader(generator=...) or Options(seed=...) to make a run reproducible "
-            "(README: differences from torch)", UserWarning, stacklevel=2)
+        names = (f"the global generator of {generators[0]}" if len(generators) == 1 else
+                 f"the global generators of {', '.join(generators[:-1])} and {generators[-1]}")
+        if seeded:
+            advice = ("The run is reproducible already: the base seed comes from the loader's "
+                      "generator (generator= or Options(seed=)), as torch's worker seeds do, "
+                      "so the seeding in worker_init_fn has no effect and can go")
+        else:
+            advice = ("Without generator= or Options(seed=), the base seed is drawn from "
+                      "torch's global generator at each epoch, as torch draws its workers' "
+                      "seeds: torch.manual_seed() before the loop, DataLoader(generator=...) "
+                      "or Options(seed=...) makes a run reproducible")
+        warn(f"headrace: worker_init_fn seeded {names}, but headrace "
+             "re-seeds Python's, NumPy's and torch's global generators before each step from "
+             "(base seed, epoch, sample index, step), so a sample's content does not depend "
+             "on its worker: the seeds set in worker_init_fn do not reach __getitem__. "
+             f"{advice} (README: differences from torch)")
 
     def on_order_broke(self, why: str) -> None:
         """A sample broke the premise of the step order running (``runtime/order_watch.py``)."""
