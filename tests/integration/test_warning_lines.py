@@ -3,6 +3,7 @@ warns at), say what is the case, and are not repeated epoch after epoch; a timeo
 not chained to the empty queue it waited on."""
 
 import random
+import time
 import warnings
 
 import numpy as np
@@ -130,3 +131,22 @@ def test_a_corrupt_profile_store_is_said_at_the_loop(tmp_path, no_leaks):
     told = _said(caught, "is corrupt")
     assert told and {w.filename for w in told} == {__file__}, [
         (w.filename, w.lineno) for w in told]
+
+
+class Late(tud.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(3.0)  # simulated work, longer than the loader's timeout
+        return i
+
+
+def test_a_timeout_is_not_chained_to_the_empty_queue_it_waited_on(no_leaks):
+    # "During handling of the above exception (_queue.Empty), another exception occurred":
+    # two tracebacks where torch shows one (a Ctrl-C in the wait showed the same)
+    loader = hr.DataLoader(Late(), batch_size=2, num_workers=1, timeout=1)
+    with pytest.raises(RuntimeError, match="DataLoader timed out") as info:
+        next(iter(loader))
+    loader.close()
+    assert info.value.__context__ is None

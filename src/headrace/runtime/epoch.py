@@ -143,16 +143,19 @@ class EpochIterator(EpochBase):
             try:
                 item = self._out.get_nowait()
             except queue.Empty:
-                if not block:
-                    return None
-                if deadline is None and self.timeout_s > 0:
-                    deadline = time.monotonic() + self.timeout_s
-                t0 = time.perf_counter()
-                item = self._get_blocking(deadline)
-                self._held = item  # (no call between: no interrupt lands between them)
-                self.meter.stall_s += time.perf_counter() - t0
-            else:
+                item = None  # waited for below, outside the handler: the timeout's error (or a
+                # Ctrl-C) raised in the wait was chained to this Empty, two tracebacks for one
+            if item is not None:
                 self._held = item
+                continue
+            if not block:
+                return None
+            if deadline is None and self.timeout_s > 0:
+                deadline = time.monotonic() + self.timeout_s
+            t0 = time.perf_counter()
+            item = self._get_blocking(deadline)
+            self._held = item  # (no call between: no interrupt lands between them)
+            self.meter.stall_s += time.perf_counter() - t0
         if self.hooks.reseeded is not None:  # a worker_init_fn's seeds, seen by the scheduler
             # (its "ready" comes before the worker's samples): warned of at the user's next()
             self.hooks.warn_reseeded(self.loader is not None and self.loader.generator is not None)
