@@ -428,3 +428,19 @@ def test_a_budget_of_zero_is_explained_as_caching_nothing(no_leaks) -> None:
         assert loader.stats().last.cache.hits == 0
     finally:
         loader.close()
+
+
+def test_explain_over_a_dataset_does_not_advise_shared_augmented_when_it_is_set(no_leaks) -> None:
+    # it said "Cache(shared_augmented=True) reuses it across epochs" with the option set, the
+    # next line saying that it was
+    told = {}
+    for shared in (False, True):
+        loader = hr.DataLoader(IndexDataset(16), batch_size=4, options=hr.Options(
+            cache=hr.Cache(budget_bytes=1 << 20, shared_augmented=shared)))
+        for _ in range(2):
+            list(loader)
+        told[shared] = loader.explain()
+        loader.close()
+    assert "only __getitem__'s output can be cached" in told[True]
+    assert "Cache(shared_augmented=True) reuses it" in told[False]
+    assert "Cache(shared_augmented=True) reuses it" not in told[True]

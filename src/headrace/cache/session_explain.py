@@ -56,14 +56,15 @@ def explain_lines(self: CacheSession, opaque: bool,
     if self.plan is not None:
         out.append("  single-form splits: " + "; ".join(s.describe() for s in self.plan[1]))
     out.extend(_prediction_lines(epochs, self.predicted))
-    if opaque:
-        out.append("  a Dataset (not a Pipeline): only __getitem__'s output can be cached, "
-                   "as its steps run inside it, and it is exact only "
-                   "within one (base seed, epoch); Cache(shared_augmented=True) reuses it across "
-                   "epochs")
-    out.extend(_ods_lines(self))
     aug = self.layout.get("augmented")
-    if aug is not None and aug.shared:
+    shared = aug is not None and aug.shared
+    if opaque:  # (the advice to share only where it is not: the line below says it is)
+        out.append("  a Dataset (not a Pipeline): only __getitem__'s output can be cached, "
+                   "as its steps run inside it, and it is exact only within one (base seed, "
+                   "epoch)" + ("" if shared else "; Cache(shared_augmented=True) reuses it "
+                                               "across epochs"))
+    out.extend(_ods_lines(self))
+    if shared:
         out.append("  shared_augmented: an augmented sample cached by another epoch or job is "
                    "served in place of computing it: its content then depends on what that "
                    "epoch or job drew (Seneca's trade), not only on this loader's seed")
