@@ -147,10 +147,10 @@ def test_the_probe_never_makes_the_server_evict_cached_entries(server, policy) -
     ns = b"p" * 16
     _cap(r, 3 << 20, policy)
     try:
-        for i in range(20):  # 2 MB of entries under a 3 MB room: no room for a 2 MiB probe
+        for i in range(20):  # 2 MB of entries under a 3 MB room: no room for a 256 KiB probe
             r.set(PREFIX + sample_key(ns, i), bytes([i]) * 100_000, px=600_000)
         before = r.info("stats")["evicted_keys"]
-        probe = redis_probe(backend, 2 << 20)  # measured reading entries the server holds
+        probe = redis_probe(backend, 256 << 10)  # measured reading entries the server holds
         assert probe.bytes_per_s > 0
         assert "GETs of a cached 100.0 KB entry" in probe.how
         assert r.info("stats")["evicted_keys"] == before
@@ -161,6 +161,37 @@ def test_the_probe_never_makes_the_server_evict_cached_entries(server, policy) -
         with pytest.raises(RuntimeError, match="no room to write"):
             redis_probe(backend, 2 << 20)
         assert r.exists(b"other") and r.info("stats")["evicted_keys"] == before
+    finally:
+        backend.close_here()
+        r.config_set("maxmemory", 0)
+        r.config_set("maxmemory-policy", "noeviction")
+        server.flush()
+
+
+def test_the_probe_reads_no_cached_entry_much_smaller_than_the_form(server) -> None:
+    # near maxmemory the probe read whatever entry it found: a 2 KB one, where B_cache was
+    # wanted for 1 MiB forms, measured round trips (42 MB/s where the server read 1 MiB
+    # values at 477 MB/s), and MDP split the budget with that. Now such a probe fails (MDP
+    # plans at a later epoch), and an entry of a quarter of the size or more is read.
+    import redis
+
+    from headrace.cache.bandwidth import ENTRY_MIN_SHARE
+
+    r = redis.Redis.from_url(server.url)
+    backend = RedisBackend(server.url, 1 << 20)
+    ns = b"q" * 16
+    _cap(r, 3 << 20, "allkeys-lru")
+    try:
+        for i in range(20):  # cached 2 KB entries (an encoded form, say)
+            r.set(PREFIX + sample_key(ns, i), bytes([i]) * 2048, px=600_000)
+        with pytest.raises(RuntimeError, match="no cached entry of 262.1 KB or more"):
+            redis_probe(backend, 1 << 20)
+        assert list(r.scan_iter(match=PROBE_PREFIX + b"*")) == []
+        big = int((1 << 20) * ENTRY_MIN_SHARE)
+        r.set(PREFIX + sample_key(ns, 20), b"z" * big, px=600_000)
+        probe = redis_probe(backend, 1 << 20)
+        assert probe.bytes_per_s > 0
+        assert "GETs of a cached 262.1 KB entry" in probe.how
     finally:
         backend.close_here()
         r.config_set("maxmemory", 0)

@@ -22,8 +22,9 @@ its cache, measured on the backend the cache really uses.
   its peak footprint (:func:`probe_footprint`) fits in ``PROBE_ROOM_SHARE`` of the room left
   under ``maxmemory``; otherwise entries the server already holds are read instead (the
   largest of ``ENTRY_TRIES`` random headrace entries whose replies fit that room, one
-  ``GET`` a round where the room is unknown), so nothing is written; with no such entry the
-  probe fails, and MDP plans at a later epoch. Under ``noeviction`` or without a
+  ``GET`` a round where the room is unknown, and at least ``ENTRY_MIN_SHARE`` of the probe's
+  size, as a small entry measures round trips, not bandwidth), so nothing is written; with no
+  such entry the probe fails, and MDP plans at a later epoch. Under ``noeviction`` or without a
   ``maxmemory`` the value is written as before (a refused ``SET`` evicts nothing).
 
 ``Cache(b_cache=...)`` replaces the measurement (``cache/session.py``).
@@ -60,6 +61,14 @@ PROBE_ROOM_SHARE = 0.5
 left under ``maxmemory`` (other writers, the jobs' workers, share the rest meanwhile)."""
 ENTRY_TRIES = 32
 """``RANDOMKEY`` calls that look for a cached entry to read when no probe value fits."""
+ENTRY_MIN_SHARE = 1 / 4
+"""A cached entry read instead of a probe value has at least this share of the probe's bytes.
+A ``GET`` costs a fixed time (its round trip, when a round is one ``GET``) plus its bytes over
+the bandwidth; an entry ``k`` times smaller than the form pays that fixed time ``k`` times as
+often per byte, so its B_cache is low by up to ``k``x where the fixed time dominates (a 2 KB
+entry: 42 MB/s, where the same server read 1 MiB values at 477 MB/s). With ``k`` <= 4 it is
+low by at most (1 + 4f) / (1 + f), ``f`` the fixed time's share of reading the form: within
+noise on loopback (measured in docs/design.md), where 2 KiB entries read 27x too low."""
 
 
 def probe_size(nbytes: float) -> int:
@@ -140,13 +149,15 @@ def redis_probe(backend: Any, nbytes: int) -> Probe:
         return Probe(redis_bandwidth(backend, nbytes),
                      f"{PROBE_ROUNDS} rounds of {reads_per_round(nbytes)} pipelined GETs of a "
                      f"{units.size(nbytes)} value from the server")
-    key, size = _held_entry(backend, room)
+    least = int(nbytes * ENTRY_MIN_SHARE)
+    key, size = _held_entry(backend, room, least)
     if key is None:
         raise RuntimeError(
             f"no room to write a {units.size(nbytes)} probe value without the server evicting "
             f"cached entries ({'unknown' if room < 0 else units.size(room)} of room under "
             f"maxmemory-policy {info.get('maxmemory_policy', 'not readable')}) and no cached "
-            "entry to read yet; Cache(b_cache=...) sets B_cache")
+            f"entry of {units.size(least)} or more to read yet; Cache(b_cache=...) sets "
+            "B_cache")
     reads = 1 if room < 0 else max(1, min(reads_per_round(size), room // size))
     return Probe(from_round_trips(size * reads, _timed_rounds(backend, key, size, reads)),
                  f"{PROBE_ROUNDS} rounds of {reads} pipelined GETs of a cached "
@@ -154,9 +165,10 @@ def redis_probe(backend: Any, nbytes: int) -> Probe:
                  "evicting entries)")
 
 
-def _held_entry(backend: Any, room: int) -> tuple[bytes | None, int]:
+def _held_entry(backend: Any, room: int, least: int) -> tuple[bytes | None, int]:
     """The largest of ``ENTRY_TRIES`` random headrace entries whose value fits ``room``
-    (any size where ``room`` is -1, unknown), and its bytes; ``(None, 0)`` if none."""
+    (any size where ``room`` is -1, unknown) and has ``least`` bytes or more, and its bytes;
+    ``(None, 0)`` if none."""
     from headrace.cache.redis_backend import ENTRY_KEY_LENS, PREFIX
 
     r = backend._r()
@@ -168,7 +180,7 @@ def _held_entry(backend: Any, room: int) -> tuple[bytes | None, int]:
         if not key.startswith(PREFIX) or len(key) not in ENTRY_KEY_LENS:
             continue
         size = int(backend._call(lambda k=key: r.strlen(k)))
-        if size > best[1] and (room < 0 or size <= room):
+        if size >= least and size > best[1] and (room < 0 or size <= room):
             best = (key, size)
     return best
 
