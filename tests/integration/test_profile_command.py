@@ -202,6 +202,22 @@ def test_counts_out_of_range_are_usage_errors(tmp_path, capsys, argv):
     assert f"argument {argv[0]}: must be" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--samples", "abc"], "argument --samples: 'abc' is not an integer"),
+    (["--workers", "1.5"], "argument --workers: '1.5' is not an integer"),
+    (["--batch-size", ""], "argument --batch-size: '' is not an integer"),
+    (["--time-scale", "abc"], "argument --time-scale: 'abc' is not a number"),
+])
+def test_values_that_are_not_numbers_are_usage_errors_that_say_so(tmp_path, capsys, argv, says):
+    # argparse named the type function that raised: "invalid _positive value: 'abc'"
+    script = tmp_path / "squares.py"
+    script.write_text(DATASET_SCRIPT)
+    with pytest.raises(SystemExit) as exit_:
+        run(["profile", str(script), "--out", str(tmp_path), *argv])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"headrace profile: error: {says}")
+
+
 @pytest.mark.parametrize("line, says", [
     ("num_workers = -1", "`num_workers` must be an integer of at least 0 or 'auto', got -1"),
     ("batch_size = 0", "`batch_size` must be an integer of at least 1, got 0"),

@@ -101,7 +101,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _positive(text: str) -> int:
     """An argparse type: an integer of at least 1 (``--batch-size 0`` was taken for the
     default, ``--samples 0`` profiled one sample)."""
-    n = int(text)
+    n = _integer(text)
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
     return n
@@ -110,15 +110,27 @@ def _positive(text: str) -> int:
 def _non_negative(text: str) -> int:
     """An argparse type: an integer of at least 0 (``--workers -1`` ended in torch's
     traceback)."""
-    n = int(text)
+    n = _integer(text)
     if n < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {n}")
     return n
 
 
+def _integer(text: str) -> int:
+    """``int(text)``, or a usage error that says so: argparse named the type function that
+    raised ValueError ("invalid _positive value: 'abc'")."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
 def _non_negative_float(text: str) -> float:
     """An argparse type: a finite number of at least 0 (a factor on step times)."""
-    x = float(text)
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not (math.isfinite(x) and x >= 0):
         raise argparse.ArgumentTypeError(f"must be a number of at least 0, got {text}")
     return x
