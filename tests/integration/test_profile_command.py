@@ -248,6 +248,24 @@ def test_a_failing_sample_says_the_commands_way_to_skip_it(tmp_path, capsys):
     assert "skipped 1" in capsys.readouterr().out
 
 
+def test_plan_and_profile_exit_1_when_every_sample_was_skipped(tmp_path, capsys):
+    # plan printed "0 samples ... skipped 8" per epoch and exited 0, while profile exited 1
+    script = tmp_path / "squares.py"
+    script.write_text(DATASET_SCRIPT.replace(
+        "return torch.full", "raise KeyError(i)\n        return torch.full"))
+    with pytest.warns(UserWarning, match="delivered no batch"):
+        assert run(["plan", str(script), "--on-error", "skip", "--epochs", "1"]) == 1
+    out, err = capsys.readouterr()
+    assert "skipped 20" in out  # explain() is printed, then why the run planned nothing
+    assert err.rstrip().endswith("headrace plan: no sample of squares reached the training "
+                                 "loop: every sample was skipped (20, --on-error skip)")
+    with pytest.warns(UserWarning, match="delivered no batch"):
+        assert run(["profile", str(script), "--out", str(tmp_path), "--on-error", "skip"]) == 1
+    assert capsys.readouterr().err.rstrip().endswith(
+        "headrace profile: no sample of squares was profiled: every sample was skipped "
+        "(20, --on-error skip)")
+
+
 COMPOSE_SCRIPT = textwrap.dedent('''
     import torch
 

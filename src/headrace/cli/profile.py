@@ -20,7 +20,8 @@ that follows the protocol (one line saying what to change); 1 an error of the us
 (its traceback: on import as ``python script.py`` prints it, then a line naming the command;
 in a sample's ``__getitem__`` or step as the loader raises it, then the command's way to skip
 such samples: ``--on-error skip``, which ``profile`` reports as "N skipped" and ``plan``'s
-``explain()`` per epoch).
+``explain()`` per epoch; both exit 1 when no sample reached the training loop, every one
+skipped, after saying so).
 """
 
 from __future__ import annotations
@@ -164,7 +165,8 @@ def run_profile(args: argparse.Namespace) -> int:
     times, slow = [t for t, _ in seen], [s for _, s in seen]
     profile = loader.planning.profile() if loader.planning is not None else None
     if profile is None or not times:
-        print(f"headrace profile: no sample of {target.name} was profiled", file=sys.stderr)
+        print(f"headrace profile: no sample of {target.name} was profiled"
+              + _all_skipped(loader), file=sys.stderr)
         return 1
     threshold, what = _threshold(loader, times)
     off = handoff_off(loader) if loader.pipeline is not None else ""  # as explain() says
@@ -230,6 +232,10 @@ def run_plan(args: argparse.Namespace) -> int:
     finally:
         loader.close()
     print(loader.explain())  # its epoch lines count skipped samples
+    if not sum(e.samples for e in loader.stats().epochs):  # as profile: nothing was measured
+        print(f"headrace plan: no sample of {target.name} reached the training loop"
+              + _all_skipped(loader), file=sys.stderr)
+        return 1
     need = min(MIN_PROFILE_SAMPLES, len(target.dataset))
     if len(loader.sampler) < need:
         print(f"note: AutoOrder decides after {need} profiled samples; this ran "
@@ -248,6 +254,13 @@ def _said_on_error(e: HeadraceError, args: argparse.Namespace) -> bool:
     print(f"headrace {getattr(args, 'command', 'profile')}: the command's way to do so is "
           "--on-error skip (it reports how many samples it skipped)", file=sys.stderr)
     return True
+
+
+def _all_skipped(loader: Any) -> str:
+    """``": every sample was skipped (N, --on-error skip)"`` where samples were skipped, else
+    ``""``: the end of the line that says no sample was delivered."""
+    n = sum(e.skipped_samples for e in loader.stats().epochs)
+    return f": every sample was skipped ({n}, --on-error skip)" if n else ""
 
 
 def _skipped(loader: Any) -> str:
