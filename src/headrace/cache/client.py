@@ -7,8 +7,8 @@ encoded (copied out) right after their step, before a later step could write int
 when the sample is finished the most processed one that fits its tier's budget is stored (one
 form per sample, as in Seneca, where N_A + N_D + N_E <= N_total).
 
-Counters live in shared memory, one row per worker slot (plus one for the training process),
-each written by one writer only, so no lock is needed; the loader sums them per epoch.
+Counters live in shared memory (``cache/counters.py``), one row per worker slot (plus one for
+the training process); the loader sums them per epoch.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections import deque
 from typing import Any
 
 from headrace.cache import codec
+from headrace.cache.counters import FIELDS, Counters
 from headrace.cache.lmdb_envs import StoreClosed
 from headrace.cache.tiers import TIERS, TierLayout, sample_key
 from headrace.cache.verify import (
@@ -29,16 +30,11 @@ from headrace.cache.verify import (
     DIFFERS,
     VERIFIED,
     Check,
-    Verdicts,
     kept,
 )
 
 log = logging.getLogger("headrace")
 
-FIELDS = ("lookups", "hit_encoded", "hit_decoded", "hit_augmented", "inserts", "uncacheable",
-          "full", "errors", "not_worth", "not_stored", "drew", "checked", "differed")
-"""Counter columns (see ``telemetry.stats.CacheStats`` for their meaning)."""
-_F = {n: i for i, n in enumerate(FIELDS)}
 PROBE_EVERY = 32
 """A tier whose lookups cost more than recomputing its form is still looked up once in this
 many lookups, so the comparison follows changes (a cache that got faster)."""
@@ -50,40 +46,6 @@ STORE_MARGIN = 3.0
 (one copy): storing costs two copies, a hit one more (``CacheClient.worth_storing``)."""
 MIN_MEASURED = 5
 """Measurements needed before a tier's lookups may be judged not worth making."""
-
-
-class Counters:
-    """Shared per-slot counters: ``rows`` writers (worker slots, then the training process).
-
-    ``costs``: per row and tier, the seconds of a lookup and of computing the form (medians a
-    process measured), so a new worker or a new epoch starts from what others measured.
-    ``verdicts``: each form's check (``cache/verify.py``), so a form found to differ is off in
-    every worker.
-    """
-
-    def __init__(self, ctx: Any, rows: int) -> None:
-        self.rows = rows
-        self.values = ctx.RawArray("q", rows * len(FIELDS))
-        self.costs = ctx.RawArray("d", rows * len(TIERS) * 2)
-        self.verdicts = Verdicts(ctx)
-
-    def set_cost(self, row: int, tier: str, which: int, seconds: float) -> None:
-        self.costs[(row * len(TIERS) + TIERS.index(tier)) * 2 + which] = seconds
-
-    def cost(self, tier: str, which: int) -> float | None:
-        """Mean over the rows that measured it (None: nobody has)."""
-        k = TIERS.index(tier)
-        xs = [self.costs[(r * len(TIERS) + k) * 2 + which] for r in range(self.rows)]
-        xs = [x for x in xs if x > 0]
-        return sum(xs) / len(xs) if xs else None
-
-    def add(self, row: int, field: str, n: int = 1) -> None:
-        self.values[row * len(FIELDS) + _F[field]] += n
-
-    def totals(self) -> dict[str, int]:
-        k = len(FIELDS)
-        v = self.values[:]
-        return {f: sum(v[r * k + i] for r in range(self.rows)) for i, f in enumerate(FIELDS)}
 
 
 class Insert:
@@ -381,7 +343,7 @@ _warned: set[str] = set()
 """Backends this process has warned about (once each)."""
 
 
-__all__ = ["TIERS", "CacheClient", "Counters"]
+__all__ = ["FIELDS", "TIERS", "CacheClient", "Counters"]
 
 
 def _add(d: deque[float], seconds: float) -> float | None:

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from headrace.cache import session_ods
-from headrace.cache.client import Counters
 from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget, redact
+from headrace.cache.counters import Counters
 from headrace.cache.epoch_client import EpochCache, EpochClient
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.pipeline import Pipeline
