@@ -45,7 +45,7 @@ def test_a_backend_skipping_its_server_names_it_without_the_password() -> None:
     from headrace.cache.redis_backend import BackendDown, RedisBackend
 
     backend = RedisBackend("redis://:sekret@h/0", 1)
-    backend._skip = 1  # as after a failed call
+    backend.outage.left = 1  # as after a failed call
     with pytest.raises(BackendDown) as e:
         backend._r()
     assert "sekret" not in str(e.value) and "redis://:***@h/0" in str(e.value)

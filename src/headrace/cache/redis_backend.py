@@ -20,11 +20,7 @@ entry's cost is kept in a ledger, written in the ``MULTI`` of its ``SET`` (``sto
 lookup that finds an entry evicted gives its bytes back, and one between another job's
 reservation and its ``SET`` gives nothing (``redis_scripts``).
 
-Failures: a call that fails (server gone, timeout) makes this process skip the server for its
-next ``SKIP_CALLS`` calls (samples run uncached meanwhile, counted by the client); the call after
-that tries again and reconnects through redis-py's pool. Nothing is lost: a missed lookup is a
-recomputation. Counted in calls, not seconds, so a test can restart the server and know when
-the loader will be back without sleeping.
+Failures: the process skips the server for a number of calls (``redis_outage``).
 """
 
 from __future__ import annotations
@@ -38,11 +34,10 @@ from headrace.cache.config import redact
 from headrace.cache.ods_board import META as ODS_META
 from headrace.cache.ods_board import TIER_BIT
 from headrace.cache.redis_limits import ServerLimits
+from headrace.cache.redis_outage import BackendDown, Outage
 
 OVERHEAD = 64
 """Bytes Redis spends per key beside its name and value (dict entry, object headers)."""
-SKIP_CALLS = 16
-"""After a failure, calls this process answers as failed without trying the server."""
 SOCKET_TIMEOUT_S = 1.0
 """Connect and read timeout of every call (seconds): a dead server costs at most this."""
 PLAIN_READS = 32
@@ -63,10 +58,6 @@ sampler key that is not an integer below 2^64 (``tiers.sample_key``; never with 
 samplers yield each index of ``range(len(dataset))``)."""
 DEFAULT_TTL_S = 6 * 3600.0
 """Entries and namespaces expire this long after their last insert or hit (``Cache.redis_ttl_s``)."""
-
-
-class BackendDown(ConnectionError):
-    """The server failed recently; this process is not trying it again yet."""
 
 
 def entry_cost(key_len: int, value_len: int) -> int:
@@ -95,7 +86,8 @@ class RedisBackend:
         self.budgets: dict[str, int] = {}
         self._client: Any = None
         self._pid = -1
-        self._skip = 0
+        self.outage = Outage()
+        """This process's calls left to answer as failed (``redis_outage``)."""
         self.scripts: dict[str, Any] = {}
         self.ods: Any = None
         """``ods_board.OdsKeys`` when ODS is on (``Cache(ods=True)``), else None."""
@@ -117,10 +109,7 @@ class RedisBackend:
         self.ods_always = s.get("ods_always", frozenset())
 
     def _r(self) -> Any:
-        if self._skip > 0:
-            self._skip -= 1
-            raise BackendDown(f"{redact(self.url)} failed recently; trying again in "
-                              f"{self._skip} calls")
+        self.outage.check(redact(self.url))
         if self._client is None or self._pid != os.getpid():
             import redis
 
@@ -146,8 +135,8 @@ class RedisBackend:
             return f()
         except (BackendDown, OutOfMemoryError):
             raise  # skipped, not tried: the count goes on; or answered
-        except Exception:
-            self._skip = SKIP_CALLS
+        except Exception as e:
+            self.outage.failed(e)
             raise
 
     def _keys(self, key: bytes, ods: bool) -> tuple[list[bytes], bytes]:

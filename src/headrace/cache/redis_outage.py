@@ -1,0 +1,35 @@
+"""What a process does while its Redis server fails (``redis_backend``).
+
+A call that fails (server gone, timeout) makes this process skip the server for its next
+``SKIP_CALLS`` calls (samples run uncached meanwhile, counted by the client); the call after
+that tries again and reconnects through redis-py's pool. Nothing is lost: a missed lookup is a
+recomputation. Counted in calls, not seconds, so a test can restart the server and know when
+the loader will be back without sleeping.
+"""
+
+from __future__ import annotations
+
+SKIP_CALLS = 16
+"""After a failure, calls this process answers as failed without trying the server."""
+
+
+class BackendDown(ConnectionError):
+    """The server failed recently; this process is not trying it again yet."""
+
+
+class Outage:
+    """One process's count of the calls it still answers as failed (``left``, calls)."""
+
+    def __init__(self) -> None:
+        self.left = 0
+
+    def check(self, where: str) -> None:
+        """Raise ``BackendDown`` naming ``where`` (the server, its password redacted) while
+        calls are left to skip; each such call counts one."""
+        if self.left > 0:
+            self.left -= 1
+            raise BackendDown(f"{where} failed recently; trying again in {self.left} calls")
+
+    def failed(self, e: BaseException) -> None:
+        """A call to the server failed with ``e``: skip the next ``SKIP_CALLS``."""
+        self.left = SKIP_CALLS
