@@ -49,3 +49,19 @@ def test_a_backend_skipping_its_server_names_it_without_the_password() -> None:
     with pytest.raises(BackendDown) as e:
         backend._r()
     assert "sekret" not in str(e.value) and "redis://:***@h/0" in str(e.value)
+
+
+def test_a_skipped_call_names_the_failure_that_started_the_outage() -> None:
+    # a worker forked during the training process's outage inherits its count: its first
+    # error, the one the loader logs, must still say why the server failed
+    from headrace.cache.redis_backend import BackendDown, RedisBackend
+
+    exceptions = pytest.importorskip("redis.exceptions")
+    backend = RedisBackend("redis://:sekret@127.0.0.1:1/0", 1)
+    with pytest.raises(exceptions.ConnectionError) as first:
+        backend._call(lambda: backend._r().ping())  # nothing listens on port 1
+    with pytest.raises(BackendDown) as e:
+        backend._r()
+    cause = str(first.value)
+    assert "refused" in cause.lower() and cause in str(e.value)
+    assert type(first.value).__name__ in str(e.value) and "sekret" not in str(e.value)
