@@ -13,7 +13,6 @@ the training process); the loader sums them per epoch.
 
 from __future__ import annotations
 
-import logging
 import statistics
 import threading
 import time
@@ -32,8 +31,6 @@ from headrace.cache.verify import (
     Check,
     kept,
 )
-
-log = logging.getLogger("headrace")
 
 PROBE_EVERY = 32
 """A tier whose lookups cost more than recomputing its form is still looked up once in this
@@ -326,21 +323,14 @@ class CacheClient:
         return Insert(self, index, self.namespaces(base_seed, epoch), row, seeded_ok=not draw)
 
     def failed(self, row: int, e: BaseException) -> None:
-        """A backend error: counted, warned about once per process; the sample runs uncached.
+        """A backend error: counted, and the row's first kept for the training process, which
+        logs it once per loader (``CacheSession.warn_failed``); the sample runs uncached.
         A cache closed for good under a worker thread that outlived its loader
         (``lmdb_envs.StoreClosed``) is the shutdown, not a failure: neither."""
         if isinstance(e, StoreClosed):
             return
         self.counters.add(row, "errors")
-        url = getattr(self.backend, "url", getattr(self.backend, "path", ""))
-        if url not in _warned:
-            _warned.add(url)
-            log.warning("headrace: the cache failed (%s: %s); continuing without it where it "
-                        "fails (counted in stats().last.cache.errors)", type(e).__name__, e)
-
-
-_warned: set[str] = set()
-"""Backends this process has warned about (once each)."""
+        self.counters.note_failure(row, f"{type(e).__name__}: {e}")
 
 
 __all__ = ["FIELDS", "TIERS", "CacheClient", "Counters"]

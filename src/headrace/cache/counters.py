@@ -13,6 +13,8 @@ FIELDS = ("lookups", "hit_encoded", "hit_decoded", "hit_augmented", "inserts", "
           "full", "errors", "not_worth", "not_stored", "drew", "checked", "differed")
 """Counter columns (see ``telemetry.stats.CacheStats`` for their meaning)."""
 _F = {n: i for i, n in enumerate(FIELDS)}
+FAILURE_BYTES = 256
+"""Bytes kept of a row's first failure ("type: message", UTF-8; longer ones are cut)."""
 
 
 class Counters:
@@ -21,7 +23,10 @@ class Counters:
     ``costs``: per row and tier, the seconds of a lookup and of computing the form (medians a
     process measured), so a new worker or a new epoch starts from what others measured.
     ``verdicts``: each form's check (``cache/verify.py``), so a form found to differ is off in
-    every worker.
+    every worker. ``failures``: per row, the first backend failure its writer saw
+    (``note_failure``), which the training process logs once per loader
+    (``CacheSession.warn_failed``): a worker's own log line repeated with every worker of every
+    epoch (a fresh process each) and never reached the training process's logging.
     """
 
     def __init__(self, ctx: Any, rows: int) -> None:
@@ -29,6 +34,7 @@ class Counters:
         self.values = ctx.RawArray("q", rows * len(FIELDS))
         self.costs = ctx.RawArray("d", rows * len(TIERS) * 2)
         self.verdicts = Verdicts(ctx)
+        self.failures = ctx.RawArray("c", rows * FAILURE_BYTES)
 
     def set_cost(self, row: int, tier: str, which: int, seconds: float) -> None:
         self.costs[(row * len(TIERS) + TIERS.index(tier)) * 2 + which] = seconds
@@ -47,3 +53,22 @@ class Counters:
         k = len(FIELDS)
         v = self.values[:]
         return {f: sum(v[r * k + i] for r in range(self.rows)) for i, f in enumerate(FIELDS)}
+
+    def note_failure(self, row: int, text: str) -> None:
+        """Keep ``text`` as row ``row``'s first failure; later ones are not kept (one writer
+        per row: its first byte, written last, says the text is complete)."""
+        at = row * FAILURE_BYTES
+        if self.failures[at] != b"\0":
+            return
+        b = (text.encode("utf-8", "replace") or b"?")[:FAILURE_BYTES - 1]
+        self.failures[at + 1:at + len(b)] = b[1:]
+        self.failures[at] = b[:1]
+
+    def first_failure(self) -> str | None:
+        """The failure kept by the lowest row that kept one (None: no row did)."""
+        for r in range(self.rows):
+            at = r * FAILURE_BYTES
+            if self.failures[at] != b"\0":
+                raw = bytes(self.failures[at:at + FAILURE_BYTES]).split(b"\0", 1)[0]
+                return raw.decode("utf-8", "replace")
+        return None

@@ -124,6 +124,7 @@ class CacheSession:
         self.step_names: list[str] = []
         """The executed steps as ``explain()`` names them, by position (load first)."""
         self._warned: set[str] = set()  # forms found to differ that a warning named
+        self._failure_said = False  # ``warn_failed`` logged the cache's failure
         self.split: dict[str, float] = {}
         self.closed_epochs: list[CacheStats] = []
         self.dropped = False  # the loader went on without it (``drop``)
@@ -312,6 +313,7 @@ class CacheSession:
                      for e, c in zip(epochs[:n], self.closed_epochs, strict=True)) + epochs[n:]
 
     def end_epoch(self, epoch: int) -> None:
+        self.warn_failed()
         self.warn_differs()
         self.closed_epochs.append(self.current())
         self.epoch_numbers.append(epoch)
@@ -342,6 +344,18 @@ class CacheSession:
             budget_by_tier=budgets,
             substituted=ods.substituted if ods else 0, jobs=ods.board.jobs if ods else 0,
         )
+
+    def warn_failed(self) -> None:
+        """Log once per loader, from the training process at the end of the epoch, the first
+        backend failure a worker or this process kept (``Counters.note_failure``); the later
+        ones are counted only (``CacheStats.errors``)."""
+        if self._failure_said:
+            return
+        text = self.counters.first_failure()
+        if text is not None:
+            self._failure_said = True
+            log.warning("headrace: the cache failed (%s); continuing without it where it fails "
+                        "(counted in stats().last.cache.errors)", redact(text))
 
     def warn_differs(self) -> None:
         """Warn once per form found to differ from what its steps compute (a worker's check,
