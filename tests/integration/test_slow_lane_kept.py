@@ -179,3 +179,29 @@ def test_a_thread_that_cannot_copy_a_handed_off_value_fails_that_sample_not_the_
     for e in errors:  # the user's exception, at the hand-off, naming the sample
         assert e.step == "transport" and isinstance(e, RuntimeError)
         assert f"sample {e.index} refuses a deep copy" in str(e)
+
+
+def test_a_kept_sample_is_said_once_over_fresh_workers_of_several_epochs(tmp_path, no_leaks):
+    # each worker process kept its own "said" set: workers started anew each epoch said it
+    # again, 2 workers over 4 epochs up to 8 times. Forked workers write to the file handler
+    # they inherit (a worker's records do not reach this process's log capture).
+    import logging
+
+    path = tmp_path / "headrace.log"
+    handler = logging.FileHandler(path)
+    logger = logging.getLogger("headrace")
+    logger.addHandler(handler)
+    pipe = hr.Pipeline(Full("torch"), [hr.step(split), hr.step(brighten), hr.step(sums)])
+    opts = hr.Options(seed=3, timeout=FORCED, cache=None, profile_store=False)
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=2, multiprocessing_context="fork",
+                           options=opts)
+    try:
+        for _ in range(4):
+            assert sorted(int(i) for i in torch.cat(list(loader))[:, 0]) == list(range(N))
+    finally:
+        loader.close()
+        logger.removeHandler(handler)
+        handler.close()
+    said = [line for line in path.read_text().splitlines() if "not handed off" in line]
+    assert len(said) == 1, said
+    assert "after step 'split'" in said[0]

@@ -51,9 +51,12 @@ class Progress:
     ``probe_stop``: set by the main process once ``executor="auto"`` decided: the GIL probes
     stop. ``order_broke[slot]``: 1 + the executed position of the first step the slot's
     workers saw break AutoOrder's order (0: none; ``runtime/order_watch.py``).
+    ``kept``: per step position, whether a worker said it kept a sample after that step
+    (``runtime/kept_said.py``: shared by all slots, with a lock; None: each worker process
+    says it once).
     """
 
-    def __init__(self, ctx: Any, slots: int) -> None:
+    def __init__(self, ctx: Any, slots: int, kept: Any = None) -> None:
         self.tid = ctx.RawArray("q", [-1] * slots)
         self.started = ctx.RawArray("d", slots)
         self.step = ctx.RawArray("i", slots)
@@ -65,6 +68,7 @@ class Progress:
         self.worker_info_read = ctx.RawArray("i", slots)
         self.probe_stop = ctx.RawValue("i", 0)
         self.order_broke = ctx.RawArray("i", slots)
+        self.kept = kept
 
     def revoke(self, slot: int, tid: int) -> None:
         """(Main process) the worker in ``slot`` must skip queued task ``tid``; the slot keeps

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from headrace.pipeline import Pipeline
-from headrace.runtime import live_pools, python_draws, worker_stop
+from headrace.runtime import kept_said, live_pools, python_draws, worker_stop
 from headrace.runtime.forks import StartRequests
 from headrace.runtime.handles import HandOff, Progress, WorkerHandle
 from headrace.runtime.native_threads import resolved_for_fork
@@ -78,7 +78,7 @@ class WorkerPool:
         self.profile = profile
         self.handoff = HandOff(ctx, len(pipeline.step_names))
         """Shared hand-off timeout and expected remaining step time, read by workers."""
-        self.progress = Progress(ctx, max_slots)
+        self.progress = Progress(ctx, max_slots, kept_said.shared(ctx, pipeline))
         """What each worker slot is running (see ``Progress``)."""
         self.python_draws = python_draws.shared(ctx, pipeline)
         """Per step: known to draw from Python's generator (``runtime/python_draws.py``): what
@@ -331,6 +331,7 @@ class WorkerPool:
                 handles = list(self.workers.values())
                 self.workers.clear()
                 python_draws.learn(self.pipeline, self.python_draws)  # for the next pools
+                kept_said.learn(self.pipeline, self.progress.kept)  # said: not by the next
         worker_stop.stop(handles, grace_s, send_exits=not again, dispose=self._dispose,
                          cut=self._keep_undisposed)
         live_pools.discard(self)

@@ -43,6 +43,7 @@ from headrace.pipeline.runner import Outcome, SampleRunner
 from headrace.planner.timeout import worth_moving
 from headrace.profiler import sizes
 from headrace.profiler.runqueue import run_queue_s
+from headrace.runtime import kept_said
 from headrace.runtime.faithful import why_it_stays
 from headrace.runtime.gilprobe import start_probe
 from headrace.runtime.native_threads import limit_in_worker
@@ -314,7 +315,7 @@ class TaskRunner:
         if why is None:
             return out
         # kept: the worker goes on as the one it was handed to would have (runtime/faithful.py)
-        _say_kept(self.pipeline_names[out.next_step - 1], why)
+        _say_kept(self.progress, out.next_step - 1, self.pipeline_names[out.next_step - 1], why)
         rest = run_cached(self.cache, run, task.sample, out.next_step, out.value,
                           task.base_seed, task.epoch, slot, out.drew_at, on_step=self.on_step,
                           draw=task.draw)
@@ -346,18 +347,26 @@ class TaskRunner:
 
 
 _kept_said: set[str] = set()
-"""Steps after which this process said it kept a sample (``_say_kept``)."""
+"""Steps after which this process said it kept a sample, where its ``progress`` has no shared
+flags (a remote worker's)."""
 
 
-def _say_kept(step: str, why: str) -> None:
-    """Warn, once per step and process, that a sample was not handed off after ``step``
-    (over the timeout, or at a remote worker's split point) because of ``why``
+def _say_kept(progress: Any, position: int, step: str, why: str) -> None:
+    """Warn, once per step (``runtime/kept_said.py``: over a loader's workers and epochs; a
+    remote worker: once per process), that a sample was not handed off after ``step`` (over
+    the timeout, or at a remote worker's split point) because of ``why``
     (``runtime/faithful.py``), and its worker finished it."""
-    if step not in _kept_said:
+    flags = getattr(progress, "kept", None)
+    if flags is not None and position < len(flags):
+        if not kept_said.first(flags, position):
+            return
+    elif step in _kept_said:
+        return
+    else:
         _kept_said.add(step)
-        log.warning("headrace: a sample was not handed off to another worker after step %r: "
-                    "%s. Its worker finished it, as it would without hand-off (said once per "
-                    "worker process; docs/design.md, \"What cannot be handed off\")", step, why)
+    log.warning("headrace: a sample was not handed off to another worker after step %r: %s. "
+                "Its worker finished it, as it would without hand-off (said once per step; "
+                "docs/design.md, \"What cannot be handed off\")", step, why)
 
 
 def _if_orphaned(parent_pid: int, clean_up: Callable[[], Any]) -> None:
