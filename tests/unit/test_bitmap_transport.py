@@ -1,12 +1,14 @@
 import pickle
 from collections import namedtuple
+from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing  # noqa: F401 - registers torch's reductions
 
 from headrace.runtime.bitmap import Bitmap
-from headrace.runtime.transport import INLINE_LIMIT, _Shm, decode, encode
+from headrace.runtime.transport import INLINE_LIMIT, _Inline, _Shm, decode, encode
 
 P = namedtuple("P", "a b")
 
@@ -40,14 +42,35 @@ def test_a_large_view_carries_its_own_bytes_not_its_whole_storage():
     sent = encode(row)
     assert torch.equal(sent, row)
     assert sent.untyped_storage().nbytes() == row.numel()
+
+
+def test_a_large_tensor_is_sent_as_a_shared_copy_and_stays_the_senders_own():
+    # torch's pickling moves the storage it is given to shared memory in place: the receiver
+    # would read a buffer the sender fills again, and a preloaded sample would stay shared
     whole = torch.zeros(INLINE_LIMIT, dtype=torch.uint8)
-    assert encode(whole) is whole  # nothing to trim: no copy
+    sent = encode(whole)
+    assert sent is not whole and sent.untyped_storage().is_shared()
+    ForkingPickler.dumps(sent)  # what a worker's pipe does to it (torch's reductions)
+    assert not whole.untyped_storage().is_shared()
+    whole[0] = 1
+    assert sent[0] == 0
 
 
-def test_tensors_without_a_numpy_view_or_with_more_than_bytes_travel_as_torch_pickles_them():
+def test_tensors_without_a_numpy_dtype_travel_inline_as_their_bits():
     for t in ((torch.ones(3) * 2).to(torch.float8_e4m3fn), torch.ones(3, dtype=torch.chalf),
-              torch.nn.Parameter(torch.ones(3)), torch.ones(3, requires_grad=True)):
-        assert encode(t) is t  # never an _Inline: it would lose the dtype or grad
+              torch.ones(3, dtype=torch.bfloat16)):
+        enc = encode(t)
+        assert isinstance(enc, _Inline)
+        back = decode(pickle.loads(pickle.dumps(enc)))
+        assert back.dtype == t.dtype and torch.equal(back.view(torch.uint8), t.view(torch.uint8))
+
+
+def test_parameters_and_tensors_that_require_grad_are_sent_as_copies_that_keep_them():
+    for t in (torch.nn.Parameter(torch.ones(3)), torch.ones(3, requires_grad=True)):
+        enc = encode(t)
+        assert enc is not t and type(enc) is type(t) and enc.requires_grad
+        assert enc.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+        assert torch.equal(enc.detach(), t.detach())
 
 
 @pytest.mark.parametrize("size", [3, 300_000])  # inline, and above INLINE_LIMIT (torch's own)

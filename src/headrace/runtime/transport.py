@@ -3,7 +3,13 @@
 Finished samples travel through each worker's ring (``runtime/ring.py``). What is left — a
 slow-lane sample's partial value sent to the next worker, a leaf over a quarter of a ring — goes
 here: leaves up to ``INLINE_LIMIT`` are pickled inline; larger ones travel through shared memory
-by torch's reductions (the receiver maps the same pages). A shared-memory descriptor costs about
+by torch's reductions (the receiver maps the same pages), always as a fresh shared copy: torch's
+reductions move the storage of the tensor they are given to shared memory in place, so a
+tensor the sender keeps (a dataset's preloaded sample, a buffer it fills again for the next
+index) would become one the receiver reads while the sender writes it, and a shared-memory
+segment and a file descriptor for as long as the sender keeps it. Tensors whose dtype NumPy
+lacks (bfloat16, float8, complex32) travel as an integer view of their bits
+(:func:`numpy_bits`) and are viewed back on receipt. A shared-memory descriptor costs about
 0.7 ms of receiver CPU and several ms of latency (a socket handshake); pickling 256 KB inline
 costs about 0.12 ms, so only really large leaves are worth a descriptor. ``encode`` runs in the
 sender, ``decode`` in the receiver.
@@ -35,15 +41,17 @@ class _Shm:
 
 
 class _Inline:
-    """A small tensor pickled by value (as an array) instead of by shared-memory descriptor."""
+    """A small tensor pickled by value (as an array) instead of by shared-memory descriptor;
+    ``dtype``: the tensor's own where the array holds its bits (:func:`numpy_bits`), else None."""
 
-    __slots__ = ("array",)
+    __slots__ = ("array", "dtype")
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: np.ndarray, dtype: torch.dtype | None = None) -> None:
         self.array = array
+        self.dtype = dtype
 
     def __reduce__(self):
-        return (_Inline, (self.array,))
+        return (_Inline, (self.array, self.dtype))
 
 
 class _View:
@@ -71,44 +79,100 @@ def plain_tensor(x: Any) -> bool:
             and not x.requires_grad)
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+"""The integer dtype of each element size in bytes, for dtypes NumPy lacks."""
+
+
+def numpy_bits(x: torch.Tensor) -> tuple[np.ndarray, torch.dtype | None] | None:
+    """A C-contiguous NumPy array of plain tensor ``x``'s values, and None; for a dtype NumPy
+    lacks (bfloat16, float8, complex32), an integer array of the same element size holding
+    its bits, and ``x``'s dtype to view them back with (``torch.from_numpy(a).view(dtype)``,
+    bit for bit). None where neither works (a quantized tensor, whose scale a view drops; a
+    conjugate view)."""
+    try:
+        return x.contiguous().numpy(), None
+    except (TypeError, RuntimeError):  # no NumPy dtype, or a conjugate/negative view
+        pass
+    bits = _BITS.get(x.element_size())
+    if bits is None or x.is_quantized or x.is_conj() or x.is_neg():
+        return None
+    try:
+        return x.contiguous().view(bits).numpy(), x.dtype
+    except (TypeError, RuntimeError):
+        return None
+
+
+def _own(a: np.ndarray, x: torch.Tensor) -> np.ndarray:
+    """``a`` (:func:`numpy_bits` of ``x``), copied where it is ``x``'s own memory: a message
+    is pickled when it is sent, which may be after the sender filled ``x`` again (a dataset
+    that returns one buffer for every index)."""
+    return a.copy() if x.is_contiguous() else a
+
+
+def shared_copy(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of plain tensor ``x`` in a new shared-memory storage, which torch's
+    reductions send as it is (one copy, the one ``share_memory_()`` would make of ``x``'s
+    storage, moving the sender's own storage to shared memory in place). Only ``x``'s bytes
+    are copied, not a larger storage it views. Where torch will not make one (a quantized
+    tensor), a private clone, which those reductions then move."""
+    try:
+        storage = torch.UntypedStorage._new_shared(x.numel() * x.element_size())
+        y = torch.empty(0, dtype=x.dtype).set_(storage).view(x.shape)
+        return y.copy_(x)
+    except (TypeError, RuntimeError):
+        return x.clone()
+
+
+def _private_copy(x: torch.Tensor) -> torch.Tensor:
+    """A deep copy of a CPU tensor that is not plain (a subclass with its attributes, an
+    ``nn.Parameter``, one that requires grad), for torch's pickling to move to shared memory
+    instead of ``x``'s own storage (two copies: such tensors are rare in samples). ``x``
+    itself where torch shares nothing (another device) or will not copy it (a tensor made by
+    an autograd graph, which torch refuses to send anyway)."""
+    if x.device.type != "cpu" or x.layout != torch.strided or x.grad_fn is not None:
+        return x
+    try:
+        return copy.deepcopy(x)
+    except Exception:  # noqa: BLE001 - a subclass that will not copy: sent as before
+        return x
+
+
 def encode(x: Any) -> Any:
     """Replace large arrays/bytes in a (nested) sample by shared-memory carriers."""
     if isinstance(x, torch.Tensor):
-        if not plain_tensor(x):
-            return x  # torch's own pickling keeps what the bytes alone would lose
+        if not plain_tensor(x):  # torch's own pickling keeps what the bytes alone would lose
+            return _private_copy(x)
         conj, neg = x.is_conj(), x.is_neg()
         if conj or neg:  # the view's bits off: the values as stored
             return _View(encode(torch._neg_view(x.conj() if conj else x) if neg
                                 else x.conj()), conj, neg)
-        nbytes = x.numel() * x.element_size()
-        if nbytes < INLINE_LIMIT and x.dtype != torch.bfloat16:
-            try:
-                return _Inline(x.contiguous().numpy())  # skip torch's descriptor passing
-            except (TypeError, RuntimeError):  # no NumPy dtype (float8), a conjugate view
-                return x
-        if x.untyped_storage().nbytes() > 2 * nbytes:
-            # a view of a larger tensor (``self.data[i]``): torch would move the whole
-            # storage to shared memory, once per worker; send only the view's bytes
-            return x.clone()
-        return x
+        if x.numel() * x.element_size() < INLINE_LIMIT:
+            bits = numpy_bits(x)
+            if bits is not None:  # skip torch's descriptor passing
+                return _Inline(_own(bits[0], x), bits[1])
+        # never ``x`` itself: torch would move its storage (all of it, for a view of a
+        # larger tensor such as ``self.data[i]``) to shared memory in place
+        return shared_copy(x)
     if type(x) is np.ndarray:  # a subclass (np.matrix, a masked array) pickles as itself
         if x.nbytes >= INLINE_LIMIT and x.dtype != object and x.dtype.kind in "biufc":
             if not x.flags.writeable:  # e.g. np.asarray(PIL image); torch wants writable memory
                 x = np.array(x)  # the copy into shared memory happens anyway
             return _Shm("np", torch.from_numpy(np.ascontiguousarray(x)))
-        return x
+        # pickled when its message is sent, which may be after the sender filled it again
+        return x if x.dtype == object else x.copy(order="K")
     if isinstance(x, (bytes, bytearray)):
         if len(x) >= INLINE_LIMIT:
             kind = "bytes" if isinstance(x, bytes) else "bytearray"
             return _Shm(kind, torch.frombuffer(bytearray(x), dtype=torch.uint8))
-        return x
+        return bytearray(x) if type(x) is bytearray else x
     return _map_containers(x, encode)
 
 
 def decode(x: Any) -> Any:
     """Inverse of :func:`encode`, run in the receiving process (zero-copy for arrays)."""
     if isinstance(x, _Inline):
-        return torch.from_numpy(x.array)
+        t = torch.from_numpy(x.array)
+        return t if x.dtype is None else t.view(x.dtype)
     if isinstance(x, _View):
         t = decode(x.tensor)
         t = torch._neg_view(t) if x.neg else t
