@@ -40,6 +40,7 @@ class Reused(torch.utils.data.Dataset):
 def _rows_not_their_own(loader) -> list[tuple[int, float, float]]:
     bad, i = [], 0
     for batch in loader:
+        assert batch.dtype == loader.dataset.dtype
         for row in batch:
             lo, hi = float(row.min()), float(row.max())
             if lo != i % 200 or hi != i % 200:

@@ -2,6 +2,7 @@ import multiprocessing as mp
 from collections import namedtuple
 
 import numpy as np
+import pytest
 import torch
 
 from headrace.runtime.ring import MIN_LEAF, Ring, RingRef, RingWriter, decode, encode
@@ -52,13 +53,28 @@ def test_a_ring_the_reader_keeps_up_with_is_written_from_its_start():
     assert max(offsets) < 256 * 1024 and offsets.count(0) == 10
 
 
-def test_bfloat16_and_oversized_leaves_fall_back():
+def test_oversized_leaves_fall_back():
     ring = Ring(mp.get_context("fork"), size=64 * 1024)
     w = RingWriter(ring, parent_pid=0)
-    bf = torch.ones(4096, dtype=torch.bfloat16)
     huge = np.zeros(64 * 1024, dtype=np.uint8)  # over a quarter of the ring
-    enc = encode({"bf": bf, "huge": huge}, w)
-    assert enc["bf"] is bf and enc["huge"] is huge
+    enc = encode({"huge": huge}, w)
+    assert enc["huge"] is huge
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.complex32, torch.float8_e4m3fn,
+                                   torch.float8_e5m2, torch.float8_e4m3fnuz])
+def test_dtypes_numpy_lacks_go_through_the_ring_bit_for_bit(dtype):
+    # they went to torch's shared-memory path, one descriptor per tensor
+    ring = Ring(mp.get_context("fork"), size=1 << 20)
+    w = RingWriter(ring, parent_pid=0)
+    raw = torch.arange(8192 * dtype.itemsize, dtype=torch.int64).remainder(256).to(torch.uint8)
+    x = raw.view(dtype).reshape(64, -1)  # every bit pattern, NaNs included
+    for sample in (x, x.t()):  # contiguous, and a transposed view
+        enc = encode(sample, w)
+        assert isinstance(enc, RingRef)
+        back = decode(enc, ring)
+        assert back.dtype == dtype and back.shape == sample.shape
+        assert torch.equal(back.view(torch.uint8), sample.contiguous().view(torch.uint8))
 
 
 def test_a_full_ring_asks_its_writer_to_send_what_it_kept_before_waiting():

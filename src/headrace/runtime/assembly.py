@@ -35,7 +35,7 @@ import torch
 from torch.utils.data._utils import collate as torch_collate
 
 from headrace.runtime.bufferpool import BufferPool
-from headrace.runtime.ring import Ring, RingRef
+from headrace.runtime.ring import Ring, RingRef, tensor_of
 from headrace.runtime.ring import decode as ring_decode
 from headrace.runtime.transport import decode
 
@@ -147,7 +147,7 @@ class BatchAssembly:
                 full = (self.capacity, *shape)
                 empty = self.buffers.empty if self.buffers is not None else np.empty
                 t = torch.from_numpy(empty(full, np.dtype(dtype)))
-                self._tensors.append(t)
+                self._tensors.append(tensor_of(t, leaf[1]))  # bits of a bfloat16: viewed back
                 self._rows.append(t.numpy())
             else:
                 self._tensors.append(None)

@@ -11,7 +11,9 @@ worker and sent with each message, and a shared read position the consumer sets 
 the last message it copied out are the whole protocol, no lock. Where each array lies is the
 writer's choice alone (it remembers the arrays not yet freed: ``RingWriter.held``).
 
-A leaf larger than a quarter of the ring falls back to torch's shared-memory path.
+A leaf larger than a quarter of the ring falls back to torch's shared-memory path (as a copy:
+``transport.encode``). A tensor whose dtype NumPy lacks (bfloat16, float8, complex32) goes
+through the ring as integers of its element size and is viewed back on receipt.
 
 A writer uses only the first ``span`` bytes of its ring, from 1 MB, doubling whenever what it
 holds leaves no room, up to the whole ring; inside the span it writes after the newest array
@@ -37,7 +39,7 @@ import numpy as np
 import torch
 
 from headrace.runtime.parent import parent_gone
-from headrace.runtime.transport import plain_tensor
+from headrace.runtime.transport import numpy_bits, plain_tensor
 
 RING_BYTES = 16 * 1024 * 1024
 """Bytes of one worker's ring where it is allocated up front (start methods other than fork)."""
@@ -96,12 +98,16 @@ class Ring:
 
 
 class RingRef:
-    """Where one array of a sample lies in the ring."""
+    """Where one array of a sample lies in the ring. ``kind``: "np" (a NumPy array), "torch"
+    (a tensor), or a ``torch.dtype`` NumPy lacks (bfloat16, float8, complex32): a tensor of
+    that dtype whose bits the ring holds as integers of the same size (``dtype``), viewed
+    back on receipt (:func:`tensor_of`)."""
 
     __slots__ = ("dtype", "kind", "offset", "shape")
 
-    def __init__(self, kind: str, offset: int, dtype: str, shape: tuple[int, ...]) -> None:
-        self.kind = kind  # "np" or "torch"
+    def __init__(self, kind: str | torch.dtype, offset: int, dtype: str,
+                 shape: tuple[int, ...]) -> None:
+        self.kind = kind
         self.offset = offset
         self.dtype = dtype
         self.shape = shape
@@ -231,11 +237,11 @@ def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
         nbytes = x.numel() * x.element_size()
         if not plain_tensor(x) or not nbytes >= MIN_LEAF or not w.fits(nbytes):
             return other(x)
-        try:
-            a = x.contiguous().numpy()
-        except (TypeError, RuntimeError):  # e.g. bfloat16 has no NumPy dtype
+        bits = numpy_bits(x)
+        if bits is None:  # a quantized tensor, a conjugate view: transport.encode's
             return other(x)
-        return RingRef("torch", w.put(a), a.dtype.str, a.shape)
+        a, view = bits
+        return RingRef("torch" if view is None else view, w.put(a), a.dtype.str, a.shape)
     numeric = type(x) is np.ndarray and x.dtype != object and x.dtype.kind in "biufc"
     if numeric and x.nbytes >= MIN_LEAF and w.fits(x.nbytes):
         return RingRef("np", w.put(x), x.dtype.str, x.shape)
@@ -246,4 +252,10 @@ def _decode_leaf(x: Any, ring: Ring, other: Callable[[Any], Any]) -> Any:
     if not isinstance(x, RingRef):
         return other(x)
     out = np.ndarray(x.shape, x.dtype, ring.buf, x.offset).copy()
-    return torch.from_numpy(out) if x.kind == "torch" else out
+    return out if x.kind == "np" else tensor_of(torch.from_numpy(out), x.kind)
+
+
+def tensor_of(t: torch.Tensor, kind: str | torch.dtype) -> torch.Tensor:
+    """``t`` (the tensor of a ring array) as the tensor a ``RingRef`` of ``kind`` carried:
+    itself, or for a dtype NumPy lacks, a view of its bits as that dtype."""
+    return t.view(kind) if isinstance(kind, torch.dtype) else t

@@ -81,6 +81,21 @@ def plain_tensor(x: Any) -> bool:
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 """The integer dtype of each element size in bytes, for dtypes NumPy lacks."""
+_HAS_NUMPY: dict[torch.dtype, bool] = {}
+"""Whether a dtype has a NumPy one, learned once per dtype: a failed ``numpy()`` costs 10 us
+(its exception), several times a CIFAR image's whole trip through the ring."""
+
+
+def _has_numpy(dtype: torch.dtype) -> bool:
+    ok = _HAS_NUMPY.get(dtype)
+    if ok is None:
+        try:
+            torch.empty(0, dtype=dtype).numpy()
+            ok = True
+        except Exception:  # noqa: BLE001 - no NumPy dtype (or not even an empty tensor)
+            ok = False
+        _HAS_NUMPY[dtype] = ok
+    return ok
 
 
 def numpy_bits(x: torch.Tensor) -> tuple[np.ndarray, torch.dtype | None] | None:
@@ -88,18 +103,18 @@ def numpy_bits(x: torch.Tensor) -> tuple[np.ndarray, torch.dtype | None] | None:
     lacks (bfloat16, float8, complex32), an integer array of the same element size holding
     its bits, and ``x``'s dtype to view them back with (``torch.from_numpy(a).view(dtype)``,
     bit for bit). None where neither works (a quantized tensor, whose scale a view drops; a
-    conjugate view)."""
-    try:
-        return x.contiguous().numpy(), None
-    except (TypeError, RuntimeError):  # no NumPy dtype, or a conjugate/negative view
-        pass
-    bits = _BITS.get(x.element_size())
-    if bits is None or x.is_quantized or x.is_conj() or x.is_neg():
+    conjugate or negative view)."""
+    if x.is_conj() or x.is_neg():
         return None
+    bits = None if _has_numpy(x.dtype) else _BITS.get(x.element_size())
     try:
-        return x.contiguous().view(bits).numpy(), x.dtype
+        if bits is None:
+            return x.contiguous().numpy(), None
+        if not x.is_quantized:
+            return x.contiguous().view(bits).numpy(), x.dtype
     except (TypeError, RuntimeError):
-        return None
+        pass
+    return None
 
 
 def _own(a: np.ndarray, x: torch.Tensor) -> np.ndarray:
