@@ -106,6 +106,14 @@ def test_plain_tensors_tuples_and_namedtuples_as_whole_samples():
     assert_same(assemble(numbers).finish([0, 1]), default_collate(numbers))
 
 
+def test_empty_tensors_get_the_strides_default_collate_gives():
+    # NumPy gives an empty array strides of 0 ((4, 0, 3): (0, 0, 0)); torch.stack (3, 3, 1)
+    samples = [torch.zeros(0, 3) for _ in range(4)]
+    got, want = assemble(samples).finish([0, 1, 2, 3]), default_collate(samples)
+    assert_same(got, want)
+    assert got.stride() == want.stride()
+
+
 def test_a_sample_of_another_shape_falls_back_and_raises_torchs_error():
     samples = [{"x": torch.ones(3, 4)}, {"x": torch.ones(3, 4)}, {"x": torch.ones(5, 4)}]
     batch = assemble(samples)

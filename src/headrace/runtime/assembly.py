@@ -147,6 +147,8 @@ class BatchAssembly:
                 full = (self.capacity, *shape)
                 empty = self.buffers.empty if self.buffers is not None else np.empty
                 t = torch.from_numpy(empty(full, np.dtype(dtype)))
+                if not t.numel():  # NumPy's strides there are all 0; torch.stack's C order
+                    t = torch.empty(full, dtype=t.dtype)
                 self._tensors.append(tensor_of(t, leaf[1]))  # bits of a bfloat16: viewed back
                 self._rows.append(t.numpy())
             else:
