@@ -186,3 +186,15 @@ def test_the_samples_of_rows_stored_in_place_are_rebuilt_for_an_error_to_compare
     assert torch.equal(got[1]["image"], samples[2]["image"])
     assert np.array_equal(got[0]["mask"], samples[0]["mask"])
     assert batch.in_place  # nothing moved: the batch still collates in place
+
+
+def test_arrays_with_negative_strides_fail_to_collate_as_default_collate_does():
+    # torch.as_tensor refuses them; in place, the batch copied them without a word
+    samples = [np.arange(5)[::-1] for _ in range(2)]
+    with pytest.raises(ValueError, match="negative"):
+        default_collate(samples)
+    batch = BatchAssembly(2, default_collate, auto_collation=True)
+    for row, s in enumerate(samples):
+        batch.put(row, row, s, None)  # a worker thread's sample, as it was made
+    with pytest.raises(ValueError, match="negative"):
+        batch.finish([0, 1])

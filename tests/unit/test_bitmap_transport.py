@@ -80,3 +80,10 @@ def test_conjugate_and_negative_views_arrive_as_the_same_views(size):
         back = decode(pickle.loads(pickle.dumps(encode(t))))
         assert (back.is_conj(), back.is_neg()) == (t.is_conj(), t.is_neg())
         assert torch.equal(back.resolve_conj().resolve_neg(), t.resolve_conj().resolve_neg())
+
+
+@pytest.mark.parametrize("size", [5, INLINE_LIMIT])  # inline, and through shared memory
+def test_negative_strides_arrive_as_they_were_made(size):
+    a = np.arange(2 * size, dtype=np.int32).reshape(2, size)[::-1, ::-2]
+    back = decode(pickle.loads(pickle.dumps(encode(a))))
+    assert np.array_equal(back, a) and [s < 0 for s in back.strides] == [True, True]

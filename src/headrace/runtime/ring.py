@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from headrace.runtime.parent import parent_gone
-from headrace.runtime.transport import numpy_bits, plain_tensor
+from headrace.runtime.transport import negative_axes, numpy_bits, plain_tensor
 
 RING_BYTES = 16 * 1024 * 1024
 """Bytes of one worker's ring where it is allocated up front (start methods other than fork)."""
@@ -242,7 +242,8 @@ def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
             return other(x)
         a, view = bits
         return RingRef("torch" if view is None else view, w.put(a), a.dtype.str, a.shape)
-    numeric = type(x) is np.ndarray and x.dtype != object and x.dtype.kind in "biufc"
+    numeric = (type(x) is np.ndarray and x.dtype != object and x.dtype.kind in "biufc"
+               and not negative_axes(x))  # its strides kept: default_collate refuses them
     if numeric and x.nbytes >= MIN_LEAF and w.fits(x.nbytes):
         return RingRef("np", w.put(x), x.dtype.str, x.shape)
     return other(x)

@@ -70,6 +70,27 @@ class _View:
         return (_View, (self.tensor, self.conj, self.neg))
 
 
+class _Flipped:
+    """A NumPy array with negative strides, carried as its values with those axes flipped back
+    (``array``, encoded) and the ``axes``: pickling or the ring would give the receiver a
+    contiguous copy, which ``default_collate`` stacks, where torch (and ``num_workers=0``)
+    raise ``ValueError`` (``torch.as_tensor`` refuses negative strides)."""
+
+    __slots__ = ("array", "axes")
+
+    def __init__(self, array: Any, axes: tuple[int, ...]) -> None:
+        self.array = array
+        self.axes = axes
+
+    def __reduce__(self):
+        return (_Flipped, (self.array, self.axes))
+
+
+def negative_axes(x: np.ndarray) -> tuple[int, ...]:
+    """The axes along which ``x`` steps backwards in memory (``x[::-1]``)."""
+    return tuple(i for i, st in enumerate(x.strides) if st < 0)
+
+
 def plain_tensor(x: Any) -> bool:
     """``x`` is a CPU ``torch.Tensor`` that travels as its bytes alone: not a subclass (whose
     type and attributes, e.g. a bounding box's format, pickling keeps), not one that requires
@@ -169,6 +190,9 @@ def encode(x: Any) -> Any:
         # larger tensor such as ``self.data[i]``) to shared memory in place
         return shared_copy(x)
     if type(x) is np.ndarray:  # a subclass (np.matrix, a masked array) pickles as itself
+        axes = negative_axes(x)
+        if axes:
+            return _Flipped(encode(np.flip(x, axes)), axes)
         if x.nbytes >= INLINE_LIMIT and x.dtype != object and x.dtype.kind in "biufc":
             if not x.flags.writeable:  # e.g. np.asarray(PIL image); torch wants writable memory
                 x = np.array(x)  # the copy into shared memory happens anyway
@@ -192,6 +216,8 @@ def decode(x: Any) -> Any:
         t = decode(x.tensor)
         t = torch._neg_view(t) if x.neg else t
         return t.conj() if x.conj else t
+    if isinstance(x, _Flipped):
+        return np.flip(decode(x.array), x.axes)
     if isinstance(x, _Shm):
         if x.kind == "np":
             return x.tensor.numpy()
