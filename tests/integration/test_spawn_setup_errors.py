@@ -94,3 +94,50 @@ def test_a_class_of_a_module_the_worker_cannot_import_names_the_module(method, m
             "the worker") in text and f"A {method!r} worker" in text, text
     assert "No module named 'headrace_made_at_run_time'" in text, text
     assert "__name__" not in text, text
+
+
+COUNTING = '''
+import multiprocessing as mp
+import sys
+
+import torch
+import headrace as hr
+
+
+class Counting(torch.utils.data.Dataset):
+    """Counts its samples in a multiprocessing Value: shared memory from multiprocessing's
+    heap, whose arena (one file descriptor) also holds the loader's own shared arrays."""
+
+    def __init__(self, ctx):
+        self.count = ctx.Value("i", 0)
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        with self.count.get_lock():
+            self.count.value += 1
+        return i
+
+
+if __name__ == "__main__":
+    for method in sys.argv[1:]:
+        ds = Counting(mp.get_context(method))
+        got = [int(i) for b in hr.DataLoader(ds, batch_size=4, num_workers=2,
+                                             multiprocessing_context=method) for i in b]
+        print(method, sorted(got) == list(range(16)), ds.count.value, flush=True)
+'''
+
+
+def test_a_dataset_holding_a_shared_value_starts_spawned_workers(tmp_path):
+    # a fresh interpreter: its first heap arena holds the dataset's Value and the loader's
+    # arrays, which the worker's setup and its shared arrays then both sent; spawn refused
+    # the fd passed twice (ValueError: bad value(s) in fds_to_keep) and no worker started
+    script = tmp_path / "counting.py"
+    script.write_text(COUNTING)
+    src = str(Path(hr.__file__).parents[1])
+    done = subprocess.run([sys.executable, str(script), "spawn", "forkserver"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240,
+                          env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n") == ["spawn True 16", "forkserver True 16", ""], done.stdout

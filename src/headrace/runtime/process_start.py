@@ -27,8 +27,11 @@ def start_worker_process(ctx: Any, setup: WorkerSetup, handoff: HandOff, progres
     ring = Ring(ctx)
     slot = setup.slot
     method = ctx.get_start_method()
-    sent = setup if method == "fork" else SentSetup(setup, method)  # unpickled by the worker
-    args = (sent, task_reader, writer, handoff, progress, ring, python_draws)
+    shared = (handoff, progress, ring, python_draws)
+    if method == "fork":
+        args: tuple[Any, ...] = (setup, task_reader, writer, *shared)
+    else:  # unpickled by the worker, in one pickle with what it shares (sent_setup.py)
+        args = (SentSetup(setup, shared, method), task_reader, writer)
     proc = None
     try:
         tasks = TaskPipe(task_writer)

@@ -24,17 +24,19 @@ from typing import Any, NamedTuple
 
 
 class SentSetup:
-    """``setup`` (a ``worker.WorkerSetup``) to be sent to a worker of start method ``method``
-    (``"spawn"``, ``"forkserver"``): pickled when the worker's process is, and arriving there
-    as a :class:`ReceivedSetup`, not yet unpickled."""
+    """``setup`` (a ``worker.WorkerSetup``) and ``shared`` (the worker's arguments it shares
+    with its pool, in order) to be sent to a worker of start method ``method`` (``"spawn"``,
+    ``"forkserver"``): pickled together when the worker's process is, and arriving there as a
+    :class:`ReceivedSetup`, not yet unpickled."""
 
-    def __init__(self, setup: Any, method: str) -> None:
+    def __init__(self, setup: Any, shared: tuple[Any, ...], method: str) -> None:
         self.setup = setup
+        self.shared = shared
         self.method = method
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         buf = io.BytesIO()
-        ForkingPickler(buf).dump(self.setup)
+        ForkingPickler(buf).dump((self.setup, self.shared))  # one pickle: each fd passed once
         data = buf.getvalue()  # (no copy: the buffer is not written again)
         return ReceivedSetup, (self.setup.slot, self.setup.parent_pid, self.method, data)
 
@@ -55,8 +57,8 @@ class ReceivedSetup(NamedTuple):
     method: str
     data: bytes
 
-    def load(self) -> Any:
-        """The ``WorkerSetup``; raises :class:`SetupNotRebuilt` saying what could not be."""
+    def load(self) -> tuple[Any, tuple[Any, ...]]:
+        """The ``WorkerSetup`` and the shared arguments sent with it; raises :class:`SetupNotRebuilt` saying what could not be."""
         loader = _Loader(io.BytesIO(self.data))
         try:
             return loader.load()

@@ -51,7 +51,7 @@ from headrace.runtime.order_watch import guard_for
 from headrace.runtime.outbox import Outbox, qualname, send
 from headrace.runtime.parent import exit_when_parent_gone, parent_gone
 from headrace.runtime.python_draws import WorkerFlags
-from headrace.runtime.ring import Ring, RingWriter
+from headrace.runtime.ring import RingWriter
 from headrace.runtime.ring import encode as ring_encode
 from headrace.runtime.sent_setup import ReceivedSetup, SetupNotRebuilt
 from headrace.runtime.torch_worker import init_as_torch_worker
@@ -121,27 +121,27 @@ def forked_main(collecting: bool, parent_ends: tuple[Any, ...], *args: Any) -> N
     worker_main(*args)
 
 
-def worker_main(
-    sent: WorkerSetup | ReceivedSetup, tasks: Any, results: Any, handoff: Any, progress: Any,
-    ring: Ring, python_draws: Any = None,
-) -> None:
+def worker_main(sent: WorkerSetup | ReceivedSetup, tasks: Any, results: Any, *shared: Any
+                ) -> None:
     """Entry point of a worker process. ``sent``: its ``WorkerSetup``; a spawned worker's
-    arrives pickled and is unpickled here, so that what cannot be is reported
-    (``runtime/sent_setup.py``).
+    arrives pickled, with ``shared`` inside it, and is unpickled here, so that what cannot be
+    is reported (``runtime/sent_setup.py``).
 
-    ``handoff``: shared values (``handles.HandOff``): the timeout in seconds and, per step
-    position, the expected seconds of the steps from there to the end (read between steps).
-    ``progress``: shared arrays (``handles.Progress``) where the worker writes, per slot, the tid it
-    runs (−1: idle), when it started (``time.monotonic()``) and the step it is in, so the main
-    process knows what a dead or hung worker held. ``python_draws``: the pool's shared flags of
-    the steps drawing from Python's generator (``runtime/python_draws.py``), or None.
+    ``shared``: ``(handoff, progress, ring, python_draws)``, what the worker shares with its
+    pool. ``handoff``: shared values (``handles.HandOff``): the timeout in seconds and, per
+    step position, the expected seconds of the steps from there to the end (read between
+    steps). ``progress``: shared arrays (``handles.Progress``) where the worker writes, per
+    slot, the tid it runs (−1: idle), when it started (``time.monotonic()``) and the step it is
+    in, so the main process knows what a dead or hung worker held. ``ring``: its
+    ``ring.Ring``. ``python_draws``: the pool's shared flags of the steps drawing from Python's
+    generator (``runtime/python_draws.py``), or None.
     """
     slot = sent.slot
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
     setup: WorkerSetup
     if isinstance(sent, ReceivedSetup):
         try:
-            setup = sent.load()
+            setup, shared = sent.load()
         except SetupNotRebuilt as e:
             send(results, ("init_error", slot, qualname(type(e.cause)), str(e),
                            "".join(traceback.format_exception(e.cause)),
@@ -149,6 +149,7 @@ def worker_main(
             return
     else:
         setup = sent
+    handoff, progress, ring, python_draws = shared
     backend = getattr(setup.cache, "backend", None)
     owner_gone = getattr(backend, "owner_gone", None)
     # also while in worker_init_fn or a step; from its own thread, the files only
