@@ -190,3 +190,35 @@ class LoaderStats:
     @property
     def last(self) -> EpochStats | None:
         return self.epochs[-1] if self.epochs else None
+
+    def __str__(self) -> str:
+        """A few lines for ``print(loader.stats())``: the loader's state, then the first and
+        the latest three epochs (``repr()`` still shows every field, queue samples included)."""
+        if self.timeout_s == float("inf"):
+            timeout = "none yet (warming up, or an IterableDataset)"
+        elif self.timeout_percentile != self.timeout_percentile:  # nan: a fixed timeout
+            timeout = f"{1000 * self.timeout_s:.1f} ms (fixed)"
+        else:
+            timeout = f"{1000 * self.timeout_s:.1f} ms ({self.timeout_percentile:g}th percentile)"
+        lines = [f"LoaderStats: {len(self.epochs)} epoch(s) recorded, {self.workers} worker(s), "
+                 f"{self.worker_restarts} worker restart(s), hand-off timeout {timeout}"]
+        shown = list(self.epochs[:1]) + list(self.epochs[max(1, len(self.epochs) - 3):])
+        for k, e in enumerate(shown):
+            if k == 1 and e.epoch > shown[0].epoch + 1:
+                lines.append(f"  ... {e.epoch - shown[0].epoch - 1} epoch(s) not shown")
+            lines.append("  " + _epoch_line(e))
+        return "\n".join(lines)
+
+
+def _epoch_line(e: EpochStats) -> str:
+    """One epoch in one line: samples, wall seconds, samples/s, stall share, lanes, cache."""
+    state = "" if e.finished else " (running)"
+    line = (f"epoch {e.epoch}{state}: {e.samples} samples in {e.batches} batches, "
+            f"{e.wall_s:.2f} s, {e.samples_per_s:.1f} samples/s, stall {e.stall_fraction:.0%}, "
+            f"{e.fast_samples} fast / {e.slow_samples} slow")
+    extra = [(n, v) for n, v in (("skipped", e.skipped_samples), ("failed", e.failed_samples),
+                                 ("retried", e.retried_samples)) if v]
+    line += "".join(f", {v} {n}" for n, v in extra)
+    if e.cache is not None:
+        line += f", cache hits {e.cache.hits} of {e.cache.lookups} ({e.cache.hit_rate:.0%})"
+    return line
