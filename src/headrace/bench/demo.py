@@ -139,6 +139,9 @@ def _reason(torch_runs: list[RunRecord], hr_runs: list[RunRecord]) -> str:
               if filled is not None and filled.inserts else " (nothing cached yet)")
     first = (f"epoch 1 took {hr_runs[0].wall_s:.2f} s vs {torch_runs[0].wall_s:.2f} s"
              f"{stored}")
+    if len(hr_runs) < 2:
+        return (f"Why: {first}; only one epoch ran, so headrace never read its cache back "
+                "(with --epochs 2 or more, later epochs are served from it).")
     if caches and later_t:
         lookups = sum(c.lookups for c in caches)
         hits = sum(c.hits for c in caches)
@@ -148,10 +151,13 @@ def _reason(torch_runs: list[RunRecord], hr_runs: list[RunRecord]) -> str:
                 tiers[k] = tiers.get(k, 0) + v
         top = max(tiers, key=lambda k: tiers[k]) if tiers else "no"
         rate = hits / lookups if lookups else 0.0
-        return (f"Why: {first}; in epochs 2-{len(hr_runs)} headrace served {rate:.0%} of "
+        later = "in epoch 2" if len(hr_runs) == 2 else f"in epochs 2-{len(hr_runs)}"
+        took = ("epoch 2 took" if len(hr_runs) == 2 else "an epoch took")
+        medians = "" if len(hr_runs) == 2 else " (medians)"
+        return (f"Why: {first}; {later} headrace served {rate:.0%} of "
                 f"samples from its sample cache (mostly the {top} form, so those steps did "
-                f"not run again), and an epoch took {statistics.median(later_h):.2f} s vs "
-                f"torch's {statistics.median(later_t):.2f} s (medians).")
+                f"not run again), and {took} {statistics.median(later_h):.2f} s vs "
+                f"torch's {statistics.median(later_t):.2f} s{medians}.")
     return f"Why: {first}; headrace's cache was off or empty (Options(cache=None)?)."
 
 
