@@ -239,13 +239,27 @@ def _start_redis() -> tuple[Any, str]:
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
+def check_arguments(samples: int, workers: int, epochs: int, rounds: int) -> None:
+    """Raise ValueError naming the first argument :func:`run` cannot measure with."""
+    for name, value, low in (("epochs", epochs, 2), ("samples", samples, 1),
+                             ("workers", workers, 1), ("rounds", rounds, 1)):
+        if value < low:
+            why = " (epoch 1 only fills the cache; rows measure epochs 2+)" if low == 2 else ""
+            raise ValueError(f"{name} must be at least {low}, got {value}{why}")
+
+
 def run(out_dir: str, samples: int, workers: int, epochs: int, redis_url: str | None,
         use_redis: bool, cache_dir: str | None, log: Any = print,
         jobs_only: bool = False, rounds: int = 1) -> dict[str, Any]:
     """Every row (``jobs_only``: only the three-job rows, which need ``use_redis``; those run
-    ``rounds`` times, interleaved)."""
+    ``rounds`` times, interleaved).
+
+    Raises ValueError before any row runs when ``epochs`` is below 2 (epoch 1 only fills the
+    cache, so a row's samples/s, the mean of epochs 2 and later, would be NaN) or ``samples``,
+    ``workers`` or ``rounds`` is below 1."""
     import headrace as hr
 
+    check_arguments(samples, workers, epochs, rounds)
     w = _workload(samples, workers, cache_dir)
     dec = decoded_bytes(w)
     full = dec * len(w) * 1.3 + (1 << 20)  # entries, page rounding, headers

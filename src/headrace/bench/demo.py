@@ -65,6 +65,13 @@ class DemoConfig:
     cache_dir: str | None = None
     progress: bool = True
 
+    def __post_init__(self) -> None:
+        for name in ("steps", "epochs", "batch_size", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.workers is not None and self.workers < 0:
+            raise ValueError(f"workers must be at least 0, got {self.workers}")
+
 
 class TinyNet(nn.Module):
     """A small CNN for 224 × 224 RGB images: 4× average-pool, two strided convs, a linear head."""

@@ -15,6 +15,13 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 
+from headrace.cli.arg_types import (
+    int_at_least,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from headrace.workloads import WORKLOADS
 
 
@@ -37,18 +44,18 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="small scales, one repeat, no torch sweep: a few minutes in all")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output directory (default: bench-out, or bench-out/quick with --quick)")
-    p.add_argument("--repeats", type=int, default=None, metavar="N",
+    p.add_argument("--repeats", type=positive_int, default=None, metavar="N",
                    help="measured epochs per loader after the warm-up (default 3, quick 1)")
-    p.add_argument("--scale", type=float, default=1.0,
+    p.add_argument("--scale", type=positive_float, default=1.0,
                    help="factor on the preset number of samples of every workload")
-    p.add_argument("--time-scale", type=float, default=0.1,
+    p.add_argument("--time-scale", type=non_negative_float, default=0.1,
                    help="factor on simulated step times (default 0.1, the papers' 1/10)")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=positive_int, default=None,
                    help="override every workload's worker budget")
     p.add_argument("--no-sweep", action="store_true", help="skip torch's worker/prefetch sweep")
     p.add_argument("--no-plots", action="store_true", help="write JSON and Markdown only")
     p.add_argument("--cache-dir", default=None, help="where generated JPEG sets are kept")
-    p.add_argument("--blas-threads", type=int, default=None, metavar="N",
+    p.add_argument("--blas-threads", type=non_negative_int, default=None, metavar="N",
                    help="OpenBLAS threads in the benchmark process, inherited by torch's "
                    "workers (default 1; 0: the library's default, one per core, as a user "
                    "has it; headrace's workers take Options(worker_blas_threads) either way)")
@@ -106,12 +113,12 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         "and cache hits per epoch for both, the reason for the difference, and a plot.",
     )
     p.add_argument("--out", default="demo-out", metavar="DIR", help="plots go here")
-    p.add_argument("--steps", type=int, default=30, help="training steps per epoch")
-    p.add_argument("--epochs", type=int, default=3, help="epochs per loader")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--steps", type=positive_int, default=30, help="training steps per epoch")
+    p.add_argument("--epochs", type=positive_int, default=3, help="epochs per loader")
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--workers", type=non_negative_int, default=None,
                    help="torch's worker processes (default: this machine's cores)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads for the model")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads for the model")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_demo)
 
@@ -126,24 +133,32 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+CACHEBENCH_EPOCHS_WHY = ("epoch 1 only fills the cache; every row is measured over epochs 2 "
+                         "and later")
+"""Why ``cachebench --epochs`` is at least 2 (one epoch left nothing to measure: a table of NaN)."""
+
+
 def _add_cachebench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "cachebench",
         help="the sample cache (Seneca) vs torch on imagenet, epochs 2+",
         description="Epochs 2+ on the imagenet workload: torch's best configuration, headrace "
-        "without cache, with the decoded set fitting the budget, with 20%% fitting, MDP "
+        "without cache, with the decoded set fitting the budget, with 20% fitting, MDP "
         "predicted vs measured, and three concurrent jobs sharing a Redis cache, without and "
         "with ODS (Seneca's opportunistic sampling), beside three torch jobs.",
     )
     p.add_argument("--out", default="cachebench-out", metavar="DIR")
-    p.add_argument("--samples", type=int, default=1920, help="samples in the imagenet set")
-    p.add_argument("--workers", type=int, default=2, help="worker budget of every loader")
-    p.add_argument("--epochs", type=int, default=3, help="epochs per row (epoch 1 fills)")
+    p.add_argument("--samples", type=positive_int, default=1920,
+                   help="samples in the imagenet set")
+    p.add_argument("--workers", type=positive_int, default=2,
+                   help="worker budget of every loader")
+    p.add_argument("--epochs", type=int_at_least(2, CACHEBENCH_EPOCHS_WHY), default=3,
+                   help=f"epochs per row, at least 2 ({CACHEBENCH_EPOCHS_WHY})")
     p.add_argument("--redis", default=None, metavar="URL",
                    help="a Redis server for the 3-job rows (default: start a local one)")
     p.add_argument("--no-redis", action="store_true", help="skip the 3-job rows")
     p.add_argument("--jobs-only", action="store_true", help="only the 3-job rows")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=positive_int, default=1,
                    help="rounds of the 3-job rows, interleaved (medians reported)")
     p.add_argument("--cache-dir", default=None, help="where generated JPEG sets are kept")
     p.set_defaults(func=_run_cachebench)
@@ -179,19 +194,22 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("workloads", nargs="*", metavar="WORKLOAD",
                    help="imagenet, imseg, speech-3s, speech-10s (default: all)")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--scale", type=float, default=1.0, help="factor on samples per epoch")
-    p.add_argument("--samples", type=int, default=None, help="exact samples per epoch")
-    p.add_argument("--workers", type=int, default=None, help="worker budget of both loaders")
+    p.add_argument("--epochs", type=positive_int, default=2)
+    p.add_argument("--scale", type=positive_float, default=1.0,
+                   help="factor on samples per epoch")
+    p.add_argument("--samples", type=positive_int, default=None,
+                   help="exact samples per epoch (replaces --scale)")
+    p.add_argument("--workers", type=non_negative_int, default=None,
+                   help="worker budget of both loaders")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if present)")
-    p.add_argument("--width", type=int, default=None, help="model width (default by device)")
-    p.add_argument("--depth", type=int, default=None,
+    p.add_argument("--width", type=positive_int, default=None, help="model width (default by device)")
+    p.add_argument("--depth", type=positive_int, default=None,
                    help="speech's LSTM layers (default: 5 on CUDA); more layers, a longer step")
-    p.add_argument("--blas-threads", type=int, default=1,
+    p.add_argument("--blas-threads", type=non_negative_int, default=1,
                    help="OpenBLAS threads of the training process and torch's forked workers "
                    "(default 1, as headrace bench; 0: unchanged, a pool per core per worker)")
     p.add_argument("--no-amp", action="store_true", help="fp32 on CUDA (default: bf16 autocast)")
-    p.add_argument("--interval", type=float, default=0.1, help="utilization sampling period, s")
+    p.add_argument("--interval", type=positive_float, default=0.1, help="utilization sampling period, s")
     p.add_argument("--loaders", default="torch,headrace",
                    help="comma-separated, among torch, headrace, headrace-host (headrace "
                    "without Options(device=): the loop copies pinned batches as with torch)")
@@ -201,13 +219,24 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from headrace.bench.train import TRAIN_WORKLOADS, TrainConfig, run_train
+    from headrace.bench.train import LOADERS, TRAIN_WORKLOADS, TrainConfig, run_train
 
+    unknown = [w for w in args.workloads if w not in TRAIN_WORKLOADS]
+    if unknown:
+        _log(f"headrace train: no model for workload(s) {', '.join(unknown)}; "
+             f"choose from {', '.join(TRAIN_WORKLOADS)}")
+        return 2
+    loaders = tuple(args.loaders.split(","))
+    unknown = [x for x in loaders if x not in LOADERS]
+    if unknown:
+        _log(f"headrace train: --loaders: unknown loader(s) {', '.join(unknown)}; "
+             f"choose from {', '.join(LOADERS)}")
+        return 2
     cfg = TrainConfig(
         workloads=tuple(args.workloads) or TRAIN_WORKLOADS, scale=args.scale,
         samples=args.samples, epochs=args.epochs, workers=args.workers, device=args.device,
         width=args.width, depth=args.depth, amp=not args.no_amp, interval_s=args.interval,
-        blas_threads=args.blas_threads, loaders=tuple(args.loaders.split(",")), out_dir=args.out,
+        blas_threads=args.blas_threads, loaders=loaders, out_dir=args.out,
         cache_dir=args.cache_dir,
     )
     run_train(cfg, log=_log)
