@@ -83,6 +83,22 @@ def test_train_names_an_unknown_workload_and_loader_without_a_traceback(tmp_path
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.timeout(240)
+def test_bench_update_doc_without_markers_stops_before_the_run(tmp_path, capsys):
+    # it found out after the whole run (~17 minutes in full), with a traceback
+    doc = tmp_path / "notes.md"
+    doc.write_text("# no markers\n")
+    out = tmp_path / "out"
+    argv = ["bench", "--quick", "imagenet", "--scale", "0.02", "--no-plots", "--no-sweep",
+            "--time-scale", "0", "--out", str(out)]
+    assert main([*argv, "--update-doc", str(doc)]) == 2
+    err = capsys.readouterr().err
+    assert f"--update-doc: {doc} has no <!-- headrace-bench:begin -->" in err
+    assert not out.exists() and doc.read_text() == "# no markers\n"
+    assert main([*argv, "--update-doc", str(tmp_path / "missing.md")]) == 2
+    assert "--update-doc: cannot read" in capsys.readouterr().err
+
+
 def test_demo_config_refuses_zero_steps_before_generating_anything():
     from headrace.bench.demo import DemoConfig
 
@@ -91,3 +107,14 @@ def test_demo_config_refuses_zero_steps_before_generating_anything():
         DemoConfig(steps=0)
     with pytest.raises(ValueError, match="workers must be at least 0, got -1"):
         DemoConfig(workers=-1)
+
+
+@pytest.mark.timeout(240)
+def test_bench_no_plots_does_not_say_it_wrote_pngs(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["bench", "--quick", "imagenet", "--scale", "0.02", "--no-plots", "--no-sweep",
+                 "--time-scale", "0", "--out", str(out), "--cache-dir",
+                 str(tmp_path / "jpegs")]) == 0
+    err = capsys.readouterr().err
+    assert f"wrote {out / 'results.json'} and {out / 'results.md'}\n" in err
+    assert "PNGs" not in err and not list(out.glob("*.png"))

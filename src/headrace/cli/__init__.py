@@ -65,6 +65,23 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_bench)
 
 
+def _doc_problem(doc: str) -> str | None:
+    """Why ``--update-doc doc`` could not be written after the run (``None``: it can), checked
+    before the run, which takes ~17 minutes in full, rather than after it."""
+    from pathlib import Path
+
+    from headrace.bench.report import DOC_BEGIN, DOC_END
+
+    try:
+        text = Path(doc).read_text()
+    except OSError as e:
+        return f"cannot read {doc}: {e.strerror or e}"
+    start, end = text.find(DOC_BEGIN), text.find(DOC_END)
+    if start < 0 or end < start:
+        return f"{doc} has no {DOC_BEGIN} ... {DOC_END} block to replace"
+    return None
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from headrace.bench import full_config, quick_config, run_and_write
 
@@ -72,6 +89,10 @@ def _run_bench(args: argparse.Namespace) -> int:
     if unknown:
         _log(f"headrace bench: unknown workload(s) {', '.join(unknown)}; "
              f"choose from {', '.join(WORKLOADS)}")
+        return 2
+    problem = _doc_problem(args.update_doc) if args.update_doc else None
+    if problem:
+        _log(f"headrace bench: --update-doc: {problem}")
         return 2
     preset = quick_config if args.quick else full_config
     overrides: dict[str, object] = {
@@ -98,7 +119,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from headrace.bench.report import splice_into_doc
 
         _log(f"updated {splice_into_doc(args.update_doc, paths['markdown'].read_text(), paths['dir'])}")
-    _log(f"wrote {paths['json']}, {paths['markdown']} and PNGs to {paths['dir']}/")
+    if args.no_plots:
+        _log(f"wrote {paths['json']} and {paths['markdown']}")
+    else:
+        _log(f"wrote {paths['json']}, {paths['markdown']} and PNGs to {paths['dir']}/")
     return 0
 
 
