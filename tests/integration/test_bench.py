@@ -184,3 +184,18 @@ def test_demo_trains_several_epochs_and_says_why(tmp_path):
     assert "headrace also stored 16 samples" in text
     plot = tmp_path / "demo" / "demo.png"
     assert plot.stat().st_size > 0 and f"Plot: {plot.resolve()}" in text
+
+
+@pytest.mark.heavy_imports  # its torch optimizer imports torch._dynamo and sympy
+@pytest.mark.timeout(240)
+def test_a_one_epoch_demo_says_epoch_and_why(tmp_path):
+    from headrace.bench.demo import DemoConfig, run_demo
+
+    lines: list[str] = []
+    run_demo(DemoConfig(out_dir=str(tmp_path / "demo"), steps=1, epochs=1, batch_size=4,
+                        workers=1, progress=False, cache_dir=str(tmp_path / "jpegs")),
+             out=lines.append)
+    text = "\n".join(lines)
+    assert "JPEGs, 1 epoch of 1 training steps" in text  # it read "1 epochs" twice
+    assert "headrace trained 1 epoch in " in text
+    assert "only one epoch ran, so headrace never read its cache back" in text

@@ -206,7 +206,8 @@ def run_demo(cfg: DemoConfig, out: Callable[[str], None] = print) -> BenchResult
     """Generate the data, train with each loader, print the comparison, write the plot."""
     n = cfg.steps * cfg.batch_size
     workers = cfg.workers if cfg.workers is not None else available_cpus()
-    out(f"headrace demo: {n} generated ImageNet-like JPEGs, {cfg.epochs} epochs of {cfg.steps} "
+    epochs = f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}"
+    out(f"headrace demo: {n} generated ImageNet-like JPEGs, {epochs} of {cfg.steps} "
         f"training steps of {cfg.batch_size}, model on {cfg.threads} CPU thread(s)")
     wl = imagenet_workload(n, cfg.seed, cfg.cache_dir, num_workers=workers)
     wl = dataclasses.replace(
@@ -259,7 +260,7 @@ def run_demo(cfg: DemoConfig, out: Callable[[str], None] = print) -> BenchResult
     t_total = sum(r.wall_s for r in t_runs)
     h_total = sum(r.wall_s for r in h_runs)
     verdict = "faster" if h_total < t_total else "slower"
-    out(f"\nheadrace trained {cfg.epochs} epochs in {h_total:.2f} s vs torch's "
+    out(f"\nheadrace trained {epochs} in {h_total:.2f} s vs torch's "
         f"{t_total:.2f} s: {t_total / h_total:.2f}× ({verdict}).")
     out(_reason(t_runs, h_runs))
     paths = write_outputs(result, cfg.out_dir, plots=False)
