@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from headrace import units
+from headrace.cli.arg_types import non_negative_float, non_negative_int, positive_int
 from headrace.cli.profile_render import histogram_text, step_table, write_png
 from headrace.cli.targets import ScriptFailed, Target, TargetError, load_target
 from headrace.errors import HeadraceError
@@ -59,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _common(p)
     p.add_argument("--out", default="profile-out", metavar="DIR",
                    help="PNG and JSON go here (default profile-out)")
-    p.add_argument("--warmup", type=_non_negative, default=3, metavar="N",
+    p.add_argument("--warmup", type=non_negative_int, default=3, metavar="N",
                    help="batches consumed before the verdict's throughput clock starts "
                    "(default 3; at most the epoch's batches less one)")
     p.set_defaults(func=run_profile)
@@ -68,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Run --epochs epochs (AutoOrder acts from the second) and print "
         "loader.explain(): step order, slow lane, workers, profile.")
     _common(q)
-    q.add_argument("--epochs", type=_positive, default=2, metavar="N",
+    q.add_argument("--epochs", type=positive_int, default=2, metavar="N",
                    help="epochs to run (default 2)")
     q.set_defaults(func=run_plan)
 
@@ -79,17 +80,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="SCRIPT_OR_WORKLOAD",
                    help=f"a Python script (see headrace.cli.targets) or one of "
                    f"{', '.join(WORKLOADS)}")
-    p.add_argument("--samples", type=_positive, default=DEFAULT_SAMPLES, metavar="N",
+    p.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, metavar="N",
                    help=f"samples per epoch (default {DEFAULT_SAMPLES}): a workload is built "
                    "with N, a script's dataset gives a seeded random N of its own (all of "
                    "them if it has fewer)")
-    p.add_argument("--workers", type=_non_negative, default=None, metavar="N",
+    p.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
                    help="worker processes, 0: load in this process (default: the script's "
                    "or workload's)")
-    p.add_argument("--batch-size", type=_positive, default=None, metavar="N",
+    p.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
                    help="batch size (default: the script's or workload's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sample subset and steps")
-    p.add_argument("--time-scale", type=_non_negative_float, default=0.1, metavar="F",
+    p.add_argument("--time-scale", type=non_negative_float, default=0.1, metavar="F",
                    help="workloads: factor on simulated step times (default 0.1)")
     p.add_argument("--cache-dir", default=None, help="workloads: where generated files go")
     p.add_argument("--on-error", choices=("raise", "skip"), default="raise",
@@ -97,44 +98,6 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "with its traceback; skip drops it and counts it (Options(on_error=...))")
     p.add_argument("--store", default=None, metavar="PATH",
                    help="profile store (SQLite) to reuse and update (default: none)")
-
-
-def _positive(text: str) -> int:
-    """An argparse type: an integer of at least 1 (``--batch-size 0`` was taken for the
-    default, ``--samples 0`` profiled one sample)."""
-    n = _integer(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
-
-
-def _non_negative(text: str) -> int:
-    """An argparse type: an integer of at least 0 (``--workers -1`` ended in torch's
-    traceback)."""
-    n = _integer(text)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {n}")
-    return n
-
-
-def _integer(text: str) -> int:
-    """``int(text)``, or a usage error that says so: argparse named the type function that
-    raised ValueError ("invalid _positive value: 'abc'")."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-
-
-def _non_negative_float(text: str) -> float:
-    """An argparse type: a finite number of at least 0 (a factor on step times)."""
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(x) and x >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number of at least 0, got {text}")
-    return x
 
 
 def run_profile(args: argparse.Namespace) -> int:
