@@ -82,11 +82,11 @@ def same(a, b):
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("leave", ["in the loop", "after break"])
-def test_state_at_an_undersamplers_last_batch_resumes_the_next_whole_epoch(workers, leave,
-                                                                           no_leaks):
-    # as torch's DataLoader with a stateful sampler: after the last batch, the next epoch
-    # comes whole; without workers the state said in_epoch=True (the sampler's end was not
-    # read) and its resume was an empty epoch
+def test_state_at_an_undersamplers_last_batch_loses_and_repeats_nothing(workers, leave,
+                                                                        no_leaks):
+    # with workers (their feed read the sampler's end) the state is between epochs; without,
+    # nothing reads the sampler ahead for a checkpoint (it would change what a sampler drawing
+    # from the global generators gives): the state is inside the epoch, whose rest is empty
     reference = make(workers)
     want = epochs_of(reference, 2)
     reference.close()
@@ -101,62 +101,78 @@ def test_state_at_an_undersamplers_last_batch_resumes_the_next_whole_epoch(worke
     if leave == "after break":
         state = loader.state_dict()
     assert same(got, want[0])
-    assert not state["in_epoch"] and state["epoch"] == 1
     loader.close()
     resumed = make(workers)
     resumed.load_state_dict(state)
+    if workers:
+        assert not state["in_epoch"] and state["epoch"] == 1
+    else:
+        assert state["in_epoch"] and state["epoch"] == 0
+        assert [b for b in resumed] == []  # the rest of epoch 0: none
     assert same([b.clone() for b in resumed], want[1])
     resumed.close()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_state_inside_an_undersamplers_epoch_still_resumes_its_rest(workers, no_leaks):
-    # reading the sampler ahead to find its end (without workers) neither loses the group it
-    # read (the running epoch delivers it next) nor ends the saved epoch early
-    reference = make(workers)
-    want = epochs_of(reference, 1)[0]
-    reference.close()
-    loader = make(workers)
-    it = iter(loader)
-    first = next(it).clone()
-    state = loader.state_dict()
-    assert state["in_epoch"]
-    assert same([first] + [b.clone() for b in it], want)
-    loader.close()
-    resumed = make(workers)
-    resumed.load_state_dict(state)
-    assert same([b.clone() for b in resumed], want[1:])
-    resumed.close()
+class DrawsAsItGoes(Undersampler):
+    """The undersampler's order, shuffled as it goes with torch's global generator."""
+
+    def __iter__(self):
+        for i in super().__iter__():
+            torch.randint(0, 2, ())
+            yield i
+
+
+def test_a_checkpoint_at_every_batch_changes_nothing_a_drawing_sampler_gives(no_leaks):
+    # reading the sampler ahead at state_dict() (to tell an undersampler's end) moved its
+    # draws before the loop's: with a checkpoint per batch the loop drew other numbers
+    def run(checkpoint):
+        pipe = hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)])
+        loader = hr.DataLoader(pipe, sampler=DrawsAsItGoes(N), batch_size=BS, num_workers=0,
+                               generator=torch.Generator().manual_seed(5))
+        torch.manual_seed(7)
+        drawn = []
+        for _ in loader:
+            if checkpoint:
+                loader.state_dict()
+            drawn.append(float(torch.rand(())))
+        loader.close()
+        return drawn
+
+    assert run(True) == run(False)
 
 
 class Interrupt(BaseException):
     """What a Ctrl-C landing inside the sampler's read does to it (not an ``Exception``)."""
 
 
-class InterruptedOnce(Undersampler):
-    """The undersampler's order, interrupted once before its fifth element."""
+class OverInterrupted(tud.Sampler):
+    """Twice its ``__len__`` (an oversampler), interrupted once as its element ``n + BS`` is
+    read (a batch past its length: so far, its saved state cannot pass for a whole epoch)."""
 
     def __init__(self, n):
-        super().__init__(n)
-        self.interrupted = False
+        self.n, self.interrupted = n, False
 
     def __iter__(self):
-        for k, i in enumerate(super().__iter__()):
-            if k == BS and not self.interrupted:
+        for i in range(2 * self.n):
+            if i == self.n + BS and not self.interrupted:
                 self.interrupted = True
                 raise Interrupt
             yield i
 
+    def __len__(self):
+        return self.n
+
 
 def test_an_interrupt_while_state_dict_reads_ahead_does_not_end_the_epoch(no_leaks):
-    # without workers state_dict() reads a sampler of the user's one group ahead (its end may
-    # be next); interrupted there, the sampler (a generator) is finished, and the next next()
-    # ended the epoch with a StopIteration, its rest untold and its state between epochs
-    pipe = hr.Pipeline(ArraySource(N), [hr.step(noise, random=True)])
-    loader = hr.DataLoader(pipe, sampler=InterruptedOnce(N), batch_size=BS, num_workers=0,
+    # without workers state_dict() reads an oversampler one group ahead once its deliveries
+    # pass its length (its end may be next); interrupted there, the sampler (a generator) is
+    # finished, and the next next() ended the epoch with a StopIteration (or the close read
+    # the finished generator's end), its rest untold
+    pipe = hr.Pipeline(ArraySource(2 * N), [hr.step(noise, random=True)])
+    loader = hr.DataLoader(pipe, sampler=OverInterrupted(N), batch_size=BS, num_workers=0,
                            generator=torch.Generator().manual_seed(5))
     it = iter(loader)
-    first = indices(next(it))
+    first = [i for _ in range(N // BS + 1) for i in indices(next(it))]
     with pytest.raises(Interrupt):
         loader.state_dict()
     with pytest.raises(RuntimeError, match="the sampler was interrupted while it was read"):
@@ -164,9 +180,12 @@ def test_an_interrupt_while_state_dict_reads_ahead_does_not_end_the_epoch(no_lea
     state = loader.state_dict()
     assert state["in_epoch"]
     loader.close()
-    resumed = make(0)
+    pipe = hr.Pipeline(ArraySource(2 * N), [hr.step(noise, random=True)])
+    resumed = hr.DataLoader(pipe, sampler=OverInterrupted(N), batch_size=BS, num_workers=0,
+                            generator=torch.Generator().manual_seed(5))
+    resumed.sampler.interrupted = True
     resumed.load_state_dict(state)
-    assert sorted(first + [i for b in resumed for i in indices(b)]) == list(range(0, N, 2))
+    assert sorted(first + [i for b in resumed for i in indices(b)]) == list(range(2 * N))
     resumed.close()
 
 

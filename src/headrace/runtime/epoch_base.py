@@ -109,6 +109,8 @@ class EpochBase:
                 error = None
         if self._end_unread and self._after_end is not None and self.ends_here():
             self._after_end = None  # the sampler ended there: the epoch was at its end
+            if self.loader is not None:
+                self.loader._ended_after_close(self)
         self.raise_if_halted()  # closed part-way: never a StopIteration
         raise StopIteration
 

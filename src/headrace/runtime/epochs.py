@@ -81,7 +81,6 @@ def start_epoch(loader: DataLoader) -> Any:
         loader._pool.shutdown()
         loader._pool = None
     resume, loader._resume, loader._unfinished = loader._resume, None, None
-    loader._unfinished_unread = None
     replay = resume.origin if resume is not None else None
     if replay is not None:
         loader._epoch = replay.epoch

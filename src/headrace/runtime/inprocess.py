@@ -144,13 +144,12 @@ class InProcessIterator(EpochBase):
         draws one more permutation there, which the next epoch's order follows), False when
         it gave more (kept for the next ``next()``). For ``state_dict()`` once every position
         is settled: only then is the state between epochs; and for ``loader.close()``, to
-        tell an epoch at its end from one closed part-way (``span.halt_unfinished``). With a
-        sampler of the user's, whose ``__len__`` is a hint, ``state_dict()`` reads here at
-        every batch (``span.at_end``): the group is read then instead of at the next
-        ``next()``, which takes it."""
+        tell an epoch at its end from one closed part-way (``span.halt_unfinished``); for an
+        oversampler's ``state_dict()`` once its deliveries reach its length (``span.at_end``):
+        the group read is kept for the next ``next()``, which takes it."""
         if self._ended:
             return True
-        if self._peeked:
+        if self._peeked or self._stopped is not None:  # (stopped: its end is unknown)
             return False
         try:
             self._peeked.append(next(self.groups))

@@ -121,7 +121,6 @@ class DataLoader(tud.DataLoader[_T_co]):
         self._base_seed: int | None = None
         self._resume: checkpoint.ResumePoint | None = None  # loaded, for the next iter()
         self._unfinished: checkpoint.ResumePoint | None = None  # the last epoch, if abandoned
-        self._unfinished_unread: tuple[Any, Any] | None = None  # span.settle_unread
         self._setup_runtime()
 
     def _setup_runtime(self) -> None:
@@ -321,9 +320,12 @@ class DataLoader(tud.DataLoader[_T_co]):
                 generator_state=None, persistent_base_seed=None, steps=it.steps,
                 empty_batches=it.empty_batches, batches=it.batches_delivered or 0,
                 positions_read=epoch_span.positions_read(it), last_batch=padding.last_keys(it))
-            # whether its sampler ends next is read only if state_dict() is asked (settle_unread)
-            self._unfinished_unread = ((it, self._unfinished)
-                                       if epoch_span.may_read_end(self, it) else None)
+
+    def _ended_after_close(self, it: Any) -> None:
+        """``it``, closed part-way, was found at its end by the ``next()`` after the close
+        (``EpochBase.halting``): ``state_dict()`` no longer describes it as unfinished."""
+        if self._unfinished is not None and self._unfinished.origin is it.origin:
+            self._unfinished = None
 
     def explain(self) -> str:
         """Every decision headrace made for this loader and the measured numbers behind it."""

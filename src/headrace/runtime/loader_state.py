@@ -34,7 +34,6 @@ def save(loader: DataLoader) -> dict[str, Any]:
     empty = batches = 0
     read: int | None = None
     last: Any = None
-    epoch_span.settle_unread(loader)  # an epoch left before its sampler's end was read
     # (a DDP rank's epoch whose own batches are all out still owes its padding: not over yet)
     if it is not None and (not it.closed or epoch_span.batches_owed(it)) \
             and not epoch_span.at_end(loader, it):
@@ -86,7 +85,7 @@ def load(loader: DataLoader, state: dict[str, Any], ended: bool = False) -> None
                                "a new iter(loader) delivers what the loaded state dict left")
     if it is not None:
         it.close()
-    loader._unfinished = loader._unfinished_unread = None
+    loader._unfinished = None
     if point.steps is not None:  # mid-epoch: that epoch's order; between: the next one's
         loader.planning.restore(point.steps, point.order_phase)
     loader._epoch = point.epoch

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.utils.data as tud
 
 if TYPE_CHECKING:
     from headrace.runtime.loader import DataLoader
@@ -88,39 +87,24 @@ def all_settled(loader: DataLoader, it: Any) -> bool:
 def at_end(loader: DataLoader, it: Any, read_ahead: bool = True) -> bool:
     """:func:`all_settled`, and the sampler read to its end (``num_workers=0`` reads it one
     group at a time: its end is read here, as the ``next()`` that ends the epoch would), so
-    the state between epochs gives the next epoch the order it would have had. Where the
-    sampler's ``__len__`` may not be what it yields (:func:`length_is_hint`), only reading it
-    tells its end: without workers it is read once more here whenever every position it gave
-    is settled (``EpochBase.ends_here``; what it gives beyond is kept for the next
-    ``next()``), so a state at the last batch of a sampler that gave more than its length (an
-    oversampler) or fewer (an undersampler) is the one between epochs, as with a length that
-    is right. An undersampler's, not read, was a state inside the epoch, and its resume an
-    empty epoch; torch's own samplers, whose length is exact, are never read ahead.
-    ``read_ahead=False`` (an epoch being closed: ``break``, ``loader.close()``): not read
-    ahead, as torch reads no sampler there (a sampler drawing from the global generators moved
-    the loop's draws, one waiting on the loop blocked the close; a review); ``state_dict()``
-    reads it later if asked (:func:`settle_unread`)."""
+    the state between epochs gives the next epoch the order it would have had. A sampler that
+    gave more than its ``__len__`` said is read here too once every position it gave is
+    settled: its end may be next, and a state at its last batch is then the one between
+    epochs, as with a length that is right (not read, it resumed an empty epoch there);
+    ``read_ahead=False`` (an epoch being closed: ``break``, ``loader.close()``): not that one,
+    the next ``next()`` reads it (``EpochBase.halting``). A sampler yielding fewer positions
+    than its ``__len__`` (an undersampler) is not read ahead for its end before its deliveries
+    reach that length: reading the sampler at every ``state_dict()`` changed what a sampler
+    drawing from the global generators as it goes gave, and the loop's own draws (a review);
+    so its state at its last batch is inside the epoch without workers, and its resume is the
+    rest of that epoch, empty (docs/reliability.md)."""
     if batches_owed(it):  # a DDP rank's padding is part of its epoch (runtime/padding.py)
         return False
-    if all_settled(loader, it):
-        read_end = getattr(it, "read_end", None)
-        return read_end is None or bool(read_end())
-    return read_ahead and may_read_end(loader, it) and bool(it.ends_here())
-
-
-def may_read_end(loader: DataLoader, it: Any) -> bool:
-    """Whether :func:`at_end` may read ``it``'s sampler ahead to tell its end (a sampler of
-    the user's, without workers: :func:`length_is_hint`, ``EpochBase.ends_here``)."""
-    return getattr(it, "ends_here", None) is not None and length_is_hint(loader)
-
-
-def settle_unread(loader: DataLoader) -> None:
-    """For ``state_dict()``: an epoch closed before its end was read (``loader._abandoned``
-    with ``read_ahead=False``) whose sampler may end next is read now, as ``state_dict()``
-    reads a running one's (:func:`at_end`): at its end, the state is the one between epochs."""
-    unread, loader._unfinished_unread = loader._unfinished_unread, None
-    if unread is not None and unread[1] is loader._unfinished and at_end(loader, unread[0]):
-        loader._unfinished = None
+    read_end = getattr(it, "read_end", None)
+    if not all_settled(loader, it) and not (read_ahead and read_end is not None
+                                            and _past_length(loader, it)):
+        return False
+    return read_end is None or bool(read_end())
 
 
 def batches_owed(it: Any) -> int:
@@ -130,24 +114,12 @@ def batches_owed(it: Any) -> int:
     return int(getattr(it, "batches_owed", 0) or 0)
 
 
-_EXACT_LENGTH = (tud.SequentialSampler, tud.RandomSampler, tud.SubsetRandomSampler,
-                 tud.WeightedRandomSampler, tud.DistributedSampler)
-
-
-def length_is_hint(loader: DataLoader) -> bool:
-    """Whether the sampler's ``__len__`` (what :func:`total_positions` counts) may differ from
-    what it yields: True for a sampler of the user's (a filtering or class-balancing sampler
-    reporting ``len(dataset)``), False for torch's own, by exact type (a subclass may yield
-    otherwise), whose length is what they yield, and where no length is known (nothing to
-    read against: ``runtime/span.py`` never guesses an end)."""
-    if total_positions(loader) is None:
-        return False
-    if not loader._auto_collation:
-        sampler: Any = loader._index_sampler
-    else:
-        user: Any = loader.batch_sampler  # (total_positions: torch's own BatchSampler)
-        sampler = user.sampler if loader._user_batch_sampler else loader.sampler
-    return type(sampler) not in _EXACT_LENGTH
+def _past_length(loader: DataLoader, it: Any) -> bool:
+    """Whether the running epoch ``it`` read more positions than its sampler's ``__len__``
+    says, and every one is settled."""
+    total, read = total_positions(loader), positions_read(it)
+    return (total is not None and read is not None and total < read
+            <= it.delivered.count + it.settled_undelivered())
 
 
 def covers(loader: DataLoader, settled: int, read: int | None, owed: int = 0) -> bool:
