@@ -77,3 +77,19 @@ def test_a_sample_failing_mid_batch_leaves_the_loops_generators_as_they_were():
     drawn, samples = run(DrawsEverywhere(12, bad=5), 0)
     assert drawn == without_loader(len(drawn)) and len(drawn) == 3
     assert [s[0] for s in samples] == [0, 1, 2, 3, 8, 9, 10, 11]  # 4-7 went with sample 5
+
+
+@pytest.mark.timeout(120)
+def test_a_sample_listener_draws_from_the_loops_generators():
+    # add_sample_listener's callbacks (and a logging handler under on_error="skip") are user
+    # code: they run with the loop's generators, not a sample's seeded ones, and keep their draws
+    loader = hr.DataLoader(DrawsEverywhere(12, bad=5), batch_size=4, num_workers=0,
+                           options=hr.Options(profile_store=False, cache=None, seed=5,
+                                              on_error="skip"))
+    heard = []
+    loader.add_sample_listener(lambda index, seconds, slow: heard.append(random.random()))
+    random.seed(11)
+    for _ in loader:
+        pass
+    random.seed(11)
+    assert heard == [random.random() for _ in range(11)]  # 11 samples: one was skipped
