@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import operator
 import os
 import warnings
@@ -32,6 +33,9 @@ class AutoWorkers(int):
 @dataclasses.dataclass(frozen=True)
 class Options:
     """What headrace adds to torch's DataLoader keywords.
+
+    A value of the wrong type (``timeout=5``, ``collate_threads=2.0``, ``profile="no"``) is a
+    ``TypeError`` naming the field when the options are built.
 
     Attributes:
         seed: when set, the loader's generator (torch's ``generator`` keyword) is one seeded
@@ -64,7 +68,9 @@ class Options:
             any worker takes slow-lane work, so a handed-off sample always finishes; with 0 it
             waits until then. A slow lane holding more samples than there are workers lifts
             the share (its samples would otherwise fill the in-flight bound while waiting).
-        timeout: the learned hand-off timeout (see ``headrace.planner.timeout``).
+        timeout: the learned hand-off timeout, a :class:`headrace.TimeoutConfig` (see
+            ``headrace.planner.timeout``); not torch's ``timeout=`` keyword of the loader,
+            the wait for a batch in seconds.
         autoscale: the worker scaler used with ``num_workers="auto"``.
         max_worker_restarts: a sample whose worker died this many times is treated as failed
             (2: retried once elsewhere); a worker slot whose workers die more times than this
@@ -91,9 +97,9 @@ class Options:
         profile_store: where profiles are kept between runs, keyed by pipeline, dataset and
             machine: ``True`` the user cache directory (or ``$HEADRACE_PROFILE_STORE``), a
             file path, a directory (one that exists, or a path ending in ``/``: its
-            ``profiles.sqlite``), or ``False`` for none. A stored profile skips the warm-up.
-            A file that is not a profile store (a config file, a database of your own) is
-            never written: the loader warns, naming it, and keeps its profile in memory.
+            ``profiles.sqlite``), or ``False`` (or ``None``) for none. A stored profile skips
+            the warm-up. A file that is not a profile store (a config file, a database of your
+            own) is never written: the loader warns, naming it, and keeps its profile in memory.
         executor: what runs the ``num_workers`` workers. ``"processes"`` (torch's way): worker
             processes, each sample copied to the training process through shared memory.
             ``"threads"``: threads of the training process, samples handed over without a copy
@@ -134,7 +140,7 @@ class Options:
             concurrently, for a thread-safe ``collate_fn`` that releases the GIL (a 20 ms one
             that sleeps: 0.89x torch's epoch with 4 threads, 1.56x with one;
             docs/benchmarks.md). At most the available cores are used.
-        cache: Seneca's tiered sample cache (:class:`headrace.Cache`; ``None``: off). Default:
+        cache: Seneca's tiered sample cache (:class:`headrace.Cache`; ``None`` or ``False``: off). Default:
             a memory cache whose budget is 25% of the available memory, within the
             process's memory cgroup, off under 256 MB (see ``Cache``); it
             caches a Pipeline's decoded form (else its encoded form), so epochs after the
@@ -164,6 +170,7 @@ class Options:
     collate_threads: int = 1
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         if self.max_in_flight is not None and self.max_in_flight < 1:
@@ -191,6 +198,71 @@ class Options:
             raise ValueError("worker_blas_threads must be >= 1 (or None: inherited)")
         if self.max_worker_restarts < 1:
             raise ValueError("max_worker_restarts must be >= 1")
+
+    def _check_types(self) -> None:
+        """Raise a ``TypeError`` naming the field for a value of the wrong type, when the
+        options are built: such values used to fail later, in words that named no field
+        (``timeout=5`` in ``DataLoader()``, ``worker_blas_threads=2.5`` in a worker's start,
+        blaming ``worker_init_fn``). Integers given as NumPy's are kept as ``int``;
+        ``cache=False`` is kept as ``None`` and ``profile_store=None`` as ``False`` (off)."""
+        if self.seed is not None:
+            seed = _integer("seed", self.seed, "an int, the loader generator's seed, or None")
+            if not -2**63 <= seed < 2**64:  # what torch.Generator.manual_seed takes
+                raise ValueError(f"seed must be in [-2**63, 2**64) (torch.Generator's seed "
+                                 f"range), got {seed}")
+            object.__setattr__(self, "seed", seed)
+        for name, wanted in (("max_in_flight", "an int, samples in flight, or None"),
+                             ("max_worker_restarts", "an int, deaths of a sample's worker"),
+                             ("worker_blas_threads", "an int, threads per worker, or None"),
+                             ("collate_threads", "an int, threads running collate_fn")):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _integer(name, getattr(self, name), wanted))
+        _check_real("slow_lane_share", self.slow_lane_share, "a share of workers in [0, 1]")
+        if self.sample_timeout_s is not None:
+            _check_real("sample_timeout_s", self.sample_timeout_s, "seconds, or None")
+        for name in ("handoff", "profile", "reorder"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):  # "no" meant on
+                raise TypeError(f"Options({name}=...) takes True or False, got {value!r}")
+        if self.profile_store is None:  # falsy, as it always worked: no store
+            object.__setattr__(self, "profile_store", False)
+        if not isinstance(self.profile_store, (bool, str, os.PathLike)):
+            raise TypeError("Options(profile_store=...) takes True (the user cache directory), "
+                            f"False (none) or a path, got {self.profile_store!r}")
+        if not isinstance(self.timeout, TimeoutConfig):
+            raise TypeError(
+                "Options(timeout=...) takes a headrace.TimeoutConfig (the learned hand-off "
+                f"timeout), got {self.timeout!r}; torch's timeout= keyword of DataLoader is "
+                "the wait for a batch in seconds")
+        if not isinstance(self.autoscale, AutoscaleConfig):
+            raise TypeError("Options(autoscale=...) takes a headrace.AutoscaleConfig (the "
+                            f"scaler of num_workers='auto'), got {self.autoscale!r}")
+        if self.cache is False:
+            object.__setattr__(self, "cache", None)
+        if self.cache is not None and not isinstance(self.cache, Cache):
+            raise TypeError(f"Options(cache=...) takes a headrace.Cache(...) or None (off), got "
+                            f"{self.cache!r}")
+
+
+def _integer(name: str, value: Any, wanted: str) -> int:
+    """``value`` as an ``int`` (an ``int`` or what has ``__index__``: NumPy's integers), else a
+    ``TypeError`` naming the field ``name`` and what it takes (``wanted``); ``True`` and
+    ``False`` are refused (``seed=True`` is a mistake, not seed 1)."""
+    if isinstance(value, bool):
+        raise TypeError(f"Options({name}=...) takes {wanted}, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"Options({name}=...) takes {wanted}, got {value!r} of type "
+                        f"{type(value).__qualname__}") from None
+
+
+def _check_real(name: str, value: Any, wanted: str) -> None:
+    """A ``TypeError`` naming the field ``name`` unless ``value`` is a real number (not a
+    bool, not a string such as ``"5"``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"Options({name}=...) takes {wanted}, got {value!r} of type "
+                        f"{type(value).__qualname__}")
 
 
 def loader_generator(options: Options, generator: torch.Generator | None
