@@ -39,6 +39,11 @@ def test_cache_false_is_off():
     assert loader.cache is None and torch.cat(list(loader)).tolist() == [0, 1, 2, 3]
 
 
+def test_a_cache_url_that_is_not_a_string_names_url():
+    with pytest.raises(TypeError, match="url"):
+        hr.Cache(url=5)
+
+
 @pytest.mark.parametrize("field, value", [
     ("worker_blas_threads", 2.5), ("collate_threads", 2.0), ("max_in_flight", 2.5),
     ("max_worker_restarts", 1.5), ("collate_threads", True), ("max_in_flight", "4"),
@@ -81,3 +86,10 @@ def test_autoscale_takes_an_autoscale_config(autoscale):
 def test_other_fields_name_themselves(field, value):
     with pytest.raises(TypeError, match=rf"{field}="):
         hr.Options(**{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("window", "x"), ("percentile", "75"),
+                                          ("warmup_samples", 1.5), ("fixed_s", "1")])
+def test_timeout_config_fields_name_themselves(field, value):
+    with pytest.raises(TypeError, match=rf"TimeoutConfig\({field}="):
+        hr.TimeoutConfig(**{field: value})

@@ -27,7 +27,8 @@ validation loader beside a headrace one ran out of ``/dev/shm`` in 8 of 9 runs).
 class Cache:
     """Seneca's tiered cache of samples (encoded, decoded, augmented forms).
 
-    Pass it as ``headrace.Options(cache=Cache(...))``; ``Options(cache=None)`` turns caching off.
+    Pass it as ``headrace.Options(cache=Cache(...))``; ``Options(cache=None)`` (or ``False``)
+    turns caching off.
     A hit skips exactly the steps its form covers and runs the rest with the same per-sample
     seeds, so a sample served from the cache is identical to one computed (see
     ``headrace.cache.tiers``).
@@ -116,6 +117,9 @@ class Cache:
     b_cache: float | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.url, str):  # is_redis would fail on it, naming no field
+            raise TypeError("Cache(url=...) takes a string: 'memory' or 'redis://host:port/db', "
+                            f"got {self.url!r} of type {type(self.url).__qualname__}")
         if self.url != "memory" and not is_redis(self.url):
             raise ValueError("Cache url must be 'memory' or 'redis://host:port/db' (rediss://, "
                              f"unix://), got {redact(self.url)!r}")

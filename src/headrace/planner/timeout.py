@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections import deque
 from collections.abc import Sequence
 from itertools import islice
@@ -70,6 +71,15 @@ class TimeoutConfig:
     fixed_s: float | None = None
 
     def __post_init__(self) -> None:
+        for name in ("warmup_samples", "window", "update_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not hasattr(value, "__index__"):
+                raise TypeError(f"TimeoutConfig({name}=...) takes an int (samples), got {value!r}")
+        for name in ("percentile", "fallback_percentile", "max_slow_fraction", "fixed_s"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, numbers.Real)):
+                raise TypeError(f"TimeoutConfig({name}=...) takes a number, got {value!r}")
         if not 0 < self.percentile < 100 or not 0 < self.fallback_percentile < 100:
             raise ValueError("percentiles must be in (0, 100)")
         if self.fallback_percentile < self.percentile:
