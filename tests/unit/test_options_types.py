@@ -44,6 +44,13 @@ def test_a_cache_url_that_is_not_a_string_names_url():
         hr.Cache(url=5)
 
 
+@pytest.mark.parametrize("options", [{"seed": 1}, {}, hr.Options, 123])
+def test_options_takes_an_options_instance(options):
+    # a dict or the class failed with AttributeError; {} was silently replaced by the defaults
+    with pytest.raises(TypeError, match="options= takes a headrace.Options"):
+        hr.DataLoader(list(range(4)), options=options)
+
+
 @pytest.mark.parametrize("field, value", [
     ("worker_blas_threads", 2.5), ("collate_threads", 2.0), ("max_in_flight", 2.5),
     ("max_worker_restarts", 1.5), ("collate_threads", True), ("max_in_flight", "4"),

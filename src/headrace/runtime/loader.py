@@ -93,7 +93,11 @@ class DataLoader(tud.DataLoader[_T_co]):
         in_order: bool | None = None,
         options: Options | None = None,
     ) -> None:
-        options = options or Options()
+        if options is None:
+            options = Options()
+        elif not isinstance(options, Options):  # a dict, the class itself: failed later
+            raise TypeError(f"options= takes a headrace.Options(...) instance (or None: the "
+                            f"defaults), got {options!r}")
         iterable = isinstance(dataset, tud.IterableDataset)
         if isinstance(num_workers, str):
             if num_workers != "auto":
