@@ -267,3 +267,28 @@ def test_arguments_of_the_wrong_type_raise_a_type_error(Loader, no_leaks):
 def test_multiprocessing_context(Loader, ctx, no_leaks):
     loader = Loader(Squares(9), batch_size=4, num_workers=1, multiprocessing_context=ctx)
     assert [b.tolist() for b in loader] == [SQ[0:4], SQ[4:8], SQ[8:9]]
+
+
+def test_num_workers_set_after_construction_takes_what_init_takes(Loader, no_leaks):
+    """torch honours ``loader.num_workers = n`` set after construction; headrace normalised
+    only ``__init__``'s value, so NumPy's ``int64(2)`` failed in iter() ("object of type
+    'numpy.int64' has no len()"), ``"auto"`` in words about concatenating strings and ``-1``
+    in words about arrays (a bug hunt's finds). headrace raises torch's constructor error for
+    ``-1`` at the assignment (torch asserts at iter(), naming num_workers too), and takes
+    ``"auto"`` where the loader was built with it."""
+    loader = Loader(Squares(6), batch_size=2, num_workers=1)  # (torch's 0 -> 2 fails)
+    loader.num_workers = np.int64(2)
+    assert flat(loader) == SQ[:6]
+    if not is_headrace(Loader):  # (its -1 asserts in iter() and warns again in __del__)
+        return
+    with pytest.raises(ValueError, match="num_workers option should be non-negative"):
+        loader.num_workers = -1
+    with pytest.raises(TypeError, match="num_workers must be an int or 'auto'"):
+        loader.num_workers = "2"
+    with pytest.raises(ValueError, match="needs a loader built with num_workers='auto'"):
+        loader.num_workers = "auto"  # (its monitor has no scaler)
+    auto = Loader(Squares(6), batch_size=2, num_workers="auto")
+    auto.num_workers = 1
+    auto.num_workers = "auto"
+    assert auto.autoscale and auto.num_workers >= 1
+    assert sorted(flat(auto)) == SQ[:6]
