@@ -100,3 +100,14 @@ def test_other_fields_name_themselves(field, value):
 def test_timeout_config_fields_name_themselves(field, value):
     with pytest.raises(TypeError, match=rf"TimeoutConfig\({field}="):
         hr.TimeoutConfig(**{field: value})
+
+
+def test_a_fixed_count_set_on_an_auto_loader_parks_its_scaler():
+    # the scaler resized a pool it was told to keep fixed (loader.num_workers = 2 after "auto")
+    loader = hr.DataLoader(list(range(8)), batch_size=2, num_workers="auto")
+    scaler = loader.monitor.scaler
+    assert scaler is not None
+    loader.num_workers = 2
+    assert loader.monitor.scaler is None and not loader.autoscale
+    loader.num_workers = "auto"  # still a loader built with "auto": the scaler comes back
+    assert loader.monitor.scaler is scaler and loader.autoscale

@@ -16,7 +16,6 @@ or the other (``runtime/ordering.py``).
 from __future__ import annotations
 
 import dataclasses
-import operator
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -40,6 +39,7 @@ from headrace.runtime import (
     loader_state,
     padding,
     prefetch,
+    worker_count,
 )
 from headrace.runtime import span as epoch_span
 from headrace.runtime.bufferpool import BufferPool
@@ -99,7 +99,7 @@ class DataLoader(tud.DataLoader[_T_co]):
             raise TypeError(f"options= takes a headrace.Options(...) instance (or None: the "
                             f"defaults), got {options!r}")
         iterable = isinstance(dataset, tud.IterableDataset)
-        workers = _workers(num_workers, options, iterable)
+        workers = worker_count.normalised(num_workers, options, iterable)
         generator = loader_generator(options, generator)  # warns when seed is not used
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, workers, collate_fn,
@@ -121,23 +121,10 @@ class DataLoader(tud.DataLoader[_T_co]):
 
     def __setattr__(self, name: str, value: Any) -> None:
         """``num_workers`` set after construction (torch honours it) is normalised as in
-        ``__init__``: NumPy's integers become ``int``, ``"auto"`` an ``AutoWorkers``, and a
-        negative count is torch's ``ValueError`` here (headrace failed at ``iter()`` in words
-        about arrays; torch asserts there). ``"auto"`` needs a loader built with it, whose
-        monitor has the scaler: on another it would run a fixed count that ``explain()``
-        called adaptive. Other attributes go to torch's ``__setattr__`` (only this name test
-        is added to an assignment)."""
+        ``__init__`` (``runtime/worker_count.py``); other attributes go to torch's
+        ``__setattr__`` (only this name test is added to an assignment)."""
         if name == "num_workers" and "options" in self.__dict__:  # (after __init__'s own)
-            value = _workers(value, self.options, self._iterable)
-            if not isinstance(value, int):  # (1.5: check_arguments' TypeError at __init__)
-                raise TypeError(f"num_workers must be an int or 'auto', got {value!r}")
-            if value < 0:
-                raise ValueError("num_workers option should be non-negative; use "
-                                 f"num_workers=0 to disable multiprocessing (got {value})")
-            if isinstance(value, AutoWorkers) and self.monitor.scaler is None:
-                raise ValueError("num_workers='auto' after construction needs a loader built "
-                                 "with num_workers='auto' (its worker scaler is set up then); "
-                                 "pass it to DataLoader(...)")
+            value = worker_count.assigned(self, value)
         super().__setattr__(name, value)
 
     def _setup_runtime(self) -> None:
@@ -383,18 +370,3 @@ class DataLoader(tud.DataLoader[_T_co]):
 def _no_iterator() -> None:
     return None
 
-
-def _workers(num_workers: Any, options: Options, iterable: bool) -> Any:
-    """``num_workers`` as a loader keeps it: ``"auto"`` an ``AutoWorkers`` (over an
-    ``IterableDataset`` the fixed count torch's iterator runs), NumPy's integers an ``int``;
-    anything else as given, for torch's checks and ``check_arguments``."""
-    if isinstance(num_workers, str):
-        if num_workers != "auto":
-            raise TypeError(  # as torch's DataLoader (its num_workers < 0 check)
-                f"num_workers must be an int or 'auto', got the string {num_workers!r}")
-        num_workers = AutoWorkers(options.autoscale.start_count())
-        if iterable:  # torch's iterator: a fixed count, named in a warning
-            num_workers = iterable_dataset.fixed_workers(num_workers)
-    elif type(num_workers) is not AutoWorkers and hasattr(num_workers, "__index__"):
-        num_workers = operator.index(num_workers)  # NumPy's integers, as torch takes them
-    return num_workers

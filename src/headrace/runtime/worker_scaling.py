@@ -41,6 +41,20 @@ class WorkerScaling:
     executor: str | None
     t0: float
     """``time.perf_counter()`` when the loader was created."""
+    _parked: WorkerScaler | None = None  # the scaler while a fixed num_workers is set
+
+    @property
+    def can_scale(self) -> bool:
+        """The loader was built with ``num_workers="auto"`` (its scaler, running or parked)."""
+        return self.scaler is not None or self._parked is not None
+
+    def follow_auto(self, auto: bool) -> None:
+        """``num_workers`` assigned after construction (``runtime/worker_count.py``): the
+        scaler runs only while it is ``"auto"``; a fixed count parks it."""
+        if auto and self.scaler is None:
+            self.scaler, self._parked = self._parked, None
+        elif not auto and self.scaler is not None:
+            self._parked, self.scaler = self.scaler, None
 
     def now(self) -> float:
         """Seconds since the loader was created."""
