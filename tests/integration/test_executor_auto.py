@@ -264,3 +264,64 @@ def test_get_worker_info_called_only_by_the_last_sample_keeps_processes(no_leaks
     assert all(c == Counter(float(i) for i in range(240)) for c in counts)  # never None
     assert d is not None and d.executor == "processes"
     assert "'last_worker_id' calls get_worker_info()" in d.reason
+
+
+class LazyHandleRecords:
+    """Fixed-size records in one file, read through a handle opened on first use (each torch
+    worker process opens its own): threads would share one handle."""
+
+    def __init__(self, path, n: int) -> None:
+        self.path, self.n, self.f = path, n, None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def load(self, i: int) -> np.ndarray:
+        if self.f is None:
+            self.f = open(self.path, "rb")  # noqa: SIM115 - kept open, as such datasets do
+        self.f.seek(i * 4)
+        return np.frombuffer(self.f.read(4), dtype=np.float32).copy()
+
+
+@pytest.mark.timeout(120)
+def test_a_source_opening_a_handle_per_worker_keeps_processes(no_leaks, tmp_path):
+    # sleepy releases the GIL: without the watch of the source's attributes, auto chose
+    # threads, and two threads seeking and reading through one handle swapped samples' bytes
+    path = tmp_path / "records.bin"
+    path.write_bytes(np.arange(160, dtype=np.float32).tobytes())
+    pipe = hr.Pipeline(LazyHandleRecords(path, 160), [hr.step(sleepy, name="sleepy")])
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    try:
+        epochs = run_epochs(loader, 2)
+        d = loader.monitor.executor_decision
+        assert d is not None and d.executor == "processes"
+        assert "the source set its attribute 'f'" in d.reason
+        assert loader._executor == "processes" and "attribute 'f'" in loader.explain()
+        assert all(e == Counter(range(160)) for e in epochs)
+    finally:
+        loader.close()
+
+
+class Counting:
+    """A step object that counts its calls in an attribute (per worker in processes)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        return x
+
+
+@pytest.mark.timeout(120)
+def test_a_step_object_setting_an_attribute_keeps_processes(no_leaks):
+    pipe = hr.Pipeline(ArraySource(120), [hr.step(sleepy, name="sleepy"),
+                                          hr.step(Counting(), name="counting")])
+    loader = hr.DataLoader(pipe, batch_size=8, num_workers=2, options=AUTO)
+    try:
+        run_epochs(loader, 2)
+        d = loader.monitor.executor_decision
+        assert d is not None and d.executor == "processes"
+        assert "step 'counting' set its attribute 'calls'" in d.reason
+    finally:
+        loader.close()

@@ -73,7 +73,8 @@ def test_a_draw_seen_after_threads_were_chosen_still_keeps_processes():
 
     class Pool:  # what decide() reads of a WorkerPool (weakly referenced, as pools are)
         progress = SimpleNamespace(gil_held=[0.05, 0.05], gil_probed=[0.6, 0.6],
-                                   global_draw=[0, 0], worker_info_read=[0, 0])
+                                   global_draw=[0, 0], worker_info_read=[0, 0],
+                                   state_changed=[0, 0], state_attr=b"\0" * 128)
         own_workers = 2
         pipeline = SimpleNamespace(step_names=["load", "flip"])
 
@@ -89,7 +90,8 @@ def test_a_draw_seen_after_threads_were_chosen_still_keeps_processes():
 
 
 @pytest.mark.parametrize("seen, said", [("worker_info_read", "calls get_worker_info()"),
-                                        ("global_draw", "draws from a global random generator")])
+                                        ("global_draw", "draws from a global random generator"),
+                                        ("state_changed", "set its attribute 'handle'")])
 def test_what_threads_would_change_keeps_processes_also_when_seen_at_the_epoch_end(seen, said):
     from types import SimpleNamespace
 
@@ -97,7 +99,8 @@ def test_what_threads_would_change_keeps_processes_also_when_seen_at_the_epoch_e
 
     class Pool:  # what decide() reads of a WorkerPool (weakly referenced, as pools are)
         progress = SimpleNamespace(gil_held=[0.05, 0.05], gil_probed=[0.6, 0.6],
-                                   global_draw=[0, 0], worker_info_read=[0, 0])
+                                   global_draw=[0, 0], worker_info_read=[0, 0],
+                                   state_changed=[0, 0], state_attr=b"handle".ljust(64, b"\0") * 2)
         own_workers = 2
         pipeline = SimpleNamespace(step_names=["load", "decode", "shard"])
 
@@ -125,7 +128,8 @@ def test_the_decision_counts_the_pools_own_workers_not_its_remote_ones(monkeypat
 
     class Pool:  # what decide() reads of a WorkerPool (weakly referenced, as pools are)
         progress = SimpleNamespace(gil_held=[3.0, 3.0], gil_probed=[10.0, 10.0],
-                                   global_draw=[0, 0], worker_info_read=[0, 0])
+                                   global_draw=[0, 0], worker_info_read=[0, 0],
+                                   state_changed=[0, 0], state_attr=b"\0" * 128)
         size = 4
         own_workers = 2
         pipeline = SimpleNamespace(step_names=["load", "decode"])

@@ -13,7 +13,10 @@ those generators' states around the steps of their first 64 samples
 (``SampleRunner.on_global_draw``), and the first draw seen decides (:func:`global_draw_reason`).
 Nor do threads get a ``WorkerInfo`` (torch keeps one per process): a step that calls
 ``get_worker_info()`` keeps processes too, once a probing worker saw it call
-(``runtime/torch_worker.py``: :func:`worker_info_reason`).
+(``runtime/torch_worker.py``: :func:`worker_info_reason`). Nor do threads get their own copy of
+the source and the step objects: one that sets an attribute while running samples (a file
+handle opened on first use) keeps processes, once a probing worker saw it
+(``runtime/state_watch.py``: :func:`state_reason`).
 
 ``h`` is measured, not guessed: a probe thread in each worker process (``runtime/gilprobe.py``)
 sleeps a fraction of a millisecond at a time while a step runs and times how late it wakes; a
@@ -29,6 +32,8 @@ good. Pure: the runtime measures, this decides.
 from __future__ import annotations
 
 import dataclasses
+
+from headrace.pipeline.pipeline import LOAD_STEP
 
 MIN_PROBED_S = 1.0
 """Seconds of step time the probes must have watched (summed over workers) before deciding."""
@@ -116,6 +121,17 @@ def worker_info_reason(step: str) -> str:
     return (f"step {step!r} calls get_worker_info(), which answers in worker processes (their "
             "id, seed and dataset copy) and returns None in worker threads: threads would "
             "change what it computes")
+
+
+def state_reason(step: str, attr: str) -> str:
+    """Why ``executor="auto"`` stays on processes once a probing worker saw the object of step
+    ``step`` (``"load"``: the source) gain or rebind attribute ``attr`` while it ran samples
+    (``runtime/state_watch.py``)."""
+    where = "the source" if step == LOAD_STEP else f"step {step!r}"
+    return (f"{where} set its attribute {attr!r} while running samples: state kept per worker "
+            "(a file handle opened on first use, a reader, a counter) is one object for all "
+            "worker threads, which would share it and could change what it computes (a "
+            "handle's seek and read interleaved between threads delivers other samples' bytes)")
 
 
 def forced_processes(reason: str) -> ExecutorDecision:

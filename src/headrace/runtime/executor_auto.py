@@ -2,7 +2,8 @@
 up across pools (each epoch has its own unless ``persistent_workers``), and the decision
 ``planner/executor.py`` takes from it. The workers measure (``runtime/gilprobe.py`` for the
 GIL, ``SampleRunner.on_global_draw`` for draws from the global generators,
-``torch_worker.watch_worker_info_reads`` for calls of ``get_worker_info()``)."""
+``torch_worker.watch_worker_info_reads`` for calls of ``get_worker_info()``,
+``runtime/state_watch.py`` for attributes the source or a step object sets)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from headrace.planner.executor import (
     choose_executor,
     forced_processes,
     global_draw_reason,
+    state_reason,
     worker_info_reason,
 )
 from headrace.planner.workers import rank_cpus
+from headrace.runtime.state_watch import attr_of
 
 if TYPE_CHECKING:
     from headrace.runtime.loader import DataLoader
@@ -90,7 +93,9 @@ class ExecutorProbes:
     def _forced(pool: Any) -> ExecutorDecision | None:
         """Processes, when a worker of ``pool`` (a probing pool, or None) saw a step do what
         threads would change: draw from the global generators (worker processes re-seed them,
-        threads share them) or call ``get_worker_info()`` (None in a thread)."""
+        threads share them), call ``get_worker_info()`` (None in a thread), or set an
+        attribute of its object or the source's (per worker in processes, shared by threads:
+        ``runtime/state_watch.py``)."""
         if pool is None:
             return None
         prog, names = pool.progress, pool.pipeline.step_names
@@ -100,6 +105,9 @@ class ExecutorProbes:
         read = max(prog.worker_info_read)
         if read:
             return forced_processes(worker_info_reason(names[read - 1]))
+        for slot, changed in enumerate(prog.state_changed):
+            if changed:
+                return forced_processes(state_reason(names[changed - 1], attr_of(prog, slot)))
         return None
 
 

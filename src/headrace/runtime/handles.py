@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headrace.runtime.ring import Ring
+from headrace.runtime.state_watch import ATTR_BYTES
 from headrace.runtime.taskpipe import TaskPipe
 from headrace.runtime.threadworker import ThreadTasks
 from headrace.runtime.worker import Task, Tasks
@@ -48,6 +49,9 @@ class Progress:
     the global random generators (0: none seen; kept when the slot's worker is replaced).
     ``worker_info_read[slot]``: the same for the first step a probing worker saw call
     ``get_worker_info()`` (``torch_worker.watch_worker_info_reads``).
+    ``state_changed[slot]``: 1 + the position of the first step (0: the source's ``load``)
+    whose object a probing worker saw gain or rebind an attribute, and ``state_attr`` (per
+    slot, ``state_watch.ATTR_BYTES`` bytes) its name (``runtime/state_watch.py``).
     ``probe_stop``: set by the main process once ``executor="auto"`` decided: the GIL probes
     stop. ``order_broke[slot]``: 1 + the executed position of the first step the slot's
     workers saw break AutoOrder's order (0: none; ``runtime/order_watch.py``).
@@ -66,6 +70,8 @@ class Progress:
         self.gil_probed = ctx.RawArray("d", slots)
         self.global_draw = ctx.RawArray("i", slots)
         self.worker_info_read = ctx.RawArray("i", slots)
+        self.state_changed = ctx.RawArray("i", slots)
+        self.state_attr = ctx.RawArray("c", slots * ATTR_BYTES)
         self.probe_stop = ctx.RawValue("i", 0)
         self.order_broke = ctx.RawArray("i", slots)
         self.kept = kept

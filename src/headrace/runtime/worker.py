@@ -54,6 +54,8 @@ from headrace.runtime.python_draws import WorkerFlags
 from headrace.runtime.ring import RingWriter
 from headrace.runtime.ring import encode as ring_encode
 from headrace.runtime.sent_setup import ReceivedSetup, SetupNotRebuilt
+from headrace.runtime.state_watch import StateWatch
+from headrace.runtime.state_watch import note as note_state
 from headrace.runtime.torch_worker import init_as_torch_worker
 from headrace.runtime.transport import decode, encode
 
@@ -221,7 +223,8 @@ class TaskRunner:
     Keeps the worker's ``progress`` slot current (the tid, start time and step the main
     process reads), measures output sizes on the first ``MEASURE_ALL`` runs and then one in
     ``MEASURE_EVERY`` (in a pool that probes for ``executor="auto"``, also whether a step drew
-    from the global random generators, on every run: ``Progress.global_draw``),
+    from the global random generators, on every run: ``Progress.global_draw``, and whether
+    the source or a step object gained or rebound an attribute: ``runtime/state_watch.py``),
     and asks the hand-off rule between steps: over the shared timeout (``handoff``: the pool's
     ``HandOff``), and enough typical work left for a move to pay. A sample whose partial value
     would not arrive as it is (it does not pickle, or two of its parts share memory:
@@ -244,6 +247,8 @@ class TaskRunner:
                     draws[slot] = step + 1
 
             watch = note_draw
+        # executor="auto": threads would share what the source and steps keep per worker
+        self.state_watch = StateWatch(setup.pipeline) if setup.probe_gil else None
         self.learned = WorkerFlags(python_draws) if python_draws is not None else None
         flags, tell = (self.learned.flags, self.learned.tell) if self.learned else (None, None)
         self.epoch = -1  # of the last task run: a new one refreshes ``learned``
@@ -303,6 +308,10 @@ class TaskRunner:
             # raises): the sample's error with its traceback, as an ``Exception`` is; it ended
             # the worker, which was taken for a crash and lost both (docs/reliability.md)
             return Outcome(None, None, [], (progress.step[slot], e, traceback.format_exc()))
+        finally:
+            seen = self.state_watch.check() if self.state_watch is not None else None
+            if seen is not None:
+                note_state(progress, slot, *seen)
 
     def _run(self, task: Task, value: Any, run: Callable[..., Outcome]) -> Outcome:
         slot = self.slot
