@@ -137,3 +137,30 @@ def test_the_decision_counts_the_pools_own_workers_not_its_remote_ones(monkeypat
     monkeypatch.setattr(executor_auto, "rank_cpus", lambda: 8)
     d = ExecutorProbes().decide(Pool(), None)
     assert d is not None and d.executor == "threads" and d.parallel == 2
+
+
+def test_short_epochs_are_added_up_until_a_rate_can_be_taken():
+    from headrace.planner.executor import TRIAL_MIN_S, pooled_rate
+
+    window, rate = pooled_rate((0.0, 0.0), 160.0, 0.4)
+    assert rate is None and window == (160.0, 0.4)
+    window, rate = pooled_rate(window, 160.0, 0.4)
+    assert rate is None  # 0.8 s
+    window, rate = pooled_rate(window, 240.0, 0.4, min_s=TRIAL_MIN_S)
+    assert window == (0.0, 0.0) and rate == pytest.approx(560.0 / 1.2)
+
+
+def test_a_job_of_short_epochs_still_tries_threads_and_goes_back():
+    # a hunt: the probe read a pure-Python step as 55% held, auto chose threads, and with
+    # epochs under TRIAL_MIN_S each the trial never ran: 400 samples/s against 700 for good
+    from headrace.runtime.executor_auto import ExecutorProbes
+
+    threads = choose_executor(0.55, 1.0, workers=2, cores=2)
+    assert threads is not None and threads.executor == "threads"
+    probes = ExecutorProbes()
+    assert probes.after_epoch("processes", 0.6, 700.0, threads) is threads
+    assert probes.after_epoch("processes", 0.6, 700.0, threads) is threads
+    assert probes.after_epoch("threads", 0.6, 400.0, threads) is threads  # 0.6 s: not yet
+    back = probes.after_epoch("threads", 0.6, 400.0, threads)  # 1.2 s of threads
+    assert back is not None and back.executor == "processes"
+    assert "400 samples/s against 700 on processes" in back.reason

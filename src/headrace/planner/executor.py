@@ -26,7 +26,8 @@ CIFAR-sized arrays (each call releases it for microseconds, between Python that 
 as free (16% held), and threads ran them 3x slower than processes. So the first epoch on
 threads is a trial (:func:`after_trial`): when it delivers fewer samples per second than the
 last epoch on processes did, by more than ``TRIAL_KEEP``, the loader goes back to processes for
-good. Pure: the runtime measures, this decides.
+good. Epochs shorter than ``TRIAL_MIN_S`` are added up until they reach it, on each executor
+(:func:`pooled_rate`). Pure: the runtime measures, this decides.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ TRIAL_KEEP = 0.9
 second of the last epoch on processes (whose rate the probing lowers a little: a tie keeps
 threads, which hold no copy of a sample and no process per worker)."""
 TRIAL_MIN_S = 1.0
-"""Epochs shorter than this (wall seconds) are not compared: the next one is."""
+"""Wall seconds of epochs a rate is taken over: consecutive shorter epochs on one executor are
+added up (samples and wall seconds, :func:`pooled_rate`) until they reach it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +106,19 @@ def after_trial(decision: ExecutorDecision, threads_rate: float, processes_rate:
            f"{decision.held_share:.0%} of their time: steps that let go of it often but briefly "
            "read as free)")
     return dataclasses.replace(decision, executor="processes", reason=why)
+
+
+def pooled_rate(window: tuple[float, float], samples: float, wall_s: float,
+                min_s: float = TRIAL_MIN_S) -> tuple[tuple[float, float], float | None]:
+    """Add an epoch (``samples`` delivered in ``wall_s`` seconds) to ``window`` (samples,
+    wall seconds of the consecutive epochs added so far on one executor): the new window and
+    None while it holds under ``min_s`` seconds, else an empty window and its rate (samples per
+    second over all of its epochs). Epochs shorter than a second taken one by one were never
+    compared: a short-epoch job kept a wrong choice of threads for good (a hunt)."""
+    n, w = window[0] + samples, window[1] + wall_s
+    if w < min_s:
+        return (n, w), None
+    return (0.0, 0.0), n / w
 
 
 def global_draw_reason(step: str) -> str:

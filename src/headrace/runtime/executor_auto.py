@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data._utils import collate as torch_collate
 
 from headrace.planner.executor import (
-    TRIAL_MIN_S,
     ExecutorDecision,
     after_trial,
     choose_executor,
     forced_processes,
     global_draw_reason,
+    pooled_rate,
     state_reason,
     worker_info_reason,
 )
@@ -37,8 +37,11 @@ class ExecutorProbes:
         self._pool: Any = lambda: None  # weakref to the pool whose probes were read last
         self._last = (0.0, 0.0)  # (held, probed) seconds read from that pool
         self._banked = (0.0, 0.0)  # the same, from earlier pools
-        self._processes_rate: float | None = None  # samples/s of the last epoch on processes
-        self._tried = False  # threads had their trial epoch
+        self._processes_rate: float | None = None  # samples/s of the last epochs on processes
+        self._tried = False  # threads had their trial
+        # (samples, wall seconds) of the consecutive epochs on each executor not yet pooled
+        # into a rate (planner.executor.pooled_rate)
+        self._windows = {"processes": (0.0, 0.0), "threads": (0.0, 0.0)}
 
     @property
     def probed_s(self) -> float:
@@ -48,25 +51,29 @@ class ExecutorProbes:
 
     def after_epoch(self, executor: str, wall_s: float, samples_per_s: float,
                     decision: ExecutorDecision | None) -> ExecutorDecision | None:
-        """The decision once an epoch that ran on ``executor`` closed: threads' first epoch
-        long enough to tell (``TRIAL_MIN_S``) is compared with the last such epoch on
-        processes (``planner.executor.after_trial``); processes when the last probing pool's
+        """The decision once an epoch that ran on ``executor`` closed (``wall_s`` seconds,
+        ``samples_per_s`` delivered): threads' first epochs, added up until they are long
+        enough to tell (``TRIAL_MIN_S``, ``planner.executor.pooled_rate``), are compared with
+        the last such epochs on processes (``planner.executor.after_trial``); processes when the last probing pool's
         workers saw what threads would change (:meth:`_forced`) in samples that came in after
         the last :meth:`decide`; otherwise ``decision`` as it was."""
         if decision is None or decision.executor == "threads":
             forced = self._forced(self._pool())  # seen after the epoch's last decide():
             if forced is not None:  # the scheduler ticks no more once the last sample is in
                 return forced
-        if wall_s < TRIAL_MIN_S:
-            return decision
+        other = "threads" if executor == "processes" else "processes"
+        self._windows[other] = (0.0, 0.0)  # only consecutive epochs are added up
+        self._windows[executor], rate = pooled_rate(self._windows[executor],
+                                                    samples_per_s * wall_s, wall_s)
         if executor == "processes":
-            self._processes_rate = samples_per_s
+            if rate is not None:
+                self._processes_rate = rate
             return decision
         if (decision is None or decision.executor != "threads" or self._tried
-                or self._processes_rate is None):
+                or rate is None or self._processes_rate is None):
             return decision
         self._tried = True
-        return after_trial(decision, samples_per_s, self._processes_rate)
+        return after_trial(decision, rate, self._processes_rate)
 
     def decide(self, pool: Any, decision: ExecutorDecision | None) -> ExecutorDecision | None:
         """``decision`` once ``pool`` (a probing pool) measured more: made once enough was
