@@ -22,7 +22,7 @@ def test_steps_that_release_the_gil_get_threads():
 def test_python_bound_steps_keep_processes():
     d = choose_executor(1.9, 2.0, workers=4, cores=4)  # 95% held: about one thread's worth
     assert d is not None and d.executor == "processes"
-    assert "fewer than the 4 processes" in d.reason
+    assert "under 0.9 × the 4 processes" in d.reason
 
 
 def test_the_parallelism_processes_would_get_sets_the_bar():
@@ -164,3 +164,11 @@ def test_a_job_of_short_epochs_still_tries_threads_and_goes_back():
     back = probes.after_epoch("threads", 0.6, 400.0, threads)  # 1.2 s of threads
     assert back is not None and back.executor == "processes"
     assert "400 samples/s against 700 on processes" in back.reason
+
+
+def test_explain_states_the_margin_threads_are_chosen_with():
+    # 53% held: 1.9 threads' worth, which "enough for the 2" read as an arithmetic slip
+    d = choose_executor(0.53, 1.0, workers=2, cores=2)
+    assert d is not None and d.executor == "threads"
+    assert "about 1.9 at once, at least 0.9 × the 2 that min(workers, cores) allows" \
+        in d.describe()

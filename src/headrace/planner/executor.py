@@ -85,11 +85,12 @@ def choose_executor(held_s: float, probed_s: float, workers: int, cores: int,
     why = (f"steps held the GIL {h:.0%} of their time (probed {probed_s:.1f} s of steps), so "
            f"threads can run about {room:.1f} at once" if h > 0 else
            f"steps released the GIL all the time (probed {probed_s:.1f} s of steps)")
+    bar = f"{margin:g} × the {parallel}"  # the margin said: 1.9 'enough for 2' read as wrong
     if threads:
-        why += (f", enough for the {parallel} that min(workers, cores) allows: threads save "
-                "the copy of every sample between processes")
+        why += (f", at least {bar} that min(workers, cores) allows: threads save the copy "
+                "of every sample between processes")
     else:
-        why += f", fewer than the {parallel} processes would run in parallel"
+        why += f", under {bar} processes would run in parallel"
     return ExecutorDecision("threads" if threads else "processes", h, probed_s, parallel, why)
 
 
