@@ -3,6 +3,7 @@
 import gc
 import logging
 import threading
+import warnings
 from collections import Counter
 
 import pytest
@@ -197,3 +198,24 @@ def test_a_sampler_that_raises_mid_epoch_reaches_the_training_loop(executor, no_
         for b in loader:
             seen += b.tolist()
     assert len(seen) == len(set(seen)) and set(seen) <= set(range(17))
+
+
+def draws_globally(x):
+    return x + torch.rand(1).item()  # torch's global generator: shared by worker threads
+
+
+def test_a_step_drawing_from_the_global_generators_is_warned_about_at_the_users_line(no_leaks):
+    pipe = hr.Pipeline(ArraySource(40), [hr.step(draws_globally, name="draws_globally_t")])
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=2, options=THREADS)
+    with pytest.warns(UserWarning, match="while step 'draws_globally_t' ran in a worker") as rec:
+        assert len(flat(loader)) == 40
+    said = [w for w in rec if "draws_globally_t" in str(w.message)]
+    assert len(said) == 1 and said[0].filename == __file__  # the loop's line, once
+    # the load beside it saw the shared generators change at times (the other thread's
+    # draws): not named, as it did not change them on most of its runs
+    assert not [w for w in rec if "the source's load" in str(w.message)]
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        flat(loader)
+    assert not [w for w in again if "draws_globally_t" in str(w.message)]
+

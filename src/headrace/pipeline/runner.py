@@ -103,9 +103,10 @@ class SampleRunner:
     (``runtime/python_draws.py``: the next workers and epochs are told from their start).
 
     ``on_global_draw(step)``: called when a step drew from those global generators (their
-    states compared around it, ``seeding.draw_mark``: about 4 µs a step; with
-    ``reseed_globals`` only, and not for the transforms of a dataset, which run inside
-    ``load``). ``executor="auto"`` keeps such pipelines on worker processes.
+    states compared around it, ``seeding.draw_mark``: about 4 µs a step; not for the
+    transforms of a dataset, which run inside ``load``). ``executor="auto"`` keeps such
+    pipelines on worker processes; worker threads (no ``reseed_globals``) warn, and there a
+    change may also be another thread's draw (the generators are shared).
 
     ``guard``: when ``pipeline`` runs AutoOrder's order rather than the declared one, the check
     of that order's premise on each sample (``pipeline/order_guard.py``): a sample that breaks
@@ -125,7 +126,7 @@ class SampleRunner:
     ) -> None:
         self.pipeline = pipeline
         self.reseed_globals = reseed_globals
-        self.on_global_draw = on_global_draw if reseed_globals else None
+        self.on_global_draw = on_global_draw
         self.measure = measure
         self.queued = queued if measure is not None else None
         self.names = pipeline.step_names
