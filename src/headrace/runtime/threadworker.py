@@ -31,8 +31,10 @@ What differs from processes, by necessity (the loader refuses the options that n
 * a thread cannot be killed: there is no ``sample_timeout_s``, and at shutdown a thread still in
   a step after the pool's grace period (0.5 s for all workers; none when one of the pool's own
   threads shuts it down) is abandoned: it is a daemon thread, finishes its sample and exits;
-* torch's intra-op thread pool is the training process's own (a worker process limits its own
-  to one thread);
+* torch's intra-op thread pool and OpenBLAS's are the training process's own (a worker process
+  limits its own to one thread): a multithreaded op (a large matmul or dot, a float32 sum) can
+  end in other last bits than in a worker process (docs/design.md, "Worker processes run
+  native thread pools with one thread");
 * objects are shared, not copied: the dataset and the step objects are the same for every
   thread (a file handle opened lazily in ``__getitem__`` is one handle for all of them), and
   with a ``collate_fn`` of your own (or ``batch_size=None``) you receive the very objects the
