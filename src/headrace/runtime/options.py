@@ -115,15 +115,19 @@ class Options:
             ``"auto"``: processes, whose workers measure during the first epoch how much of
             their steps' time holds the GIL (``runtime/gilprobe.py``); threads from the next
             epoch on when the GIL would not limit them (``planner/executor.py``; the decision
-            and its numbers are in ``explain()``), and back to processes for good when that
-            first epoch on threads delivers under 0.9x the samples/s of the last one on
-            processes (the probe reads steps that let go of the GIL often but briefly as free).
-            Threads are considered only where they cannot change what the code computes: a
-            ``Pipeline`` (its random steps draw from their ``rng``, and no step was seen, on
-            any sample of the probing epoch, drawing from Python's, NumPy's or torch's global
-            generator or calling ``get_worker_info()``, which worker threads answer with
-            ``None``), torch's default collation, no ``worker_init_fn``, ``sample_timeout_s`` or
-            ``remote``; anything else stays on processes.
+            and its numbers are in ``explain()``), and back to processes for good when
+            threads' first epochs (added up to at least 1 s) deliver under 0.9x the samples/s
+            of processes' last ones (the probe reads steps that let go of the GIL often but
+            briefly as free). Threads are considered only where they cannot change what the
+            code computes, beyond the last bits of multithreaded native operations (worker
+            threads use the training process's BLAS and torch thread pools, worker processes
+            one thread each): a ``Pipeline`` (its random steps draw from their ``rng``, and no
+            step was seen, on any sample of the probing epoch, drawing from Python's, NumPy's
+            or torch's global generator, calling ``get_worker_info()``, which worker threads
+            answer with ``None``, or setting an attribute of the source or of a step object,
+            such as a file handle opened on first use, which threads would share), torch's
+            default collation, no ``worker_init_fn``, ``sample_timeout_s`` or ``remote``;
+            anything else stays on processes.
         device: device prefetch (``runtime/prefetch.py``): ``"cuda"``, ``"cuda:N"`` or a
             ``torch.device`` (e.g. ``torch.accelerator.current_accelerator()``). The next
             batches are copied there on a side CUDA stream while the current one trains, from
