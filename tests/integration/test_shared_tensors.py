@@ -64,6 +64,17 @@ def test_a_reused_buffer_gives_each_row_its_own_sample(numel, dtype, kind, no_le
     assert _rows_not_their_own(loader) == []
 
 
+def test_a_reused_numpy_buffer_over_a_quarter_of_the_ring_gives_each_row_its_own_sample(
+        no_leaks):
+    # a 4.5 MiB NumPy sample misses the 16 MiB rings of spawned workers: it crossed as a
+    # tensor over the worker's own buffer until its message was pickled, and the dataset had
+    # filled the buffer again meanwhile (21-28 of 200 rows another sample's: a review; with
+    # 120 samples it did not show)
+    loader = DataLoader(Reused(200, 9 << 17, torch.float32, as_numpy=True), batch_size=1,
+                        num_workers=2, multiprocessing_context="spawn", timeout=120)
+    assert _rows_not_their_own(loader) == []
+
+
 def test_a_reused_buffer_over_a_quarter_of_the_ring_gives_each_row_its_own_sample(
         monkeypatch, no_leaks):
     # a 1.5 MB float32 sample with 1 MB rings (set in the training process, which makes them):

@@ -195,8 +195,10 @@ def encode(x: Any) -> Any:
             return _Flipped(encode(np.flip(x, axes)), axes)
         if x.nbytes >= INLINE_LIMIT and x.dtype != object and x.dtype.kind in "biufc":
             if not x.flags.writeable:  # e.g. np.asarray(PIL image); torch wants writable memory
-                x = np.array(x)  # the copy into shared memory happens anyway
-            return _Shm("np", torch.from_numpy(np.ascontiguousarray(x)))
+                return _Shm("np", torch.from_numpy(np.array(x)))  # a private copy: torch may move it
+            # a fresh shared copy, as for a tensor: torch's reductions would otherwise move
+            # (or, already shared, hand over) memory the sender keeps and may fill again
+            return _Shm("np", shared_copy(torch.from_numpy(np.ascontiguousarray(x))))
         # pickled when its message is sent, which may be after the sender filled it again
         return x if x.dtype == object else x.copy(order="K")
     if isinstance(x, (bytes, bytearray)):
