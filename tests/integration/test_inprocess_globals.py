@@ -93,3 +93,36 @@ def test_a_sample_listener_draws_from_the_loops_generators():
         pass
     random.seed(11)
     assert heard == [random.random() for _ in range(11)]  # 11 samples: one was skipped
+
+
+class ListenerFailed(Exception):
+    pass
+
+
+@pytest.mark.timeout(120)
+def test_a_listener_that_raises_loses_no_other_samples_hooks_nor_a_samples_error():
+    # called one by one after the restore, a hook that raised lost the later samples' hooks,
+    # and replaced the StepError of a sample failing in the same batch (a review)
+    loader = hr.DataLoader(DrawsEverywhere(8), batch_size=4, num_workers=0,
+                           options=hr.Options(profile_store=False, cache=None, seed=5))
+    heard = []
+
+    def listener(index, seconds, slow):
+        heard.append(index)
+        if index == 1:
+            raise ListenerFailed(index)
+
+    loader.add_sample_listener(listener)
+    it = iter(loader)
+    with pytest.raises(ListenerFailed):
+        next(it)
+    assert heard == [0, 1, 2, 3]  # every sample's hook ran, the first error raised after
+    loader.close()
+    heard.clear()
+    failing = hr.DataLoader(DrawsEverywhere(8, bad=2), batch_size=4, num_workers=0,
+                            options=hr.Options(profile_store=False, cache=None, seed=5))
+    failing.add_sample_listener(listener)
+    with pytest.raises(hr.StepError, match="sample 2 is bad"):
+        next(iter(failing))
+    assert heard == [0, 1]
+    failing.close()

@@ -253,6 +253,7 @@ class InProcessIterator(EpochBase):
         # logging handler), are called after that, in order, as they were after each sample
         state = global_states()
         heard: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        raising = True  # (until the loop ends of itself: a hook's error may then be raised)
         try:
             while pending and (limit is None or len(carry) < limit):
                 p, i, d = pending[0]
@@ -270,10 +271,10 @@ class InProcessIterator(EpochBase):
                 del pending[0]
                 if ok:
                     carry += [(value, p, i)]
+            raising = False
         finally:
             restore_globals(state)
-            for hook, args in heard:
-                hook(*args)
+            _call_all(heard, raise_first=not raising)
 
     def _drop_first(self) -> None:
         """The first pending sample failed: it leaves, and with the sampler's batches its
@@ -327,6 +328,27 @@ class InProcessIterator(EpochBase):
     def stats(self) -> EpochStats:
         return self.meter.snapshot(self.meter.samples, 0, self.skipped, 0, 0.0, failed=self.failed,
                                    dropped=self.dropped)
+
+
+def _call_all(heard: list[tuple[Callable[..., Any], tuple[Any, ...]]],
+              raise_first: bool) -> None:
+    """Call every hook ``_run`` collected, in order; then, with ``raise_first`` (``_run`` is
+    not raising an error of its own, a ``StepError``, which a hook's must not replace), raise
+    the first hook's error.
+    Called one by one, a hook that raised lost the later samples' hooks (the monitor and the
+    listeners missed them) and replaced a sample's ``StepError`` (a review)."""
+    first: BaseException | None = None
+    for hook, args in heard:
+        try:
+            hook(*args)
+        except Exception as e:  # noqa: BLE001 - raised once every hook ran
+            if first is None:
+                first = e
+    if first is not None and raise_first:
+        try:
+            raise first
+        finally:
+            first = None
 
 
 class _SamplerError:
