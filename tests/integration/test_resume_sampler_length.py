@@ -127,6 +127,25 @@ def test_at_its_length_and_at_its_last_batch(workers, no_leaks):
     third.close()
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("leave", [False, True], ids=["in-the-loop", "after-break"])
+def test_a_state_after_the_last_batch_gives_the_next_epoch(workers, leave, no_leaks):
+    """The state at the epoch's true last batch (10 of an oversampler's batches), in the loop
+    or after ``break``: between epochs, the next one whole. After ``break`` without workers
+    it said ``in_epoch=True`` for a while this stop (the close read nothing ahead), and the
+    resumed run trained an empty epoch (a review)."""
+    reference = make(workers)
+    full = [epoch(reference) for _ in range(2)]
+    reference.close()
+    before, state = saved_after(workers, True, 10, leave)
+    assert before == full[0]
+    assert not state["in_epoch"] and state["epoch"] == 1
+    second = make(workers)
+    second.load_state_dict(state)
+    assert epoch(second) == full[1]
+    second.close()
+
+
 def test_a_sampler_yielding_past_its_length_resumes_in_a_new_process(tmp_path, no_leaks):
     reference = make(2)
     full = epoch(reference)

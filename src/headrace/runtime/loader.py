@@ -318,7 +318,7 @@ class DataLoader(tud.DataLoader[_T_co]):
         while it was open, so a checkpoint written after leaving the loop resumes it."""
         latest = self._epoch_ref()
         if it.origin is not None and (latest is None or latest is it) \
-                and not epoch_span.at_end(self, it, read_ahead=False):  # after its last: done
+                and not epoch_span.at_end(self, it):  # left after its last batch: it is done
             self._unfinished = checkpoint.ResumePoint(
                 epoch=it.origin.epoch, in_epoch=True, origin=it.origin, delivered=it.delivered,
                 generator_state=None, persistent_base_seed=None, steps=it.steps,

@@ -91,8 +91,10 @@ def at_end(loader: DataLoader, it: Any, read_ahead: bool = True) -> bool:
     gave more than its ``__len__`` said is read here too once every position it gave is
     settled: its end may be next, and a state at its last batch is then the one between
     epochs, as with a length that is right (not read, it resumed an empty epoch there);
-    ``read_ahead=False`` (an epoch being closed: ``break``, ``loader.close()``): not that one,
-    the next ``next()`` reads it (``EpochBase.halting``). A sampler yielding fewer positions
+    ``read_ahead=False`` (``loader.close()`` halting the epoch: ``halt_unfinished``): not that
+    one, the next ``next()`` reads it (``EpochBase.halting``); the close's record of the epoch
+    (``loader._abandoned``, also after ``break``) reads it, so a state after the last batch is
+    between epochs (without it, the resumed run trained an empty epoch: a review). A sampler yielding fewer positions
     than its ``__len__`` (an undersampler) is not read ahead for its end before its deliveries
     reach that length: reading the sampler at every ``state_dict()`` changed what a sampler
     drawing from the global generators as it goes gave, and the loop's own draws (a review);
