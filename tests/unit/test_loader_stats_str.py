@@ -27,12 +27,14 @@ def test_str_is_a_few_lines_with_the_numbers():
     text = str(s)  # it was the 46 KB repr: every epoch and 130 queue samples
     lines = text.splitlines()
     assert len(lines) == 6 and len(text) < 1200, text
-    assert lines[0] == ("LoaderStats: 90 epoch(s) recorded, 2 worker(s), 0 worker restart(s), "
+    assert lines[0] == ("LoaderStats: 90 epoch(s) recorded, 2 worker(s) now (between epochs, "
+                        "0 unless they persist), 0 worker restart(s), "
                         "hand-off timeout 12.3 ms (75th percentile)")
     assert lines[1] == ("  epoch 0: 64 samples in 4 batches, 0.50 s, 128.0 samples/s, "
                         "stall 25%, 62 fast / 2 slow")
     assert lines[2] == "  ... 86 epoch(s) not shown"
-    assert lines[5] == ("  epoch 89 (running): 64 samples in 4 batches, 0.50 s, 128.0 samples/s, "
+    assert lines[5] == ("  epoch 89 (unfinished: running, or stopped part-way): 64 samples in "
+                        "4 batches, 0.50 s, 128.0 samples/s, "
                         "stall 25%, 62 fast / 2 slow, cache hits 48 of 64 (75%)")
     assert repr(s).startswith("LoaderStats(epochs=(EpochStats(epoch=0,")  # unchanged
     assert "QueueSample(" in repr(s)
@@ -41,7 +43,7 @@ def test_str_is_a_few_lines_with_the_numbers():
 def test_str_of_few_epochs_a_fixed_and_a_warming_timeout():
     assert str(_stats(0)).count("\n") == 0
     two = str(_stats(2))
-    assert "epoch 0:" in two and "epoch 1 (running):" in two and "not shown" not in two
+    assert "epoch 0:" in two and "epoch 1 (unfinished: running, or stopped part-way):" in two and "not shown" not in two
     fixed = dataclasses.replace(_stats(1), timeout_percentile=float("nan"))
     assert "hand-off timeout 12.3 ms (fixed)" in str(fixed)
     warming = dataclasses.replace(_stats(1), timeout_s=float("inf"))

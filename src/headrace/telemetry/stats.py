@@ -200,7 +200,8 @@ class LoaderStats:
             timeout = f"{1000 * self.timeout_s:.1f} ms (fixed)"
         else:
             timeout = f"{1000 * self.timeout_s:.1f} ms ({self.timeout_percentile:g}th percentile)"
-        lines = [f"LoaderStats: {len(self.epochs)} epoch(s) recorded, {self.workers} worker(s), "
+        lines = [f"LoaderStats: {len(self.epochs)} epoch(s) recorded, {self.workers} worker(s) "
+                 "now (between epochs, 0 unless they persist), "
                  f"{self.worker_restarts} worker restart(s), hand-off timeout {timeout}"]
         shown = list(self.epochs[:1]) + list(self.epochs[max(1, len(self.epochs) - 3):])
         for k, e in enumerate(shown):
@@ -212,7 +213,7 @@ class LoaderStats:
 
 def _epoch_line(e: EpochStats) -> str:
     """One epoch in one line: samples, wall seconds, samples/s, stall share, lanes, cache."""
-    state = "" if e.finished else " (running)"
+    state = "" if e.finished else " (unfinished: running, or stopped part-way)"
     line = (f"epoch {e.epoch}{state}: {e.samples} samples in {e.batches} batches, "
             f"{e.wall_s:.2f} s, {e.samples_per_s:.1f} samples/s, stall {e.stall_fraction:.0%}, "
             f"{e.fast_samples} fast / {e.slow_samples} slow")
