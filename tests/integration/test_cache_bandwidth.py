@@ -184,14 +184,57 @@ def test_the_probe_reads_no_cached_entry_much_smaller_than_the_form(server) -> N
     try:
         for i in range(20):  # cached 2 KB entries (an encoded form, say)
             r.set(PREFIX + sample_key(ns, i), bytes([i]) * 2048, px=600_000)
-        with pytest.raises(RuntimeError, match="no cached entry of 262.1 KB or more"):
+        with pytest.raises(RuntimeError, match="no cached entry of which a round of GETs reads "
+                           "262.1 KB or more"):  # 64 GETs a round at most: 131 KB
             redis_probe(backend, 1 << 20)
         assert list(r.scan_iter(match=PROBE_PREFIX + b"*")) == []
+        # the probe samples 32 random keys: among 21, it missed the large one 1 run in 5
+        r.delete(*(PREFIX + sample_key(ns, i) for i in range(20)))
         big = int((1 << 20) * ENTRY_MIN_SHARE)
         r.set(PREFIX + sample_key(ns, 20), b"z" * big, px=600_000)
         probe = redis_probe(backend, 1 << 20)
         assert probe.bytes_per_s > 0
         assert "GETs of a cached 262.1 KB entry" in probe.how
+    finally:
+        backend.close_here()
+        r.config_set("maxmemory", 0)
+        r.config_set("maxmemory-policy", "noeviction")
+        server.flush()
+
+
+def test_a_full_server_of_entries_smaller_than_a_quarter_of_the_form_is_measured(server):
+    # 100 KB entries (encoded JPEGs, say) filled the server, where B_cache was wanted for
+    # 480 KiB decoded forms: the probe needed an entry of a quarter of the form (120 KiB) and
+    # failed at every epoch while the server stayed full, its steady state, so MDP never
+    # planned. With the room known, a round pipelines GETs of the entry up to about the form's
+    # bytes (the room allowing), so its round trip is spread as for the form.
+    import re
+
+    import redis
+
+    from headrace.cache.bandwidth import ENTRY_MIN_SHARE
+
+    r = redis.Redis.from_url(server.url)
+    backend = RedisBackend(server.url, 1 << 20)
+    ns = b"f" * 16
+    form = 480 << 10
+    _cap(r, 3 << 20, "allkeys-lru")
+    try:
+        for i in range(20):  # 2 MB of entries under a 3 MB room: no room for the probe value
+            r.set(PREFIX + sample_key(ns, i), bytes([i]) * 100_000, px=600_000)
+        assert form * ENTRY_MIN_SHARE > 100_000
+        before = r.info("stats")["evicted_keys"]
+        gets0, _ = _stats(r)
+        probe = redis_probe(backend, form)
+        gets1, _ = _stats(r)
+        assert probe.bytes_per_s > 0
+        m = re.search(r"(\d+) pipelined GETs of a cached 100.0 KB entry", probe.how)
+        assert m is not None, probe.how
+        reads = int(m.group(1))
+        assert reads > 1 and reads * 100_000 >= form * ENTRY_MIN_SHARE
+        assert gets1 - gets0 == 1 + PROBE_ROUNDS * reads  # one untimed GET, then the rounds
+        assert r.info("stats")["evicted_keys"] == before  # replies within the room
+        assert list(r.scan_iter(match=PROBE_PREFIX + b"*")) == []  # nothing written
     finally:
         backend.close_here()
         r.config_set("maxmemory", 0)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from headrace.cache.bandwidth import (
+    MAX_READS_PER_ROUND,
     PROBE_MAX_BYTES,
     PROBE_MIN_BYTES,
     PROBE_ROOM_SHARE,
     from_round_trips,
+    held_reads,
     probe_footprint,
     probe_room,
     probe_size,
@@ -63,3 +65,15 @@ def test_the_probe_value_is_written_only_where_redis_cannot_evict_for_it() -> No
     # the value twice (query buffer, key) and one round's replies
     assert probe_footprint(1 << 20) == 3 << 20
     assert probe_footprint(4 << 10) == (2 + 64) * (4 << 10)
+
+
+def test_a_held_entry_is_read_about_the_forms_bytes_a_round_within_the_room() -> None:
+    # a round of the 480 KiB form's value reads 2 of them (960 KiB): 10 GETs of a 100 KB
+    # entry move as much, 9 where the room holds 9 replies, 1 where the room is unknown
+    form = 480 << 10
+    assert held_reads(100_000, 10 << 20, form) == 10
+    assert held_reads(100_000, 950_000, form) == 9
+    assert held_reads(100_000, -1, form) == 1
+    assert held_reads(100_000, 50_000, form) == 1  # (an entry over the room is never read)
+    assert held_reads(2048, 10 << 20, 1 << 20) == MAX_READS_PER_ROUND
+    assert held_reads(4 << 20, 10 << 20, 1 << 20) == 1

@@ -21,11 +21,14 @@ its cache, measured on the backend the cache really uses.
   1 MiB one 21). So the server's ``INFO memory`` is read first: the value is written only when
   its peak footprint (:func:`probe_footprint`) fits in ``PROBE_ROOM_SHARE`` of the room left
   under ``maxmemory``; otherwise entries the server already holds are read instead (the
-  largest of ``ENTRY_TRIES`` random headrace entries whose replies fit that room, one
-  ``GET`` a round where the room is unknown, and at least ``ENTRY_MIN_SHARE`` of the probe's
-  size, as a small entry measures round trips, not bandwidth), so nothing is written; with no
-  such entry the probe fails, and MDP plans at a later epoch. Under ``noeviction`` or without a
-  ``maxmemory`` the value is written as before (a refused ``SET`` evicts nothing).
+  largest of ``ENTRY_TRIES`` random headrace entries whose replies fit that room), so nothing
+  is written. A round pipelines as many ``GET``s of that entry as move about the bytes a round
+  of the probe value would (:func:`held_reads`, within the room), so its round trip is spread
+  as for the form; where the room is unknown a round is one ``GET``, and the entry then needs
+  ``ENTRY_MIN_SHARE`` of the probe's size (a round moving less measures round trips, not
+  bandwidth). With no such entry the probe fails, and MDP plans at a later epoch. Under
+  ``noeviction`` or without a ``maxmemory`` the value is written as before (a refused ``SET``
+  evicts nothing).
 
 ``Cache(b_cache=...)`` replaces the measurement (``cache/session.py``).
 """
@@ -62,13 +65,15 @@ left under ``maxmemory`` (other writers, the jobs' workers, share the rest meanw
 ENTRY_TRIES = 32
 """``RANDOMKEY`` calls that look for a cached entry to read when no probe value fits."""
 ENTRY_MIN_SHARE = 1 / 4
-"""A cached entry read instead of a probe value has at least this share of the probe's bytes.
-A ``GET`` costs a fixed time (its round trip, when a round is one ``GET``) plus its bytes over
-the bandwidth; an entry ``k`` times smaller than the form pays that fixed time ``k`` times as
-often per byte, so its B_cache is low by up to ``k``x where the fixed time dominates (a 2 KB
-entry: 42 MB/s, where the same server read 1 MiB values at 477 MB/s). With ``k`` <= 4 it is
-low by at most (1 + 4f) / (1 + f), ``f`` the fixed time's share of reading the form: within
-noise on loopback (measured in docs/design.md), where 2 KiB entries read 27x too low."""
+"""A round of ``GET``s of a cached entry, read instead of a probe value, moves at least this
+share of the probe value's bytes. A round costs a fixed time (its round trip) plus its bytes
+over the bandwidth; a round ``k`` times smaller than the value pays that fixed time ``k``
+times as often per byte, so its B_cache is low by up to ``k``x where the fixed time dominates
+(one ``GET`` of a 2 KB entry a round: 42 MB/s, where the same server read 1 MiB values at
+477 MB/s). With ``k`` <= 4 it is low by at most (1 + 4f) / (1 + f), ``f`` the fixed time's
+share of reading the value: within noise on loopback (measured in docs/design.md), where one
+2 KiB entry a round read 27x too low. It bites where a round is one ``GET`` (the room is
+unknown, or holds one reply): elsewhere :func:`held_reads` pipelines enough ``GET``s."""
 
 
 def probe_size(nbytes: float) -> int:
@@ -112,6 +117,17 @@ class Probe:
     how: str
 
 
+def held_reads(size: int, room: int, nbytes: int) -> int:
+    """``GET``s of a held ``size``-byte entry a round pipelines in place of a probe value of
+    ``nbytes``: as many as move the bytes a round of that value would (``nbytes`` times
+    :func:`reads_per_round`), at most ``MAX_READS_PER_ROUND`` and as many replies as ``room``
+    bytes hold, at least 1; 1 where ``room`` is -1 (unknown)."""
+    if room < 0:
+        return 1
+    wanted = nbytes * reads_per_round(nbytes)
+    return max(1, min(MAX_READS_PER_ROUND, -(-wanted // max(1, size)), room // max(1, size)))
+
+
 def probe_footprint(nbytes: int) -> int:
     """Bytes a written probe of an ``nbytes`` value occupies in the server at its peak: the
     value twice (its query buffer while it arrives, then the key) and a round's replies."""
@@ -150,25 +166,26 @@ def redis_probe(backend: Any, nbytes: int) -> Probe:
                      f"{PROBE_ROUNDS} rounds of {reads_per_round(nbytes)} pipelined GETs of a "
                      f"{units.size(nbytes)} value from the server")
     least = int(nbytes * ENTRY_MIN_SHARE)
-    key, size = _held_entry(backend, room, least)
+    key, size = _held_entry(backend, room, nbytes)
     if key is None:
         raise RuntimeError(
             f"no room to write a {units.size(nbytes)} probe value without the server evicting "
             f"cached entries ({'unknown' if room < 0 else units.size(room)} of room under "
             f"maxmemory-policy {info.get('maxmemory_policy', 'not readable')}) and no cached "
-            f"entry of {units.size(least)} or more to read yet; Cache(b_cache=...) sets "
-            "B_cache")
-    reads = 1 if room < 0 else max(1, min(reads_per_round(size), room // size))
+            f"entry of which a round of GETs reads {units.size(least)} or more (one GET a "
+            "round where the room is unknown); Cache(b_cache=...) sets B_cache")
+    reads = held_reads(size, room, nbytes)
     return Probe(from_round_trips(size * reads, _timed_rounds(backend, key, size, reads)),
                  f"{PROBE_ROUNDS} rounds of {reads} pipelined GETs of a cached "
                  f"{units.size(size)} entry (no room to write a probe value without the server "
                  "evicting entries)")
 
 
-def _held_entry(backend: Any, room: int, least: int) -> tuple[bytes | None, int]:
+def _held_entry(backend: Any, room: int, nbytes: int) -> tuple[bytes | None, int]:
     """The largest of ``ENTRY_TRIES`` random headrace entries whose value fits ``room``
-    (any size where ``room`` is -1, unknown) and has ``least`` bytes or more, and its bytes;
-    ``(None, 0)`` if none."""
+    (any size where ``room`` is -1, unknown) and of which a round of :func:`held_reads`
+    ``GET``s reads ``ENTRY_MIN_SHARE`` of ``nbytes`` or more, and its bytes; ``(None, 0)`` if
+    none."""
     from headrace.cache.redis_backend import ENTRY_KEY_LENS, PREFIX
 
     r = backend._r()
@@ -180,7 +197,8 @@ def _held_entry(backend: Any, room: int, least: int) -> tuple[bytes | None, int]
         if not key.startswith(PREFIX) or len(key) not in ENTRY_KEY_LENS:
             continue
         size = int(backend._call(lambda k=key: r.strlen(k)))
-        if size >= least and size > best[1] and (room < 0 or size <= room):
+        if (size > best[1] and (room < 0 or size <= room)
+                and size * held_reads(size, room, nbytes) >= nbytes * ENTRY_MIN_SHARE):
             best = (key, size)
     return best
 
