@@ -149,6 +149,37 @@ def test_a_dead_server_is_warned_about_once_per_loader_with_its_cause(server, no
     assert "refused" in said[0].lower(), said[0]
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_server_killed_mid_epoch_is_warned_about_before_the_epoch_ends(server, no_leaks,
+                                                                       workers, caplog):
+    # the failure was logged only when the epoch closed (CacheSession.end_epoch): nothing in
+    # the 23 batches after the kill here, nothing for hours in a long epoch, and nothing at all
+    # in a job killed before its epoch ended
+    cache = hr.Cache(url=server.url, budget_bytes=1 << 20, split={"decoded": 1.0})
+    loader = hr.DataLoader(pipeline(), batch_size=2, num_workers=workers,
+                           options=hr.Options(seed=2, cache=cache, max_in_flight=4))
+    said: list[int] = []  # lines logged when each batch of the second epoch came
+    try:
+        samples(loader)  # fills the cache
+        for b, _ in enumerate(loader):
+            if b == 0:
+                server.kill()
+            said.append(sum("the cache failed" in r.getMessage() for r in caplog.records))
+    finally:
+        if server.proc is None:
+            server.start()
+        loader.close()
+    assert len(said) == N // 2 and said[0] == 0
+    if workers == 0:  # the next batch's samples run here, after the kill: its own failure
+        assert said[1] == 1, said
+    else:  # at most 4 samples were in flight at the kill, so those of batches 3 and later
+        # ran after it: their worker kept the failure before it sent them, and the scheduler
+        # thread saw it at that sample (batch 5: slack for the sample that ends a batch)
+        assert said[5] == 1, said
+    # once per loader: not again when the epoch closed
+    assert sum("the cache failed" in r.getMessage() for r in caplog.records) == 1
+
+
 class Cheap:
     def __len__(self) -> int:
         return 200

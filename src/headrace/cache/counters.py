@@ -24,9 +24,10 @@ class Counters:
     process measured), so a new worker or a new epoch starts from what others measured.
     ``verdicts``: each form's check (``cache/verify.py``), so a form found to differ is off in
     every worker. ``failures``: per row, the first backend failure its writer saw
-    (``note_failure``), which the training process logs once per loader
-    (``CacheSession.warn_failed``): a worker's own log line repeated with every worker of every
-    epoch (a fresh process each) and never reached the training process's logging.
+    (``note_failure``), which the training process logs once per loader, as soon as it sees
+    it (``cache/failure_log.py``, while an epoch runs): a worker's own log line
+    repeated with every worker of every epoch (a fresh process each) and never reached the
+    training process's logging.
     """
 
     def __init__(self, ctx: Any, rows: int) -> None:
@@ -65,10 +66,13 @@ class Counters:
         self.failures[at] = b[:1]
 
     def first_failure(self) -> str | None:
-        """The failure kept by the lowest row that kept one (None: no row did)."""
-        for r in range(self.rows):
-            at = r * FAILURE_BYTES
-            if self.failures[at] != b"\0":
-                raw = bytes(self.failures[at:at + FAILURE_BYTES]).split(b"\0", 1)[0]
-                return raw.decode("utf-8", "replace")
-        return None
+        """The failure kept by the lowest row that kept one (None: no row did). Cheap while
+        none did (one strided read of the rows' first bytes, under a microsecond for 65 rows),
+        as the training process asks at every sample and scheduler tick."""
+        heads = self.failures[::FAILURE_BYTES]
+        r = len(heads) - len(heads.lstrip(b"\0"))  # the first row whose first byte is set
+        if r == len(heads):
+            return None
+        at = r * FAILURE_BYTES
+        raw = bytes(self.failures[at:at + FAILURE_BYTES]).split(b"\0", 1)[0]
+        return raw.decode("utf-8", "replace")

@@ -18,6 +18,7 @@ from headrace.cache import session_ods
 from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget, redact
 from headrace.cache.counters import Counters
 from headrace.cache.epoch_client import EpochCache, EpochClient
+from headrace.cache.failure_log import FailureLog
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.pipeline import Pipeline
 from headrace.planner.cache_partition import (
@@ -124,7 +125,8 @@ class CacheSession:
         self.step_names: list[str] = []
         """The executed steps as ``explain()`` names them, by position (load first)."""
         self._warned: set[str] = set()  # forms found to differ that a warning named
-        self._failure_said = False  # ``warn_failed`` logged the cache's failure
+        self.failures = FailureLog(self.counters)
+        """Logs the first backend failure, once per loader (``cache/failure_log.py``)."""
         self.split: dict[str, float] = {}
         self.closed_epochs: list[CacheStats] = []
         self.dropped = False  # the loader went on without it (``drop``)
@@ -293,7 +295,10 @@ class CacheSession:
         self._epoch_start = self.counters.totals()
 
     def epoch_listener(self, monitor: Any) -> Any:
-        """A ``Monitor.epoch_listeners`` entry that records each closed epoch's numbers."""
+        """A ``Monitor.epoch_listeners`` entry that records each closed epoch's numbers. Also
+        has ``monitor``'s ticks and samples log a failure while the epoch runs
+        (``FailureLog.listen``)."""
+        self.failures.listen(monitor)
         ref = weakref.ref(self)
 
         def closed() -> None:
@@ -346,16 +351,10 @@ class CacheSession:
         )
 
     def warn_failed(self) -> None:
-        """Log once per loader, from the training process at the end of the epoch, the first
-        backend failure a worker or this process kept (``Counters.note_failure``); the later
-        ones are counted only (``CacheStats.errors``)."""
-        if self._failure_said:
-            return
-        text = self.counters.first_failure()
-        if text is not None:
-            self._failure_said = True
-            log.warning("headrace: the cache failed (%s); continuing without it where it fails "
-                        "(counted in stats().last.cache.errors)", redact(text))
+        """Log once per loader, from the training process, the first backend failure a worker
+        or this process kept (``Counters.note_failure``; ``cache/failure_log.py``): at the end
+        of each epoch, and at each tick and sample while it runs (``epoch_listener``)."""
+        self.failures.warn()
 
     def warn_differs(self) -> None:
         """Warn once per form found to differ from what its steps compute (a worker's check,
