@@ -205,7 +205,8 @@ def _flatten(x: Any, ring: Ring | None, leaves: list[Any], in_sequence: bool = F
             leaves.append(a)
             return (_LEAF_ARRAY, "torch", a.dtype.str, a.shape)
     elif t is np.ndarray:  # negative strides: an object leaf, default_collate refuses them
-        if x.dtype.kind in "biufc" and x.dtype.isnative and not negative_axes(x):
+        if x.dtype.kind in "biufc" and x.dtype.isnative and (x.flags.c_contiguous
+                                                               or not negative_axes(x)):
             leaves.append(x)
             return (_LEAF_ARRAY, "np", x.dtype.str, x.shape)
     elif t is dict:

@@ -243,7 +243,8 @@ def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
         a, view = bits
         return RingRef("torch" if view is None else view, w.put(a), a.dtype.str, a.shape)
     numeric = (type(x) is np.ndarray and x.dtype != object and x.dtype.kind in "biufc"
-               and not negative_axes(x))  # its strides kept: default_collate refuses them
+               and (x.flags.c_contiguous or not negative_axes(x)))  # (kept: default_collate
+    # refuses negative strides; the flag first: 50 ns where negative_axes takes 350)
     if numeric and x.nbytes >= MIN_LEAF and w.fits(x.nbytes):
         return RingRef("np", w.put(x), x.dtype.str, x.shape)
     return other(x)

@@ -190,7 +190,7 @@ def encode(x: Any) -> Any:
         # larger tensor such as ``self.data[i]``) to shared memory in place
         return shared_copy(x)
     if type(x) is np.ndarray:  # a subclass (np.matrix, a masked array) pickles as itself
-        axes = negative_axes(x)
+        axes = () if x.flags.c_contiguous else negative_axes(x)  # (the flag: 50 ns, not 350)
         if axes:
             return _Flipped(encode(np.flip(x, axes)), axes)
         if x.nbytes >= INLINE_LIMIT and x.dtype != object and x.dtype.kind in "biufc":
