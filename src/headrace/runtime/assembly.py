@@ -37,7 +37,7 @@ from torch.utils.data._utils import collate as torch_collate
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.ring import Ring, RingRef, tensor_of
 from headrace.runtime.ring import decode as ring_decode
-from headrace.runtime.transport import decode, negative_axes
+from headrace.runtime.transport import decode, steps_back
 
 Spec = tuple[Any, ...]
 """A sample's structure: nested tuples naming containers and leaves (compared with ``==``)."""
@@ -205,8 +205,7 @@ def _flatten(x: Any, ring: Ring | None, leaves: list[Any], in_sequence: bool = F
             leaves.append(a)
             return (_LEAF_ARRAY, "torch", a.dtype.str, a.shape)
     elif t is np.ndarray:  # negative strides: an object leaf, default_collate refuses them
-        if x.dtype.kind in "biufc" and x.dtype.isnative and (x.flags.c_contiguous
-                                                               or not negative_axes(x)):
+        if x.dtype.kind in "biufc" and x.dtype.isnative and not steps_back(x):
             leaves.append(x)
             return (_LEAF_ARRAY, "np", x.dtype.str, x.shape)
     elif t is dict:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from headrace.runtime.parent import parent_gone
-from headrace.runtime.transport import negative_axes, numpy_bits, plain_tensor
+from headrace.runtime.transport import numpy_bits, plain_tensor, steps_back
 
 RING_BYTES = 16 * 1024 * 1024
 """Bytes of one worker's ring where it is allocated up front (start methods other than fork)."""
@@ -243,8 +243,7 @@ def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
         a, view = bits
         return RingRef("torch" if view is None else view, w.put(a), a.dtype.str, a.shape)
     numeric = (type(x) is np.ndarray and x.dtype != object and x.dtype.kind in "biufc"
-               and (x.flags.c_contiguous or not negative_axes(x)))  # (kept: default_collate
-    # refuses negative strides; the flag first: 50 ns where negative_axes takes 350)
+               and not steps_back(x))  # its strides kept: default_collate refuses them
     if numeric and x.nbytes >= MIN_LEAF and w.fits(x.nbytes):
         return RingRef("np", w.put(x), x.dtype.str, x.shape)
     return other(x)
