@@ -166,6 +166,19 @@ def test_a_job_of_short_epochs_still_tries_threads_and_goes_back():
     assert "400 samples/s against 700 on processes" in back.reason
 
 
+def test_one_short_processes_epoch_before_threads_still_gives_the_trial_its_rate():
+    # a review: 2 busy workers decide within half a second, so processes may have run one
+    # 0.6 s epoch only; its window was dropped at the switch and threads stayed for good
+    from headrace.runtime.executor_auto import ExecutorProbes
+
+    threads = choose_executor(0.55, 1.0, workers=2, cores=2)
+    probes = ExecutorProbes()
+    assert probes.after_epoch("processes", 0.6, 700.0, threads) is threads
+    decisions = [probes.after_epoch("threads", 0.6, 400.0, threads) for _ in range(10)]
+    assert decisions[-1] is not None and decisions[-1].executor == "processes"
+    assert "400 samples/s against 700 on processes" in decisions[-1].reason
+
+
 def test_explain_states_the_margin_threads_are_chosen_with():
     # 53% held: 1.9 threads' worth, which "enough for the 2" read as an arithmetic slip
     d = choose_executor(0.53, 1.0, workers=2, cores=2)

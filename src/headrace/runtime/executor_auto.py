@@ -62,6 +62,11 @@ class ExecutorProbes:
             if forced is not None:  # the scheduler ticks no more once the last sample is in
                 return forced
         other = "threads" if executor == "processes" else "processes"
+        samples, seconds = self._windows[other]
+        if other == "processes" and seconds > 0 and self._processes_rate is None:
+            # processes' epochs before the switch, however short: the only rate there is
+            # (2 busy workers decide within half a second: the trial never ran, a review)
+            self._processes_rate = samples / seconds
         self._windows[other] = (0.0, 0.0)  # only consecutive epochs are added up
         self._windows[executor], rate = pooled_rate(self._windows[executor],
                                                     samples_per_s * wall_s, wall_s)
