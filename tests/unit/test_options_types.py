@@ -88,11 +88,23 @@ def test_autoscale_takes_an_autoscale_config(autoscale):
 
 @pytest.mark.parametrize("field, value", [
     ("profile_store", 123), ("sample_timeout_s", "5"), ("slow_lane_share", "x"),
-    ("profile", "no"), ("handoff", "no"), ("reorder", None),
+    ("profile", "no"), ("handoff", "no"), ("reorder", 2),
 ])
 def test_other_fields_name_themselves(field, value):
     with pytest.raises(TypeError, match=rf"{field}="):
         hr.Options(**{field: value})
+
+
+@pytest.mark.parametrize("field, value, kept", [
+    # values that worked before the type checks keep working (a review): switches as
+    # None, NumPy's bools or 0/1 (argparse type=int), numbers of other kinds, a bytes path
+    ("reorder", None, False), ("handoff", np.True_, True), ("profile", 0, False),
+    ("profile", 1, True), ("slow_lane_share", torch.tensor(0.5), 0.5),
+    ("sample_timeout_s", np.float32(2.0), 2.0), ("profile_store", b"/tmp/p.sqlite", "/tmp/p.sqlite"),
+])
+def test_values_that_worked_before_are_taken(field, value, kept):
+    got = getattr(hr.Options(**{field: value}), field)
+    assert got == kept and type(got) is type(kept)
 
 
 @pytest.mark.parametrize("field, value", [("window", "x"), ("percentile", "75"),

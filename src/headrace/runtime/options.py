@@ -9,6 +9,7 @@ import os
 import warnings
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from headrace.cache.config import Cache
@@ -221,15 +222,17 @@ class Options:
                              ("collate_threads", "an int, threads running collate_fn")):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _integer(name, getattr(self, name), wanted))
-        _check_real("slow_lane_share", self.slow_lane_share, "a share of workers in [0, 1]")
+        object.__setattr__(self, "slow_lane_share", _real(
+            "slow_lane_share", self.slow_lane_share, "a share of workers in [0, 1]"))
         if self.sample_timeout_s is not None:
-            _check_real("sample_timeout_s", self.sample_timeout_s, "seconds, or None")
+            object.__setattr__(self, "sample_timeout_s", _real(
+                "sample_timeout_s", self.sample_timeout_s, "seconds, or None"))
         for name in ("handoff", "profile", "reorder"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):  # "no" meant on
-                raise TypeError(f"Options({name}=...) takes True or False, got {value!r}")
+            object.__setattr__(self, name, _switch(name, getattr(self, name)))
         if self.profile_store is None:  # falsy, as it always worked: no store
             object.__setattr__(self, "profile_store", False)
+        if isinstance(self.profile_store, bytes):  # a path as bytes, as os.fspath gives one
+            object.__setattr__(self, "profile_store", os.fsdecode(self.profile_store))
         if not isinstance(self.profile_store, (bool, str, os.PathLike)):
             raise TypeError("Options(profile_store=...) takes True (the user cache directory), "
                             f"False (none) or a path, got {self.profile_store!r}")
@@ -261,12 +264,27 @@ def _integer(name: str, value: Any, wanted: str) -> int:
                         f"{type(value).__qualname__}") from None
 
 
-def _check_real(name: str, value: Any, wanted: str) -> None:
-    """A ``TypeError`` naming the field ``name`` unless ``value`` is a real number (not a
-    bool, not a string such as ``"5"``)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"Options({name}=...) takes {wanted}, got {value!r} of type "
-                        f"{type(value).__qualname__}")
+def _real(name: str, value: Any, wanted: str) -> float:
+    """``value`` as a ``float`` (a number: NumPy's, a 0-d tensor, a ``Decimal``), else a
+    ``TypeError`` naming the field ``name``; a bool and a string such as ``"5"`` are refused
+    (``"5" < 0`` failed deep in the loader)."""
+    if not isinstance(value, (bool, str, bytes)):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"Options({name}=...) takes {wanted}, got {value!r} of type "
+                    f"{type(value).__qualname__}")
+
+
+def _switch(name: str, value: Any) -> bool:
+    """``value`` as a ``bool``: ``True``/``False``, NumPy's bools, 0 and 1, ``None`` (off, as
+    its falsiness always meant); anything else (a string: ``"no"`` meant on) a ``TypeError``
+    naming the field ``name``."""
+    if value is None or isinstance(value, (bool, np.bool_)) or (
+            isinstance(value, numbers.Integral) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"Options({name}=...) takes True or False, got {value!r}")
 
 
 def loader_generator(options: Options, generator: torch.Generator | None
