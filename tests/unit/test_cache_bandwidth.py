@@ -77,3 +77,15 @@ def test_a_held_entry_is_read_about_the_forms_bytes_a_round_within_the_room() ->
     assert held_reads(100_000, 50_000, form) == 1  # (an entry over the room is never read)
     assert held_reads(2048, 10 << 20, 1 << 20) == MAX_READS_PER_ROUND
     assert held_reads(4 << 20, 10 << 20, 1 << 20) == 1
+
+
+def test_a_held_entry_stands_for_a_form_only_with_a_quarter_of_a_probe_round():
+    # compared with one probe value, 64 GETs of a 100-byte entry (6.4 KB) stood for a 4 KiB
+    # form, whose probe rounds move 256 KiB: a round-trip count, 41x under (a review)
+    from headrace.cache.bandwidth import ENTRY_MIN_SHARE, reads_per_round, stands_for
+
+    room = 1 << 30
+    assert 4096 * reads_per_round(4096) * ENTRY_MIN_SHARE > 100 * 64
+    assert not stands_for(100, room, 4096)
+    assert stands_for(100_000, room, 480 << 10)  # a full server of 100 KB entries, 480 KiB forms
+    assert not stands_for(2_000, -1, 1 << 20)  # room unknown: one GET a round

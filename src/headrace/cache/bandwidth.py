@@ -128,6 +128,14 @@ def held_reads(size: int, room: int, nbytes: int) -> int:
     return max(1, min(MAX_READS_PER_ROUND, -(-wanted // max(1, size)), room // max(1, size)))
 
 
+def stands_for(size: int, room: int, nbytes: int) -> bool:
+    """Whether a round of :func:`held_reads` ``GET``s of a held ``size``-byte entry moves
+    ``ENTRY_MIN_SHARE`` of a probe round of ``nbytes`` values (``nbytes`` times
+    :func:`reads_per_round`) or more: compared with one value, a 100-byte entry stood for a
+    4 KiB form's 256 KiB rounds at 1/41 (a review)."""
+    return size * held_reads(size, room, nbytes) >= nbytes * reads_per_round(nbytes) * ENTRY_MIN_SHARE
+
+
 def probe_footprint(nbytes: int) -> int:
     """Bytes a written probe of an ``nbytes`` value occupies in the server at its peak: the
     value twice (its query buffer while it arrives, then the key) and a round's replies."""
@@ -165,7 +173,7 @@ def redis_probe(backend: Any, nbytes: int) -> Probe:
         return Probe(redis_bandwidth(backend, nbytes),
                      f"{PROBE_ROUNDS} rounds of {reads_per_round(nbytes)} pipelined GETs of a "
                      f"{units.size(nbytes)} value from the server")
-    least = int(nbytes * ENTRY_MIN_SHARE)
+    least = int(nbytes * reads_per_round(nbytes) * ENTRY_MIN_SHARE)  # of a probe round
     key, size = _held_entry(backend, room, nbytes)
     if key is None:
         raise RuntimeError(
@@ -184,8 +192,8 @@ def redis_probe(backend: Any, nbytes: int) -> Probe:
 def _held_entry(backend: Any, room: int, nbytes: int) -> tuple[bytes | None, int]:
     """The largest of ``ENTRY_TRIES`` random headrace entries whose value fits ``room``
     (any size where ``room`` is -1, unknown) and of which a round of :func:`held_reads`
-    ``GET``s reads ``ENTRY_MIN_SHARE`` of ``nbytes`` or more, and its bytes; ``(None, 0)`` if
-    none."""
+    ``GET``s reads ``ENTRY_MIN_SHARE`` of a probe round or more (:func:`stands_for`), and its
+    bytes; ``(None, 0)`` if none."""
     from headrace.cache.redis_backend import ENTRY_KEY_LENS, PREFIX
 
     r = backend._r()
@@ -197,8 +205,7 @@ def _held_entry(backend: Any, room: int, nbytes: int) -> tuple[bytes | None, int
         if not key.startswith(PREFIX) or len(key) not in ENTRY_KEY_LENS:
             continue
         size = int(backend._call(lambda k=key: r.strlen(k)))
-        if (size > best[1] and (room < 0 or size <= room)
-                and size * held_reads(size, room, nbytes) >= nbytes * ENTRY_MIN_SHARE):
+        if size > best[1] and (room < 0 or size <= room) and stands_for(size, room, nbytes):
             best = (key, size)
     return best
 
