@@ -27,8 +27,8 @@ def test_str_is_a_few_lines_with_the_numbers():
     text = str(s)  # it was the 46 KB repr: every epoch and 130 queue samples
     lines = text.splitlines()
     assert len(lines) == 6 and len(text) < 1200, text
-    assert lines[0] == ("LoaderStats: 90 epoch(s) recorded, 2 worker(s) now (between epochs, "
-                        "0 unless they persist), 0 worker restart(s), "
+    assert lines[0] == ("LoaderStats: 90 epoch(s) recorded, 2 worker(s) now (0 between epochs "
+                        "unless they persist), 0 worker restart(s), "
                         "hand-off timeout 12.3 ms (75th percentile)")
     assert lines[1] == ("  epoch 0: 64 samples in 4 batches, 0.50 s, 128.0 samples/s, "
                         "stall 25%, 62 fast / 2 slow")

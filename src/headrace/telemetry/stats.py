@@ -201,7 +201,7 @@ class LoaderStats:
         else:
             timeout = f"{1000 * self.timeout_s:.1f} ms ({self.timeout_percentile:g}th percentile)"
         lines = [f"LoaderStats: {len(self.epochs)} epoch(s) recorded, {self.workers} worker(s) "
-                 "now (between epochs, 0 unless they persist), "
+                 "now (0 between epochs unless they persist), "
                  f"{self.worker_restarts} worker restart(s), hand-off timeout {timeout}"]
         shown = list(self.epochs[:1]) + list(self.epochs[max(1, len(self.epochs) - 3):])
         for k, e in enumerate(shown):
