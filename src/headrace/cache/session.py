@@ -353,7 +353,8 @@ class CacheSession:
     def warn_failed(self) -> None:
         """Log once per loader, from the training process, the first backend failure a worker
         or this process kept (``Counters.note_failure``; ``cache/failure_log.py``): at the end
-        of each epoch, and at each tick and sample while it runs (``epoch_listener``)."""
+        of each epoch, and at each tick and every few samples while it runs
+        (``epoch_listener``)."""
         self.failures.warn()
 
     def warn_differs(self) -> None:

@@ -265,9 +265,11 @@ def _integer(name: str, value: Any, wanted: str) -> int:
 
 
 def _real(name: str, value: Any, wanted: str) -> float:
-    """``value`` as a ``float`` (a number: NumPy's, a 0-d tensor, a ``Decimal``), else a
-    ``TypeError`` naming the field ``name``; a bool and a string such as ``"5"`` are refused
-    (``"5" < 0`` failed deep in the loader)."""
+    """``value`` itself if a Python ``int`` or ``float``, else as a ``float`` (a number:
+    NumPy's, a 0-d tensor, a ``Decimal``), else a ``TypeError`` naming the field ``name``; a
+    bool and a string such as ``"5"`` are refused (``"5" < 0`` failed deep in the loader)."""
+    if type(value) in (int, float):  # as given: messages quote it as the user wrote it
+        return value
     if not isinstance(value, (bool, str, bytes)):
         try:
             return float(value)
