@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 import time
@@ -348,3 +349,25 @@ def close_while_next_waits(loader: Any, it: Any, under_way: threading.Event,
     finally:
         closer.join(60)
         assert not closer.is_alive()
+
+
+class LogSaid(logging.Handler):
+    """``said`` is set once the logger ``name`` emits a record whose message contains
+    ``text``: a test waits on it instead of polling the captured log. ``with LogSaid(...)``
+    attaches it and takes it off again."""
+
+    def __init__(self, text: str, name: str = "headrace") -> None:
+        super().__init__(logging.DEBUG)
+        self.text, self.logger = text, logging.getLogger(name)
+        self.said = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.said.set()
+
+    def __enter__(self) -> LogSaid:
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self)

@@ -2,8 +2,8 @@
 warns at), say what is the case, and are not repeated epoch after epoch; a timeout's error is
 not chained to the empty queue it waited on."""
 
+import multiprocessing as mp
 import random
-import time
 import warnings
 
 import numpy as np
@@ -134,19 +134,30 @@ def test_a_corrupt_profile_store_is_said_at_the_loop(tmp_path, no_leaks):
 
 
 class Late(tud.Dataset):
+    """Every sample waits for ``release`` (set by the test once the loader timed out): a
+    step longer than the loader's timeout, for as long as the test needs it."""
+
+    def __init__(self) -> None:
+        self.release = mp.get_context("fork").Event()
+
     def __len__(self) -> int:
         return 4
 
     def __getitem__(self, i: int) -> int:
-        time.sleep(3.0)  # simulated work, longer than the loader's timeout
+        self.release.wait(60)
         return i
 
 
 def test_a_timeout_is_not_chained_to_the_empty_queue_it_waited_on(no_leaks):
     # "During handling of the above exception (_queue.Empty), another exception occurred":
     # two tracebacks where torch shows one (a Ctrl-C in the wait showed the same)
-    loader = hr.DataLoader(Late(), batch_size=2, num_workers=1, timeout=1)
-    with pytest.raises(RuntimeError, match="DataLoader timed out") as info:
-        next(iter(loader))
-    loader.close()
+    late = Late()
+    loader = hr.DataLoader(late, batch_size=2, num_workers=1, timeout=1,
+                           multiprocessing_context="fork")
+    try:
+        with pytest.raises(RuntimeError, match="DataLoader timed out") as info:
+            next(iter(loader))
+    finally:
+        late.release.set()
+        loader.close()
     assert info.value.__context__ is None

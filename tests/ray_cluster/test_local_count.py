@@ -4,12 +4,14 @@ pool starts from is theirs, not the local and remote ones together (``WorkerPool
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import headrace as hr
 from headrace.remote import Remote
 from tests.helpers import ArraySource, ident_collate, jitter
-from tests.ray_cluster.test_remote import ON_CPU_NODES, wait_until
+from tests.ray_cluster.test_remote import ON_CPU_NODES
 
 pytestmark = pytest.mark.ray
 
@@ -55,10 +57,12 @@ def test_the_scaler_records_the_local_workers_it_decided_on(ray_cluster, no_acto
     # recorded the pool's size with the 2 remote workers in it: 1 local worker read as 3
     loader = auto_loader(interval_s=0.05, persistent=True)
     try:
+        decisions = loader.monitor.scaler.decisions
+        decided = threading.Event()  # set by the scheduler thread's tick after a decision
+        loader.monitor.tick_listeners.append(lambda _sched: decisions and decided.set())
         it = iter(loader)
         batches = [next(it)]
-        decisions = loader.monitor.scaler.decisions
-        wait_until(lambda: len(decisions) >= 1)  # taken while this loop holds its batches
+        assert decided.wait(60)  # taken while this loop holds its batches
         batches += list(it)
         assert len(batches) == 12
         assert sum(w.external for w in list(it.pool.workers.values())) == 2

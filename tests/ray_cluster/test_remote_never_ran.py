@@ -18,8 +18,8 @@ import pytest
 
 import headrace as hr
 from headrace.remote.starts import MAX_START_FAILURES
-from tests.helpers import ArraySource, ident_collate
-from tests.ray_cluster.test_remote import ON_CPU_NODES, wait_until
+from tests.helpers import ArraySource, LogSaid, ident_collate
+from tests.ray_cluster.test_remote import ON_CPU_NODES
 
 pytestmark = pytest.mark.ray
 
@@ -59,8 +59,9 @@ def test_workers_that_never_return_a_sample_are_given_up(ray_cluster, no_actor_l
     GO.clear()
     loader = _loader(required=False)
     try:
-        it = iter(loader)
-        wait_until(lambda: given_up(caplog), 60)  # before: replaced once a second for ever
+        with LogSaid(f"{MAX_START_FAILURES} in a row") as log:
+            it = iter(loader)
+            assert log.said.wait(60)  # before: replaced once a second for ever
         GO.set()
         seen = Counter(int(s[0]) for b in it for s in b)
     finally:
@@ -85,8 +86,9 @@ def test_workers_that_never_return_a_sample_fail_a_required_remote(ray_cluster, 
     GO.clear()
     loader = _loader(required=True)
     try:
-        it = iter(loader)
-        wait_until(lambda: given_up(caplog), 60)
+        with LogSaid(f"{MAX_START_FAILURES} in a row") as log:
+            it = iter(loader)
+            assert log.said.wait(60)
         GO.set()
         with pytest.raises(hr.RemoteUnavailableError,
                            match="ended before returning its first sample"):
