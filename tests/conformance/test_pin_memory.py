@@ -26,6 +26,19 @@ def _shut(loader):
         loader._iterator._shutdown_workers()
 
 
+def _warnings_over(loader, epochs: int) -> list[str]:
+    """The warnings' texts over ``epochs`` whole epochs of ``loader`` (each checked), then
+    its persistent workers stopped."""
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(epochs):
+                assert flat(loader) == SQ[:4]
+    finally:
+        _shut(loader)
+    return [str(w.message) for w in seen]
+
+
 def test_pin_memory_without_an_accelerator(Loader, no_leaks):
     with pytest.warns(UserWarning, match="no accelerator is found"):
         got = list(Loader(Squares(4), batch_size=2, num_workers=1, pin_memory=True))
@@ -38,15 +51,7 @@ def test_pin_memory_without_an_accelerator(Loader, no_leaks):
 def test_the_no_accelerator_warning_comes_once_per_iterator_torch_makes(Loader, kw, no_leaks):
     """torch warns when it creates an iterator: at every iter(), but with persistent workers
     once, as one iterator serves every epoch (headrace warned every epoch: a hunt)."""
-    loader = Loader(Squares(4), batch_size=2, pin_memory=True, **kw)
-    try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            for _ in range(3):
-                assert flat(loader) == SQ[:4]
-    finally:
-        _shut(loader)
-    texts = [str(w.message) for w in seen]
+    texts = _warnings_over(Loader(Squares(4), batch_size=2, pin_memory=True, **kw), 3)
     assert sum(NO_ACCELERATOR in t for t in texts) == (1 if kw.get("persistent_workers") else 3)
 
 
@@ -76,16 +81,9 @@ def test_pin_memory_device_is_deprecated_and_ignored(Loader, value, kw, no_leaks
     """torch 2.13 warns, once per iterator it makes, and ignores the value (any: a malformed
     one too); headrace gave no warning. Without pin_memory=True neither reads it."""
     loader = Loader(Squares(4), batch_size=2, pin_memory=True, pin_memory_device=value, **kw)
-    try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            for _ in range(2):
-                assert flat(loader) == SQ[:4]
-    finally:
-        _shut(loader)
     once = [_deprecated(value), NO_ACCELERATOR]
-    texts = [str(w.message)[:len(NO_ACCELERATOR)] if NO_ACCELERATOR in str(w.message)
-             else str(w.message) for w in seen]
+    texts = [t[:len(NO_ACCELERATOR)] if NO_ACCELERATOR in t else t
+             for t in _warnings_over(loader, 2)]
     assert texts == (once if kw.get("persistent_workers") else once * 2)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

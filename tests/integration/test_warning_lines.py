@@ -87,14 +87,19 @@ def test_an_empty_epoch_is_warned_of_once_per_loader_at_the_loop(workers, no_lea
     assert [(e.samples, e.skipped_samples) for e in loader.stats().epochs] == [(0, 4)] * 3
 
 
+def _state_after_a_batch(loader: hr.DataLoader) -> dict:
+    """``loader``'s state dict after its first batch, its iterator left; the loader closed."""
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    loader.close()
+    return state
+
+
 def test_a_resume_with_other_settings_is_said_at_load_state_dict_as_such(no_leaks):
     # it named headrace/runtime/loader.py, and said "saved by other code" of a batch_size
-    first = hr.DataLoader(Values(), batch_size=4)
-    it = iter(first)
-    next(it)
-    state = first.state_dict()
-    del it
-    first.close()
+    state = _state_after_a_batch(hr.DataLoader(Values(), batch_size=4))
     second = hr.DataLoader(Values(), batch_size=8)
     with pytest.warns(UserWarning, match="saved with other settings") as caught:
         second.load_state_dict(state)
@@ -105,11 +110,7 @@ def test_a_resume_with_other_settings_is_said_at_load_state_dict_as_such(no_leak
 
 
 def test_an_iterable_datasets_mid_epoch_state_is_said_at_load_state_dict(no_leaks):
-    first = hr.DataLoader(Stream(), batch_size=4)
-    it = iter(first)
-    next(it)
-    state = first.state_dict()
-    del it
+    state = _state_after_a_batch(hr.DataLoader(Stream(), batch_size=4))
     second = hr.DataLoader(Stream(), batch_size=4)
     with pytest.warns(hr.IterablePositionWarning) as caught:
         second.load_state_dict(state)

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -21,23 +23,21 @@ def _key(i: int) -> bytes:
     return NS + i.to_bytes(8, "big")
 
 
-def test_a_write_with_no_pages_left_waits_for_the_reader_that_holds_them() -> None:
-    # A reader thread inside get() holds its snapshot; every page freed after it stays in use
-    # and LMDB takes new ones until the file is at its limit, with a few entries in it. take()
-    # raised MDB_MAP_FULL there (4 threads, an 8 MiB store: 185-768 times in 5 s). Now it is a
-    # miss while the reader stays, and once the reader can leave (here: as soon as the writer
-    # lets go of the GIL), the take that found no pages is served after it left.
+@contextlib.contextmanager
+def _reader_inside() -> Iterator[tuple[LmdbStore, list[bytes], threading.Event,
+                                      threading.Thread]]:
+    """A store of 300 entries of 500 bytes and a reader thread inside ``get()`` of entry 0,
+    its snapshot held until ``release`` is set; yields (store, entries, release, reader)."""
     path = os.path.join(memory_backend.make_dir(), "s")
     store = LmdbStore(path, BUDGET)
     inside, release = threading.Event(), threading.Event()
 
     def hold(buf: memoryview) -> bytes:  # a reader inside get(): its snapshot stays
         inside.set()
-        release.wait(60)
+        release.wait(120)
         return bytes(buf)
 
     reader = threading.Thread(target=store.get, args=(_key(0), hold))
-    switch = sys.getswitchinterval()
     try:
         store.set_budgets({"augmented": BUDGET})
         blobs = [os.urandom(500) for _ in range(300)]
@@ -45,6 +45,22 @@ def test_a_write_with_no_pages_left_waits_for_the_reader_that_holds_them() -> No
             assert store.put(_key(i), "augmented", blob, [NS]) == "stored"
         reader.start()
         assert inside.wait(60)
+        yield store, blobs, release, reader
+    finally:
+        release.set()
+        if reader.ident is not None:
+            reader.join(60)
+        memory_backend.remove_dir(os.path.dirname(path))
+
+
+def test_a_write_with_no_pages_left_waits_for_the_reader_that_holds_them() -> None:
+    # A reader thread inside get() holds its snapshot; every page freed after it stays in use
+    # and LMDB takes new ones until the file is at its limit, with a few entries in it. take()
+    # raised MDB_MAP_FULL there (4 threads, an 8 MiB store: 185-768 times in 5 s). Now it is a
+    # miss while the reader stays, and once the reader can leave (here: as soon as the writer
+    # lets go of the GIL), the take that found no pages is served after it left.
+    switch = sys.getswitchinterval()
+    with _reader_inside() as (store, blobs, release, reader):
         # takes free pages the reader's snapshot holds, until the file nears its limit
         i = 1
         while store.mapped_bytes() < store.map_size - 16 * PAGE:
@@ -59,20 +75,17 @@ def test_a_write_with_no_pages_left_waits_for_the_reader_that_holds_them() -> No
         # of it (no forced switch in between): when a take's delete finds no page, it waits
         # for the reader, which leaves, and is served
         sys.setswitchinterval(1.0)
-        for j in range(i, i + 40):
-            assert store.take(_key(j), "augmented", release_then_read) == blobs[j]
-        sys.setswitchinterval(switch)
+        try:
+            for j in range(i, i + 40):
+                assert store.take(_key(j), "augmented", release_then_read) == blobs[j]
+        finally:
+            sys.setswitchinterval(switch)
         assert store.waits_given_up == 0
         reader.join(60)
         assert store.get(_key(i), bytes) is None  # taken: served once
         assert store.put(_key(i), "augmented", blobs[i], [NS]) == "stored"
         assert store.usage()["augmented"] == store.scan_bytes() <= BUDGET
         assert store.mapped_bytes() <= store.map_size
-    finally:
-        sys.setswitchinterval(switch)
-        release.set()
-        reader.join(60)
-        memory_backend.remove_dir(os.path.dirname(path))
 
 
 def test_a_reader_that_stays_is_waited_for_once_not_at_every_write() -> None:
@@ -81,23 +94,7 @@ def test_a_reader_that_stays_is_waited_for_once_not_at_every_write() -> None:
     # (0.25 s) for it under the write lock: a review's repro, 299 takes in 56 s, 225 of them
     # waiting. The snapshot waited for once is not waited for again: those takes are misses
     # at once (the entries kept), and only one write waits.
-    path = os.path.join(memory_backend.make_dir(), "s")
-    store = LmdbStore(path, BUDGET)
-    inside, release = threading.Event(), threading.Event()
-
-    def hold(buf: memoryview) -> bytes:
-        inside.set()
-        release.wait(120)
-        return bytes(buf)
-
-    reader = threading.Thread(target=store.get, args=(_key(0), hold))
-    try:
-        store.set_budgets({"augmented": BUDGET})
-        blobs = [os.urandom(500) for _ in range(300)]
-        for i, blob in enumerate(blobs):
-            assert store.put(_key(i), "augmented", blob, [NS]) == "stored"
-        reader.start()
-        assert inside.wait(60)
+    with _reader_inside() as (store, blobs, release, reader):
         served = [store.take(_key(i), "augmented", bytes) for i in range(1, 300)]
         missed = [i for i, v in enumerate(served, 1) if v is None]
         assert len(missed) > 100  # the file is at its limit: most takes find no pages
@@ -110,10 +107,6 @@ def test_a_reader_that_stays_is_waited_for_once_not_at_every_write() -> None:
         assert store.take(_key(missed[0]), "augmented", bytes) == blobs[missed[0]]
         assert store.put(_key(1), "augmented", blobs[1], [NS]) == "stored"
         assert store.usage()["augmented"] == store.scan_bytes() <= BUDGET
-    finally:
-        release.set()
-        reader.join(60)
-        memory_backend.remove_dir(os.path.dirname(path))
 
 
 def test_threads_putting_getting_and_taking_meet_no_lmdb_error() -> None:
