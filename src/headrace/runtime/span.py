@@ -84,27 +84,23 @@ def all_settled(loader: DataLoader, it: Any) -> bool:
     return _whole(epoch_positions(loader, it), it.delivered.count + it.settled_undelivered())
 
 
-def at_end(loader: DataLoader, it: Any, read_ahead: bool = True) -> bool:
+def at_end(loader: DataLoader, it: Any) -> bool:
     """:func:`all_settled`, and the sampler read to its end (``num_workers=0`` reads it one
     group at a time: its end is read here, as the ``next()`` that ends the epoch would), so
     the state between epochs gives the next epoch the order it would have had. A sampler that
     gave more than its ``__len__`` said is read here too once every position it gave is
     settled: its end may be next, and a state at its last batch is then the one between
-    epochs, as with a length that is right (not read, it resumed an empty epoch there);
-    ``read_ahead=False`` (``loader.close()`` halting the epoch: ``halt_unfinished``): not that
-    one, the next ``next()`` reads it (``EpochBase.halting``); the close's record of the epoch
-    (``loader._abandoned``, also after ``break``) reads it, so a state after the last batch is
-    between epochs (without it, the resumed run trained an empty epoch: a review). A sampler yielding fewer positions
-    than its ``__len__`` (an undersampler) is not read ahead for its end before its deliveries
-    reach that length: reading the sampler at every ``state_dict()`` changed what a sampler
-    drawing from the global generators as it goes gave, and the loop's own draws (a review);
-    so its state at its last batch is inside the epoch without workers, and its resume is the
-    rest of that epoch, empty (docs/reliability.md)."""
+    epochs, as with a length that is right (not read, it resumed an empty epoch there). A
+    sampler yielding fewer positions than its ``__len__`` (an undersampler) is not read ahead
+    before its deliveries reach that length: reading it at every ``state_dict()`` changed what
+    a sampler drawing from the global generators as it goes gave, and the loop's own draws (a
+    review); its state at its last batch without workers is inside the epoch, whose resumed
+    rest is empty (docs/reliability.md), and a ``close()`` there leaves the read to the next
+    ``next()`` (``EpochBase.halting``)."""
     if batches_owed(it):  # a DDP rank's padding is part of its epoch (runtime/padding.py)
         return False
     read_end = getattr(it, "read_end", None)
-    if not all_settled(loader, it) and not (read_ahead and read_end is not None
-                                            and _past_length(loader, it)):
+    if not all_settled(loader, it) and not (read_end is not None and _past_length(loader, it)):
         return False
     return read_end is None or bool(read_end())
 
@@ -155,16 +151,16 @@ def batches_left(loader: DataLoader, epoch: Any) -> int:
 
 def halt_unfinished(loader: DataLoader, epoch: Any, *why: str) -> None:
     """Before ``close()`` or ``load_state_dict()`` closes the running ``epoch``: unless it is
-    :func:`at_end` (not read ahead: where the sampler may end next, the next ``next()`` reads
-    it, ``EpochBase.halting``), its later ``next()`` calls raise ``LoaderClosedError`` (``why``: what closed it
-    and what to do, ``EpochBase.halting``'s defaults otherwise). It went by
+    :func:`at_end` (where an undersampler may end next, the next ``next()`` reads it:
+    ``EpochBase.halting``), its later ``next()`` calls raise ``LoaderClosedError`` (``why``:
+    what closed it and what to do, ``EpochBase.halting``'s defaults otherwise). It went by
     :func:`all_settled` alone: an oversampler closed at its last batch, its end not read yet,
     raised ``LoaderClosedError``; one closed where its deliveries reached its ``__len__``,
     half of it still to come, ended with a ``StopIteration`` (``num_workers=0``). A DDP rank's
     epoch closed with padding still owed (:func:`batches_owed`) is halted too: its padding
     wrapper went on repeating batches after ``close()`` or ``load_state_dict()`` (a review)."""
     if epoch is not None and (not epoch.closed or batches_owed(epoch)) \
-            and not at_end(loader, epoch, read_ahead=False):
+            and not at_end(loader, epoch):
         epoch.halting(epoch_positions(loader, epoch), length_or_none(loader), *why,
                       sized=total_positions(loader) is not None)
 
