@@ -198,15 +198,15 @@ def encode(x: Any) -> Any:
         # larger tensor such as ``self.data[i]``) to shared memory in place
         return shared_copy(x)
     if type(x) is np.ndarray:  # a subclass (np.matrix, a masked array) pickles as itself
-        axes = negative_axes(x) if steps_back(x) else ()
-        if axes:
+        if steps_back(x):
+            axes = negative_axes(x)
             return _Flipped(encode(np.flip(x, axes)), axes)
         if x.nbytes >= INLINE_LIMIT and x.dtype != object and x.dtype.kind in "biufc":
             if not x.flags.writeable:  # e.g. np.asarray(PIL image); torch wants writable memory
                 return _Shm("np", torch.from_numpy(np.array(x)))  # a private copy: torch may move it
             # a fresh shared copy, as for a tensor: torch's reductions would otherwise move
             # (or, already shared, hand over) memory the sender keeps and may fill again
-            return _Shm("np", shared_copy(torch.from_numpy(np.ascontiguousarray(x))))
+            return _Shm("np", shared_copy(torch.from_numpy(x)))  # (one copy, strided too)
         # pickled when its message is sent, which may be after the sender filled it again
         return x if x.dtype == object else x.copy(order="K")
     if isinstance(x, (bytes, bytearray)):
