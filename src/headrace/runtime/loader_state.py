@@ -3,7 +3,6 @@ what they promise); an ``IterableDataset``'s are ``runtime/iterable_dataset.py``
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from headrace.pipeline.fingerprint import source_fingerprint, step_digests
@@ -18,6 +17,7 @@ from headrace.runtime import (
 )
 from headrace.runtime import span as epoch_span
 from headrace.runtime.lightning_loops import restored_at_epoch_end, unloaded_state
+from headrace.user_frame import warn
 
 if TYPE_CHECKING:
     from headrace.runtime.loader import DataLoader
@@ -106,15 +106,14 @@ def warn_seeding_changes(state: dict[str, Any], persistent_workers: bool, in_epo
     setting, as torch's would. It resumed silently, later epochs' samples differing."""
     changed = state_checks.seeding_changes(state, bool(persistent_workers))
     if changed:
-        warnings.warn(
+        warn(
             "headrace: resuming a state dict saved with other settings (" + "; ".join(changed)
             + "). " + ("The rest of the saved epoch is restored exactly; the epochs after it"
                        if in_epoch else "The next epochs")
             + " draw the workers' base seed as this loader's persistent_workers says (once "
             "when the workers persist, at every epoch otherwise, as torch), so their samples' "
             "random content, and an order drawn from the loader's generator, differ from the "
-            "saved run's. Resume with the saved setting to continue that run exactly",
-            UserWarning, stacklevel=4)
+            "saved run's. Resume with the saved setting to continue that run exactly")
 
 
 def identity(loader: DataLoader, steps: tuple[str, ...]) -> checkpoint.Identity:

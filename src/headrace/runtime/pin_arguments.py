@@ -19,7 +19,6 @@ which ``BufferPool`` takes for CUDA torn down: no pinned buffer was reused, sile
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -29,15 +28,10 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.pinning import host_memory_for
+from headrace.user_frame import warn
 
 if TYPE_CHECKING:
     from headrace.runtime.loader import DataLoader
-
-_STACKLEVEL = 5
-"""Frames from :func:`pin_fn`'s ``warnings.warn`` to the user's ``iter()`` (``pin_fn`` ←
-``epochs.make_iterator`` ← ``epochs.start_epoch`` ← ``DataLoader.__iter__`` ← the user), so a
-warning names the user's line, not headrace's."""
-
 
 def torch_iterator_is_new(loader: DataLoader) -> bool:
     """Whether torch's DataLoader would create a new iterator for this ``iter()`` (and warn
@@ -51,10 +45,8 @@ def torch_iterator_is_new(loader: DataLoader) -> bool:
 def warn_deprecated_device(loader: DataLoader) -> None:
     """torch's warning for ``pin_memory_device`` given with ``pin_memory=True`` (its words)."""
     if loader.pin_memory and loader.pin_memory_device:
-        warnings.warn(
-            "pin_memory_device is deprecated, the current accelerator will be used as the device,"
-            f"ignore pin_memory_device='{loader.pin_memory_device}'.",
-            UserWarning, stacklevel=_STACKLEVEL + 1)
+        warn("pin_memory_device is deprecated, the current accelerator will be used as the "
+             f"device,ignore pin_memory_device='{loader.pin_memory_device}'.")
 
 
 def pin_fn(loader: DataLoader) -> Callable[[Any], Any] | None:
@@ -68,14 +60,12 @@ def pin_fn(loader: DataLoader) -> Callable[[Any], Any] | None:
         return None
     if not torch.accelerator.is_available():
         if new:
-            warnings.warn(  # torch's own words, at the same moment (iterator creation)
-                "'pin_memory' argument is set as true but no accelerator is found, "
-                "then device pinned memory won't be used.",
-                UserWarning, stacklevel=_STACKLEVEL)
+            warn("'pin_memory' argument is set as true but no accelerator is found, "  # torch's
+                 "then device pinned memory won't be used.")  # words, at iterator creation
         return None
     device, unused = pin_device(loader.pin_memory_device, loader._device)
     if unused is not None and new:
-        warnings.warn(unused, UserWarning, stacklevel=_STACKLEVEL)
+        warn(unused)
     memory = host_memory_for(device) if device is not None else None
     if memory is not None and not loader._buffers.pinned:
         loader._buffers = BufferPool(memory=memory)  # batches assembled in pinned memory
