@@ -68,7 +68,8 @@ class Counters:
     def first_failure(self) -> str | None:
         """The failure kept by the lowest row that kept one (None: no row did). Cheap while
         none did (one strided read of the rows' first bytes, under a microsecond for 65 rows),
-        as the training process asks at every sample and scheduler tick."""
+        as the training process asks at every scheduler tick and every few samples
+        (``cache/failure_log.py``)."""
         heads = self.failures[::FAILURE_BYTES]
         r = len(heads) - len(heads.lstrip(b"\0"))  # the first row whose first byte is set
         if r == len(heads):

@@ -56,7 +56,7 @@ class Progress:
     stop. ``order_broke[slot]``: 1 + the executed position of the first step the slot's
     workers saw break AutoOrder's order (0: none; ``runtime/order_watch.py``).
     ``kept``: per step position, whether a worker said it kept a sample after that step
-    (``runtime/kept_said.py``: shared by all slots, with a lock; None: each worker process
+    (``runtime/kept_said.py``: shared by all slots, no lock; None: each worker process
     says it once).
     """
 
