@@ -5,6 +5,7 @@ import io
 import os
 import re
 import signal
+import time
 import weakref
 from collections import Counter
 
@@ -15,6 +16,7 @@ import torch
 from PIL import Image
 
 import headrace as hr
+from headrace.runtime.deaths import exit_code
 from tests.helpers import (
     FailingDataset,
     HangingDataset,
@@ -113,6 +115,27 @@ def test_a_worker_dying_in_a_step_names_the_step_the_workers_and_the_signal(no_l
     warnings = [r.getMessage() for r in caplog.records if "died (" in r.getMessage()]
     assert warnings and all("in step 'decode' on sample index 13" in w for w in warnings), warnings
     assert all("indices [" in w and "13" in w.split("indices [")[1] for w in warnings), warnings
+
+
+def _closes_then_dies(conn) -> None:
+    conn.close()  # the result pipe's EOF, as a dying worker's descriptors close
+    time.sleep(0.2)  # simulated work: the process's exit, after its descriptors closed
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_dead_workers_exit_code_is_read_once_it_can_be_collected():
+    """A worker's result pipe reaches EOF before its parent can collect its exit status: the
+    death was seen there and its exit code read at once, ``None`` (a loaded CI run: "the last
+    exit code unknown: code in the step ended the process" for a SIGKILLed worker)."""
+    ctx = torch.multiprocessing.get_context("fork")
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_closes_then_dies, args=(writer,), daemon=True)
+    proc.start()
+    writer.close()
+    with pytest.raises(EOFError):
+        reader.recv()
+    assert exit_code(proc) == -signal.SIGKILL
+    reader.close()
 
 
 def test_an_epoch_left_after_a_worker_death_error_has_stopped_its_workers(no_leaks):

@@ -78,7 +78,7 @@ class Deaths:
         step = self.pool.progress.step[w.slot] if running != -1 else None  # where it died
         hung = self._hung.pop(w.slot, None)
         w.assigned.clear()
-        exitcode = w.process.exitcode
+        exitcode = exit_code(w.process)
         if w.external:  # a backend's worker: its backend said why it ended (remote/: lost, or
             # never started, remote/starts.py); "died (exit code 0)" said neither
             log.info("headrace worker %d ended%s; re-running %d sample(s)", w.slot,
@@ -114,6 +114,21 @@ class Deaths:
             return ""
         name = step_name(self.pool.pipeline.step_names, step)
         return (f" in step {name!r}" if name is not None else "") + f" on sample index {rec.index}"
+
+
+EXIT_WAIT_S = 1.0
+"""Seconds a worker seen dead is waited for to become its parent's to reap. A worker's result
+pipe reaches EOF as its process closes its descriptors, before the kernel lets the parent
+collect its exit status: read at once, a SIGKILLed worker's exit code was ``None`` ("exit code
+unknown: code in the step ended the process", in a loaded CI run). Once its sentinel is
+readable the wait is immediate."""
+
+
+def exit_code(process: Any) -> int | None:
+    """The exit code of a worker process seen dead (its result pipe closed, or its sentinel
+    readable), once it can be collected (at most ``EXIT_WAIT_S``); None if it could not."""
+    process.join(EXIT_WAIT_S)
+    return process.exitcode
 
 
 SHOWN = 8
