@@ -12,6 +12,7 @@ import pytest
 import torch.utils.data as tud
 
 import headrace as hr
+from headrace.runtime.loader_arguments import unused_by_iterable
 
 
 class Stream(tud.IterableDataset):
@@ -97,4 +98,4 @@ def test_defaults_and_switches_turned_off_warn_nothing(options):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hr.DataLoader(Stream(), batch_size=4, options=options)
-    assert hr.runtime.options.unused_by_iterable(options) == []
+    assert unused_by_iterable(options) == []

@@ -1,7 +1,7 @@
 """``Options(seed=)`` and torch's ``generator=`` keyword given together
-(``runtime/options.py``'s ``loader_generator``): the generator is the loader's, and a warning says
-that the seed is not used, where they differ; a loader rebuilt from its attributes (the generator
-its seed made, and its options) warns nothing. In the training process (no workers)."""
+(``runtime/loader_arguments.py``'s ``loader_generator``): the generator is the loader's, and a
+warning says that the seed is not used, where they differ; a loader rebuilt from its attributes
+(the generator its seed made, and its options) warns nothing. In the training process (no workers)."""
 
 from __future__ import annotations
 

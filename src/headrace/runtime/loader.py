@@ -45,8 +45,9 @@ from headrace.runtime import span as epoch_span
 from headrace.runtime.bufferpool import BufferPool
 from headrace.runtime.collate_rng import CollatePlace
 from headrace.runtime.executor_auto import threads_blocked
+from headrace.runtime.loader_arguments import check_arguments, loader_generator
 from headrace.runtime.monitor import Monitor
-from headrace.runtime.options import AutoWorkers, Options, check_arguments, loader_generator
+from headrace.runtime.options import AutoWorkers, Options
 from headrace.runtime.planning import Planning
 from headrace.runtime.pool import WorkerPool
 from headrace.telemetry.stats import EpochStats, LoaderStats

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def normalised(num_workers: Any, options: Options, iterable: bool) -> Any:
     """``num_workers`` as a loader keeps it: ``"auto"`` an ``AutoWorkers`` (over an
     ``IterableDataset`` the fixed count torch's iterator runs), NumPy's integers an ``int``;
-    anything else as given, for torch's checks and ``options.check_arguments``."""
+    anything else as given, for torch's checks and ``loader_arguments.check_arguments``."""
     if isinstance(num_workers, str):
         if num_workers != "auto":
             raise TypeError(  # as torch's DataLoader (its num_workers < 0 check)
