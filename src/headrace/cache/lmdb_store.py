@@ -25,20 +25,10 @@ is tried once more (after clearing the read slots of processes gone: a worker ki
 evictions instead of answering "full"). Readers are safe throughout: LMDB reuses no page a
 reader's snapshot can see, and ``get`` decodes (copies) inside its read transaction.
 
-Readers that lag: a page freed while a reader's snapshot is older is not reused until that
-reader leaves, so LMDB takes new pages at the end of the file instead, which the pages the
-entries hold (``_pages_held``) do not show. Worker threads (``executor="threads"``) read and
-write one environment in one process: a reader that lost the GIL inside ``get`` keeps its
-snapshot while a writer holding the GIL commits hundreds of transactions (a bug hunt: 4
-threads putting, getting and taking entries of 200-1,500 bytes on an 8 MiB store filled the
-file with 0.5 MB of entries, and ``take`` raised ``MDB_MAP_FULL``, 768 times in 5 s). So a
-write that LMDB finds no pages for waits until no reader's snapshot predates the last commit
-(``_wait_for_readers``: it sleeps, which lets a reader thread waiting for the GIL run and
-leave; at most ``READERS_WAIT_S``) and is tried once more; a ``put`` still without pages is
-"full", and a ``take`` whose delete finds none is a miss: the entry stays (a stale namespace's
-entry is evicted later), and is not served, so that it is not served twice. A snapshot still
-held at the end of a wait is not waited for again (a stopped process's reader made every such
-write wait, under the write lock: 225 of 299 takes, 0.25 s each).
+Readers that lag (``lmdb_readers``): a write that LMDB finds no pages for waits until no
+reader's snapshot predates the last commit, and is tried once more; a ``put`` still without
+pages is "full", and a ``take`` whose delete finds none is a miss: the entry stays (a stale
+namespace's entry is evicted later), and is not served, so that it is not served twice.
 
 When an entry does not fit, entries of namespaces no longer live (a changed prefix after
 AutoOrder, an earlier epoch of a seeded form) are evicted first; live entries are never
@@ -57,11 +47,10 @@ environment, and one after the cache closed for good raises ``lmdb_envs.StoreClo
 from __future__ import annotations
 
 import struct
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from headrace.cache import lmdb_envs
+from headrace.cache import lmdb_envs, lmdb_readers
 from headrace.cache.lmdb_envs import PAGE, write_lock
 
 NODE_MAX = 2000
@@ -78,20 +67,7 @@ RESERVE_FRACTION = 1 / 4
 copies on write (and LMDB's free list records) are found there when the file is at its
 limit, so that evictions and ``take`` never fail for want of pages."""
 
-READERS_WAIT_S = 0.25
-"""The longest a write that found no pages waits for readers to leave older snapshots
-(seconds): a thread waiting for the GIL leaves within a few switch intervals (5 ms each), a
-process's reader as soon as it runs; one still inside then (a stopped process) is not waited
-for longer, nor by later writes while it holds that snapshot, and the write answers as when
-full."""
-READERS_POLL_S = 0.0005
-"""How often that wait looks at LMDB's reader table (seconds)."""
-
 _U64 = struct.Struct("<Q")
-
-_given_up: dict[str, set[tuple[str, str, int]]] = {}
-"""Per store path, the readers' snapshots (``_snapshots``) a wait of this process ended with
-still held: not waited for again while they stay. Used under ``write_lock``."""
 
 
 def entry_cost(key_len: int, value_len: int) -> int:
@@ -237,29 +213,10 @@ class LmdbStore:
             return "stored"
 
     def _wait_for_readers(self, env: Any) -> bool:
-        """Clear the read slots of processes gone, then wait (at most ``READERS_WAIT_S``)
-        until every reader whose snapshot predates the last commit left (later ones see it), so
-        that LMDB may reuse the pages freed before it; True when a reader held such a snapshot
-        (or a slot was cleared). A snapshot still held when the wait ends is not waited for
-        again (``_given_up``; module docstring)."""
-        cleared = bool(env.reader_check())
-        last = env.info()["last_txnid"]
-        deadline = None
-        while True:
-            held = _snapshots(env)
-            given_up = _given_up.pop(self.path, set()) & held  # those that left are forgotten
-            if given_up:
-                _given_up[self.path] = given_up
-            lagging = {s for s in held if s[2] < last} - given_up
-            if not lagging:
-                return cleared or deadline is not None
-            if deadline is None:
-                deadline = time.monotonic() + READERS_WAIT_S
-            elif time.monotonic() > deadline:
-                _given_up[self.path] = given_up | lagging
-                self.waits_given_up += 1
-                return True
-            time.sleep(READERS_POLL_S)  # the GIL too: a reader thread waiting for it leaves
+        """``lmdb_readers.wait``, counting a wait given up (``waits_given_up``)."""
+        found, gave_up = lmdb_readers.wait(env, self.path)
+        self.waits_given_up += gave_up
+        return found
 
     def _evict_all_stale(self, env: Any, data: Any, meta: Any, live: set[bytes]) -> bool:
         """Evict every entry of a namespace not in ``live``, in a transaction of its own, then
@@ -390,11 +347,3 @@ def _pages_held(txn: Any, data: Any, meta: Any) -> int:
         st = txn.stat(db)
         held += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
     return held
-
-
-def _snapshots(env: Any) -> set[tuple[str, str, int]]:
-    """``(pid, thread, txnid)`` of every reader of ``env``, of any process, inside a
-    transaction (``txnid``: the LMDB transaction id of its snapshot). From LMDB's reader table,
-    whose lines read ``pid thread txnid`` (``-`` for a slot not in a transaction)."""
-    rows = (line.split() for line in env.readers().splitlines()[1:])
-    return {(f[0], f[1], int(f[2])) for f in rows if len(f) == 3 and f[2] != "-"}
