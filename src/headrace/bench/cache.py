@@ -16,7 +16,8 @@ accelerator: this measures the input pipeline):
   the jobs share entries but a miss stays a miss; with ODS (``Cache(ods=True)``, Seneca
   §5.2) a miss is replaced by a cached sample the job has not seen this epoch, and an entry is
   evicted once all three used it, freeing room for the next sample a job computes. Seneca
-  reports 54% hit rate with 20% cached by three jobs.
+  reports 54% hit rate with 20% cached by three jobs. Those rows run in
+  :mod:`headrace.bench.cache_jobs`, which names a crashed job and leaves its round out.
 
 Writes ``cache_results.json`` and ``cache_results.md``. Never run as a test (timings).
 """
@@ -26,12 +27,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from headrace.bench.cache_jobs import concurrent_rows, crash_line
 
 SPLITS = ({"encoded": 1.0}, {"decoded": 1.0}, {"encoded": 0.5, "decoded": 0.5})
 """Splits of the 20% budget measured beside MDP's prediction."""
@@ -141,78 +144,9 @@ def headrace_row(w: Any, epochs: int, label: str, cache: Any) -> dict[str, Any]:
     return row
 
 
-def _job(args: list[str]) -> None:
-    """One of the concurrent jobs (run in its own process): prints its row as JSON."""
-    samples, workers, epochs, url, budget, kind, cache_dir = args
-    w = _workload(int(samples), int(workers), cache_dir or None)
-    if kind == "torch":
-        row = torch_row(w, int(epochs))
-    else:
-        import headrace as hr
-
-        row = headrace_row(w, int(epochs), "job", hr.Cache(url=url, budget_bytes=int(float(budget)),
-                                                            split={"decoded": 1.0},
-                                                            ods=kind == "headrace-ods"))
-    print("ROW " + json.dumps(row))
-
-
-def concurrent_rows(samples: int, workers: int, epochs: int, url: str, budget: float,
-                    cache_dir: str | None, rounds: int = 1) -> list[dict[str, Any]]:
-    """The three-job rows, ``rounds`` times each, interleaved (round ``k`` starts ``k`` kinds
-    later, so drift of the machine hits every kind alike); a row's samples/s and hit rate
-    are the median over its rounds, with each round's values beside them."""
-    kinds = ("torch", "headrace", "headrace-ods")
-    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
-    for k in range(rounds):
-        for kind in kinds[k % len(kinds):] + kinds[:k % len(kinds)]:
-            runs[kind].append(_concurrent_round(kind, samples, workers, epochs, url, budget,
-                                                cache_dir))
-    labels = {"torch": "3 torch jobs", "headrace": "3 headrace jobs, Redis 20%",
-              "headrace-ods": "3 headrace jobs, Redis 20%, ODS"}
-    out = []
-    for kind in kinds:
-        rs = runs[kind]
-        row: dict[str, Any] = {
-            "row": labels[kind],
-            "samples_per_s": float(np.median([r["samples_per_s"] for r in rs])),
-            "rounds_samples_per_s": [r["samples_per_s"] for r in rs],
-            "jobs": [r["jobs"] for r in rs], "wall_s": [r["wall_s"] for r in rs]}
-        if kind != "torch":
-            row["hit_rate"] = float(np.median([r["hit_rate"] for r in rs]))
-            row["rounds_hit_rate"] = [r["hit_rate"] for r in rs]
-            row["substituted"] = int(np.median([r["substituted"] for r in rs]))
-        out.append(row)
-    return out
-
-
-def _concurrent_round(kind: str, samples: int, workers: int, epochs: int, url: str,
-                      budget: float, cache_dir: str | None) -> dict[str, Any]:
-    """Three jobs of ``kind`` at once (separate processes), from an empty cache."""
-    if kind != "torch":
-        import redis
-
-        redis.Redis.from_url(url).flushdb()
-    t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-m", "headrace.bench.cache", "--job",
-                               str(samples), str(workers), str(epochs), url, str(budget),
-                               kind, cache_dir or ""], stdout=subprocess.PIPE, text=True)
-             for _ in range(3)]
-    rows = []
-    for p in procs:
-        stdout, _ = p.communicate()
-        rows += [json.loads(line[4:]) for line in stdout.splitlines() if line.startswith("ROW ")]
-    out: dict[str, Any] = {"samples_per_s": sum(r["samples_per_s"] for r in rows),
-                           "jobs": rows, "wall_s": time.perf_counter() - t0}
-    if kind != "torch" and rows:
-        out["hit_rate"] = float(np.mean([r.get("hit_rate", 0.0) for r in rows]))
-        out["substituted"] = sum(r.get("substituted", 0) for r in rows)
-    return out
-
-
 def _start_redis() -> tuple[Any, str]:
     import shutil
     import socket
-    import tempfile
 
     exe = shutil.which("redis-server")
     if exe is None:
@@ -281,6 +215,9 @@ def run(out_dir: str, samples: int, workers: int, epochs: int, redis_url: str | 
         proc, url = (None, redis_url) if redis_url else _start_redis()
         try:
             rows += concurrent_rows(samples, workers, epochs, url, part, cache_dir, rounds)
+            for r in rows:
+                for c in r.get("crashed", []):
+                    log(f"{r['row']}: {crash_line(c)}")
         finally:
             if proc is not None:
                 proc.kill()
@@ -299,6 +236,10 @@ def run(out_dir: str, samples: int, workers: int, epochs: int, redis_url: str | 
     return result
 
 
+def _ratio(rate: float | None, base: float | None) -> str:
+    return f"{rate / base:.2f}x" if rate is not None and base else "-"
+
+
 def markdown(result: dict[str, Any]) -> str:
     rows = result["rows"]
     torch_rate = rows[0]["samples_per_s"]
@@ -307,31 +248,29 @@ def markdown(result: dict[str, Any]) -> str:
              "| row | samples/s (epochs 2+) | vs torch | hit rate | MDP predicted |",
              "|---|---:|---:|---:|---:|"]
     for r in rows:
+        rate = "crashed" if r["samples_per_s"] is None else f"{r['samples_per_s']:.0f}"
         hit = f"{100 * r['hit_rate']:.0f}%" if "hit_rate" in r else "-"
         pred = f"{r['mdp_predicted']:.0f}" if "mdp_predicted" in r else "-"
-        lines.append(f"| {r['row']} | {r['samples_per_s']:.0f} | "
-                     f"{r['samples_per_s'] / torch_rate:.2f}x | {hit} | {pred} |")
+        lines.append(f"| {r['row']} | {rate} | {_ratio(r['samples_per_s'], torch_rate)} | "
+                     f"{hit} | {pred} |")
     jobs = {r["row"]: r for r in rows if r["row"].startswith("3 ")}
     base = jobs.get("3 torch jobs")
     if base:
         lines.append("\n3-job rows: samples/s is the three jobs' sum (aggregate throughput); "
-                     "hit rate their mean over epochs 2+.")
+                     "hit rate their mean over epochs 2+; a round with a crashed job is left "
+                     "out.")
         for name, r in jobs.items():
             per_round = ", ".join(f"{x:.0f}" for x in r.get("rounds_samples_per_s", []))
-            if r is not base:
-                lines.append(f"- {name}: {r['samples_per_s'] / base['samples_per_s']:.2f}x the "
-                             f"three torch jobs' aggregate, hit rate "
+            if r is not base and r["samples_per_s"] is not None:
+                lines.append(f"- {name}: {_ratio(r['samples_per_s'], base['samples_per_s'])} "
+                             f"the three torch jobs' aggregate, hit rate "
                              f"{100 * r.get('hit_rate', 0.0):.0f}%, "
                              f"{r.get('substituted', 0)} samples substituted by ODS"
                              + (f"; rounds: {per_round} samples/s" if per_round else ""))
             elif per_round:
                 lines.append(f"- {name}: rounds {per_round} samples/s")
+            lines += [f"- {name}: {crash_line(c)}" for c in r.get("crashed", [])]
     if result["mdp_correlation"] is not None:
         lines.append(f"\nMDP predicted vs measured, correlation over the rows with a prediction: "
                      f"{result['mdp_correlation']:.2f}")
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["--job"]:
-        _job(sys.argv[2:])
