@@ -30,6 +30,32 @@ def test_a_password_is_redacted(url: str, shown: str) -> None:
     assert redact(url) == shown
 
 
+@pytest.mark.parametrize("text, shown", [
+    # a URL inside a message kept its password: only one at the text's start was redacted
+    ("cannot reach redis://:secret@host:6379/0: Connection refused",
+     "cannot reach redis://:***@host:6379/0: Connection refused"),
+    ("ConnectionError: rediss://user:p@w@h:1 failed (timeout)",
+     "ConnectionError: rediss://user:***@h:1 failed (timeout)"),
+    ("from 'redis://:a@h/0' to 'redis://:b@h2/1'", "from 'redis://:***@h/0' to 'redis://:***@h2/1'"),
+    ("to unix:///s.sock?password=pw&db=0 and back", "to unix:///s.sock?password=***&db=0 and back"),
+    ("at unix:///s.sock?db=0&password=pw then refused", "at unix:///s.sock?db=0&password=*** then refused"),
+    ("mail user@h: 1 of 2, at redis://h:1/0", "mail user@h: 1 of 2, at redis://h:1/0"),
+])
+def test_every_url_in_a_message_has_its_password_redacted(text: str, shown: str) -> None:
+    assert redact(text) == shown
+
+
+def test_an_outage_cause_naming_the_server_hides_its_password() -> None:
+    # Outage.failed keeps the error's text for every skipped call's BackendDown
+    from headrace.cache.redis_outage import BackendDown, Outage
+
+    outage = Outage()
+    outage.failed(ConnectionError("cannot reach redis://:sekret@h:6379/0: refused"))
+    with pytest.raises(BackendDown, match=r"redis://:\*\*\*@h:6379/0: refused") as e:
+        outage.check("the server")
+    assert "sekret" not in str(e.value)
+
+
 def test_repr_of_the_options_hides_the_password() -> None:
     # repr(Options) printed redis://:sekret@host/0 (a bug hunt)
     cache = hr.Cache(url="redis://:sekret@h/0", budget_bytes=10)

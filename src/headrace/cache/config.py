@@ -153,15 +153,18 @@ def is_redis(url: str) -> bool:
     return url.startswith(REDIS_SCHEMES)
 
 
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/:@]*):[^/]*@")
-_PASSWORD_ARG = re.compile(r"([?&]password=)[^&#]*")
+# a URL's scheme, where a word starts, then its user; the password runs to the last "@"
+# before the path or the first blank (a URL inside a message ends at a blank)
+_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*):[^\s/]*@")
+_PASSWORD_ARG = re.compile(r"([?&]password=)[^&#\s]*")
 
 
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***``, in the userinfo
-    (``redis://user:pw@host``, ``redis://:pw@host``) and in a ``password=`` query argument
-    (which redis-py also reads): what headrace prints wherever it names the server."""
-    return _PASSWORD_ARG.sub(r"\1***", _USERINFO.sub(r"\1:***@", url))
+def redact(text: str) -> str:
+    """``text`` (a URL, or a message naming URLs anywhere in it) with every URL's password
+    replaced by ``***``, in the userinfo (``redis://user:pw@host``, ``redis://:pw@host``)
+    and in a ``password=`` query argument (which redis-py also reads): what headrace prints
+    wherever it names the server or repeats an error that may name it."""
+    return _PASSWORD_ARG.sub(r"\1***", _USERINFO.sub(r"\1:***@", text))
 
 
 def default_budget() -> tuple[int, str]:
