@@ -105,3 +105,36 @@ def test_a_resumed_epoch_whose_rest_was_skipped_says_what_it_delivered_before(no
     finally:
         resumed.close()
 
+
+
+def test_an_all_skipped_epoch_after_a_resumed_rest_was_warned_of_warns_too(no_leaks):
+    # the resumed epoch's rest, all skipped, was the loader's one empty-epoch warning: a later
+    # epoch whose every sample was skipped (here the data went bad: every read fails) said
+    # nothing, although it is the dataset or a step failing, not a resume running bad samples
+    def make():
+        return hr.DataLoader(FailingDataset(8, {6, 7}), batch_size=2, num_workers=0,
+                             options=hr.Options(on_error="skip"))
+
+    first = make()
+    try:
+        it = iter(first)
+        assert [next(it).tolist() for _ in range(3)] == [[0, 1], [2, 3], [4, 5]]
+        state = first.state_dict()
+        del it
+    finally:
+        first.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert list(resumed) == []  # epoch 0's rest: samples 6 and 7, both bad
+            resumed.dataset.bad = set(range(8))
+            assert list(resumed) == [] and list(resumed) == []  # epochs 1 and 2: all bad
+        told = [str(w.message) for w in caught if "delivered no batch" in str(w.message)]
+        assert len(told) == 2, told  # the next all-skipped epochs: once per loader, as before
+        assert "epoch 0 delivered no batch after its resume" in told[0]
+        assert told[1].startswith("headrace: epoch 1 delivered no batch: 8 sample(s) were skipped")
+        assert "usually the dataset or a step" in told[1]
+    finally:
+        resumed.close()

@@ -22,6 +22,7 @@ from headrace.planner.queueing import queue_depth
 from headrace.planner.timeout import TimeoutPolicy, move_cost, remaining_after
 from headrace.planner.workers import WorkerScaler
 from headrace.profiler.stats import Profiler
+from headrace.runtime.empty_epochs import EmptyEpochWarnings
 from headrace.runtime.executor_auto import ExecutorProbes
 from headrace.runtime.options import Options
 from headrace.runtime.order_watch import why_broken
@@ -109,8 +110,7 @@ class Monitor(WorkerScaling):
         self._last_scale = time.perf_counter()
         self._starting = False  # a worker of the pool was not ready at the last tick
         self._warned_reseed = False
-        self._warned_empty = False  # an epoch that skipped every sample was warned of: once
-        # per loader (its text names the epoch: Python's default filter repeated it each one)
+        self._empty_epochs = EmptyEpochWarnings()
         self.reseeded: tuple[str, ...] | None = None
         """The global generators a ``worker_init_fn`` seeded (``"random"``, ``"numpy"``,
         ``"torch"``), seen by the scheduler thread and not yet warned of (``warn_reseeded``);
@@ -156,10 +156,7 @@ class Monitor(WorkerScaling):
         not count. ``padded``: a DDP rank's padding batches come after it (their own warning
         says that skips left the rank short), so no batch reaching the loop is not said."""
         first, self.first_skip = self.first_skip, None
-        if stats.finished and stats.samples == 0 and stats.skipped_samples and not padded \
-                and not self._warned_empty:
-            self._warned_empty = True  # the next ones: stats().epochs and explain() count them
-            warn_all_skipped(stats, first, delivered_before)
+        self._empty_epochs.epoch_closed(stats, first, delivered_before, padded)
         self.samples_closed += stats.samples
         self.epochs.append(stats)
         if self.probe_gil:  # executor="auto": threads' first epoch is a trial
@@ -355,41 +352,3 @@ class Monitor(WorkerScaling):
 def _no_pool() -> None:
     """What ``Monitor._remaining_pool`` holds before a push: no pool got the values yet."""
     return None
-
-
-_ONCE = ("Said once per loader: loader.stats().epochs and explain() count the samples and "
-         "the skipped ones of every epoch")
-"""The end of the empty-epoch warnings, which a loader gives for its first empty epoch only."""
-
-
-def warn_all_skipped(stats: EpochStats, first: str | None, delivered_before: int = 0) -> None:
-    """An epoch ran to its end and delivered no sample, every one it ran skipped under
-    ``on_error="skip"``: a training loop ran on an empty epoch without a word (only a log line
-    said one sample was skipped). A warning, not an error: skipping is what was asked for, and
-    an epoch of a few samples may hold only bad ones (docs/design.md).
-
-    ``delivered_before``: samples the epoch delivered before its resume. The rest of a resumed
-    epoch may hold only bad samples although the epoch is not empty (a state dict does not
-    record skipped samples, so a resume runs them again): its warning says so, where the one of
-    an empty epoch blamed the dataset or a step.
-
-    Issued at the user's line (``next()``, whatever depth the epoch ends at), by the monitor
-    for a loader's first such epoch only (``Monitor.on_epoch_closed``)."""
-    if delivered_before:
-        warn(
-            f"headrace: epoch {stats.epoch} delivered no batch after its resume: "
-            f"{stats.skipped_samples} sample(s) were skipped under Options(on_error='skip') "
-            "and none reached the training loop; the epoch had delivered "
-            f"{delivered_before} sample(s) before the resume. The first: "
-            f"{first or '(not known)'}. A state dict does not record skipped samples, so a "
-            "resume runs them again: bad samples are skipped again. If samples that worked "
-            "before the resume fail in this process, the cause is what changed with it (a "
-            "path, the environment, an edited step): run with on_error='raise' (the default) "
-            f"to see the full error. {_ONCE}")
-        return
-    warn(
-        f"headrace: epoch {stats.epoch} delivered no batch: {stats.skipped_samples} sample(s) "
-        "were skipped under Options(on_error='skip') and none reached the training loop. "
-        f"The first: {first or '(not known)'}. When every sample fails, the cause is usually "
-        "the dataset or a step, not bad data: run with on_error='raise' (the default) to see "
-        f"the full error. {_ONCE}")
