@@ -12,6 +12,7 @@ import pytest
 
 from headrace.cache import codec, memory_backend
 from headrace.cache.client import CacheClient, Counters
+from headrace.cache.counters import FAILURE_BYTES
 from headrace.cache.memory_backend import MemoryBackend, entry_cost
 from headrace.cache.tiers import Tier, TierLayout
 
@@ -64,3 +65,16 @@ def test_a_skipped_form_counts_only_when_the_run_stores_nothing(backend) -> None
     _run(client, 2, 1)  # only decoded: skipped, stored nothing: full
     t = client.counters.totals()
     assert (t["inserts"], t["full"]) == (2, 1)  # one outcome a run
+
+
+def test_a_failure_is_redacted_before_it_is_cut_to_its_rows_bytes(backend) -> None:
+    """A backend error naming a server late in its text: kept cut to ``FAILURE_BYTES`` and
+    redacted when logged, the cut fell between the password and its ``@``, and the password
+    was logged as it was."""
+    layout = TierLayout((Tier("decoded", 1, False, False, "p" * 16),), 2)
+    client = CacheClient(layout, backend, Counters(mp.get_context("fork"), 1), ("decoded",))
+    head = "x" * (FAILURE_BYTES - 40)
+    client.failed(0, ConnectionError(f"{head} redis://:sekretsekretsekret@host:6379/0"))
+    kept = client.counters.first_failure()
+    assert kept is not None and kept.startswith("ConnectionError: xxx"), kept
+    assert "sekret" not in kept, kept

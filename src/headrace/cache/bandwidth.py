@@ -5,8 +5,9 @@ its cache, measured on the backend the cache really uses.
   the step's value, so a timed copy of ``MEMORY_PROBE_BYTES`` is the bandwidth;
 * Redis: every value crosses the network (or a socket) from the server, so a copy in memory
   says nothing of it (planned with a 10 GB/s copy where a 1 GbE server gives 117 MB/s, MDP put
-  the whole budget on the decoded form: 332 samples/s on that server, where the encoded form it
-  picks with 117 MB/s gives 400). One value of a sample's size is written under
+  the whole budget on the decoded form: 332 samples/s on that server by MDP's own prediction,
+  where the encoded form it picks with 117 MB/s gives 400; ``tests/unit/test_cache_bandwidth.py``
+  computes both). One value of a sample's size is written under
   ``PROBE_PREFIX`` with a short expiry, read back in ``PROBE_ROUNDS`` rounds, then deleted.
   Seneca's B_cache is the *maximum* bandwidth a training node achieves, and the loader's
   workers read concurrently: one ``GET`` at a time measures a small value's round trip instead

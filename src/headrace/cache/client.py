@@ -20,6 +20,7 @@ from collections import deque
 from typing import Any
 
 from headrace.cache import codec
+from headrace.cache.config import redact
 from headrace.cache.counters import FIELDS, Counters
 from headrace.cache.lmdb_envs import StoreClosed
 from headrace.cache.tiers import TIERS, TierLayout, sample_key
@@ -329,8 +330,9 @@ class CacheClient:
         (``lmdb_envs.StoreClosed``) is the shutdown, not a failure: neither."""
         if isinstance(e, StoreClosed):
             return
-        self.counters.add(row, "errors")
-        self.counters.note_failure(row, f"{type(e).__name__}: {e}")
+        self.counters.add(row, "errors")  # redacted before the text is cut to its row's
+        # bytes: a URL cut before its "@" cannot be redacted later
+        self.counters.note_failure(row, redact(f"{type(e).__name__}: {e}"))
 
 
 __all__ = ["FIELDS", "TIERS", "CacheClient", "Counters"]

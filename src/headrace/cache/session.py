@@ -98,9 +98,9 @@ def open_session(config: Cache, ctx: Any, worker_rows: int,
     except OSError as e:
         if config.ods:
             raise
-        log.warning("headrace: the cache is off: it could not be set up (%s: %s)",
-                    type(e).__name__, e)
-        return None, f"it could not be set up ({type(e).__name__}: {e})"
+        why = f"{type(e).__name__}: {redact(str(e))}"
+        log.warning("headrace: the cache is off: it could not be set up (%s)", why)
+        return None, f"it could not be set up ({why})"
 
 
 class CacheSession:
