@@ -61,3 +61,34 @@ def test_workers_start_from_what_their_pool_and_earlier_pools_learned():
         assert list(python_draws.shared(CTX, hr.Pipeline.from_dataset(ds))) == [0]  # another
     finally:
         restore_globals(saved)
+
+
+class _Floats:
+    def __len__(self) -> int:
+        return 8
+
+    def load(self, i: int) -> float:
+        return float(i)
+
+
+def _jitter(x: float) -> float:
+    return x + random.random()  # Python's global generator, unseeded at first
+
+
+def test_the_seeded_run_again_reports_its_draws():
+    """A step's first draw from Python's generator runs its sample again, seeded
+    (``SampleRunner._again``): that run did not tell ``on_drew`` of the draw, so the cache's
+    record of the sample carried none, and a worker finishing it after a hand-off cached its
+    form (one epoch's draw served in every later epoch: a bug hunt)."""
+    from headrace.pipeline.runner import SampleRunner
+
+    saved = global_states()  # the runner re-seeds this process's global generators
+    try:
+        runner = SampleRunner(hr.Pipeline(_Floats(), [hr.step(_jitter, name="jitter"),
+                                                      hr.step(abs, name="abs")]))
+        for index in range(3):  # the first runs again seeded, the next are seeded from the start
+            seen: list[int] = []
+            runner.run(index, 0, None, base_seed=1, epoch=0, on_drew=seen.append)
+            assert seen == [1], (index, seen)
+    finally:
+        restore_globals(saved)

@@ -211,7 +211,8 @@ class SampleRunner:
             if i == 0 and self.embedded:
                 out = self._load_embedded(x, root, timings)
                 if mark is not None and python_mark() != mark:
-                    return self._again(i, index, base_seed, epoch, hand_off, on_step, draw)
+                    return self._again(i, index, base_seed, epoch, hand_off, on_step, draw,
+                                       on_drew)
                 if isinstance(out, Outcome):
                     out.bytes_in = bytes_in
                     return out
@@ -230,13 +231,14 @@ class SampleRunner:
                 x = self._calls[i](x, rng)
             except Exception as e:  # noqa: BLE001 - reported with its place
                 if mark is not None and python_mark() != mark:  # its error may be the draw's
-                    return self._again(i, index, base_seed, epoch, hand_off, on_step, draw)
+                    return self._again(i, index, base_seed, epoch, hand_off, on_step, draw,
+                                       on_drew)
                 return Outcome(None, None, timings, (i, e, traceback.format_exc()), bytes_in)
             ce = time.thread_time()
             q = queued() - qs if queued is not None else 0.0
             we = time.perf_counter()
             if mark is not None and python_mark() != mark:  # drew unseeded: again, seeded
-                return self._again(i, index, base_seed, epoch, hand_off, on_step, draw)
+                return self._again(i, index, base_seed, epoch, hand_off, on_step, draw, on_drew)
             if shape_in is not None and guard is not None and changed is not None \
                     and guard.broke(changed, i, shape_in, x):
                 return self._in_declared_order(index, base_seed, epoch, on_step, draw)
@@ -261,13 +263,18 @@ class SampleRunner:
 
     def _again(self, step: int, index: Any, base_seed: int, epoch: int,
                hand_off: Callable[[int, float], bool] | None,
-               on_step: Callable[[int], None] | None, draw: int) -> Outcome:
+               on_step: Callable[[int], None] | None, draw: int,
+               on_drew: Callable[[int], None] | None) -> Outcome:
         """The run of a sample whose ``step`` drew from Python's generator unseeded: that
-        step is seeded from now on, and the sample runs again from its start."""
+        step is seeded from now on, and the sample runs again from its start. ``on_drew`` is
+        told of the draws of that run: without it, a run handed off after the draw carried no
+        draw, and the worker finishing it cached its form, one epoch's draw served in every
+        later epoch (a bug hunt: 3 of 3 runs froze a sample)."""
         self.python_draws[step] = True
         if self.on_python_draw is not None:
             self.on_python_draw(step)
-        return self.run(index, 0, None, base_seed, epoch, hand_off, on_step, None, draw)
+        return self.run(index, 0, None, base_seed, epoch, hand_off, on_step, None, draw,
+                        on_drew)
 
     def _in_declared_order(self, index: Any, base_seed: int, epoch: int,
                            on_step: Callable[[int], None] | None, draw: int) -> Outcome:
