@@ -155,7 +155,8 @@ def split(x: np.ndarray) -> dict[str, np.ndarray]:
     of strings does (each process has its own string-hash seed: spawned workers, a restarted
     job, two jobs sharing one Redis): equal values, other encodings. Four times the usual
     simulated work: its threads case, on a loaded machine, once found lookups dearer than a
-    0.3 ms step and looked none up (0 hits in an epoch: the cache's cost rule, not a defect)."""
+    0.3 ms step and looked none up (0 hits in an epoch: the cache's cost rule, not a defect;
+    counted in ``not_worth``)."""
     cpu_work(16)
     keys = sorted(PARTS, reverse=os.environ.get(KEY_ORDER) == "reversed")
     return {k: x * len(k) for k in keys}
@@ -178,7 +179,7 @@ def test_a_dict_in_another_key_order_is_the_same_value(no_leaks, monkeypatch, wo
             monkeypatch.setenv(KEY_ORDER, order)
             batches = list(loader)
             epochs.append({k: torch.cat([b[k] for b in batches]) for k in PARTS})
-        hits = [e.cache.hits for e in loader.stats().epochs]
+        caches = [e.cache for e in loader.stats().epochs]
         totals = loader.cache.counters.totals()
         text = loader.explain()
     finally:
@@ -186,7 +187,12 @@ def test_a_dict_in_another_key_order_is_the_same_value(no_leaks, monkeypatch, wo
     for e in epochs[1:]:
         assert all(torch.equal(e[k], epochs[0][k]) for k in PARTS)
     assert totals["checked"] >= 2 and totals["differed"] == 0, text
-    assert hits[1:] == [N] * (len(hits) - 1), (hits, text)  # served in every later epoch
+    # served in every later epoch: each sample a hit, or a lookup the cache's cost rule skipped
+    # (threads on a loaded machine measured lookups dearer than this step: hits [0, 2, 8]; a
+    # form turned off is neither), and some hits
+    counts = [(c.hits, c.not_worth) for c in caches]
+    assert all(h + skipped == N for h, skipped in counts[1:]), (counts, text)
+    assert sum(h for h, _ in counts[1:]) >= totals["checked"] >= 2, (counts, text)
     assert "verified: decoded" in text and "differed from" not in text
 
 
