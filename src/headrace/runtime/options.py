@@ -49,7 +49,10 @@ class Options:
             given, that generator is the loader's and ``seed`` does not seed it (a warning
             says so when their seeds differ; ``headrace.integrations.accelerate``'s
             ``DistributedSampler`` takes ``seed`` first). ``None`` keeps torch's semantics
-            (the global RNG or the ``generator`` keyword).
+            (the global RNG or the ``generator`` keyword). Same seed, same samples, with the
+            steps in one order: a second run of a script may reorder a ``Pipeline``'s movable
+            steps from its first epoch (AutoOrder, from the stored profile); ``reorder=False``
+            keeps runs identical from their first epoch.
         on_error: ``"raise"`` re-raises a failing step in the training process with the sample
             index and step name; ``"skip"`` drops that sample from the epoch and counts it
             (refused over an ``IterableDataset``, whose samples torch's iterator runs).
