@@ -47,3 +47,27 @@ def test_the_start_count_misread_how_busy_the_local_workers_were():
     d = decide(OffloadInputs(**base, local_workers=ran, local_max=most))
     assert not d.offload and "keep 2.00 of 8 busy" in d.reason
     assert decide(OffloadInputs(**base, local_workers=2)).offload
+
+
+def test_the_most_local_workers_stay_within_the_memory_budget():
+    # samples that mostly wait: the scaler's bound (16) would be the most, but its memory budget
+    # allows 5 workers: the estimate counted on 16 local workers and offloaded too little
+    assert local_counts(2, 4, 16, 8, 0.25, memory_cap=5) == (4, 5)
+    assert local_counts(2, 6, 16, 8, 0.25, memory_cap=5) == (6, 6)  # ran more already
+    assert local_counts(2, 4, 16, 8, 0.25, memory_cap=None) == (4, 16)
+
+
+def test_the_loaders_memory_cap_reaches_the_estimate():
+    aug = StepStats("aug", 100, 0.040, 0.040, 0.040, 0.004, 0.0, 4096.0, None, None, None,
+                    None, None)
+    profile = PipelineProfile((aug,), 100, 0.040, 0.040, ())
+    budget = 6 << 30
+    loader = hr.DataLoader([torch.zeros(2)] * 64, batch_size=4, num_workers="auto",
+                           options=hr.Options(autoscale=hr.AutoscaleConfig(
+                               initial=2, max_workers=8, memory_budget_bytes=budget),
+                               remote=hr.Remote(max_workers=4)))
+    loader.monitor.record_workers(3)
+    assert loader_local_workers(loader, profile) == (3, 8)  # no worker measured yet
+    loader.monitor.worker_memory_bytes = 1.5 * (1 << 30)  # as the scaler's decisions measure
+    assert loader.monitor.memory_cap() == 4
+    assert loader_local_workers(loader, profile) == (3, 4)

@@ -106,28 +106,36 @@ def plan_offload(loader: Any, train_step: Any, batches: int = 20, warmup: int = 
 
 
 def local_counts(started: int, reached: int | None, bound: int | None, cores: float,
-                 share: float | None) -> tuple[int, int]:
+                 share: float | None, memory_cap: int | None = None) -> tuple[int, int]:
     """(ran, most): the local workers that ran the probe and the most the loader may run that
     add throughput (``planner.offload.local_bound``). ``started``: the count its pool started
     with (or ``num_workers``); ``reached``: with ``num_workers="auto"``, the count the worker
     scaler had reached when the probe ended (``None``: a fixed count, or no decision yet);
     ``bound``: the scaler's upper bound (``None``: a fixed count, none more may start);
-    ``cores``: the cores the workers may use; ``share``: a sample's CPU ÷ wall seconds."""
+    ``cores``: the cores the workers may use; ``share``: a sample's CPU ÷ wall seconds;
+    ``memory_cap``: the workers the scaler's memory budget allows (``None``: not measured),
+    which the scaler never passes: the estimate took the cores' count where memory allowed
+    fewer, and offloaded less than the job needed."""
     ran = max(1, reached if reached is not None else started)
     if bound is None:
         return ran, ran
-    return ran, max(ran, local_bound(bound, cores, share))
+    most = local_bound(bound, cores, share)
+    if memory_cap is not None:
+        most = min(most, memory_cap)
+    return ran, max(ran, most)
 
 
 def loader_local_workers(loader: Any, profile: PipelineProfile) -> tuple[int, int]:
     """``local_counts`` of ``loader`` after its probe: with ``num_workers="auto"`` the scaler's
-    last count (``Monitor.last_workers``) and its upper bound for the profile's CPU share."""
+    last count (``Monitor.last_workers``), its upper bound for the profile's CPU share and the
+    workers its memory budget allows (``WorkerScaling.memory_cap``)."""
     started = loader.remote.local_started or int(loader.num_workers)
     if not loader.autoscale:
         return local_counts(started, None, None, rank_cpus(), None)
     share = cpu_share(profile.steps)
     return local_counts(started, loader.monitor.last_workers(started),
-                        loader.options.autoscale.bounds(share)[1], rank_cpus(), share)
+                        loader.options.autoscale.bounds(share)[1], rank_cpus(), share,
+                        loader.monitor.memory_cap())
 
 
 def _remote_throughput(loader: Any, train_step: Any, batches: int, workers: int

@@ -42,6 +42,9 @@ class WorkerScaling:
     t0: float
     """``time.perf_counter()`` when the loader was created."""
     _parked: WorkerScaler | None = None  # the scaler while a fixed num_workers is set
+    worker_memory_bytes: float | None = None
+    """A worker process's private memory (bytes, the live workers' mean) at the scaler's last
+    decision that measured one (None: none yet)."""
 
     @property
     def can_scale(self) -> bool:
@@ -144,6 +147,15 @@ class WorkerScaling:
         e = self.epochs[-1]
         return consumer_rate(e.samples, e.wall_s - e.stall_s)
 
+    def memory_cap(self) -> int | None:
+        """The workers the memory budget allows at the last measured memory per worker
+        (``worker_memory_bytes``, bytes: the mean private memory of the live workers at the
+        scaler's last decision that measured one); None before any was measured, or without a
+        scaler. FastFlow's offload estimate caps the local workers it counts on with it."""
+        if self.scaler is None or not self.worker_memory_bytes:
+            return None
+        return max(1, int(self.memory_budget() // self.worker_memory_bytes))
+
     def memory_budget(self, workers_use: float = 0.0) -> float:
         """Bytes the workers may use in all: ``AutoscaleConfig.memory_budget_bytes``, else
         ``ranks.worker_memory_budget`` of the memory available now and ``workers_use`` (bytes
@@ -168,6 +180,8 @@ class WorkerScaling:
             if size is not None:
                 used.append(size)
         per_worker = sum(used) / len(used) if used else None
+        if per_worker is not None:
+            self.worker_memory_bytes = per_worker
         steps = self._profile_steps()  # one report for both numbers
         assert self.cpu_use is not None
         d = self.scaler.decide(len(live), self.cpu_use.read(), per_worker,
