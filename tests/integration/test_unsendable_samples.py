@@ -1,14 +1,16 @@
-"""Samples that cannot leave their worker process, and epochs whose every sample was skipped."""
+"""Samples that cannot leave their worker process, values the transport must still carry, and
+epochs whose every sample was skipped."""
 
 import threading
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
 
 import headrace as hr
-from tests.helpers import FailingDataset
+from tests.helpers import FailingDataset, ident_collate
 
 pytestmark = pytest.mark.integration
 
@@ -138,3 +140,59 @@ def test_an_all_skipped_epoch_after_a_resumed_rest_was_warned_of_warns_too(no_le
         assert "usually the dataset or a step" in told[1]
     finally:
         resumed.close()
+
+
+class BigEndian(tud.Dataset):
+    """``n`` float64 values from the index on, stored big-endian (as FITS files hold them),
+    which ``torch.from_numpy`` refuses; ``flip``: reversed (negative strides, which the ring
+    leaves to the transport)."""
+
+    def __init__(self, n, flip=False):
+        self.n = n
+        self.flip = flip
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        a = np.arange(i, i + self.n, dtype=">f8")
+        return a[::-1] if self.flip else a
+
+
+def _arrays(batches):
+    return [s for b in batches for s in (b if isinstance(b, list) else [b])]
+
+
+@pytest.mark.parametrize("ctx, n, flip", [
+    ("spawn", 600_000, False),  # 4.8 MB: over a quarter of spawn's 16 MiB ring
+    ("fork", 200_000, True),  # 1.6 MB: over the inline limit, with strides the ring skips
+])
+def test_a_big_endian_array_that_misses_the_ring_arrives_as_torch_delivers_it(ctx, n, flip,
+                                                                                no_leaks):
+    # its shared copy went through torch.from_numpy, which refuses another byte order: the
+    # worker died, the sample re-ran on the next one, which died alike (WorkerDiedError).
+    # torch's workers pickle with protocol 4, which makes such arrays native (protocol 5,
+    # Python 3.14's default, and num_workers=0 keep them as they are): the values are torch's,
+    # the dtype the one __getitem__ returned
+    ds = BigEndian(n, flip)
+    kw = dict(num_workers=1, multiprocessing_context=ctx)
+    want = _arrays(tud.DataLoader(ds, batch_size=None, collate_fn=ident_collate, **kw))
+    for bs in (2, None):
+        loader = hr.DataLoader(ds, batch_size=bs, collate_fn=ident_collate, **kw)
+        try:
+            got = _arrays(loader)
+        finally:
+            loader.close()
+        assert len(got) == len(want) == 4
+        for g, w, i in zip(got, want, range(4), strict=True):
+            assert np.array_equal(g, w) and g.dtype == ds[i].dtype
+    with pytest.raises(ValueError):  # torch's default collate refuses them, in its worker
+        list(tud.DataLoader(ds, batch_size=2, **kw))
+    loader = hr.DataLoader(ds, batch_size=2, **kw)
+    try:  # and so does headrace's, in the training process, not a worker's death
+        with pytest.raises(hr.StepError) as info:
+            list(loader)
+        assert info.value.step == "collate_fn" and info.value.cause_type == "ValueError"
+    finally:
+        loader.close()
+

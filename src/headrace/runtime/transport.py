@@ -9,10 +9,11 @@ tensor the sender keeps (a dataset's preloaded sample, a buffer it fills again f
 index) would become one the receiver reads while the sender writes it, and a shared-memory
 segment and a file descriptor for as long as the sender keeps it. Tensors whose dtype NumPy
 lacks (bfloat16, float8, complex32) travel as an integer view of their bits
-(:func:`numpy_bits`) and are viewed back on receipt. A shared-memory descriptor costs about
-0.7 ms of receiver CPU and several ms of latency (a socket handshake); pickling 256 KB inline
-costs about 0.12 ms, so only really large leaves are worth a descriptor. ``encode`` runs in the
-sender, ``decode`` in the receiver.
+(:func:`numpy_bits`) and are viewed back on receipt; NumPy arrays whose dtype torch refuses
+(another byte order than the machine's, ``longdouble``) travel as their bytes, likewise. A
+shared-memory descriptor costs about 0.7 ms of receiver CPU and several ms of latency (a socket
+handshake); pickling 256 KB inline costs about 0.12 ms, so only really large leaves are worth a
+descriptor. ``encode`` runs in the sender, ``decode`` in the receiver.
 """
 
 from __future__ import annotations
@@ -28,16 +29,21 @@ INLINE_LIMIT = 1024 * 1024
 
 
 class _Shm:
-    """A NumPy array or bytes object carried as a shared-memory tensor."""
+    """A NumPy array or bytes object carried as a shared-memory tensor. ``dtype`` and
+    ``shape``: an array's own where the tensor holds its bytes (a dtype torch refuses:
+    :func:`_torch_takes`), else None."""
 
-    __slots__ = ("kind", "tensor")
+    __slots__ = ("dtype", "kind", "shape", "tensor")
 
-    def __init__(self, kind: str, tensor: torch.Tensor) -> None:
+    def __init__(self, kind: str, tensor: torch.Tensor, dtype: np.dtype | None = None,
+                 shape: tuple[int, ...] | None = None) -> None:
         self.kind = kind
         self.tensor = tensor
+        self.dtype = dtype
+        self.shape = shape
 
     def __reduce__(self):
-        return (_Shm, (self.kind, self.tensor))
+        return (_Shm, (self.kind, self.tensor, self.dtype, self.shape))
 
 
 class _Inline:
@@ -127,6 +133,31 @@ def _has_numpy(dtype: torch.dtype) -> bool:
     return ok
 
 
+_TORCH_TAKES: dict[np.dtype, bool] = {}
+"""Whether ``torch.from_numpy`` takes arrays of a NumPy dtype, learned once per dtype."""
+
+
+def _torch_takes(dtype: np.dtype) -> bool:
+    """Whether ``torch.from_numpy`` takes an array of ``dtype``: not one in a byte order other
+    than the machine's (``">f8"``, as FITS and other big-endian files hold), not ``longdouble``
+    or ``clongdouble``; such arrays cross as their bytes (:func:`_bytes_of`)."""
+    ok = _TORCH_TAKES.get(dtype)
+    if ok is None:
+        try:
+            torch.from_numpy(np.empty(0, dtype=dtype))
+            ok = True
+        except (TypeError, ValueError, RuntimeError):
+            ok = False
+        _TORCH_TAKES[dtype] = ok
+    return ok
+
+
+def _bytes_of(x: np.ndarray) -> np.ndarray:
+    """``x``'s values in C order as a flat ``uint8`` array: a view where ``x`` is
+    C-contiguous, else one copy. ``decode`` views them back as ``x``'s dtype and shape."""
+    return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+
+
 def numpy_bits(x: torch.Tensor) -> tuple[np.ndarray, torch.dtype | None] | None:
     """A C-contiguous NumPy array of plain tensor ``x``'s values, and None; for a dtype NumPy
     lacks (bfloat16, float8, complex32), an integer array of the same element size holding
@@ -202,11 +233,16 @@ def encode(x: Any) -> Any:
             axes = negative_axes(x)
             return _Flipped(encode(np.flip(x, axes)), axes)
         if x.nbytes >= INLINE_LIMIT and x.dtype != object and x.dtype.kind in "biufc":
-            if not x.flags.writeable:  # e.g. np.asarray(PIL image); torch wants writable memory
-                return _Shm("np", torch.from_numpy(np.array(x)))  # a private copy: torch may move it
+            # its bytes where torch refuses its dtype (which failed the sample's worker)
+            a, dtype = (x, None) if _torch_takes(x.dtype) else (_bytes_of(x), x.dtype)
+            shape = None if dtype is None else x.shape
+            if not a.flags.writeable:  # e.g. np.asarray(PIL image); torch wants writable memory
+                # a private copy: torch may move it
+                return _Shm("np", torch.from_numpy(np.array(a)), dtype, shape)
             # a fresh shared copy, as for a tensor: torch's reductions would otherwise move
             # (or, already shared, hand over) memory the sender keeps and may fill again
-            return _Shm("np", shared_copy(torch.from_numpy(x)))  # (one copy, strided too)
+            # (one copy, strided too; two for a strided array whose dtype torch refuses)
+            return _Shm("np", shared_copy(torch.from_numpy(a)), dtype, shape)
         # pickled when its message is sent, which may be after the sender filled it again
         return x if x.dtype == object else x.copy(order="K")
     if isinstance(x, (bytes, bytearray)):
@@ -230,7 +266,8 @@ def decode(x: Any) -> Any:
         return np.flip(decode(x.array), x.axes)
     if isinstance(x, _Shm):
         if x.kind == "np":
-            return x.tensor.numpy()
+            a = x.tensor.numpy()
+            return a if x.dtype is None else a.view(x.dtype).reshape(x.shape)
         data = x.tensor.numpy().tobytes()
         return data if x.kind == "bytes" else bytearray(data)
     if isinstance(x, (torch.Tensor, np.ndarray, bytes, str, int, float)) or x is None:
