@@ -1,6 +1,8 @@
 """Samples that cannot leave their worker process, values the transport must still carry, and
 epochs whose every sample was skipped."""
 
+import collections
+import os
 import threading
 import warnings
 
@@ -196,3 +198,57 @@ def test_a_big_endian_array_that_misses_the_ring_arrives_as_torch_delivers_it(ct
     finally:
         loader.close()
 
+
+class Twice(collections.namedtuple("Twice", "first second")):
+    """A named tuple made from one value, held twice: built from its two fields, as the
+    transport rebuilds named tuples (and torch's pickling and collate do), it raises."""
+
+    def __new__(cls, value):
+        return super().__new__(cls, value, value)
+
+
+class OneUnsendable(tud.Dataset):
+    """``(8 KB array of the index, worker pid)``; index 3: a ``Twice`` of two 4 MiB arrays,
+    which the ring takes (all 16 MiB of a spawned worker's) before rebuilding it fails."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if i == 3:
+            return Twice((np.zeros(1 << 19), np.ones(1 << 19)))
+        return np.full(1024, i), os.getpid()
+
+
+def test_a_value_the_transport_cannot_encode_fails_its_sample_not_its_worker(no_leaks):
+    # the encode's exception ended the worker: the sample re-ran on the next worker, which
+    # ended alike, and the epoch raised WorkerDiedError blaming step 'load'. Then the ring
+    # space its arrays took was never freed (its error carries no ring end): the next sample
+    # waited for it forever (timeout= turns that into an error here)
+    kw = dict(batch_size=None, num_workers=1, multiprocessing_context="spawn", timeout=60)
+    loader = hr.DataLoader(OneUnsendable(), **kw)
+    try:
+        with pytest.raises(hr.StepError) as info:
+            list(loader)
+    finally:
+        loader.close()
+    assert info.value.index == 3 and info.value.step == "transport"
+    assert info.value.cause_type == "TypeError" and "Twice.__new__()" in str(info.value)
+    assert "could not be sent to the main process" in str(info.value)
+    assert "Options(executor='threads')" in str(info.value)
+    skip = hr.DataLoader(OneUnsendable(), **kw, options=hr.Options(on_error="skip"))
+    try:  # nothing else lost, and one worker sent them all: it lived on
+        got = list(skip)
+        assert [int(a[0]) for a, _ in got] == [0, 1, 2, 4, 5]
+        assert len({pid for _, pid in got}) == 1
+        epoch = skip.stats().epochs[-1]
+        assert epoch.skipped_samples == 1 and epoch.retried_samples == 0
+    finally:
+        skip.close()
+    threads = hr.DataLoader(OneUnsendable(), batch_size=None, num_workers=1,
+                            collate_fn=ident_collate, options=hr.Options(executor="threads"))
+    try:  # the fix it names: nothing is sent, the sample arrives as it was made
+        got = list(threads)
+        assert type(got[3]) is Twice and len(got) == 6
+    finally:
+        threads.close()

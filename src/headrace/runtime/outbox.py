@@ -1,14 +1,19 @@
 """A worker process's messages to the training process: finished samples kept to share a
-message (``Outbox``, ``planner/queueing.py``), and sending that turns a sample that cannot be
-sent into that sample's error (``send``). Message formats: ``runtime/worker.py``."""
+message (``Outbox``, ``planner/queueing.py``), how a sample's value travels (``ring_sender``),
+and sending that turns a sample that cannot be sent into that sample's error (``send``,
+``unsendable``). Message formats: ``runtime/worker.py``."""
 
 from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from headrace.errors import picklable_class
+from headrace.runtime.ring import RingWriter
+from headrace.runtime.ring import encode as ring_encode
+from headrace.runtime.transport import encode
 
 
 class Outbox:
@@ -81,6 +86,40 @@ NOT_PICKLABLE = (
 ``on_error='skip'``: every sample of such a dataset fails alike, and the epoch delivered
 nothing."""
 
+NOT_ENCODED = (
+    ". headrace sends each finished sample from its worker process on its own, rebuilding its "
+    "dicts, lists, tuples and named tuples around its arrays and copying those into shared "
+    "memory, and this value would not be encoded for that (a named tuple that does not rebuild "
+    "from its fields, a leaf that does not copy); torch's workers collate first and pickle the "
+    "batch. Return values made of plain containers and arrays from __getitem__ and the steps, "
+    "or run the workers as threads of the training process, where nothing is sent: "
+    "options=headrace.Options(executor='threads')"
+)
+"""What a sample's error adds when encoding its value for the trip failed (``ring_sender``,
+``transport.encode``): the sample fails, its worker goes on."""
+
+
+def ring_sender(writer: RingWriter) -> Callable[[Any], tuple[Any, int]]:
+    """How a worker process's finished or partial value travels: ``value -> (payload,
+    ring_end)``, its large arrays copied into the worker's ring, the rest
+    ``transport.encode``-d (``TaskRunner.message``'s ``send_value``). Where encoding raises,
+    the ring space it took is given back before the exception goes on: the sample's error
+    message carries no ring end, so the training process would never free that space, and a
+    later sample needing it would wait for it forever."""
+
+    def to_ring(value: Any) -> tuple[Any, int]:
+        start = writer.write_pos
+        try:
+            return ring_encode(value, writer, encode), writer.write_pos
+        except BaseException:
+            writer.write_pos = start  # no message holds a ring end past it
+            held = writer.held
+            while held and held[-1][0] > start:
+                held.pop()
+            raise
+
+    return to_ring
+
 
 def send(conn: Any, msg: Any) -> bool:
     """Send ``msg`` to the training process; False when it is gone. A finished or handed-off
@@ -93,12 +132,20 @@ def send(conn: Any, msg: Any) -> bool:
         return False  # the main process closed our pipe: shutting down
     except Exception as e:  # noqa: BLE001 - e.g. an unpicklable sample, /dev/shm full
         if msg[0] in ("done", "partial"):
-            text = f"the sample could not be sent to the main process: {e}"
-            text += SHM_FULL if _looks_like_shm_exhaustion(e) else NOT_PICKLABLE
-            err = ("error", msg[1], -1, picklable_class(type(e)), qualname(type(e)), text,
-                   traceback.format_exc(), None)
-            return send(conn, err)
+            return send(conn, unsendable(msg[1], e, NOT_PICKLABLE))
         raise
+
+
+def unsendable(tid: int, e: Exception, why: str) -> tuple[Any, ...]:
+    """The error message of task ``tid``, whose value could not be sent because of ``e``
+    (raised just now: its traceback goes with it); the training process raises it at step
+    'transport' (``errors.TRANSPORT_STEP``), or skips the sample with ``on_error='skip'``.
+    ``why``: what the message adds (``NOT_PICKLABLE``, ``NOT_ENCODED``), unless /dev/shm is
+    full (``SHM_FULL``)."""
+    text = f"the sample could not be sent to the main process: {e}"
+    text += SHM_FULL if _looks_like_shm_exhaustion(e) else why
+    return ("error", tid, -1, picklable_class(type(e)), qualname(type(e)), text,
+            traceback.format_exc(), None)
 
 
 def _looks_like_shm_exhaustion(e: BaseException) -> bool:

@@ -13,7 +13,8 @@ lacks (bfloat16, float8, complex32) travel as an integer view of their bits
 (another byte order than the machine's, ``longdouble``) travel as their bytes, likewise. A
 shared-memory descriptor costs about 0.7 ms of receiver CPU and several ms of latency (a socket
 handshake); pickling 256 KB inline costs about 0.12 ms, so only really large leaves are worth a
-descriptor. ``encode`` runs in the sender, ``decode`` in the receiver.
+descriptor. ``encode`` runs in the sender, ``decode`` in the receiver; a value that ``encode``
+still cannot carry fails its sample, not its worker (``outbox.unsendable``).
 """
 
 from __future__ import annotations

@@ -48,16 +48,15 @@ from headrace.runtime.faithful import why_it_stays
 from headrace.runtime.gilprobe import start_probe
 from headrace.runtime.native_threads import limit_in_worker
 from headrace.runtime.order_watch import guard_for
-from headrace.runtime.outbox import Outbox, qualname, send
+from headrace.runtime.outbox import NOT_ENCODED, Outbox, qualname, ring_sender, send, unsendable
 from headrace.runtime.parent import exit_when_parent_gone, parent_gone
 from headrace.runtime.python_draws import WorkerFlags
 from headrace.runtime.ring import RingWriter
-from headrace.runtime.ring import encode as ring_encode
 from headrace.runtime.sent_setup import ReceivedSetup, SetupNotRebuilt
 from headrace.runtime.state_watch import StateWatch
 from headrace.runtime.state_watch import note as note_state
 from headrace.runtime.torch_worker import init_as_torch_worker
-from headrace.runtime.transport import decode, encode
+from headrace.runtime.transport import decode
 
 MEASURE_ALL = 64
 """A worker measures output sizes on its first this many samples..."""
@@ -174,9 +173,7 @@ def worker_main(sent: WorkerSetup | ReceivedSetup, tasks: Any, results: Any, *sh
     if owner_gone is not None:  # runs as this process exits (multiprocessing's finalisers)
         mp_util.Finalize(None, _if_orphaned, args=(setup.parent_pid, owner_gone), exitpriority=0)
 
-    def to_ring(value: Any) -> tuple[Any, int]:
-        return ring_encode(value, writer, encode), writer.write_pos
-
+    to_ring = ring_sender(writer)
     outbox = Outbox(results)
     writer.before_wait = outbox.flush  # held samples' ring space is freed once they are sent
     set_step = runner.on_step
@@ -337,7 +334,8 @@ class TaskRunner:
     ) -> tuple[Any, ...]:
         """The message for ``out`` (see the module docstring); marks the slot idle after it.
 
-        ``send_value(value) -> (payload, ring_end)``: how the finished or partial value travels.
+        ``send_value(value) -> (payload, ring_end)``: how the finished or partial value travels;
+        where it raises, the sample's error (``outbox.unsendable``): the worker goes on.
         """
         msg: tuple[Any, ...]
         if out.error is not None:
@@ -346,7 +344,12 @@ class TaskRunner:
                    message_of(exc), tb,
                    exception_attributes(exc, picklable=True))
         else:
-            payload, ring_end = send_value(out.value)
+            try:
+                payload, ring_end = send_value(out.value)
+            except Exception as e:  # noqa: BLE001 - that sample's error: it ended the worker,
+                # whose samples re-ran on the next one, which ended the same way
+                self.progress.tid[self.slot] = -1
+                return unsendable(tid, e, NOT_ENCODED)
             if out.next_step is not None:
                 msg = ("partial", tid, out.next_step, payload, out.timings, out.bytes_in,
                        out.drew_at, ring_end)
