@@ -252,3 +252,31 @@ def test_a_value_the_transport_cannot_encode_fails_its_sample_not_its_worker(no_
         assert type(got[3]) is Twice and len(got) == 6
     finally:
         threads.close()
+
+
+class FullRingThenLock(tud.Dataset):
+    """``(8 KB array of the index, worker pid)``; index 3: four 4 MiB arrays, which fill a
+    spawned worker's 16 MiB ring, and a lock, which does not pickle."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if i == 3:
+            return [np.full(1 << 19, float(k)) for k in range(4)] + [threading.Lock()]
+        return np.full(1024, i), os.getpid()
+
+
+def test_a_sample_that_does_not_pickle_gives_its_ring_space_back(no_leaks):
+    # its arrays were in the ring when pickling its message failed; the error sent instead
+    # carries no ring end, so the training process never freed that space and the next
+    # sample waited for it forever (timeout= turns that into an error here)
+    loader = hr.DataLoader(FullRingThenLock(), batch_size=None, num_workers=1,
+                           multiprocessing_context="spawn", timeout=60,
+                           options=hr.Options(on_error="skip"))
+    try:
+        got = list(loader)
+        assert [int(a[0]) for a, _ in got] == [0, 1, 2, 4, 5]
+        assert len({pid for _, pid in got}) == 1
+    finally:
+        loader.close()

@@ -1,5 +1,5 @@
 """A worker process's messages to the training process: finished samples kept to share a
-message (``Outbox``, ``planner/queueing.py``), how a sample's value travels (``ring_sender``),
+message (``Outbox``, ``planner/queueing.py``), how a sample's value travels (``RingSender``),
 and sending that turns a sample that cannot be sent into that sample's error (``send``,
 ``unsendable``). Message formats: ``runtime/worker.py``."""
 
@@ -29,8 +29,9 @@ class Outbox:
     waits more than ``hold_s`` plus one step.
     """
 
-    def __init__(self, results: Any) -> None:
+    def __init__(self, results: Any, unsent: Callable[[int], None] | None = None) -> None:
         self.results = results
+        self.unsent = unsent  # a "done"/"partial" not sent, by its ring end (``send``)
         self.kept: list[tuple[Any, ...]] = []
         self.since = 0.0  # time.monotonic() when the first kept message was added
         self.hold_s = 0.0  # seconds of work a finished sample may wait (the task message's)
@@ -57,14 +58,14 @@ class Outbox:
         if not kept:
             return True
         if len(kept) == 1:
-            return send(self.results, kept[0])
+            return send(self.results, kept[0], self.unsent)
         try:
             self.results.send(("many", kept))
             return True
         except (BrokenPipeError, EOFError, OSError):
             return False
         except Exception:  # noqa: BLE001 - one unpicklable sample: each on its own, so the
-            return all(send(self.results, m) for m in kept)  # error names that sample
+            return all(send(self.results, m, self.unsent) for m in kept)  # error names it
 
 
 SHM_FULL = (
@@ -95,36 +96,66 @@ NOT_ENCODED = (
     "or run the workers as threads of the training process, where nothing is sent: "
     "options=headrace.Options(executor='threads')"
 )
-"""What a sample's error adds when encoding its value for the trip failed (``ring_sender``,
+"""What a sample's error adds when encoding its value for the trip failed (``RingSender``,
 ``transport.encode``): the sample fails, its worker goes on."""
 
 
-def ring_sender(writer: RingWriter) -> Callable[[Any], tuple[Any, int]]:
-    """How a worker process's finished or partial value travels: ``value -> (payload,
+class RingSender:
+    """How a worker process's finished or partial value travels: ``sender(value) -> (payload,
     ring_end)``, its large arrays copied into the worker's ring, the rest
-    ``transport.encode``-d (``TaskRunner.message``'s ``send_value``). Where encoding raises,
-    the ring space it took is given back before the exception goes on: the sample's error
-    message carries no ring end, so the training process would never free that space, and a
-    later sample needing it would wait for it forever."""
+    ``transport.encode``-d (``TaskRunner.message``'s ``send_value``).
 
-    def to_ring(value: Any) -> tuple[Any, int]:
-        start = writer.write_pos
+    A sample that does not go (its encoding raises, its message does not pickle) becomes an
+    error message, which carries no ring end: the training process frees ring space up to the
+    end of each message it reads, so the space that sample's arrays took stayed held until a
+    later message's end passed it, and a later sample needing it waited forever (one whose
+    leaves filled a spawned worker's 16 MiB ring). The space goes back to the writer at once
+    instead: on an encoding's exception, and by ``give_back`` (the ``Outbox``'s ``unsent``) for
+    the value encoded last; one encoded before a later value is freed by that value's end.
+    """
+
+    def __init__(self, writer: RingWriter) -> None:
+        self.writer = writer
+        self.last = (0, 0)
+        """The writer's ``write_pos`` (bytes) before and after the value encoded last."""
+        self.encoding = False
+        """A value is being encoded: the writer, waiting for space, flushes the outbox."""
+
+    def __call__(self, value: Any) -> tuple[Any, int]:
+        start = self.writer.write_pos
+        self.encoding = True
         try:
-            return ring_encode(value, writer, encode), writer.write_pos
+            payload = ring_encode(value, self.writer, encode)
         except BaseException:
-            writer.write_pos = start  # no message holds a ring end past it
-            held = writer.held
-            while held and held[-1][0] > start:
-                held.pop()
+            self._back_to(start)
             raise
+        finally:
+            self.encoding = False
+        self.last = (start, self.writer.write_pos)
+        return payload, self.writer.write_pos
 
-    return to_ring
+    def give_back(self, ring_end: int) -> None:
+        """The value whose message ends at ``ring_end`` (bytes) was not sent: free its ring
+        space if it is the one encoded last (nothing written after it) and no value is being
+        encoded now (whose end will free it)."""
+        start, end = self.last
+        if not self.encoding and ring_end == end == self.writer.write_pos:
+            self._back_to(start)
+
+    def _back_to(self, start: int) -> None:
+        """Forget what was written from ``start`` on: no message sent holds an end past it."""
+        w = self.writer
+        w.write_pos = start
+        while w.held and w.held[-1][0] > start:
+            w.held.pop()
+        self.last = (start, start)
 
 
-def send(conn: Any, msg: Any) -> bool:
+def send(conn: Any, msg: Any, unsent: Callable[[int], None] | None = None) -> bool:
     """Send ``msg`` to the training process; False when it is gone. A finished or handed-off
     sample that cannot be sent (it does not pickle, /dev/shm is full) is reported as that
-    sample's error instead, so the training loop hears which sample failed and why."""
+    sample's error instead, so the training loop hears which sample failed and why, after
+    ``unsent(ring_end)`` (``RingSender.give_back``: the error frees no ring space)."""
     try:
         conn.send(msg)
         return True
@@ -132,6 +163,8 @@ def send(conn: Any, msg: Any) -> bool:
         return False  # the main process closed our pipe: shutting down
     except Exception as e:  # noqa: BLE001 - e.g. an unpicklable sample, /dev/shm full
         if msg[0] in ("done", "partial"):
+            if unsent is not None:
+                unsent(msg[-1])
             return send(conn, unsendable(msg[1], e, NOT_PICKLABLE))
         raise
 

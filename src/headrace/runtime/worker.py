@@ -48,7 +48,7 @@ from headrace.runtime.faithful import why_it_stays
 from headrace.runtime.gilprobe import start_probe
 from headrace.runtime.native_threads import limit_in_worker
 from headrace.runtime.order_watch import guard_for
-from headrace.runtime.outbox import NOT_ENCODED, Outbox, qualname, ring_sender, send, unsendable
+from headrace.runtime.outbox import NOT_ENCODED, Outbox, RingSender, qualname, send, unsendable
 from headrace.runtime.parent import exit_when_parent_gone, parent_gone
 from headrace.runtime.python_draws import WorkerFlags
 from headrace.runtime.ring import RingWriter
@@ -173,8 +173,8 @@ def worker_main(sent: WorkerSetup | ReceivedSetup, tasks: Any, results: Any, *sh
     if owner_gone is not None:  # runs as this process exits (multiprocessing's finalisers)
         mp_util.Finalize(None, _if_orphaned, args=(setup.parent_pid, owner_gone), exitpriority=0)
 
-    to_ring = ring_sender(writer)
-    outbox = Outbox(results)
+    to_ring = RingSender(writer)
+    outbox = Outbox(results, to_ring.give_back)  # what is not sent gives its ring space back
     writer.before_wait = outbox.flush  # held samples' ring space is freed once they are sent
     set_step = runner.on_step
 
