@@ -1,5 +1,6 @@
 """Invariant 1: every index of the sampler's epoch is delivered exactly once, in every mode."""
 
+import time
 from collections import Counter
 
 import pytest
@@ -59,6 +60,18 @@ def test_autoscaled_workers_deliver_exactly_once():
     loader = hr.DataLoader(ds, batch_size=8, shuffle=True, num_workers="auto", options=opts)
     assert Counter(flat(loader)) == Counter(range(120))
     assert loader.stats().workers_timeline[0][1] == 1
+
+
+def test_auto_workers_start_at_initial_after_a_pause_before_the_loop():
+    """The scheduler ticks before the training thread forks the epoch's pool: past
+    ``interval_s`` since the loader was built, its first tick decided on no workers and asked
+    for more on top of the pool's start (``initial=1`` started 2: 12 of 12 runs)."""
+    ds = IndexDataset(48)
+    opts = hr.Options(autoscale=hr.AutoscaleConfig(initial=1, max_workers=3, interval_s=0.05))
+    loader = hr.DataLoader(ds, batch_size=8, num_workers="auto", options=opts)
+    time.sleep(0.2)  # simulated work: the script builds its model between loader and loop
+    assert Counter(flat(loader)) == Counter(range(48))
+    assert loader.stats().workers_timeline[0][1] == 1, loader.stats().workers_timeline
 
 
 class _FailsAt(IndexDataset):
