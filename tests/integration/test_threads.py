@@ -6,6 +6,7 @@ import threading
 import warnings
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -219,3 +220,23 @@ def test_a_step_drawing_from_the_global_generators_is_warned_about_at_the_users_
         flat(loader)
     assert not [w for w in again if "draws_globally_t" in str(w.message)]
 
+
+def test_steps_of_one_name_in_two_pipelines_are_each_warned_about(no_leaks):
+    # The warning used to be said once per step name: a second pipeline's <lambda> drawing
+    # from a global generator (a validation loader's, say) was never named.
+    first = hr.step(lambda x: x + torch.rand(1).item())
+    second = hr.step(lambda x: x + np.float32(np.random.rand()))
+    assert first.name == second.name
+    said = []
+    for step in (first, second):
+        loader = hr.DataLoader(hr.Pipeline(ArraySource(40), [step]), batch_size=4,
+                               num_workers=2, options=THREADS)
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            assert len(flat(loader)) == 40
+        said.append([str(w.message) for w in rec if "global random generator" in str(w.message)])
+    assert [len(s) for s in said] == [1, 1], said
+    for step, (message,) in zip((first, second), said, strict=True):
+        code = step.fn.__code__  # the message tells the two apart by where each is defined
+        assert "step '<lambda>' ran" in message
+        assert f"{code.co_filename}:{code.co_firstlineno}" in message

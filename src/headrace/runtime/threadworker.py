@@ -25,8 +25,8 @@ What differs from processes, by necessity (the loader refuses the options that n
   re-seeded per step: steps must draw from the ``rng`` they receive to be deterministic. The
   first 64 samples of each thread have the generators' states compared around each step
   (``seeding.draw_mark``, about 4 µs a step), and a step seen changing them on most of its
-  runs gets a ``UserWarning`` (:class:`DrawWatch`: once per step name and process, at the line
-  that started the thread, the script's ``for`` or ``iter()``);
+  runs gets a ``UserWarning`` (``runtime/thread_draws.py``: once per step object and process,
+  at the line that started the thread, the script's ``for`` or ``iter()``);
 * ``get_worker_info()`` returns ``None`` and there is no ``worker_init_fn``;
 * a thread cannot be killed: there is no ``sample_timeout_s``, and at shutdown a thread still in
   a step after the pool's grace period (0.5 s for all workers; none when one of the pool's own
@@ -54,15 +54,14 @@ import queue
 import sys
 import threading
 import traceback
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 from headrace import user_frame
 from headrace.errors import message_of
-from headrace.pipeline.pipeline import LOAD_STEP
 from headrace.pipeline.runner import Outcome
 from headrace.runtime.outbox import qualname
+from headrace.runtime.thread_draws import WATCH_RUNS, DrawWatch, Place
 from headrace.runtime.worker import TaskRunner, WorkerSetup
 
 log = logging.getLogger("headrace")
@@ -240,7 +239,9 @@ def thread_main(
         return
     results.send(("ready", setup.slot))
     here = current_run()
-    draws = DrawWatch(setup.pipeline.step_names, here.place if here is not None else None)
+    pipe = setup.pipeline
+    draws = DrawWatch(pipe.step_names, [pipe.source, *pipe.steps],
+                      here.place if here is not None else None)
     set_step = runner.on_step
 
     def on_step(step: int) -> None:
@@ -271,71 +272,6 @@ def thread_main(
             out = runner.run(task, value)
         if not results.send(runner.message(task.tid, out, _as_is)):
             return
-
-
-Place = tuple[str, int, dict[str, Any]]
-"""Where a warning from a worker thread points: (file name, line, the module's globals)."""
-
-
-WATCH_RUNS = 64
-"""Samples each worker thread runs with the global generators' states compared around each
-step (:class:`DrawWatch`)."""
-DRAW_SEEN = 8
-"""Runs of a step seen changing the global generators before it is warned about..."""
-DRAW_SHARE = 0.75
-"""... which must also be at least this share of its watched runs: the generators are shared,
-so a step running while another thread draws sees them change too (an ``ArraySource``'s load
-beside a drawing step: 3 of 20 runs), while a step that draws changes them on every run."""
-
-
-class DrawWatch:
-    """A worker thread's watch of the global generators around its steps (first
-    ``WATCH_RUNS`` samples): ``ran(step)`` before each step, ``drew(step)`` when their states
-    changed around it; warns once a step drew often enough to be the one drawing
-    (``DRAW_SEEN``, ``DRAW_SHARE``). A step that draws on some samples only may stay unseen."""
-
-    def __init__(self, names: list[str], place: Place | None) -> None:
-        self.names, self.place = names, place
-        self.runs = [0] * len(names)
-        self.changed = [0] * len(names)
-
-    def ran(self, step: int) -> None:
-        self.runs[step] += 1
-
-    def drew(self, step: int) -> None:
-        self.changed[step] += 1
-        if self.changed[step] >= DRAW_SEEN and self.changed[step] >= DRAW_SHARE * self.runs[step]:
-            _warn_draw(self.names[step], self.place)
-
-
-_draw_warned: set[str] = set()
-"""Steps a worker thread of this process warned about (:func:`_warn_draw`)."""
-_draw_lock = threading.Lock()
-
-
-def _warn_draw(step: str, place: Place | None) -> None:
-    """Warn, once per ``step`` name and process, that the global generators changed while
-    ``step`` ran in a worker thread, at ``place`` (the user's line that started the thread;
-    None: the thread's own outermost frame)."""
-    with _draw_lock:
-        if step in _draw_warned:
-            return
-        _draw_warned.add(step)
-    where = "the source's load" if step == LOAD_STEP else f"step {step!r}"
-    msg = (f"headrace: Python's, NumPy's or torch's global random generator changed while "
-           f"{where} ran in a worker thread (executor=\"threads\"): worker threads share those "
-           "generators and re-seed none, so what it draws from them differs run to run and "
-           "from worker processes. Give the step random=True and draw from its rng, or use "
-           "worker processes. (Said once per step; another thread drawing at the same time, "
-           "such as the training loop, changes them too.)")
-    if place is None:
-        user_frame.warn(msg)
-        return
-    filename, lineno, module_globals = place
-    warnings.warn_explicit(msg, UserWarning, filename, lineno,
-                           module=module_globals.get("__name__", filename),
-                           registry=module_globals.setdefault("__warningregistry__", {}),
-                           module_globals=module_globals)
 
 
 def _user_place() -> Place | None:
