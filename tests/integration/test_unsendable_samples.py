@@ -280,3 +280,25 @@ def test_a_sample_that_does_not_pickle_gives_its_ring_space_back(no_leaks):
         assert len({pid for _, pid in got}) == 1
     finally:
         loader.close()
+
+
+class Frames(tud.Dataset):
+    """``[five 4 MiB arrays of i]``: more than a spawned worker's 16 MiB ring holds at once."""
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        return [np.full(1 << 19, float(i)) for _ in range(5)]
+
+
+def test_a_sample_larger_than_its_workers_ring_arrives(no_leaks):
+    # each array fits the ring alone; the fifth found no room that only this sample's own
+    # message could free, and the worker waited for ever (a review; torch delivers them)
+    loader = hr.DataLoader(Frames(), batch_size=None, num_workers=1,
+                           multiprocessing_context="spawn", timeout=120)
+    try:
+        got = [[float(a[0]) for a in s] + [sum(a.numel() for a in s)] for s in loader]
+    finally:
+        loader.close()
+    assert got == [[float(i)] * 5 + [5 << 19] for i in range(3)]

@@ -181,3 +181,42 @@ def test_the_span_grows_only_where_that_makes_room():
     # wrapped round the start: a larger span leaves the room between them as it is, so the
     # writer waits for the consumer instead of touching more of the ring
     assert grown_span([(0, 40, 20), (0, 0, 20)], 30, 64, 1024) == 64
+
+
+def _no_wait() -> None:
+    pytest.fail("the writer waited for room only its own sample's message could free")
+
+
+def test_a_sample_larger_than_the_ring_sends_what_does_not_fit_another_way():
+    # five arrays of a quarter of the ring each: the fifth found no room that any wait could
+    # make (only this sample's own message, not yet sent, frees the first four), and the
+    # worker waited for ever (5 x 4 MiB in a spawned worker's 16 MiB ring; a review)
+    ring = Ring(mp.get_context("fork"), size=64 * 1024)
+    w = RingWriter(ring, parent_pid=0)
+    w.before_wait = _no_wait
+    arrays = [np.full(4096, i, dtype=np.float32) for i in range(5)]  # 16 KB each
+    enc = encode(arrays, w, lambda leaf: ("other", leaf))
+    assert [isinstance(e, RingRef) for e in enc] == [True] * 4 + [False]
+    assert enc[4][0] == "other" and enc[4][1] is arrays[4]
+    assert w.value_start is None  # between values again
+    ring.read_pos.value = w.write_pos  # the reader took it: the next sample uses the ring
+    assert all(isinstance(e, RingRef) for e in encode(arrays[:4], w))
+
+
+def test_a_sample_wrapping_onto_its_own_first_array_sends_it_another_way():
+    # an earlier sample's 4 KB array at the ring's start, not yet taken: this sample's three
+    # 16 KB arrays go after it, and its fourth fits only at the start, where its own first
+    # one is in the way once the earlier array is freed: no wait can make room (a review: a
+    # 16 MiB sample of four 4 MiB arrays after 100 small ones hung a spawned worker)
+    ring = Ring(mp.get_context("fork"), size=64 * 1024)
+    w = RingWriter(ring, parent_pid=0)
+    w.before_wait = _no_wait
+    earlier = encode([np.zeros(1024, dtype=np.float32)], w)
+    arrays = [np.full(4096, i, dtype=np.float32) for i in range(4)]
+    enc = encode(arrays, w, lambda leaf: ("other", leaf))
+    assert isinstance(earlier[0], RingRef) and earlier[0].offset == 0
+    assert [isinstance(e, RingRef) for e in enc] == [True, True, True, False]
+    assert enc[3][0] == "other" and enc[3][1] is arrays[3]
+    ring.read_pos.value = w.write_pos
+    assert all(np.array_equal(d, a) for d, a in zip(decode(enc[:3], ring), arrays[:3],
+                                                     strict=True))

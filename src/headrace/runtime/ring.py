@@ -135,21 +135,33 @@ class RingWriter:
         self.before_wait: Callable[[], Any] = lambda: None
         """Called once before waiting for space (the worker sends samples it kept, whose
         space the training process frees only once it has them)."""
+        self.value_start: int | None = None
+        """``write_pos`` (bytes) when the value being encoded began (:func:`encode`; None
+        between values): its arrays are freed only with its own message, not yet sent."""
 
     def fits(self, nbytes: int) -> bool:
         return nbytes <= self.ring.size // 4
 
-    def put(self, arr: np.ndarray) -> int:
-        """Copy ``arr`` into the ring; returns its offset. Waits while the ring is full."""
+    def put(self, arr: np.ndarray) -> int | None:
+        """Copy ``arr`` into the ring; returns its offset. Waits while the ring is full; None
+        (nothing copied) where only the value being encoded could make room: the caller
+        sends ``arr`` another way."""
         n = (arr.nbytes + ALIGN - 1) // ALIGN * ALIGN
         offset = self._reserve(n)
+        if offset is None:
+            return None
         self.write_pos += n
         self.held.append((self.write_pos, offset, n))
         np.ndarray(arr.shape, arr.dtype, self.ring.buf, offset)[...] = arr  # C order, as read
         return offset
 
-    def _reserve(self, n: int) -> int:
-        """An offset with ``n`` free bytes, growing the span if that avoids a wait."""
+    def _reserve(self, n: int) -> int | None:
+        """An offset with ``n`` free bytes, growing the span if that avoids a wait; None when
+        no wait can make room: the arrays of the value being encoded, which its message (not
+        yet sent) frees, leave none anywhere in the ring. A sample whose arrays add up to
+        more than the ring, or wrap round onto its own first one, waited for ever (5 arrays of
+        4 MiB in a spawned worker's 16 MiB ring, 5 of 60 MiB in a forked worker's 256 MiB; a
+        review): such an array goes by ``transport.encode`` instead."""
         read_pos, held = self.ring.read_pos, self.held
         asked = False
         while True:
@@ -162,6 +174,10 @@ class RingWriter:
                 offset = place(held, n, self.span)
             if offset is not None:
                 return offset
+            start = self.value_start
+            if start is not None and place([h for h in held if h[0] > start], n,
+                                           self.ring.size) is None:
+                return None
             if not asked:  # the consumer has not freed enough yet
                 self.before_wait()
                 asked = True
@@ -223,7 +239,11 @@ def encode(x: Any, w: RingWriter, other: Callable[[Any], Any] = lambda leaf: lea
     """Replace large arrays/tensors of a sample by ring references (worker side); every other
     leaf becomes ``other(leaf)`` (the worker passes ``transport.encode``: one walk of the
     sample instead of two)."""
-    return map_leaves(x, lambda leaf: _encode_leaf(leaf, w, other))
+    w.value_start = w.write_pos
+    try:
+        return map_leaves(x, lambda leaf: _encode_leaf(leaf, w, other))
+    finally:
+        w.value_start = None
 
 
 def decode(x: Any, ring: Ring, other: Callable[[Any], Any] = lambda leaf: leaf) -> Any:
@@ -241,11 +261,16 @@ def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
         if bits is None:  # a quantized tensor, a conjugate view: transport.encode's
             return other(x)
         a, view = bits
-        return RingRef("torch" if view is None else view, w.put(a), a.dtype.str, a.shape)
+        offset = w.put(a)
+        if offset is None:  # no room the ring could make (RingWriter._reserve)
+            return other(x)
+        return RingRef("torch" if view is None else view, offset, a.dtype.str, a.shape)
     numeric = (type(x) is np.ndarray and x.dtype != object and x.dtype.kind in "biufc"
                and not steps_back(x))  # its strides kept: default_collate refuses them
     if numeric and x.nbytes >= MIN_LEAF and w.fits(x.nbytes):
-        return RingRef("np", w.put(x), x.dtype.str, x.shape)
+        offset = w.put(x)
+        if offset is not None:
+            return RingRef("np", offset, x.dtype.str, x.shape)
     return other(x)
 
 
