@@ -61,13 +61,11 @@ def test_the_loaders_memory_cap_reaches_the_estimate():
     aug = StepStats("aug", 100, 0.040, 0.040, 0.040, 0.004, 0.0, 4096.0, None, None, None,
                     None, None)
     profile = PipelineProfile((aug,), 100, 0.040, 0.040, ())
-    budget = 6 << 30
     loader = hr.DataLoader([torch.zeros(2)] * 64, batch_size=4, num_workers="auto",
                            options=hr.Options(autoscale=hr.AutoscaleConfig(
-                               initial=2, max_workers=8, memory_budget_bytes=budget),
-                               remote=hr.Remote(max_workers=4)))
+                               initial=2, max_workers=8), remote=hr.Remote(max_workers=4)))
     loader.monitor.record_workers(3)
     assert loader_local_workers(loader, profile) == (3, 8)  # no worker measured yet
-    loader.monitor.worker_memory_bytes = 1.5 * (1 << 30)  # as the scaler's decisions measure
+    loader.monitor.memory_allows = 4  # as the scaler's decisions measure it
     assert loader.monitor.memory_cap() == 4
     assert loader_local_workers(loader, profile) == (3, 4)

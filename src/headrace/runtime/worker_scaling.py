@@ -42,9 +42,9 @@ class WorkerScaling:
     t0: float
     """``time.perf_counter()`` when the loader was created."""
     _parked: WorkerScaler | None = None  # the scaler while a fixed num_workers is set
-    worker_memory_bytes: float | None = None
-    """A worker process's private memory (bytes, the live workers' mean) at the scaler's last
-    decision that measured one (None: none yet)."""
+    memory_allows: int | None = None
+    """The workers the memory budget allowed at the scaler's last decision that measured its
+    workers' memory (None: none yet; :meth:`memory_cap`)."""
 
     @property
     def can_scale(self) -> bool:
@@ -148,13 +148,13 @@ class WorkerScaling:
         return consumer_rate(e.samples, e.wall_s - e.stall_s)
 
     def memory_cap(self) -> int | None:
-        """The workers the memory budget allows at the last measured memory per worker
-        (``worker_memory_bytes``, bytes: the mean private memory of the live workers at the
-        scaler's last decision that measured one); None before any was measured, or without a
-        scaler. FastFlow's offload estimate caps the local workers it counts on with it."""
-        if self.scaler is None or not self.worker_memory_bytes:
-            return None
-        return max(1, int(self.memory_budget() // self.worker_memory_bytes))
+        """The workers the memory budget allowed at the scaler's last decision that measured
+        its workers' memory (``memory_allows``: the budget, counting what the live workers
+        held, over their mean private memory); None before any was measured, or without a
+        scaler. FastFlow's offload estimate caps the local workers it counts on with it. Read
+        at that decision, not now: with the workers alive (persistent ones) the memory
+        available now leaves their own out, and read now it undercounted (a review)."""
+        return self.memory_allows if self.scaler is not None else None
 
     def memory_budget(self, workers_use: float = 0.0) -> float:
         """Bytes the workers may use in all: ``AutoscaleConfig.memory_budget_bytes``, else
@@ -180,12 +180,13 @@ class WorkerScaling:
             if size is not None:
                 used.append(size)
         per_worker = sum(used) / len(used) if used else None
-        if per_worker is not None:
-            self.worker_memory_bytes = per_worker
+        budget = self.memory_budget(sum(used))
+        if per_worker:
+            self.memory_allows = max(1, int(budget // per_worker))
         steps = self._profile_steps()  # one report for both numbers
         assert self.cpu_use is not None
         d = self.scaler.decide(len(live), self.cpu_use.read(), per_worker,
-                               self.memory_budget(sum(used)), self._cpu_share(steps),
+                               budget, self._cpu_share(steps),
                                rank_cpus(),
                                self._consumer_rate(), self._sample_wall_s(steps),
                                draining=sched.lanes.exhausted and not sched.lanes.fresh,
