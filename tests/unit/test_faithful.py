@@ -36,3 +36,18 @@ def test_separate_parts_and_immutable_repeats_travel():
     assert why_it_stays({"img": t, "top": t[:2].clone(), "arr": np.zeros(3), "n": 3,
                          "names": (label, label), "p": Point(1, 2), "empty": [torch.empty(0), torch.empty(0)],
                          "leaf": torch.ones(2, requires_grad=True), "raw": b"x"}) is None
+
+
+class Twice(collections.namedtuple("Twice", "first second")):
+    """A named tuple whose class takes one value, not its fields."""
+
+    def __new__(cls, value):
+        return super().__new__(cls, value, value)
+
+
+def test_a_named_tuple_its_class_does_not_rebuild_from_its_fields_stays():
+    # it pickles (the check dumps only): the transport rebuilds named tuples from their
+    # fields, which raised, and the handed-off sample failed where torch delivered it
+    why = why_it_stays({"pair": Twice(3.0)})
+    assert why is not None and "value['pair'] is a named tuple (Twice)" in why, why
+    assert why_it_stays({"p": Point(1, 2)}) is None

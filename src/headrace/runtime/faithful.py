@@ -11,7 +11,10 @@ else. Two things a pickle cannot carry:
   another part (``{"img": t, "top": t[:2]}``), the same list or dict twice. The transport
   encodes each leaf on its own (``runtime/transport.py``, ``runtime/ring.py``,
   ``remote/payload.py``), so they arrive as separate copies and a later in-place step
-  (``d["img"].mul_(2)``) no longer changes the others.
+  (``d["img"].mul_(2)``) no longer changes the others;
+* a named tuple whose class does not take its fields back (a ``__new__`` of its own): the
+  transport rebuilds named tuples from their fields (``ring.map_leaves``), which raised, and
+  the handed-off sample failed at step 'transport' where torch delivered it (a review).
 
 :func:`why_it_stays` tells which, in words, or None when the value travels faithfully. It runs
 on a value about to be handed off (a sample already over the timeout), and on every value a
@@ -57,7 +60,7 @@ def why_it_stays(value: Any) -> str | None:
 def _shared_part(x: Any, path: str, seen: dict[int, str]) -> str | None:
     """The first dict, list, tensor, array or bytearray reached twice through the containers
     the transport rebuilds (exact dicts, lists, tuples, named tuples; dict subclasses): it
-    would arrive as two copies."""
+    would arrive as two copies; or the first named tuple the transport could not rebuild."""
     t = type(x)
     if isinstance(x, _COPIED) or t is list:
         if id(x) in seen:
@@ -65,7 +68,14 @@ def _shared_part(x: Any, path: str, seen: dict[int, str]) -> str | None:
         seen[id(x)] = path
     if isinstance(x, dict):
         items: Any = x.items()
-    elif t is list or t is tuple or (isinstance(x, tuple) and hasattr(x, "_fields")):
+    elif t is list or t is tuple:
+        items = enumerate(x)
+    elif isinstance(x, tuple) and hasattr(x, "_fields"):
+        try:
+            t(*x)  # as the transport rebuilds it (a plain named tuple: a cheap tuple)
+        except Exception as e:  # noqa: BLE001 - whatever stops the rebuild stops the hand-off
+            return (f"{path} is a named tuple ({t.__qualname__}) that its class does not "
+                    f"rebuild from its fields ({type(e).__name__}: {e})")
         items = enumerate(x)
     else:
         return None
