@@ -81,3 +81,51 @@ def test_a_closed_pipe_reports_the_training_process_gone():
     box.add(done(1), time.monotonic())
     assert box.add(done(2), time.monotonic()) is True  # kept: nothing written yet
     assert box.flush() is False
+
+
+def test_a_kept_sample_that_does_not_pickle_frees_its_ring_space_for_the_next():
+    # A kept sample filling the ring holds a lock: its message fails to pickle when the next
+    # sample's wait for ring space flushes the outbox. Its error carried no ring end, so its
+    # space stayed held and the next sample waited for ever (a review; the writer's rewind
+    # that stood in for it did nothing while another value was being encoded).
+    import os
+    import types
+
+    import numpy as np
+
+    from headrace.runtime.outbox import RingSender
+    from headrace.runtime.ring import Ring, RingWriter
+    from headrace.runtime.scheduler import _free_ring
+
+    ring = Ring(mp.get_context("spawn"))  # 16 MiB, as a spawned worker's
+    writer = RingWriter(ring, os.getpid())
+    sender = RingSender(writer)
+    r, box = pipe(hold_s=60.0)
+    writer.before_wait = box.flush
+    handle = types.SimpleNamespace(ring=ring)
+    got: list[str] = []
+
+    def scheduler() -> None:  # reads and frees as the scheduler does, until the second sample
+        while "done" not in got:
+            m = r.recv()
+            for x in (m[1] if m[0] == "many" else [m]):
+                got.append(x[0])
+                _free_ring(handle, (x,))
+
+    reader = threading.Thread(target=scheduler, daemon=True)
+    reader.start()
+    big = [np.full(1 << 19, float(k)) for k in range(4)] + [threading.Lock()]
+    payload, end = sender(big)
+    assert box.add(("done", 1, payload, [], 0, end), time.monotonic())  # kept
+    sent = threading.Event()
+
+    def next_sample() -> None:
+        p, e = sender(np.zeros(1024))  # waits for ring space: flushes the kept one first
+        box.add(("done", 2, p, [], 0, e), time.monotonic())
+        box.flush()
+        sent.set()
+
+    threading.Thread(target=next_sample, daemon=True).start()
+    assert sent.wait(30), "the next sample waited for ring space the unsent one kept"
+    reader.join(30)
+    assert got == ["error", "done"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 from headrace.errors import picklable_class
@@ -29,9 +28,8 @@ class Outbox:
     waits more than ``hold_s`` plus one step.
     """
 
-    def __init__(self, results: Any, unsent: Callable[[int], None] | None = None) -> None:
+    def __init__(self, results: Any) -> None:
         self.results = results
-        self.unsent = unsent  # a "done"/"partial" not sent, by its ring end (``send``)
         self.kept: list[tuple[Any, ...]] = []
         self.since = 0.0  # time.monotonic() when the first kept message was added
         self.hold_s = 0.0  # seconds of work a finished sample may wait (the task message's)
@@ -58,14 +56,14 @@ class Outbox:
         if not kept:
             return True
         if len(kept) == 1:
-            return send(self.results, kept[0], self.unsent)
+            return send(self.results, kept[0])
         try:
             self.results.send(("many", kept))
             return True
         except (BrokenPipeError, EOFError, OSError):
             return False
         except Exception:  # noqa: BLE001 - one unpicklable sample: each on its own, so the
-            return all(send(self.results, m, self.unsent) for m in kept)  # error names it
+            return all(send(self.results, m) for m in kept)  # error names that sample
 
 
 SHM_FULL = (
@@ -105,57 +103,37 @@ class RingSender:
     ring_end)``, its large arrays copied into the worker's ring, the rest
     ``transport.encode``-d (``TaskRunner.message``'s ``send_value``).
 
-    A sample that does not go (its encoding raises, its message does not pickle) becomes an
-    error message, which carries no ring end: the training process frees ring space up to the
-    end of each message it reads, so the space that sample's arrays took stayed held until a
-    later message's end passed it, and a later sample needing it waited forever (one whose
-    leaves filled a spawned worker's 16 MiB ring). The space goes back to the writer at once
-    instead: on an encoding's exception, and by ``give_back`` (the ``Outbox``'s ``unsent``) for
-    the value encoded last; one encoded before a later value is freed by that value's end.
+    A value whose encoding raises leaves nothing in the ring: what it wrote is forgotten at
+    once (no message holds an end past its start), and the sample's error message follows. A
+    message that does not pickle (``send``) becomes an error message carrying that message's
+    ring end, which the training process frees up to as for the message itself: without it,
+    the space that sample's arrays took stayed held until a later message's end passed it, and
+    a later sample needing it waited for ever (one whose leaves filled a spawned worker's 16
+    MiB ring). Rewinding the writer for a message that did not go, instead, missed the orders
+    in which another value was written after it (a review).
     """
 
     def __init__(self, writer: RingWriter) -> None:
         self.writer = writer
-        self.last = (0, 0)
-        """The writer's ``write_pos`` (bytes) before and after the value encoded last."""
-        self.encoding = False
-        """A value is being encoded: the writer, waiting for space, flushes the outbox."""
 
     def __call__(self, value: Any) -> tuple[Any, int]:
-        start = self.writer.write_pos
-        self.encoding = True
-        try:
-            payload = ring_encode(value, self.writer, encode)
-        except BaseException:
-            self._back_to(start)
-            raise
-        finally:
-            self.encoding = False
-        self.last = (start, self.writer.write_pos)
-        return payload, self.writer.write_pos
-
-    def give_back(self, ring_end: int) -> None:
-        """The value whose message ends at ``ring_end`` (bytes) was not sent: free its ring
-        space if it is the one encoded last (nothing written after it) and no value is being
-        encoded now (whose end will free it)."""
-        start, end = self.last
-        if not self.encoding and ring_end == end == self.writer.write_pos:
-            self._back_to(start)
-
-    def _back_to(self, start: int) -> None:
-        """Forget what was written from ``start`` on: no message sent holds an end past it."""
         w = self.writer
-        w.write_pos = start
-        while w.held and w.held[-1][0] > start:
-            w.held.pop()
-        self.last = (start, start)
+        start = w.write_pos
+        try:
+            payload = ring_encode(value, w, encode)
+        except BaseException:
+            w.write_pos = start  # forget what it wrote: no message sent holds an end past it
+            while w.held and w.held[-1][0] > start:
+                w.held.pop()
+            raise
+        return payload, w.write_pos
 
 
-def send(conn: Any, msg: Any, unsent: Callable[[int], None] | None = None) -> bool:
+def send(conn: Any, msg: Any) -> bool:
     """Send ``msg`` to the training process; False when it is gone. A finished or handed-off
     sample that cannot be sent (it does not pickle, /dev/shm is full) is reported as that
-    sample's error instead, so the training loop hears which sample failed and why, after
-    ``unsent(ring_end)`` (``RingSender.give_back``: the error frees no ring space)."""
+    sample's error instead, so the training loop hears which sample failed and why; the error
+    carries the message's ring end, which frees the sample's ring space (:class:`RingSender`)."""
     try:
         conn.send(msg)
         return True
@@ -163,22 +141,22 @@ def send(conn: Any, msg: Any, unsent: Callable[[int], None] | None = None) -> bo
         return False  # the main process closed our pipe: shutting down
     except Exception as e:  # noqa: BLE001 - e.g. an unpicklable sample, /dev/shm full
         if msg[0] in ("done", "partial"):
-            if unsent is not None:
-                unsent(msg[-1])
-            return send(conn, unsendable(msg[1], e, NOT_PICKLABLE))
+            return send(conn, unsendable(msg[1], e, NOT_PICKLABLE, msg[-1]))
         raise
 
 
-def unsendable(tid: int, e: Exception, why: str) -> tuple[Any, ...]:
+def unsendable(tid: int, e: Exception, why: str,
+               ring_end: int | None = None) -> tuple[Any, ...]:
     """The error message of task ``tid``, whose value could not be sent because of ``e``
     (raised just now: its traceback goes with it); the training process raises it at step
     'transport' (``errors.TRANSPORT_STEP``), or skips the sample with ``on_error='skip'``.
     ``why``: what the message adds (``NOT_PICKLABLE``, ``NOT_ENCODED``), unless /dev/shm is
-    full (``SHM_FULL``)."""
+    full (``SHM_FULL``). ``ring_end``: the end of the unsent message's ring space, freed by
+    the training process (None: it wrote none)."""
     text = f"the sample could not be sent to the main process: {e}"
     text += SHM_FULL if _looks_like_shm_exhaustion(e) else why
     return ("error", tid, -1, picklable_class(type(e)), qualname(type(e)), text,
-            traceback.format_exc(), None)
+            traceback.format_exc(), None, ring_end)
 
 
 def _looks_like_shm_exhaustion(e: BaseException) -> bool:

@@ -333,8 +333,7 @@ class Scheduler:
         rec = self._recs.get(tid)
         ring = w.ring  # None: a worker thread, whose payload is the value itself
         if task is None or rec is None:
-            if kind in ("done", "partial") and ring is not None:
-                ring.read_pos.value = msg[-1]  # free its ring space all the same
+            _free_ring(w, (msg,))  # its ring space, all the same
             return  # a stale result of a task already re-run elsewhere
         if w.took is not None:
             w.took(tid)  # a backend's count (remote/): results taken, never stale ones
@@ -375,7 +374,8 @@ class Scheduler:
                                          drew_at=drew_at)  # its cache stores no form after it
             self.lanes.backlog.append(rec)
         elif kind == "error":
-            _, _, step, exc_cls, cause, text, tb, attributes = msg
+            _, _, step, exc_cls, cause, text, tb, attributes = msg[:8]
+            _free_ring(w, (msg,))  # a message that did not pickle: its ring end (outbox.py)
             names = self.pool.pipeline.step_names
             step_name = names[step] if 0 <= step < len(names) else TRANSPORT_STEP
             err = step_error_for(exc_cls, rec.index, step_name, cause, text, tb, w.slot,
@@ -390,8 +390,11 @@ class Scheduler:
 
 
 def _free_ring(w: WorkerHandle, msgs: Any) -> None:
-    """Free the ring space of finished or handed-off samples in ``msgs`` that an error left
-    unhandled (their data is dropped with the epoch)."""
-    ends = [m[-1] for m in msgs if m[0] in ("done", "partial")]
+    """Free the ring space of the samples in ``msgs`` whose data is not read: finished or
+    handed-off ones that an error left unhandled or that are stale, and those whose message
+    did not pickle (an ``"error"`` carrying the ring end of the message it replaces, its
+    ninth field, ``outbox.unsendable``)."""
+    ends = [m[-1] for m in msgs if m[0] in ("done", "partial")
+            or m[0] == "error" and len(m) > 8 and m[8] is not None]
     if w.ring is not None and ends and max(ends) > w.ring.read_pos.value:
         w.ring.read_pos.value = max(ends)

@@ -12,9 +12,11 @@ Messages (tuples, to keep pickling cheap):
   timings, bytes_in, drew_at, ring_end)`` when the sample is handed off (timings: ``StepTiming``
   per step run; bytes_in: size of the value a resumed run started from; drew_at: the first step
   so far that drew from a global generator, or None: ``Outcome.drew_at``, for ``Task.drew_at``;
-  ring_end: the worker's ring write position after this payload, which the receiver frees up to); ``("error", tid, step, exc_class, cause_type, message, tb, attributes)``
+  ring_end: the worker's ring write position after this payload, which the receiver frees up
+  to); ``("error", tid, step, exc_class, cause_type, message, tb, attributes)``
   (``attributes``: the exception's own, those that pickle: ``errors.exception_attributes``;
-  ``None`` for a sample that could not be sent);
+  ``None`` for a sample that could not be sent), with a ninth field for a sample whose message
+  did not pickle: that message's ring end (``outbox.unsendable``);
   ``("many", [message, ...])``: several finished samples' messages, in order (``Outbox``).
 
 See NOTE [headrace shutdown] in ``runtime/worker_stop.py`` for how a worker exits.
@@ -174,7 +176,7 @@ def worker_main(sent: WorkerSetup | ReceivedSetup, tasks: Any, results: Any, *sh
         mp_util.Finalize(None, _if_orphaned, args=(setup.parent_pid, owner_gone), exitpriority=0)
 
     to_ring = RingSender(writer)
-    outbox = Outbox(results, to_ring.give_back)  # what is not sent gives its ring space back
+    outbox = Outbox(results)
     writer.before_wait = outbox.flush  # held samples' ring space is freed once they are sent
     set_step = runner.on_step
 
