@@ -64,7 +64,7 @@ def test_exception_in_the_training_loop_stops_the_workers(no_leaks):
 
 def test_an_idle_scheduler_backs_off_and_anything_that_happens_resets_it():
     # an iterator left mid-epoch (a kept traceback) polled 20 times a second
-    from headrace.runtime.scheduler import IDLE_POLL_S, POLL_S, next_poll_s
+    from headrace.runtime.waiter import IDLE_POLL_S, POLL_S, next_poll_s
 
     waits = [POLL_S]
     for _ in range(10):

@@ -51,26 +51,10 @@ from headrace.runtime.pool import WorkerPool
 from headrace.runtime.ring import decode as ring_decode
 from headrace.runtime.starts import Starts
 from headrace.runtime.transport import decode, encode
-from headrace.runtime.waiter import Waiter
+from headrace.runtime.waiter import POLL_S, Waiter, next_poll_s
 from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec
 
 log = logging.getLogger("headrace")
-
-POLL_S = 0.05
-"""Longest the scheduler blocks before re-checking its stop event (seconds)."""
-IDLE_POLL_S = 1.0
-"""...doubled up to this while no worker holds a task and nothing happens (seconds): an
-iterator abandoned mid-epoch but still referenced (a kept traceback, a notebook's variable)
-ticked 20 times a second, about 1% of a core each, where torch's sits idle. Anything that can
-give it work wakes it at once (a batch taken, a worker ready or added, stop)."""
-
-
-def next_poll_s(poll_s: float, idle: bool) -> float:
-    """The next wait's bound (seconds) after a wait of ``poll_s``: doubled up to
-    ``IDLE_POLL_S`` when it passed with nothing assigned and nothing happening, else
-    ``POLL_S``."""
-    return min(2 * poll_s, IDLE_POLL_S) if idle else POLL_S
-
 
 class Scheduler:
     """Runs one epoch in a background thread; the training loop reads ``out``."""

@@ -1,4 +1,5 @@
-"""What the scheduler thread waits on, between two passes over its work.
+"""What the scheduler thread waits on, between two passes over its work, and for how long
+(``POLL_S``, ``next_poll_s``).
 
 Worker result pipes and process sentinels (a message, or a death), a wake-up pipe (work to
 dispatch: room freed by the training loop, a worker added), and task pipes still full (rare: a
@@ -27,6 +28,22 @@ import time
 from typing import Any
 
 from headrace.runtime.handles import WorkerHandle
+
+POLL_S = 0.05
+"""Longest the scheduler thread blocks before re-checking its stop event (seconds)."""
+IDLE_POLL_S = 1.0
+"""...doubled up to this while no worker holds a task and nothing happens (seconds): an
+iterator abandoned mid-epoch but still referenced (a kept traceback, a notebook's variable)
+ticked 20 times a second, about 1% of a core each, where torch's sits idle. Anything that can
+give it work wakes it at once (a batch taken, a worker ready or added, stop)."""
+
+
+def next_poll_s(poll_s: float, idle: bool) -> float:
+    """The next wait's bound (seconds) after a wait of ``poll_s``: doubled up to
+    ``IDLE_POLL_S`` when it passed with nothing assigned and nothing happening, else
+    ``POLL_S``."""
+    return min(2 * poll_s, IDLE_POLL_S) if idle else POLL_S
+
 
 GIVE_WAY_S = 20e-6
 """One sleep of the woken scheduler thread while the training thread leaves ``next()``

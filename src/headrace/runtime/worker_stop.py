@@ -6,7 +6,7 @@ Written once here; every loop that blocks points to it.
 
 * Every blocking call polls: workers wait on their task pipe for at most ``worker.POLL_S`` and
   exit when their parent is gone (the training process was SIGKILLed); the scheduler thread
-  waits on result pipes, process sentinels and its wake-up pipe for at most ``scheduler.POLL_S``
+  waits on result pipes, process sentinels and its wake-up pipe for at most ``waiter.POLL_S``
   and exits when its stop event is set.
 * ``WorkerPool.shutdown()`` is idempotent. It sends ``None`` to every task pipe (and closes a
   worker thread's queue, so it exits after the sample it runs), gives workers
