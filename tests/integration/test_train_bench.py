@@ -37,9 +37,11 @@ def test_mean_between_and_sampler_refusal():
 
 @pytest.mark.heavy_imports  # its torch optimizers import torch._dynamo and sympy
 def test_tiny_training_run_on_cpu(tmp_path, no_leaks):
+    # the model alone is timed on one step, unwarmed: the defaults' 13 steps per workload
+    # cost more than the 8 steps of training that the assertions below are about
     cfg = TrainConfig(workloads=("imseg", "imagenet", "speech-3s"), samples=6, epochs=2,
                       workers=1, device="cpu", out_dir=str(tmp_path / "out"),
-                      cache_dir=str(tmp_path))
+                      cache_dir=str(tmp_path), model_warmup=0, model_steps=1)
     runs = run_train(cfg, log=lambda _m: None)
     assert [(r.workload, r.loader) for r in runs] == [
         ("imseg", "torch"), ("imseg", "headrace"), ("imagenet", "torch"), ("imagenet", "headrace"),
@@ -58,6 +60,13 @@ def test_tiny_training_run_on_cpu(tmp_path, no_leaks):
     assert doc["device"] == "cpu" and len(doc["runs"]) == 6
     table = (tmp_path / "out" / "train.md").read_text()
     assert "| imseg | headrace |" in table and "| speech-3s | torch |" in table
+
+
+def test_train_config_refuses_an_untimed_model_step():
+    with pytest.raises(ValueError, match="model_steps"):
+        TrainConfig(model_steps=0)  # ModelStep.step_s would be the median of nothing
+    with pytest.raises(ValueError, match="model_warmup"):
+        TrainConfig(model_warmup=-1)
 
 
 def test_cli_train_rejects_unknown_workload(tmp_path, capsys):

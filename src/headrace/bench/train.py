@@ -78,6 +78,9 @@ class TrainConfig:
             set one themselves, ``Options.worker_blas_threads``); 0 leaves the count alone,
             one pool per core in every torch worker, which is what torch users get by default.
         amp: bfloat16 autocast on CUDA.
+        model_warmup: untimed training steps of the model alone before :func:`measure_model_step`
+            times it (cuDNN autotuning, allocator).
+        model_steps: timed steps of the model alone (their median is ``ModelStep.step_s``).
         seed: dataset, sampler order and model initialisation seed.
         interval_s: GPU utilization sampling period, seconds.
         loaders: which loaders to run, among :data:`LOADERS`.
@@ -94,6 +97,8 @@ class TrainConfig:
     width: int | None = None
     depth: int | None = None
     amp: bool = True
+    model_warmup: int = 3
+    model_steps: int = 10
     seed: int = 0
     interval_s: float = 0.1
     blas_threads: int = 1
@@ -110,6 +115,8 @@ class TrainConfig:
             raise ValueError(f"unknown loader(s) {bad}; choose from {LOADERS}")
         if self.epochs < 1:
             raise ValueError("epochs must be >= 1")
+        if self.model_warmup < 0 or self.model_steps < 1:
+            raise ValueError("model_warmup must be >= 0 and model_steps >= 1")
 
     def resolved_device(self) -> torch.device:
         if self.device is not None:
@@ -209,13 +216,13 @@ class ModelStep:
     utilization: float | None
 
 
-def measure_model_step(wl: Workload, cfg: TrainConfig, order: list[int], steps: int = 10,
+def measure_model_step(wl: Workload, cfg: TrainConfig, order: list[int],
                        ceiling_s: float = 3.0) -> ModelStep:
     """Time a fresh model's training step on the epoch's first batch (``order[:batch_size]``,
     collated as torch does) and, with NVML, its utilization over ``ceiling_s`` seconds of
     steps back to back (leaving out the first 0.5 s, which NVML's sample period, up to 1 s,
-    may mix with the idle time before). 3 warm-up steps (cuDNN autotuning, allocator) are not
-    measured."""
+    may mix with the idle time before). ``cfg.model_warmup`` warm-up steps (cuDNN autotuning,
+    allocator) are not measured; ``cfg.model_steps`` are."""
     device = cfg.resolved_device()
     on_gpu = device.type == "cuda"
     amp = on_gpu and cfg.amp
@@ -225,12 +232,12 @@ def measure_model_step(wl: Workload, cfg: TrainConfig, order: list[int], steps: 
     batch = tud.default_collate([wl.pipeline[i] for i in order[: wl.batch_size]])
     x, y = _inputs(wl.name, batch, device)
     times = []
-    for k in range(3 + steps):
+    for k in range(cfg.model_warmup + cfg.model_steps):
         t0 = time.perf_counter()
         _train_step(model, opt, x, y, amp)
         if on_gpu:
             torch.cuda.synchronize(device)
-        if k >= 3:
+        if k >= cfg.model_warmup:
             times.append(time.perf_counter() - t0)
     step_s = sorted(times)[len(times) // 2]
     if not (on_gpu and nvml_available()):
