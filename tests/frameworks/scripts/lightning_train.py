@@ -8,24 +8,24 @@ checkpoint mid-epoch then stops as a crash would), resume (a new process resumes
 ddp_crash / ddp_resume (the same on 2 CPU processes, strategy="ddp", one epoch; in ddp_crash
 rank 1's first sample to start waits at a gate its training process holds closed until it
 exits, so rank 1 delivers other positions than rank 0 before the checkpoint).
+
+Lightning is imported in ``main()`` and by ``lightning_tiny.py`` (the module and callback),
+not at this script's top: ddp_spawn's spawned loader workers import this script (as
+``__mp_main__``) but run no Lightning, and an import of it cost each of them seconds.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import sys
 from pathlib import Path
 
-import lightning as L
 import torch
 from tests.helpers import wait_at_gate
 from torch.utils.data import Dataset
 
 import headrace as hr
-
-CRASH_AT = 3  # the batch (0-based) of epoch 0 after which "crash" saves and stops
 
 
 class Indexed(Dataset):
@@ -61,52 +61,15 @@ class FirstHeldOnRank1(Indexed):
         return super().__getitem__(i)
 
 
-class Tiny(L.LightningModule):
-    def __init__(self, out: Path) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-        self.out = out
-        self.seen: list[int] = []
-
-    def training_step(self, batch, batch_idx):
-        x, idx = batch
-        self.seen.extend(idx.tolist())
-        return self.layer(x).pow(2).mean()
-
-    def on_train_epoch_end(self) -> None:
-        name = f"rank{self.global_rank}_epoch{self.current_epoch}.json"
-        (self.out / name).write_text(json.dumps(self.seen))
-        self.seen = []
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashMidEpoch(L.Callback):
-    """Saves a checkpoint after batch ``CRASH_AT`` of epoch 0, records what was trained, stops."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if batch_idx == CRASH_AT:
-            trainer.save_checkpoint(self.out / "mid.ckpt")  # on every rank, as Lightning asks
-            name = "before_crash.json" if trainer.world_size == 1 else \
-                f"before_crash_rank{trainer.global_rank}.json"
-            (self.out / name).write_text(json.dumps(pl_module.seen))
-            raise Crash
-
-
 def main() -> None:
+    import lightning as L
+    from lightning_tiny import Crash, CrashMidEpoch, Tiny  # beside this script (sys.path[0])
+
     mode, out = sys.argv[1], Path(sys.argv[2])
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 64
     out.mkdir(parents=True, exist_ok=True)
     L.seed_everything(7, verbose=False)
-    if mode == "ddp_spawn":  # workers are spawned too and import this script (and Lightning)
+    if mode == "ddp_spawn":  # workers are spawned too and import this script (not Lightning)
         loader = hr.DataLoader(Indexed(n), batch_size=4, shuffle=True, num_workers=1,
                                persistent_workers=True)
     elif mode in ("ddp_crash", "ddp_resume"):
