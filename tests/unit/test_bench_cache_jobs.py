@@ -55,3 +55,13 @@ def test_a_job_without_a_row_or_a_hit_rate_is_no_number():
     # a headrace job whose cache was off would have counted as a 0% hit rate
     assert job_outcome("headrace", 0, row, "") == (
         None, "measured no hit rate (the job ran without the cache)")
+
+
+def test_cachebench_exits_1_when_a_job_crashed():
+    from headrace.cli import crashed_status
+
+    whole = {"rows": [{"row": "torch", "samples_per_s": 10.0},
+                      {"row": "3 torch jobs", "samples_per_s": 30.0, "crashed": []}]}
+    assert crashed_status(whole) == 0
+    whole["rows"][1]["crashed"] = [{"round": 1, "job": 2, "why": "killed by SIGKILL"}]
+    assert crashed_status(whole) == 1

@@ -193,10 +193,18 @@ def _run_cachebench(args: argparse.Namespace) -> int:
 
     if args.jobs_only and args.no_redis:
         raise SystemExit("--jobs-only needs the Redis rows (drop --no-redis)")
-    run(args.out, args.samples, args.workers, args.epochs, args.redis, not args.no_redis,
-        args.cache_dir, log=_log, jobs_only=args.jobs_only, rounds=args.rounds)
+    result = run(args.out, args.samples, args.workers, args.epochs, args.redis,
+                 not args.no_redis, args.cache_dir, log=_log, jobs_only=args.jobs_only,
+                 rounds=args.rounds)
     print((__import__("pathlib").Path(args.out) / "cache_results.md").read_text())
-    return 0
+    return crashed_status(result)
+
+
+def crashed_status(result: dict) -> int:
+    """``headrace cachebench``'s exit status: 1 when a concurrent job crashed in any round
+    (named in the log and the table, its round left out of the numbers), else 0: a script
+    running the benchmark hears of it, where it exited 0 (a review)."""
+    return 1 if any(r.get("crashed") for r in result["rows"]) else 0
 
 
 # -- the command ------------------------------------------------------------------------------
