@@ -276,17 +276,3 @@ def test_steps_of_one_name_in_two_pipelines_are_each_warned_about(no_leaks):
         code = step.fn.__code__  # the message tells the two apart by where each is defined
         assert "step '<lambda>' ran" in message
         assert f"{code.co_filename}:{code.co_firstlineno}" in message
-
-
-def test_a_pipeline_that_draws_nothing_runs_no_probe(no_leaks):
-    # A probe makes the other threads wait while one step runs alone: probing every watched
-    # step of a pipeline that draws nothing slowed its first epoch for no warning to give.
-    from headrace.runtime import thread_draws
-
-    step = hr.step(simulated_work, name="simulated_work_quiet_t")
-    source = ArraySource(64)
-    loader = hr.DataLoader(hr.Pipeline(source, [step]), batch_size=4, num_workers=3,
-                           options=THREADS)
-    assert len(flat(loader)) == 64
-    records = [thread_draws._steps.evidence[id(o)] for o in (source, step)]
-    assert [(r.probes, r.changed) for r in records] == [(0, 0), (0, 0)], records

@@ -14,9 +14,7 @@ not (:class:`DrawWatch` ``enter``/``leave``), and only a watched run during whic
 worker thread entered or was inside a step (an *alone* run) is evidence. Such runs are rare
 where the threads are always in a step (steps that let go of the GIL: 2 to 4 of 128 to 192
 watched runs), so a watched step with fewer than ``ALONE_RUNS`` alone runs, process-wide, runs
-as a *probe* once any watched run of it saw the generators change (a *suspect*: where nothing
-draws, no step is one and no thread ever waits; a probe serialises the threads for one step,
-which for a 50 ms decode would cost 64 x 50 ms of the first epoch): other
+as a *probe*: other
 worker threads finish the step they are in and wait at their next one until it ends (each wait
 at most ``PROBE_WAIT_S``; a probe that did not get the others out runs anyway, as no evidence).
 ``DRAW_SEEN`` changes on alone runs make the warning, whatever share of the step's samples
@@ -76,9 +74,6 @@ class _Evidence:
     """Of those, runs that changed the global generators."""
     probes: int = 0
     """Probes tried."""
-    suspect: bool = False
-    """A watched run of the step, alone or not, saw the generators change: only then are its
-    runs probes (a pipeline where nothing draws never stalls a thread)."""
     warned: bool = False
 
     def of(self, obj: Any) -> bool:
@@ -160,7 +155,7 @@ class DrawWatch:
             self.entries += 1
             return
         ev = self.evidence[step]
-        if ev.suspect and not ev.warned and ev.alone < ALONE_RUNS and ev.probes < ALONE_RUNS:
+        if not ev.warned and ev.alone < ALONE_RUNS and ev.probes < ALONE_RUNS:
             self._probe(ev)
         self.inside = True
         self.entries += 1
@@ -208,8 +203,6 @@ class DrawWatch:
                     steps.probe = None
                 steps.cv.notify_all()
         others, self._others = self._others, None
-        if self.watching and self._changed:
-            self.evidence[self._step].suspect = True  # (a flag set, never cleared: no lock)
         if others is None or not self.watching:
             return
         if steps.watches is not self._watches or any(w.entries != n for w, n in others):
