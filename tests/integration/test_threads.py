@@ -3,7 +3,6 @@
 import gc
 import logging
 import threading
-import time
 import warnings
 from collections import Counter
 
@@ -220,41 +219,6 @@ def test_a_step_drawing_from_the_global_generators_is_warned_about_at_the_users_
         warnings.simplefilter("always")
         flat(loader)
     assert not [w for w in again if "draws_globally_t" in str(w.message)]
-
-
-
-def pads_a_quarter(x):
-    # draws from NumPy's global generator on one sample in four (a data-dependent share)
-    return x + np.float32(np.random.rand()) if int(x[0]) % 4 == 0 else x
-
-
-def test_a_step_drawing_on_a_quarter_of_its_samples_is_warned_about(no_leaks):
-    # It used to need changes on 3/4 of its watched runs: 32 of 128 samples differed run to
-    # run with no word (a bug hunt). Runs during which no other thread was in a step decide.
-    pipe = hr.Pipeline(ArraySource(128), [hr.step(pads_a_quarter, name="pads_a_quarter_t")])
-    loader = hr.DataLoader(pipe, batch_size=4, num_workers=2, options=THREADS)
-    with pytest.warns(UserWarning, match="while step 'pads_a_quarter_t' ran in a worker") as rec:
-        assert len(flat(loader)) == 128
-    said = [w for w in rec if "pads_a_quarter_t" in str(w.message)]
-    assert len(said) == 1 and said[0].filename == __file__
-
-
-def simulated_work(x):
-    time.sleep(0.002)  # simulated work that lets go of the GIL, as decoding does
-    return x
-
-
-def test_a_step_running_beside_a_drawing_one_is_not_warned_about(no_leaks):
-    # While one thread sleeps in simulated_work, another draws in draws_globally: the shared
-    # generators change under the sleeping step on most of its runs (it used to be named).
-    pipe = hr.Pipeline(ArraySource(128), [hr.step(draws_globally, name="draws_beside_t"),
-                                          hr.step(simulated_work, name="simulated_work_t")])
-    loader = hr.DataLoader(pipe, batch_size=4, num_workers=3, options=THREADS)
-    with warnings.catch_warnings(record=True) as rec:
-        warnings.simplefilter("always")
-        assert len(flat(loader)) == 128
-    said = [str(w.message) for w in rec if "global random generator" in str(w.message)]
-    assert len(said) == 1 and "step 'draws_beside_t'" in said[0], said
 
 
 def test_steps_of_one_name_in_two_pipelines_are_each_warned_about(no_leaks):

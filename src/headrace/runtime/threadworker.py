@@ -24,10 +24,9 @@ What differs from processes, by necessity (the loader refuses the options that n
 * the global generators (``random``, NumPy's, torch's) are shared by every thread and are not
   re-seeded per step: steps must draw from the ``rng`` they receive to be deterministic. The
   first 64 samples of each thread have the generators' states compared around each step
-  (``seeding.draw_mark``, about 4 µs a step), and a step seen changing them while no other
-  worker thread was inside a step gets a ``UserWarning`` (``runtime/thread_draws.py``: once per
-  step object and process, at the line that started the thread, the script's ``for`` or
-  ``iter()``);
+  (``seeding.draw_mark``, about 4 µs a step), and a step seen changing them on most of its
+  runs gets a ``UserWarning`` (``runtime/thread_draws.py``: once per step object and process,
+  at the line that started the thread, the script's ``for`` or ``iter()``);
 * ``get_worker_info()`` returns ``None`` and there is no ``worker_init_fn``;
 * a thread cannot be killed: there is no ``sample_timeout_s``, and at shutdown a thread still in
   a step after the pool's grace period (0.5 s for all workers; none when one of the pool's own
@@ -247,38 +246,32 @@ def thread_main(
 
     def on_step(step: int) -> None:
         set_step(step)
-        draws.enter(step)  # every step, watched or not: the other threads' watch needs it
+        draws.ran(step)
 
     runner.on_step = on_step
     runner.measured.on_global_draw = runner.plain.on_global_draw = draws.drew
-    try:
-        while True:
-            if runner.runs == WATCH_RUNS:  # watched enough: no more marks (4 µs a step)
-                runner.measured.on_global_draw = runner.plain.on_global_draw = None
-                draws.watching = False
-            task = tasks.get()
-            if task is None or tasks.closed:  # close() queues a None behind whatever waits
-                return
-            if runner.revoked(task):
-                continue
-            # A resumed sample runs on its own copy of the partial value: the scheduler keeps
-            # the original for a retry, and a revoked attempt that races its replacement (see
-            # Dispatcher._steal) must not change what the other one works on.
-            try:
-                value = copy.deepcopy(task.payload) if task.start > 0 else None
-            except Exception as e:  # noqa: BLE001 - that sample's error, not the thread's death
-                # (a dead thread's samples went to the next thread, which died the same way:
-                # the epoch never ended, a bug hunt's find); step -1 reads as 'transport'
-                out = Outcome(None, None, [], (-1, e, traceback.format_exc()), 0)
-            else:
-                try:
-                    out = runner.run(task, value)
-                finally:
-                    draws.leave()
-            if not results.send(runner.message(task.tid, out, _as_is)):
-                return
-    finally:
-        draws.close()  # the others' watch reads no more of this thread
+    while True:
+        if runner.runs == WATCH_RUNS:  # watched enough: no more marks (4 µs a step)
+            runner.measured.on_global_draw = runner.plain.on_global_draw = None
+            runner.on_step = set_step
+        task = tasks.get()
+        if task is None or tasks.closed:  # close() queues a None behind whatever waits
+            return
+        if runner.revoked(task):
+            continue
+        # A resumed sample runs on its own copy of the partial value: the scheduler keeps the
+        # original for a retry, and a revoked attempt that races its replacement (see
+        # Dispatcher._steal) must not change what the other one works on.
+        try:
+            value = copy.deepcopy(task.payload) if task.start > 0 else None
+        except Exception as e:  # noqa: BLE001 - that sample's error, not the thread's death
+            # (a dead thread's samples went to the next thread, which died the same way: the
+            # epoch never ended, a bug hunt's find); step -1 reads as 'transport'
+            out = Outcome(None, None, [], (-1, e, traceback.format_exc()), 0)
+        else:
+            out = runner.run(task, value)
+        if not results.send(runner.message(task.tid, out, _as_is)):
+            return
 
 
 def _user_place() -> Place | None:
