@@ -181,7 +181,7 @@ class WorkerScaling:
                 used.append(size)
         per_worker = sum(used) / len(used) if used else None
         budget = self.memory_budget(sum(used))
-        if per_worker:
+        if per_worker and budget:  # as the scaler: a budget of 0 caps nothing
             self.memory_allows = max(1, int(budget // per_worker))
         steps = self._profile_steps()  # one report for both numbers
         assert self.cpu_use is not None
