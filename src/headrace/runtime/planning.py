@@ -7,9 +7,12 @@ timeout policy's starting point). Called by the loader at each epoch start and e
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
+import sys
 import time
+import weakref
 from collections.abc import Sequence
 
 from headrace.pipeline import Pipeline, Step
@@ -32,8 +35,24 @@ takes milliseconds, so a longer wait is a lock held elsewhere (a stuck job, a ne
 system); the training loop waits for it (it waited 30 s per access before)."""
 
 
+_live: weakref.WeakSet[Planning] = weakref.WeakSet()
+"""The plannings of loaders alive, whose profiles the interpreter's exit keeps."""
+
+
+@atexit.register
+def _save_at_exit() -> None:
+    """Interpreter exit: keep the profiles of loaders still alive (a script that ends inside
+    an epoch, or without ``close()``). Saved later, by the finalisers that run while the
+    interpreter tears its modules down, the save failed ("could not save the profile ...
+    NameError: name 'open' is not defined", said at such exits in 5 of 12 runs), and the next
+    run started without the profile."""
+    for planning in list(_live):
+        planning.after_epoch(now=True)
+
+
 class Planning:
     def __init__(self, declared: Pipeline, options: Options, monitor: Monitor) -> None:
+        _live.add(self)
         self.declared = declared
         self.executed = declared
         self.options = options
@@ -184,6 +203,8 @@ class Planning:
         p = self.monitor.profiler
         # a new order starts a new profiler: one of as many samples as the last save's is new
         if self.store is None or p is None or self._saved == (p, p.samples, len(self.rejected)):
+            return
+        if sys.is_finalizing():  # the exit hook saved what there was: modules are going now
             return
         self._looked_up = True  # (read before this run measured; a read now finds its own save)
         t = time.monotonic()
