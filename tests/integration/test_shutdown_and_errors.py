@@ -290,6 +290,36 @@ def test_interpreter_exit_mid_epoch_leaves_no_worker(tmp_path):
     assert not alive
 
 
+def test_interpreter_exit_mid_epoch_waits_for_the_scheduler_thread():
+    # The exit stopped the pools and left the scheduler thread to see it and return: a daemon
+    # thread still running when the interpreter finalises is ended wherever it is, and inside
+    # torch's C++ code that aborts the process (exit code 134, "terminate called without an
+    # active exception": seen once). Here the thread is kept busy in a tick listener (simulated
+    # work); a hook registered before headrace's runs after them and looks for it.
+    script = textwrap.dedent(
+        """
+        import atexit, sys, threading, time
+        sys.path.insert(0, {root!r})
+
+        def after():
+            alive = [t.name for t in threading.enumerate() if t.name == "headrace-scheduler"]
+            print("alive after the exit hooks:", alive, flush=True)
+
+        atexit.register(after)  # runs after headrace's own hooks (registered later)
+        import headrace as hr
+        from tests.helpers import IndexDataset
+        loader = hr.DataLoader(IndexDataset(64), batch_size=4, num_workers=2,
+                               persistent_workers=True)
+        loader.monitor.tick_listeners.append(lambda s: time.sleep(1.0))  # simulated work
+        it = iter(loader)
+        next(it)
+        """.format(root=str(__import__("pathlib").Path(__file__).parents[2]))
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "alive after the exit hooks: []" in out.stdout, (out.stdout, out.stderr)
+
+
 def test_the_process_exits_while_a_collate_fn_call_is_still_running():
     # the collate threads were joined at exit (ThreadPoolExecutor's): a collate_fn blocked on
     # a later batch kept the script from ending (torch's workers, where it runs, are killed)

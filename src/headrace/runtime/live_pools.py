@@ -1,7 +1,7 @@
 """The worker pools alive in this process, and what happens to them at a fork and at exit
-(see NOTE [headrace shutdown] in ``runtime/worker_stop.py``): the interpreter's exit stops them, a
-process forked from this one leaves them alone, and a new pool finishes the shutdowns an
-interrupt cut short. Pools are held weakly and read by their attributes only."""
+(see NOTE [headrace shutdown] in ``runtime/worker_stop.py``): the interpreter's exit stops them
+(and the scheduler threads of epochs still open), a process forked from this one leaves them
+alone, and a new pool finishes the shutdowns an interrupt cut short. Pools are held weakly and read by their attributes only."""
 
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ from typing import Any
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _exit_lock = threading.Lock()
+_schedulers: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Epochs' schedulers whose thread was started (``Scheduler.start``), for the exit."""
+
+
+def running(scheduler: Any) -> None:
+    """``scheduler`` (a ``Scheduler``) started its thread: the exit stops it."""
+    _schedulers.add(scheduler)
 
 
 def add(pool: Any) -> None:
@@ -61,7 +68,15 @@ os.register_at_fork(after_in_child=_forget_workers_in_child)
 
 @atexit.register
 def _shutdown_all() -> None:
-    """Interpreter exit: stop whatever pools are still alive (see NOTE [headrace shutdown])."""
+    """Interpreter exit: stop the scheduler threads of epochs still open (a script ending
+    inside an epoch), then whatever pools are still alive (see NOTE [headrace shutdown]). A
+    scheduler thread saw its pool closed and returned, but was not waited for: a daemon thread
+    still running when the interpreter finalises is ended wherever it is, inside torch's C++
+    code too, where that aborts the process ("terminate called without an active exception",
+    exit code 134: seen once, a script ending inside a persistent-workers epoch on a loaded
+    machine)."""
     with _exit_lock:
+        for scheduler in list(_schedulers):
+            scheduler.stop()  # (joins its thread)
         for pool in list(_live):
             pool.shutdown(grace_s=0.2)

@@ -42,6 +42,7 @@ from headrace.errors import (
     step_error_for,
     worker_start_error,
 )
+from headrace.runtime import live_pools
 from headrace.runtime.deaths import Deaths
 from headrace.runtime.dispatch import Dispatcher
 from headrace.runtime.handles import WorkerHandle
@@ -55,6 +56,7 @@ from headrace.runtime.waiter import POLL_S, Waiter, next_poll_s
 from headrace.runtime.work import Counters, EpochSpec, Fatal, Rec
 
 log = logging.getLogger("headrace")
+
 
 class Scheduler:
     """Runs one epoch in a background thread; the training loop reads ``out``."""
@@ -101,6 +103,7 @@ class Scheduler:
 
     # -- control -------------------------------------------------------------------------------
     def start(self) -> None:
+        live_pools.running(self)  # stopped at exit
         self._thread.start()
 
     def wake(self, leaving: bool = False) -> None:

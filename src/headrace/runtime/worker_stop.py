@@ -21,8 +21,8 @@ Written once here; every loop that blocks points to it.
   sample's error is raised once the thread that queued it let go of it,
   ``Scheduler.let_go``, so the training thread finalises the epoch), the loader
   when it is deleted, and an ``atexit`` hook holding weak references at interpreter exit
-  (``runtime/live_pools.py``, which also finishes at the next pool's start a shutdown an
-  interrupt cut short). Workers are daemonic, so even a missed call cannot outlive the
+  (``runtime/live_pools.py``, which first stops and joins the scheduler threads of epochs
+  still open, and also finishes at the next pool's start a shutdown an interrupt cut short). Workers are daemonic, so even a missed call cannot outlive the
   interpreter. Only the process that made a pool stops it: a process the user's code forks
   runs the exit hook and the finalisers too.
 * Starting: a worker is recorded in ``workers`` in the same ``try`` as its fork, which kills
