@@ -5,7 +5,6 @@ import io
 import os
 import re
 import signal
-import time
 import weakref
 from collections import Counter
 
@@ -117,9 +116,9 @@ def test_a_worker_dying_in_a_step_names_the_step_the_workers_and_the_signal(no_l
     assert all("indices [" in w and "13" in w.split("indices [")[1] for w in warnings), warnings
 
 
-def _closes_then_dies(conn) -> None:
+def _closes_then_dies(conn, go) -> None:
     conn.close()  # the result pipe's EOF, as a dying worker's descriptors close
-    time.sleep(0.2)  # simulated work: the process's exit, after its descriptors closed
+    go.wait()  # its exit comes after: once the parent saw the EOF
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -129,11 +128,13 @@ def test_a_dead_workers_exit_code_is_read_once_it_can_be_collected():
     exit code unknown: code in the step ended the process" for a SIGKILLed worker)."""
     ctx = torch.multiprocessing.get_context("fork")
     reader, writer = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_closes_then_dies, args=(writer,), daemon=True)
+    go = ctx.Event()
+    proc = ctx.Process(target=_closes_then_dies, args=(writer, go), daemon=True)
     proc.start()
     writer.close()
     with pytest.raises(EOFError):
         reader.recv()
+    go.set()  # the child is alive until now: its exit code cannot be there yet
     assert exit_code(proc) == -signal.SIGKILL
     reader.close()
 

@@ -73,6 +73,26 @@ def test_no_decision_while_a_worker_starts_and_a_fresh_window_after():
     assert decided == [sched, sched, sched]
 
 
+def test_no_decision_before_the_pool_forked_a_worker():
+    """The scheduler ticks before the training thread forks the epoch's pool: a decision due
+    then (the loader built longer than ``interval_s`` ago) was taken on no workers, and asked
+    for more on top of the pool's own start (``initial=1`` started 2)."""
+    opts = hr.Options(profile=False, autoscale=AutoscaleConfig(interval_s=HOUR))
+    monitor = Monitor(opts, autoscale=True, step_names=None)
+    decided = []
+    monitor._autoscale = decided.append
+    sched = fake_scheduler({})
+    monitor._last_scale -= 10 * HOUR
+    monitor.on_tick(sched)
+    assert decided == []  # no worker yet: as one still starting
+    sched.pool.workers[0] = SimpleNamespace(ready=True, retiring=False, external=False)
+    monitor.on_tick(sched)
+    assert decided == []  # the pool runs: a fresh window begins here
+    monitor._last_scale -= HOUR
+    monitor.on_tick(sched)
+    assert decided == [sched]
+
+
 def test_a_worker_starting_for_ever_does_not_freeze_the_scaler():
     """A ``worker_init_fn`` that never returns: its worker holds decisions back for
     ``STARTING_PAUSE_S`` from its start, not for the rest of the run."""
