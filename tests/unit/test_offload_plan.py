@@ -6,6 +6,7 @@ import torch
 
 import headrace as hr
 from headrace.planner.offload import OffloadInputs, StepCost, decide
+from headrace.planner.workers import ScaleDecision
 from headrace.profiler.report import PipelineProfile, StepStats
 from headrace.remote.offload_plan import loader_local_workers, local_counts
 
@@ -66,6 +67,7 @@ def test_the_loaders_memory_cap_reaches_the_estimate():
                                initial=2, max_workers=8), remote=hr.Remote(max_workers=4)))
     loader.monitor.record_workers(3)
     assert loader_local_workers(loader, profile) == (3, 8)  # no worker measured yet
-    loader.monitor.memory_allows = 4  # as the scaler's decisions measure it
+    # a decision that measured the workers' memory (the scaler's own record of its cap)
+    loader.monitor.scaler.decisions.append(ScaleDecision(3, 3, 0.0, 0.5, 0.9, memory_cap=4))
     assert loader.monitor.memory_cap() == 4
     assert loader_local_workers(loader, profile) == (3, 4)

@@ -2,8 +2,9 @@
 it sees it.
 
 Workers and the training process keep their first failure in their counter row
-(``Counters.note_failure``): a worker's own log line was repeated by every worker of every
-epoch (a fresh process each) and never reached the training process's logging.
+(``Counters.note_failure``, passwords redacted there: ``CacheClient.failed``): a worker's own
+log line was repeated by every worker of every epoch (a fresh process each) and never reached
+the training process's logging.
 :class:`FailureLog` reads the rows while the epoch runs: at each tick of the scheduler thread
 with workers, every ``SAMPLES_BETWEEN`` samples in either thread (the loader's ``Monitor``
 tick and sample listeners), and when an epoch closes. Read only at the
@@ -18,7 +19,6 @@ import threading
 import weakref
 from typing import Any
 
-from headrace.cache.config import redact
 from headrace.cache.counters import Counters
 
 log = logging.getLogger("headrace")
@@ -50,7 +50,7 @@ class FailureLog:
                 return
             self.said = True
         log.warning("headrace: the cache failed (%s); continuing without it where it fails "
-                    "(counted in stats().last.cache.errors)", redact(text))
+                    "(counted in stats().last.cache.errors)", text)  # redacted where kept
 
     def listen(self, monitor: Any) -> None:
         """Have ``monitor``'s (a ``runtime.monitor.Monitor``) tick listeners call :meth:`warn`,

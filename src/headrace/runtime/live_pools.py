@@ -1,7 +1,8 @@
 """The worker pools alive in this process, and what happens to them at a fork and at exit
 (see NOTE [headrace shutdown] in ``runtime/worker_stop.py``): the interpreter's exit stops them
 (and the scheduler threads of epochs still open), a process forked from this one leaves them
-alone, and a new pool finishes the shutdowns an interrupt cut short. Pools are held weakly and read by their attributes only."""
+alone, and a new pool finishes the shutdowns an interrupt cut short. Pools are held weakly and
+read by their attributes only."""
 
 from __future__ import annotations
 

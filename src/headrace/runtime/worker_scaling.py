@@ -42,9 +42,6 @@ class WorkerScaling:
     t0: float
     """``time.perf_counter()`` when the loader was created."""
     _parked: WorkerScaler | None = None  # the scaler while a fixed num_workers is set
-    memory_allows: int | None = None
-    """The workers the memory budget allowed at the scaler's last decision that measured its
-    workers' memory (None: none yet; :meth:`memory_cap`)."""
 
     @property
     def can_scale(self) -> bool:
@@ -149,12 +146,16 @@ class WorkerScaling:
 
     def memory_cap(self) -> int | None:
         """The workers the memory budget allowed at the scaler's last decision that measured
-        its workers' memory (``memory_allows``: the budget, counting what the live workers
-        held, over their mean private memory); None before any was measured, or without a
-        scaler. FastFlow's offload estimate caps the local workers it counts on with it. Read
-        at that decision, not now: with the workers alive (persistent ones) the memory
-        available now leaves their own out, and read now it undercounted (a review)."""
-        return self.memory_allows if self.scaler is not None else None
+        its workers' memory (``ScaleDecision.memory_cap``: the budget, counting what the live
+        workers held, over their mean private memory); None before any was measured, or
+        without a scaler. FastFlow's offload estimate caps the local workers it counts on with
+        it. Taken from that decision, not read now: with the workers alive (persistent ones)
+        the memory available now leaves their own out, and read now it undercounted (a
+        review)."""
+        if self.scaler is None:
+            return None
+        return next((d.memory_cap for d in reversed(self.scaler.decisions)
+                     if d.memory_cap is not None), None)
 
     def memory_budget(self, workers_use: float = 0.0) -> float:
         """Bytes the workers may use in all: ``AutoscaleConfig.memory_budget_bytes``, else
@@ -180,13 +181,10 @@ class WorkerScaling:
             if size is not None:
                 used.append(size)
         per_worker = sum(used) / len(used) if used else None
-        budget = self.memory_budget(sum(used))
-        if per_worker and budget:  # as the scaler: a budget of 0 caps nothing
-            self.memory_allows = max(1, int(budget // per_worker))
         steps = self._profile_steps()  # one report for both numbers
         assert self.cpu_use is not None
         d = self.scaler.decide(len(live), self.cpu_use.read(), per_worker,
-                               budget, self._cpu_share(steps),
+                               self.memory_budget(sum(used)), self._cpu_share(steps),
                                rank_cpus(),
                                self._consumer_rate(), self._sample_wall_s(steps),
                                draining=sched.lanes.exhausted and not sched.lanes.fresh,
