@@ -16,7 +16,7 @@ older store schema is discarded and recreated; one written by a newer headrace i
 and reads as empty. Only a file that is recognisably a store is ever written: an empty file,
 or an SQLite database whose only table is the store's ``profiles``. Any other file (a user's
 text, YAML or JSON, another SQLite database) is left untouched and :class:`NotAProfileStore`
-is raised (the loader then keeps its profile in memory and warns, naming the path). A store
+is raised (the loader then keeps its profile in memory and logs a warning naming the path). A store
 SQLite finds corrupt (a bad header, a malformed page) is renamed aside as
 ``<name>.corrupt-<UTC time>-<pid>``, never deleted, and a new one started in its place.
 """

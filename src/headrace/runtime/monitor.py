@@ -312,8 +312,8 @@ class Monitor(WorkerScaling):
                 # Nor before the epoch's pool forked any: the scheduler ticks before the
                 # training thread starts the pool, and a decision on no workers, over a window
                 # of whatever the script did since the loader was built, asked for workers on
-                # top of the pool's own start (initial=1 started 2, in 12 of 12 runs with 0.2 s
-                # between the loader and its loop; a bug hunt).
+                # top of the pool's own start (initial=1 started 2 when the script paused
+                # between the loader and its loop: tests/unit/test_scale_window.py).
                 self._starting = True
             elif self._starting:
                 self._starting = False

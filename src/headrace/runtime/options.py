@@ -102,15 +102,14 @@ class Options:
             file path, a directory (one that exists, or a path ending in ``/``: its
             ``profiles.sqlite``), or ``False`` (or ``None``) for none. A stored profile skips
             the warm-up. A file that is not a profile store (a config file, a database of your
-            own) is never written: the loader warns, naming it, and keeps its profile in memory.
+            own) is never written: the loader logs a warning naming it (logger ``headrace``) and
+            keeps its profile in memory.
         executor: what runs the ``num_workers`` workers. ``"processes"`` (torch's way): worker
             processes, each sample copied to the training process through shared memory.
             ``"threads"``: threads of the training process, samples handed over without a copy
             or a message. It can only pay when the steps spend their time in code that
-            releases the GIL (Pillow, OpenCV, NumPy on large arrays, I/O); in the latest
-            full run on our 2 cores it was level with processes on speech and imseg, 2% slower
-            on objdet, 10% slower on imagenet and 3x slower on CIFAR-sized samples
-            (docs/benchmarks.md). With
+            releases the GIL (Pillow, OpenCV, NumPy on large arrays, I/O); README's worker
+            threads paragraph gives the latest full run's numbers (docs/benchmarks.md). With
             threads, steps must draw randomness from their ``rng`` (the global generators are
             shared and not re-seeded), ``get_worker_info()`` is ``None``, ``worker_init_fn``
             and ``sample_timeout_s`` are refused (a thread cannot be killed), and dataset and

@@ -44,8 +44,8 @@ def _save_at_exit() -> None:
     """Interpreter exit: keep the profiles of loaders still alive (a script that ends inside
     an epoch, or without ``close()``). Saved later, by the finalisers that run while the
     interpreter tears its modules down, the save failed ("could not save the profile ...
-    NameError: name 'open' is not defined", said at such exits in 5 of 12 runs), and the next
-    run started without the profile."""
+    NameError: name 'open' is not defined", said at such exits:
+    ``test_profile_store_files.py``), and the next run started without the profile."""
     for planning in list(_live):
         planning.after_epoch(now=True)
 

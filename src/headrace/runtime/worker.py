@@ -15,8 +15,9 @@ Messages (tuples, to keep pickling cheap):
   ring_end: the worker's ring write position after this payload, which the receiver frees up
   to); ``("error", tid, step, exc_class, cause_type, message, tb, attributes)``
   (``attributes``: the exception's own, those that pickle: ``errors.exception_attributes``;
-  ``None`` for a sample that could not be sent), with a ninth field for a sample whose message
-  did not pickle: that message's ring end (``outbox.unsendable``);
+  ``None`` for a sample that could not be sent), with a ninth field for a sample that could
+  not be sent (``outbox.unsendable``): the ring end of its message that did not pickle, or
+  None where nothing was written;
   ``("many", [message, ...])``: several finished samples' messages, in order (``Outbox``).
 
 See NOTE [headrace shutdown] in ``runtime/worker_stop.py`` for how a worker exits.
