@@ -6,9 +6,9 @@ import dataclasses
 import math
 
 from headrace import units
+from headrace.planner import timeout as timeout_policy
 from headrace.planner.offload import OffloadDecision
 from headrace.planner.order import OrderPlan
-from headrace.planner.timeout import HANDOFF_MIN_S
 from headrace.planner.workers import ScaleDecision
 from headrace.profiler.report import PipelineProfile
 from headrace.telemetry.stats import EpochStats, LoaderStats
@@ -198,11 +198,12 @@ def explain_text(f: Facts) -> str:
         base = st.timeout_fallback_from
         fb = (f" (fallback from p{base:g}: more samples went slow over it than it implies)"
               if base is not None else "")
+        floor = units.duration(timeout_policy.HANDOFF_MIN_S)  # the value the workers read
         cost = (f"; a move costs this process {units.duration(f.move_cost_s)} (measured), so a "
                 "late sample moves only if its steps left typically take that plus half the "
-                f"timeout, and at least {units.duration(HANDOFF_MIN_S)}" if f.move_cost_s > 0 else
+                f"timeout, and at least {floor}" if f.move_cost_s > 0 else
                 "; a late sample moves only if its steps left typically take half the timeout "
-                f"and at least {units.duration(HANDOFF_MIN_S)}")
+                f"and at least {floor}")
         basis = (f", fixed by TimeoutConfig(fixed_s={st.timeout_s:g}), not learned"
                  if math.isnan(st.timeout_percentile) else
                  f" = p{st.timeout_percentile:g} of per-sample time over {_timeout_basis(f)}{fb}")
