@@ -371,3 +371,11 @@ class LogSaid(logging.Handler):
 
     def __exit__(self, *exc: object) -> None:
         self.logger.removeHandler(self)
+
+
+class Twice(namedtuple("Twice", "first second")):
+    """A named tuple made from one value, held twice: built from its two fields, as the
+    transport rebuilds named tuples (and torch's pickling and collate do), it raises."""
+
+    def __new__(cls, value):
+        return super().__new__(cls, value, value)

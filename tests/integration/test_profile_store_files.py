@@ -3,12 +3,14 @@ as it was, and says where its profile went."""
 
 import logging
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import headrace as hr
-from headrace.profiler.store import STORE_SCHEMA
+from headrace.profiler.store import STORE_SCHEMA, ProfileStore
 
 pytestmark = pytest.mark.integration
 
@@ -81,11 +83,6 @@ def test_a_script_ending_inside_an_epoch_keeps_its_profile(tmp_path):
     finalisers of the interpreter's teardown, with its modules going, and failed ("could not
     save the profile ... NameError: name 'open' is not defined", in 5 of 12 runs); an exit
     hook saves it first."""
-    import subprocess
-    import sys
-
-    from headrace.profiler.store import ProfileStore
-
     script, store = tmp_path / "train.py", tmp_path / "profiles.sqlite"
     script.write_text(EXITS_MID_EPOCH)
     for run in range(3):

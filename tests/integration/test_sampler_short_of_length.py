@@ -141,6 +141,26 @@ def test_a_checkpoint_at_every_batch_changes_nothing_a_drawing_sampler_gives(no_
     assert run(True) == run(False)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_inside_an_undersamplers_epoch_still_resumes_its_rest(workers, no_leaks):
+    # a state taken part-way, in a new loader: the rest of the epoch, sample for sample, as an
+    # uninterrupted run gives it (neither lost nor ended early)
+    reference = make(workers)
+    want = epochs_of(reference, 1)[0]
+    reference.close()
+    loader = make(workers)
+    it = iter(loader)
+    first = next(it).clone()
+    state = loader.state_dict()
+    assert state["in_epoch"]
+    assert same([first] + [b.clone() for b in it], want)
+    loader.close()
+    resumed = make(workers)
+    resumed.load_state_dict(state)
+    assert same([b.clone() for b in resumed], want[1:])
+    resumed.close()
+
+
 class Interrupt(BaseException):
     """What a Ctrl-C landing inside the sampler's read does to it (not an ``Exception``)."""
 

@@ -294,8 +294,9 @@ def test_interpreter_exit_mid_epoch_waits_for_the_scheduler_thread():
     # The exit stopped the pools and left the scheduler thread to see it and return: a daemon
     # thread still running when the interpreter finalises is ended wherever it is, and inside
     # torch's C++ code that aborts the process (exit code 134, "terminate called without an
-    # active exception": seen once). Here the thread is kept busy in a tick listener (simulated
-    # work); a hook registered before headrace's runs after them and looks for it.
+    # active exception": seen once). Here the script ends while the thread is busy in a tick
+    # listener (simulated work); a hook registered before headrace's runs after them and looks
+    # for it.
     script = textwrap.dedent(
         """
         import atexit, sys, threading, time
@@ -310,9 +311,16 @@ def test_interpreter_exit_mid_epoch_waits_for_the_scheduler_thread():
         from tests.helpers import IndexDataset
         loader = hr.DataLoader(IndexDataset(64), batch_size=4, num_workers=2,
                                persistent_workers=True)
-        loader.monitor.tick_listeners.append(lambda s: time.sleep(1.0))  # simulated work
+        busy = threading.Event()
+
+        def tick(_):
+            busy.set()
+            time.sleep(1.0)  # simulated work: the scheduler's pass (a large batch's assembly)
+
+        loader.monitor.tick_listeners.append(tick)
         it = iter(loader)
         next(it)
+        assert busy.wait(30)  # the script ends while the scheduler thread is in its pass
         """.format(root=str(__import__("pathlib").Path(__file__).parents[2]))
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)

@@ -1,7 +1,6 @@
 """Samples that cannot leave their worker process, values the transport must still carry, and
 epochs whose every sample was skipped."""
 
-import collections
 import os
 import threading
 import warnings
@@ -12,7 +11,7 @@ import torch
 import torch.utils.data as tud
 
 import headrace as hr
-from tests.helpers import FailingDataset, ident_collate
+from tests.helpers import FailingDataset, Twice, ident_collate
 
 pytestmark = pytest.mark.integration
 
@@ -190,14 +189,6 @@ def test_a_big_endian_array_that_misses_the_ring_arrives_as_torch_delivers_it(ct
         assert info.value.step == "collate_fn" and info.value.cause_type == "ValueError"
     finally:
         loader.close()
-
-
-class Twice(collections.namedtuple("Twice", "first second")):
-    """A named tuple made from one value, held twice: built from its two fields, as the
-    transport rebuilds named tuples (and torch's pickling and collate do), it raises."""
-
-    def __new__(cls, value):
-        return super().__new__(cls, value, value)
 
 
 class OneUnsendable(tud.Dataset):

@@ -19,7 +19,7 @@ import pytest
 
 import headrace as hr
 from headrace.remote.starts import MAX_START_FAILURES
-from tests.helpers import ArraySource, gated_jitter, ident_collate, jitter
+from tests.helpers import ArraySource, LogSaid, gated_jitter, ident_collate, jitter
 from tests.ray_cluster.conftest import NODE_CPUS, ROOT, STORE_BYTES, live_headrace_actors
 from tests.ray_cluster.test_remote import ON_CPU_NODES, wait_ready, wait_until
 
@@ -183,10 +183,6 @@ def start_warnings(caplog) -> list[str]:
             if r.levelno >= logging.WARNING and "could not start" in r.getMessage()]
 
 
-def given_up(caplog) -> bool:
-    return any(f"{MAX_START_FAILURES} in a row" in m for m in start_warnings(caplog))
-
-
 def given_up_epoch(mod, caplog, required: bool):
     """(loader, its epoch) once the remote workers were given up on: the local samples wait
     at the module's gate until then, and run from then on."""
@@ -195,8 +191,9 @@ def given_up_epoch(mod, caplog, required: bool):
     loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, collate_fn=ident_collate,
                            options=hr.Options(executor="threads", remote=hr.Remote(
                                max_workers=2, resources=ON_CPU_NODES, required=required)))
-    it = iter(loader)
-    wait_until(lambda: given_up(caplog))
+    with LogSaid(f"{MAX_START_FAILURES} in a row") as log:
+        it = iter(loader)
+        assert log.said.wait(60), "the remote workers were not given up on"
     mod.GO.set()
     return loader, it
 

@@ -5,6 +5,7 @@ import pytest
 
 from headrace.bench.cache import markdown
 from headrace.bench.cache_jobs import job_outcome, round_result, summarise_rounds
+from headrace.cli import crashed_status
 
 
 def _job(rate: float, hit: float | None) -> tuple[dict, None]:
@@ -58,8 +59,6 @@ def test_a_job_without_a_row_or_a_hit_rate_is_no_number():
 
 
 def test_cachebench_exits_1_when_a_job_crashed():
-    from headrace.cli import crashed_status
-
     whole = {"rows": [{"row": "torch", "samples_per_s": 10.0},
                       {"row": "3 torch jobs", "samples_per_s": 30.0, "crashed": []}]}
     assert crashed_status(whole) == 0

@@ -6,6 +6,7 @@ import pytest
 
 import headrace as hr
 from headrace.cache.config import redact
+from headrace.cache.redis_outage import BackendDown, Outage
 
 
 def test_tls_and_unix_socket_urls_are_accepted() -> None:
@@ -41,8 +42,6 @@ def test_every_urls_password_is_redacted_alone_or_in_a_message(text: str, shown:
 
 def test_an_outage_cause_naming_the_server_hides_its_password() -> None:
     # Outage.failed keeps the error's text for every skipped call's BackendDown
-    from headrace.cache.redis_outage import BackendDown, Outage
-
     outage = Outage()
     outage.failed(ConnectionError("cannot reach redis://:sekret@h:6379/0: refused"))
     with pytest.raises(BackendDown, match=r"redis://:\*\*\*@h:6379/0: refused") as e:

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from headrace.runtime.faithful import why_it_stays
+from tests.helpers import Twice
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -36,13 +37,6 @@ def test_separate_parts_and_immutable_repeats_travel():
     assert why_it_stays({"img": t, "top": t[:2].clone(), "arr": np.zeros(3), "n": 3,
                          "names": (label, label), "p": Point(1, 2), "empty": [torch.empty(0), torch.empty(0)],
                          "leaf": torch.ones(2, requires_grad=True), "raw": b"x"}) is None
-
-
-class Twice(collections.namedtuple("Twice", "first second")):
-    """A named tuple whose class takes one value, not its fields."""
-
-    def __new__(cls, value):
-        return super().__new__(cls, value, value)
 
 
 def test_a_named_tuple_its_class_does_not_rebuild_from_its_fields_stays():

@@ -2,10 +2,16 @@
 what it keeps always goes out, in order, over a real pipe."""
 
 import multiprocessing as mp
+import os
 import threading
 import time
+import types
 
-from headrace.runtime.outbox import Outbox
+import numpy as np
+
+from headrace.runtime.outbox import Outbox, RingSender
+from headrace.runtime.ring import Ring, RingWriter
+from headrace.runtime.scheduler import _free_ring
 
 
 def done(tid):
@@ -88,15 +94,6 @@ def test_a_kept_sample_that_does_not_pickle_frees_its_ring_space_for_the_next():
     # sample's wait for ring space flushes the outbox. Its error carried no ring end, so its
     # space stayed held and the next sample waited for ever (a review; the writer's rewind
     # that stood in for it did nothing while another value was being encoded).
-    import os
-    import types
-
-    import numpy as np
-
-    from headrace.runtime.outbox import RingSender
-    from headrace.runtime.ring import Ring, RingWriter
-    from headrace.runtime.scheduler import _free_ring
-
     ring = Ring(mp.get_context("spawn"))  # 16 MiB, as a spawned worker's
     writer = RingWriter(ring, os.getpid())
     sender = RingSender(writer)
@@ -125,7 +122,9 @@ def test_a_kept_sample_that_does_not_pickle_frees_its_ring_space_for_the_next():
         box.flush()
         sent.set()
 
-    threading.Thread(target=next_sample, daemon=True).start()
+    writer_thread = threading.Thread(target=next_sample, daemon=True)
+    writer_thread.start()
     assert sent.wait(30), "the next sample waited for ring space the unsent one kept"
+    writer_thread.join(30)
     reader.join(30)
-    assert got == ["error", "done"]
+    assert not reader.is_alive() and got == ["error", "done"]

@@ -7,6 +7,7 @@ import os
 import random
 
 import headrace as hr
+from headrace.pipeline.runner import SampleRunner
 from headrace.pipeline.seeding import global_states, restore_globals, sample_root, step_seed
 from headrace.runtime import python_draws
 from headrace.runtime.handles import HandOff, Progress
@@ -80,8 +81,6 @@ def test_the_seeded_run_again_reports_its_draws():
     (``SampleRunner._again``): that run did not tell ``on_drew`` of the draw, so the cache's
     record of the sample carried none, and a worker finishing it after a hand-off cached its
     form (one epoch's draw served in every later epoch: a bug hunt)."""
-    from headrace.pipeline.runner import SampleRunner
-
     saved = global_states()  # the runner re-seeds this process's global generators
     try:
         runner = SampleRunner(hr.Pipeline(_Floats(), [hr.step(_jitter, name="jitter"),
