@@ -18,7 +18,7 @@ def test_small_samples_bench_runs_every_row_and_reports_ratios():
                                                               runner.PYTHON_MARKS]
     assert set(res) == {"cifar", "cifar-dataset", "tiny"}
     for rows in res.values():
-        assert set(rows) == {"headrace", "headrace, Python seeded every step",
+        assert set(rows) == {"headrace", "headrace, no cache", "headrace, Python seeded every step",
                              "headrace, short moves", "headrace, 1 ms messages",
                              "headrace, a message per sample", "torch, 1 workers",
                              "torch, 2 workers"}

@@ -72,3 +72,36 @@ def test_a_part_that_stores_nothing_still_says_where_it_drew(clients) -> None:
     totals = second.counters.totals()
     assert (totals["inserts"], totals["drew"]) == (0, 1)
     assert second.lookup(3, 0, 0, 1) is None  # nothing a later epoch could be served
+
+
+LATE = hr.Pipeline(Src(), [hr.step(scale), hr.step(flip, random=True), hr.step(draws)])
+"""A draw after the decoded form's step (1): it changes no form a tier other than the seeded
+augmented one stores."""
+
+
+def test_only_the_steps_up_to_the_last_unseeded_form_are_watched_for_draws() -> None:
+    layout = TierLayout.for_pipeline(LATE)
+    assert {t.name: (t.position, t.seeded) for t in layout.tiers}["decoded"] == (1, False)
+
+    def through(*active: str) -> int:
+        return CacheClient(layout, None, Counters(mp.get_context("fork"), 1),
+                           active).draws_matter_through
+
+    assert (through("decoded"), through("decoded", "augmented"), through("encoded")) == (1, 1, 0)
+    assert through("augmented") == through() == -1  # a seeded form is stored drawn or not
+    path = memory_backend.make_dir()
+    try:
+        backend = MemoryBackend(path, 4_000_000, shards=1)
+        backend.set_budgets({"decoded": 1_000_000})
+        client = CacheClient(layout, backend, Counters(mp.get_context("fork"), 1), ("decoded",))
+        told: list[int] = []
+        runner = SampleRunner(LATE, on_global_draw=told.append)  # watches every step itself
+        out = run_cached(client, runner.run, 2, 0, None, 0, 0, 0)
+        assert told == [3]  # the late step drew...
+        assert out.drew_at is None  # ...and the inserter was not told: it stores nothing after it
+        totals = client.counters.totals()
+        assert (totals["inserts"], totals["drew"]) == (1, 0)
+        hit = client.lookup(2, 0, 0, 0)  # (a first hit is one to check: a ``Check``)
+        assert hit is not None and hit[0] == 2  # the decoded form: resumes at step 2
+    finally:
+        memory_backend.remove_dir(path)

@@ -483,12 +483,38 @@ def test_runs_that_cannot_start_over_seed_python_before_every_step():
     _seeded_python(1, 0, 2, p.keys[2])
     assert resumed.value.tolist() == [2, random.gauss(0, 1)]
     assert runner.python_draws == [False, False, False]  # seeded: nothing to learn
-    stored: list[int] = []
+
+
+def test_a_run_inserting_into_the_cache_runs_again_and_gives_each_output_once():
+    d = _Drawing()
+    p = hr.Pipeline(ArraySource(4), [hr.step(d.none, name="none"),
+                                     hr.step(d.gauss_every, name="gauss_every")])
+    runner = SampleRunner(p)
+    stored: list[tuple[int, object]] = []
+    drew: list[int] = []
     cached = runner.run(3, 0, None, base_seed=1, epoch=0,
-                        after_step=lambda step, _x: stored.append(step))
+                        after_step=lambda step, x: stored.append((step, x)), on_drew=drew.append)
     _seeded_python(1, 0, 3, p.keys[2])
-    assert cached.value.tolist() == [3, random.gauss(0, 1)] and stored == [0, 1, 2]
-    assert [k for name, k in d.calls if name == "none"] == [2, 3]  # none ran twice
+    assert cached.value.tolist() == [3, random.gauss(0, 1)]
+    assert [step for step, _ in stored] == [0, 1, 2]  # the first run's two, the second's last
+    assert stored[2][1].tolist() == cached.value.tolist()
+    assert [k for name, k in d.calls if name == "none"] == [3, 3]  # ran again from its start
+    assert runner.python_draws == [False, False, True] and drew == [2]
+
+
+def test_draws_after_the_last_step_watched_are_not_told():
+    d = _Drawing()
+    p = hr.Pipeline(ArraySource(4), [hr.step(d.gauss_every, name="gauss_every"),
+                                     hr.step(_np_jitter, name="np_jitter")])
+    runner = SampleRunner(p, python_draws=[False, True, False])
+    for through, told in ((None, [1, 2]), (2, [1, 2]), (1, [1]), (0, []), (-1, [])):
+        drew: list[int] = []
+        runner.run(1, 0, None, base_seed=1, epoch=0, on_drew=drew.append, drew_through=through)
+        assert drew == told, through
+
+
+def _np_jitter(x):
+    return x + np.random.random()
 
 
 def _py_jitter(x):

@@ -12,7 +12,10 @@ torch: a map-style dataset with a Compose in ``__getitem__`` drawing from torch'
 generator, returning ``(image, label)``) and ``tiny`` (a 16 KB array and one addition: the
 per-sample price of the loader alone). Rows, each
 a fresh loader's first epoch, interleaved round-robin over the rounds: ``headrace`` (defaults,
-out of order), ``headrace, Python seeded every step`` (Python's global generator seeded before
+out of order: the default cache included, which a ``Pipeline`` has and a dataset does not; no
+profile store, so that no row starts from what an earlier one measured), ``headrace, no
+cache`` (``cache=None``: what the rows were run with before the cache's per-sample price was
+measured), ``headrace, Python seeded every step`` (Python's global generator seeded before
 every step, not only before those that draw from it: ``runner.PYTHON_MARKS`` off, as before
 the marks), ``headrace, short moves`` (a late sample moves to the slow lane however
 little of its steps is left: ``planner.timeout.HANDOFF_MIN_S`` set to 0, as before that floor),
@@ -221,12 +224,13 @@ def run(rounds: int, samples: int, workers: int, batch: int = 128) -> dict[str, 
     """``{workload: {row: [(wall s, cpu s, moved), ...]}}``, rows interleaved, one epoch each."""
     from headrace.runtime import DataLoader, Options
 
-    opts = Options(profile_store=False, cache=None)
+    opts = Options(profile_store=False)
+    uncached = Options(profile_store=False, cache=None)
     out: dict[str, dict[str, list]] = {}
     for name, (pipe, ds) in workloads(samples).items():
 
-        def headrace_row(policy: dict[tuple[Any, str], Any],
-                         pipe: Any = pipe) -> tuple[float, float, int | None, float]:
+        def headrace_row(policy: dict[tuple[Any, str], Any], pipe: Any = pipe,
+                         opts: Options = opts) -> tuple[float, float, int | None, float]:
             saved = {k: getattr(*k) for k in policy}  # (module, name): value
             for (module, name), v in policy.items():
                 setattr(module, name, v)
@@ -243,6 +247,7 @@ def run(rounds: int, samples: int, workers: int, batch: int = 128) -> dict[str, 
 
         rows: dict[str, Callable[[], tuple[float, float, int | None, float]]] = {
             "headrace": lambda: headrace_row({}),
+            "headrace, no cache": lambda: headrace_row({}, opts=uncached),
             "headrace, Python seeded every step": lambda: headrace_row(_SEEDED),
             "headrace, short moves": lambda: headrace_row(_SHORT_MOVES),
             "headrace, 1 ms messages": lambda: headrace_row(_ONE_MS),

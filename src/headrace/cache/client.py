@@ -154,6 +154,12 @@ class CacheClient:
         return getattr(self.backend, "ods_tiers", frozenset())
 
     def _init_local(self) -> None:
+        self.draws_matter_through = max((t.position for t in self.tiers if not t.seeded),
+                                        default=-1)
+        """The last step position after which a form that a draw from a global generator
+        would make differ each epoch is stored (a tier not ``seeded``); -1: none. A draw at a
+        later step changes no form this client stores, so a run need not be watched there
+        (``SampleRunner.run``'s ``drew_through``; a draw mark is about 2 µs a step)."""
         self.full: set[str] = set()
         """Tiers found full in this process (not encoded again until the epoch changes)."""
         self._epoch_key: tuple[int, int] | None = None

@@ -72,14 +72,15 @@ def run_cached(
     ins = client.inserter(index, base_seed, epoch, start, row, kwargs.get("draw", 0))
     if ins is None:
         if kwargs.get("hand_off") is not None and any(p >= start for p in client.at_position):
-            out = _watched(run, index, start, value, base_seed, epoch, drew_at, kwargs)
+            out = _watched(run, index, start, value, base_seed, epoch, drew_at,
+                           dict(kwargs, drew_through=client.draws_matter_through))
         else:
             out = run(index, start, value, base_seed, epoch, **kwargs)
             out.drew_at = drew_at
     else:
         ins.drew_at = drew_at
         out = run(index, start, value, base_seed, epoch, after_step=ins.after_step,
-                  on_drew=ins.drew, **kwargs)
+                  on_drew=ins.drew, drew_through=client.draws_matter_through, **kwargs)
         out.drew_at = ins.drew_at
         if out.error is None:
             ins.commit()  # handed off or finished: the forms made so far
@@ -108,7 +109,8 @@ def _checked(client: CacheClient, run: Callable[..., Any], index: int, check: Ch
         if ins is not None:
             ins.drew(i)
 
-    out = run(index, 0, None, base_seed, epoch, after_step=after, on_drew=drew, **kwargs)
+    out = run(index, 0, None, base_seed, epoch, after_step=after, on_drew=drew,
+              drew_through=client.draws_matter_through, **kwargs)
     out.drew_at = first.at
     if out.error is None and ins is not None:
         ins.commit()

@@ -96,8 +96,9 @@ class SampleRunner:
     which a worker's runners share): around any other step its state is marked
     (``seeding.python_mark``), and a step that drew after all is flagged and the sample runs
     again from its start, every step seeded as before. A step's first draw from Python's
-    generator in a runner not told of it thus costs its sample a second run; a run that starts
-    at a later step (a hand-off, a cache hit) or inserts into the cache, which could not run
+    generator in a runner not told of it thus costs its sample a second run (a run inserting
+    into the cache keeps the forms its steps made before that step: they drew nothing); a run
+    that starts at a later step (a hand-off's second part, a cache hit), which could not run
     again from the start, seeds every step. ``on_python_draw(step)``: called when a step is
     flagged (once per step and runner), so that the flags outlive the runner and its process
     (``runtime/python_draws.py``: the next workers and epochs are told from their start).
@@ -165,6 +166,7 @@ class SampleRunner:
         after_step: Callable[[int, Any], None] | None = None,
         draw: int = 0,
         on_drew: Callable[[int], None] | None = None,
+        drew_through: int | None = None,
     ) -> Outcome:
         """Run steps ``start..n-1``; stop early when ``hand_off(next_step, seconds)`` says so.
 
@@ -177,8 +179,11 @@ class SampleRunner:
         came earlier in this epoch (``runtime/draws.py``), part of its seed. ``on_drew(i)``:
         called before ``after_step(i, ...)`` when step ``i`` drew from a global generator
         (``seeding.draw_mark`` around each step, about 4 µs; exact where the globals are
-        re-seeded before every step, as in such a run): its output is then not the same in
-        every epoch, whatever the step declares (the cache stores no unseeded form of it).
+        re-seeded before every step, or marked where they are not): its output is then not the
+        same in every epoch, whatever the step declares (the cache stores no unseeded form of
+        it). ``drew_through``: the last step whose draws ``on_drew`` is told of (None: every
+        step); the steps after it are not watched for it (the cache stores no form after them:
+        ``CacheClient.draws_matter_through``).
         """
         x = index if start == 0 else value
         timings: list[StepTiming] = []
@@ -189,7 +194,9 @@ class SampleRunner:
         spent = 0.0
         root = sample_root(base_seed, epoch, index, draw) if self._seeded else 0
         watch = self.on_global_draw
-        marks = self._marks and start == 0 and after_step is None
+        marks = self._marks and start == 0
+        last_told = (self.n if drew_through is None else drew_through) if on_drew is not None \
+            else -1
         python_draws = self.python_draws
         guard, watched = self.guard, self._watched
         # per watched step run: it changed the shape signature (a reordered run only)
@@ -211,8 +218,8 @@ class SampleRunner:
             if i == 0 and self.embedded:
                 out = self._load_embedded(x, root, timings)
                 if mark is not None and python_mark() != mark:
-                    return self._again(i, index, base_seed, epoch, hand_off, on_step, draw,
-                                       on_drew)
+                    return self._again(i, index, base_seed, epoch, hand_off, on_step,
+                                       after_step, draw, on_drew, drew_through)
                 if isinstance(out, Outcome):
                     out.bytes_in = bytes_in
                     return out
@@ -220,7 +227,8 @@ class SampleRunner:
                 if after_step is not None:
                     after_step(0, x)
                 continue
-            drawn = draw_mark() if watch is not None or on_drew is not None else None
+            told = on_drew if i <= last_told else None
+            drawn = draw_mark() if watch is not None or told is not None else None
             # the run-queue reads lie inside the wall window: a wait between them and the
             # step then counts in both, never in ``queued`` alone
             ws = time.perf_counter()
@@ -231,20 +239,21 @@ class SampleRunner:
                 x = self._calls[i](x, rng)
             except Exception as e:  # noqa: BLE001 - reported with its place
                 if mark is not None and python_mark() != mark:  # its error may be the draw's
-                    return self._again(i, index, base_seed, epoch, hand_off, on_step, draw,
-                                       on_drew)
+                    return self._again(i, index, base_seed, epoch, hand_off, on_step,
+                                       after_step, draw, on_drew, drew_through)
                 return Outcome(None, None, timings, (i, e, traceback.format_exc()), bytes_in)
             ce = time.thread_time()
             q = queued() - qs if queued is not None else 0.0
             we = time.perf_counter()
             if mark is not None and python_mark() != mark:  # drew unseeded: again, seeded
-                return self._again(i, index, base_seed, epoch, hand_off, on_step, draw, on_drew)
+                return self._again(i, index, base_seed, epoch, hand_off, on_step, after_step,
+                                   draw, on_drew, drew_through)
             if shape_in is not None and guard is not None and changed is not None \
                     and guard.broke(changed, i, shape_in, x):
                 return self._in_declared_order(index, base_seed, epoch, on_step, draw)
             spent += we - ws
             if drawn is not None and draw_mark() != drawn:
-                for tell in (watch, on_drew):
+                for tell in (watch, told):
                     if tell is not None:
                         tell(i)
             if measure is not None:
@@ -263,18 +272,22 @@ class SampleRunner:
 
     def _again(self, step: int, index: Any, base_seed: int, epoch: int,
                hand_off: Callable[[int, float], bool] | None,
-               on_step: Callable[[int], None] | None, draw: int,
-               on_drew: Callable[[int], None] | None) -> Outcome:
+               on_step: Callable[[int], None] | None,
+               after_step: Callable[[int, Any], None] | None, draw: int,
+               on_drew: Callable[[int], None] | None, drew_through: int | None) -> Outcome:
         """The run of a sample whose ``step`` drew from Python's generator unseeded: that
         step is seeded from now on, and the sample runs again from its start. ``on_drew`` is
         told of the draws of that run: without it, a run handed off after the draw carried no
         draw, and the worker finishing it cached its form, one epoch's draw served in every
-        later epoch (a bug hunt: 3 of 3 runs froze a sample)."""
+        later epoch (a bug hunt: 3 of 3 runs froze a sample). ``after_step`` is called again
+        from ``step`` on only: the outputs before it were given in the first run, and are what
+        this one computes (those steps drew from no generator left unseeded)."""
         self.python_draws[step] = True
         if self.on_python_draw is not None:
             self.on_python_draw(step)
-        return self.run(index, 0, None, base_seed, epoch, hand_off, on_step, None, draw,
-                        on_drew)
+        after = None if after_step is None else _from_step(after_step, step)
+        return self.run(index, 0, None, base_seed, epoch, hand_off, on_step, after, draw,
+                        on_drew, drew_through)
 
     def _in_declared_order(self, index: Any, base_seed: int, epoch: int,
                            on_step: Callable[[int], None] | None, draw: int) -> Outcome:
@@ -343,3 +356,13 @@ class SampleRunner:
             timings.append(StepTiming(k + 1, probe.wall[k], probe.cpu[k], probe.bytes_out[k],
                                       probe.changed[k], reshaped=probe.reshaped[k]))
         return x, wall
+
+
+def _from_step(after_step: Callable[[int, Any], None], first: int) -> Callable[[int, Any], None]:
+    """``after_step`` called for the steps from ``first`` on only."""
+
+    def after(i: int, x: Any) -> None:
+        if i >= first:
+            after_step(i, x)
+
+    return after
