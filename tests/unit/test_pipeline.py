@@ -389,6 +389,23 @@ def test_the_watch_reads_numpys_global_generator_whatever_its_bit_generator():
         np.random.set_bit_generator(before)
 
 
+@pytest.mark.parametrize("seed", [0, 7, 2**63 - 1])
+@pytest.mark.parametrize("draw", [lambda: torch.rand(1), lambda: torch.randn(1),
+                                  lambda: torch.randint(0, 9, (2,)), lambda: None])
+def test_the_mark_after_seeding_is_the_one_read_and_tells_a_torch_draw(seed, draw):
+    from headrace.pipeline.seeding import draw_mark, seed_numpy_torch, seeded_mark
+
+    saved = torch.get_rng_state()
+    try:
+        seed_numpy_torch(seed)
+        before = seeded_mark()
+        assert before == draw_mark()  # torch's part, not read, is what a read gives
+        drew = draw() is not None
+        assert (draw_mark() != before) == drew
+    finally:
+        torch.set_rng_state(saved)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1])
 def test_seed_globals_seeds_as_the_libraries_own_seed_functions_do(seed):
     from headrace.pipeline.seeding import seed_globals

@@ -21,6 +21,7 @@ from headrace.pipeline.seeding import (
     sample_root,
     seed_globals,
     seed_numpy_torch,
+    seeded_mark,
     step_rng,
     step_seed,
 )
@@ -104,7 +105,7 @@ class SampleRunner:
     (``runtime/python_draws.py``: the next workers and epochs are told from their start).
 
     ``on_global_draw(step)``: called when a step drew from those global generators (their
-    states compared around it, ``seeding.draw_mark``: about 4 µs a step; not for the
+    states compared around it, ``seeding.draw_mark``: about 2 µs a step; not for the
     transforms of a dataset, which run inside ``load``). ``executor="auto"`` keeps such
     pipelines on worker processes; worker threads (no ``reseed_globals``) warn, and there a
     change may also be another thread's draw (the generators are shared).
@@ -178,7 +179,7 @@ class SampleRunner:
         form there, before a later step could write into it). ``draw``: the times ``index``
         came earlier in this epoch (``runtime/draws.py``), part of its seed. ``on_drew(i)``:
         called before ``after_step(i, ...)`` when step ``i`` drew from a global generator
-        (``seeding.draw_mark`` around each step, about 4 µs; exact where the globals are
+        (``seeding.draw_mark`` around each step, about 2 µs; exact where the globals are
         re-seeded before every step, or marked where they are not): its output is then not the
         same in every epoch, whatever the step declares (the cache stores no unseeded form of
         it). ``drew_through``: the last step whose draws ``on_drew`` is told of (None: every
@@ -228,7 +229,9 @@ class SampleRunner:
                     after_step(0, x)
                 continue
             told = on_drew if i <= last_told else None
-            drawn = draw_mark() if watch is not None or told is not None else None
+            drawn = None
+            if watch is not None or told is not None:  # NumPy's and torch's seeded just now?
+                drawn = seeded_mark() if self._seeded and self.reseed_globals else draw_mark()
             # the run-queue reads lie inside the wall window: a wait between them and the
             # step then counts in both, never in ``queued`` alone
             ws = time.perf_counter()
