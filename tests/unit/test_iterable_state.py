@@ -99,3 +99,22 @@ def test_defaults_and_switches_turned_off_warn_nothing(options):
         warnings.simplefilter("error")
         hr.DataLoader(Stream(), batch_size=4, options=options)
     assert unused_by_iterable(options) == []
+
+
+@pytest.mark.parametrize("then", [True, False])
+def test_another_persistent_workers_warns_as_a_map_style_resume_does(then):
+    # torch draws the workers' base seed once when they persist, at every epoch otherwise: the
+    # epochs after a resume with the other setting had other seeds, silently (no worker starts
+    # here: state_dict() and load_state_dict() before any iter())
+    saved = hr.DataLoader(Stream(), batch_size=4, num_workers=1, persistent_workers=then)
+    state = saved.state_dict()
+    assert state["persistent_workers"] is then
+    other = hr.DataLoader(Stream(), batch_size=4, num_workers=1, persistent_workers=not then)
+    with pytest.warns(UserWarning, match=f"persistent_workers={then} then, {not then} now"):
+        other.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hr.DataLoader(Stream(), batch_size=4, num_workers=1,
+                      persistent_workers=then).load_state_dict(state)
+        del state["persistent_workers"]  # a state dict saved before the key: nothing to tell
+        other.load_state_dict(state)

@@ -36,6 +36,7 @@ from torch.utils.data.dataloader import (
 )
 
 from headrace.errors import IterablePositionWarning, LoaderClosedError, StateDictError
+from headrace.runtime import state_checks
 from headrace.runtime.checkpoint import capture_rng, rng_from_str, rng_to_str
 from headrace.runtime.options import AutoWorkers
 from headrace.user_frame import warn
@@ -180,7 +181,8 @@ def state(loader: Any, running: _Closable | None) -> dict[str, Any]:
     ``batches_delivered`` (of the running epoch while it is part-way, else 0); no position.
     ``generator_state``: the loader's generator now (None without one); ``base_seed``: the
     base seed the next ``iter()`` reuses instead of drawing one (None: it draws), see
-    :func:`_next_base_seed`."""
+    :func:`_next_base_seed`; ``persistent_workers``: the loader's, which decides the later
+    epochs' base seeds (a resume with the other setting warns, as a map-style one does)."""
     batches = 0  # (no truth test of the iterator: it has torch's __len__, which may raise)
     if running is not None and running.part_way:  # closed part-way too: still unfinished
         batches = running._num_yielded
@@ -188,7 +190,8 @@ def state(loader: Any, running: _Closable | None) -> dict[str, Any]:
     return {"dataset_kind": KIND, "schema_version": SCHEMA_VERSION,
             "epochs_started": loader._epoch, "batches_delivered": batches,
             "generator_state": rng_to_str(gen.get_state()) if gen is not None else None,
-            "base_seed": _next_base_seed(loader, running)}
+            "base_seed": _next_base_seed(loader, running),
+            "persistent_workers": bool(loader.persistent_workers)}  # (state_checks: seeding)
 
 
 def _next_base_seed(loader: Any, running: _Closable | None) -> int | None:
@@ -209,8 +212,8 @@ def _next_base_seed(loader: Any, running: _Closable | None) -> int | None:
 def load(loader: Any, sd: Any) -> None:
     """``load_state_dict()``: keep the epoch count, the generator's state and the base seed
     the next ``iter()`` reuses (persistent workers started before stop: theirs is another);
-    warn when the saved epoch was part-way (its batches come again); refuse a map-style
-    loader's state."""
+    warn when the saved epoch was part-way (its batches come again) and when it was saved
+    with another ``persistent_workers``; refuse a map-style loader's state."""
     if not isinstance(sd, dict) or sd.get("dataset_kind") != KIND:
         raise StateDictError(
             "this state dict is not an IterableDataset loader's (no dataset_kind='iterable': "
@@ -226,6 +229,10 @@ def load(loader: Any, sd: Any) -> None:
         loader.generator.set_state(rng_from_str(gen))
     seed = sd.get("base_seed")
     loader.__dict__[_BASE_SEED] = int(seed) if seed is not None else None
+    state_checks.warn_seeding_changes(
+        sd, loader.persistent_workers,
+        "The next epoch's workers get the saved base seed; the epochs after it"
+        if seed is not None else "The next epochs")
     if loader.__dict__.get("_torch_iterator") is not None:  # its workers have their own seed
         close(loader, None)
     batches = int(sd["batches_delivered"])

@@ -17,7 +17,6 @@ from headrace.runtime import (
 )
 from headrace.runtime import span as epoch_span
 from headrace.runtime.lightning_loops import restored_at_epoch_end, unloaded_state
-from headrace.user_frame import warn
 
 if TYPE_CHECKING:
     from headrace.runtime.loader import DataLoader
@@ -76,7 +75,10 @@ def load(loader: DataLoader, state: dict[str, Any], ended: bool = False) -> None
     iterable_dataset.refuse_iterable_state(state)
     state = ranks.own(state, ranks.shard(loader._index_sampler))  # DDP: this rank's
     point = checkpoint.parse(state, identity(loader, loader.planning.executed_names))
-    warn_seeding_changes(state, loader.persistent_workers, point.in_epoch)
+    state_checks.warn_seeding_changes(
+        state, loader.persistent_workers,
+        "The rest of the saved epoch is restored exactly; the epochs after it" if point.in_epoch
+        else "The next epochs")
     if point.in_epoch and (ended or restored_at_epoch_end()):  # Lightning ended that epoch there
         point = checkpoint.epoch_over(point)
     it = loader._iterator_ref()
@@ -97,23 +99,6 @@ def load(loader: DataLoader, state: dict[str, Any], ended: bool = False) -> None
         checkpoint.set_states(checkpoint.sampler_generators(loader._index_sampler, loader.generator),
                               point.sampler_generator_states)
     loader._resume = point if point.in_epoch else None
-
-
-def warn_seeding_changes(state: dict[str, Any], persistent_workers: bool, in_epoch: bool) -> None:
-    """Warn (``UserWarning``, as ``checkpoint.parse`` does of another ``batch_size``) where the
-    state dict was saved with another ``persistent_workers``: the resume goes on, and the
-    epochs after the saved one (``in_epoch``; else from the next one) follow this loader's
-    setting, as torch's would. It resumed silently, later epochs' samples differing."""
-    changed = state_checks.seeding_changes(state, bool(persistent_workers))
-    if changed:
-        warn(
-            "headrace: resuming a state dict saved with other settings (" + "; ".join(changed)
-            + "). " + ("The rest of the saved epoch is restored exactly; the epochs after it"
-                       if in_epoch else "The next epochs")
-            + " draw the workers' base seed as this loader's persistent_workers says (once "
-            "when the workers persist, at every epoch otherwise, as torch), so their samples' "
-            "random content, and an order drawn from the loader's generator, differ from the "
-            "saved run's. Resume with the saved setting to continue that run exactly")
 
 
 def identity(loader: DataLoader, steps: tuple[str, ...]) -> checkpoint.Identity:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from headrace.errors import StateDictError
+from headrace.user_frame import warn
 
 if TYPE_CHECKING:
     from headrace.runtime.checkpoint import Identity
@@ -131,3 +132,20 @@ def code_changes(sd: dict[str, Any], ident: Identity) -> list[str]:
         if names:
             out.append(f"steps {what}: {', '.join(names)}")
     return out
+
+
+def warn_seeding_changes(state: dict[str, Any], persistent_workers: bool, later: str) -> None:
+    """Warn (``UserWarning``, as ``checkpoint.parse`` does of another ``batch_size``) where the
+    state dict was saved with another ``persistent_workers``: the resume goes on, and ``later``
+    (the epochs that follow this loader's setting, as torch's would, in words: "The next
+    epochs", or after what the resume restores) differ from the saved run's. It resumed
+    silently, later epochs' samples differing."""
+    changed = seeding_changes(state, bool(persistent_workers))
+    if changed:
+        warn(
+            "headrace: resuming a state dict saved with other settings (" + "; ".join(changed)
+            + "). " + later
+            + " draw the workers' base seed as this loader's persistent_workers says (once "
+            "when the workers persist, at every epoch otherwise, as torch), so their samples' "
+            "random content, and an order drawn from the loader's generator, differ from the "
+            "saved run's. Resume with the saved setting to continue that run exactly")
