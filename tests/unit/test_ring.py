@@ -220,3 +220,24 @@ def test_a_sample_wrapping_onto_its_own_first_array_sends_it_another_way():
     ring.read_pos.value = w.write_pos
     assert all(np.array_equal(d, a) for d, a in zip(decode(enc[:3], ring), arrays[:3],
                                                      strict=True))
+
+
+def test_ring_space_of_messages_arriving_after_the_epoch_finished_is_freed():
+    # they are dropped (the epoch is over); their ring space stayed held until the worker's
+    # next message was read, which a persistent worker's full ring could wait for
+    from types import SimpleNamespace
+
+    from headrace.runtime.handles import WorkerHandle
+    from headrace.runtime.scheduler import Scheduler
+
+    ring = Ring(mp.get_context("fork"), size=64 * 1024)
+    w = WorkerHandle(0, None, None, None, ring)
+    ring.read_pos.value = 4096
+    handled: list[str] = []
+    epoch = SimpleNamespace(_finished=True, _handle=lambda _w, m: handled.append(m[0]))
+    Scheduler._handle_all(epoch, w, [("done", 1, None, [], 0, 8192), ("ready", 0, None),
+                                     ("partial", 3, 2, None, [], 0, None, 12288)])
+    assert handled == ["ready"] and ring.read_pos.value == 12288
+    epoch._finished = False
+    Scheduler._handle_all(epoch, w, [("done", 4, None, [], 0, 16384)])
+    assert handled == ["ready", "done"] and ring.read_pos.value == 12288  # _handle frees those

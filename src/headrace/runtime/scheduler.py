@@ -280,14 +280,7 @@ class Scheduler:
                     with self._lock:  # once a worker thread ended the epoch, only "ready" counts
                         if msg[0] == "many":
                             self.counters.shared_samples += len(msg[1])
-                        msgs = msg[1] if msg[0] == "many" else (msg,)
-                        try:
-                            for m in msgs:
-                                if not self._finished or m[0] == "ready":
-                                    self._handle(w, m)
-                        except BaseException:
-                            _free_ring(w, msgs)  # persistent workers write on after this error
-                            raise
+                        self._handle_all(w, msg[1] if msg[0] == "many" else (msg,))
             elif not w.process.is_alive():
                 dead.append(w)
         with self._lock:
@@ -299,6 +292,23 @@ class Scheduler:
                 self.deaths.on_death(w)
 
     # -- results -------------------------------------------------------------------------------
+    def _handle_all(self, w: WorkerHandle, msgs: Any) -> None:
+        """Handle ``msgs`` from ``w`` in order. Once the epoch is finished only ``"ready"``
+        counts: the others are dropped, and their ring space freed, as on an error here
+        (persistent workers write on into their rings; dropped, it stayed held until the
+        worker's next message was read)."""
+        dropped = []
+        try:
+            for m in msgs:
+                if not self._finished or m[0] == "ready":
+                    self._handle(w, m)
+                else:
+                    dropped.append(m)
+        except BaseException:
+            _free_ring(w, msgs)  # persistent workers write on after this error
+            raise
+        _free_ring(w, dropped)
+
     def _handle(self, w: WorkerHandle, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "ready":
