@@ -2,7 +2,7 @@
 
 One ``CacheClient`` per loader (and executed step order) is pickled into every worker (processes
 or threads) and used by the ``num_workers=0`` path. Lookups go from the most processed form down;
-the first hit gives the value and the step to resume at. Inserts: the forms a run produces are
+the first hit gives the value and the step to resume at. Inserts (``cache/insert.py``): the forms a run produces are
 encoded (copied out) right after their step, before a later step could write into them, and
 when the sample is finished the most processed one that fits its tier's budget is stored (one
 form per sample, as in Seneca, where N_A + N_D + N_E <= N_total).
@@ -13,7 +13,6 @@ the training process); the loader sums them per epoch.
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections import deque
@@ -22,6 +21,7 @@ from typing import Any
 from headrace.cache import codec
 from headrace.cache.config import redact
 from headrace.cache.counters import FIELDS, Counters
+from headrace.cache.insert import Insert
 from headrace.cache.lmdb_envs import StoreClosed
 from headrace.cache.tiers import TIERS, TierLayout, sample_key
 from headrace.cache.verify import (
@@ -44,86 +44,7 @@ STORE_MARGIN = 3.0
 (one copy): storing costs two copies, a hit one more (``CacheClient.worth_storing``)."""
 MIN_MEASURED = 5
 """Measurements needed before a tier's lookups may be judged not worth making."""
-
-
-class Insert:
-    """What one run of a sample will insert: collects tier forms as their steps finish."""
-
-    __slots__ = ("client", "drew_at", "forms", "index", "namespaces", "row", "seeded_ok",
-                 "skipped_full")
-
-    def __init__(self, client: CacheClient, index: int, namespaces: dict[str, bytes], row: int,
-                 seeded_ok: bool = True):
-        self.client = client
-        self.index = index
-        self.namespaces = namespaces
-        self.row = row
-        self.seeded_ok = seeded_ok  # False: a repeat of its index (its seeded forms are its own)
-        self.forms: list[tuple[str, bytes]] = []  # (tier, blob), least processed first
-        self.drew_at: int | None = None
-        """The first step of this run that drew from a global random generator."""
-        self.skipped_full = False
-        """A form was not encoded because its tier was found full earlier this epoch."""
-
-    def drew(self, position: int) -> None:
-        """Called by the runner when the step at ``position`` drew from Python's, NumPy's or
-        torch's global generator: the forms from there on differ from epoch to epoch (a step
-        not declared ``random=True``, a torchvision transform), so none is stored as a form
-        every epoch may read."""
-        if self.drew_at is None:
-            self.drew_at = position
-
-    def after_step(self, position: int, value: Any) -> None:
-        """Called by the runner after each step with its output."""
-        c = self.client
-        tier = c.at_position.get(position)
-        if tier is None or c.counters.verdicts.state(tier) == DIFFERS:  # not what it computes
-            return
-        if tier in c.full:  # counted in ``commit`` unless another form is stored
-            self.skipped_full = True
-            return
-        if not self.seeded_ok and tier in c.seeded:
-            return
-        if self.drew_at is not None and tier not in c.seeded:
-            c.counters.add(self.row, "drew")
-            return
-        if tier not in c.ods_tiers and not c.worth_storing(tier):  # ODS: as its lookups
-            c.counters.add(self.row, "not_stored")
-            return
-        t0 = time.perf_counter()
-        try:
-            blob = codec.encode(value)
-        except Exception:  # noqa: BLE001 - Uncacheable, or a value that fails to encode (a
-            # conjugate view's .numpy(), a string with a lone surrogate): never the sample's
-            c.counters.add(self.row, "uncacheable")
-            return
-        c.encoded(tier, time.perf_counter() - t0)
-        self.forms.append((tier, blob))
-
-    def commit(self) -> None:
-        """Store the most processed collected form whose tier has room. A run that stores
-        nothing because its forms' tiers were full (refused now, or found full earlier this
-        epoch) counts once in ``full``."""
-        c = self.client
-        live = list(self.namespaces.values())
-        refused = self.skipped_full
-        for tier, blob in reversed(self.forms):
-            key = sample_key(self.namespaces[tier], self.index)
-            try:
-                r = c.backend.put(key, tier, blob, live)
-            except Exception as e:  # noqa: BLE001 - a broken cache must not break training
-                c.failed(self.row, e)
-                return
-            if r == "stored":
-                c.counters.add(self.row, "inserts")
-                return
-            if r == "exists":
-                return
-            if r == "full" and tier not in c.ods_tiers:  # not "shard_full": other shards of
-                c.full.add(tier)  # the memory backend have room
-            refused = True
-        if refused:  # once a run, however many of its forms were kept out
-            c.counters.add(self.row, "full")
+_NONE: frozenset[str] = frozenset()
 
 
 class CacheClient:
@@ -143,17 +64,17 @@ class CacheClient:
         self._init_local()
 
     @property
-    def seeded(self) -> frozenset[str]:
-        """Tiers whose form comes after a random step (exact for one draw of a sample)."""
-        return frozenset(t.name for t in self.tiers if t.seeded)
-
-    @property
     def ods_tiers(self) -> frozenset[str]:
         """Tiers ODS tracks (Redis, ``Cache(ods=True)``): their reads count references, and
         a full one is tried again (evictions free room at any time)."""
         return getattr(self.backend, "ods_tiers", frozenset())
 
     def _init_local(self) -> None:
+        self.seeded = frozenset(t.name for t in self.tiers if t.seeded)
+        """Tiers whose form comes after a random step (exact for one draw of a sample)."""
+        self.positions = tuple(sorted(self.at_position))
+        """The active tiers' step positions, least processed first."""
+        self._in_step_order = tuple(sorted(self.tiers, key=lambda t: t.position))
         self.draws_matter_through = max((t.position for t in self.tiers if not t.seeded),
                                         default=-1)
         """The last step position after which a form that a draw from a global generator
@@ -213,23 +134,27 @@ class CacheClient:
         Raises ``codec.CorruptEntry`` when an entry under a valid key is not in the raw format.
         """
         ns = self.namespaces(base_seed, epoch)
-        self.counters.add(row, "lookups")
+        counters = self.counters
+        counters.add(row, "lookups")
         self._probe += 1
-        verdicts = self.counters.verdicts
+        verdicts, ods, skipped = counters.verdicts, self.ods_tiers, 0
         for t in self.tiers:
             if draw and t.seeded or verdicts.state(t.name) == DIFFERS:
                 continue
             # an ODS tier is always looked up: ODS chose the sample because it is cached, and
             # the lookup is the use that lets the entry be evicted once every job had it
-            if t.name not in self.ods_tiers and not self.worth_looking_up(t.name):
-                self.counters.add(row, "not_worth")
+            if t.name not in ods and not self.worth_looking_up(t.name):
+                skipped += 1
                 continue
+            if skipped:
+                counters.add(row, "not_worth", skipped)
+                skipped = 0
             key = sample_key(ns[t.name], index)
             check = not t.shared and self.check_due(t.name, row)
             decode = kept if check else codec.decode
             t0 = time.perf_counter()
             try:
-                if t.shared or t.name in self.ods_tiers:  # served once / reference-counted
+                if t.shared or t.name in ods:  # served once / reference-counted
                     value = self.backend.take(key, t.name, decode)
                 else:
                     value = self.backend.get(key, decode)
@@ -246,6 +171,8 @@ class CacheClient:
                     self._checks[(row, t.name)] = (done + 1, limit)
                     return t.position + 1, Check(t.name, t.position, value)
                 return t.position + 1, value
+        if skipped:
+            counters.add(row, "not_worth", skipped)
         return None
 
     def check_due(self, tier: str, row: int) -> bool:
@@ -266,9 +193,13 @@ class CacheClient:
         # processes or epochs measured
 
     def _record(self, tier: str, which: int, seconds: float, row: int) -> None:
-        m = _add(self._times.setdefault((tier, which), deque(maxlen=WINDOW)), seconds)
+        key = (tier, which)
+        d = self._times.get(key)
+        if d is None:
+            d = self._times[key] = deque(maxlen=WINDOW)
+        m = _add(d, seconds)
         if m is not None:
-            self._medians[(tier, which)] = m
+            self._medians[key] = m
             self.counters.set_cost(row, tier, which, m)
 
     def encoded(self, tier: str, seconds: float) -> None:
@@ -319,15 +250,27 @@ class CacheClient:
                  draw: int = 0) -> Insert | None:
         """An ``Insert`` for a run starting at step ``start``; None when nothing can be stored.
         ``draw`` above 0: the seeded forms are not stored (see ``lookup``). Every tier found
-        full this epoch: None, and the run counts once in ``full`` (not stored, not tried)."""
-        if not any(p >= start for p in self.at_position):
+        full this epoch: None, and the run counts once in ``full`` (not stored, not tried).
+        Which forms are worth storing is asked here, once a run (``Insert.worth``): with none
+        (the cost rule has them off, ``worth_storing``), the ``Insert`` does not ``store``."""
+        if not self.positions or self.positions[-1] < start:
             return None
-        if all(t.name in self.full for t in self.tiers):
+        full = self.full
+        if len(full) == len(self.tiers) and all(t.name in full for t in self.tiers):
             self.namespaces(base_seed, epoch)  # resets ``full`` when the epoch changed
             if all(t.name in self.full for t in self.tiers):
                 self.counters.add(row, "full")
                 return None
-        return Insert(self, index, self.namespaces(base_seed, epoch), row, seeded_ok=not draw)
+        ns = self.namespaces(base_seed, epoch)
+        ods, verdicts, worth = self.ods_tiers, self.counters.verdicts, _NONE
+        for t in self._in_step_order:  # the cost rule asked of the forms ``after_step``
+            # asks it of, in its order (its probe counts one a form a run, as there)
+            name = t.name
+            if (t.position >= start and name not in self.full and not (draw and t.seeded)
+                    and verdicts.state(name) != DIFFERS
+                    and (name in ods or self.worth_storing(name))):
+                worth = worth | {name}
+        return Insert(self, index, ns, row, seeded_ok=not draw, worth=worth)
 
     def failed(self, row: int, e: BaseException) -> None:
         """A backend error: counted, and the row's first kept for the training process, which
@@ -347,4 +290,9 @@ __all__ = ["FIELDS", "TIERS", "CacheClient", "Counters"]
 def _add(d: deque[float], seconds: float) -> float | None:
     """Append a measurement (seconds); the window's median once it holds ``MIN_MEASURED``."""
     d.append(seconds)
-    return statistics.median(d) if len(d) >= MIN_MEASURED else None
+    n = len(d)
+    if n < MIN_MEASURED:
+        return None
+    s = sorted(d)  # ``statistics.median``'s value, without its checks (a run's bookkeeping)
+    h = n // 2
+    return s[h] if n % 2 else (s[h - 1] + s[h]) / 2

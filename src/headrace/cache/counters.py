@@ -13,6 +13,7 @@ FIELDS = ("lookups", "hit_encoded", "hit_decoded", "hit_augmented", "inserts", "
           "full", "errors", "not_worth", "not_stored", "drew", "checked", "differed")
 """Counter columns (see ``telemetry.stats.CacheStats`` for their meaning)."""
 _F = {n: i for i, n in enumerate(FIELDS)}
+_TIER = {n: i for i, n in enumerate(TIERS)}
 FAILURE_BYTES = 256
 """Bytes kept of a row's first failure ("type: message", UTF-8; longer ones are cut)."""
 
@@ -38,7 +39,7 @@ class Counters:
         self.failures = ctx.RawArray("c", rows * FAILURE_BYTES)
 
     def set_cost(self, row: int, tier: str, which: int, seconds: float) -> None:
-        self.costs[(row * len(TIERS) + TIERS.index(tier)) * 2 + which] = seconds
+        self.costs[(row * len(TIERS) + _TIER[tier]) * 2 + which] = seconds
 
     def cost(self, tier: str, which: int) -> float | None:
         """Mean over the rows that measured it (None: nobody has)."""

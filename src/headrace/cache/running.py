@@ -8,6 +8,15 @@ travels with the partial value (``Outcome.drew_at`` -> the ``partial`` message -
 ``Task.drew_at``) and presets the second part's ``Insert.drew_at``: it stores no unseeded form
 after that step. A sample not handed off carries nothing more (a ``None`` in its task).
 
+A run that stores no form (the cost rule has every form of its steps off: ``Insert.stores``)
+runs plain, without ``after_step`` at each step or its draws watched (a draw mark is about
+2 µs a step); its forms are counted once it ended (``Insert.settle``). Handed off, such a part
+carries ``MAY_HAVE_DRAWN`` (where a form a draw would change lies ahead): not watched, it may
+have drawn anywhere, so the worker finishing it stores no unseeded form either, counted in
+``not_stored`` as the part that started it judged them (not in ``drew``: nothing was seen to
+draw, and ``explain()`` would advise declaring a step random). Storing less for the rare
+sample handed off while the rule had its forms off is the price of not watching every other.
+
 A few hits are computed as well and compared with their form (``cache/verify.py``): such a
 sample runs from its ``load`` and delivers the computed value.
 """
@@ -19,6 +28,7 @@ from typing import Any
 
 from headrace.cache import codec
 from headrace.cache.client import CacheClient
+from headrace.cache.insert import MAY_HAVE_DRAWN
 from headrace.cache.verify import Check, judge, locate
 
 
@@ -70,7 +80,15 @@ def run_cached(
             if start >= client.layout.steps:
                 return Outcome(value, None, [])
     ins = client.inserter(index, base_seed, epoch, start, row, kwargs.get("draw", 0))
-    if ins is None:
+    if ins is not None and not ins.stores:  # the cost rule has its forms off: run plain
+        out = run(index, start, value, base_seed, epoch, **kwargs)
+        end = out.next_step if out.next_step is not None else (  # steps it ran (a failed
+            out.error[0] if out.error is not None else client.layout.steps)  # one: before it)
+        ins.drew_at = drew_at
+        ins.settle(start, end, out.error is None)
+        out.drew_at = drew_at if drew_at is not None or out.next_step is None or \
+            start > client.draws_matter_through else MAY_HAVE_DRAWN
+    elif ins is None:
         if kwargs.get("hand_off") is not None and any(p >= start for p in client.at_position):
             out = _watched(run, index, start, value, base_seed, epoch, drew_at,
                            dict(kwargs, drew_through=client.draws_matter_through))

@@ -64,6 +64,10 @@ WHERE_BYTES = 240
 """Bytes of UTF-8 kept per form for where its values first differed (``Verdicts.where``)."""
 
 
+_AT = {name: 3 * i for i, name in enumerate(TIERS)}
+"""Where each tier's state is in ``Verdicts.values`` (read at every lookup and insert)."""
+
+
 class Verdicts:
     """Each form's verdict for one cache session, in shared memory (made with the
     ``multiprocessing`` context ``ctx``, shared with worker processes like the counters).
@@ -80,7 +84,7 @@ class Verdicts:
         self.text = ctx.RawArray("c", WHERE_BYTES * len(TIERS))
 
     def state(self, tier: str) -> int:
-        return int(self.values[3 * TIERS.index(tier)])
+        return int(self.values[_AT[tier]])
 
     def verified(self, tier: str) -> None:
         k = 3 * TIERS.index(tier)

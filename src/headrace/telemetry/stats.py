@@ -47,10 +47,14 @@ class CacheStats:
         not_worth: tier lookups not made because they cost more than computing the form
             (both measured per tier; one in 32 is still made, to keep measuring).
         not_stored: forms not stored because the steps they save take less than three
-            times encoding them (a copy of their bytes); one in 32 is still stored.
-        drew: forms not stored because a step up to theirs drew from Python's, NumPy's or
-            torch's global random generator (not declared ``random=True``): such a form
-            differs from epoch to epoch, so it is not kept as one every epoch reads.
+            times encoding them (a copy of their bytes); one in 32 is still stored. Counted
+            before ``drew``: such a form counts here whether a step before it drew or not
+            (a run storing no form is not watched for draws), as do the unseeded forms after
+            a hand-off of such a run (it may have drawn: not stored where it ends either).
+        drew: forms the rule above would have stored, not stored because a step up to theirs
+            drew from Python's, NumPy's or torch's global random generator (not declared
+            ``random=True``): such a form differs from epoch to epoch, so it is not kept as
+            one every epoch reads.
         bytes_by_tier: bytes held per tier when the numbers were taken (all epochs' entries).
         budget_by_tier: each tier's share of the budget (bytes).
         substituted: (ODS, ``Cache(ods=True)``) positions filled by a cached sample the job
