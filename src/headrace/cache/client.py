@@ -90,6 +90,8 @@ class CacheClient:
         """(tier, 0) lookup seconds, (tier, 1) seconds of the steps the form saves."""
         self._probe = 0
         self._medians: dict[tuple[str, int], float] = {}  # of ``_times``, once measured enough
+        self._hits: dict[str, deque[bool]] = {}
+        """Per tier, whether its last ``WINDOW`` lookups this epoch found a form."""
         self._encode_s: dict[str, deque[float]] = {}  # tier -> seconds encoding its forms took
         self._encode_median: dict[str, float] = {}  # of ``_encode_s``, once measured enough
         self._store_probe = 0
@@ -118,6 +120,7 @@ class CacheClient:
                 self._epoch_key = (base_seed, epoch)
                 self.full = set()  # a new epoch may make older entries evictable
                 self._checks = {}  # each worker checks its first hits of every epoch
+                self._hits = {}  # a new epoch finds what the last one stored
                 forget = getattr(self.backend, "forget_full", None)  # the memory backend's
                 if forget is not None:  # shards found full, likewise
                     forget()
@@ -164,6 +167,10 @@ class CacheClient:
                 self.failed(row, e)
                 return None
             self._record(t.name, 0, time.perf_counter() - t0, row)
+            hits = self._hits.get(t.name)
+            if hits is None:
+                hits = self._hits[t.name] = deque(maxlen=WINDOW)
+            hits.append(value is not None)
             if value is not None:
                 self.counters.add(row, f"hit_{t.name}")
                 if check:
@@ -224,10 +231,20 @@ class CacheClient:
         return cp > STORE_MARGIN * enc or self._store_probe % PROBE_EVERY == 0
 
     def worth_looking_up(self, tier: str) -> bool:
-        """False when a lookup of ``tier`` costs more than computing its form (medians of
-        recent measurements), except one lookup in ``PROBE_EVERY``."""
+        """False when a lookup of ``tier`` costs more than what it saves: computing its form
+        (medians of recent measurements) times the share of this epoch's recent lookups that
+        found one (1 until ``MIN_MEASURED`` were made), except one lookup in
+        ``PROBE_EVERY``. A first epoch's lookups all miss: a sweep of tiny samples spent 7 µs a
+        sample in the workers looking up forms that were not there."""
         lk, cp = self._median(tier, 0), self._median(tier, 1)
-        return lk is None or cp is None or lk <= cp or self._probe % PROBE_EVERY == 0
+        if lk is None or cp is None or self._probe % PROBE_EVERY == 0:
+            return True
+        if lk > cp:
+            return False
+        hits = self._hits.get(tier)
+        if hits is None or len(hits) < MIN_MEASURED:
+            return True
+        return lk <= cp * sum(hits) / len(hits)
 
     def observe(self, timings: list[Any], row: int) -> None:
         """Learn what each form saves from a run that started at step 0: the wall time of

@@ -72,7 +72,7 @@ def explain_lines(self: CacheSession, opaque: bool,
         tiers = ", ".join(f"{k} {v}" for k, v in c.hits_by_tier.items())
         out.append(f"  epoch {n}: "
                    f"{c.hits} hits of {c.lookups} lookups ({100 * c.hit_rate:.0f}%: {tiers}), "
-                   + (f"{c.not_worth} not looked up (dearer than the steps they save), "
+                   + (f"{c.not_worth} not looked up (dearer than what they would save), "
                       if c.not_worth else "")
                    + f"{c.inserts} stored, {c.full} not stored (budget full), {c.uncacheable} uncacheable, "
                    f"{c.errors} errors"

@@ -45,6 +45,7 @@ class CacheStats:
         errors: backend failures (or lookups while a failed backend is left alone for a
             moment); each such sample ran uncached.
         not_worth: tier lookups not made because they cost more than computing the form
+            saves, times the share of this epoch's recent lookups of the tier that found one
             (both measured per tier; one in 32 is still made, to keep measuring).
         not_stored: forms not stored because the steps they save take less than three
             times encoding them (a copy of their bytes); one in 32 is still stored. Counted
