@@ -14,10 +14,11 @@ SAMPLE_MB = 20
 
 
 def test_rings_of_large_samples_keep_a_few_samples_resident(no_leaks):
-    # A worker is given two samples at a time here (their steps take milliseconds), so its
-    # ring holds one sample not yet copied out while it writes the next: two samples' room,
-    # and a span, a power of two over that, under four samples (64 MB for 20 MB samples).
-    # The whole ring is 256 MB.
+    # A worker is given two samples at a time here (their steps take about 2 ms, and samples
+    # of 20 MB are queued no deeper than that: ``queueing.QUEUE_BYTES``; on a machine where
+    # they took 1.5-2 ms, three at a time kept 240 MB resident), so its ring holds one sample
+    # not yet copied out while it writes the next: two samples' room, and a span, a power of
+    # two over that, under four samples (64 MB for 20 MB samples). The whole ring is 256 MB.
     before = ring_pages()
     loader = DataLoader(_Samples(120, SAMPLE_MB << 18), batch_size=4, num_workers=2,
                         persistent_workers=True, shuffle=True, timeout=120)

@@ -11,6 +11,7 @@ from headrace.planner.queueing import (
     HOLD_S,
     MAX_DEPTH,
     MIN_DEPTH,
+    QUEUE_BYTES,
     QUEUE_S,
     hold_s,
     queue_depth,
@@ -66,3 +67,29 @@ def test_describe_says_what_the_typical_sample_gave_and_what_came_shared():
     assert "within 4.0 ms" in cheap
     assert "within 1.0 ms" in describe(1.5e-3, 3, 900, 960)
     assert "last epoch" not in describe(70e-6, 32, None, None)
+
+
+def test_large_samples_are_queued_no_deeper_than_queue_bytes_allows():
+    # 20 MB samples of 1.5 ms were queued three at a time: 120 MB of each worker's ring resident
+    mb = 1 << 20
+    assert queue_depth(1.5e-3) == 3 and queue_depth(1.5e-3, 20 * mb) == MIN_DEPTH
+    assert queue_depth(200e-6, 12 * 1024) == 80  # CIFAR-sized: not capped
+    assert queue_depth(200e-6, 1 * mb) == QUEUE_BYTES // mb == 8
+    assert hold_s(queue_depth(200e-6, 1 * mb)) == CHEAP_HOLD_S
+    assert queue_depth(200e-6, 3 * mb) == 2 and hold_s(2) == 0.0
+    assert queue_depth(200e-6, 0) == 80  # size unknown: by time alone
+    assert queue_depth(0.05, 1) == MIN_DEPTH  # bytes never deepen a queue
+    for nbytes in (1, 1024, mb, 64 * mb):
+        depths = [queue_depth(10 ** (k / 10) * 1e-6, nbytes) for k in range(60)]
+        assert depths == sorted(depths, reverse=True) and min(depths) >= MIN_DEPTH
+
+
+def test_describe_says_when_a_samples_bytes_capped_its_queue():
+    from headrace.planner.queueing import describe
+
+    capped = describe(1.5e-3, queue_depth(1.5e-3, 20 << 20), 0, 120, 20 << 20)
+    assert "one per sample" in capped and "no more than 8.4 MB of samples of 21.0 MB" in capped
+    assert "would be queued deeper" not in capped
+    deep = describe(200e-6, queue_depth(200e-6, 1 << 20), 0, 120, 1 << 20)
+    assert "8 at once" in deep and "no more than 8.4 MB" in deep
+    assert "no more than" not in describe(1.5e-3, queue_depth(1.5e-3, 1024), 0, 120, 1024)

@@ -39,6 +39,12 @@ three quarters of the queue are still there."""
 CHEAP_S = 0.001
 """Samples typically shorter than this (seconds; CIFAR-sized: 0.1-0.3 ms) share longer
 messages: ``CHEAP_QUEUE_S`` and ``CHEAP_HOLD_S`` instead of ``QUEUE_S`` and ``HOLD_S``."""
+QUEUE_BYTES = 8 << 20
+"""Most bytes of typical samples queued on one worker process at once (``queue_depth``): deep
+queues share messages, whose price is per sample, not per byte, and what a worker finishes
+waits in its ring until the training process copies it out; a queue of 20 MB samples taking
+1.5-2 ms, three at once, kept 120 MB of each worker's 256 MB ring resident (two at once: 40 MB,
+``tests/integration/test_ring_span.py``)."""
 CHEAP_QUEUE_S = 0.016
 """``QUEUE_S`` for samples under ``CHEAP_S``: four of their holds."""
 CHEAP_HOLD_S = 0.004
@@ -51,34 +57,45 @@ it costs: a finished sample may wait up to 4 ms plus one step before it is sent,
 batch of such samples takes longer than that to fill."""
 
 
-def queue_depth(typical_s: float) -> int:
+def queue_depth(typical_s: float, sample_bytes: int = 0) -> int:
     """Samples to assign to one worker process at once, given the typical (median) seconds of a
     sample's steps: enough to cover ``QUEUE_S`` (``CHEAP_QUEUE_S`` under ``CHEAP_S``), between
-    ``MIN_DEPTH`` and ``MAX_DEPTH``. ``typical_s`` unknown (nan, inf, 0 or negative):
-    ``MIN_DEPTH``. Under ``CHEAP_S`` the depth is over ``QUEUE_S / CHEAP_S`` (4), at or above
-    it at most that: ``hold_s`` tells the two apart by the depth alone."""
+    ``MIN_DEPTH`` and ``MAX_DEPTH``, and no more than ``QUEUE_BYTES`` of samples of
+    ``sample_bytes`` (a finished sample's payload bytes as last measured; 0: unknown). ``typical_s``
+    unknown (nan, inf, 0 or negative): ``MIN_DEPTH``. Under ``CHEAP_S`` the depth is over
+    ``QUEUE_S / CHEAP_S`` (4), at or above it at most that, unless bytes cap it: ``hold_s``
+    tells the two apart by the depth alone (a capped queue holds for ``HOLD_S`` at most)."""
     if not math.isfinite(typical_s) or typical_s <= 0:
         return MIN_DEPTH
     queue = CHEAP_QUEUE_S if typical_s < CHEAP_S else QUEUE_S
-    return max(MIN_DEPTH, min(MAX_DEPTH, math.ceil(queue / typical_s)))
+    depth = min(MAX_DEPTH, math.ceil(queue / typical_s))
+    if sample_bytes > 0:
+        depth = min(depth, QUEUE_BYTES // sample_bytes)
+    return max(MIN_DEPTH, depth)
 
 
-def describe(typical_s: float, depth: int, shared: int | None, samples: int | None) -> str:
+def describe(typical_s: float, depth: int, shared: int | None, samples: int | None,
+             sample_bytes: int = 0) -> str:
     """``explain()``'s line: the typical sample, the depth it gives, and how many of the last
-    epoch's ``samples`` came in shared messages (``None``: no epoch yet)."""
+    epoch's ``samples`` came in shared messages (``None``: no epoch yet); ``sample_bytes``:
+    as ``queue_depth`` was given it (a queue its bytes capped is said so)."""
     if not math.isfinite(typical_s):
         return (f"messages: one per sample each way, {MIN_DEPTH} samples per worker (the typical "
                 "sample time is not measured yet)")
     last = (f"; last epoch {shared} of {samples} samples came in shared messages"
             if shared is not None and samples else "")
+    capped = (f"no more than {units.size(QUEUE_BYTES)} of samples of "
+              f"{units.size(sample_bytes)} are queued on a worker at once"
+              if depth < queue_depth(typical_s) and sample_bytes > 0 else "")
     if depth <= MIN_DEPTH:
+        why = capped or (f"samples under {units.duration(QUEUE_S / MIN_DEPTH)} would be "
+                         "queued deeper and share messages")
         return (f"messages: one per sample each way, {MIN_DEPTH} samples per worker (typical "
-                f"sample {units.duration(typical_s)}: samples under "
-                f"{units.duration(QUEUE_S / MIN_DEPTH)} would be queued deeper and share "
-                f"messages){last}")
+                f"sample {units.duration(typical_s)}: {why}){last}")
+    capped = f" ({capped})" if capped else ""
     return (f"messages: typical sample {units.duration(typical_s)}, so worker processes get "
             f"{depth} at once in one message and send what they finish within "
-            f"{units.duration(hold_s(depth))} together{last}")
+            f"{units.duration(hold_s(depth))} together{capped}{last}")
 
 
 def hold_s(depth: int) -> float:

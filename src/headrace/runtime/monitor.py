@@ -68,6 +68,9 @@ class Monitor(WorkerScaling):
         when either changes)."""
         self.t0 = time.perf_counter()
         self.timeout = TimeoutPolicy(options.timeout)
+        self.sample_bytes = 0
+        """Payload bytes of the last finished sample whose size a worker measured (0: none yet):
+        ``queue_depth``'s cap on the bytes queued per worker."""
         self.scaler = WorkerScaler(options.autoscale) if autoscale else None
         # the latest changes (bounded: a loader may run for weeks)
         self.workers_timeline: deque[tuple[float, int]] = deque(maxlen=TIMELINE_KEPT)
@@ -172,6 +175,8 @@ class Monitor(WorkerScaling):
         self, index: int, step_s: float, slow: bool, timings: list[StepTiming], bytes_in: int = 0
     ) -> None:
         self.timeout.observe(step_s, slow)
+        if timings and timings[-1].bytes_out >= 0:
+            self.sample_bytes = timings[-1].bytes_out
         self._profile(timings, bytes_in, total=step_s, partial=False)
         for f in self.sample_listeners:
             f(index, step_s, slow, timings)
@@ -259,15 +264,16 @@ class Monitor(WorkerScaling):
 
     def queue_depth(self) -> int:
         """Samples to assign to one worker process at once (``planner.queueing``): deeper when
-        the typical sample is cheap, so their messages are shared."""
-        return queue_depth(self.timeout.typical_s)
+        the typical sample is cheap, so their messages are shared; shallower for large ones."""
+        return queue_depth(self.timeout.typical_s, self.sample_bytes)
 
     def messages_line(self) -> str:
         """``explain()``'s line on how samples travel to and from worker processes."""
         last = self.epochs[-1] if self.epochs else None
         return describe_queueing(self.timeout.typical_s, self.queue_depth(),
                                  last.shared_samples if last is not None else None,
-                                 last.samples if last is not None else None)
+                                 last.samples if last is not None else None,
+                                 self.sample_bytes)
 
     def on_tick(self, sched: Scheduler) -> None:
         pool = sched.pool
