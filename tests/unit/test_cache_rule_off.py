@@ -121,3 +121,27 @@ def test_a_part_not_watched_and_handed_off_may_have_drawn(backend, pipe) -> None
     totals = counters.totals()  # counted as the first part judged the form: not seen drawing
     assert (totals["inserts"], totals["not_stored"], totals["drew"]) == (0, 1, 0)
     assert second.lookup(5, 0, 0, 1) is None
+
+
+def test_each_tier_the_rule_keeps_out_is_still_stored_one_in_probe_every(backend) -> None:
+    # a review: every run asks the rule of two forms, and one count for both made the
+    # one-in-32 probe fall on the second form every time: the first was never stored again,
+    # so its encoding median never moved
+    from headrace.cache.client import PROBE_EVERY
+
+    backend.set_budgets({"encoded": 1_000_000, "decoded": 1_000_000})
+    counters = Counters(mp.get_context("fork"), 1)
+    client = CacheClient(TierLayout.for_pipeline(PLAIN), backend, counters,
+                         ("encoded", "decoded"))
+    assert sorted(client.at_position.values()) == ["decoded", "encoded"]
+    for _ in range(MIN_MEASURED):
+        client.observe([StepTiming(i, 1e-6, 1e-6) for i in range(4)], row=0)
+        for tier in ("encoded", "decoded"):
+            client.encoded(tier, 1.0)
+    probed = {"encoded": 0, "decoded": 0}
+    for i in range(4 * PROBE_EVERY):
+        ins = client.inserter(i, 0, 0, 0, 0)
+        assert ins is not None
+        for tier in ins.worth or ():
+            probed[tier] += 1
+    assert probed == {"encoded": 4, "decoded": 4}

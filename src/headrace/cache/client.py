@@ -94,7 +94,8 @@ class CacheClient:
         """Per tier, whether its last ``WINDOW`` lookups this epoch found a form."""
         self._encode_s: dict[str, deque[float]] = {}  # tier -> seconds encoding its forms took
         self._encode_median: dict[str, float] = {}  # of ``_encode_s``, once measured enough
-        self._store_probe = 0
+        self._store_probe: dict[str, int] = {}
+        """Per tier, the times ``worth_storing`` was asked (its one-in-``PROBE_EVERY``)."""
         self._checks: dict[tuple[int, str], tuple[int, int]] = {}
         """(counter row, tier) -> hits checked this epoch, and how many are to be
         (``cache/verify.py``)."""
@@ -217,7 +218,8 @@ class CacheClient:
 
     def worth_storing(self, tier: str) -> bool:
         """False when the steps a form of ``tier`` saves take less than ``STORE_MARGIN`` times
-        encoding it (medians of recent measurements), except one in ``PROBE_EVERY``.
+        encoding it (medians of recent measurements), except one in ``PROBE_EVERY`` of the
+        times it is asked of ``tier``.
 
         Storing a form copies it twice (encoded, then written), and a hit copies it out once
         more: a form its steps make in about the time of a copy never pays. A sweep found the
@@ -227,8 +229,9 @@ class CacheClient:
         cp = self._median(tier, 1)
         if enc is None or cp is None:
             return True
-        self._store_probe += 1
-        return cp > STORE_MARGIN * enc or self._store_probe % PROBE_EVERY == 0
+        asked = self._store_probe[tier] = self._store_probe.get(tier, 0) + 1  # per tier: with
+        # one count, each run asking two tiers had the probe fall on the second one every time
+        return cp > STORE_MARGIN * enc or asked % PROBE_EVERY == 0
 
     def worth_looking_up(self, tier: str) -> bool:
         """False when a lookup of ``tier`` costs more than what it saves: computing its form
