@@ -376,7 +376,7 @@ def test_in_this_process_the_original_exceptions_attributes_are_carried():
 
 
 def test_the_watch_reads_numpys_global_generator_whatever_its_bit_generator():
-    from headrace.pipeline.seeding import draw_mark
+    from headrace.pipeline.draw_marks import draw_mark
 
     before = np.random.get_bit_generator()
     np.random.set_bit_generator(np.random.PCG64(5))  # a user's choice since NumPy 1.25
@@ -393,7 +393,8 @@ def test_the_watch_reads_numpys_global_generator_whatever_its_bit_generator():
 @pytest.mark.parametrize("draw", [lambda: torch.rand(1), lambda: torch.randn(1),
                                   lambda: torch.randint(0, 9, (2,)), lambda: None])
 def test_the_mark_after_seeding_is_the_one_read_and_tells_a_torch_draw(seed, draw):
-    from headrace.pipeline.seeding import draw_mark, seed_numpy_torch, seeded_mark
+    from headrace.pipeline.draw_marks import draw_mark, seeded_mark
+    from headrace.pipeline.seeding import seed_numpy_torch
 
     saved = torch.get_rng_state()
     try:
@@ -456,7 +457,7 @@ def _seeded_python(base_seed, epoch, index, key):
 
 
 def test_python_generator_is_seeded_before_the_steps_that_draw_from_it_only():
-    from headrace.pipeline.seeding import PYTHON_MARKS
+    from headrace.pipeline.draw_marks import PYTHON_MARKS
 
     assert PYTHON_MARKS  # CPython's layout, checked at import
     d = _Drawing()

@@ -2,7 +2,7 @@
 in Seneca's cache: a cached sample must equal a computed one).
 
 Reading code cannot find every draw a step makes. The runner sees draws from Python's, NumPy's
-and torch's global generators (``seeding.draw_mark``, ``Insert.drew``) and the digest sees a
+and torch's global generators (``draw_marks.draw_mark``, ``Insert.drew``) and the digest sees a
 generator held in a step's state (``digest_scope.Findings``), but not a helper of another module
 drawing from that module's generator, a generator the step makes itself
 (``np.random.default_rng()``, ``torch.Generator().seed()``), nor a source whose ``load`` draws

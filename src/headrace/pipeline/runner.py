@@ -14,14 +14,11 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from headrace.pipeline.draw_marks import PYTHON_MARKS, draw_mark, python_mark, seeded_mark
 from headrace.pipeline.seeding import (
-    PYTHON_MARKS,
-    draw_mark,
-    python_mark,
     sample_root,
     seed_globals,
     seed_numpy_torch,
-    seeded_mark,
     step_rng,
     step_seed,
 )
@@ -95,7 +92,7 @@ class SampleRunner:
     steps must draw from the ``rng`` they receive. Python's generator (4 of the 7 µs) is
     seeded only before the steps that have drawn from it (``python_draws``: a flag per step,
     which a worker's runners share): around any other step its state is marked
-    (``seeding.python_mark``), and a step that drew after all is flagged and the sample runs
+    (``draw_marks.python_mark``), and a step that drew after all is flagged and the sample runs
     again from its start, every step seeded as before. A step's first draw from Python's
     generator in a runner not told of it thus costs its sample a second run (a run inserting
     into the cache keeps the forms its steps made before that step: they drew nothing); a run
@@ -105,7 +102,7 @@ class SampleRunner:
     (``runtime/python_draws.py``: the next workers and epochs are told from their start).
 
     ``on_global_draw(step)``: called when a step drew from those global generators (their
-    states compared around it, ``seeding.draw_mark``: about 2 µs a step; not for the
+    states compared around it, ``draw_marks.draw_mark``: about 2 µs a step; not for the
     transforms of a dataset, which run inside ``load``). ``executor="auto"`` keeps such
     pipelines on worker processes; worker threads (no ``reseed_globals``) warn, and there a
     change may also be another thread's draw (the generators are shared).
@@ -179,7 +176,7 @@ class SampleRunner:
         form there, before a later step could write into it). ``draw``: the times ``index``
         came earlier in this epoch (``runtime/draws.py``), part of its seed. ``on_drew(i)``:
         called before ``after_step(i, ...)`` when step ``i`` drew from a global generator
-        (``seeding.draw_mark`` around each step, about 2 µs; exact where the globals are
+        (``draw_marks.draw_mark`` around each step, about 2 µs; exact where the globals are
         re-seeded before every step, or marked where they are not): its output is then not the
         same in every epoch, whatever the step declares (the cache stores no unseeded form of
         it). ``drew_through``: the last step whose draws ``on_drew`` is told of (None: every

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from headrace.errors import exception_attributes, message_of, picklable_class
+from headrace.pipeline.draw_marks import load_mark
 from headrace.pipeline.runner import SampleRunner
-from headrace.pipeline.seeding import load_mark
 from headrace.remote.payload import pack, unpack
 from headrace.remote.proxy_options import LOAD_DREW, NOT_LOADED, ProxyOptions
 from headrace.runtime.faithful import why_it_stays

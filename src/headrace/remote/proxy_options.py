@@ -53,7 +53,7 @@ class LoadDraws:
         self._lock = threading.Lock()  # every proxy thread reports its loads
 
     def loaded(self, drew: bool) -> None:
-        """(Proxy) a load drew from a global generator (``seeding.load_mark`` changed around
+        """(Proxy) a load drew from a global generator (``draw_marks.load_mark`` changed around
         it), or not; ``DRAWN_IN_A_ROW`` drawing loads in a row stop the loads (said once, in
         a warning)."""
         with self._lock:

@@ -32,8 +32,8 @@ from typing import Any
 
 from torch.utils.data._utils import collate as torch_collate
 
+from headrace.pipeline.draw_marks import draw_mark
 from headrace.pipeline.seeding import (
-    draw_mark,
     global_states,
     restore_globals,
     sample_seed,

@@ -4,7 +4,7 @@ Worker threads (``Options(executor="threads")``, ``runtime/threadworker.py``) sh
 NumPy's and torch's global generators and re-seed none of them, so a step drawing from them
 gives content that depends on thread scheduling. Each thread compares the generators' states
 around each step of its first ``WATCH_RUNS`` samples (``SampleRunner.on_global_draw``,
-``seeding.draw_mark``: about 3 µs a step), and a step seen changing them often enough is warned
+``draw_marks.draw_mark``: about 3 µs a step), and a step seen changing them often enough is warned
 about, once per step object (the ``Step``, the source for the load): a set of step names hid a
 second pipeline's ``<lambda>`` (a bug hunt: 64 of 64 samples unreproducible, unsaid).
 """

@@ -24,7 +24,7 @@ What differs from processes, by necessity (the loader refuses the options that n
 * the global generators (``random``, NumPy's, torch's) are shared by every thread and are not
   re-seeded per step: steps must draw from the ``rng`` they receive to be deterministic. The
   first 64 samples of each thread have the generators' states compared around each step
-  (``seeding.draw_mark``, about 3 µs a step), and a step seen changing them on most of its
+  (``draw_marks.draw_mark``, about 3 µs a step), and a step seen changing them on most of its
   runs gets a ``UserWarning`` (``runtime/thread_draws.py``: once per step object and process,
   at the line that started the thread, the script's ``for`` or ``iter()``);
 * ``get_worker_info()`` returns ``None`` and there is no ``worker_init_fn``;
