@@ -39,6 +39,9 @@ class Hooks:
     def queue_depth(self) -> int:
         return 8
 
+    def hold_s(self, depth: int) -> float:
+        return 0.001
+
     def on_tick(self, sched) -> None:
         pass
 

@@ -93,3 +93,16 @@ def test_describe_says_when_a_samples_bytes_capped_its_queue():
     deep = describe(200e-6, queue_depth(200e-6, 1 << 20), 0, 120, 1 << 20)
     assert "8 at once" in deep and "no more than 8.4 MB" in deep
     assert "no more than" not in describe(1.5e-3, queue_depth(1.5e-3, 1024), 0, 120, 1024)
+
+
+def test_a_queue_its_bytes_capped_holds_no_longer_than_a_quarter_of_its_work():
+    # a review: 8 samples of 1 MiB and 200 µs queued (1.6 ms of work) kept a 4 ms hold, which
+    # never came due: the worker sent only once it ran dry, then waited for its refill
+    depth = queue_depth(200e-6, 1 << 20)
+    assert depth == 8 and hold_s(depth, 200e-6) == pytest.approx(8 * 200e-6 / 4)
+    for k in range(60):  # not capped: the tier's hold, MAX_DEPTH's cap included
+        t = 10 ** (k / 10) * 1e-6
+        assert hold_s(queue_depth(t), t) == hold_s(queue_depth(t))
+        d = queue_depth(t, 2 << 20)
+        assert hold_s(d, t) <= max(hold_s(queue_depth(t)) if d == queue_depth(t) else 0.0,
+                                   d * t / 4)

@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from headrace.planner.queueing import hold_s
 from headrace.runtime.handles import WorkerHandle
 from headrace.runtime.lanes import Lanes
 from headrace.runtime.pool import WorkerPool
@@ -44,7 +43,7 @@ class Dispatcher:
         self.spec = spec
         self.lanes = lanes
         self.counters = counters
-        self.hooks = hooks  # runtime.monitor.Monitor: slow_threshold_s, queue_depth
+        self.hooks = hooks  # runtime.monitor.Monitor: slow_threshold_s, queue_depth, hold_s
         self.in_flight = in_flight  # samples pulled from the sampler and not yet yielded
         self._slow_takers: list[WorkerHandle] = []  # workers with prefers_slow dispatched to
 
@@ -76,7 +75,7 @@ class Dispatcher:
         # not beside threads or remote workers, which take two at a time: deeper local queues
         # would take the samples an offload ratio or a storage node's fetchers were to get
         deep = self.hooks.queue_depth() if all(w.ring is not None for w in pool) else DEPTH
-        hold = hold_s(deep)
+        hold = self.hooks.hold_s(deep) if deep > DEPTH else 0.0
         outbox: dict[WorkerHandle, list[Task]] = {}
         try:
             self._fill(workers, deep, slow_now, slow_cap, fetchers, outbox)

@@ -18,7 +18,7 @@ from headrace.errors import message_of
 from headrace.pipeline.runner import StepTiming
 from headrace.planner.executor import ExecutorDecision
 from headrace.planner.queueing import describe as describe_queueing
-from headrace.planner.queueing import queue_depth
+from headrace.planner.queueing import hold_s, queue_depth
 from headrace.planner.timeout import TimeoutPolicy, move_cost, remaining_after
 from headrace.planner.workers import WorkerScaler
 from headrace.profiler.stats import Profiler
@@ -68,9 +68,8 @@ class Monitor(WorkerScaling):
         when either changes)."""
         self.t0 = time.perf_counter()
         self.timeout = TimeoutPolicy(options.timeout)
-        self.sample_bytes = 0
-        """Payload bytes of the last finished sample whose size a worker measured (0: none yet):
-        ``queue_depth``'s cap on the bytes queued per worker."""
+        self._measured_bytes = 0  # the last finished sample's payload bytes a worker measured
+        self._counters: Any = None  # the running epoch's scheduler counters (``on_tick``)
         self.scaler = WorkerScaler(options.autoscale) if autoscale else None
         # the latest changes (bounded: a loader may run for weeks)
         self.workers_timeline: deque[tuple[float, int]] = deque(maxlen=TIMELINE_KEPT)
@@ -176,7 +175,7 @@ class Monitor(WorkerScaling):
     ) -> None:
         self.timeout.observe(step_s, slow)
         if timings and timings[-1].bytes_out >= 0:
-            self.sample_bytes = timings[-1].bytes_out
+            self._measured_bytes = timings[-1].bytes_out
         self._profile(timings, bytes_in, total=step_s, partial=False)
         for f in self.sample_listeners:
             f(index, step_s, slow, timings)
@@ -262,10 +261,24 @@ class Monitor(WorkerScaling):
         handed off: a sample running longer is slow, and nothing should wait behind it."""
         return self.timeout.timeout_s
 
+    @property
+    def sample_bytes(self) -> int:
+        """Payload bytes of the last finished sample whose size a worker measured (0: none
+        yet), or its bytes in the worker's ring (``Counters.ring_bytes``, read live: also where
+        sizes are not measured, ``profile=False``), whichever is more: ``queue_depth``'s cap on
+        the bytes queued per worker."""
+        ring = self._counters.ring_bytes if self._counters is not None else 0
+        return max(self._measured_bytes, ring)
+
     def queue_depth(self) -> int:
         """Samples to assign to one worker process at once (``planner.queueing``): deeper when
         the typical sample is cheap, so their messages are shared; shallower for large ones."""
         return queue_depth(self.timeout.typical_s, self.sample_bytes)
+
+    def hold_s(self, depth: int) -> float:
+        """Seconds a worker may keep finished samples before it sends them, for a queue of
+        ``depth`` (``planner.queueing.hold_s``, within a quarter of the work queued)."""
+        return hold_s(depth, self.timeout.typical_s)
 
     def messages_line(self) -> str:
         """``explain()``'s line on how samples travel to and from worker processes."""
@@ -277,6 +290,7 @@ class Monitor(WorkerScaling):
 
     def on_tick(self, sched: Scheduler) -> None:
         pool = sched.pool
+        self._counters = sched.counters
         self.move_cost_s = move_cost(sched.counters.forwarded, sched.counters.forward_cpu_s)
         now = time.perf_counter()
         # The steps left before the timeout: a new pool's workers that saw the timeout first

@@ -340,6 +340,7 @@ class Scheduler:
                 self.output.place(rec, payload, None)
             else:
                 self.output.place(rec, payload, ring)  # decoded where it is copied
+                self.counters.ring_bytes = ring_end - ring.read_pos.value  # (read in order)
                 ring.read_pos.value = ring_end
             del self._recs[tid]
             rec.step_s += sum(t.wall for t in timings)
