@@ -265,8 +265,9 @@ class Monitor(WorkerScaling):
     def sample_bytes(self) -> int:
         """Payload bytes of the last finished sample whose size a worker measured (0: none
         yet), or its bytes in the worker's ring (``Counters.ring_bytes``, read live: also where
-        sizes are not measured, ``profile=False``), whichever is more: ``queue_depth``'s cap on
-        the bytes queued per worker."""
+        sizes are not measured, ``profile=False``, for the arrays that go through the ring, not
+        those over a quarter of it), whichever is more: ``queue_depth``'s cap on the bytes
+        queued per worker."""
         ring = self._counters.ring_bytes if self._counters is not None else 0
         return max(self._measured_bytes, ring)
 
