@@ -5,54 +5,26 @@ memory cache stand for the two workers of a hand-off."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 
-import numpy as np
 import pytest
 
 import headrace as hr
-from headrace.cache import memory_backend
 from headrace.cache.client import CacheClient, Counters
-from headrace.cache.memory_backend import MemoryBackend
 from headrace.cache.running import run_cached
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.runner import SampleRunner
+from tests.unit.cache_steps import Floats, draws, flip, memory_cache, scale
 
-
-class Src:
-    def __len__(self) -> int:
-        return 4
-
-    def load(self, i: int) -> np.ndarray:
-        return np.full(256, i, np.float32)
-
-
-def draws(x: np.ndarray) -> np.ndarray:
-    return x + np.float32(np.random.random())  # not declared random
-
-
-def scale(x: np.ndarray) -> np.ndarray:
-    return x * 2  # deterministic: its output is the decoded form
-
-
-def flip(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    return x + np.float32(rng.random())
-
-
-PIPE = hr.Pipeline(Src(), [hr.step(draws), hr.step(scale), hr.step(flip, random=True)])
+PIPE = hr.Pipeline(Floats(4), [hr.step(draws), hr.step(scale), hr.step(flip, random=True)])
 DRAWS = 1  # the position of ``draws`` (``load`` is 0)
 
 
 @pytest.fixture
 def clients():
-    path = memory_backend.make_dir()
-    backend = MemoryBackend(path, 4_000_000, shards=1)
-    backend.set_budgets({"decoded": 1_000_000})
-    layout = TierLayout.for_pipeline(PIPE)
-    counters = Counters(mp.get_context("fork"), 2)
-    yield [CacheClient(layout, backend, counters, ("decoded",)) for _ in range(2)]
-    memory_backend.remove_dir(path)
-    assert not os.path.exists(path)
+    with memory_cache() as backend:
+        layout = TierLayout.for_pipeline(PIPE)
+        counters = Counters(mp.get_context("fork"), 2)
+        yield [CacheClient(layout, backend, counters, ("decoded",)) for _ in range(2)]
 
 
 def test_a_part_that_stores_nothing_still_says_where_it_drew(clients) -> None:
@@ -74,7 +46,7 @@ def test_a_part_that_stores_nothing_still_says_where_it_drew(clients) -> None:
     assert second.lookup(3, 0, 0, 1) is None  # nothing a later epoch could be served
 
 
-LATE = hr.Pipeline(Src(), [hr.step(scale), hr.step(flip, random=True), hr.step(draws)])
+LATE = hr.Pipeline(Floats(4), [hr.step(scale), hr.step(flip, random=True), hr.step(draws)])
 """A draw after the decoded form's step (1): it changes no form a tier other than the seeded
 augmented one stores."""
 
@@ -89,10 +61,7 @@ def test_only_the_steps_up_to_the_last_unseeded_form_are_watched_for_draws() -> 
 
     assert (through("decoded"), through("decoded", "augmented"), through("encoded")) == (1, 1, 0)
     assert through("augmented") == through() == -1  # a seeded form is stored drawn or not
-    path = memory_backend.make_dir()
-    try:
-        backend = MemoryBackend(path, 4_000_000, shards=1)
-        backend.set_budgets({"decoded": 1_000_000})
+    with memory_cache() as backend:
         client = CacheClient(layout, backend, Counters(mp.get_context("fork"), 1), ("decoded",))
         told: list[int] = []
         runner = SampleRunner(LATE, on_global_draw=told.append)  # watches every step itself
@@ -103,5 +72,3 @@ def test_only_the_steps_up_to_the_last_unseeded_form_are_watched_for_draws() -> 
         assert (totals["inserts"], totals["drew"]) == (1, 0)
         hit = client.lookup(2, 0, 0, 0)  # (a first hit is one to check: a ``Check``)
         assert hit is not None and hit[0] == 2  # the decoded form: resumes at step 2
-    finally:
-        memory_backend.remove_dir(path)

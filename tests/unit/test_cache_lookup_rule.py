@@ -5,42 +5,23 @@ what it costs; one in ``PROBE_EVERY`` is made all the same. In one process, no w
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 
 import numpy as np
 import pytest
 
 import headrace as hr
-from headrace.cache import memory_backend
 from headrace.cache.client import MIN_MEASURED, PROBE_EVERY, CacheClient, Counters
-from headrace.cache.memory_backend import MemoryBackend
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.runner import StepTiming
+from tests.unit.cache_steps import Floats, memory_cache, scale
 
-
-class Src:
-    def __len__(self) -> int:
-        return 200
-
-    def load(self, i: int) -> np.ndarray:
-        return np.full(64, i, np.float32)
-
-
-def scale(x: np.ndarray) -> np.ndarray:
-    return x * 2
-
-
-PIPE = hr.Pipeline(Src(), [hr.step(scale)])
+PIPE = hr.Pipeline(Floats(200, 64), [hr.step(scale)])
 
 
 @pytest.fixture
 def backend():
-    path = memory_backend.make_dir()
-    b = MemoryBackend(path, 4_000_000, shards=1)
-    b.set_budgets({"decoded": 1_000_000})
-    yield b
-    memory_backend.remove_dir(path)
-    assert not os.path.exists(path)
+    with memory_cache() as b:
+        yield b
 
 
 def test_lookups_that_keep_missing_stop_until_an_epoch_that_finds_forms(backend) -> None:

@@ -6,55 +6,27 @@ may have drawn, so the worker finishing it stores no form every epoch would read
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 from typing import Any
 
-import numpy as np
 import pytest
 
 import headrace as hr
-from headrace.cache import memory_backend
 from headrace.cache.client import MIN_MEASURED, CacheClient, Counters
 from headrace.cache.insert import MAY_HAVE_DRAWN
-from headrace.cache.memory_backend import MemoryBackend
 from headrace.cache.running import run_cached
 from headrace.cache.tiers import TierLayout
 from headrace.pipeline.runner import SampleRunner, StepTiming
+from tests.unit.cache_steps import Floats, draws, flip, memory_cache, scale
 
-
-class Src:
-    def __len__(self) -> int:
-        return 40
-
-    def load(self, i: int) -> np.ndarray:
-        return np.full(256, i, np.float32)
-
-
-def draws(x: np.ndarray) -> np.ndarray:
-    return x + np.float32(np.random.random())  # not declared random
-
-
-def scale(x: np.ndarray) -> np.ndarray:
-    return x * 2
-
-
-def flip(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    return x + np.float32(rng.random())
-
-
-PIPE = hr.Pipeline(Src(), [hr.step(draws), hr.step(scale), hr.step(flip, random=True)])
+PIPE = hr.Pipeline(Floats(40), [hr.step(draws), hr.step(scale), hr.step(flip, random=True)])
 """The decoded form is the output of ``scale`` (position 2), after ``draws`` drew unseeded."""
-PLAIN = hr.Pipeline(Src(), [hr.step(scale), hr.step(scale), hr.step(flip, random=True)])
+PLAIN = hr.Pipeline(Floats(40), [hr.step(scale), hr.step(scale), hr.step(flip, random=True)])
 
 
 @pytest.fixture
 def backend():
-    path = memory_backend.make_dir()
-    b = MemoryBackend(path, 4_000_000, shards=1)
-    b.set_budgets({"decoded": 1_000_000})
-    yield b
-    memory_backend.remove_dir(path)
-    assert not os.path.exists(path)
+    with memory_cache() as b:
+        yield b
 
 
 def _client(pipe: hr.Pipeline, backend: Any, counters: Counters, off: bool) -> CacheClient:
