@@ -15,7 +15,6 @@ from headrace.cache.verify import DIFFERS
 if TYPE_CHECKING:
     from headrace.cache.client import CacheClient
 
-_NONE: frozenset[str] = frozenset()
 MAY_HAVE_DRAWN = -1
 """``drew_at`` of a part run without its draws watched (it stored nothing, ``Insert.stores``)
 and handed off: no step is known to have drawn, any may have (``cache/running.py``). The rest
@@ -33,7 +32,7 @@ class Insert:
                  "skipped_full", "worth")
 
     def __init__(self, client: CacheClient, index: int, namespaces: dict[str, bytes], row: int,
-                 seeded_ok: bool = True, worth: frozenset[str] | None = None):
+                 seeded_ok: bool, worth: frozenset[str]):
         self.client = client
         self.index = index
         self.namespaces = namespaces
@@ -41,7 +40,7 @@ class Insert:
         self.seeded_ok = seeded_ok  # False: a repeat of its index (its seeded forms are its own)
         self.worth = worth
         """The tiers whose forms this run stores (an ODS one, or one worth storing: the cost
-        rule asked once a run, in ``CacheClient.inserter``); None: asked at each step."""
+        rule asked once a run, in ``CacheClient.inserter``)."""
         self.forms: list[tuple[str, bytes]] = []  # (tier, blob), least processed first
         self.drew_at: int | None = None
         """The first step of this run that drew from a global random generator
@@ -54,14 +53,14 @@ class Insert:
         """Whether this run may store a form. A run that stores none needs neither
         ``after_step`` at each step nor its draws watched: ``run_cached`` runs it plain and
         counts its forms afterwards (``settle``)."""
-        return self.worth is None or bool(self.worth)
+        return bool(self.worth)
 
     def settle(self, start: int, end: int, commit: bool = True) -> None:
         """For a run that stores nothing (``stores`` False): count what ``after_step`` would
         have counted for the forms of its steps ``start..end-1``, and, with ``commit`` (the
         run did not fail), what ``commit`` would have (``full``)."""
         c = self.client
-        worth, skipped = self.worth or _NONE, 0
+        worth, skipped = self.worth, 0
         for position in c.positions:
             if start <= position < end:
                 tier = c.at_position[position]
@@ -99,8 +98,7 @@ class Insert:
             return
         if not self.seeded_ok and tier in c.seeded:
             return
-        if (tier not in self.worth if self.worth is not None
-                else tier not in c.ods_tiers and not c.worth_storing(tier)):  # ODS: as lookups
+        if tier not in self.worth:  # before ``drew``: a run storing nothing is not watched
             c.counters.add(self.row, "not_stored")  # before ``drew``: a run storing nothing
             # is not watched for draws (``stores``)
             return
