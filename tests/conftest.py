@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 
 import psutil
 import pytest
+
+from tests.garbage import Collections
 
 
 def _shm_entries() -> set[str]:
@@ -59,19 +60,21 @@ def no_leaks(request):
     left, we collect garbage so that abandoned iterators are finalized, as they would be in a
     user's program, and look again. Collecting only stops what garbage held, it never starts
     anything, so a first look that finds nothing left needs no collection (a full one walks
-    torch's heap: about 0.1 s, in some 600 tests).
+    torch's heap: about 0.1 s, in some 600 tests). The collection waits for one another thread
+    runs meanwhile, finalisers included (``tests/garbage.py``).
     """
     before_children = _children()
     before_shm = _shm_entries()
-    yield
-    if getattr(request.node, "headrace_call_failed", False):
-        return  # pytest's report keeps the failure's traceback, and with it the epoch's
-        # iterator and its workers: a second error for the same failure (a CI run's
-        # "worker processes left behind" after a failed assertion) would only hide the first
-    left = _left_behind(before_children, before_shm)
-    if any(left):
-        gc.collect()
+    with Collections() as collections:
+        yield
+        if getattr(request.node, "headrace_call_failed", False):
+            return  # pytest's report keeps the failure's traceback, and with it the epoch's
+            # iterator and its workers: a second error for the same failure (a CI run's
+            # "worker processes left behind" after a failed assertion) would only hide the first
         left = _left_behind(before_children, before_shm)
+        if any(left):
+            collections.collect()  # (tests/garbage.py: not gc.collect() alone)
+            left = _left_behind(before_children, before_shm)
     children, new_shm, threads = left
     assert not children, f"worker processes left behind: {sorted(children)}"
     assert not new_shm, f"shared-memory segments left behind: {sorted(new_shm)}"
