@@ -7,9 +7,13 @@ import random
 import signal
 from collections import Counter
 
+import numpy as np
 import pytest
+import torch
 
 import headrace as hr
+from headrace.planner.queueing import QUEUE_BYTES
+from headrace.runtime import ring
 from tests.helpers import IndexDataset
 from tests.integration.test_faults import worker_pids
 
@@ -50,3 +54,27 @@ def test_a_worker_killed_while_it_holds_finished_samples_loses_none(in_order, no
             os.kill(worker_pids(it)[0], signal.SIGKILL)
     assert Counter(got) == Counter(range(N))
     assert loader.stats().worker_restarts >= 1
+
+
+class _Arrays(torch.utils.data.Dataset):
+    """1 MiB arrays of ``i``, made in microseconds."""
+
+    def __len__(self):
+        return 600
+
+    def __getitem__(self, i):
+        return np.full(1 << 18, i, dtype=np.float32)
+
+
+def test_unprofiled_samples_that_miss_the_ring_are_queued_by_their_bytes(monkeypatch, no_leaks):
+    """Samples over a quarter of a worker's ring go by torch's shared memory; unprofiled, no
+    size was measured and a message's ring end counts none of theirs, so they were queued by
+    time alone: a spawned loader of 6 MB samples of microseconds, 128 at once (a review)."""
+    monkeypatch.setattr(ring, "FORK_RING_BYTES", 1 << 20)  # arrays over 256 KiB miss it
+    loader = hr.DataLoader(_Arrays(), batch_size=8, num_workers=2,
+                           options=hr.Options(profile=False))
+    got = [int(s[0]) for b in loader for s in b]
+    assert Counter(got) == Counter(range(600))
+    assert loader.monitor.queue_depth() <= QUEUE_BYTES // (1 << 20)
+    line = next(ln for ln in loader.explain().splitlines() if ln.startswith("messages:"))
+    assert "of samples of 1.0 MB are queued on a worker at once" in line, line

@@ -241,3 +241,17 @@ def test_ring_space_of_messages_arriving_after_the_epoch_finished_is_freed():
     epoch._finished = False
     Scheduler._handle_all(epoch, w, [("done", 4, None, [], 0, 16384)])
     assert handled == ["ready", "done"] and ring.read_pos.value == 12288  # _handle frees those
+
+
+def test_a_value_counts_the_bytes_of_its_arrays_that_went_beside_the_ring():
+    """What a message's ring end does not count: arrays over a quarter of the ring, strided
+    ones, bytes (torch's shared memory), which cap how deep a worker's queue is too
+    (``Counters.sent_bytes``; unprofiled, nothing else measures a sample's size)."""
+    ring = Ring(mp.get_context("fork"), size=64 * 1024)
+    w = RingWriter(ring, parent_pid=0)
+    big, flipped = np.zeros(8192, np.float32), np.zeros(2048, np.float32)[::-1]
+    encode({"in": np.zeros(2048, np.float32), "big": big, "t": torch.zeros(4096 * 2),
+            "flip": flipped, "raw": bytes(5000), "small": np.zeros(3)}, w)
+    assert ring.beside.value == big.nbytes + 4096 * 2 * 4 + flipped.nbytes + 5000
+    encode({"in": np.zeros(2048, np.float32)}, w)  # the next value's own count
+    assert ring.beside.value == 0

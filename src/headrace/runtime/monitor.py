@@ -264,12 +264,12 @@ class Monitor(WorkerScaling):
     @property
     def sample_bytes(self) -> int:
         """Payload bytes of the last finished sample whose size a worker measured (0: none
-        yet), or its bytes in the worker's ring (``Counters.ring_bytes``, read live: also where
-        sizes are not measured, ``profile=False``, for the arrays that go through the ring, not
-        those over a quarter of it), whichever is more: ``queue_depth``'s cap on the bytes
-        queued per worker."""
-        ring = self._counters.ring_bytes if self._counters is not None else 0
-        return max(self._measured_bytes, ring)
+        yet), or the bytes the last sample read from a worker process took to send
+        (``Counters.sent_bytes``, read live: also where sizes are not measured,
+        ``profile=False``), whichever is more: ``queue_depth``'s cap on the bytes queued per
+        worker."""
+        sent = self._counters.sent_bytes if self._counters is not None else 0
+        return max(self._measured_bytes, sent)
 
     def queue_depth(self) -> int:
         """Samples to assign to one worker process at once (``planner.queueing``): deeper when

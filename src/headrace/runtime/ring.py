@@ -78,6 +78,10 @@ class Ring:
             self.buf = ctx.RawArray("B", size)
         self.size = size
         self.read_pos = ctx.RawValue("Q", 0)
+        self.beside = ctx.RawValue("Q", 0)
+        """Bytes of the arrays (and bytes) of the writer's last encoded value that went beside
+        the ring (:func:`encode`: over a quarter of it, strided, or with no room; by torch's
+        shared memory or pickled), which a message's ``ring_end`` does not count."""
 
     def array(self) -> np.ndarray:
         return np.frombuffer(self.buf, dtype=np.uint8)
@@ -125,6 +129,8 @@ class RingWriter:
         self.write_pos = 0
         """Bytes written in all (monotonic): a message's ``ring_end``, which the consumer sets
         its read position to once it has copied the message's arrays out."""
+        self.beside = 0
+        """Bytes of the value being encoded that go beside the ring (``Ring.beside``)."""
         self.held: collections.deque[tuple[int, int, int]] = collections.deque()
         """``(end, offset, nbytes)`` of arrays written and not yet known freed, oldest first
         (``end``: ``write_pos`` after the array, freed once the read position reaches it)."""
@@ -240,10 +246,13 @@ def encode(x: Any, w: RingWriter, other: Callable[[Any], Any] = lambda leaf: lea
     leaf becomes ``other(leaf)`` (the worker passes ``transport.encode``: one walk of the
     sample instead of two)."""
     w.value_start = w.write_pos
+    w.beside = 0
     try:
-        return map_leaves(x, lambda leaf: _encode_leaf(leaf, w, other))
+        out = map_leaves(x, lambda leaf: _encode_leaf(leaf, w, other))
     finally:
         w.value_start = None
+    w.ring.beside.value = w.beside
+    return out
 
 
 def decode(x: Any, ring: Ring, other: Callable[[Any], Any] = lambda leaf: leaf) -> Any:
@@ -255,22 +264,28 @@ def decode(x: Any, ring: Ring, other: Callable[[Any], Any] = lambda leaf: leaf) 
 def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
     if isinstance(x, torch.Tensor):
         nbytes = x.numel() * x.element_size()
-        if not plain_tensor(x) or not nbytes >= MIN_LEAF or not w.fits(nbytes):
+        if nbytes < MIN_LEAF:
             return other(x)
-        bits = numpy_bits(x)
-        if bits is None:  # a quantized tensor, a conjugate view: transport.encode's
+        bits = numpy_bits(x) if plain_tensor(x) and w.fits(nbytes) else None  # None: a
+        # quantized tensor, a conjugate view, one over a quarter of the ring
+        offset = None if bits is None else w.put(bits[0])  # None: no room the ring could
+        # make (RingWriter._reserve)
+        if bits is None or offset is None:
+            w.beside += nbytes
             return other(x)
         a, view = bits
-        offset = w.put(a)
-        if offset is None:  # no room the ring could make (RingWriter._reserve)
-            return other(x)
         return RingRef("torch" if view is None else view, offset, a.dtype.str, a.shape)
-    numeric = (type(x) is np.ndarray and x.dtype != object and x.dtype.kind in "biufc"
-               and not steps_back(x))  # its strides kept: default_collate refuses them
-    if numeric and x.nbytes >= MIN_LEAF and w.fits(x.nbytes):
-        offset = w.put(x)
-        if offset is not None:
-            return RingRef("np", offset, x.dtype.str, x.shape)
+    if type(x) is np.ndarray:
+        if x.nbytes < MIN_LEAF:
+            return other(x)
+        if (x.dtype != object and x.dtype.kind in "biufc" and not steps_back(x)  # its
+                and w.fits(x.nbytes)):  # strides kept: default_collate refuses them
+            offset = w.put(x)
+            if offset is not None:
+                return RingRef("np", offset, x.dtype.str, x.shape)
+        w.beside += x.nbytes
+    elif isinstance(x, (bytes, bytearray)):
+        w.beside += len(x)  # pickled, or shared from transport.encode's INLINE_LIMIT on
     return other(x)
 
 

@@ -340,7 +340,8 @@ class Scheduler:
                 self.output.place(rec, payload, None)
             else:
                 self.output.place(rec, payload, ring)  # decoded where it is copied
-                self.counters.ring_bytes = ring_end - ring.read_pos.value  # (read in order)
+                self.counters.sent_bytes = (ring_end - ring.read_pos.value  # (read in order)
+                                            + ring.beside.value)  # (its worker's latest)
                 ring.read_pos.value = ring_end
             del self._recs[tid]
             rec.step_s += sum(t.wall for t in timings)

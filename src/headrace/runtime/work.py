@@ -108,8 +108,9 @@ class Counters:
         self.forward_cpu_s = 0.0  # scheduler-thread CPU seconds those cost (ring copy, encode, send)
         self.shared_samples = 0  # samples that came in a result message carrying several
         self.task_messages = 0  # task messages to worker processes carrying several samples
-        self.ring_bytes = 0  # ring bytes of the last finished sample read from a worker's ring
-        # (``queueing.QUEUE_BYTES`` caps a queue by them; measured whether or not profiled)
+        self.sent_bytes = 0  # bytes of the last finished sample read from a worker process:
+        # its ring's, and its arrays' beside the ring as that worker last encoded a value
+        # (``Ring.beside``); ``queueing.QUEUE_BYTES`` caps a queue by them, profiled or not
 
 
 class Fatal(Exception):
