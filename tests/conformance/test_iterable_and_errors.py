@@ -12,6 +12,7 @@ from tests.conformance.datasets import (
     Unprintable,
     Unsharded,
 )
+from tests.helpers import stop_torch_workers
 
 pytestmark = pytest.mark.integration
 
@@ -139,5 +140,8 @@ def failing_init(worker_id):
 
 def test_an_error_in_worker_init_fn_reaches_the_training_loop(Loader, no_leaks):
     loader = Loader(Squares(4), batch_size=2, num_workers=2, worker_init_fn=failing_init)
+    it = iter(loader)
     with pytest.raises(RuntimeError, match="Error in worker_init_fn"):
-        list(loader)
+        list(it)
+    if not is_headrace(Loader):
+        stop_torch_workers(it)

@@ -11,7 +11,7 @@ import torch
 import torch.utils.data as tud
 
 import headrace as hr
-from tests.helpers import FailingDataset, Twice, ident_collate
+from tests.helpers import FailingDataset, Twice, ident_collate, stop_torch_workers
 
 pytestmark = pytest.mark.integration
 
@@ -180,8 +180,10 @@ def test_a_big_endian_array_that_misses_the_ring_arrives_as_torch_delivers_it(ct
         assert len(got) == len(want) == 4
         for g, w, i in zip(got, want, range(4), strict=True):
             assert np.array_equal(g, w) and g.dtype == ds[i].dtype
+    torch_it = iter(tud.DataLoader(ds, batch_size=2, **kw))
     with pytest.raises(ValueError):  # torch's default collate refuses them, in its worker
-        list(tud.DataLoader(ds, batch_size=2, **kw))
+        list(torch_it)
+    stop_torch_workers(torch_it)
     loader = hr.DataLoader(ds, batch_size=2, **kw)
     try:  # and so does headrace's, in the training process, not a worker's death
         with pytest.raises(hr.StepError) as info:
