@@ -16,6 +16,7 @@ from headrace.planner.cache_partition import (
     dsi_encoded,
     dsi_overall,
     dsi_storage,
+    kept_split,
     single_tier_splits,
 )
 
@@ -118,3 +119,22 @@ def test_no_budget_caches_nothing_and_says_so() -> None:
     assert s.shares() == {} and s.predicted == pytest.approx(dsi_storage(p))
     assert s.describe() == f"nothing cached: {dsi_storage(p):.0f} samples/s predicted"
     assert single_tier_splits(p, ("encoded", "decoded")) == []
+
+
+def test_the_last_epochs_split_is_kept_unless_the_best_is_predicted_enough_faster() -> None:
+    """A switch drops what the last epoch stored, and predictions move by a few percent
+    between epochs: MDP's best replaces the last split only when predicted more than
+    ``SWITCH_GAIN`` (5%) faster than it, on the same numbers."""
+    p = params(cache_bytes=5.5 * GB, b_storage=50 * MB, t_decode_augment=3000)
+    forms = ("encoded", "decoded")
+    best = best_split(p, forms)
+    assert best.shares() == {"encoded": 1.0}  # as test_a_small_cache_holds_more_samples_encoded
+    near = {"encoded": 0.9, "decoded": 0.1}  # predicted 2% slower than the best
+    kept = kept_split(p, best, near, forms)
+    assert kept is not None and kept.shares() == near
+    assert kept.predicted == pytest.approx(dsi_overall(p, 0.9, 0.1, 0.0))
+    assert best.predicted / kept.predicted == pytest.approx(1.019, abs=0.001)
+    assert kept_split(p, best, {"decoded": 1.0}, forms) is None  # the best is 23% faster
+    assert kept_split(p, best, {}, forms) is None  # no last split
+    assert kept_split(p, best, {"augmented": 1.0}, forms) is None  # a form not allowed now
+    assert kept_split(p, best, best.shares(), forms) == best

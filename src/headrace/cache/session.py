@@ -27,6 +27,7 @@ from headrace.planner.cache_partition import (
     Split,
     best_split,
     consumer_rate,
+    kept_split,
     params_from_profile,
     single_tier_splits,
 )
@@ -142,6 +143,8 @@ class CacheSession:
         profile yet)."""
         self.plan: tuple[Split, list[Split]] | None = None
         """MDP's choice for the running epoch and the single-form splits' predictions."""
+        self.plan_best: Split | None = None
+        """MDP's best split where the running epoch kept the last one instead (``kept_split``)."""
         self.predicted: list[float | None] = []
         """MDP's predicted samples/s for each epoch started (None: no model yet)."""
         self.active: tuple[str, ...] = ()
@@ -194,12 +197,14 @@ class CacheSession:
         # keyed anew at every epoch's plan: a source the script changes between epochs (a
         # curriculum's size) gets other entries, never the last epoch's
         layout = TierLayout.for_pipeline(executed, self.config.shared_augmented)
+        last = self.split if self.layout is not None and self.layout.tiers == layout.tiers \
+            else {}  # what the last epoch stored, where this epoch's entries are its own
         self.layout = layout
         self.step_names = (["the dataset's __getitem__"] if executed.opaque or executed.embedded
                            else ["the source's load",
                                  *(f"step {n!r}" for n in executed.step_names[1:])])
         self.split = default_split(layout, self.config) if self.budget > 0 else {}
-        self.plan, self.plan_off = None, None
+        self.plan, self.plan_off, self.plan_best = None, None, None
         forms = tuple(t.name for t in layout.tiers if not (t.seeded and not t.shared))
         if (self.config.split is None and forms and profile is not None and self.budget > 0
                 and profile.step_names == executed.step_names):
@@ -211,8 +216,11 @@ class CacheSession:
             if params is not None:
                 self.plan_t_gpu, self.plan_b_cache = params.t_gpu, params.b_cache
                 best = best_split(params, forms)
-                self.plan = (best, single_tier_splits(params, forms))
-                self.split = best.shares()
+                kept = kept_split(params, best, last, forms)
+                if kept is not None and kept.shares() != best.shares():
+                    self.plan_best = best
+                self.plan = (kept or best, single_tier_splits(params, forms))
+                self.split = self.plan[0].shares()
         self.predicted.append(self.plan[0].predicted if self.plan else None)
         budgets = {t.name: int(self.budget * self.split.get(t.name, 0.0)) for t in layout.tiers}
         self.active = tuple(n for n, b in budgets.items() if b > 0)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from headrace.cache.config import redact
-from headrace.planner.cache_partition import INF
+from headrace.planner.cache_partition import INF, SWITCH_GAIN
 from headrace.telemetry.stats import EpochStats
 
 if TYPE_CHECKING:
@@ -45,7 +45,11 @@ def explain_lines(self: CacheSession, opaque: bool,
                f"{self.plan_t_gpu:.0f} samples/s, "
                + ("Cache.t_gpu" if self.config.t_gpu is not None else
                   "the training loop's own rate last epoch"))
-        why = (f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted; "
+        kept = ("" if self.plan_best is None else
+                f"; kept from the last epoch: the best split, {self.plan_best.describe()}, "
+                f"is not {SWITCH_GAIN:.0%} faster, which a switch must gain to pay for the "
+                "entries it drops")
+        why = (f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted{kept}; "
                f"accelerator T_GPU {gpu}; cache bandwidth B_cache "
                f"{units.size(self.plan_b_cache)}/s, {self.b_cache_how})")
     elif self.plan_off is not None:

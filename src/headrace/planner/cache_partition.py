@@ -149,6 +149,29 @@ def best_split(p: DsiParams, forms: tuple[str, ...] = ("encoded", "decoded", "au
     return best
 
 
+SWITCH_GAIN = 0.05
+"""How much faster (a share of its predicted samples/s) MDP's best split must be predicted
+than the split the last epoch ran with, predicted again on the same numbers, to replace it. A
+switch gives budget to a form whose entries the next epoch stores anew (its lookups miss) and
+takes it from one whose entries it drops: at least an epoch of misses, for a gain the model
+predicts per epoch. Predictions move by a few percent between epochs as the profile's means,
+the training loop's rate and the cache's bandwidth are measured again (a bandwidth reading
+that moved MDP's budget from the decoded form to the encoded one, by a prediction a quarter
+apart, cost `make demo` its second epoch's hits: docs/design.md)."""
+
+
+def kept_split(p: DsiParams, best: Split, last: dict[str, float],
+               forms: tuple[str, ...]) -> Split | None:
+    """The split the last epoch ran with (``last``: shares per form), predicted on ``p``,
+    unless ``best`` is predicted more than ``SWITCH_GAIN`` faster; None (switch to ``best``)
+    then, and where there is no last split or it gives budget to a form not in ``forms``."""
+    if not last or any(f not in forms for f in last):
+        return None
+    x = (last.get("encoded", 0.0), last.get("decoded", 0.0), last.get("augmented", 0.0))
+    again = Split(*x, dsi_overall(p, *x))
+    return again if best.predicted <= again.predicted * (1 + SWITCH_GAIN) else None
+
+
 def single_tier_splits(p: DsiParams, forms: tuple[str, ...]) -> list[Split]:
     """The whole cache to one form, for each allowed form (``explain()`` shows them beside);
     none with no budget (each would cache nothing)."""

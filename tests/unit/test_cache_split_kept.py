@@ -1,0 +1,68 @@
+"""A cache session keeps the last epoch's split where MDP's best is predicted less than
+``SWITCH_GAIN`` faster (``cache_partition.kept_split``), and says so in ``explain()``. In one
+process: a memory cache, hand-made profiles, no loader."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+
+import headrace as hr
+from headrace.cache.session import CacheSession
+from headrace.profiler.report import PipelineProfile, StepStats
+
+N, BUDGET, ENCODED = 100, 100_000, 1000  # the budget holds every sample encoded
+
+
+class Source:
+    def __len__(self):
+        return N
+
+    def load(self, i):
+        return i
+
+
+def _keep(x):
+    return x
+
+
+def _profile(decoded_bytes: float) -> PipelineProfile:
+    """load 4 ms (storage gives 250 samples/s), decode 1 ms, augment 1 ms: cached encoded, a
+    sample costs 2 ms of steps (500/s); decoded, 1 ms (1000/s), but fewer samples fit."""
+    def st(name, wall, out):
+        return StepStats(name, N, wall, wall, wall, wall, 0.0, out, None, None, None, None,
+                         None)
+    steps = (st("load", 0.004, ENCODED), st("decode", 0.001, decoded_bytes),
+             st("augment", 0.001, decoded_bytes))
+    return PipelineProfile(steps, N, 0.006, 0.006, ())
+
+
+@pytest.fixture
+def session():
+    pipe = hr.Pipeline(Source(), [hr.step(_keep, name="decode"),
+                                  hr.step(_keep, name="augment", random=True)])
+    s = CacheSession(hr.Cache(budget_bytes=BUDGET, b_cache=1e12), mp.get_context("fork"),
+                     0, BUDGET)
+    yield s, pipe
+    s.close()
+
+
+def test_a_best_split_predicted_a_few_percent_faster_keeps_what_the_last_epoch_stored(session):
+    s, pipe = session
+    s.replan(pipe, None, workers=1, in_process=True)
+    assert s.split == {"decoded": 1.0}  # the default, before a profile
+    # decoded samples of 3.19 KB: 31 fit, the rest read from storage at 250/s: 485 samples/s
+    # predicted against 500 for all of them encoded, 3% faster
+    s.replan(pipe, _profile(3191.0), workers=1, in_process=True)
+    assert s.split == {"decoded": 1.0}
+    assert s.plan is not None and s.plan_best is not None
+    assert s.plan_best.shares() == {"encoded": 1.0}
+    assert s.plan_best.predicted / s.plan[0].predicted == pytest.approx(1.03, abs=0.005)
+    text = "\n".join(s.explain_lines(False))
+    assert "kept from the last epoch: the best split, encoded 100%: 500 samples/s predicted, " \
+           "is not 5% faster" in text, text
+    # decoded samples of 5 KB: 20 fit, 400 samples/s predicted: encoded is 25% faster
+    s.replan(pipe, _profile(5000.0), workers=1, in_process=True)
+    assert s.split == {"encoded": 1.0} and s.plan_best is None
+    assert "kept from the last epoch" not in "\n".join(s.explain_lines(False))
