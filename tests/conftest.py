@@ -52,6 +52,10 @@ def pytest_runtest_makereport(item, call):
         item.headrace_call_failed = rep.failed
 
 
+_COLLECTIONS = Collections().install()
+"""The session's collection tracker (2.5 us a collection), for the leak checks."""
+
+
 @pytest.fixture
 def no_leaks(request):
     """Fails the test if it leaves worker processes, worker threads or /dev/shm segments behind.
@@ -65,16 +69,15 @@ def no_leaks(request):
     """
     before_children = _children()
     before_shm = _shm_entries()
-    with Collections() as collections:
-        yield
-        if getattr(request.node, "headrace_call_failed", False):
-            return  # pytest's report keeps the failure's traceback, and with it the epoch's
-            # iterator and its workers: a second error for the same failure (a CI run's
-            # "worker processes left behind" after a failed assertion) would only hide the first
+    yield
+    if getattr(request.node, "headrace_call_failed", False):
+        return  # pytest's report keeps the failure's traceback, and with it the epoch's
+        # iterator and its workers: a second error for the same failure (a CI run's
+        # "worker processes left behind" after a failed assertion) would only hide the first
+    left = _left_behind(before_children, before_shm)
+    if any(left):
+        _COLLECTIONS.collect()  # (tests/garbage.py: not gc.collect() alone)
         left = _left_behind(before_children, before_shm)
-        if any(left):
-            collections.collect()  # (tests/garbage.py: not gc.collect() alone)
-            left = _left_behind(before_children, before_shm)
     children, new_shm, threads = left
     assert not children, f"worker processes left behind: {sorted(children)}"
     assert not new_shm, f"shared-memory segments left behind: {sorted(new_shm)}"

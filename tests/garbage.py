@@ -18,22 +18,32 @@ import threading
 import time
 from typing import Any
 
+UNSEEN_WAIT_S = 0.005
+"""Seconds to wait before collecting again where this thread's collection was skipped and no
+collection is seen running: one whose start came before the tracking did, or one ending now
+(its last callback runs before the interpreter lets another start): a wait, not a spin."""
+
 
 class Collections:
-    """Tracks the interpreter's collections through ``gc.callbacks`` while installed.
+    """Tracks the interpreter's collections through ``gc.callbacks`` once installed.
 
     The callback takes no lock: it runs wherever an allocation made the collector due, also
     inside this class's own wait, which would then wait for itself. It sets two attributes
-    and writes a byte to a pipe at each collection's end, which the wait selects on."""
+    and writes a byte to a pipe at each collection's end, which the wait selects on. The leak
+    checks install one for the whole session (``tests/conftest.py``): its pipe is never closed
+    while another thread's collection may still be calling it."""
 
     def __init__(self) -> None:
         self.running = False
         self._full_in: int | None = None  # thread ident of the last full collection's
+        self._pid = os.getpid()
         self._read, self._write = os.pipe()
         for end in (self._read, self._write):
             os.set_blocking(end, False)
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked child's collections, not this process's
         if phase == "start":
             self.running = True
             if info["generation"] == 2:
@@ -42,12 +52,16 @@ class Collections:
         self.running = False
         try:
             os.write(self._write, b".")
-        except BlockingIOError:
+        except OSError:
             pass  # the pipe is full: the wait wakes all the same
 
-    def __enter__(self) -> Collections:
-        gc.callbacks.append(self)
+    def install(self) -> Collections:
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
         return self
+
+    def __enter__(self) -> Collections:
+        return self.install()
 
     def __exit__(self, *exc: object) -> None:
         gc.callbacks.remove(self)
@@ -68,11 +82,12 @@ class Collections:
         """Wait until no collection runs; False when ``deadline`` (monotonic) came first."""
         while True:
             self._drain()
-            if not self.running:
-                return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
+            if not self.running:
+                select.select([self._read], [], [], min(left, UNSEEN_WAIT_S))
+                return True
             select.select([self._read], [], [], left)
 
     def _drain(self) -> None:

@@ -2,6 +2,7 @@
 
 import gc
 import threading
+import time
 import weakref
 
 from tests.garbage import Collections
@@ -45,3 +46,29 @@ def test_a_collection_is_full_and_in_this_thread_when_none_runs_elsewhere():
         collections.collect(timeout_s=10.0)
     assert collected == [threading.get_ident()]
     assert collections not in gc.callbacks
+
+
+def test_a_collection_whose_start_was_not_seen_is_waited_for_without_spinning():
+    """A collection already running when the tracking began (a review: ``collect`` retried
+    at once, 2.7 million times in 3 s, and past its timeout): waited for in short sleeps,
+    within the timeout."""
+    started, go = threading.Event(), threading.Event()
+
+    def finaliser() -> None:
+        started.set()
+        go.wait(10.0)  # the workers' join: the GIL is released
+
+    garbage = _Cycle()
+    weakref.finalize(garbage, finaliser)
+    del garbage
+    other = threading.Thread(target=gc.collect)
+    other.start()
+    assert started.wait(10.0)
+    with Collections() as collections:
+        cpu0, t0 = time.thread_time(), time.monotonic()
+        collections.collect(timeout_s=0.3)
+        cpu, wall = time.thread_time() - cpu0, time.monotonic() - t0
+    go.set()
+    other.join(10.0)
+    assert wall < 5.0  # the timeout held (it ran for the finaliser's 10 s)
+    assert cpu < 0.5 * wall  # waited, not spun (it spun at 100%)
