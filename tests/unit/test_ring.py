@@ -1,3 +1,4 @@
+import collections
 import multiprocessing as mp
 from collections import namedtuple
 
@@ -255,3 +256,9 @@ def test_a_value_counts_the_bytes_of_its_arrays_that_went_beside_the_ring():
     assert ring.beside.value == big.nbytes + 4096 * 2 * 4 + flipped.nbytes + 5000
     encode({"in": np.zeros(2048, np.float32)}, w)  # the next value's own count
     assert ring.beside.value == 0
+    # a dict subclass is one leaf to the ring, whose arrays the transport shares (a review:
+    # none counted); a sparse tensor's numel() is its dense size (a review: 4 GB counted for
+    # 5 values)
+    sparse = torch.sparse_coo_tensor([[0, 3]], [1.0, 2.0], (1 << 30,))
+    encode({"od": collections.OrderedDict(a=big, b=[bytes(5000), 3]), "s": sparse}, w)
+    assert ring.beside.value == big.nbytes + 5000

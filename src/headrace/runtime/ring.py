@@ -263,6 +263,8 @@ def decode(x: Any, ring: Ring, other: Callable[[Any], Any] = lambda leaf: leaf) 
 
 def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
     if isinstance(x, torch.Tensor):
+        if x.layout is not torch.strided or x.is_meta:
+            return other(x)  # its numel() is not what it holds (a sparse one's: dense)
         nbytes = x.numel() * x.element_size()
         if nbytes < MIN_LEAF:
             return other(x)
@@ -286,7 +288,32 @@ def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
         w.beside += x.nbytes
     elif isinstance(x, (bytes, bytearray)):
         w.beside += len(x)  # pickled, or shared from transport.encode's INLINE_LIMIT on
+    elif isinstance(x, (dict, list, tuple)):  # a subclass, which map_leaves leaves whole:
+        w.beside += bytes_inside(x)  # transport.encode shares the arrays it holds
     return other(x)
+
+
+def bytes_inside(x: Any, depth: int = 0) -> int:
+    """Bytes of the strided tensors, arrays and bytes in ``x`` and the dicts, lists and tuples
+    it holds (any subclass, ``MAX_DEPTH`` deep): what ``transport.encode`` may send beside the
+    ring; other objects count nothing (pickled, their size unknown without pickling them)."""
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size() if x.layout is torch.strided and not x.is_meta \
+            else 0
+    if isinstance(x, np.ndarray):
+        return x.nbytes
+    if isinstance(x, (bytes, bytearray)):
+        return len(x)
+    if depth < MAX_DEPTH:
+        if isinstance(x, dict):
+            return sum(bytes_inside(v, depth + 1) for v in x.values())
+        if isinstance(x, (list, tuple)):
+            return sum(bytes_inside(v, depth + 1) for v in x)
+    return 0
+
+
+MAX_DEPTH = 8
+"""Container levels :func:`bytes_inside` walks."""
 
 
 def _decode_leaf(x: Any, ring: Ring, other: Callable[[Any], Any]) -> Any:
