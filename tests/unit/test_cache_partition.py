@@ -138,3 +138,14 @@ def test_the_last_epochs_split_is_kept_unless_the_best_is_predicted_enough_faste
     assert kept_split(p, best, {}, forms) is None  # no last split
     assert kept_split(p, best, {"augmented": 1.0}, forms) is None  # a form not allowed now
     assert kept_split(p, best, best.shares(), forms) == best
+
+
+def test_a_shared_augmented_share_is_not_kept_over_a_tie() -> None:
+    """A shared augmented entry is served once and dropped: nothing to keep. Where every split
+    ties (a training loop slower than all of them) the default's half augmented stayed for
+    good, where MDP's tie-break gives it none (a review)."""
+    p = params(t_gpu=100.0, cache_bytes=10_000 * GB)
+    forms = ("decoded", "augmented")
+    best = best_split(p, forms)
+    assert best.augmented == 0 and best.predicted == pytest.approx(100.0)
+    assert kept_split(p, best, {"decoded": 0.5, "augmented": 0.5}, forms) is None

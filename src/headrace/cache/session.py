@@ -197,8 +197,8 @@ class CacheSession:
         # keyed anew at every epoch's plan: a source the script changes between epochs (a
         # curriculum's size) gets other entries, never the last epoch's
         layout = TierLayout.for_pipeline(executed, self.config.shared_augmented)
-        last = self.split if self.layout is not None and self.layout.tiers == layout.tiers \
-            else {}  # what the last epoch stored, where this epoch's entries are its own
+        last = self.split if self.config.url == "memory" else {}  # Redis: every job's entries
+        last = last if layout.keyed_as(self.layout, last) else {}  # (kept while they serve)
         self.layout = layout
         self.step_names = (["the dataset's __getitem__"] if executed.opaque or executed.embedded
                            else ["the source's load",

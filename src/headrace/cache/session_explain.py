@@ -45,10 +45,13 @@ def explain_lines(self: CacheSession, opaque: bool,
                f"{self.plan_t_gpu:.0f} samples/s, "
                + ("Cache.t_gpu" if self.config.t_gpu is not None else
                   "the training loop's own rate last epoch"))
+        now = self.plan[0].predicted
+        gain = self.plan_best.predicted / now - 1 if self.plan_best and 0 < now < INF else 0.0
         kept = ("" if self.plan_best is None else
                 f"; kept from the last epoch: the best split, {self.plan_best.describe()}, "
-                f"is not {SWITCH_GAIN:.0%} faster, which a switch must gain to pay for the "
-                "entries it drops")
+                f"is {gain:.0%} faster, "
+                f"under the {SWITCH_GAIN:.0%} a switch must gain to pay for the entries it "
+                "drops")
         why = (f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted{kept}; "
                f"accelerator T_GPU {gpu}; cache bandwidth B_cache "
                f"{units.size(self.plan_b_cache)}/s, {self.b_cache_how})")

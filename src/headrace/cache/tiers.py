@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from headrace.pipeline.code_digest import code_identity
@@ -141,6 +142,11 @@ class TierLayout:
 
     def get(self, name: str) -> Tier | None:
         return next((t for t in self.tiers if t.name == name), None)
+
+    def keyed_as(self, other: TierLayout | None, names: Iterable[str]) -> bool:
+        """Whether the forms ``names`` are keyed here as in ``other``: what it stored of them
+        still serves (the cache's split is kept across epochs only then)."""
+        return other is not None and all(self.get(n) == other.get(n) for n in names)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -155,17 +155,21 @@ than the split the last epoch ran with, predicted again on the same numbers, to 
 switch gives budget to a form whose entries the next epoch stores anew (its lookups miss) and
 takes it from one whose entries it drops: at least an epoch of misses, for a gain the model
 predicts per epoch. Predictions move by a few percent between epochs as the profile's means,
-the training loop's rate and the cache's bandwidth are measured again (a bandwidth reading
-that moved MDP's budget from the decoded form to the encoded one, by a prediction a quarter
-apart, cost `make demo` its second epoch's hits: docs/design.md)."""
+the training loop's rate and the cache's bandwidth are measured again, and near a tie each
+such move switched."""
 
 
 def kept_split(p: DsiParams, best: Split, last: dict[str, float],
                forms: tuple[str, ...]) -> Split | None:
     """The split the last epoch ran with (``last``: shares per form), predicted on ``p``,
     unless ``best`` is predicted more than ``SWITCH_GAIN`` faster; None (switch to ``best``)
-    then, and where there is no last split or it gives budget to a form not in ``forms``."""
-    if not last or any(f not in forms for f in last):
+    then, and where there is no last split, it gives budget to a form not in ``forms``, or
+    more to the augmented form than ``best`` does: a shared augmented entry is served once
+    and dropped, so there is nothing to keep, and ties (a training loop slower than every
+    split) went to the least augmented share (``best_split``), where the default's half
+    stayed for good (a review)."""
+    if not last or any(f not in forms for f in last) or \
+            last.get("augmented", 0.0) > best.augmented:
         return None
     x = (last.get("encoded", 0.0), last.get("decoded", 0.0), last.get("augmented", 0.0))
     again = Split(*x, dsi_overall(p, *x))
