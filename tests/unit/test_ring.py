@@ -259,6 +259,12 @@ def test_a_value_counts_the_bytes_of_its_arrays_that_went_beside_the_ring():
     # a dict subclass is one leaf to the ring, whose arrays the transport shares (a review:
     # none counted); a sparse tensor's numel() is its dense size (a review: 4 GB counted for
     # 5 values)
-    sparse = torch.sparse_coo_tensor([[0, 3]], [1.0, 2.0], (1 << 30,))
+    sparse = torch.sparse_coo_tensor([[0, 3]], [1.0, 2.0], (1 << 30,))  # 2 values, 2 indices
     encode({"od": collections.OrderedDict(a=big, b=[bytes(5000), 3]), "s": sparse}, w)
-    assert ring.beside.value == big.nbytes + 5000
+    assert ring.beside.value == big.nbytes + 5000 + 2 * 4 + 2 * 8
+    # each object once, as pickle sends it (a review: one array held 50 times counted 50)
+    encode(collections.OrderedDict(a=[big] * 50, b=big), w)
+    assert ring.beside.value == big.nbytes
+    csr = torch.eye(64).to_sparse_csr()  # 64 values, 65 row pointers, 64 column indices
+    encode([csr], w)
+    assert ring.beside.value == 64 * 4 + 65 * 8 + 64 * 8
