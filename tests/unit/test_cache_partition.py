@@ -140,12 +140,22 @@ def test_the_last_epochs_split_is_kept_unless_the_best_is_predicted_enough_faste
     assert kept_split(p, best, best.shares(), forms) == best
 
 
-def test_a_shared_augmented_share_is_not_kept_over_a_tie() -> None:
-    """A shared augmented entry is served once and dropped: nothing to keep. Where every split
-    ties (a training loop slower than all of them) the default's half augmented stayed for
-    good, where MDP's tie-break gives it none (a review)."""
-    p = params(t_gpu=100.0, cache_bytes=10_000 * GB)
-    forms = ("decoded", "augmented")
-    best = best_split(p, forms)
+def test_a_shared_augmented_share_over_the_best_goes_to_the_exact_form_kept() -> None:
+    """A shared augmented entry is served once and dropped: nothing of it to keep. Where
+    every split ties (a training loop slower than all of them) the default's half augmented
+    stayed for good, where MDP's tie-break gives it none; refusing the keep instead dropped
+    the decoded entries for a best predicted 3% faster (reviews)."""
+    forms = ("encoded", "decoded", "augmented")
+    default = {"decoded": 0.5, "augmented": 0.5}  # the default split with shared_augmented
+    tie = params(t_gpu=100.0, cache_bytes=10_000 * GB)
+    best = best_split(tie, forms)
     assert best.augmented == 0 and best.predicted == pytest.approx(100.0)
-    assert kept_split(p, best, {"decoded": 0.5, "augmented": 0.5}, forms) is None
+    kept = kept_split(tie, best, default, forms)
+    assert kept is not None and kept.shares() == {"decoded": 1.0}
+    near = params(cache_bytes=20 * GB, t_gpu=3000.0, b_storage=100 * MB, b_nic=math.inf)
+    best = best_split(near, forms)
+    assert best.shares() == {"encoded": 1.0}
+    kept = kept_split(near, best, default, forms)
+    assert kept is not None and kept.shares() == {"decoded": 1.0}
+    assert best.predicted / kept.predicted == pytest.approx(1.034, abs=0.001)
+    assert kept_split(near, best, {"augmented": 1.0}, forms) is None  # no exact form kept

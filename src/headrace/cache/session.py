@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from headrace.cache import session_ods
+from headrace.cache import session_ods, session_plan
 from headrace.cache.config import MIN_DEFAULT_BUDGET, Cache, default_budget, redact
 from headrace.cache.counters import Counters
 from headrace.cache.epoch_client import EpochCache, EpochClient
@@ -23,13 +23,8 @@ from headrace.cache.tiers import TierLayout
 from headrace.pipeline.pipeline import Pipeline
 from headrace.planner.cache_partition import (
     INF,
-    DsiParams,
     Split,
-    best_split,
     consumer_rate,
-    kept_split,
-    params_from_profile,
-    single_tier_splits,
 )
 from headrace.profiler.report import PipelineProfile
 from headrace.telemetry.stats import CacheStats, EpochStats, keep_latest
@@ -197,8 +192,7 @@ class CacheSession:
         # keyed anew at every epoch's plan: a source the script changes between epochs (a
         # curriculum's size) gets other entries, never the last epoch's
         layout = TierLayout.for_pipeline(executed, self.config.shared_augmented)
-        last = self.split if self.config.url == "memory" else {}  # Redis: every job's entries
-        last = last if layout.keyed_as(self.layout, last) else {}  # (kept while they serve)
+        last = session_plan.last_split(self, layout)
         self.layout = layout
         self.step_names = (["the dataset's __getitem__"] if executed.opaque or executed.embedded
                            else ["the source's load",
@@ -208,19 +202,7 @@ class CacheSession:
         forms = tuple(t.name for t in layout.tiers if not (t.seeded and not t.shared))
         if (self.config.split is None and forms and profile is not None and self.budget > 0
                 and profile.step_names == executed.step_names):
-            params = params_from_profile(profile, len(executed),
-                                         {t.name: t.position for t in layout.tiers},
-                                         max(1, workers), self.budget, INF, self.t_gpu)
-            if params is not None:
-                params = self._with_bandwidth(params, forms)
-            if params is not None:
-                self.plan_t_gpu, self.plan_b_cache = params.t_gpu, params.b_cache
-                best = best_split(params, forms)
-                kept = kept_split(params, best, last, forms)
-                if kept is not None and kept.shares() != best.shares():
-                    self.plan_best = best
-                self.plan = (kept or best, single_tier_splits(params, forms))
-                self.split = self.plan[0].shares()
+            session_plan.plan(self, executed, profile, workers, layout, forms, last)
         self.predicted.append(self.plan[0].predicted if self.plan else None)
         budgets = {t.name: int(self.budget * self.split.get(t.name, 0.0)) for t in layout.tiers}
         self.active = tuple(n for n, b in budgets.items() if b > 0)
@@ -282,21 +264,6 @@ class CacheSession:
                                               bandwidth.probe_size(nbytes))
                 self._b_cache, self.b_cache_how = probe.bytes_per_s, probe.how
         return self._b_cache
-
-    def _with_bandwidth(self, params: DsiParams, forms: tuple[str, ...]) -> DsiParams | None:
-        """``params`` with B_cache measured at the size of the largest allowed form; None
-        (the default split this epoch, ``plan_off`` says why) when the server cannot be
-        measured."""
-        sizes = {"encoded": params.size_encoded, "decoded": params.size_decoded,
-                 "augmented": params.size_augmented}
-        try:
-            b = self.cache_bandwidth(max(sizes[f] for f in forms))
-        except Exception as e:  # noqa: BLE001 - a server down: the cache copes, MDP waits
-            self.plan_off = (f"B_cache could not be measured on the server ({type(e).__name__}: "
-                             f"{redact(str(e))}); MDP plans at a later epoch")
-            return None
-        self.plan_off = None
-        return dataclasses.replace(params, b_cache=b)
 
     # -- per-epoch numbers ---------------------------------------------------------------------
     def begin_epoch(self) -> None:

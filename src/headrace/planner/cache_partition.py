@@ -163,15 +163,22 @@ def kept_split(p: DsiParams, best: Split, last: dict[str, float],
                forms: tuple[str, ...]) -> Split | None:
     """The split the last epoch ran with (``last``: shares per form), predicted on ``p``,
     unless ``best`` is predicted more than ``SWITCH_GAIN`` faster; None (switch to ``best``)
-    then, and where there is no last split, it gives budget to a form not in ``forms``, or
-    more to the augmented form than ``best`` does: a shared augmented entry is served once
-    and dropped, so there is nothing to keep, and ties (a training loop slower than every
-    split) went to the least augmented share (``best_split``), where the default's half
-    stayed for good (a review)."""
-    if not last or any(f not in forms for f in last) or \
-            last.get("augmented", 0.0) > best.augmented:
+    then, and where there is no last split or it gives budget to a form not in ``forms``.
+
+    A share of the augmented form over ``best``'s goes to the last split's exact form
+    (decoded, else encoded; none: switch): a shared augmented entry is served once and
+    dropped, so there is nothing of it to keep, and where every split ties (a training loop
+    slower than all) the default's half stayed for good, where ``best_split``'s tie-break
+    gives it none; refusing the keep outright dropped the exact form's entries (reviews)."""
+    if not last or any(f not in forms for f in last):
         return None
-    x = (last.get("encoded", 0.0), last.get("decoded", 0.0), last.get("augmented", 0.0))
+    e, d, a = (last.get("encoded", 0.0), last.get("decoded", 0.0), last.get("augmented", 0.0))
+    if a > best.augmented:
+        if not (d or e):
+            return None
+        surplus, a = a - best.augmented, best.augmented
+        d, e = (d + surplus, e) if d else (d, e + surplus)
+    x = (e, d, a)
     again = Split(*x, dsi_overall(p, *x))
     return again if best.predicted <= again.predicted * (1 + SWITCH_GAIN) else None
 
