@@ -275,13 +275,6 @@ def test_a_value_counts_the_bytes_of_its_arrays_that_went_beside_the_ring():
     assert ring.beside.value == 64 * 4 + 65 * 8 + 64 * 8
 
 
-class _NoIter(list):
-    """A list subclass whose items are loaded on demand: iterating it raises."""
-
-    def __iter__(self):
-        raise RuntimeError("not loaded")
-
-
 class _LazyValues(dict):
     def values(self):
         raise KeyError("lazy")
@@ -292,17 +285,21 @@ class _Many(list):
 
 
 def test_the_bytes_beside_the_ring_are_an_estimate_that_never_fails_a_sample():
-    """Odd leaves count what can be read of them, never fail their sample (a review: the count
-    raised, and a sample the transport and pickle send failed), and the walk of a container
-    leaf looks at ``MAX_VISITS`` items at most (a list subclass holding a 10,000-int list
-    1,024 times took 414 ms a sample)."""
+    """Odd leaves count what can be read of them, never fail their sample for it (a review: a
+    dict subclass whose ``values()`` raises failed a sample the transport and pickle send),
+    and the walk of a container leaf looks at ``MAX_VISITS`` items at most (a list subclass
+    holding a 10,000-int list 1,024 times took 414 ms a sample), a sequence of scalars charged
+    as the items it is worth, not one each (a review: 1,100 token ids before an array spent
+    the budget, and the array counted nothing)."""
     ring = Ring(mp.get_context("fork"), size=64 * 1024)
     w = RingWriter(ring, parent_pid=0)
     big = np.zeros(8192, np.float32)  # over a quarter of the ring: beside it
-    encode({"n": _NoIter(), "d": _LazyValues(x=big)}, w)
+    encode({"d": _LazyValues(x=big)}, w)
     assert ring.beside.value == big.nbytes  # items(), as the transport reads a dict
     inner = list(range(10_000))
-    encode({"m": _Many([inner] * (MAX_VISITS + 1) + [big])}, w)
+    encode({"m": _Many([[inner]] * (MAX_VISITS + 1) + [big])}, w)
     assert ring.beside.value == 0  # the array came after the items looked at
     encode({"m": _Many([big, inner])}, w)
+    assert ring.beside.value == big.nbytes
+    encode(collections.OrderedDict(input_ids=list(range(2000)), pixels=big), w)
     assert ring.beside.value == big.nbytes

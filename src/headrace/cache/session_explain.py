@@ -50,7 +50,7 @@ def explain_lines(self: CacheSession, opaque: bool,
         gain = self.plan_best.predicted / now - 1 if self.plan_best and 0 < now < INF else 0.0
         kept = ("" if self.plan_best is None else
                 f"; kept from the last epoch: the best split, {self.plan_best.describe()}, "
-                f"is {math.floor(100 * gain + 1e-9)}% faster, "
+                f"is {math.floor(1000 * gain + 1e-6) / 10:.1f}% faster, "
                 f"under the {SWITCH_GAIN:.0%} a switch must gain to pay for the entries it "
                 "drops")
         why = (f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted{kept}; "

@@ -298,8 +298,9 @@ def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
 
 def _counted(count: Callable[[Any], int], x: Any) -> int:
     """``count(x)``, or 0 where it raises: the bytes cap a queue's depth, an estimate, never a
-    sample's failure (a review: a list subclass whose iteration raises, a dict subclass whose
-    ``values()`` does, failed samples that the transport and pickle send)."""
+    sample's failure (a review: a dict subclass whose ``values()`` raises failed samples that
+    the transport and pickle send, reading its ``items()``); a leaf that cannot be read to be
+    sent fails its sample there, as before."""
     try:
         return count(x)
     except Exception:  # noqa: BLE001 - whatever the leaf's own code raises
@@ -330,6 +331,10 @@ def bytes_inside(x: Any, depth: int, left: list[int]) -> int:
     if isinstance(x, dict):
         items: Any = (v for _, v in x.items())
     elif isinstance(x, (list, tuple)):
+        if len(x) <= SCALARS_PER_ITEM * left[0] and set(map(type, x)) <= _SCALARS:
+            left[0] -= len(x) // SCALARS_PER_ITEM + 1  # token ids and the like: at C speed,
+            return 0  # charged as the items it is worth (a review: item by item, 1,100 ids
+            # before an array spent the budget, and the array counted nothing)
         items = x
     else:
         return 0
@@ -367,7 +372,9 @@ def tensor_bytes(x: torch.Tensor) -> int:
 MAX_DEPTH = 8
 """Container levels :func:`bytes_inside` walks."""
 MAX_VISITS = 1024
-"""Items :func:`bytes_inside` looks at in one leaf (its cost bounded: well under 1 ms)."""
+"""Items :func:`bytes_inside` looks at in one leaf (its cost bounded: about 1 ms at most)."""
+SCALARS_PER_ITEM = 64
+"""Scalars of a sequence of scalars (passed over at C speed) charged as one item."""
 
 
 def _decode_leaf(x: Any, ring: Ring, other: Callable[[Any], Any]) -> Any:
