@@ -17,7 +17,11 @@ pytestmark = pytest.mark.ray
 def test_autoplace_adds_remote_workers_when_local_ones_stall(ray_cluster, no_actor_leaks):
     pipe = hr.Pipeline(ArraySource(400), [hr.step(busy, name="busy")])
     remote = hr.Remote(max_workers=2, resources=ON_CPU_NODES, autoplace=True, window=4)
-    loader = hr.DataLoader(pipe, batch_size=4, num_workers=1, options=hr.Options(remote=remote))
+    # no cache: with it, the later epochs' samples were hits (remote workers store none, so
+    # only theirs ran again): epochs of a second or two, over before a remote worker started
+    # (a flake hunt: 0 remote samples in 4 epochs where the first epoch's actor started late)
+    loader = hr.DataLoader(pipe, batch_size=4, num_workers=1,
+                           options=hr.Options(remote=remote, cache=None))
     assert loader.remote.target == 0  # before the first epoch nothing is started
     try:
         seen = Counter(int(v) // 2 for b in loader for v in b.flatten().tolist())
