@@ -74,7 +74,7 @@ def test_a_best_split_predicted_a_few_percent_faster_keeps_what_the_last_epoch_s
     assert s.plan_best.predicted / s.plan[0].predicted == pytest.approx(1.03, abs=0.005)
     text = "\n".join(s.explain_lines(False))
     assert "kept from the last epoch: the best split, encoded 100%: 500 samples/s predicted, " \
-           "is 3.0% faster, under the 5% a switch must gain" in text, text
+           "is 3.0% faster, within the 5% a switch must gain" in text, text
     # decoded samples of 5 KB: 20 fit, 400 samples/s predicted: encoded is 25% faster
     s.replan(pipe, _profile(5000.0), workers=1, in_process=True)
     assert s.split == {"encoded": 1.0} and s.plan_best is None
@@ -108,7 +108,7 @@ def test_the_gain_explained_is_rounded_down_under_the_threshold(session):
     s.replan(pipe, _profile(3289.0), workers=1, in_process=True)
     assert s.split == {"decoded": 1.0} and s.plan_best is not None
     assert s.plan_best.predicted / s.plan[0].predicted == pytest.approx(1.046, abs=0.001)
-    assert "is 4.5% faster, under the 5%" in "\n".join(s.explain_lines(False))
+    assert "is 4.5% faster, within the 5%" in "\n".join(s.explain_lines(False))
 
 
 def test_a_kept_split_tying_the_best_names_no_better_split(session):

@@ -51,7 +51,7 @@ def explain_lines(self: CacheSession, opaque: bool,
         kept = ("" if self.plan_best is None else
                 f"; kept from the last epoch: the best split, {self.plan_best.describe()}, "
                 f"is {math.floor(1000 * gain + 1e-6) / 10:.1f}% faster, "
-                f"under the {SWITCH_GAIN:.0%} a switch must gain to pay for the entries it "
+                f"within the {SWITCH_GAIN:.0%} a switch must gain to pay for the entries it "
                 "drops")
         why = (f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted{kept}; "
                f"accelerator T_GPU {gpu}; cache bandwidth B_cache "
