@@ -291,9 +291,10 @@ def _encode_leaf(x: Any, w: RingWriter, other: Callable[[Any], Any]) -> Any:
         w.beside += x.nbytes
     elif isinstance(x, (bytes, bytearray)):
         w.beside += len(x)  # pickled, or shared from transport.encode's INLINE_LIMIT on
-    elif isinstance(x, (dict, list, tuple)):  # a subclass, which map_leaves leaves whole:
-        w.beside += _counted(lambda v: bytes_inside(v, 0, [MAX_VISITS]), x)  # transport.encode
-    return other(x)  # sends the arrays it holds
+    elif isinstance(x, (dict, list, tuple)):  # a subclass, which map_leaves leaves whole;
+        # transport.encode sends the arrays it holds
+        w.beside += _counted(lambda v: bytes_inside(v, 0, [MAX_VISITS]), x)
+    return other(x)
 
 
 def _counted(count: Callable[[Any], int], x: Any) -> int:
@@ -316,8 +317,9 @@ def bytes_inside(x: Any, depth: int, left: list[int]) -> int:
     what ``transport.encode`` may send beside the ring. ``left[0]``: the items it may still
     look at, each item of every container charged, a look at a sequence's types (at C speed;
     a sequence of scalars ends there) one item per ``SCALARS_PER_ITEM`` (``MAX_VISITS`` a
-    leaf; the items after it count nothing): the walk took 26 ms for a list subclass of 100,000 ints, one call per
-    item, and 414 ms for one holding a 10,000-int list 1,024 times (reviews). Other objects
+    leaf; the items after it count nothing): the walk took 26 ms for a list subclass of
+    100,000 ints, one call per item, and 414 ms for one holding a 10,000-int list 1,024
+    times (reviews). Other objects
     count nothing (pickled, their size unknown without pickling them). An object held twice
     counts twice: the transport copies a dict subclass's values one by one (a list subclass
     pickled whole sends it once: counted high, the queue errs short)."""
@@ -379,7 +381,7 @@ MAX_DEPTH = 8
 MAX_VISITS = 1024
 """Items :func:`bytes_inside` looks at in one leaf (its cost bounded: about 1 ms at most)."""
 SCALARS_PER_ITEM = 64
-"""Scalars of a sequence of scalars (passed over at C speed) charged as one item."""
+"""Items of a sequence whose types one look (at C speed) reads for one item charged."""
 
 
 def _decode_leaf(x: Any, ring: Ring, other: Callable[[Any], Any]) -> Any:
