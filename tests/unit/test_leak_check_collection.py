@@ -2,10 +2,10 @@
 
 import gc
 import threading
-import time
 import weakref
 
-from tests.garbage import Collections
+import tests.garbage
+from tests.garbage import UNSEEN_WAIT_S, Collections
 
 
 class _Cycle:
@@ -13,28 +13,53 @@ class _Cycle:
         self.me = self
 
 
+class _Blocked:
+    """Another thread's collection whose finaliser (an epoch joining its workers: the GIL is
+    released) runs until ``go`` is set."""
+
+    def __init__(self) -> None:
+        self.started, self.go, self.finished = threading.Event(), threading.Event(), []
+        garbage = _Cycle()
+        weakref.finalize(garbage, self._finaliser)
+        del garbage
+        self.thread = threading.Thread(target=gc.collect)
+        self.thread.start()
+        assert self.started.wait(10.0)
+
+    def _finaliser(self) -> None:
+        self.started.set()
+        self.go.wait(10.0)
+        self.finished.append(True)
+
+    def release(self) -> None:
+        self.go.set()
+        self.thread.join(10.0)
+
+
+class _Counting:
+    """``gc`` as ``tests/garbage.py`` sees it, counting its ``collect()`` calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def collect(self) -> int:
+        self.calls += 1
+        return gc.collect()
+
+    def __getattr__(self, name):
+        return getattr(gc, name)
+
+
 def test_a_collection_in_another_thread_is_waited_for_with_its_finalisers():
     """``gc.collect()`` returns at once while another thread collects: the other thread's
     finaliser (an epoch joining its workers) was still running when the leak check looked."""
-    started, go, finished = threading.Event(), threading.Event(), []
-
-    def finaliser() -> None:
-        started.set()
-        go.wait(10.0)  # the workers' join: the GIL is released
-        finished.append(True)
-
     with Collections() as collections:
         waits = collections._wait_idle
-        collections._wait_idle = lambda deadline: go.set() or waits(deadline)  # it waits now
-        garbage = _Cycle()
-        weakref.finalize(garbage, finaliser)
-        del garbage
-        other = threading.Thread(target=gc.collect)
-        other.start()
-        assert started.wait(10.0)
-        collections.collect(timeout_s=10.0)
-        assert finished == [True]
-        other.join(10.0)
+        blocked = _Blocked()
+        collections._wait_idle = lambda deadline: blocked.go.set() or waits(deadline)  # it
+        collections.collect(timeout_s=10.0)  # waits now, and lets the finaliser end
+        assert blocked.finished == [True]
+        blocked.release()
 
 
 def test_a_collection_is_full_and_in_this_thread_when_none_runs_elsewhere():
@@ -48,27 +73,18 @@ def test_a_collection_is_full_and_in_this_thread_when_none_runs_elsewhere():
     assert collections not in gc.callbacks
 
 
-def test_a_collection_whose_start_was_not_seen_is_waited_for_without_spinning():
+def test_a_collection_whose_start_was_not_seen_is_waited_for_without_spinning(monkeypatch):
     """A collection already running when the tracking began (a review: ``collect`` retried
-    at once, 2.7 million times in 3 s, and past its timeout): waited for in short sleeps,
-    within the timeout."""
-    started, go = threading.Event(), threading.Event()
-
-    def finaliser() -> None:
-        started.set()
-        go.wait(10.0)  # the workers' join: the GIL is released
-
-    garbage = _Cycle()
-    weakref.finalize(garbage, finaliser)
-    del garbage
-    other = threading.Thread(target=gc.collect)
-    other.start()
-    assert started.wait(10.0)
-    with Collections() as collections:
-        cpu0, t0 = time.thread_time(), time.monotonic()
-        collections.collect(timeout_s=0.3)
-        cpu, wall = time.thread_time() - cpu0, time.monotonic() - t0
-    go.set()
-    other.join(10.0)
-    assert wall < 5.0  # the timeout held (it ran for the finaliser's 10 s)
-    assert cpu < 0.5 * wall  # waited, not spun (it spun at 100%)
+    at once, 2.7 million times in 3 s, and past its timeout): it returns at its timeout, the
+    other collection still running, having tried again once per ``UNSEEN_WAIT_S`` at most."""
+    counting = _Counting()
+    monkeypatch.setattr(tests.garbage, "gc", counting)
+    blocked = _Blocked()
+    try:
+        with Collections() as collections:
+            collections.collect(timeout_s=0.3)
+        assert blocked.finished == []  # returned at its timeout, not the finaliser's end
+        assert blocked.thread.is_alive()
+    finally:
+        blocked.release()
+    assert 1 <= counting.calls <= 0.3 / UNSEEN_WAIT_S + 2  # waits between tries, no spin
