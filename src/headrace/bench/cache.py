@@ -99,17 +99,16 @@ def mdp_params(session: Any, profile: Any, samples: int, workers: int) -> Any:
     it, at the bytes of the largest form the row's split caches (``session.cache_bandwidth``:
     a sample's size; measured without one, a Redis probe read 4 KiB values, whose round trips
     made B_cache a fraction of what the run's samples get)."""
-    from headrace.planner.cache_partition import INF, params_from_profile
+    from headrace.planner.cache_partition import INF, largest_form, params_from_profile
 
     params = params_from_profile(profile, samples,
                                  {t.name: t.position for t in session.layout.tiers},
                                  workers, session.budget, INF)
     if params is None:
         return None
-    sizes = {"encoded": params.size_encoded, "decoded": params.size_decoded,
-             "augmented": params.size_augmented}
-    forms = [f for f, share in session.split.items() if share > 0] or list(sizes)
-    return dataclasses.replace(params, b_cache=session.cache_bandwidth(max(sizes[f] for f in forms)))
+    forms = [f for f, share in session.split.items() if share > 0] or [
+        "encoded", "decoded", "augmented"]
+    return dataclasses.replace(params, b_cache=session.cache_bandwidth(largest_form(params, forms)))
 
 
 def headrace_row(w: Any, epochs: int, label: str, cache: Any) -> dict[str, Any]:

@@ -98,7 +98,7 @@ class Insert:
             return
         if not self.seeded_ok and tier in c.seeded:
             return
-        if tier not in self.worth:  # before ``drew``: a run storing nothing is not watched
+        if tier not in self.worth:
             c.counters.add(self.row, "not_stored")  # before ``drew``: a run storing nothing
             # is not watched for draws (``stores``)
             return

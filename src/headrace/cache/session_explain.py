@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from headrace.cache.config import redact
-from headrace.planner.cache_partition import INF, SWITCH_GAIN
+from headrace.planner.cache_partition import INF, SWITCH_GAIN, Split
 from headrace.telemetry.stats import EpochStats
 
 if TYPE_CHECKING:
@@ -46,14 +46,8 @@ def explain_lines(self: CacheSession, opaque: bool,
                f"{self.plan_t_gpu:.0f} samples/s, "
                + ("Cache.t_gpu" if self.config.t_gpu is not None else
                   "the training loop's own rate last epoch"))
-        now = self.plan[0].predicted
-        gain = self.plan_best.predicted / now - 1 if self.plan_best and 0 < now < INF else 0.0
-        kept = ("" if self.plan_best is None else
-                f"; kept from the last epoch: the best split, {self.plan_best.describe()}, "
-                f"is {math.floor(1000 * gain + 1e-6) / 10:.1f}% faster, "
-                f"within the {SWITCH_GAIN:.0%} a switch must gain to pay for the entries it "
-                "drops")
-        why = (f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted{kept}; "
+        why = (f" (MDP, Seneca Eq. 1-9: {self.plan[0].predicted:.0f} samples/s predicted"
+               f"{_kept(self.plan[0], self.plan_best)}; "
                f"accelerator T_GPU {gpu}; cache bandwidth B_cache "
                f"{units.size(self.plan_b_cache)}/s, {self.b_cache_how})")
     elif self.plan_off is not None:
@@ -189,3 +183,14 @@ def _prediction_lines(epochs: Sequence[EpochStats], predicted: Sequence[float | 
         out.append(f"  epoch {e.epoch}: measured {e.samples_per_s:.0f} samples/s, "
                    f"MDP predicted {p:.0f}")
     return out
+
+
+def _kept(plan: Split, best: Split | None) -> str:
+    """``; kept from the last epoch: ...``: where the epoch kept the last split (``plan``)
+    over MDP's ``best`` (None: it did not), and the best's predicted gain, rounded down."""
+    if best is None:
+        return ""
+    gain = best.predicted / plan.predicted - 1 if 0 < plan.predicted < INF else 0.0
+    return (f"; kept from the last epoch: the best split, {best.describe()}, is "
+            f"{math.floor(1000 * gain + 1e-6) / 10:.1f}% faster, within the {SWITCH_GAIN:.0%} "
+            "a switch must gain to pay for the entries it drops")

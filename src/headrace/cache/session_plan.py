@@ -18,6 +18,7 @@ from headrace.planner.cache_partition import (
     DsiParams,
     best_split,
     kept_split,
+    largest_form,
     params_from_profile,
     single_tier_splits,
 )
@@ -62,10 +63,8 @@ def _with_bandwidth(self: CacheSession, params: DsiParams,
                     forms: tuple[str, ...]) -> DsiParams | None:
     """``params`` with B_cache measured at the size of the largest allowed form; None (the
     default split this epoch, ``plan_off`` says why) when the server cannot be measured."""
-    sizes = {"encoded": params.size_encoded, "decoded": params.size_decoded,
-             "augmented": params.size_augmented}
     try:
-        b = self.cache_bandwidth(max(sizes[f] for f in forms))
+        b = self.cache_bandwidth(largest_form(params, forms))
     except Exception as e:  # noqa: BLE001 - a server down: the cache copes, MDP waits
         self.plan_off = (f"B_cache could not be measured on the server ({type(e).__name__}: "
                          f"{redact(str(e))}); MDP plans at a later epoch")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 
 from headrace.profiler.report import PipelineProfile
 
@@ -61,6 +62,14 @@ class DsiParams:
 
 def _div(a: float, b: float) -> float:
     return INF if b <= 0 else a / b
+
+
+def largest_form(p: DsiParams, forms: Iterable[str]) -> float:
+    """Bytes of the largest of ``forms`` (``encoded``, ``decoded``, ``augmented``): the value
+    size B_cache is measured at."""
+    sizes = {"encoded": p.size_encoded, "decoded": p.size_decoded,
+             "augmented": p.size_augmented}
+    return max(sizes[f] for f in forms)
 
 
 def _fetch_and_feed(p: DsiParams, size: float) -> float:
